@@ -1,0 +1,1 @@
+"""Bookies (the storage servers) and, beside them, the ledger client library."""

@@ -1,0 +1,1 @@
+"""The ledger client library: pure cores (write, recovery) and their asyncio shell."""

@@ -1,0 +1,187 @@
+"""Ledger metadata as kept in ZooKeeper at /ledgers/<hierarchical id>, and the quorum math.
+
+Pure: no I/O. The JSON form is what the znode holds; operators can read it with
+`pulsarlite bookkeeper ledgermetadata ID`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from pulsarlite.errors import InvariantViolation, check
+
+
+class LedgerState(enum.Enum):
+    OPEN = "OPEN"
+    IN_RECOVERY = "IN_RECOVERY"
+    CLOSED = "CLOSED"
+
+
+# Allowed state transitions of a ledger's metadata (explicit state table).
+LEDGER_STATE_TRANSITIONS: Mapping[LedgerState, frozenset[LedgerState]] = {
+    LedgerState.OPEN: frozenset({LedgerState.OPEN, LedgerState.IN_RECOVERY, LedgerState.CLOSED}),
+    LedgerState.IN_RECOVERY: frozenset({LedgerState.IN_RECOVERY, LedgerState.CLOSED}),
+    LedgerState.CLOSED: frozenset({LedgerState.CLOSED}),
+}
+
+
+def validate_quorum(ensemble_size: int, write_quorum: int, ack_quorum: int) -> None:
+    """E >= Qw >= Qa >= 1, raising ValueError (a caller's bad input, not an invariant)."""
+    if not (ensemble_size >= write_quorum >= ack_quorum >= 1):
+        raise ValueError(
+            f"need ensemble_size >= write_quorum >= ack_quorum >= 1, got "
+            f"E={ensemble_size} Qw={write_quorum} Qa={ack_quorum}")
+
+
+def write_set_indices(ensemble_size: int, write_quorum: int, entry_id: int) -> tuple[int, ...]:
+    """Indices into the ensemble of the bookies that store ``entry_id``: Qw of them starting at
+    ``entry_id mod E`` (BookKeeper's round-robin striping)."""
+    start = entry_id % ensemble_size
+    return tuple((start + i) % ensemble_size for i in range(write_quorum))
+
+
+def covers_every_write_set(ensemble_size: int, write_quorum: int, ack_quorum: int,
+                           responded_indices: set[int] | frozenset[int]) -> bool:
+    """True when, for every write set, at least (Qw - Qa) + 1 of its bookies are in
+    ``responded_indices``: then no write set can still gather Qa acks from bookies that did not
+    respond (the fencing and "no such entry" quorum of BookKeeper's recovery)."""
+    need = write_quorum - ack_quorum + 1
+    for start in range(ensemble_size):
+        members = write_set_indices(ensemble_size, write_quorum, start)
+        if sum(1 for i in members if i in responded_indices) < need:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class LedgerMetadata:
+    ledger_id: int
+    ensemble_size: int
+    write_quorum: int
+    ack_quorum: int
+    # fragments: (first entry id, bookie ids), ascending by first entry id
+    ensembles: tuple[tuple[int, tuple[str, ...]], ...]
+    state: LedgerState = LedgerState.OPEN
+    last_entry_id: int = -1          # meaningful once CLOSED
+    length: int = 0                  # payload bytes, meaningful once CLOSED
+    ctime_ms: int = 0
+    # bookies of the current fragment that failed with no replacement available (delayed
+    # ensemble change): their copies of entries written since are missing
+    under_replicated_bookies: tuple[str, ...] = ()
+    custom: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate_quorum(self.ensemble_size, self.write_quorum, self.ack_quorum)
+        check(len(self.ensembles) >= 1, f"ledger {self.ledger_id}: no ensemble")
+        previous = -1
+        for first, bookies in self.ensembles:
+            check(first > previous or (first == 0 and previous == -1),
+                  f"ledger {self.ledger_id}: fragments not ascending: {self.ensembles}")
+            check(len(bookies) == self.ensemble_size,
+                  f"ledger {self.ledger_id}: ensemble {bookies} is not of size {self.ensemble_size}")
+            check(len(set(bookies)) == len(bookies),
+                  f"ledger {self.ledger_id}: ensemble {bookies} repeats a bookie")
+            previous = first
+
+    # -- queries -------------------------------------------------------------------------
+    def ensemble_for(self, entry_id: int) -> tuple[str, ...]:
+        """The ensemble of the fragment that holds ``entry_id``."""
+        chosen = self.ensembles[0][1]
+        for first, bookies in self.ensembles:
+            if first > entry_id:
+                break
+            chosen = bookies
+        return chosen
+
+    def write_set(self, entry_id: int) -> tuple[str, ...]:
+        ensemble = self.ensemble_for(entry_id)
+        return tuple(ensemble[i] for i in write_set_indices(self.ensemble_size, self.write_quorum, entry_id))
+
+    @property
+    def current_ensemble(self) -> tuple[str, ...]:
+        return self.ensembles[-1][1]
+
+    @property
+    def last_fragment_first_entry(self) -> int:
+        return self.ensembles[-1][0]
+
+    @property
+    def is_closed(self) -> bool:
+        return self.state is LedgerState.CLOSED
+
+    def all_bookies(self) -> frozenset[str]:
+        return frozenset(b for _, bookies in self.ensembles for b in bookies)
+
+    # -- transforms (pure; the shell CASes the result) ------------------------------------
+    def with_state(self, state: LedgerState, **changes) -> "LedgerMetadata":
+        if state not in LEDGER_STATE_TRANSITIONS[self.state]:
+            raise InvariantViolation(f"ledger {self.ledger_id}: {self.state.value} -> {state.value} not allowed")
+        return replace(self, state=state, **changes)
+
+    def with_new_fragment(self, first_entry_id: int, bookies: tuple[str, ...]) -> "LedgerMetadata":
+        """Ensemble change: a new fragment starting at ``first_entry_id``. Replaces the last
+        fragment if it starts at the same entry (nothing was written to it yet)."""
+        check(self.state is LedgerState.OPEN, f"ledger {self.ledger_id}: ensemble change on {self.state.value}")
+        check(first_entry_id >= self.last_fragment_first_entry,
+              f"ledger {self.ledger_id}: new fragment at {first_entry_id} before the last one")
+        fragments = list(self.ensembles)
+        if fragments[-1][0] == first_entry_id:
+            fragments[-1] = (first_entry_id, tuple(bookies))
+        else:
+            fragments.append((first_entry_id, tuple(bookies)))
+        return replace(self, ensembles=tuple(fragments))
+
+    # -- codec ---------------------------------------------------------------------------
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "ledger_id": self.ledger_id,
+            "ensemble_size": self.ensemble_size,
+            "write_quorum": self.write_quorum,
+            "ack_quorum": self.ack_quorum,
+            "state": self.state.value,
+            "last_entry_id": self.last_entry_id,
+            "length": self.length,
+            "ctime_ms": self.ctime_ms,
+            "ensembles": [[first, list(bookies)] for first, bookies in self.ensembles],
+            "under_replicated_bookies": list(self.under_replicated_bookies),
+            "custom": dict(self.custom),
+        }, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "LedgerMetadata":
+        try:
+            raw = json.loads(data)
+            return cls(
+                ledger_id=int(raw["ledger_id"]),
+                ensemble_size=int(raw["ensemble_size"]),
+                write_quorum=int(raw["write_quorum"]),
+                ack_quorum=int(raw["ack_quorum"]),
+                state=LedgerState(raw["state"]),
+                last_entry_id=int(raw["last_entry_id"]),
+                length=int(raw["length"]),
+                ctime_ms=int(raw.get("ctime_ms", 0)),
+                ensembles=tuple((int(first), tuple(str(b) for b in bookies)) for first, bookies in raw["ensembles"]),
+                under_replicated_bookies=tuple(raw.get("under_replicated_bookies", ())),
+                custom={str(k): str(v) for k, v in raw.get("custom", {}).items()},
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"malformed ledger metadata: {e}") from None
+
+
+def ledger_path(ledger_id: int) -> str:
+    """/ledgers/<hierarchical id>, BookKeeper's long hierarchical layout:
+    id 1 -> /ledgers/000/0000/0000/0000/L0001."""
+    if ledger_id < 0:
+        raise ValueError(f"ledger id must be >= 0, got {ledger_id}")
+    s = f"{ledger_id:019d}"
+    return f"/ledgers/{s[0:3]}/{s[3:7]}/{s[7:11]}/{s[11:15]}/L{s[15:19]}"
+
+
+def ledger_id_from_path(path: str) -> int:
+    parts = path.rstrip("/").split("/")
+    if len(parts) != 7 or parts[1] != "ledgers" or not parts[6].startswith("L"):
+        raise ValueError(f"not a ledger path: {path}")
+    return int("".join(parts[2:6]) + parts[6][1:])

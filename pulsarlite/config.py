@@ -1,0 +1,171 @@
+"""Configuration: frozen dataclasses, loaded from TOML, validated at start (DESIGN.md §5).
+
+Every queue, window, frame, retry and timeout has a bound here. A bad file or value raises
+ConfigError naming the key; nothing starts with a config that failed validation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import tomllib
+import typing
+from dataclasses import dataclass, field
+
+from pulsarlite.errors import ConfigError
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+@dataclass(frozen=True)
+class BookieConfig:
+    """One bookie process. Journal and ledger directories are separate settings so they can sit
+    on separate disks (write/read isolation)."""
+
+    bookie_id: str = ""                      # default: "<host>:<port>"
+    host: str = "127.0.0.1"
+    port: int = 3181
+    zookeeper: str = "127.0.0.1:2181"
+    zk_session_timeout_ms: int = 10_000
+    journal_dir: str = "data/journal"
+    ledger_dir: str = "data/ledgers"
+    # journal and group commit
+    group_wait_ms_max: float = 1.0           # flush when the oldest waiting record is this old
+    journal_bytes_buffered_max: int = 512 * KiB  # ... or when this many bytes wait
+    journal_file_bytes_max: int = 256 * MiB  # roll the journal file at this size
+    journal_preallocate_bytes: int = 16 * MiB  # zero-filled ahead of the writer (faster fsync)
+    journal_queue_records_max: int = 100_000  # bounded queue of records waiting for a commit
+    # ledger storage
+    entry_log_file_bytes_max: int = 256 * MiB
+    write_cache_bytes_max: int = 64 * MiB    # entries waiting for the next checkpoint
+    checkpoint_interval_ms: int = 5_000
+    # limits on requests
+    entry_bytes_max: int = 5 * MiB
+    request_bytes_max: int = 16 * MiB        # gRPC message size limit, both ways
+    read_bytes_max: int = 4 * MiB            # per read reply
+    # disk usage and garbage collection
+    disk_usage_readonly_threshold: float = 0.95
+    disk_usage_writable_threshold: float = 0.90
+    disk_check_interval_ms: int = 2_000
+    gc_interval_ms: int = 30_000
+    compaction_live_ratio_max: float = 0.5   # compact entry logs less live than this
+    compaction_bytes_per_s_max: int = 32 * MiB
+    # test hook: pretend the disk has this many bytes free (read-only mode tests); 0 = real
+    disk_free_bytes_override: int = 0
+
+    def validate(self) -> "BookieConfig":
+        _positive(self, "port", "zk_session_timeout_ms", "journal_bytes_buffered_max",
+                  "journal_file_bytes_max", "journal_queue_records_max", "entry_log_file_bytes_max",
+                  "write_cache_bytes_max", "checkpoint_interval_ms", "entry_bytes_max",
+                  "request_bytes_max", "read_bytes_max", "disk_check_interval_ms",
+                  "gc_interval_ms", "compaction_bytes_per_s_max")
+        if not 0 < self.group_wait_ms_max <= 1000:
+            raise ConfigError(f"group_wait_ms_max must be in (0, 1000], got {self.group_wait_ms_max}")
+        if self.port > 65535:
+            raise ConfigError(f"port must be <= 65535, got {self.port}")
+        if self.journal_preallocate_bytes < 0:
+            raise ConfigError("journal_preallocate_bytes must be >= 0")
+        if self.entry_bytes_max + 1024 > self.request_bytes_max:
+            raise ConfigError("entry_bytes_max must leave room for framing within request_bytes_max")
+        if not 0 < self.disk_usage_writable_threshold < self.disk_usage_readonly_threshold <= 1:
+            raise ConfigError("need 0 < disk_usage_writable_threshold < disk_usage_readonly_threshold <= 1")
+        if not 0 < self.compaction_live_ratio_max < 1:
+            raise ConfigError("compaction_live_ratio_max must be in (0, 1)")
+        if not self.journal_dir or not self.ledger_dir:
+            raise ConfigError("journal_dir and ledger_dir must be set")
+        return self
+
+    @property
+    def effective_bookie_id(self) -> str:
+        return self.bookie_id or f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class LedgerClientConfig:
+    """The ledger client library (used by brokers, the offloader, the Spark source, the shell)."""
+
+    zookeeper: str = "127.0.0.1:2181"
+    zk_session_timeout_ms: int = 10_000
+    add_timeout_ms: int = 30_000             # an add waiting longer (no quorum) fails, retriable
+    read_timeout_ms: int = 10_000
+    rpc_timeout_ms: int = 10_000
+    add_batch_entries_max: int = 1_000       # entries coalesced into one AddRequest
+    add_batch_bytes_max: int = 4 * MiB
+    pending_adds_max: int = 50_000           # adds in flight per ledger; add() waits beyond
+    ensemble_change_attempts_max: int = 10
+    recovery_attempts_max: int = 5
+    read_entries_per_request_max: int = 1_000
+    request_bytes_max: int = 16 * MiB
+
+    def validate(self) -> "LedgerClientConfig":
+        _positive(self, "zk_session_timeout_ms", "add_timeout_ms", "read_timeout_ms",
+                  "rpc_timeout_ms", "add_batch_entries_max", "add_batch_bytes_max",
+                  "pending_adds_max", "ensemble_change_attempts_max", "recovery_attempts_max",
+                  "read_entries_per_request_max", "request_bytes_max")
+        return self
+
+
+def _positive(cfg: object, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if value <= 0:
+            raise ConfigError(f"{type(cfg).__name__}.{name} must be > 0, got {value!r}")
+
+
+T = typing.TypeVar("T")
+
+
+def from_mapping(cls: type[T], values: typing.Mapping[str, typing.Any], *, source: str = "config") -> T:
+    """Build a config dataclass from a mapping, checking names and types; raises ConfigError."""
+    if not isinstance(values, typing.Mapping):
+        raise ConfigError(f"{source}: expected a table of settings")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise ConfigError(f"{source}: unknown setting {key!r} for {cls.__name__}")
+        expected = hints[key]
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise ConfigError(f"{source}: {key} must be {expected.__name__}, got {value!r}")
+        kwargs[key] = value
+    try:
+        cfg = cls(**kwargs)
+    except TypeError as e:  # pragma: no cover - fields are checked above
+        raise ConfigError(f"{source}: {e}") from None
+    return cfg.validate()  # type: ignore[attr-defined]
+
+
+def load_toml(cls: type[T], path: str | pathlib.Path, *, table: str | None = None) -> T:
+    """Load ``cls`` from a TOML file (optionally one table of it); raises ConfigError."""
+    path = pathlib.Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    if table is not None:
+        data = data.get(table, {})
+    return from_mapping(cls, data, source=str(path))
+
+
+def to_toml(cfg: object) -> str:
+    """Render a flat config dataclass as TOML (the launcher writes bookie configs with it)."""
+    lines = []
+    for f in dataclasses.fields(cfg):  # type: ignore[arg-type]
+        value = getattr(cfg, f.name)
+        if isinstance(value, bool):
+            rendered = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            rendered = repr(value)
+        else:
+            rendered = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+        lines.append(f"{f.name} = {rendered}")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["BookieConfig", "LedgerClientConfig", "from_mapping", "load_toml", "to_toml", "field"]
