@@ -1,0 +1,5 @@
+import sys
+
+from pulsarlite.cli import main
+
+sys.exit(main())
