@@ -1,0 +1,147 @@
+"""`pulsarlite bookie --config FILE`: one bookie process.
+
+Start order: config validated -> cookies checked (ZooKeeper vs disks) -> storage opened (the
+journal replayed) -> gRPC serving -> registered under /ledgers/available/. A monitor task
+watches disk usage (read-only mode above the threshold, writable again below the lower one)
+and the ZooKeeper session (re-registers after a session loss). SIGTERM/SIGINT stop it cleanly;
+kill -9 is survived by journal replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+import grpc
+
+from bookie._proto import bookie_rpc_pb2_grpc as pb_grpc
+from bookie.cookie import CookieError, check_and_write_cookies
+from bookie.server import BookieService, grpc_options
+from bookie.storage import BookieStore
+from pulsarlite.config import BookieConfig, load_toml
+from pulsarlite.errors import PulsarliteError
+
+log = logging.getLogger("pulsarlite.bookie")
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("bookie", help="run a bookie (ledger storage server)")
+    p.add_argument("--config", required=True, help="bookie TOML config file")
+    p.set_defaults(func=run_from_args)
+
+
+def run_from_args(args) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        config = load_toml(BookieConfig, args.config)
+    except PulsarliteError as e:
+        print(f"pulsarlite bookie: {e}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        pass
+    try:
+        asyncio.run(run_bookie(config))
+    except CookieError as e:
+        log.error("%s", e)
+        print(f"pulsarlite bookie: {e}", file=sys.stderr)
+        return 3
+    return 0
+
+
+class ReadOnlyPolicy:
+    """Pure: read-only above ``readonly_threshold`` of disk used, writable again only below
+    ``writable_threshold`` (hysteresis, so the mode does not flap at the edge)."""
+
+    def __init__(self, readonly_threshold: float, writable_threshold: float) -> None:
+        self.readonly_threshold = readonly_threshold
+        self.writable_threshold = writable_threshold
+
+    def next_read_only(self, read_only: bool, used_fraction: float) -> bool:
+        if not read_only and used_fraction >= self.readonly_threshold:
+            return True
+        if read_only and used_fraction < self.writable_threshold:
+            return False
+        return read_only
+
+
+async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None = None) -> None:
+    from bookie.client.ledger_manager import register_bookie, unregister_bookie
+    from pulsarlite.metadata import MetadataStore, SessionState
+
+    bookie_id = config.effective_bookie_id
+    stop_event = stop_event or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop_event.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread (tests)
+            pass
+
+    zk = await MetadataStore.connect(config.zookeeper, session_timeout_ms=config.zk_session_timeout_ms)
+    try:
+        await check_and_write_cookies(zk, bookie_id, config.journal_dir, config.ledger_dir)
+        store = BookieStore.open(config)
+        await store.start()
+        service = BookieService(store, config)
+        server = grpc.aio.server(options=grpc_options(config.request_bytes_max))
+        pb_grpc.add_BookieServicer_to_server(service, server)
+        if server.add_insecure_port(f"{config.host}:{config.port}") == 0:
+            raise PulsarliteError(f"bookie {bookie_id}: cannot listen on {config.host}:{config.port}")
+        await server.start()
+
+        policy = ReadOnlyPolicy(config.disk_usage_readonly_threshold, config.disk_usage_writable_threshold)
+        used, _, _ = store.disk_usage()
+        store.read_only = policy.next_read_only(False, used)
+        await register_bookie(zk, bookie_id, read_only=store.read_only)
+        log.info("bookie ready bookie=%s read_only=%s journal=%s ledgers=%s entries=%d", bookie_id,
+                 store.read_only, config.journal_dir, config.ledger_dir, store.entry_count())
+
+        reregister = asyncio.Event()
+
+        def on_session(state) -> None:
+            if state is SessionState.CONNECTED:
+                reregister.set()  # after a LOST session the ephemeral node is gone: put it back
+            elif state is SessionState.LOST:
+                log.warning("zookeeper session lost bookie=%s", bookie_id)
+
+        zk.add_session_listener(on_session)
+
+        async def monitor() -> None:
+            while True:
+                used_fraction, free_bytes, _ = store.disk_usage()
+                read_only = policy.next_read_only(store.read_only, used_fraction)
+                if read_only != store.read_only or reregister.is_set():
+                    if read_only != store.read_only:
+                        log.warning("bookie mode change bookie=%s read_only=%s used=%.3f free_bytes=%d",
+                                    bookie_id, read_only, used_fraction, free_bytes)
+                    store.read_only = read_only
+                    reregister.clear()
+                    try:
+                        await register_bookie(zk, bookie_id, read_only=read_only)
+                    except PulsarliteError as e:
+                        log.warning("re-registration failed bookie=%s: %s", bookie_id, e)
+                        reregister.set()
+                try:
+                    await asyncio.wait_for(reregister.wait(), config.disk_check_interval_ms / 1000)
+                except asyncio.TimeoutError:
+                    pass
+
+        monitor_task = asyncio.ensure_future(monitor())
+        await stop_event.wait()
+        log.info("bookie stopping bookie=%s", bookie_id)
+        monitor_task.cancel()
+        service.closing = True
+        try:
+            await unregister_bookie(zk, bookie_id)
+        except PulsarliteError:
+            pass
+        await server.stop(grace=2)
+        await store.close()
+    finally:
+        await zk.close()
