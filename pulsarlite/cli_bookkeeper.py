@@ -7,12 +7,15 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import sys
 import time
 
 from pulsarlite.errors import PulsarliteError
+
+SIMPLETEST_WINDOW = 1000  # adds in flight
 
 
 def add_parser(subparsers) -> None:
@@ -134,9 +137,14 @@ async def _simpletest(client, args) -> int:
     writer = await client.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum)
     payload = b"x" * args.entry_size
     started = time.monotonic()
-    futures = [writer.add_async(payload) for _ in range(args.entries)]
+    window: collections.deque = collections.deque()
     acked = 0
-    for fut in futures:
+    for _ in range(args.entries):
+        if len(window) >= SIMPLETEST_WINDOW:
+            await window.popleft()
+            acked += 1
+        window.append(writer.add_async(payload))
+    for fut in window:
         await fut
         acked += 1
     await writer.close()

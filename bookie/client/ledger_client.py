@@ -1,0 +1,392 @@
+"""The ledger client (shell): creates, writes, recovers, reads and deletes ledgers.
+
+All protocol decisions are in the pure cores (write_core, recovery_core); this module executes
+their actions (gRPC through BookieClientPool, compare-and-set through LedgerManager), feeds the
+results back with the time and a random source, and turns confirmations into futures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Sequence
+
+from bookie._proto import bookie_rpc_pb2 as pb
+from bookie.client.actions import (AddOutcome, CloseDone, CloseFailed, ConfirmAdds, EntryData,
+                                   FailAdds, LacOutcome, ReadOutcome, RecoveryDone, RecoveryFailed,
+                                   SendAdd, SendRead, SendReadLac, WriteMetadata)
+from bookie.client.bookie_client import BookieClientPool
+from bookie.client.ledger_manager import LedgerManager
+from bookie.client.metadata import LedgerMetadata, LedgerState, validate_quorum
+from bookie.client.placement import choose_ensemble
+from bookie.client.reader import LedgerReader, read_lac, verify_entry
+from bookie.client.recovery_core import LedgerRecoveryCore
+from bookie.client.write_core import LedgerWriteCore
+from pulsarlite.checksum import entry_checksum
+from pulsarlite.config import LedgerClientConfig
+from pulsarlite.errors import (BookieUnavailableError, InvariantViolation, LedgerClosedError,
+                               MetadataVersionConflict, PulsarliteError)
+
+log = logging.getLogger("pulsarlite.ledger_client")
+
+TICK_INTERVAL_S = 0.1
+
+_ADD_OUTCOMES = {pb.OK: AddOutcome.OK, pb.FENCED: AddOutcome.FENCED, pb.READ_ONLY: AddOutcome.READ_ONLY,
+                 pb.NO_SUCH_LEDGER: AddOutcome.NO_SUCH_LEDGER}
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class LedgerClient:
+    def __init__(self, store, config: LedgerClientConfig, *, owns_store: bool,
+                 rng: random.Random | None = None) -> None:
+        self.store = store
+        self.config = config
+        self.ledger_manager = LedgerManager(store)
+        self.pool = BookieClientPool(config)
+        self.rng = rng or random.Random()
+        self._owns_store = owns_store
+        self.writable_bookies: list[str] = []
+        self._watches: tuple = ()
+        self._writers: set[LedgerWriter] = set()
+
+    @classmethod
+    async def connect(cls, config: LedgerClientConfig, *, store=None) -> "LedgerClient":
+        """Connect to ZooKeeper (or share ``store``) and start watching the live bookies."""
+        from pulsarlite.metadata import MetadataStore
+
+        config.validate()
+        owns = store is None
+        if store is None:
+            store = await MetadataStore.connect(config.zookeeper, session_timeout_ms=config.zk_session_timeout_ms)
+        client = cls(store, config, owns_store=owns)
+
+        def on_bookies(writable: list[str], readonly: list[str]) -> None:
+            client.writable_bookies = writable
+
+        client._watches = await client.ledger_manager.watch_bookies(on_bookies)
+        client.writable_bookies = await client.ledger_manager.writable_bookies()
+        return client
+
+    async def close(self) -> None:
+        for writer in list(self._writers):
+            writer._stop_ticker()
+        for w in self._watches:
+            w.cancel()
+        await self.pool.close()
+        if self._owns_store:
+            await self.store.close()
+
+    # -- create / write --------------------------------------------------------------------
+    async def create_ledger(self, ensemble_size: int, write_quorum: int, ack_quorum: int, *,
+                            custom: dict[str, str] | None = None) -> "LedgerWriter":
+        validate_quorum(ensemble_size, write_quorum, ack_quorum)
+        writable = self.writable_bookies or await self.ledger_manager.writable_bookies()
+        ensemble = choose_ensemble(writable, ensemble_size, self.rng)
+        ledger_id = await self.ledger_manager.new_ledger_id()
+        md = LedgerMetadata(ledger_id=ledger_id, ensemble_size=ensemble_size, write_quorum=write_quorum,
+                            ack_quorum=ack_quorum, ensembles=((0, ensemble),),
+                            ctime_ms=int(time.time() * 1000), custom=dict(custom or {}))
+        version = await self.ledger_manager.create(md)
+        log.info("ledger created ledger=%d ensemble=%s E=%d Qw=%d Qa=%d", ledger_id, ",".join(ensemble),
+                 ensemble_size, write_quorum, ack_quorum)
+        writer = LedgerWriter(self, md, version)
+        self._writers.add(writer)
+        return writer
+
+    # -- open / recover / read ---------------------------------------------------------------
+    async def open_ledger(self, ledger_id: int, *, recovery: bool) -> LedgerReader:
+        """Open for reading. With ``recovery`` the ledger is fenced and closed at the last entry
+        that could have been acknowledged (the writer, if alive, gets fenced); without, an open
+        ledger is read up to its LAC and nobody is disturbed."""
+        md, _ = await self.ledger_manager.read(ledger_id)
+        if recovery and md.state is not LedgerState.CLOSED:
+            md = await self.recover(ledger_id)
+        lac = md.last_entry_id if md.is_closed else await read_lac(md, self.pool, fence=False)
+        return LedgerReader(md, self.pool, self.config, last_add_confirmed=lac)
+
+    async def recover(self, ledger_id: int, *, fence_recovery_reads: bool = True) -> LedgerMetadata:
+        """Fence and close ``ledger_id`` (idempotent; concurrent recoveries converge via CAS)."""
+        last_error: PulsarliteError | None = None
+        for attempt in range(self.config.recovery_attempts_max):
+            md, version = await self.ledger_manager.read(ledger_id)
+            if md.is_closed:
+                return md
+            if md.state is LedgerState.OPEN:
+                try:
+                    target = md.with_state(LedgerState.IN_RECOVERY)
+                    version = await self.ledger_manager.write(target, version)
+                    md = target
+                except MetadataVersionConflict:
+                    continue
+            try:
+                return await _RecoveryRun(self, md, version, fence_recovery_reads).run()
+            except PulsarliteError as e:
+                if not e.retriable:
+                    raise
+                last_error = e
+                log.warning("recovery attempt failed ledger=%d attempt=%d: %s", ledger_id, attempt + 1, e)
+                await asyncio.sleep(min(0.1 * 2 ** attempt, 2.0))
+        raise last_error or BookieUnavailableError(f"ledger {ledger_id}: recovery did not converge")
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Delete from every bookie that may hold entries, then the metadata. A bookie that is
+        down keeps its copy until its garbage collector finds the metadata gone."""
+        md, _ = await self.ledger_manager.read(ledger_id)
+        results = await asyncio.gather(*(self.pool.get(b).delete_ledger(ledger_id) for b in md.all_bookies()),
+                                       return_exceptions=True)
+        failed = [b for b, r in zip(md.all_bookies(), results) if isinstance(r, BaseException)]
+        if failed:
+            log.warning("ledger delete: bookies unreachable ledger=%d bookies=%s", ledger_id, failed)
+        await self.ledger_manager.delete(ledger_id)
+        log.info("ledger deleted ledger=%d", ledger_id)
+
+
+def _entry_pb(ledger_id: int, a: SendAdd) -> pb.Entry:
+    return pb.Entry(ledger_id=ledger_id, entry_id=a.entry_id, lac=a.lac, length=a.length, payload=a.payload,
+                    checksum=entry_checksum(ledger_id, a.entry_id, a.lac, a.length, a.payload))
+
+
+class LedgerWriter:
+    """An OPEN ledger this client writes. ``add`` returns once the entry is confirmed (Qa
+    bookies fsynced it and every lower entry is confirmed)."""
+
+    def __init__(self, client: LedgerClient, metadata: LedgerMetadata, version: int) -> None:
+        self._client = client
+        self._version = version
+        self._core = LedgerWriteCore(metadata, add_timeout_ms=client.config.add_timeout_ms,
+                                     ensemble_change_attempts_max=client.config.ensemble_change_attempts_max)
+        self.ledger_id = metadata.ledger_id
+        self._futures: dict[int, asyncio.Future] = {}
+        self._next_to_confirm = 0
+        self._capacity = asyncio.Condition()
+        self._close_future: asyncio.Future | None = None
+        self._metadata_tasks: set[asyncio.Task] = set()
+        self._ticker = asyncio.ensure_future(self._tick_loop())
+
+    # -- properties ------------------------------------------------------------------------
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._core.metadata
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._core.lac
+
+    @property
+    def pending_count(self) -> int:
+        return self._core.pending_count
+
+    # -- API -------------------------------------------------------------------------------
+    def add_async(self, payload: bytes) -> asyncio.Future:
+        """Queue an add now; the future resolves with its entry id once confirmed. Raises at once
+        if the ledger already failed or is closing (nothing is queued)."""
+        entry_id, actions = self._core.add(bytes(payload), _now_ms())
+        fut = asyncio.get_running_loop().create_future()
+        self._futures[entry_id] = fut
+        self._run(actions)
+        return fut
+
+    async def add(self, payload: bytes) -> int:
+        """Add and wait for confirmation; waits first while pending_adds_max adds are in flight."""
+        if self._core.pending_count >= self._client.config.pending_adds_max:
+            async with self._capacity:
+                await self._capacity.wait_for(lambda: self._core.pending_count < self._client.config.pending_adds_max)
+        return await self.add_async(payload)
+
+    async def close(self) -> LedgerMetadata:
+        """Wait for pending adds, then close the ledger at its LAC (CLOSED in the metadata)."""
+        if self._close_future is None:
+            pending = [f for f in self._futures.values() if not f.done()]
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+            self._close_future = asyncio.get_running_loop().create_future()
+            self._run(self._core.close())
+        try:
+            return await asyncio.shield(self._close_future)
+        finally:
+            self._stop_ticker()
+
+    # -- action execution --------------------------------------------------------------------
+    def _run(self, actions) -> None:
+        client = self._client
+        for a in actions:
+            if isinstance(a, SendAdd):
+                client.pool.get(a.bookie).send_add(_entry_pb(self.ledger_id, a), a.recovery, self._on_add_result)
+            elif isinstance(a, ConfirmAdds):
+                self._confirm(a.last_entry_id)
+            elif isinstance(a, FailAdds):
+                self._fail(a.first_entry_id, a.error)
+            elif isinstance(a, WriteMetadata):
+                task = asyncio.ensure_future(self._write_metadata(a.metadata))
+                self._metadata_tasks.add(task)
+                task.add_done_callback(self._metadata_tasks.discard)
+            elif isinstance(a, CloseDone):
+                log.info("ledger closed ledger=%d last_entry=%d length=%d", self.ledger_id,
+                         a.metadata.last_entry_id, a.metadata.length)
+                if self._close_future is not None and not self._close_future.done():
+                    self._close_future.set_result(a.metadata)
+            elif isinstance(a, CloseFailed):
+                if self._close_future is not None and not self._close_future.done():
+                    self._close_future.set_exception(a.error)
+            else:
+                raise InvariantViolation(f"write core emitted unknown action {a!r}")
+
+    def _on_add_result(self, bookie: str, ledger_id: int, entry_id: int, code: int) -> None:
+        outcome = _ADD_OUTCOMES.get(code, AddOutcome.ERROR)
+        if outcome is not AddOutcome.OK:
+            log.warning("add failed ledger=%d entry=%d bookie=%s code=%s", ledger_id, entry_id, bookie,
+                        pb.StatusCode.Name(code) if code in pb.StatusCode.values() else code)
+        self._run(self._core.on_add_result(bookie, entry_id, outcome, _now_ms(),
+                                           self._client.writable_bookies, self._client.rng))
+
+    def _confirm(self, last_entry_id: int) -> None:
+        futures = self._futures
+        for entry_id in range(self._next_to_confirm, last_entry_id + 1):
+            fut = futures.pop(entry_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(entry_id)
+        self._next_to_confirm = max(self._next_to_confirm, last_entry_id + 1)
+        self._wake_capacity()
+
+    def _fail(self, first_entry_id: int, error: PulsarliteError) -> None:
+        for entry_id in sorted(e for e in self._futures if e >= first_entry_id):
+            fut = self._futures.pop(entry_id)
+            if not fut.done():
+                fut.set_exception(error)
+        log.warning("adds failed ledger=%d from_entry=%d: %s", self.ledger_id, first_entry_id, error)
+        self._wake_capacity()
+
+    def _wake_capacity(self) -> None:
+        async def notify() -> None:
+            async with self._capacity:
+                self._capacity.notify_all()
+        if self._capacity._waiters:  # only when someone waits: keep the hot path cheap
+            asyncio.ensure_future(notify())
+
+    async def _write_metadata(self, md: LedgerMetadata) -> None:
+        client = self._client
+        try:
+            self._version = await client.ledger_manager.write(md, self._version)
+            log.info("ledger metadata written ledger=%d state=%s ensembles=%s under_replicated=%s",
+                     self.ledger_id, md.state.value, md.ensembles, md.under_replicated_bookies)
+            actions = self._core.on_metadata_written(md, _now_ms(), client.writable_bookies, client.rng)
+        except MetadataVersionConflict:
+            current, self._version = await client.ledger_manager.read(self.ledger_id)
+            actions = self._core.on_metadata_conflict(current, _now_ms(), client.writable_bookies, client.rng)
+        except PulsarliteError as e:
+            # ZooKeeper trouble: read what is there and treat it as a conflict (re-decide)
+            log.warning("metadata write failed ledger=%d: %s", self.ledger_id, e)
+            await asyncio.sleep(0.2)
+            try:
+                current, self._version = await client.ledger_manager.read(self.ledger_id)
+            except PulsarliteError:
+                current = self._core.metadata
+            actions = self._core.on_metadata_conflict(current, _now_ms(), client.writable_bookies, client.rng)
+        self._run(actions)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_INTERVAL_S)
+            self._run(self._core.on_tick(_now_ms(), self._client.writable_bookies, self._client.rng))
+
+    def _stop_ticker(self) -> None:
+        self._ticker.cancel()
+        self._client._writers.discard(self)
+
+
+class _RecoveryRun:
+    """Drives one LedgerRecoveryCore to completion."""
+
+    def __init__(self, client: LedgerClient, md: LedgerMetadata, version: int, fence_reads: bool) -> None:
+        self._client = client
+        self._md = md
+        self._version = version
+        self._core = LedgerRecoveryCore(md, fence_recovery_reads=fence_reads)
+        self._result: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._tasks: set[asyncio.Task] = set()
+
+    async def run(self) -> LedgerMetadata:
+        log.info("ledger recovery started ledger=%d ensemble=%s", self._md.ledger_id, self._md.current_ensemble)
+        self._execute(self._core.start())
+        try:
+            md = await asyncio.wait_for(asyncio.shield(self._result), self._client.config.add_timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            raise BookieUnavailableError(f"ledger {self._md.ledger_id}: recovery timed out") from None
+        finally:
+            for t in self._tasks:
+                t.cancel()
+        log.info("ledger recovered ledger=%d last_entry=%d length=%d", md.ledger_id, md.last_entry_id, md.length)
+        return md
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _execute(self, actions) -> None:
+        ledger_id = self._md.ledger_id
+        for a in actions:
+            if self._result.done():
+                return
+            if isinstance(a, SendReadLac):
+                self._spawn(self._read_lac(a.bookie, a.fence))
+            elif isinstance(a, SendRead):
+                self._spawn(self._read(a.bookie, a.entry_id, a.fence))
+            elif isinstance(a, SendAdd):
+                self._client.pool.get(a.bookie).send_add(_entry_pb(ledger_id, a), True, self._on_add)
+            elif isinstance(a, WriteMetadata):
+                self._spawn(self._write_metadata(a.metadata))
+            elif isinstance(a, RecoveryDone):
+                self._result.set_result(a.metadata)
+            elif isinstance(a, RecoveryFailed):
+                self._result.set_exception(a.error)
+            else:
+                raise InvariantViolation(f"recovery core emitted unknown action {a!r}")
+
+    async def _read_lac(self, bookie: str, fence: bool) -> None:
+        try:
+            r = await self._client.pool.get(bookie).read_lac(self._md.ledger_id, fence=fence)
+            outcome = {pb.OK: LacOutcome.OK, pb.NO_SUCH_LEDGER: LacOutcome.NO_SUCH_LEDGER}.get(r.code, LacOutcome.ERROR)
+            lac = r.lac
+        except BookieUnavailableError:
+            outcome, lac = LacOutcome.ERROR, -1
+        self._execute(self._core.on_read_lac(bookie, outcome, lac))
+
+    async def _read(self, bookie: str, entry_id: int, fence: bool) -> None:
+        ledger_id = self._md.ledger_id
+        entry = None
+        try:
+            r = await self._client.pool.get(bookie).read(ledger_id, entry_id, entry_id, fence=fence)
+            if r.code == pb.OK and r.entries and verify_entry(r.entries[0], ledger_id, entry_id):
+                e = r.entries[0]
+                outcome, entry = ReadOutcome.FOUND, EntryData(e.entry_id, e.lac, e.length, e.payload)
+            elif r.code == pb.NO_SUCH_ENTRY:
+                outcome = ReadOutcome.NO_SUCH_ENTRY
+            elif r.code == pb.NO_SUCH_LEDGER:
+                outcome = ReadOutcome.NO_SUCH_LEDGER
+            else:
+                outcome = ReadOutcome.ERROR
+        except BookieUnavailableError:
+            outcome = ReadOutcome.ERROR
+        self._execute(self._core.on_read(bookie, entry_id, outcome, entry))
+
+    def _on_add(self, bookie: str, ledger_id: int, entry_id: int, code: int) -> None:
+        self._execute(self._core.on_add_result(bookie, entry_id, _ADD_OUTCOMES.get(code, AddOutcome.ERROR)))
+
+    async def _write_metadata(self, md: LedgerMetadata) -> None:
+        lm = self._client.ledger_manager
+        try:
+            self._version = await lm.write(md, self._version)
+            actions = self._core.on_metadata_written(md)
+        except MetadataVersionConflict:
+            current, self._version = await lm.read(md.ledger_id)
+            actions = self._core.on_metadata_conflict(current)
+        self._execute(actions)
+
+
+__all__ = ["LedgerClient", "LedgerWriter", "LedgerReader", "LedgerClosedError"]

@@ -1,0 +1,184 @@
+"""Reading ledgers (shell): from any replica of each entry's write set, verifying every entry's
+CRC32C (invariant 8), failing over to the next replica when a bookie is down, answers that it
+lacks the entry, or returns bytes that fail their checksum.
+
+Open ledgers are read up to their LAC without fencing (a reader never disturbs the writer);
+closed ledgers up to their last entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from bookie._proto import bookie_rpc_pb2 as pb
+from bookie.client.bookie_client import BookieClientPool
+from bookie.client.metadata import LedgerMetadata, LedgerState, write_set_indices
+from pulsarlite.checksum import entry_checksum
+from pulsarlite.config import LedgerClientConfig
+from pulsarlite.errors import (BookieUnavailableError, ChecksumError, NoSuchEntryError,
+                               NoSuchLedgerError, PulsarliteError)
+
+log = logging.getLogger("pulsarlite.ledger_client")
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    ledger_id: int
+    entry_id: int
+    payload: bytes
+    length: int   # ledger payload bytes through this entry
+
+
+def verify_entry(e: pb.Entry, ledger_id: int, entry_id: int) -> bool:
+    return (e.ledger_id == ledger_id and e.entry_id == entry_id
+            and entry_checksum(e.ledger_id, e.entry_id, e.lac, e.length, e.payload) == e.checksum)
+
+
+class LedgerReader:
+    def __init__(self, metadata: LedgerMetadata, pool: BookieClientPool, config: LedgerClientConfig,
+                 *, last_add_confirmed: int) -> None:
+        self.metadata = metadata
+        self._pool = pool
+        self._config = config
+        self.last_add_confirmed = last_add_confirmed
+
+    @property
+    def ledger_id(self) -> int:
+        return self.metadata.ledger_id
+
+    @property
+    def last_readable_entry_id(self) -> int:
+        if self.metadata.state is LedgerState.CLOSED:
+            return self.metadata.last_entry_id
+        return self.last_add_confirmed
+
+    async def refresh_lac(self) -> int:
+        """Re-read the LAC of an open ledger (non-fencing); never goes backwards."""
+        if self.metadata.state is not LedgerState.CLOSED:
+            self.last_add_confirmed = max(self.last_add_confirmed,
+                                          await read_lac(self.metadata, self._pool, fence=False))
+        return self.last_readable_entry_id
+
+    async def read(self, first_entry_id: int, last_entry_id: int) -> list[LedgerEntry]:
+        """Entries first..last inclusive; all of them or an error."""
+        return [e async for e in self.iter_entries(first_entry_id, last_entry_id)]
+
+    async def iter_entries(self, first_entry_id: int, last_entry_id: int) -> AsyncIterator[LedgerEntry]:
+        """Entries first..last in order, read in ranges of up to read_entries_per_request_max with
+        one range read ahead."""
+        if first_entry_id < 0:
+            raise ValueError(f"ledger {self.ledger_id}: first entry id must be >= 0")
+        if last_entry_id > self.last_readable_entry_id:
+            raise NoSuchEntryError(
+                f"ledger {self.ledger_id}: entry {last_entry_id} is past the last readable entry "
+                f"{self.last_readable_entry_id} (LAC of an open ledger, last entry of a closed one)")
+        step = self._config.read_entries_per_request_max
+        ranges = [(a, min(a + step - 1, last_entry_id)) for a in range(first_entry_id, last_entry_id + 1, step)]
+        pending: asyncio.Task | None = None
+        try:
+            for i, (a, b) in enumerate(ranges):
+                task = pending or asyncio.ensure_future(self._read_range(a, b))
+                pending = asyncio.ensure_future(self._read_range(*ranges[i + 1])) if i + 1 < len(ranges) else None
+                for entry in await task:
+                    yield entry
+        finally:
+            if pending is not None:
+                pending.cancel()
+
+    async def _read_range(self, first: int, last: int) -> list[LedgerEntry]:
+        out: list[LedgerEntry] = []
+        entry_id = first
+        while entry_id <= last:
+            # stay within one fragment: its ensemble decides the replicas
+            fragment_end = last
+            for start, _ in self.metadata.ensembles:
+                if start > entry_id:
+                    fragment_end = min(fragment_end, start - 1)
+                    break
+            if self.metadata.write_quorum == self.metadata.ensemble_size:
+                got = await self._read_striped_full(entry_id, fragment_end)
+            else:
+                got = await self._read_one(entry_id)
+            out.extend(got)
+            entry_id = out[-1].entry_id + 1
+        return out
+
+    async def _read_striped_full(self, first: int, last: int) -> list[LedgerEntry]:
+        """Every bookie of the ensemble holds every entry (E == Qw): read the range from one
+        replica, rotating the starting replica; fall back to the next on any failure."""
+        ensemble = self.metadata.ensemble_for(first)
+        order = [ensemble[(first + i) % len(ensemble)] for i in range(len(ensemble))]
+        errors = []
+        for bookie in order:
+            try:
+                resp = await self._pool.get(bookie).read(self.ledger_id, first, last)
+            except BookieUnavailableError as e:
+                errors.append(str(e))
+                continue
+            entries = self._accept(resp, bookie, first)
+            if entries:
+                return entries
+            errors.append(f"{bookie}: {pb.StatusCode.Name(resp.code)}")
+        raise self._no_replica(first, errors)
+
+    async def _read_one(self, entry_id: int) -> list[LedgerEntry]:
+        ensemble = self.metadata.ensemble_for(entry_id)
+        indices = write_set_indices(self.metadata.ensemble_size, self.metadata.write_quorum, entry_id)
+        errors = []
+        for i in indices:
+            bookie = ensemble[i]
+            try:
+                resp = await self._pool.get(bookie).read(self.ledger_id, entry_id, entry_id)
+            except BookieUnavailableError as e:
+                errors.append(str(e))
+                continue
+            entries = self._accept(resp, bookie, entry_id)
+            if entries:
+                return entries[:1]
+            errors.append(f"{bookie}: {pb.StatusCode.Name(resp.code)}")
+        raise self._no_replica(entry_id, errors)
+
+    def _accept(self, resp: pb.ReadResponse, bookie: str, first: int) -> list[LedgerEntry]:
+        """The verified prefix of a reply (entries must be consecutive from ``first``)."""
+        if resp.code != pb.OK:
+            return []
+        out = []
+        expected = first
+        for e in resp.entries:
+            if not verify_entry(e, self.ledger_id, expected):
+                log.error("checksum mismatch ledger=%d entry=%d bookie=%s: trying another replica",
+                          self.ledger_id, expected, bookie)
+                break
+            out.append(LedgerEntry(e.ledger_id, e.entry_id, e.payload, e.length))
+            expected += 1
+        return out
+
+    def _no_replica(self, entry_id: int, errors: list[str]) -> PulsarliteError:
+        detail = "; ".join(errors)
+        if any("CHECKSUM" in e for e in errors) or not errors:
+            return ChecksumError(f"ledger {self.ledger_id} entry {entry_id}: no replica with a valid copy ({detail})")
+        if all("NO_SUCH" in e for e in errors):
+            return NoSuchEntryError(f"ledger {self.ledger_id} entry {entry_id}: no replica has it ({detail})")
+        return BookieUnavailableError(f"ledger {self.ledger_id} entry {entry_id}: no replica answered ({detail})")
+
+
+async def read_lac(metadata: LedgerMetadata, pool: BookieClientPool, *, fence: bool) -> int:
+    """Max LAC reported by the bookies of the last fragment that answer (non-fencing unless asked).
+    Entries up to it were confirmed to the writer, so they may be read."""
+    bookies = metadata.current_ensemble
+    results = await asyncio.gather(*(pool.get(b).read_lac(metadata.ledger_id, fence=fence) for b in bookies),
+                                   return_exceptions=True)
+    lacs = [r.lac for r in results if isinstance(r, pb.ReadLacResponse) and r.code == pb.OK]
+    if not lacs and all(isinstance(r, BaseException) for r in results):
+        raise BookieUnavailableError(f"ledger {metadata.ledger_id}: no bookie of {bookies} answered read-LAC")
+    lac = max(lacs, default=-1)
+    # an entry's LAC field is the writer's LAC when it sent the entry; the highest stored entry
+    # below a fragment start cannot be used, but the fragment start - 1 is confirmed by the
+    # ensemble change itself
+    return max(lac, metadata.last_fragment_first_entry - 1)
+
+
+__all__ = ["LedgerEntry", "LedgerReader", "read_lac", "verify_entry", "NoSuchLedgerError"]
