@@ -1,0 +1,360 @@
+"""Ledgers on real bookie processes and a real ZooKeeper: durability under kill -9, ensemble
+change, fencing, bad input, cookies, read-only mode, and the operator shell."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from bookie._proto import bookie_rpc_pb2 as pb
+from bookie._proto import bookie_rpc_pb2_grpc as pb_grpc
+from bookie.client.ledger_client import LedgerClient
+from bookie.client.metadata import LedgerState
+from pulsarlite.checksum import entry_checksum
+from pulsarlite.config import LedgerClientConfig
+from pulsarlite.errors import LedgerFencedError, NoSuchEntryError, NotEnoughBookiesError, PulsarliteError
+
+pytestmark = pytest.mark.integration
+
+
+def payload_for(i: int) -> bytes:
+    return f"entry-{i:06d}-".encode() + bytes([i % 251]) * (i % 97)
+
+
+async def start_cluster(cluster_factory, bookies: int, **kwargs):
+    return await asyncio.to_thread(cluster_factory, bookies, **kwargs)
+
+
+async def connect(cluster, **overrides) -> LedgerClient:
+    config = LedgerClientConfig(zookeeper=cluster.zookeeper, **overrides)
+    return await LedgerClient.connect(config)
+
+
+def name_of(cluster, bookie_id: str) -> str:
+    return next(n for n in cluster.bookie_names if cluster.records[n].bookie_id == bookie_id)
+
+
+async def write_stream(writer, count: int, acked: dict, *, window: int = 200, on_progress=None):
+    """Add ``count`` entries with ``window`` in flight; record what was acknowledged."""
+    inflight: list[tuple[int, asyncio.Future]] = []
+    for i in range(count):
+        inflight.append((i, writer.add_async(payload_for(i))))
+        if len(inflight) >= window:
+            j, fut = inflight.pop(0)
+            acked[await fut] = payload_for(j)
+            if on_progress:
+                await on_progress(len(acked))
+    for j, fut in inflight:
+        acked[await fut] = payload_for(j)
+
+
+async def read_all(client: LedgerClient, ledger_id: int, *, recovery: bool):
+    reader = await client.open_ledger(ledger_id, recovery=recovery)
+    entries = await reader.read(0, reader.last_readable_entry_id) if reader.last_readable_entry_id >= 0 else []
+    return reader, {e.entry_id: e.payload for e in entries}
+
+
+async def test_write_close_read_back(cluster_factory):
+    cluster = await start_cluster(cluster_factory, 3)
+    client = await connect(cluster)
+    try:
+        writer = await client.create_ledger(3, 3, 2)
+        acked: dict[int, bytes] = {}
+        await write_stream(writer, 1500, acked)
+        md = await writer.close()
+        assert md.state is LedgerState.CLOSED and md.last_entry_id == 1499
+        assert md.length == sum(len(p) for p in acked.values())
+        reader, got = await read_all(client, writer.ledger_id, recovery=False)
+        assert got == acked
+    finally:
+        await client.close()
+
+
+async def test_striped_ledger_e3_qw2(cluster_factory):
+    cluster = await start_cluster(cluster_factory, 3)
+    client = await connect(cluster)
+    try:
+        writer = await client.create_ledger(3, 2, 2)
+        acked: dict[int, bytes] = {}
+        await write_stream(writer, 300, acked)
+        await writer.close()
+        _, got = await read_all(client, writer.ledger_id, recovery=False)
+        assert got == acked
+    finally:
+        await client.close()
+
+
+async def test_kill_one_bookie_during_adds_changes_ensemble(cluster_factory):
+    """4 bookies, E3/Qw3/Qa2: kill -9 one of the ensemble mid-stream; the writer replaces it,
+    the caller sees no error, and every acknowledged entry is readable afterwards."""
+    cluster = await start_cluster(cluster_factory, 4)
+    client = await connect(cluster)
+    try:
+        writer = await client.create_ledger(3, 3, 2)
+        victim = writer.metadata.current_ensemble[1]
+        killed = False
+
+        async def maybe_kill(n: int) -> None:
+            nonlocal killed
+            if n >= 1000 and not killed:
+                killed = True
+                await asyncio.to_thread(cluster.kill, name_of(cluster, victim))
+
+        acked: dict[int, bytes] = {}
+        await write_stream(writer, 4000, acked, on_progress=maybe_kill)
+        md = await writer.close()
+        assert killed and len(acked) == 4000
+        assert len(md.ensembles) >= 2, md.ensembles
+        assert victim in md.ensembles[0][1] and victim not in md.current_ensemble
+        _, got = await read_all(client, writer.ledger_id, recovery=False)
+        assert got == acked
+    finally:
+        await client.close()
+
+
+async def test_kill_one_of_three_bookies_records_under_replication(cluster_factory):
+    """3 bookies, E3/Qw3/Qa2: no replacement exists; writes go on with Qa acks and the ledger
+    records the lost bookie as under-replicated."""
+    cluster = await start_cluster(cluster_factory, 3)
+    client = await connect(cluster)
+    try:
+        writer = await client.create_ledger(3, 3, 2)
+        victim = writer.metadata.current_ensemble[0]
+        killed = False
+
+        async def maybe_kill(n: int) -> None:
+            nonlocal killed
+            if n >= 500 and not killed:
+                killed = True
+                await asyncio.to_thread(cluster.kill, name_of(cluster, victim))
+
+        acked: dict[int, bytes] = {}
+        await write_stream(writer, 2000, acked, on_progress=maybe_kill)
+        md = await writer.close()
+        assert len(acked) == 2000
+        assert victim in md.under_replicated_bookies
+        _, got = await read_all(client, writer.ledger_id, recovery=False)
+        assert got == acked
+    finally:
+        await client.close()
+
+
+async def test_kill_all_bookies_then_restart_keeps_acknowledged(cluster_factory):
+    cluster = await start_cluster(cluster_factory, 3)
+    client = await connect(cluster, add_timeout_ms=2_000, rpc_timeout_ms=2_000, read_timeout_ms=5_000)
+    acked: dict[int, bytes] = {}
+    try:
+        writer = await client.create_ledger(3, 3, 2)
+        ledger_id = writer.ledger_id
+        futures = []
+        for i in range(3000):
+            fut = writer.add_async(payload_for(i))
+            fut.add_done_callback(lambda f, i=i: None if f.exception() else acked.__setitem__(f.result(), payload_for(i)))
+            futures.append(fut)
+            if i == 1500:
+                for name in cluster.bookie_names:  # as close together as we can
+                    await asyncio.to_thread(cluster.kill, name)
+            if i % 100 == 0:
+                await asyncio.sleep(0)
+        await asyncio.gather(*futures, return_exceptions=True)
+    finally:
+        await client.close()
+    assert acked, "nothing was acknowledged before the bookies died"
+    for name in cluster.bookie_names:
+        await asyncio.to_thread(cluster.restart, name)
+    client = await connect(cluster)
+    try:
+        reader, got = await read_all(client, ledger_id, recovery=True)
+        assert reader.metadata.state is LedgerState.CLOSED
+        for entry_id, payload in acked.items():
+            assert got.get(entry_id) == payload, f"acknowledged entry {entry_id} lost"
+        assert reader.metadata.last_entry_id >= max(acked)
+    finally:
+        await client.close()
+
+
+async def test_second_writer_recovery_fences_the_first(cluster_factory):
+    cluster = await start_cluster(cluster_factory, 3)
+    first = await connect(cluster)
+    second = await connect(cluster)
+    try:
+        writer = await first.create_ledger(3, 3, 2)
+        acked: dict[int, bytes] = {}
+        await write_stream(writer, 300, acked)
+        reader, got = await read_all(second, writer.ledger_id, recovery=True)
+        md = reader.metadata
+        assert md.state is LedgerState.CLOSED and md.last_entry_id == 299
+        with pytest.raises(LedgerFencedError):
+            await writer.add(b"after the fence")
+        # every replica agrees on the closed ledger, byte for byte
+        for bookie in md.current_ensemble:
+            resp = await second.pool.get(bookie).read(writer.ledger_id, 0, md.last_entry_id)
+            assert resp.code == pb.OK and resp.fenced
+            assert {e.entry_id: e.payload for e in resp.entries} == acked
+        # a bookie refuses a plain add to the fenced ledger, and accepts nothing past the end
+        async with grpc.aio.insecure_channel(md.current_ensemble[0]) as channel:
+            stub = pb_grpc.BookieStub(channel)
+            e = _entry(writer.ledger_id, 300, 299, b"late")
+            r = await stub.Add(pb.AddRequest(entries=[e]))
+            assert r.results[0].code == pb.FENCED
+        _, again = await read_all(first, writer.ledger_id, recovery=False)
+        assert again == acked
+    finally:
+        await first.close()
+        await second.close()
+
+
+def _entry(ledger_id: int, entry_id: int, lac: int, payload: bytes, length: int = 0) -> pb.Entry:
+    return pb.Entry(ledger_id=ledger_id, entry_id=entry_id, lac=lac, length=length, payload=payload,
+                    checksum=entry_checksum(ledger_id, entry_id, lac, length, payload))
+
+
+async def test_bad_input_gets_clear_errors_and_bookie_keeps_serving(cluster_factory):
+    cluster = await start_cluster(cluster_factory, 3, bookie_overrides={"entry_bytes_max": 64 * 1024,
+                                                                        "request_bytes_max": 1024 * 1024})
+    bookie = cluster.bookie_ids[0]
+    async with grpc.aio.insecure_channel(bookie) as channel:
+        stub = pb_grpc.BookieStub(channel)
+        # unknown ledger
+        r = await stub.Read(pb.ReadRequest(ledger_id=987654, first_entry_id=0, last_entry_id=0))
+        assert r.code == pb.NO_SUCH_LEDGER
+        r = await stub.ReadLac(pb.ReadLacRequest(ledger_id=987654))
+        assert r.code == pb.NO_SUCH_LEDGER
+        # malformed ranges
+        r = await stub.Read(pb.ReadRequest(ledger_id=1, first_entry_id=-5, last_entry_id=0))
+        assert r.code == pb.BAD_REQUEST
+        r = await stub.Read(pb.ReadRequest(ledger_id=1, first_entry_id=10, last_entry_id=2))
+        assert r.code == pb.BAD_REQUEST
+        # a good add, then a read past what is stored
+        r = await stub.Add(pb.AddRequest(entries=[_entry(77, 0, -1, b"ok")]))
+        assert r.results[0].code == pb.OK
+        r = await stub.Read(pb.ReadRequest(ledger_id=77, first_entry_id=5, last_entry_id=5))
+        assert r.code == pb.NO_SUCH_ENTRY
+        # corrupted entry: bad checksum, nothing stored
+        bad = _entry(77, 1, 0, b"payload")
+        bad.payload = b"PAYLOAD"
+        r = await stub.Add(pb.AddRequest(entries=[bad]))
+        assert r.results[0].code == pb.CHECKSUM_MISMATCH
+        r = await stub.Read(pb.ReadRequest(ledger_id=77, first_entry_id=1, last_entry_id=1))
+        assert r.code == pb.NO_SUCH_ENTRY
+        # an entry above entry_bytes_max
+        r = await stub.Add(pb.AddRequest(entries=[_entry(77, 1, 0, b"x" * (64 * 1024 + 1))]))
+        assert r.results[0].code == pb.TOO_LARGE
+        # a request above the gRPC message limit
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Add(pb.AddRequest(entries=[_entry(77, 1, 0, b"x" * (2 * 1024 * 1024))]))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # bytes that are not a protobuf message at all
+        raw = channel.unary_unary("/pulsarlite.bookie.v1.Bookie/Read",
+                                  request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await raw(b"\xff\xff\xff\xff\x0f not protobuf")
+        # fenced ledger: plain adds refused, recovery adds accepted
+        r = await stub.ReadLac(pb.ReadLacRequest(ledger_id=77, fence=True))
+        assert r.code == pb.OK and r.fenced and r.last_entry_id == 0
+        r = await stub.Add(pb.AddRequest(entries=[_entry(77, 1, 0, b"late")]))
+        assert r.results[0].code == pb.FENCED
+        r = await stub.Add(pb.AddRequest(entries=[_entry(77, 1, 0, b"recovered")], recovery=True))
+        assert r.results[0].code == pb.OK
+        # ... and it still serves
+        r = await stub.Read(pb.ReadRequest(ledger_id=77, first_entry_id=0, last_entry_id=1))
+        assert r.code == pb.OK and [e.payload for e in r.entries] == [b"ok", b"recovered"]
+        info = await stub.GetBookieInfo(pb.BookieInfoRequest())
+        assert info.bookie_id == bookie and not info.read_only
+    # the client refuses reads past the LAC of an open ledger
+    client = await connect(cluster)
+    try:
+        writer = await client.create_ledger(3, 3, 2)
+        await writer.add(b"one")
+        reader = await client.open_ledger(writer.ledger_id, recovery=False)
+        with pytest.raises(NoSuchEntryError):
+            await reader.read(0, reader.last_readable_entry_id + 5)
+    finally:
+        await client.close()
+
+
+def bookie_cmd(config_path) -> list[str]:
+    return [sys.executable, "-m", "pulsarlite", "bookie", "--config", str(config_path)]
+
+
+async def test_bookie_with_wiped_disk_refuses_to_start(cluster_factory):
+    cluster = await start_cluster(cluster_factory, 3)
+    name = cluster.bookie_names[0]
+    await asyncio.to_thread(cluster.kill, name)
+    from pulsarlite.config import BookieConfig, load_toml
+    config = load_toml(BookieConfig, cluster.bookie_config_path(name))
+    shutil.rmtree(config.journal_dir)
+    os.makedirs(config.journal_dir)
+    proc = await asyncio.to_thread(subprocess.run, bookie_cmd(cluster.bookie_config_path(name)),
+                                   capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "wiped or swapped" in proc.stderr, proc.stderr[-2000:]
+
+
+async def test_bad_config_file_is_refused_clearly(tmp_path):
+    path = tmp_path / "bookie.toml"
+    path.write_text('port = "not a number"\n')
+    proc = await asyncio.to_thread(subprocess.run, bookie_cmd(path), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "port must be int" in proc.stderr
+    path.write_text('no_such_setting = 1\n')
+    proc = await asyncio.to_thread(subprocess.run, bookie_cmd(path), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "unknown setting" in proc.stderr
+
+
+async def test_full_disk_makes_bookie_read_only(cluster_factory):
+    cluster = await start_cluster(cluster_factory, 3, bookie_overrides={"bookie-3": {"disk_free_bytes_override": 1}})
+    readonly_id = cluster.records["bookie-3"].bookie_id
+    client = await connect(cluster)
+    try:
+        assert await client.ledger_manager.readonly_bookies() == [readonly_id]
+        assert readonly_id not in await client.ledger_manager.writable_bookies()
+        with pytest.raises(NotEnoughBookiesError):
+            await client.create_ledger(3, 3, 2)
+        writer = await client.create_ledger(2, 2, 2)
+        assert readonly_id not in writer.metadata.current_ensemble
+        await writer.add(b"x")
+        await writer.close()
+        async with grpc.aio.insecure_channel(readonly_id) as channel:
+            stub = pb_grpc.BookieStub(channel)
+            r = await stub.Add(pb.AddRequest(entries=[_entry(5, 0, -1, b"refused")]))
+            assert r.results[0].code == pb.READ_ONLY
+            info = await stub.GetBookieInfo(pb.BookieInfoRequest())
+            assert info.read_only
+            r = await stub.Read(pb.ReadRequest(ledger_id=5, first_entry_id=0, last_entry_id=0))
+            assert r.code == pb.NO_SUCH_LEDGER  # reads still served
+    finally:
+        await client.close()
+
+
+async def test_operator_shell_simpletest_and_readledger(cluster_factory):
+    cluster = await start_cluster(cluster_factory, 3)
+    base = [sys.executable, "-m", "pulsarlite", "bookkeeper", "--zookeeper", cluster.zookeeper]
+
+    def run(*args) -> str:
+        proc = subprocess.run(base + list(args), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    out = json.loads(await asyncio.to_thread(run, "simpletest", "--ensemble", "3", "--write-quorum", "3",
+                                             "--ack-quorum", "2", "--entries", "2500", "--json"))
+    assert out["entries_acked"] == 2500
+    ledger_id = out["ledger_id"]
+    read = json.loads(await asyncio.to_thread(run, "readledger", str(ledger_id), "--json"))
+    assert read["ledger_id"] == ledger_id and read["entries"] == 2500 and read["last_entry_id"] == 2499
+    bookies = json.loads(await asyncio.to_thread(run, "listbookies", "--json"))
+    assert sorted(bookies["writable"]) == sorted(cluster.bookie_ids)
+    assert ledger_id in json.loads(await asyncio.to_thread(run, "listledgers", "--json"))
+    md = json.loads(await asyncio.to_thread(run, "ledgermetadata", str(ledger_id)))
+    assert md["state"] == "CLOSED" and md["last_entry_id"] == 2499
+    await asyncio.to_thread(run, "deleteledger", str(ledger_id))
+    assert ledger_id not in json.loads(await asyncio.to_thread(run, "listledgers", "--json"))
+    proc = await asyncio.to_thread(subprocess.run, base + ["ledgermetadata", "424242"],
+                                   capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "424242" in proc.stderr
