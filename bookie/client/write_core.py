@@ -1,0 +1,359 @@
+"""The pure write core of a ledger: striping, quorum acks, LAC, ensemble change, close.
+
+I/O-free and clock-free (DESIGN.md §5): the shell calls the event methods with the time and a
+``random.Random`` and executes the returned actions (bookie.client.actions). Protocol
+(NOTES.md, "BookKeeper's protocol"):
+
+- entry i goes to the Qw bookies starting at index i mod E of its fragment's ensemble;
+- it is confirmed once Qa bookies of its write set acked and every lower entry is confirmed;
+  the LAC only moves forward and rides on every entry sent;
+- a failed bookie (ERROR, READ_ONLY) is replaced by a writable bookie outside the ensemble in a
+  new fragment starting at LAC + 1 (CAS of the metadata; sends to the new bookie are held until
+  the CAS succeeded); with no replacement the bookie stays in the ensemble, is recorded in
+  ``under_replicated_bookies`` and entries go on as long as Qa bookies of each write set can
+  ack (delayed ensemble change);
+- FENCED from any bookie, or a metadata CAS finding the ledger no longer OPEN, means a recovery
+  took the ledger: every pending add fails with LedgerFencedError, no add is accepted again;
+- a failure is sticky: once an add failed, every later one fails too (a ledger is an ordered
+  log; the caller closes it and writes the next ledger).
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+from bookie.client.actions import (Action, AddOutcome, CloseDone, CloseFailed, ConfirmAdds,
+                                   FailAdds, SendAdd, WriteMetadata)
+from bookie.client.metadata import LedgerMetadata, LedgerState
+from bookie.client.placement import choose_replacements
+from pulsarlite.errors import (LedgerClosedError, LedgerFencedError, MetadataError,
+                               NotEnoughBookiesError, PulsarliteError, TimeoutError_, check)
+
+
+class WriteCoreState(enum.Enum):
+    WRITING = "WRITING"
+    CLOSING = "CLOSING"     # the CLOSED metadata is being written
+    CLOSED = "CLOSED"       # closed (CloseDone) or given up (CloseFailed): the core is finished
+
+
+@dataclass
+class _PendingAdd:
+    entry_id: int
+    payload: bytes
+    length: int                     # ledger length through this entry
+    added_ms: int
+    acked: set[str] = field(default_factory=set)   # bookies of the current write set that acked
+    sent: set[str] = field(default_factory=set)    # sends outstanding (no answer yet)
+
+
+class LedgerWriteCore:
+    """Write state of one OPEN ledger owned by this client. See the module docstring."""
+
+    def __init__(self, metadata: LedgerMetadata, *, add_timeout_ms: int,
+                 ensemble_change_attempts_max: int, last_entry_id: int = -1, length: int = 0) -> None:
+        check(metadata.state is LedgerState.OPEN,
+              f"ledger {metadata.ledger_id}: write core on a {metadata.state.value} ledger")
+        if add_timeout_ms <= 0:
+            raise ValueError(f"add_timeout_ms must be > 0, got {add_timeout_ms}")
+        if ensemble_change_attempts_max < 1:
+            raise ValueError(f"ensemble_change_attempts_max must be >= 1, got {ensemble_change_attempts_max}")
+        if last_entry_id < -1 or length < 0:
+            raise ValueError(f"bad start position: last_entry_id={last_entry_id} length={length}")
+        self._add_timeout_ms = add_timeout_ms
+        self._attempts_max = ensemble_change_attempts_max
+        self._md = metadata                      # last metadata known to be in the store
+        self._proposed: LedgerMetadata | None = None   # ensemble change CAS in flight
+        self._held: frozenset[str] = frozenset()       # new bookies of _proposed: no sends yet
+        self._unusable: set[str] = set()         # bookies that failed (ERROR / READ_ONLY)
+        self._pending: dict[int, _PendingAdd] = {}     # lac+1 .. last_pushed, in order
+        self._lac = last_entry_id
+        self._lac_length = length
+        self._last_pushed = last_entry_id
+        self._length = length
+        self._error: PulsarliteError | None = None     # sticky: later adds fail with it
+        self._fenced = False
+        self._attempts = 0
+        self._state = WriteCoreState.WRITING
+        self._close_requested = False
+        self._closing_md: LedgerMetadata | None = None
+
+    # -- properties ----------------------------------------------------------------------
+    @property
+    def lac(self) -> int:
+        return self._lac
+
+    @property
+    def lac_length(self) -> int:
+        """Ledger length in bytes through the LAC entry."""
+        return self._lac_length
+
+    @property
+    def last_add_pushed(self) -> int:
+        return self._last_pushed
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    @property
+    def length(self) -> int:
+        """Ledger length in bytes through the last add pushed."""
+        return self._length
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        """The last metadata known to be in the store (not a CAS in flight)."""
+        return self._md
+
+    @property
+    def error(self) -> PulsarliteError | None:
+        return self._error
+
+    @property
+    def is_fenced(self) -> bool:
+        return self._fenced
+
+    @property
+    def state(self) -> WriteCoreState:
+        return self._state
+
+    @property
+    def _view(self) -> LedgerMetadata:
+        return self._proposed if self._proposed is not None else self._md
+
+    # -- events --------------------------------------------------------------------------
+    def add(self, payload: bytes, now_ms: int) -> tuple[int, list[Action]]:
+        """Append ``payload``: returns its entry id and the sends. Raises the sticky error if an
+        earlier add failed (nothing changes), LedgerClosedError once close() was called."""
+        if self._state is not WriteCoreState.WRITING or self._close_requested:
+            raise LedgerClosedError(f"ledger {self._md.ledger_id} is closed")
+        if self._error is not None:
+            raise type(self._error)(str(self._error))
+        entry_id = self._last_pushed + 1
+        self._length += len(payload)
+        add = _PendingAdd(entry_id, bytes(payload), self._length, now_ms)
+        self._pending[entry_id] = add
+        self._last_pushed = entry_id
+        return entry_id, self._send_missing(add)
+
+    def on_add_result(self, bookie: str, entry_id: int, outcome: AddOutcome, now_ms: int,
+                      writable_bookies: Sequence[str], rng: random.Random) -> list[Action]:
+        """A bookie answered an add. ``writable_bookies``: bookies currently registered writable
+        (candidates for an ensemble change)."""
+        if self._state is WriteCoreState.CLOSED:
+            return []
+        if outcome is AddOutcome.FENCED:
+            self._fenced = True
+            return self._fail_all(LedgerFencedError(
+                f"ledger {self._md.ledger_id} fenced (bookie {bookie}, entry {entry_id})"))
+        add = self._pending.get(entry_id)
+        if add is None:
+            return []                             # already confirmed or failed: stale answer
+        if bookie not in self._view.write_set(entry_id) or bookie in self._held:
+            return []                             # answer from a bookie replaced since
+        add.sent.discard(bookie)
+        if outcome is AddOutcome.OK:
+            add.acked.add(bookie)
+            return self._advance()
+        # ERROR, READ_ONLY, NO_SUCH_LEDGER: the bookie failed
+        if bookie in add.acked or bookie in self._unusable:
+            return []
+        self._unusable.add(bookie)
+        for other in self._pending.values():
+            other.sent.discard(bookie)
+        return self._change_ensemble(writable_bookies, rng)
+
+    def on_metadata_written(self, metadata: LedgerMetadata, now_ms: int,
+                            writable_bookies: Sequence[str], rng: random.Random) -> list[Action]:
+        """The CAS of a WriteMetadata this core emitted succeeded."""
+        if self._state is WriteCoreState.CLOSING:
+            check(metadata == self._closing_md, f"ledger {self._md.ledger_id}: unexpected close written")
+            self._md = metadata
+            self._state = WriteCoreState.CLOSED
+            return [CloseDone(metadata)]
+        check(self._proposed is not None and metadata == self._proposed,
+              f"ledger {self._md.ledger_id}: metadata written that this core did not propose")
+        replaced = set(self._md.current_ensemble) - set(metadata.current_ensemble)
+        self._md = metadata
+        self._proposed = None
+        self._held = frozenset()
+        self._attempts = 0
+        self._unusable -= replaced
+        actions: list[Action] = []
+        for add in self._pending.values():
+            actions += self._send_missing(add)
+        actions += self._change_ensemble(writable_bookies, rng)   # failures since the proposal
+        if self._close_requested and self._proposed is None:
+            actions += self._start_close()
+        return actions
+
+    def on_metadata_conflict(self, current: LedgerMetadata, now_ms: int,
+                             writable_bookies: Sequence[str], rng: random.Random) -> list[Action]:
+        """The CAS lost: ``current`` is the metadata now in the store (remember its version)."""
+        check(current.ledger_id == self._md.ledger_id, "metadata of another ledger")
+        if self._state is WriteCoreState.CLOSED:
+            return []
+        if self._state is WriteCoreState.CLOSING:
+            return self._close_conflict(current)
+        self._proposed = None
+        self._held = frozenset()
+        if current.state is not LedgerState.OPEN:
+            self._fenced = True
+            actions = self._fail_all(LedgerFencedError(
+                f"ledger {current.ledger_id} is {current.state.value}: recovered by another client"))
+            if self._close_requested:
+                self._state = WriteCoreState.CLOSED
+                actions.append(CloseFailed(LedgerFencedError(f"ledger {current.ledger_id} fenced")))
+            return actions
+        self._md = current
+        self._attempts += 1
+        for add in self._pending.values():           # rebase: write sets as in current
+            members = set(current.write_set(add.entry_id))
+            add.acked &= members
+            add.sent &= members
+        if self._attempts > self._attempts_max:
+            actions = self._fail_all(MetadataError(
+                f"ledger {current.ledger_id}: ensemble change gave up after {self._attempts_max} conflicts"))
+        else:
+            actions = self._change_ensemble(writable_bookies, rng)
+            for add in self._pending.values():
+                actions += self._send_missing(add)
+            actions += self._advance()
+        if self._close_requested and self._proposed is None:
+            actions += self._start_close()
+        return actions
+
+    def on_tick(self, now_ms: int, writable_bookies: Sequence[str], rng: random.Random) -> list[Action]:
+        """Periodic: fail adds older than add_timeout_ms (all pending, in order), and retry an
+        ensemble change when bookies became writable."""
+        if self._state is not WriteCoreState.WRITING:
+            return []
+        if self._pending:
+            oldest = self._pending[self._lac + 1]
+            if now_ms - oldest.added_ms >= self._add_timeout_ms:
+                members = self._view.write_set(oldest.entry_id)
+                usable = [b for b in members if b not in self._unusable and b not in self._held]
+                if len(usable) < self._md.ack_quorum:
+                    error: PulsarliteError = NotEnoughBookiesError(
+                        f"ledger {self._md.ledger_id}: entry {oldest.entry_id} has {len(usable)} usable "
+                        f"bookies of {members}, needs {self._md.ack_quorum}")
+                else:
+                    error = TimeoutError_(f"ledger {self._md.ledger_id}: entry {oldest.entry_id} "
+                                          f"not confirmed within {self._add_timeout_ms} ms")
+                return self._fail_all(error)
+        return self._change_ensemble(writable_bookies, rng)
+
+    def close(self) -> list[Action]:
+        """Close at the LAC: emits WriteMetadata(CLOSED, last_entry_id=lac, length=lac_length),
+        then CloseDone / CloseFailed once the CAS answered. Adds still pending fail first with
+        LedgerClosedError. On a fenced ledger: CloseFailed(LedgerFencedError) at once."""
+        if self._state is not WriteCoreState.WRITING or self._close_requested:
+            return []
+        actions = self._fail_all(LedgerClosedError(f"ledger {self._md.ledger_id} closed with adds pending"))
+        if self._proposed is not None:
+            self._close_requested = True         # after the ensemble change CAS answered
+            return actions
+        return actions + self._start_close()
+
+    # -- internals -----------------------------------------------------------------------
+    def _send_missing(self, add: _PendingAdd) -> list[Action]:
+        actions: list[Action] = []
+        for bookie in self._view.write_set(add.entry_id):
+            if (bookie in add.acked or bookie in add.sent or bookie in self._unusable
+                    or bookie in self._held):
+                continue
+            add.sent.add(bookie)
+            actions.append(SendAdd(bookie, add.entry_id, self._lac, add.length, add.payload))
+        return actions
+
+    def _advance(self) -> list[Action]:
+        quorum = self._md.ack_quorum
+        view = self._view
+        lac = self._lac
+        while True:
+            add = self._pending.get(lac + 1)
+            if add is None or len(add.acked.intersection(view.write_set(add.entry_id))) < quorum:
+                break
+            lac += 1
+        if lac == self._lac:
+            return []
+        check(lac > self._lac, f"LAC would go backwards: {self._lac} -> {lac}")
+        for entry_id in range(self._lac + 1, lac + 1):
+            self._lac_length = self._pending.pop(entry_id).length
+        self._lac = lac
+        return [ConfirmAdds(lac)]
+
+    def _fail_all(self, error: PulsarliteError) -> list[Action]:
+        if self._error is None or isinstance(error, LedgerFencedError):
+            self._error = error
+        if not self._pending:
+            return []
+        first = self._lac + 1
+        check(min(self._pending) == first, f"pending adds do not start at LAC+1 ({first})")
+        self._pending.clear()
+        return [FailAdds(first, error)]
+
+    def _change_ensemble(self, writable_bookies: Sequence[str], rng: random.Random) -> list[Action]:
+        """Propose a new fragment replacing the failed bookies of the current ensemble (or, with
+        no replacement, record them as under-replicated). One CAS in flight at a time."""
+        if (self._state is not WriteCoreState.WRITING or self._proposed is not None
+                or self._error is not None):
+            return []
+        base = self._md
+        ensemble = list(base.current_ensemble)
+        failed = [i for i, b in enumerate(ensemble) if b in self._unusable]
+        if not failed:
+            return []
+        replacements = choose_replacements(writable_bookies, set(ensemble) | self._unusable,
+                                           len(failed), rng)
+        for index, bookie in zip(failed, replacements):
+            ensemble[index] = bookie
+        new_ensemble = tuple(ensemble)
+        under = tuple(sorted(set(base.under_replicated_bookies)
+                             | {b for b in new_ensemble if b in self._unusable}))
+        proposal = base
+        if new_ensemble != base.current_ensemble:
+            proposal = proposal.with_new_fragment(self._lac + 1, new_ensemble)
+        if under != base.under_replicated_bookies:
+            proposal = replace(proposal, under_replicated_bookies=under)
+        if proposal == base:
+            return []
+        self._proposed = proposal
+        self._held = frozenset(new_ensemble) - frozenset(base.current_ensemble)
+        for add in self._pending.values():
+            members = set(proposal.write_set(add.entry_id))
+            add.acked &= members
+            add.sent &= members
+        return [WriteMetadata(proposal)]
+
+    def _start_close(self) -> list[Action]:
+        self._close_requested = False
+        if self._fenced:
+            self._state = WriteCoreState.CLOSED
+            return [CloseFailed(LedgerFencedError(f"ledger {self._md.ledger_id} fenced"))]
+        self._closing_md = self._md.with_state(LedgerState.CLOSED, last_entry_id=self._lac,
+                                               length=self._lac_length)
+        self._state = WriteCoreState.CLOSING
+        self._attempts = 0
+        return [WriteMetadata(self._closing_md)]
+
+    def _close_conflict(self, current: LedgerMetadata) -> list[Action]:
+        if current.state is LedgerState.OPEN and self._attempts < self._attempts_max:
+            self._attempts += 1
+            self._md = current
+            self._closing_md = current.with_state(LedgerState.CLOSED, last_entry_id=self._lac,
+                                                  length=self._lac_length)
+            return [WriteMetadata(self._closing_md)]
+        self._state = WriteCoreState.CLOSED
+        if current.is_closed and current.last_entry_id == self._lac and current.length == self._lac_length:
+            self._md = current
+            return [CloseDone(current)]
+        if current.state is LedgerState.OPEN:
+            return [CloseFailed(MetadataError(f"ledger {current.ledger_id}: close gave up after "
+                                              f"{self._attempts_max} conflicts"))]
+        self._fenced = True
+        return [CloseFailed(LedgerFencedError(
+            f"ledger {current.ledger_id} is {current.state.value} by another client"))]
