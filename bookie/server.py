@@ -45,16 +45,17 @@ class BookieService(pb_grpc.BookieServicer):
     async def _add(self, request: pb.AddRequest) -> pb.AddResponse:
         entries = request.entries
         if self.closing:
-            return _add_response(entries, Status.UNAVAILABLE)
+            return _add_response(request, Status.UNAVAILABLE)
         if not entries:
-            return pb.AddResponse()
+            return pb.AddResponse(request_id=request.request_id)
         stored = [entry_from_pb(e) for e in entries]
         statuses = await self._store.add_entries(stored, recovery=request.recovery)
         bad = [(e.ledger_id, e.entry_id, s.name) for e, s in zip(stored, statuses) if s != Status.OK]
         if bad:
             log.info("adds refused bookie=%s count=%d first=%s", self._config.effective_bookie_id,
                      len(bad), bad[0])
-        return pb.AddResponse(results=[pb.AddResult(ledger_id=e.ledger_id, entry_id=e.entry_id, code=int(s))
+        return pb.AddResponse(request_id=request.request_id,
+                              results=[pb.AddResult(ledger_id=e.ledger_id, entry_id=e.entry_id, code=int(s))
                                        for e, s in zip(stored, statuses)])
 
     async def Add(self, request, context):  # noqa: N802 - gRPC method name
@@ -70,7 +71,7 @@ class BookieService(pb_grpc.BookieServicer):
                 response = await self._add(request)
             except Exception:  # a bug or a dead store: answer INTERNAL, keep the stream
                 log.exception("add failed bookie=%s", self._config.effective_bookie_id)
-                response = _add_response(request.entries, Status.INTERNAL)
+                response = _add_response(request, Status.INTERNAL)
             finally:
                 slots.release()
             await responses.put(response)
@@ -138,9 +139,10 @@ class BookieService(pb_grpc.BookieServicer):
             entry_count=self._store.entry_count())
 
 
-def _add_response(entries, status: Status) -> pb.AddResponse:
-    return pb.AddResponse(results=[pb.AddResult(ledger_id=e.ledger_id, entry_id=e.entry_id, code=int(status))
-                                   for e in entries])
+def _add_response(request: pb.AddRequest, status: Status) -> pb.AddResponse:
+    return pb.AddResponse(request_id=request.request_id,
+                          results=[pb.AddResult(ledger_id=e.ledger_id, entry_id=e.entry_id, code=int(status))
+                                   for e in request.entries])
 
 
 def grpc_options(request_bytes_max: int) -> list[tuple[str, int]]:

@@ -24,39 +24,39 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x62ookie_rpc.proto\x12\x14pulsarlite.bookie.v1\"l\n\x05\x45ntry\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x0b\n\x03lac\x18\x03 \x01(\x03\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\x07\x12\x0e\n\x06length\x18\x06 \x01(\x03\"L\n\nAddRequest\x12,\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1b.pulsarlite.bookie.v1.Entry\x12\x10\n\x08recovery\x18\x02 \x01(\x08\"`\n\tAddResult\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12.\n\x04\x63ode\x18\x03 \x01(\x0e\x32 .pulsarlite.bookie.v1.StatusCode\"?\n\x0b\x41\x64\x64Response\x12\x30\n\x07results\x18\x01 \x03(\x0b\x32\x1f.pulsarlite.bookie.v1.AddResult\"q\n\x0bReadRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\r\n\x05\x66\x65nce\x18\x04 \x01(\x08\x12\x11\n\tmax_bytes\x18\x05 \x01(\r\"\x89\x01\n\x0cReadResponse\x12.\n\x04\x63ode\x18\x01 \x01(\x0e\x32 .pulsarlite.bookie.v1.StatusCode\x12,\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x1b.pulsarlite.bookie.v1.Entry\x12\x0b\n\x03lac\x18\x03 \x01(\x03\x12\x0e\n\x06\x66\x65nced\x18\x04 \x01(\x08\"2\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x08\"u\n\x0fReadLacResponse\x12.\n\x04\x63ode\x18\x01 \x01(\x0e\x32 .pulsarlite.bookie.v1.StatusCode\x12\x0b\n\x03lac\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\x0e\n\x06\x66\x65nced\x18\x04 \x01(\x08\"(\n\x13\x44\x65leteLedgerRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\"F\n\x14\x44\x65leteLedgerResponse\x12.\n\x04\x63ode\x18\x01 \x01(\x0e\x32 .pulsarlite.bookie.v1.StatusCode\"\x13\n\x11\x42ookieInfoRequest\"\x8e\x01\n\x12\x42ookieInfoResponse\x12\x11\n\tbookie_id\x18\x01 \x01(\t\x12\x12\n\nfree_bytes\x18\x02 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x11\n\tread_only\x18\x04 \x01(\x08\x12\x14\n\x0cledger_count\x18\x05 \x01(\x04\x12\x13\n\x0b\x65ntry_count\x18\x06 \x01(\x04*\xac\x01\n\nStatusCode\x12\x06\n\x02OK\x10\x00\x12\x12\n\x0eNO_SUCH_LEDGER\x10\x01\x12\x11\n\rNO_SUCH_ENTRY\x10\x02\x12\n\n\x06\x46\x45NCED\x10\x03\x12\r\n\tREAD_ONLY\x10\x04\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x05\x12\x15\n\x11\x43HECKSUM_MISMATCH\x10\x06\x12\r\n\tTOO_LARGE\x10\x07\x12\x0f\n\x0bUNAVAILABLE\x10\x08\x12\x0c\n\x08INTERNAL\x10\t2\x9c\x04\n\x06\x42ookie\x12T\n\tAddStream\x12 .pulsarlite.bookie.v1.AddRequest\x1a!.pulsarlite.bookie.v1.AddResponse(\x01\x30\x01\x12J\n\x03\x41\x64\x64\x12 .pulsarlite.bookie.v1.AddRequest\x1a!.pulsarlite.bookie.v1.AddResponse\x12M\n\x04Read\x12!.pulsarlite.bookie.v1.ReadRequest\x1a\".pulsarlite.bookie.v1.ReadResponse\x12V\n\x07ReadLac\x12$.pulsarlite.bookie.v1.ReadLacRequest\x1a%.pulsarlite.bookie.v1.ReadLacResponse\x12\x65\n\x0c\x44\x65leteLedger\x12).pulsarlite.bookie.v1.DeleteLedgerRequest\x1a*.pulsarlite.bookie.v1.DeleteLedgerResponse\x12\x62\n\rGetBookieInfo\x12\'.pulsarlite.bookie.v1.BookieInfoRequest\x1a(.pulsarlite.bookie.v1.BookieInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x62ookie_rpc.proto\x12\x14pulsarlite.bookie.v1\"l\n\x05\x45ntry\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x0b\n\x03lac\x18\x03 \x01(\x03\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\x07\x12\x0e\n\x06length\x18\x06 \x01(\x03\"`\n\nAddRequest\x12,\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1b.pulsarlite.bookie.v1.Entry\x12\x10\n\x08recovery\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\"`\n\tAddResult\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12.\n\x04\x63ode\x18\x03 \x01(\x0e\x32 .pulsarlite.bookie.v1.StatusCode\"S\n\x0b\x41\x64\x64Response\x12\x30\n\x07results\x18\x01 \x03(\x0b\x32\x1f.pulsarlite.bookie.v1.AddResult\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\"q\n\x0bReadRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\r\n\x05\x66\x65nce\x18\x04 \x01(\x08\x12\x11\n\tmax_bytes\x18\x05 \x01(\r\"\x89\x01\n\x0cReadResponse\x12.\n\x04\x63ode\x18\x01 \x01(\x0e\x32 .pulsarlite.bookie.v1.StatusCode\x12,\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x1b.pulsarlite.bookie.v1.Entry\x12\x0b\n\x03lac\x18\x03 \x01(\x03\x12\x0e\n\x06\x66\x65nced\x18\x04 \x01(\x08\"2\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\r\n\x05\x66\x65nce\x18\x02 \x01(\x08\"u\n\x0fReadLacResponse\x12.\n\x04\x63ode\x18\x01 \x01(\x0e\x32 .pulsarlite.bookie.v1.StatusCode\x12\x0b\n\x03lac\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\x0e\n\x06\x66\x65nced\x18\x04 \x01(\x08\"(\n\x13\x44\x65leteLedgerRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\"F\n\x14\x44\x65leteLedgerResponse\x12.\n\x04\x63ode\x18\x01 \x01(\x0e\x32 .pulsarlite.bookie.v1.StatusCode\"\x13\n\x11\x42ookieInfoRequest\"\x8e\x01\n\x12\x42ookieInfoResponse\x12\x11\n\tbookie_id\x18\x01 \x01(\t\x12\x12\n\nfree_bytes\x18\x02 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x12\x11\n\tread_only\x18\x04 \x01(\x08\x12\x14\n\x0cledger_count\x18\x05 \x01(\x04\x12\x13\n\x0b\x65ntry_count\x18\x06 \x01(\x04*\xac\x01\n\nStatusCode\x12\x06\n\x02OK\x10\x00\x12\x12\n\x0eNO_SUCH_LEDGER\x10\x01\x12\x11\n\rNO_SUCH_ENTRY\x10\x02\x12\n\n\x06\x46\x45NCED\x10\x03\x12\r\n\tREAD_ONLY\x10\x04\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x05\x12\x15\n\x11\x43HECKSUM_MISMATCH\x10\x06\x12\r\n\tTOO_LARGE\x10\x07\x12\x0f\n\x0bUNAVAILABLE\x10\x08\x12\x0c\n\x08INTERNAL\x10\t2\x9c\x04\n\x06\x42ookie\x12T\n\tAddStream\x12 .pulsarlite.bookie.v1.AddRequest\x1a!.pulsarlite.bookie.v1.AddResponse(\x01\x30\x01\x12J\n\x03\x41\x64\x64\x12 .pulsarlite.bookie.v1.AddRequest\x1a!.pulsarlite.bookie.v1.AddResponse\x12M\n\x04Read\x12!.pulsarlite.bookie.v1.ReadRequest\x1a\".pulsarlite.bookie.v1.ReadResponse\x12V\n\x07ReadLac\x12$.pulsarlite.bookie.v1.ReadLacRequest\x1a%.pulsarlite.bookie.v1.ReadLacResponse\x12\x65\n\x0c\x44\x65leteLedger\x12).pulsarlite.bookie.v1.DeleteLedgerRequest\x1a*.pulsarlite.bookie.v1.DeleteLedgerResponse\x12\x62\n\rGetBookieInfo\x12\'.pulsarlite.bookie.v1.BookieInfoRequest\x1a(.pulsarlite.bookie.v1.BookieInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'bookie_rpc_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STATUSCODE']._serialized_start=1100
-  _globals['_STATUSCODE']._serialized_end=1272
+  _globals['_STATUSCODE']._serialized_start=1140
+  _globals['_STATUSCODE']._serialized_end=1312
   _globals['_ENTRY']._serialized_start=42
   _globals['_ENTRY']._serialized_end=150
   _globals['_ADDREQUEST']._serialized_start=152
-  _globals['_ADDREQUEST']._serialized_end=228
-  _globals['_ADDRESULT']._serialized_start=230
-  _globals['_ADDRESULT']._serialized_end=326
-  _globals['_ADDRESPONSE']._serialized_start=328
-  _globals['_ADDRESPONSE']._serialized_end=391
-  _globals['_READREQUEST']._serialized_start=393
-  _globals['_READREQUEST']._serialized_end=506
-  _globals['_READRESPONSE']._serialized_start=509
-  _globals['_READRESPONSE']._serialized_end=646
-  _globals['_READLACREQUEST']._serialized_start=648
-  _globals['_READLACREQUEST']._serialized_end=698
-  _globals['_READLACRESPONSE']._serialized_start=700
-  _globals['_READLACRESPONSE']._serialized_end=817
-  _globals['_DELETELEDGERREQUEST']._serialized_start=819
-  _globals['_DELETELEDGERREQUEST']._serialized_end=859
-  _globals['_DELETELEDGERRESPONSE']._serialized_start=861
-  _globals['_DELETELEDGERRESPONSE']._serialized_end=931
-  _globals['_BOOKIEINFOREQUEST']._serialized_start=933
-  _globals['_BOOKIEINFOREQUEST']._serialized_end=952
-  _globals['_BOOKIEINFORESPONSE']._serialized_start=955
-  _globals['_BOOKIEINFORESPONSE']._serialized_end=1097
-  _globals['_BOOKIE']._serialized_start=1275
-  _globals['_BOOKIE']._serialized_end=1815
+  _globals['_ADDREQUEST']._serialized_end=248
+  _globals['_ADDRESULT']._serialized_start=250
+  _globals['_ADDRESULT']._serialized_end=346
+  _globals['_ADDRESPONSE']._serialized_start=348
+  _globals['_ADDRESPONSE']._serialized_end=431
+  _globals['_READREQUEST']._serialized_start=433
+  _globals['_READREQUEST']._serialized_end=546
+  _globals['_READRESPONSE']._serialized_start=549
+  _globals['_READRESPONSE']._serialized_end=686
+  _globals['_READLACREQUEST']._serialized_start=688
+  _globals['_READLACREQUEST']._serialized_end=738
+  _globals['_READLACRESPONSE']._serialized_start=740
+  _globals['_READLACRESPONSE']._serialized_end=857
+  _globals['_DELETELEDGERREQUEST']._serialized_start=859
+  _globals['_DELETELEDGERREQUEST']._serialized_end=899
+  _globals['_DELETELEDGERRESPONSE']._serialized_start=901
+  _globals['_DELETELEDGERRESPONSE']._serialized_end=971
+  _globals['_BOOKIEINFOREQUEST']._serialized_start=973
+  _globals['_BOOKIEINFOREQUEST']._serialized_end=992
+  _globals['_BOOKIEINFORESPONSE']._serialized_start=995
+  _globals['_BOOKIEINFORESPONSE']._serialized_end=1137
+  _globals['_BOOKIE']._serialized_start=1315
+  _globals['_BOOKIE']._serialized_end=1855
 # @@protoc_insertion_point(module_scope)

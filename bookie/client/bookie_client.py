@@ -24,10 +24,11 @@ from pulsarlite.errors import BookieUnavailableError
 
 log = logging.getLogger("pulsarlite.ledger_client")
 
-# callback(bookie_id, ledger_id, entry_id, status_code)
-AddCallback = Callable[[str, int, int, int], None]
+# callback(bookie_id, [(entry_id, status_code), ...]): the answers to one AddRequest that
+# belong to one callback (one ledger writer), in entry order
+AddCallback = Callable[[str, list[tuple[int, int]]], None]
 
-# gRPC status code reported to callbacks when the bookie could not be reached (not a bookie answer)
+# status reported to callbacks when the bookie could not be reached (not a bookie answer)
 UNREACHABLE = pb.UNAVAILABLE
 
 
@@ -41,17 +42,18 @@ class BookieClient:
         self._stub = pb_grpc.BookieStub(self._channel)
         # adds waiting to be written: (entry, recovery, callback)
         self._outbound: collections.deque[tuple[pb.Entry, bool, AddCallback]] = collections.deque()
-        # adds written, waiting for an ack, keyed by (ledger, entry)
-        self._inflight: dict[tuple[int, int], collections.deque[AddCallback]] = {}
+        # requests written, waiting for their AddResponse: request id -> [(entry, callback)]
+        self._inflight: dict[int, list[tuple[pb.Entry, AddCallback]]] = {}
+        self._next_request_id = 1
         self._wakeup = asyncio.Event()
         self._writer_task: asyncio.Task | None = None
         self._closed = False
 
     # -- adds ----------------------------------------------------------------------------
     def send_add(self, entry: pb.Entry, recovery: bool, callback: AddCallback) -> None:
-        """Queue one add; ``callback`` runs exactly once with the bookie's status code."""
+        """Queue one add; ``callback`` runs exactly once for it with the bookie's status code."""
         if self._closed:
-            callback(self.bookie_id, entry.ledger_id, entry.entry_id, UNREACHABLE)
+            callback(self.bookie_id, [(entry.entry_id, UNREACHABLE)])
             return
         self._outbound.append((entry, recovery, callback))
         self._wakeup.set()
@@ -61,17 +63,20 @@ class BookieClient:
     def _take_batch(self) -> tuple[pb.AddRequest, list[tuple[pb.Entry, AddCallback]]]:
         """Up to the batch limits of pending adds that share a recovery flag."""
         entries_max, bytes_max = self._config.add_batch_entries_max, self._config.add_batch_bytes_max
-        recovery = self._outbound[0][1]
+        outbound = self._outbound
+        recovery = outbound[0][1]
         taken: list[tuple[pb.Entry, AddCallback]] = []
         size = 0
-        while self._outbound and len(taken) < entries_max:
-            entry, rec, cb = self._outbound[0]
-            if rec != recovery or (taken and size + len(entry.payload) > bytes_max):
-                break
-            self._outbound.popleft()
-            taken.append((entry, cb))
+        while outbound and len(taken) < entries_max:
+            entry, rec, cb = outbound[0]
             size += len(entry.payload) + 40
-        return pb.AddRequest(entries=[e for e, _ in taken], recovery=recovery), taken
+            if rec != recovery or (taken and size > bytes_max):
+                break
+            outbound.popleft()
+            taken.append((entry, cb))
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        return pb.AddRequest(entries=[e for e, _ in taken], recovery=recovery, request_id=request_id), taken
 
     async def _run_stream(self) -> None:
         call = self._stub.AddStream()
@@ -87,8 +92,7 @@ class BookieClient:
                         break
                     continue
                 request, taken = self._take_batch()
-                for entry, cb in taken:
-                    self._inflight.setdefault((entry.ledger_id, entry.entry_id), collections.deque()).append(cb)
+                self._inflight[request.request_id] = taken
                 await call.write(request)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as e:
             log.warning("add stream broken bookie=%s: %s", self.bookie_id, _describe(e))
@@ -100,15 +104,16 @@ class BookieClient:
     async def _read_acks(self, call) -> None:
         try:
             async for response in call:
-                for result in response.results:
-                    key = (result.ledger_id, result.entry_id)
-                    callbacks = self._inflight.get(key)
-                    if not callbacks:
-                        continue
-                    cb = callbacks.popleft()
-                    if not callbacks:
-                        del self._inflight[key]
-                    cb(self.bookie_id, result.ledger_id, result.entry_id, result.code)
+                taken = self._inflight.pop(response.request_id, None)
+                if taken is None:
+                    continue
+                results = response.results
+                if len(results) != len(taken):
+                    log.error("bookie=%s answered %d results for %d entries: failing the request",
+                              self.bookie_id, len(results), len(taken))
+                    _dispatch(self.bookie_id, [(e, cb, UNREACHABLE) for e, cb in taken])
+                    continue
+                _dispatch(self.bookie_id, [(e, cb, r.code) for (e, cb), r in zip(taken, results)])
         except grpc.aio.AioRpcError as e:
             log.warning("add stream closed by bookie=%s: %s", self.bookie_id, _describe(e))
         except asyncio.CancelledError:
@@ -117,11 +122,9 @@ class BookieClient:
     def _fail_all(self) -> None:
         inflight, self._inflight = self._inflight, {}
         outbound, self._outbound = self._outbound, collections.deque()
-        for (ledger_id, entry_id), callbacks in inflight.items():
-            for cb in callbacks:
-                cb(self.bookie_id, ledger_id, entry_id, UNREACHABLE)
-        for entry, _, cb in outbound:
-            cb(self.bookie_id, entry.ledger_id, entry.entry_id, UNREACHABLE)
+        failed = [(e, cb, UNREACHABLE) for taken in inflight.values() for e, cb in taken]
+        failed += [(e, cb, UNREACHABLE) for e, _, cb in outbound]
+        _dispatch(self.bookie_id, failed)
 
     # -- unary calls ---------------------------------------------------------------------
     async def _unary(self, method, request, timeout_ms: int):
@@ -160,6 +163,21 @@ class BookieClient:
                 pass
         self._fail_all()
         await self._channel.close()
+
+
+def _dispatch(bookie_id: str, answers: list[tuple[pb.Entry, AddCallback, int]]) -> None:
+    """Group answers by callback (usually a single ledger writer) and call each once."""
+    if not answers:
+        return
+    first_cb = answers[0][1]
+    if all(cb is first_cb for _, cb, _ in answers):  # the common case: one writer
+        first_cb(bookie_id, [(e.entry_id, code) for e, _, code in answers])
+        return
+    grouped: dict[AddCallback, list[tuple[int, int]]] = {}
+    for e, cb, code in answers:
+        grouped.setdefault(cb, []).append((e.entry_id, code))
+    for cb, results in grouped.items():
+        cb(bookie_id, results)
 
 
 def _describe(e: BaseException) -> str:

@@ -23,7 +23,7 @@ from bookie.client.metadata import LedgerMetadata, LedgerState, validate_quorum
 from bookie.client.placement import choose_ensemble
 from bookie.client.reader import LedgerReader, read_lac, verify_entry
 from bookie.client.recovery_core import LedgerRecoveryCore
-from bookie.client.write_core import LedgerWriteCore
+from bookie.client.write_core import LedgerWriteCore, WriteCoreState
 from pulsarlite.checksum import entry_checksum
 from pulsarlite.config import LedgerClientConfig
 from pulsarlite.errors import (BookieUnavailableError, InvariantViolation, LedgerClosedError,
@@ -166,6 +166,8 @@ class LedgerWriter:
         self._capacity = asyncio.Condition()
         self._close_future: asyncio.Future | None = None
         self._metadata_tasks: set[asyncio.Task] = set()
+        self._add_callback = self._on_add_results  # one bound method: callbacks group by identity
+        self._failed_bookies_logged: set[str] = set()
         self._ticker = asyncio.ensure_future(self._tick_loop())
 
     # -- properties ------------------------------------------------------------------------
@@ -214,9 +216,12 @@ class LedgerWriter:
     # -- action execution --------------------------------------------------------------------
     def _run(self, actions) -> None:
         client = self._client
+        built: pb.Entry | None = None  # the SendAdds of one entry share one message and checksum
         for a in actions:
             if isinstance(a, SendAdd):
-                client.pool.get(a.bookie).send_add(_entry_pb(self.ledger_id, a), a.recovery, self._on_add_result)
+                if built is None or built.entry_id != a.entry_id or built.lac != a.lac:
+                    built = _entry_pb(self.ledger_id, a)
+                client.pool.get(a.bookie).send_add(built, a.recovery, self._add_callback)
             elif isinstance(a, ConfirmAdds):
                 self._confirm(a.last_entry_id)
             elif isinstance(a, FailAdds):
@@ -236,13 +241,26 @@ class LedgerWriter:
             else:
                 raise InvariantViolation(f"write core emitted unknown action {a!r}")
 
-    def _on_add_result(self, bookie: str, ledger_id: int, entry_id: int, code: int) -> None:
-        outcome = _ADD_OUTCOMES.get(code, AddOutcome.ERROR)
-        if outcome is not AddOutcome.OK:
-            log.warning("add failed ledger=%d entry=%d bookie=%s code=%s", ledger_id, entry_id, bookie,
-                        pb.StatusCode.Name(code) if code in pb.StatusCode.values() else code)
-        self._run(self._core.on_add_result(bookie, entry_id, outcome, _now_ms(),
-                                           self._client.writable_bookies, self._client.rng))
+    def _on_add_results(self, bookie: str, results: list[tuple[int, int]]) -> None:
+        """A bookie's answers to a batch of this ledger's adds."""
+        core = self._core
+        if core.state is WriteCoreState.CLOSED:
+            return  # late answers (e.g. the third replica's) after close: nothing to decide
+        ok = [entry_id for entry_id, code in results if code == pb.OK]
+        if ok:
+            self._run(core.on_add_acks(bookie, ok))
+        if len(ok) == len(results):
+            return
+        client = self._client
+        for entry_id, code in results:
+            if code == pb.OK:
+                continue
+            outcome = _ADD_OUTCOMES.get(code, AddOutcome.ERROR)
+            if bookie not in self._failed_bookies_logged:
+                self._failed_bookies_logged.add(bookie)
+                log.warning("add failed ledger=%d entry=%d bookie=%s code=%s", self.ledger_id, entry_id, bookie,
+                            pb.StatusCode.Name(code) if code in pb.StatusCode.values() else code)
+            self._run(core.on_add_result(bookie, entry_id, outcome, _now_ms(), client.writable_bookies, client.rng))
 
     def _confirm(self, last_entry_id: int) -> None:
         futures = self._futures
@@ -309,6 +327,7 @@ class _RecoveryRun:
         self._core = LedgerRecoveryCore(md, fence_recovery_reads=fence_reads)
         self._result: asyncio.Future = asyncio.get_running_loop().create_future()
         self._tasks: set[asyncio.Task] = set()
+        self._add_callback = self._on_add_results
 
     async def run(self) -> LedgerMetadata:
         log.info("ledger recovery started ledger=%d ensemble=%s", self._md.ledger_id, self._md.current_ensemble)
@@ -338,7 +357,7 @@ class _RecoveryRun:
             elif isinstance(a, SendRead):
                 self._spawn(self._read(a.bookie, a.entry_id, a.fence))
             elif isinstance(a, SendAdd):
-                self._client.pool.get(a.bookie).send_add(_entry_pb(ledger_id, a), True, self._on_add)
+                self._client.pool.get(a.bookie).send_add(_entry_pb(ledger_id, a), True, self._add_callback)
             elif isinstance(a, WriteMetadata):
                 self._spawn(self._write_metadata(a.metadata))
             elif isinstance(a, RecoveryDone):
@@ -375,8 +394,9 @@ class _RecoveryRun:
             outcome = ReadOutcome.ERROR
         self._execute(self._core.on_read(bookie, entry_id, outcome, entry))
 
-    def _on_add(self, bookie: str, ledger_id: int, entry_id: int, code: int) -> None:
-        self._execute(self._core.on_add_result(bookie, entry_id, _ADD_OUTCOMES.get(code, AddOutcome.ERROR)))
+    def _on_add_results(self, bookie: str, results: list[tuple[int, int]]) -> None:
+        for entry_id, code in results:
+            self._execute(self._core.on_add_result(bookie, entry_id, _ADD_OUTCOMES.get(code, AddOutcome.ERROR)))
 
     async def _write_metadata(self, md: LedgerMetadata) -> None:
         lm = self._client.ledger_manager

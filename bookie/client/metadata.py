@@ -7,6 +7,7 @@ Pure: no I/O. The JSON form is what the znode holds; operators can read it with
 from __future__ import annotations
 
 import enum
+import functools
 import json
 from dataclasses import dataclass, field, replace
 from typing import Mapping
@@ -89,6 +90,9 @@ class LedgerMetadata:
     # -- queries -------------------------------------------------------------------------
     def ensemble_for(self, entry_id: int) -> tuple[str, ...]:
         """The ensemble of the fragment that holds ``entry_id``."""
+        last_first, last_bookies = self.ensembles[-1]
+        if entry_id >= last_first:
+            return last_bookies
         chosen = self.ensembles[0][1]
         for first, bookies in self.ensembles:
             if first > entry_id:
@@ -97,8 +101,7 @@ class LedgerMetadata:
         return chosen
 
     def write_set(self, entry_id: int) -> tuple[str, ...]:
-        ensemble = self.ensemble_for(entry_id)
-        return tuple(ensemble[i] for i in write_set_indices(self.ensemble_size, self.write_quorum, entry_id))
+        return _write_set(self.ensemble_for(entry_id), self.write_quorum, entry_id % self.ensemble_size)
 
     @property
     def current_ensemble(self) -> tuple[str, ...]:
@@ -169,6 +172,12 @@ class LedgerMetadata:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed ledger metadata: {e}") from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _write_set(ensemble: tuple[str, ...], write_quorum: int, start: int) -> tuple[str, ...]:
+    """Cached: write sets are computed for every send and every ack on the hot path."""
+    return tuple(ensemble[i] for i in write_set_indices(len(ensemble), write_quorum, start))
 
 
 def ledger_path(ledger_id: int) -> str:

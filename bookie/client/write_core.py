@@ -166,6 +166,21 @@ class LedgerWriteCore:
             other.sent.discard(bookie)
         return self._change_ensemble(writable_bookies, rng)
 
+    def on_add_acks(self, bookie: str, entry_ids: Sequence[int]) -> list[Action]:
+        """Many OK answers from one bookie at once (acks arrive coalesced): the same as
+        ``on_add_result(bookie, e, AddOutcome.OK, ...)`` for each id, with one LAC advance."""
+        if self._state is WriteCoreState.CLOSED or bookie in self._held:
+            return []
+        view = self._view
+        pending = self._pending
+        for entry_id in entry_ids:
+            add = pending.get(entry_id)
+            if add is None or bookie not in view.write_set(entry_id):
+                continue                          # stale, or from a bookie replaced since
+            add.sent.discard(bookie)
+            add.acked.add(bookie)
+        return self._advance()
+
     def on_metadata_written(self, metadata: LedgerMetadata, now_ms: int,
                             writable_bookies: Sequence[str], rng: random.Random) -> list[Action]:
         """The CAS of a WriteMetadata this core emitted succeeded."""
