@@ -36,6 +36,7 @@ class BookieConfig:
     journal_file_bytes_max: int = 256 * MiB  # roll the journal file at this size
     journal_preallocate_bytes: int = 16 * MiB  # zero-filled ahead of the writer (faster fsync)
     journal_queue_records_max: int = 100_000  # bounded queue of records waiting for a commit
+    journal_flush_when_queue_empty: bool = True  # flush as soon as no record is waiting
     # ledger storage
     entry_log_file_bytes_max: int = 256 * MiB
     write_cache_bytes_max: int = 64 * MiB    # entries waiting for the next checkpoint

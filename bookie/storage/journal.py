@@ -1,0 +1,294 @@
+"""The journal: the bookie's write-ahead log, written by one dedicated thread with group commit.
+
+Files live in ``journal_dir`` as ``<file id, 12 digits>.journal``: a 16-byte header
+(``b"PLJN"``, u32 version, u64 file id) then records in the codec of
+:mod:`bookie.storage.entry_log` (ADD / FENCE / DELETE, each with a CRC32C). Files are
+preallocated with zeros ``journal_preallocate_bytes`` ahead of the writer (an fdatasync that
+does not grow the file is cheaper) and rolled at ``journal_file_bytes_max``. Every open starts
+a new file, so a torn tail is never written over.
+
+Replay reads records from a checkpoint mark (a :class:`JournalPosition`) onward and stops in
+each file at the first record that is zero (the preallocated tail), truncated or fails its CRC:
+everything after it in that file was never acknowledged, because acks follow the fdatasync of
+the whole group.
+
+The writer thread drains the submitted items, asks :class:`GroupCommitPolicy` whether to flush,
+writes the group with one pwrite, fdatasyncs, and hands the group to ``on_commit`` (the store
+hops it into the event loop with ``call_soon_threadsafe``). On an I/O error it stops and hands
+every item it holds to ``on_error``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import mmap
+import os
+import re
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from bookie.storage.entry_log import Record, fsync_dir, parse_record, pwrite_all
+from bookie.storage.group_commit import GroupCommitPolicy
+from pulsarlite.errors import BookieUnavailableError, InvariantViolation
+
+log = logging.getLogger("bookie.storage.journal")
+
+FILE_HEADER = struct.Struct(">4sIQ")
+FILE_MAGIC = b"PLJN"
+FILE_VERSION = 1
+FILE_HEADER_BYTES = FILE_HEADER.size
+_NAME = re.compile(r"^(\d{12})\.journal$")
+_ZEROS = bytes(1024 * 1024)
+
+
+@dataclass(frozen=True, order=True)
+class JournalPosition:
+    """A point in the journal: records at or after it are not yet in ledger storage."""
+
+    file_id: int
+    offset: int
+
+
+START = JournalPosition(0, 0)
+
+
+@dataclass(eq=False)
+class JournalItem:
+    """One submission: the record bytes (as pieces) of a caller, committed together."""
+
+    pieces: list[bytes | memoryview]
+    nbytes: int
+    records: int
+    enqueued_ms: float = 0.0
+    context: Any = None               # opaque to the journal (the store's future and payload)
+
+
+def journal_path(directory: str, file_id: int) -> str:
+    return os.path.join(directory, f"{file_id:012d}.journal")
+
+
+def list_journal_files(directory: str) -> list[int]:
+    ids = []
+    for name in os.listdir(directory):
+        m = _NAME.match(name)
+        if m:
+            ids.append(int(m.group(1)))
+    return sorted(ids)
+
+
+def remove_journal_files_below(directory: str, file_id: int) -> list[int]:
+    """Delete journal files with an id below ``file_id`` (all their records are checkpointed)."""
+    removed = []
+    for fid in list_journal_files(directory):
+        if fid < file_id:
+            os.unlink(journal_path(directory, fid))
+            removed.append(fid)
+    if removed:
+        fsync_dir(directory)
+        log.info("journal files removed ids=%s", removed)
+    return removed
+
+
+def read_journal_file(path: str, file_id: int, start: int = 0) -> Iterator[tuple[Record, int]]:
+    """Valid records of one file from ``start`` (0 = after the header), with their end offsets."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < FILE_HEADER_BYTES:
+            log.warning("journal file without header path=%s size=%d", path, size)
+            return
+        with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
+            magic, version, fid = FILE_HEADER.unpack_from(mm, 0)
+            if magic != FILE_MAGIC or version != FILE_VERSION or fid != file_id:
+                log.warning("journal file with a bad header path=%s", path)
+                return
+            pos = max(start, FILE_HEADER_BYTES)
+            count = 0
+            while True:
+                parsed = parse_record(mm, pos, size)
+                if isinstance(parsed, str):
+                    if parsed != "end":
+                        log.warning("journal replay stops path=%s offset=%d reason=%s", path, pos, parsed)
+                    break
+                rec, pos = parsed
+                count += 1
+                yield rec, pos
+            log.info("journal file replayed path=%s records=%d end=%d", path, count, pos)
+
+
+def replay_journal(directory: str, mark: JournalPosition) -> Iterator[tuple[Record, JournalPosition]]:
+    """Every valid record at or after ``mark``, in journal order."""
+    for fid in list_journal_files(directory):
+        if fid < mark.file_id:
+            continue
+        start = mark.offset if fid == mark.file_id else 0
+        for rec, end in read_journal_file(journal_path(directory, fid), fid, start):
+            yield rec, JournalPosition(fid, end)
+
+
+class JournalWriter:
+    """Appends groups of records to the journal; ``write_group`` is the synchronous core, the
+    thread (``start``) wraps it with the group-commit loop."""
+
+    def __init__(self, directory: str, *, file_bytes_max: int, preallocate_bytes: int,
+                 policy: GroupCommitPolicy, queue_records_max: int = 1 << 30,
+                 min_file_id: int = 0) -> None:
+        """Opens a new file with an id above every existing file and above ``min_file_id``
+        (the checkpoint mark's file: replay skips files below it, so ids must never go back
+        even if the journal directory was emptied)."""
+        self.directory = directory
+        self.file_bytes_max = file_bytes_max
+        self.preallocate_bytes = preallocate_bytes
+        self.policy = policy
+        self.queue_records_max = queue_records_max
+        os.makedirs(directory, exist_ok=True)
+        self.file_id = max(max(list_journal_files(directory), default=0), min_file_id)
+        self._fd = -1
+        self._offset = 0
+        self._allocated = 0
+        self._new_file()
+        self.start_position = self.position
+        self._queue: collections.deque[JournalItem] = collections.deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.groups_written = 0
+        self.bytes_written = 0
+
+    @property
+    def position(self) -> JournalPosition:
+        return JournalPosition(self.file_id, self._offset)
+
+    # --- synchronous core ----------------------------------------------------------------
+    def _new_file(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)   # every group in it was fdatasync'ed
+            self._fd = -1
+        self.file_id += 1
+        path = journal_path(self.directory, self.file_id)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        pwrite_all(fd, FILE_HEADER.pack(FILE_MAGIC, FILE_VERSION, self.file_id), 0)
+        self._fd = fd
+        self._offset = FILE_HEADER_BYTES
+        self._allocated = FILE_HEADER_BYTES
+        if self.preallocate_bytes > 0:
+            self._zero_fill_to(self._preallocation_target(FILE_HEADER_BYTES))
+        os.fsync(fd)
+        fsync_dir(self.directory)
+        log.info("journal file created file_id=%d", self.file_id)
+
+    def _zero_fill_to(self, target: int) -> None:
+        """Zero-fill the file from the allocated end up to ``target``."""
+        pos = self._allocated
+        while pos < target:
+            n = min(len(_ZEROS), target - pos)
+            pwrite_all(self._fd, memoryview(_ZEROS)[:n], pos)
+            pos += n
+        self._allocated = max(self._allocated, target)
+
+    def _preallocation_target(self, end: int) -> int:
+        return max(end, min(end + self.preallocate_bytes, self.file_bytes_max))
+
+    def write_group(self, pieces: list[bytes | memoryview]) -> JournalPosition:
+        """Write one group and fdatasync it; returns the position after it."""
+        data = b"".join(pieces)
+        if not data:
+            return self.position
+        if self._offset > FILE_HEADER_BYTES and self._offset + len(data) > self.file_bytes_max:
+            self._new_file()
+        end = self._offset + len(data)
+        if end > self._allocated and self.preallocate_bytes > 0:
+            self._zero_fill_to(self._preallocation_target(end))
+        pwrite_all(self._fd, data, self._offset)
+        os.fdatasync(self._fd)
+        self._offset = end
+        self.groups_written += 1
+        self.bytes_written += len(data)
+        return self.position
+
+    def close_file(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    # --- the thread ----------------------------------------------------------------------
+    def start(self, on_commit: Callable[[list[JournalItem], JournalPosition], None],
+              on_error: Callable[[BaseException, list[JournalItem]], None]) -> None:
+        if self._thread is not None:
+            raise InvariantViolation("journal writer already started")
+        self._thread = threading.Thread(target=self._run, args=(on_commit, on_error),
+                                        name=f"journal-{os.path.basename(self.directory)}",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, item: JournalItem) -> None:
+        """Queue an item (thread-safe). The caller bounds what it has in flight."""
+        item.enqueued_ms = time.monotonic() * 1000.0
+        with self._cond:
+            if self._stopping:
+                raise BookieUnavailableError("journal writer is stopped")
+            self._queue.append(item)
+            if len(self._queue) == 1:
+                self._cond.notify()
+
+    def stop(self) -> None:
+        """Write what is queued, then end the thread (blocking)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+        self.close_file()
+
+    def _run(self, on_commit: Callable[[list[JournalItem], JournalPosition], None],
+             on_error: Callable[[BaseException, list[JournalItem]], None]) -> None:
+        policy = self.policy
+        bytes_max = policy.bytes_buffered_max
+        q = self._queue
+        cond = self._cond
+        group: list[JournalItem] = []
+        nbytes = 0
+        oldest: float | None = None
+        while True:
+            with cond:
+                while True:
+                    while q and nbytes < bytes_max:
+                        item = q.popleft()
+                        group.append(item)
+                        nbytes += item.nbytes
+                        if oldest is None:
+                            oldest = item.enqueued_ms
+                    if self._stopping and group:
+                        break
+                    if self._stopping and not q:
+                        return
+                    now = time.monotonic() * 1000.0
+                    delay = policy.next_flush_delay_ms(now_ms=now, oldest_ms=oldest,
+                                                       bytes_buffered=nbytes, queue_empty=not q)
+                    if delay == 0.0:
+                        break
+                    cond.wait(None if delay is None else delay / 1000.0)
+            try:
+                if len(group) == 1:
+                    pieces = group[0].pieces
+                else:
+                    pieces = [p for item in group for p in item.pieces]
+                pos = self.write_group(pieces)
+            except BaseException as e:  # noqa: BLE001 - handed to the owner, thread ends
+                self.error = e
+                with cond:
+                    self._stopping = True
+                    rest = list(q)
+                    q.clear()
+                log.error("journal write failed file_id=%d error=%r", self.file_id, e)
+                on_error(e, group + rest)
+                return
+            on_commit(group, pos)
+            group = []
+            nbytes = 0
+            oldest = None
+

@@ -1,0 +1,570 @@
+"""BookieStore: the asyncio facade over the journal and ledger storage that the bookie server
+calls. A thin shell: validation and state live in :mod:`ledger_storage`, the fsync'ing journal
+runs in its own thread (:mod:`journal`), blocking checkpoint/GC I/O runs in worker threads.
+
+Decisions beyond the brief (see the module's report):
+
+- Adds to a deleted ledger answer NO_SUCH_LEDGER; a deleted ledger is never recreated (a late
+  write from an old writer must not resurrect a ledger the offloader removed).
+- ``delete_ledger`` is idempotent: it answers OK even for a ledger this bookie never saw, and
+  remembers the id as deleted.
+- Fencing a deleted ledger changes nothing and answers ``LedgerInfo(exists=False,
+  fenced=True, ...)``; fencing works while read-only (it only makes things safer).
+- Recovery adds are refused when read-only, like any add.
+- ``read`` with ``max_bytes <= 0`` uses ``read_bytes_max``; ``max_bytes`` counts payload bytes.
+- A journal write/fsync error or a crashed background task fails every pending add/fence/delete
+  with that error; later calls raise :class:`BookieUnavailableError` (the store must be
+  reopened: after a failed fsync the page cache can no longer be trusted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from crc32c import crc32c
+
+from bookie.storage.entry_log import (ADD, DELETE, FENCE, HEAD, I64_MAX, LOG_OFFSET_MASK,
+                                      RECORD_OVERHEAD_BYTES,
+                                      TRAILER, U32_MAX, U64_MAX, BODY_FIXED_BYTES, StoredEntry,
+                                      encode_add, encode_control, record_to_entry)
+from bookie.storage.group_commit import GroupCommitPolicy
+from bookie.storage.journal import (JournalItem, JournalPosition, JournalWriter,
+                                    remove_journal_files_below, replay_journal)
+from bookie.storage.ledger_storage import LedgerStorage, plan_gc
+from pulsarlite.config import BookieConfig
+from pulsarlite.errors import BookieUnavailableError, ChecksumError, InvariantViolation
+
+log = logging.getLogger("bookie.storage.store")
+
+_COMPACTION_CHUNK_BYTES = 1024 * 1024
+
+
+class Status(enum.IntEnum):
+    """Mirrors proto StatusCode numbers exactly."""
+
+    OK = 0
+    NO_SUCH_LEDGER = 1
+    NO_SUCH_ENTRY = 2
+    FENCED = 3
+    READ_ONLY = 4
+    BAD_REQUEST = 5
+    CHECKSUM_MISMATCH = 6
+    TOO_LARGE = 7
+    UNAVAILABLE = 8
+    INTERNAL = 9
+
+
+@dataclass(frozen=True)
+class LedgerInfo:
+    exists: bool
+    fenced: bool
+    lac: int
+    last_entry_id: int        # -1 when none
+
+
+_NO_LEDGER = LedgerInfo(False, False, -1, -1)
+_DELETED_LEDGER = LedgerInfo(False, True, -1, -1)
+
+
+class _Pending:
+    """What the store attaches to a journal item: the waiting future and what to apply."""
+
+    __slots__ = ("future", "kind", "adds")
+
+    def __init__(self, future: asyncio.Future, kind: int, adds: list | None) -> None:
+        self.future = future
+        self.kind = kind
+        self.adds = adds
+
+
+class BookieStore:
+    def __init__(self, config: BookieConfig, storage: LedgerStorage, journal: JournalWriter) -> None:
+        self._config = config
+        self._storage = storage
+        self._journal = journal
+        self.read_only = False
+        self._applied_mark: JournalPosition = journal.start_position
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running = False
+        self._closed = False
+        self._failed: BaseException | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._pending: set[asyncio.Future] = set()
+        self._inflight_records = 0
+        self._space_waiters: list[asyncio.Future] = []
+        self._io_lock: asyncio.Lock | None = None
+        self._checkpoint_wanted: asyncio.Event | None = None
+        self.checkpoints_done = 0
+
+    # --- lifecycle -----------------------------------------------------------------------
+    @classmethod
+    def open(cls, config: BookieConfig) -> "BookieStore":
+        """Create the directories, load the last checkpoint, replay the journal from its mark,
+        and checkpoint the result (so the replayed journal files can go)."""
+        config.validate()
+        started = time.monotonic()
+        os.makedirs(config.journal_dir, exist_ok=True)
+        os.makedirs(config.ledger_dir, exist_ok=True)
+        storage = LedgerStorage(config.ledger_dir, config.entry_log_file_bytes_max)
+        mark = storage.mark
+        counts = {ADD: 0, FENCE: 0, DELETE: 0}
+        adds: list = []
+        for rec, _pos in replay_journal(config.journal_dir, mark):
+            counts[rec.kind] += 1
+            if rec.kind == ADD:
+                entry = record_to_entry(rec)
+                head, trailer = encode_add(entry)
+                adds.append((entry, head, trailer))
+                if len(adds) >= 4096:
+                    storage.apply_adds(adds)
+                    adds = []
+                continue
+            if adds:
+                storage.apply_adds(adds)
+                adds = []
+            if rec.kind == FENCE:
+                storage.apply_fence(rec.ledger_id)
+            else:
+                storage.apply_delete(rec.ledger_id)
+        if adds:
+            storage.apply_adds(adds)
+        policy = GroupCommitPolicy(config.group_wait_ms_max, config.journal_bytes_buffered_max,
+                                   config.journal_flush_when_queue_empty)
+        journal = JournalWriter(config.journal_dir, file_bytes_max=config.journal_file_bytes_max,
+                                preallocate_bytes=config.journal_preallocate_bytes, policy=policy,
+                                queue_records_max=config.journal_queue_records_max,
+                                min_file_id=mark.file_id)
+        mark = journal.start_position
+        removed_logs = storage.checkpoint_sync(mark)
+        for log_id in removed_logs:
+            storage.live_bytes.pop(log_id, None)
+        remove_journal_files_below(config.journal_dir, mark.file_id)
+        log.info("bookie store opened journal_dir=%s ledger_dir=%s replayed_adds=%d "
+                 "replayed_fences=%d replayed_deletes=%d ledgers=%d entries=%d seconds=%.3f",
+                 config.journal_dir, config.ledger_dir, counts[ADD], counts[FENCE],
+                 counts[DELETE], len(storage.ledgers), storage.entry_total,
+                 time.monotonic() - started)
+        return cls(config, storage, journal)
+
+    async def start(self) -> None:
+        """Start the journal thread and the checkpoint and GC tasks."""
+        if self._running or self._closed:
+            raise InvariantViolation("store already started or closed")
+        self._loop = asyncio.get_running_loop()
+        self._io_lock = asyncio.Lock()
+        self._checkpoint_wanted = asyncio.Event()
+        loop = self._loop
+        self._journal.start(
+            lambda items, pos: loop.call_soon_threadsafe(self._on_commit, items, pos),
+            lambda err, items: loop.call_soon_threadsafe(self._on_journal_error, err, items))
+        self._running = True
+        self._spawn(self._checkpoint_loop(), "checkpoint")
+        self._spawn(self._gc_loop(), "gc")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=f"bookie-store-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        err = task.exception()
+        if err is not None:
+            log.error("background task died task=%s error=%r", task.get_name(), err)
+            self._fail(err)
+
+    async def close(self) -> None:
+        """Stop the tasks, write what the journal holds, take a final checkpoint, close files."""
+        if self._closed:
+            return
+        self._closed = True
+        was_running = self._running
+        self._running = False
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - already reported
+                pass
+        if was_running:
+            await asyncio.to_thread(self._journal.stop)
+            await asyncio.sleep(0)      # commits queued by the thread run before this resumes
+        else:
+            self._journal.close_file()
+        if self._failed is None:
+            if self._io_lock is None:
+                self._io_lock = asyncio.Lock()
+            await self._checkpoint_locked()
+        self._fail_pending(BookieUnavailableError("bookie store closed"))
+        self._storage.close()
+        log.info("bookie store closed ledger_dir=%s", self._config.ledger_dir)
+
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise BookieUnavailableError(f"bookie store failed: {self._failed!r}") from self._failed
+        if not self._running:
+            raise BookieUnavailableError("bookie store is not running")
+
+    # --- journal callbacks (loop thread) -------------------------------------------------
+    def _on_commit(self, items: list[JournalItem], pos: JournalPosition) -> None:
+        storage = self._storage
+        records = 0
+        for item in items:
+            pending: _Pending = item.context
+            if pending.kind == ADD:
+                storage.apply_adds(pending.adds)
+            records += item.records
+        self._applied_mark = pos
+        self._inflight_records -= records
+        for item in items:
+            fut = item.context.future
+            self._pending.discard(fut)
+            if not fut.done():
+                fut.set_result(None)
+        if self._space_waiters:
+            self._wake_space_waiters()
+        if storage.unflushed_bytes >= self._config.write_cache_bytes_max and self._checkpoint_wanted:
+            self._checkpoint_wanted.set()
+
+    def _on_journal_error(self, err: BaseException, items: list[JournalItem]) -> None:
+        self._fail(err)
+
+    def _fail(self, err: BaseException) -> None:
+        if self._failed is None:
+            self._failed = err
+            log.error("bookie store failed error=%r", err)
+        self._fail_pending(err)
+
+    def _fail_pending(self, err: BaseException) -> None:
+        for fut in list(self._pending):
+            if not fut.done():
+                fut.set_exception(err)
+                fut.exception()          # retrieved: no "never retrieved" noise if unawaited
+        self._pending.clear()
+        for fut in self._space_waiters:
+            if not fut.done():
+                fut.set_exception(err)
+                fut.exception()
+        self._space_waiters.clear()
+
+    def _wake_space_waiters(self) -> None:
+        waiters, self._space_waiters = self._space_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _has_space(self, records: int) -> bool:
+        cfg = self._config
+        if self._storage.cache_bytes >= 2 * cfg.write_cache_bytes_max:
+            return False
+        return self._inflight_records == 0 or \
+            self._inflight_records + records <= cfg.journal_queue_records_max
+
+    async def _wait_for_space(self, records: int) -> None:
+        """Backpressure: the journal queue and the write cache are bounded."""
+        while not self._has_space(records):
+            if self._storage.cache_bytes >= 2 * self._config.write_cache_bytes_max:
+                self._checkpoint_wanted.set()      # type: ignore[union-attr]
+            fut = self._loop.create_future()       # type: ignore[union-attr]
+            self._space_waiters.append(fut)
+            await fut
+            self._check_usable()
+
+    def _submit(self, kind: int, pieces: list, nbytes: int, records: int,
+                adds: list | None) -> asyncio.Future:
+        fut = self._loop.create_future()           # type: ignore[union-attr]
+        self._journal.submit(JournalItem(pieces, nbytes, records, context=_Pending(fut, kind, adds)))
+        self._pending.add(fut)
+        self._inflight_records += records
+        return fut
+
+    # --- adds ----------------------------------------------------------------------------
+    async def add_entries(self, entries: Sequence[StoredEntry], *, recovery: bool = False) -> list[Status]:
+        """One status per entry, in order. Returns after the accepted entries' group commit
+        is fsynced; they are readable from then on."""
+        self._check_usable()
+        n = len(entries)
+        if n == 0:
+            return []
+        if self.read_only:
+            return [Status.READ_ONLY] * n
+        if not self._has_space(n):
+            await self._wait_for_space(n)
+            if self.read_only:
+                return [Status.READ_ONLY] * n
+        # From here to the submit there is no await: the fence/delete checks and the journal
+        # order agree (an add validated before a fence is journaled before the FENCE record).
+        ok = Status.OK
+        statuses: list[Status] = []
+        append_status = statuses.append
+        accepted: list = []
+        pieces: list = []
+        nbytes = 0
+        ledgers = self._storage.ledgers
+        deleted = self._storage.deleted
+        entry_bytes_max = self._config.entry_bytes_max
+        head_pack = HEAD.pack
+        trailer_pack = TRAILER.pack
+        for entry in entries:
+            lid = entry.ledger_id
+            eid = entry.entry_id
+            lac = entry.lac
+            length = entry.length
+            checksum = entry.checksum
+            payload = entry.payload
+            if not (0 <= lid <= U64_MAX and 0 <= eid <= I64_MAX and -1 <= lac <= I64_MAX
+                    and 0 <= length <= I64_MAX and 0 <= checksum <= U32_MAX):
+                append_status(Status.BAD_REQUEST)
+                continue
+            if type(payload) is not bytes:
+                try:
+                    payload = bytes(payload)
+                except TypeError:
+                    append_status(Status.BAD_REQUEST)
+                    continue
+                entry = StoredEntry(lid, eid, lac, length, payload, checksum)
+            plen = len(payload)
+            if plen > entry_bytes_max:
+                append_status(Status.TOO_LARGE)
+                continue
+            trailer = trailer_pack(ADD, checksum)
+            head = head_pack(plen + BODY_FIXED_BYTES, crc32c(trailer, checksum), lid, eid, lac, length)
+            if crc32c(payload, crc32c(head[8:])) != checksum:
+                append_status(Status.CHECKSUM_MISMATCH)
+                continue
+            if lid in deleted:
+                append_status(Status.NO_SUCH_LEDGER)
+                continue
+            if not recovery:
+                st = ledgers.get(lid)
+                if st is not None and st.fenced:
+                    append_status(Status.FENCED)
+                    continue
+            append_status(ok)
+            accepted.append((entry, head, trailer))
+            pieces.append(head)
+            pieces.append(payload)
+            pieces.append(trailer)
+            nbytes += plen + RECORD_OVERHEAD_BYTES
+        if accepted:
+            await self._submit(ADD, pieces, nbytes, len(accepted), accepted)
+        return statuses
+
+    # --- fence and delete ----------------------------------------------------------------
+    async def fence(self, ledger_id: int) -> LedgerInfo:
+        """Fence at once in memory, journal a FENCE record, return after its fsync."""
+        self._check_usable()
+        if not 0 <= ledger_id <= U64_MAX:
+            raise ValueError(f"ledger id out of range: {ledger_id}")
+        if ledger_id in self._storage.deleted:
+            return _DELETED_LEDGER
+        self._storage.apply_fence(ledger_id)
+        rec = encode_control(FENCE, ledger_id)
+        await self._submit(FENCE, [rec], len(rec), 1, None)
+        log.info("ledger fenced ledger_id=%d", ledger_id)
+        return self.ledger_info(ledger_id)
+
+    async def delete_ledger(self, ledger_id: int) -> Status:
+        """Forget the ledger at once, journal a DELETE record, return after its fsync. GC
+        reclaims its entry-log space later."""
+        self._check_usable()
+        if not 0 <= ledger_id <= U64_MAX:
+            return Status.BAD_REQUEST
+        self._storage.apply_delete(ledger_id)
+        rec = encode_control(DELETE, ledger_id)
+        await self._submit(DELETE, [rec], len(rec), 1, None)
+        return Status.OK
+
+    # --- reads ---------------------------------------------------------------------------
+    def read(self, ledger_id: int, first_entry_id: int, last_entry_id: int,
+             max_bytes: int) -> tuple[Status, list[StoredEntry]]:
+        st = self._storage.ledgers.get(ledger_id)
+        if st is None:
+            return Status.NO_SUCH_LEDGER, []
+        if first_entry_id < 0 or last_entry_id < first_entry_id:
+            return Status.BAD_REQUEST, []
+        limit = self._config.read_bytes_max
+        if 0 < max_bytes < limit:
+            limit = max_bytes
+        entries = self._storage.read_range(st, first_entry_id, last_entry_id, limit)
+        return (Status.OK if entries else Status.NO_SUCH_ENTRY), entries
+
+    def ledger_info(self, ledger_id: int) -> LedgerInfo:
+        st = self._storage.ledgers.get(ledger_id)
+        if st is None:
+            return _DELETED_LEDGER if ledger_id in self._storage.deleted else _NO_LEDGER
+        return LedgerInfo(True, st.fenced, st.lac, st.last_entry_id)
+
+    def ledger_ids(self) -> list[int]:
+        return sorted(self._storage.ledgers)
+
+    def entry_count(self) -> int:
+        return self._storage.entry_total
+
+    def disk_usage(self) -> tuple[float, int, int]:
+        """(used_fraction, free_bytes, total_bytes) of the fuller of the ledger and journal
+        disks; ``disk_free_bytes_override > 0`` replaces the free bytes (test hook)."""
+        worst: tuple[float, int, int] | None = None
+        for path in {self._config.ledger_dir, self._config.journal_dir}:
+            sv = os.statvfs(path)
+            total = sv.f_blocks * sv.f_frsize
+            free = sv.f_bavail * sv.f_frsize
+            if self._config.disk_free_bytes_override > 0:
+                free = min(self._config.disk_free_bytes_override, total)
+            used = 1.0 - free / total if total > 0 else 1.0
+            if worst is None or used > worst[0]:
+                worst = (used, free, total)
+        assert worst is not None
+        return worst
+
+    @property
+    def journal_position(self) -> JournalPosition:
+        """The journal position below which every record is applied in memory."""
+        return self._applied_mark
+
+    # --- checkpoint ----------------------------------------------------------------------
+    async def checkpoint(self) -> None:
+        """Flush the write cache to the entry log, persist index and ledger state with the
+        journal mark, then drop journal files (and entry logs GC emptied) below it."""
+        if self._failed is not None:
+            raise BookieUnavailableError(f"bookie store failed: {self._failed!r}") from self._failed
+        if self._io_lock is None:
+            raise BookieUnavailableError("bookie store is not started")
+        await self._checkpoint_locked()
+
+    async def _checkpoint_locked(self) -> None:
+        # Shielded: a cancelled caller must not abandon a checkpoint between taking the write
+        # cache and indexing it (the entries would be dropped from the next checkpoint).
+        await asyncio.shield(self._do_checkpoint())
+
+    async def _do_checkpoint(self) -> None:
+        assert self._io_lock is not None
+        try:
+            await self._do_checkpoint_locked()
+        except BaseException as e:
+            if not isinstance(e, asyncio.CancelledError):
+                self._fail(e)
+            raise
+
+    async def _do_checkpoint_locked(self) -> None:
+        assert self._io_lock is not None
+        async with self._io_lock:
+            storage = self._storage
+            started = time.monotonic()
+            mark = self._applied_mark
+            job = storage.take_flush(mark)
+            await asyncio.to_thread(storage.write_flush, job)
+            storage.finish_flush(job)
+            blob, removals = storage.serialize(mark)
+            await asyncio.to_thread(storage.persist, blob, mark)
+            if removals:
+                await asyncio.to_thread(storage.entry_logger.remove, removals)
+                for log_id in removals:
+                    storage.live_bytes.pop(log_id, None)
+            await asyncio.to_thread(remove_journal_files_below, self._config.journal_dir,
+                                    mark.file_id)
+            self.checkpoints_done += 1
+            if self._space_waiters:
+                self._wake_space_waiters()
+            log.debug("checkpoint done mark=%s entries_flushed=%d index_bytes=%d seconds=%.3f",
+                      mark, len(job.items), len(blob), time.monotonic() - started)
+
+    async def _checkpoint_loop(self) -> None:
+        interval_s = self._config.checkpoint_interval_ms / 1000.0
+        wanted = self._checkpoint_wanted
+        assert wanted is not None
+        while True:
+            try:
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation
+                async with asyncio.timeout(interval_s):
+                    await wanted.wait()
+            except TimeoutError:
+                pass
+            wanted.clear()
+            await self._checkpoint_locked()
+
+    # --- garbage collection --------------------------------------------------------------
+    async def _gc_loop(self) -> None:
+        interval_s = self._config.gc_interval_ms / 1000.0
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.gc_once()
+
+    async def gc_once(self) -> int:
+        """One GC pass: remove entry logs without live entries, compact those less live than
+        ``compaction_live_ratio_max`` (copy out at most ``compaction_bytes_per_s_max``), then
+        checkpoint so the old files can go. Returns the bytes reclaimed (net of copies)."""
+        if self._io_lock is None:
+            raise BookieUnavailableError("bookie store is not started")
+        storage = self._storage
+        cfg = self._config
+        async with self._io_lock:
+            usage = storage.log_usage()
+            plan = plan_gc(usage, storage.entry_logger.current_id, cfg.compaction_live_ratio_max)
+        if not plan.remove and not plan.compact:
+            return 0
+        freed = sum(usage[i].file_bytes for i in plan.remove)
+        storage.pending_removals.extend(plan.remove)
+        copied = 0
+        for log_id in plan.compact:
+            try:
+                moved_bytes = await self._compact_log(log_id)
+            except ChecksumError as e:
+                log.error("compaction skipped a corrupt entry log log_id=%d error=%s", log_id, e)
+                continue
+            copied += moved_bytes
+            freed += usage[log_id].file_bytes
+            storage.pending_removals.append(log_id)
+        await self._checkpoint_locked()
+        log.info("gc done removed_logs=%s compacted_logs=%s bytes_copied=%d bytes_reclaimed=%d",
+                 list(plan.remove), list(plan.compact), copied, freed - copied)
+        return freed - copied
+
+    async def _compact_log(self, log_id: int) -> int:
+        storage = self._storage
+        rate = self._config.compaction_bytes_per_s_max
+        chunk_max = min(_COMPACTION_CHUNK_BYTES, rate)
+        live = storage.live_entries_in(log_id)
+        copied = 0
+        i = 0
+        while i < len(live):
+            chunk = []
+            nbytes = 0
+            while i < len(live) and (not chunk or nbytes + live[i][3] <= chunk_max):
+                chunk.append(live[i])
+                nbytes += live[i][3]
+                i += 1
+            # shielded: a cancelled GC must not leave a thread appending to the entry log
+            await asyncio.shield(self._copy_chunk(log_id, chunk))
+            copied += nbytes
+            await asyncio.sleep(nbytes / rate)
+        log.info("entry log compacted log_id=%d entries=%d bytes_copied=%d", log_id, len(live), copied)
+        return copied
+
+    async def _copy_chunk(self, log_id: int, chunk: list) -> None:
+        storage = self._storage
+        async with self._io_lock:          # type: ignore[union-attr]
+            records = await asyncio.to_thread(self._read_for_copy, log_id, chunk)
+            locations = await asyncio.to_thread(storage.entry_logger.append,
+                                                [(r,) for r in records])
+            storage.relocate(chunk, locations)
+
+    def _read_for_copy(self, log_id: int, chunk: list) -> list[bytes]:
+        """Read and verify the raw records of a chunk (worker thread)."""
+        logger = self._storage.entry_logger
+        out = []
+        for st, e, p, s in chunk:
+            offset = p & LOG_OFFSET_MASK
+            raw = logger.read_raw(log_id, offset, s)
+            logger.decode(raw, 0, st.ledger_id, e, log_id, offset, s)   # raises ChecksumError
+            out.append(raw)
+        return out

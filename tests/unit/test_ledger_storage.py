@@ -1,0 +1,177 @@
+"""Ledger storage: write cache, entry logs, index, checkpoint + reopen, corruption, GC planning."""
+
+import os
+
+import pytest
+
+from bookie.storage.entry_log import LOG_HEADER_BYTES, EntryLogger, StoredEntry, encode_add, log_path
+from bookie.storage.journal import JournalPosition
+from bookie.storage.ledger_storage import (CHECKPOINT_NAME, LedgerState, LedgerStorage, LogUsage,
+                                           plan_gc)
+from pulsarlite.checksum import entry_checksum
+from pulsarlite.errors import ChecksumError
+
+
+def entry(ledger: int, eid: int, payload: bytes = b"", lac: int = -1) -> StoredEntry:
+    payload = payload or f"payload-{ledger}-{eid}".encode() * 3
+    return StoredEntry(ledger, eid, lac, 0, payload, entry_checksum(ledger, eid, lac, 0, payload))
+
+
+def item(e: StoredEntry):
+    head, trailer = encode_add(e)
+    return (e, head, trailer)
+
+
+def storage(tmp_path, log_bytes_max=1 << 20) -> LedgerStorage:
+    return LedgerStorage(str(tmp_path / "ledgers"), log_bytes_max)
+
+
+def read_all(s: LedgerStorage, ledger: int, first: int, last: int):
+    return s.read_range(s.ledgers[ledger], first, last, 1 << 30)
+
+
+def test_cache_then_checkpoint_then_reopen(tmp_path):
+    s = storage(tmp_path)
+    entries = [entry(1, i, lac=i - 1) for i in range(20)] + [entry(2, i) for i in range(5)]
+    s.apply_adds(item(e) for e in entries)
+    assert read_all(s, 1, 0, 19) == entries[:20]          # readable from the write cache
+    s.apply_fence(2)
+    s.checkpoint_sync(JournalPosition(3, 100))
+    assert all(not st.cache for st in s.ledgers.values())
+    assert s.cache_bytes == 0
+    assert read_all(s, 1, 0, 19) == entries[:20]          # now from the entry log
+    s.close()
+    s2 = storage(tmp_path)
+    assert s2.mark == JournalPosition(3, 100)
+    assert read_all(s2, 1, 0, 19) == entries[:20]
+    assert read_all(s2, 2, 0, 4) == entries[20:]
+    assert s2.ledgers[2].fenced and not s2.ledgers[1].fenced
+    assert s2.ledgers[1].lac == 18 and s2.ledgers[1].last_entry_id == 19
+    assert s2.entry_total == 25
+    s2.close()
+
+
+def test_read_range_stops_at_gap_and_max_bytes(tmp_path):
+    s = storage(tmp_path)
+    s.apply_adds(item(entry(1, i, b"x" * 100)) for i in (0, 1, 2, 3, 5))
+    s.checkpoint_sync(JournalPosition(1, 0))
+    s.apply_adds([item(entry(1, 6, b"y" * 100))])
+    st = s.ledgers[1]
+    assert [e.entry_id for e in s.read_range(st, 0, 10, 10_000)] == [0, 1, 2, 3]
+    assert [e.entry_id for e in s.read_range(st, 0, 10, 250)] == [0, 1]
+    assert [e.entry_id for e in s.read_range(st, 0, 10, 1)] == [0]   # always at least one
+    assert [e.entry_id for e in s.read_range(st, 5, 10, 10_000)] == [5, 6]
+    assert s.read_range(st, 4, 10, 10_000) == []
+    s.close()
+
+
+def test_overwrite_and_deleted_ledgers_survive_checkpoint(tmp_path):
+    s = storage(tmp_path)
+    s.apply_adds(item(entry(1, i)) for i in range(3))
+    s.apply_adds(item(entry(2, i)) for i in range(3))
+    s.checkpoint_sync(JournalPosition(1, 0))
+    s.apply_adds([item(entry(1, 1, b"rewritten"))])       # recovery re-write of an entry
+    assert s.apply_delete(2)
+    assert s.get_or_create(2) is None                     # never recreated
+    s.checkpoint_sync(JournalPosition(2, 0))
+    s.close()
+    s2 = storage(tmp_path)
+    assert read_all(s2, 1, 1, 1)[0].payload == b"rewritten"
+    assert 2 not in s2.ledgers and 2 in s2.deleted
+    assert s2.entry_total == 3
+    assert sum(s2.live_bytes.values()) == sum(st.size[i] for st in s2.ledgers.values()
+                                              for i in range(len(st.size)))
+    s2.close()
+
+
+def test_sparse_and_prepended_index(tmp_path):
+    st = LedgerState(9)
+    st.set_loc(100, 1 << 40 | 16, 50)
+    st.set_loc(90, 1 << 40 | 66, 50)                      # below base: prepend
+    st.set_loc(10**12, 1 << 40 | 116, 50)                 # far away: sparse
+    st.set_loc(105, 1 << 40 | 166, 50)                    # small gap: extend
+    assert st.base == 90 and 10**12 in st.sparse
+    assert st.loc(100) == (1 << 40 | 16, 50) and st.loc(90) == (1 << 40 | 66, 50)
+    assert st.loc(10**12) == (1 << 40 | 116, 50) and st.loc(105) == (1 << 40 | 166, 50)
+    assert st.loc(101) is None and st.loc(5) is None
+    assert st.set_loc(100, 2 << 40 | 16, 60) == (1 << 40 | 16, 50)
+
+
+def test_sparse_entries_round_trip(tmp_path):
+    s = storage(tmp_path)
+    ids = [0, 1, 2, 10**9, 5]
+    s.apply_adds(item(entry(3, i)) for i in ids)
+    s.checkpoint_sync(JournalPosition(1, 0))
+    s.close()
+    s2 = storage(tmp_path)
+    st = s2.ledgers[3]
+    for i in ids:
+        assert s2.get_entry(st, i) == entry(3, i)
+    assert s2.entry_total == len(ids)
+    s2.close()
+
+
+def test_flipped_byte_in_entry_log_raises_checksum_error(tmp_path):
+    s = storage(tmp_path)
+    s.apply_adds(item(entry(1, i, b"z" * 200)) for i in range(3))
+    s.checkpoint_sync(JournalPosition(1, 0))
+    st = s.ledgers[1]
+    p, size = st.loc(1)
+    log_id, offset = p >> 40, p & ((1 << 40) - 1)
+    path = log_path(s.directory, log_id)
+    with open(path, "r+b") as f:
+        f.seek(offset + 100)
+        b = f.read(1)
+        f.seek(offset + 100)
+        f.write(bytes([b[0] ^ 0x40]))
+    with pytest.raises(ChecksumError) as exc:
+        s.get_entry(st, 1)
+    msg = str(exc.value)
+    assert "ledger=1" in msg and "entry=1" in msg and path in msg
+    assert s.get_entry(st, 0) == entry(1, 0, b"z" * 200)
+    with pytest.raises(ChecksumError):
+        s.read_range(st, 0, 2, 1 << 20)
+    s.close()
+
+
+def test_corrupt_checkpoint_file_refuses_to_load(tmp_path):
+    s = storage(tmp_path)
+    s.apply_adds([item(entry(1, 0))])
+    s.checkpoint_sync(JournalPosition(1, 0))
+    s.close()
+    path = tmp_path / "ledgers" / CHECKPOINT_NAME
+    data = bytearray(path.read_bytes())
+    data[10] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(ChecksumError):
+        storage(tmp_path)
+
+
+def test_entry_logs_roll(tmp_path):
+    s = storage(tmp_path, log_bytes_max=4096)
+    s.apply_adds(item(entry(1, i, b"r" * 500)) for i in range(50))
+    s.checkpoint_sync(JournalPosition(1, 0))
+    sizes = s.entry_logger.file_sizes()
+    assert len(sizes) > 5
+    assert all(size <= 4096 for size in sizes.values())
+    assert [e.entry_id for e in read_all(s, 1, 0, 49)] == list(range(50))
+    s.close()
+
+
+def test_plan_gc():
+    logs = {1: LogUsage(1000, 0), 2: LogUsage(1016, 100), 3: LogUsage(1016, 900),
+            4: LogUsage(1016, 300), 5: LogUsage(16, 0)}
+    plan = plan_gc(logs, current_log_id=5, live_ratio_max=0.5)
+    assert plan.remove == (1,)
+    assert plan.compact == (2, 4)                         # least live first
+    assert plan_gc(logs, current_log_id=2, live_ratio_max=0.5).compact == ()
+
+
+def test_entry_logger_new_log_per_open(tmp_path):
+    d = str(tmp_path / "l")
+    a = EntryLogger(d, 1 << 20)
+    a.close()
+    b = EntryLogger(d, 1 << 20)
+    assert b.current_id == a.current_id + 1
+    assert os.path.getsize(log_path(d, b.current_id)) == LOG_HEADER_BYTES
+    b.close()
