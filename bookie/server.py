@@ -16,7 +16,7 @@ from bookie._proto import bookie_rpc_pb2 as pb
 from bookie._proto import bookie_rpc_pb2_grpc as pb_grpc
 from bookie.storage import BookieStore, Status, StoredEntry
 from pulsarlite.config import BookieConfig
-from pulsarlite.errors import ChecksumError
+from pulsarlite.errors import ChecksumError, PulsarliteError
 
 log = logging.getLogger("pulsarlite.bookie.server")
 
@@ -49,7 +49,11 @@ class BookieService(pb_grpc.BookieServicer):
         if not entries:
             return pb.AddResponse(request_id=request.request_id)
         stored = [entry_from_pb(e) for e in entries]
-        statuses = await self._store.add_entries(stored, recovery=request.recovery)
+        try:
+            statuses = await self._store.add_entries(stored, recovery=request.recovery)
+        except PulsarliteError as e:  # the store failed (journal I/O error): refuse, do not crash
+            log.error("add refused, store unavailable bookie=%s: %s", self._config.effective_bookie_id, e)
+            return _add_response(request, Status.UNAVAILABLE)
         bad = [(e.ledger_id, e.entry_id, s.name) for e, s in zip(stored, statuses) if s != Status.OK]
         if bad:
             log.info("adds refused bookie=%s count=%d first=%s", self._config.effective_bookie_id,
@@ -105,7 +109,11 @@ class BookieService(pb_grpc.BookieServicer):
         if first < 0 or last < first:
             return pb.ReadResponse(code=pb.BAD_REQUEST, lac=-1)
         if request.fence:
-            await self._store.fence(ledger_id)
+            try:
+                await self._store.fence(ledger_id)
+            except PulsarliteError as e:
+                log.error("fence failed bookie=%s ledger=%d: %s", self._config.effective_bookie_id, ledger_id, e)
+                return pb.ReadResponse(code=pb.UNAVAILABLE, lac=-1)
         max_bytes = min(request.max_bytes or self._config.read_bytes_max, self._config.read_bytes_max)
         try:
             status, entries = self._store.read(ledger_id, first, last, max_bytes)
@@ -119,14 +127,23 @@ class BookieService(pb_grpc.BookieServicer):
 
     async def ReadLac(self, request, context):  # noqa: N802
         if request.fence:
-            info = await self._store.fence(request.ledger_id)
+            try:
+                info = await self._store.fence(request.ledger_id)
+            except PulsarliteError as e:
+                log.error("fence failed bookie=%s ledger=%d: %s", self._config.effective_bookie_id,
+                          request.ledger_id, e)
+                return pb.ReadLacResponse(code=pb.UNAVAILABLE, lac=-1, last_entry_id=-1)
         else:
             info = self._store.ledger_info(request.ledger_id)
         code = pb.OK if info.exists else pb.NO_SUCH_LEDGER
         return pb.ReadLacResponse(code=code, lac=info.lac, last_entry_id=info.last_entry_id, fenced=info.fenced)
 
     async def DeleteLedger(self, request, context):  # noqa: N802
-        status = await self._store.delete_ledger(request.ledger_id)
+        try:
+            status = await self._store.delete_ledger(request.ledger_id)
+        except PulsarliteError as e:
+            log.error("delete failed bookie=%s ledger=%d: %s", self._config.effective_bookie_id, request.ledger_id, e)
+            return pb.DeleteLedgerResponse(code=pb.UNAVAILABLE)
         log.info("ledger deleted bookie=%s ledger=%d status=%s", self._config.effective_bookie_id,
                  request.ledger_id, Status(status).name)
         return pb.DeleteLedgerResponse(code=int(status))
