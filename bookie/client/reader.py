@@ -121,7 +121,7 @@ class LedgerReader:
             entries = self._accept(resp, bookie, first)
             if entries:
                 return entries
-            errors.append(f"{bookie}: {pb.StatusCode.Name(resp.code)}")
+            errors.append(f"{bookie}: {_reply_problem(resp)}")
         raise self._no_replica(first, errors)
 
     async def _read_one(self, entry_id: int) -> list[LedgerEntry]:
@@ -138,7 +138,7 @@ class LedgerReader:
             entries = self._accept(resp, bookie, entry_id)
             if entries:
                 return entries[:1]
-            errors.append(f"{bookie}: {pb.StatusCode.Name(resp.code)}")
+            errors.append(f"{bookie}: {_reply_problem(resp)}")
         raise self._no_replica(entry_id, errors)
 
     def _accept(self, resp: pb.ReadResponse, bookie: str, first: int) -> list[LedgerEntry]:
@@ -163,6 +163,11 @@ class LedgerReader:
         if all("NO_SUCH" in e for e in errors):
             return NoSuchEntryError(f"ledger {self.ledger_id} entry {entry_id}: no replica has it ({detail})")
         return BookieUnavailableError(f"ledger {self.ledger_id} entry {entry_id}: no replica answered ({detail})")
+
+
+def _reply_problem(resp: pb.ReadResponse) -> str:
+    # OK with nothing accepted means the first entry failed its checksum
+    return "CHECKSUM_MISMATCH" if resp.code == pb.OK else pb.StatusCode.Name(resp.code)
 
 
 async def read_lac(metadata: LedgerMetadata, pool: BookieClientPool, *, fence: bool) -> int:
