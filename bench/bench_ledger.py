@@ -25,7 +25,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bookie.client.ledger_client import LedgerClient  # noqa: E402
 from pulsarlite.cluster import LocalCluster  # noqa: E402
-from pulsarlite.config import LedgerClientConfig  # noqa: E402
+from pulsarlite.config import BookieConfig, LedgerClientConfig  # noqa: E402
 
 MiB = 1024 * 1024
 
@@ -167,7 +167,13 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--dir", default=None, help="cluster directory (default: a temp dir)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--bookie-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a BookieConfig setting for every bookie, e.g. journal_preallocate_bytes=0")
     args = parser.parse_args()
+    overrides = {}
+    for item in args.bookie_set:
+        key, _, value = item.partition("=")
+        overrides[key] = type(getattr(BookieConfig(), key))(value)
     try:
         import uvloop
         uvloop.install()
@@ -180,7 +186,9 @@ def main() -> int:
     print(f"  fsync'd sequential write: {disk_mb_s:.0f} MB/s; 4 KiB append+fdatasync: {append_ops:.0f} ops/s",
           file=sys.stderr)
     print("== starting 3 bookies", file=sys.stderr)
-    with LocalCluster.start(pathlib.Path(base) / "cluster", bookies=3) as cluster:
+    if overrides:
+        print(f"  bookie settings: {overrides}", file=sys.stderr)
+    with LocalCluster.start(pathlib.Path(base) / "cluster", bookies=3, bookie_overrides=overrides) as cluster:
         results = asyncio.run(run_client(cluster.zookeeper, args.seconds))
     results["disk_fsync_seq_mb_s"] = disk_mb_s
     results["disk_append_fdatasync_ops_s"] = append_ops

@@ -93,6 +93,10 @@ class LedgerClientConfig:
     rpc_timeout_ms: int = 10_000
     add_batch_entries_max: int = 1_000       # entries coalesced into one AddRequest
     add_batch_bytes_max: int = 4 * MiB
+    # AddRequests awaiting their response per bookie stream; beyond it adds queue and leave as
+    # one bigger request when a response comes back (self-clocking batches: per-message cost,
+    # not bytes, is what limits throughput here)
+    add_requests_in_flight_max: int = 2
     pending_adds_max: int = 50_000           # adds in flight per ledger; add() waits beyond
     ensemble_change_attempts_max: int = 10
     recovery_attempts_max: int = 5
@@ -101,7 +105,7 @@ class LedgerClientConfig:
 
     def validate(self) -> "LedgerClientConfig":
         _positive(self, "zk_session_timeout_ms", "add_timeout_ms", "read_timeout_ms",
-                  "rpc_timeout_ms", "add_batch_entries_max", "add_batch_bytes_max",
+                  "rpc_timeout_ms", "add_batch_entries_max", "add_batch_bytes_max", "add_requests_in_flight_max",
                   "pending_adds_max", "ensemble_change_attempts_max", "recovery_attempts_max",
                   "read_entries_per_request_max", "request_bytes_max")
         return self

@@ -83,7 +83,7 @@ class BookieClient:
         reader = asyncio.ensure_future(self._read_acks(call))
         try:
             while not self._closed:
-                if not self._outbound:
+                if not self._outbound or len(self._inflight) >= self._config.add_requests_in_flight_max:
                     self._wakeup.clear()
                     waiter = asyncio.ensure_future(self._wakeup.wait())
                     done, _ = await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
@@ -107,6 +107,8 @@ class BookieClient:
                 taken = self._inflight.pop(response.request_id, None)
                 if taken is None:
                     continue
+                if self._outbound:
+                    self._wakeup.set()  # a slot freed: what queued meanwhile goes out as one batch
                 results = response.results
                 if len(results) != len(taken):
                     log.error("bookie=%s answered %d results for %d entries: failing the request",
