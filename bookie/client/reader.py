@@ -15,7 +15,7 @@ from typing import AsyncIterator
 
 from bookie._proto import bookie_rpc_pb2 as pb
 from bookie.client.bookie_client import BookieClientPool
-from bookie.client.metadata import LedgerMetadata, LedgerState, write_set_indices
+from bookie.client.metadata import LedgerMetadata, LedgerState
 from pulsarlite.checksum import entry_checksum
 from pulsarlite.config import LedgerClientConfig
 from pulsarlite.errors import (BookieUnavailableError, ChecksumError, NoSuchEntryError,
@@ -98,21 +98,25 @@ class LedgerReader:
                 if start > entry_id:
                     fragment_end = min(fragment_end, start - 1)
                     break
-            if self.metadata.write_quorum == self.metadata.ensemble_size:
-                got = await self._read_striped_full(entry_id, fragment_end)
+            md = self.metadata
+            if md.write_quorum == md.ensemble_size:
+                # every bookie of the fragment holds every entry: read the whole range from one
+                # replica, rotating the starting replica so readers spread over the ensemble
+                ensemble = md.ensemble_for(entry_id)
+                replicas = [ensemble[(entry_id + i) % len(ensemble)] for i in range(len(ensemble))]
+                got = await self._read_from_replicas(replicas, entry_id, fragment_end)
             else:
-                got = await self._read_one(entry_id)
+                # striped: each entry lives on its own write set; read entry by entry
+                got = await self._read_from_replicas(md.write_set(entry_id), entry_id, entry_id)
             out.extend(got)
             entry_id = out[-1].entry_id + 1
         return out
 
-    async def _read_striped_full(self, first: int, last: int) -> list[LedgerEntry]:
-        """Every bookie of the ensemble holds every entry (E == Qw): read the range from one
-        replica, rotating the starting replica; fall back to the next on any failure."""
-        ensemble = self.metadata.ensemble_for(first)
-        order = [ensemble[(first + i) % len(ensemble)] for i in range(len(ensemble))]
+    async def _read_from_replicas(self, replicas, first: int, last: int) -> list[LedgerEntry]:
+        """The verified prefix of first..last from the first replica that has one; the next
+        replica on any failure (down, missing, bad checksum)."""
         errors = []
-        for bookie in order:
+        for bookie in replicas:
             try:
                 resp = await self._pool.get(bookie).read(self.ledger_id, first, last)
             except BookieUnavailableError as e:
@@ -123,23 +127,6 @@ class LedgerReader:
                 return entries
             errors.append(f"{bookie}: {_reply_problem(resp)}")
         raise self._no_replica(first, errors)
-
-    async def _read_one(self, entry_id: int) -> list[LedgerEntry]:
-        ensemble = self.metadata.ensemble_for(entry_id)
-        indices = write_set_indices(self.metadata.ensemble_size, self.metadata.write_quorum, entry_id)
-        errors = []
-        for i in indices:
-            bookie = ensemble[i]
-            try:
-                resp = await self._pool.get(bookie).read(self.ledger_id, entry_id, entry_id)
-            except BookieUnavailableError as e:
-                errors.append(str(e))
-                continue
-            entries = self._accept(resp, bookie, entry_id)
-            if entries:
-                return entries[:1]
-            errors.append(f"{bookie}: {_reply_problem(resp)}")
-        raise self._no_replica(entry_id, errors)
 
     def _accept(self, resp: pb.ReadResponse, bookie: str, first: int) -> list[LedgerEntry]:
         """The verified prefix of a reply (entries must be consecutive from ``first``)."""
