@@ -1,0 +1,670 @@
+"""The pure core of a managed ledger: a topic's log as an ordered list of ledgers.
+
+I/O-free and clock-free (DESIGN.md §5): the shell (shell.py) calls the event methods with the
+time and executes the returned actions (write an entry to a ledger, complete or fail an add,
+start a rollover). The core decides:
+
+- positions: ``Position(ledger_id, entry_id)``; ledger ids grow along the list (ids come from
+  ZooKeeper sequential nodes and a new ledger is always appended), so the natural ordering of
+  (ledger_id, entry_id) is the ledger list order; the metadata checks it;
+- rollover of the current ledger by entry count, bytes or age (``RolloverPolicy``); the limits
+  count adds pushed to the ledger, so a rolled ledger holds exactly ``entries_max`` entries or
+  passes ``bytes_max`` by less than one entry;
+- **adds during a rollover are queued** and go to the new ledger only once every add to the old
+  one is confirmed or failed, the old one is closed and the new list is CASed: confirmations are
+  in order across ledgers and nothing is reordered;
+- failures: a fenced ledger (LedgerFencedError) or a list changed by someone else means another
+  owner took the topic: state FENCED, every unconfirmed add fails with ManagedLedgerFencedError
+  (not retriable), and so does every later add. A retriable add failure (no quorum, timeout)
+  fails that add and (by the ledger's sticky error) every add after it on that ledger, plus every
+  queued add (they were issued after it: keeps the log free of holes from the producer's view),
+  then rolls over; later adds go to the new ledger. BookKeeper and Pulsar do the same: pending
+  adds of a failed ledger are failed back and the producer re-sends;
+- per-ledger stats of confirmed entries (entries, bytes, min/max publish time given with each
+  add) and the next metadata (pure transforms below; the shell compare-and-sets them).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator, Mapping, Sequence, Union
+
+from pulsarlite.errors import InvariantViolation, LedgerFencedError, PulsarliteError, check
+
+
+# -- errors ---------------------------------------------------------------------------------
+class ManagedLedgerError(PulsarliteError):
+    """An add or operation of a managed ledger failed; retriable (re-send, or reopen)."""
+
+    retriable = True
+
+
+class ManagedLedgerFencedError(ManagedLedgerError):
+    """Another owner took the managed ledger (its ledger was fenced or its list changed): this
+    instance never writes again; the broker drops ownership."""
+
+    retriable = False
+
+
+class ManagedLedgerClosedError(ManagedLedgerError):
+    """The managed ledger is closed (or deleted) by its owner."""
+
+    retriable = False
+
+
+# -- positions ------------------------------------------------------------------------------
+@dataclass(frozen=True, order=True)
+class Position:
+    ledger_id: int
+    entry_id: int
+
+    def __str__(self) -> str:
+        return f"{self.ledger_id}:{self.entry_id}"
+
+
+# -- metadata -------------------------------------------------------------------------------
+class LedgerInfoState(enum.Enum):
+    OPEN = "OPEN"        # the current ledger (or one a crashed owner left: recovered on open)
+    CLOSED = "CLOSED"    # entries/size/publish times are final
+
+
+class OffloadState(enum.Enum):
+    NONE = "none"
+    OFFLOADING = "offloading"
+    OFFLOADED = "offloaded"
+    BOOKIE_DELETED = "bookie-deleted"
+
+
+@dataclass(frozen=True)
+class OffloadInfo:
+    """Filled by the offloader later; kept verbatim here (unknown keys in ``attributes``)."""
+
+    state: OffloadState = OffloadState.NONE
+    uri: str | None = None
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LedgerInfo:
+    ledger_id: int
+    state: LedgerInfoState = LedgerInfoState.OPEN
+    entries: int = 0
+    size_bytes: int = 0
+    # None: no entries, or unknown (a ledger recovered after a crash without a publish-time
+    # extractor): readers must not prune such a ledger by publish time
+    min_publish_time_ms: int | None = None
+    max_publish_time_ms: int | None = None
+    created_ms: int = 0
+    offload: OffloadInfo = field(default_factory=OffloadInfo)
+
+    def __post_init__(self) -> None:
+        check(self.ledger_id >= 0, f"ledger id {self.ledger_id} < 0")
+        check(self.entries >= 0 and self.size_bytes >= 0,
+              f"ledger {self.ledger_id}: negative stats {self.entries}/{self.size_bytes}")
+        check(self.entries > 0 or self.size_bytes == 0, f"ledger {self.ledger_id}: bytes without entries")
+        lo, hi = self.min_publish_time_ms, self.max_publish_time_ms
+        check((lo is None) == (hi is None), f"ledger {self.ledger_id}: publish time bounds half set")
+        check(lo is None or (self.entries > 0 and lo <= hi),
+              f"ledger {self.ledger_id}: bad publish time bounds {lo}..{hi} with {self.entries} entries")
+
+
+@dataclass(frozen=True)
+class ManagedLedgerMetadata:
+    """What /managed-ledgers/<tenant>/<ns>/persistent/<topic> holds (codec in store.py)."""
+
+    ledgers: tuple[LedgerInfo, ...] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        seen_open = False
+        previous = -1
+        for info in self.ledgers:
+            check(info.ledger_id > previous, f"ledger ids not increasing along the list: {self.ledger_ids}")
+            previous = info.ledger_id
+            if info.state is LedgerInfoState.OPEN:
+                seen_open = True
+            else:
+                check(not seen_open, f"a CLOSED ledger after an OPEN one: {self.ledger_ids}")
+
+    @property
+    def ledger_ids(self) -> list[int]:
+        return [i.ledger_id for i in self.ledgers]
+
+    def info(self, ledger_id: int) -> LedgerInfo:
+        for i in self.ledgers:
+            if i.ledger_id == ledger_id:
+                return i
+        raise KeyError(ledger_id)
+
+    @property
+    def open_ledgers(self) -> list[LedgerInfo]:
+        return [i for i in self.ledgers if i.state is LedgerInfoState.OPEN]
+
+    @property
+    def entries(self) -> int:
+        return sum(i.entries for i in self.ledgers)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(i.size_bytes for i in self.ledgers)
+
+
+# -- pure transforms of the metadata (the shell CASes their result) ---------------------------
+def with_ledger_appended(md: ManagedLedgerMetadata, ledger_id: int, created_ms: int) -> ManagedLedgerMetadata:
+    """A new OPEN ledger at the end of the list."""
+    if md.ledgers and ledger_id <= md.ledgers[-1].ledger_id:
+        raise InvariantViolation(f"new ledger {ledger_id} does not follow {md.ledgers[-1].ledger_id}")
+    return replace(md, ledgers=md.ledgers + (LedgerInfo(ledger_id, created_ms=created_ms),))
+
+
+def with_ledger_closed(md: ManagedLedgerMetadata, ledger_id: int, *, entries: int, size_bytes: int,
+                       min_publish_time_ms: int | None, max_publish_time_ms: int | None) -> ManagedLedgerMetadata:
+    """The ledger marked CLOSED with its final stats (idempotent for the same stats)."""
+    out = []
+    found = False
+    for info in md.ledgers:
+        if info.ledger_id == ledger_id:
+            found = True
+            closed = replace(info, state=LedgerInfoState.CLOSED, entries=entries, size_bytes=size_bytes,
+                             min_publish_time_ms=min_publish_time_ms, max_publish_time_ms=max_publish_time_ms)
+            if info.state is LedgerInfoState.CLOSED and info != closed:
+                raise InvariantViolation(f"ledger {ledger_id} is already CLOSED with other stats: {info}")
+            info = closed
+        out.append(info)
+    if not found:
+        raise InvariantViolation(f"ledger {ledger_id} is not in the list {md.ledger_ids}")
+    return replace(md, ledgers=tuple(out))
+
+
+def without_ledgers(md: ManagedLedgerMetadata, ledger_ids: Sequence[int]) -> ManagedLedgerMetadata:
+    drop = set(ledger_ids)
+    return replace(md, ledgers=tuple(i for i in md.ledgers if i.ledger_id not in drop))
+
+
+# -- position helpers (over a ledger list with entry counts) --------------------------------
+def next_position(ledgers: Sequence[LedgerInfo], position: Position) -> Position:
+    """The position after ``position``: the next entry of its ledger, else the first entry of
+    the next non-empty ledger, else the end position (last ledger, its entry count: where the
+    next add lands). ``position.ledger_id`` must be in the list."""
+    index = _index_of(ledgers, position.ledger_id)
+    if position.entry_id + 1 < ledgers[index].entries:
+        return Position(position.ledger_id, position.entry_id + 1)
+    for info in ledgers[index + 1:]:
+        if info.entries > 0:
+            return Position(info.ledger_id, 0)
+    if index == len(ledgers) - 1:
+        return Position(position.ledger_id, position.entry_id + 1)
+    return Position(ledgers[-1].ledger_id, ledgers[-1].entries)
+
+
+def iter_positions(ledgers: Sequence[LedgerInfo], start: Position, count_max: int | None = None
+                   ) -> Iterator[Position]:
+    """Existing positions >= ``start`` in list order, at most ``count_max``. A start in a ledger
+    that is not in the list (trimmed) continues at the next ledger that is."""
+    left = count_max
+    for info in ledgers:
+        if info.ledger_id < start.ledger_id:
+            continue
+        first = max(start.entry_id, 0) if info.ledger_id == start.ledger_id else 0
+        for entry_id in range(first, info.entries):
+            if left is not None:
+                if left <= 0:
+                    return
+                left -= 1
+            yield Position(info.ledger_id, entry_id)
+
+
+def ledger_ranges(ledgers: Sequence[LedgerInfo], start: Position, count_max: int) -> list[tuple[int, int, int]]:
+    """The positions of ``iter_positions`` as (ledger_id, first_entry, last_entry) ranges."""
+    out: list[tuple[int, int, int]] = []
+    left = count_max
+    for info in ledgers:
+        if left <= 0:
+            break
+        if info.ledger_id < start.ledger_id:
+            continue
+        first = max(start.entry_id, 0) if info.ledger_id == start.ledger_id else 0
+        last = min(info.entries - 1, first + left - 1)
+        if last >= first:
+            out.append((info.ledger_id, first, last))
+            left -= last - first + 1
+    return out
+
+
+def _index_of(ledgers: Sequence[LedgerInfo], ledger_id: int) -> int:
+    for i, info in enumerate(ledgers):
+        if info.ledger_id == ledger_id:
+            return i
+    raise ValueError(f"ledger {ledger_id} is not in the list {[i.ledger_id for i in ledgers]}")
+
+
+# -- rollover policy -------------------------------------------------------------------------
+class RolloverReason(enum.Enum):
+    ENTRIES = "entries"
+    BYTES = "bytes"
+    AGE = "age"
+    FAILURE = "failure"   # an add to the ledger failed (retriable): write the next ledger
+
+
+@dataclass(frozen=True)
+class RolloverPolicy:
+    entries_max: int
+    bytes_max: int
+    age_ms_max: int
+
+    def __post_init__(self) -> None:
+        if self.entries_max <= 0 or self.bytes_max <= 0 or self.age_ms_max <= 0:
+            raise ValueError(f"rollover limits must be > 0: {self}")
+
+    def reason(self, entries: int, size_bytes: int, created_ms: int, now_ms: int) -> RolloverReason | None:
+        """Why a ledger with these stats must roll over now (None: it need not). An empty
+        ledger never rolls by age."""
+        if entries >= self.entries_max:
+            return RolloverReason.ENTRIES
+        if size_bytes >= self.bytes_max:
+            return RolloverReason.BYTES
+        if entries > 0 and now_ms - created_ms >= self.age_ms_max:
+            return RolloverReason.AGE
+        return None
+
+
+# -- states ----------------------------------------------------------------------------------
+class ManagedLedgerState(enum.Enum):
+    OPENING = "OPENING"            # recovering the previous owner's ledgers, creating ours
+    READY = "READY"                # adds go to the current ledger
+    ROLLING_OVER = "ROLLING_OVER"  # adds queue; the old ledger drains and closes, the next opens
+    CLOSING = "CLOSING"            # close(): adds refused, the current ledger drains and closes
+    CLOSED = "CLOSED"
+    FENCED = "FENCED"              # another owner took it: never writes again
+    FAILED = "FAILED"              # a rollover could not finish (ZooKeeper or bookies gone beyond
+                                   # the retry bounds): adds fail (retriable); close and reopen
+    DELETED = "DELETED"
+
+
+S = ManagedLedgerState
+STATE_TRANSITIONS: Mapping[ManagedLedgerState, frozenset[ManagedLedgerState]] = {
+    S.OPENING: frozenset({S.READY, S.FENCED, S.FAILED, S.CLOSED}),
+    S.READY: frozenset({S.ROLLING_OVER, S.CLOSING, S.FENCED, S.FAILED}),
+    S.ROLLING_OVER: frozenset({S.READY, S.FENCED, S.FAILED}),
+    S.CLOSING: frozenset({S.CLOSED, S.FENCED, S.FAILED}),
+    S.CLOSED: frozenset({S.DELETED}),
+    S.FAILED: frozenset({S.CLOSED, S.FENCED}),  # FENCED: stronger news, the owner must let go
+    S.FENCED: frozenset(),
+    S.DELETED: frozenset(),
+}
+
+
+# -- actions ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WriteEntry:
+    """Add the payload of ``add_id`` to ledger ``ledger_id``; it must get ``entry_id``."""
+
+    add_id: int
+    ledger_id: int
+    entry_id: int
+
+
+@dataclass(frozen=True)
+class CompleteAdd:
+    add_id: int
+    position: Position
+
+
+@dataclass(frozen=True)
+class FailAdd:
+    add_id: int
+    error: PulsarliteError
+
+
+@dataclass(frozen=True)
+class StartRollover:
+    """Drain and close ``ledger_id``, create the next ledger, CAS the list, then call
+    ``on_rolled_over`` (or ``on_fenced`` / ``on_failed``)."""
+
+    ledger_id: int
+    reason: RolloverReason
+
+
+Action = Union[WriteEntry, CompleteAdd, FailAdd, StartRollover]
+
+
+@dataclass
+class _Add:
+    size_bytes: int
+    publish_time_ms: int
+    ledger_id: int = -1       # -1: queued
+    entry_id: int = -1
+
+
+@dataclass
+class _CurrentLedger:
+    ledger_id: int
+    created_ms: int
+    entries_pushed: int = 0
+    bytes_pushed: int = 0
+    entries_confirmed: int = 0
+    bytes_confirmed: int = 0
+    min_publish_time_ms: int | None = None
+    max_publish_time_ms: int | None = None
+    failed: bool = False
+
+
+class ManagedLedgerCore:
+    """See the module docstring. One instance per open managed ledger."""
+
+    def __init__(self, name: str, policy: RolloverPolicy, *, pending_adds_max: int) -> None:
+        if pending_adds_max <= 0:
+            raise ValueError("pending_adds_max must be > 0")
+        self.name = name
+        self.policy = policy
+        self._pending_adds_max = pending_adds_max
+        self._state = ManagedLedgerState.OPENING
+        self._md = ManagedLedgerMetadata()
+        self._current: _CurrentLedger | None = None
+        self._adds: dict[int, _Add] = {}
+        self._queue: deque[int] = deque()
+        self._next_add_id = 0
+        self._last_confirmed: Position | None = None
+        self._error: PulsarliteError | None = None   # why adds fail in FENCED / FAILED
+
+    # -- properties -------------------------------------------------------------------------
+    @property
+    def state(self) -> ManagedLedgerState:
+        return self._state
+
+    @property
+    def metadata(self) -> ManagedLedgerMetadata:
+        """The list as last written to the store."""
+        return self._md
+
+    @property
+    def current_ledger_id(self) -> int | None:
+        return self._current.ledger_id if self._current else None
+
+    @property
+    def pending_count(self) -> int:
+        """Adds not yet completed or failed (in flight + queued)."""
+        return len(self._adds)
+
+    @property
+    def queued_count(self) -> int:
+        return len(self._queue)
+
+    @property
+    def in_flight_count(self) -> int:
+        return len(self._adds) - len(self._queue)
+
+    @property
+    def last_confirmed(self) -> Position:
+        if self._last_confirmed is None:
+            raise InvariantViolation(f"{self.name}: not open yet")
+        return self._last_confirmed
+
+    @property
+    def error(self) -> PulsarliteError | None:
+        return self._error
+
+    def ledgers(self) -> tuple[LedgerInfo, ...]:
+        """The list with the current ledger's live stats (confirmed entries)."""
+        cur = self._current
+        if cur is None:
+            return self._md.ledgers
+        return tuple(
+            replace(i, entries=cur.entries_confirmed, size_bytes=cur.bytes_confirmed,
+                    min_publish_time_ms=cur.min_publish_time_ms, max_publish_time_ms=cur.max_publish_time_ms)
+            if i.ledger_id == cur.ledger_id and i.state is LedgerInfoState.OPEN else i
+            for i in self._md.ledgers)
+
+    def current_confirmed(self) -> tuple[int, int]:
+        """(ledger id, last confirmed entry id) of the current ledger."""
+        cur = self._require_current()
+        return cur.ledger_id, cur.entries_confirmed - 1
+
+    # -- state -------------------------------------------------------------------------------
+    def _to(self, state: ManagedLedgerState) -> None:
+        if state is not self._state and state not in STATE_TRANSITIONS[self._state]:
+            raise InvariantViolation(f"{self.name}: {self._state.value} -> {state.value} not allowed")
+        self._state = state
+
+    def _require_current(self) -> _CurrentLedger:
+        if self._current is None:
+            raise InvariantViolation(f"{self.name}: no current ledger")
+        return self._current
+
+    # -- open --------------------------------------------------------------------------------
+    def open_metadata(self, stored: ManagedLedgerMetadata, recovered: Mapping[int, LedgerInfo],
+                      new_ledger_id: int, now_ms: int) -> ManagedLedgerMetadata:
+        """Pure: the list after opening: every recovered ledger CLOSED with its final stats
+        (``recovered`` maps each OPEN ledger of ``stored`` to its CLOSED info; empty ones are
+        dropped from the list), and the new ledger appended OPEN."""
+        check(self._state is ManagedLedgerState.OPENING, f"{self.name}: open_metadata in {self._state.value}")
+        md = stored
+        open_ids = {i.ledger_id for i in stored.open_ledgers}
+        check(set(recovered) == open_ids, f"{self.name}: recovered {sorted(recovered)} but open {sorted(open_ids)}")
+        empty = []
+        for ledger_id, info in recovered.items():
+            if info.entries == 0:
+                empty.append(ledger_id)
+                continue
+            md = with_ledger_closed(md, ledger_id, entries=info.entries, size_bytes=info.size_bytes,
+                                    min_publish_time_ms=info.min_publish_time_ms,
+                                    max_publish_time_ms=info.max_publish_time_ms)
+        md = without_ledgers(md, empty)
+        return with_ledger_appended(md, new_ledger_id, now_ms)
+
+    def on_opened(self, md: ManagedLedgerMetadata) -> list[Action]:
+        """The list ``md`` (from open_metadata) is stored: READY on its last ledger."""
+        check(self._state is ManagedLedgerState.OPENING, f"{self.name}: on_opened in {self._state.value}")
+        last = md.ledgers[-1]
+        check(last.state is LedgerInfoState.OPEN and last.entries == 0, f"{self.name}: last ledger not new: {last}")
+        self._md = md
+        self._current = _CurrentLedger(last.ledger_id, last.created_ms)
+        self._last_confirmed = Position(last.ledger_id, -1)
+        for info in reversed(md.ledgers[:-1]):
+            if info.entries > 0:
+                self._last_confirmed = Position(info.ledger_id, info.entries - 1)
+                break
+        self._to(ManagedLedgerState.READY)
+        return self._push_queued(now_ms=None)
+
+    # -- adds --------------------------------------------------------------------------------
+    def check_can_add(self) -> None:
+        """Raise the error an add would fail with now (nothing changes)."""
+        state = self._state
+        if state in (ManagedLedgerState.FENCED, ManagedLedgerState.FAILED):
+            raise type(self._error)(str(self._error)) if self._error else ManagedLedgerError(state.value)
+        if state in (ManagedLedgerState.CLOSING, ManagedLedgerState.CLOSED, ManagedLedgerState.DELETED):
+            raise ManagedLedgerClosedError(f"{self.name}: managed ledger is {state.value}")
+        if len(self._adds) >= self._pending_adds_max:
+            raise ManagedLedgerError(f"{self.name}: {len(self._adds)} adds pending (max {self._pending_adds_max})")
+
+    def add(self, size_bytes: int, publish_time_ms: int, now_ms: int) -> tuple[int, list[Action]]:
+        """A new add: returns its id and the actions (WriteEntry now, or nothing while it is
+        queued behind a rollover). Raises if adds are refused (nothing changes)."""
+        if size_bytes < 0:
+            raise ValueError("size_bytes must be >= 0")
+        self.check_can_add()
+        add_id = self._next_add_id
+        self._next_add_id += 1
+        self._adds[add_id] = _Add(size_bytes, publish_time_ms)
+        self._queue.append(add_id)
+        if self._state is not ManagedLedgerState.READY:
+            return add_id, []
+        return add_id, self._push_queued(now_ms)
+
+    def _push_queued(self, now_ms: int | None) -> list[Action]:
+        """Send queued adds to the current ledger until it is full (then roll over)."""
+        actions: list[Action] = []
+        cur = self._require_current()
+        while self._queue and self._state is ManagedLedgerState.READY:
+            add_id = self._queue.popleft()
+            add = self._adds[add_id]
+            add.ledger_id, add.entry_id = cur.ledger_id, cur.entries_pushed
+            cur.entries_pushed += 1
+            cur.bytes_pushed += add.size_bytes
+            actions.append(WriteEntry(add_id, cur.ledger_id, add.entry_id))
+            reason = self.policy.reason(cur.entries_pushed, cur.bytes_pushed, cur.created_ms,
+                                        now_ms if now_ms is not None else cur.created_ms)
+            if reason is not None:
+                self._to(ManagedLedgerState.ROLLING_OVER)
+                actions.append(StartRollover(cur.ledger_id, reason))
+        return actions
+
+    def on_add_confirmed(self, add_id: int, ledger_id: int, entry_id: int) -> list[Action]:
+        add = self._adds.pop(add_id, None)
+        if add is None:
+            raise InvariantViolation(f"{self.name}: confirmation of unknown or failed add {add_id} "
+                                     f"at {ledger_id}:{entry_id}")
+        cur = self._require_current()
+        if not (add.ledger_id == ledger_id == cur.ledger_id and add.entry_id == entry_id == cur.entries_confirmed):
+            raise InvariantViolation(
+                f"{self.name}: add {add_id} confirmed at {ledger_id}:{entry_id}, expected "
+                f"{add.ledger_id}:{add.entry_id} (current {cur.ledger_id}, next {cur.entries_confirmed})")
+        cur.entries_confirmed += 1
+        cur.bytes_confirmed += add.size_bytes
+        pt = add.publish_time_ms
+        cur.min_publish_time_ms = pt if cur.min_publish_time_ms is None else min(cur.min_publish_time_ms, pt)
+        cur.max_publish_time_ms = pt if cur.max_publish_time_ms is None else max(cur.max_publish_time_ms, pt)
+        position = Position(ledger_id, entry_id)
+        check(self._last_confirmed is None or position > self._last_confirmed,
+              f"{self.name}: last confirmed would go backwards: {self._last_confirmed} -> {position}")
+        self._last_confirmed = position
+        return [CompleteAdd(add_id, position)]
+
+    def on_add_failed(self, add_id: int, ledger_id: int, error: PulsarliteError) -> list[Action]:
+        """An add to ``ledger_id`` failed. LedgerFencedError: FENCED. Otherwise the add (and the
+        queued ones) fail with a retriable error and the ledger is rolled over."""
+        if isinstance(error, LedgerFencedError):
+            return self.on_fenced(ManagedLedgerFencedError(
+                f"{self.name}: ledger {ledger_id} was fenced by another owner: {error}"))
+        add = self._adds.pop(add_id, None)
+        if add is None:
+            return []   # already failed (fenced, failed rollover)
+        check(add.ledger_id == ledger_id, f"{self.name}: add {add_id} failed on {ledger_id}, sent to {add.ledger_id}")
+        err = error if error.retriable else ManagedLedgerError(f"{self.name}: add failed: {error}")
+        actions: list[Action] = [FailAdd(add_id, err)]
+        cur = self._require_current()
+        check(ledger_id == cur.ledger_id, f"{self.name}: failure from ledger {ledger_id}, current {cur.ledger_id}")
+        cur.failed = True
+        actions += self._fail_queued(ManagedLedgerError(
+            f"{self.name}: an earlier add to ledger {ledger_id} failed ({error}); re-send"))
+        if self._state is ManagedLedgerState.READY:
+            self._to(ManagedLedgerState.ROLLING_OVER)
+            actions.append(StartRollover(ledger_id, RolloverReason.FAILURE))
+        return actions
+
+    def _fail_queued(self, error: PulsarliteError) -> list[Action]:
+        actions: list[Action] = []
+        while self._queue:
+            add_id = self._queue.popleft()
+            del self._adds[add_id]
+            actions.append(FailAdd(add_id, error))
+        return actions
+
+    def _fail_all(self, error: PulsarliteError) -> list[Action]:
+        actions: list[Action] = [FailAdd(add_id, error) for add_id in sorted(self._adds)]
+        self._adds.clear()
+        self._queue.clear()
+        return actions
+
+    def on_tick(self, now_ms: int) -> list[Action]:
+        """Periodic: roll an old non-empty ledger over (age limit)."""
+        if self._state is not ManagedLedgerState.READY:
+            return []
+        cur = self._require_current()
+        reason = self.policy.reason(cur.entries_pushed, cur.bytes_pushed, cur.created_ms, now_ms)
+        if reason is None:
+            return []
+        self._to(ManagedLedgerState.ROLLING_OVER)
+        return [StartRollover(cur.ledger_id, reason)]
+
+    # -- rollover ----------------------------------------------------------------------------
+    def closed_info(self, last_entry_id: int, length: int) -> LedgerInfo:
+        """The current ledger's final info, given where its ledger closed. More entries than
+        confirmed (a recovery kept adds that had failed) leaves publish times unknown; fewer
+        would lose acknowledged entries: an invariant violation."""
+        cur = self._require_current()
+        entries = last_entry_id + 1
+        if entries < cur.entries_confirmed or (entries == cur.entries_confirmed and length != cur.bytes_confirmed):
+            raise InvariantViolation(
+                f"{self.name}: ledger {cur.ledger_id} closed at {last_entry_id}/{length} bytes but "
+                f"{cur.entries_confirmed} entries/{cur.bytes_confirmed} bytes were confirmed")
+        exact = entries == cur.entries_confirmed
+        info = self._md.info(cur.ledger_id)
+        return replace(info, state=LedgerInfoState.CLOSED, entries=entries, size_bytes=length,
+                       min_publish_time_ms=cur.min_publish_time_ms if exact else None,
+                       max_publish_time_ms=cur.max_publish_time_ms if exact else None)
+
+    def rollover_metadata(self, closed: LedgerInfo, new_ledger_id: int, now_ms: int) -> ManagedLedgerMetadata:
+        """Pure: the list with the current ledger CLOSED (``closed_info``) and the next appended."""
+        check(self._state is ManagedLedgerState.ROLLING_OVER, f"{self.name}: rollover_metadata in {self._state.value}")
+        check(self.in_flight_count == 0, f"{self.name}: rollover with {self.in_flight_count} adds in flight")
+        md = self._closed_metadata(closed)
+        return with_ledger_appended(md, new_ledger_id, now_ms)
+
+    def _closed_metadata(self, closed: LedgerInfo) -> ManagedLedgerMetadata:
+        cur = self._require_current()
+        check(closed.ledger_id == cur.ledger_id, f"{self.name}: closing {closed.ledger_id}, current {cur.ledger_id}")
+        return with_ledger_closed(self._md, cur.ledger_id, entries=closed.entries, size_bytes=closed.size_bytes,
+                                  min_publish_time_ms=closed.min_publish_time_ms,
+                                  max_publish_time_ms=closed.max_publish_time_ms)
+
+    def on_rolled_over(self, md: ManagedLedgerMetadata, now_ms: int) -> list[Action]:
+        """The list ``md`` (from rollover_metadata) is stored: READY on the new ledger; the queued
+        adds go to it."""
+        check(self._state is ManagedLedgerState.ROLLING_OVER, f"{self.name}: on_rolled_over in {self._state.value}")
+        last = md.ledgers[-1]
+        self._md = md
+        self._current = _CurrentLedger(last.ledger_id, last.created_ms)
+        self._to(ManagedLedgerState.READY)
+        return self._push_queued(now_ms)
+
+    # -- close -------------------------------------------------------------------------------
+    def start_close(self) -> None:
+        """READY -> CLOSING: adds are refused from now on; the shell drains and closes."""
+        self._to(ManagedLedgerState.CLOSING)
+
+    def close_metadata(self, closed: LedgerInfo) -> ManagedLedgerMetadata:
+        check(self._state is ManagedLedgerState.CLOSING, f"{self.name}: close_metadata in {self._state.value}")
+        check(self.pending_count == 0, f"{self.name}: closing with {self.pending_count} adds pending")
+        return self._closed_metadata(closed)
+
+    def on_closed(self, md: ManagedLedgerMetadata | None) -> list[Action]:
+        """Closed; ``md`` is the list written (None when closing from FAILED without a write)."""
+        self._to(ManagedLedgerState.CLOSED)
+        if md is not None:
+            self._md = md
+        self._current = None
+        return self._fail_all(ManagedLedgerClosedError(f"{self.name}: managed ledger closed"))
+
+    def on_deleted(self) -> None:
+        self._to(ManagedLedgerState.DELETED)
+
+    # -- failures ----------------------------------------------------------------------------
+    def on_fenced(self, error: ManagedLedgerFencedError) -> list[Action]:
+        """Another owner took the managed ledger: every pending add and every later one fails."""
+        if self._state in (ManagedLedgerState.FENCED, ManagedLedgerState.CLOSED, ManagedLedgerState.DELETED):
+            return []
+        self._to(ManagedLedgerState.FENCED)
+        self._error = error
+        return self._fail_all(error)
+
+    def on_failed(self, error: PulsarliteError) -> list[Action]:
+        """A rollover (or close) could not finish: FAILED; adds fail, retriable."""
+        if self._state in (ManagedLedgerState.FENCED, ManagedLedgerState.FAILED,
+                           ManagedLedgerState.CLOSED, ManagedLedgerState.DELETED):
+            return []
+        self._to(ManagedLedgerState.FAILED)
+        self._error = ManagedLedgerError(f"{self.name}: managed ledger failed, reopen it: {error}")
+        return self._fail_all(self._error)
+
+
+__all__ = [
+    "Action", "CompleteAdd", "FailAdd", "LedgerInfo", "LedgerInfoState", "ManagedLedgerClosedError",
+    "ManagedLedgerCore", "ManagedLedgerError", "ManagedLedgerFencedError", "ManagedLedgerMetadata",
+    "ManagedLedgerState", "OffloadInfo", "OffloadState", "Position", "RolloverPolicy", "RolloverReason",
+    "STATE_TRANSITIONS", "StartRollover", "WriteEntry", "iter_positions", "ledger_ranges", "next_position",
+    "with_ledger_appended", "with_ledger_closed", "without_ledgers",
+]

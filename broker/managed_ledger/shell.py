@@ -1,0 +1,547 @@
+"""The managed ledger (asyncio shell): executes the core's actions with the ledger client and
+the metadata store, and feeds the results back (DESIGN.md §5: pure core, thin shell).
+
+Open (a new owner, NOTES.md): read the list; fence and recover every ledger that is not CLOSED
+(``LedgerClient.recover``) and record its final entries/bytes (empty ones leave the list and are
+deleted); create a new ledger; CAS the list. Any other writer of those ledgers is fenced from
+then on: its adds fail with LedgerFencedError and it goes FENCED.
+
+Rollover (triggered by the core: entries, bytes, age, or a retriable add failure): adds issued
+meanwhile are **queued** in the core; the old ledger drains (every add in flight is confirmed or
+failed) and is closed at its LAC, while the next ledger is created in parallel; then one CAS
+writes [old CLOSED with its stats, new OPEN]; then the queued adds go to the new ledger. So
+confirmations are in order across ledgers and a rollover never loses or reorders adds. A crash
+between "create" and "CAS" leaves an orphan ledger (never in any list; like Pulsar).
+
+Failures:
+- LedgerFencedError from an add or close, a CAS that finds the list changed by someone else
+  (version conflict that was not our own retried write), or the list deleted: FENCED. Every
+  pending and later add fails with ManagedLedgerFencedError (not retriable): drop ownership.
+- A retriable add failure (NotEnoughBookies, timeout): that add and every later unconfirmed add
+  fail with a retriable error (the producer re-sends, as with BookKeeper/Pulsar), the ledger is
+  closed at its LAC (so adds reported failed are not in the log) and we roll to a new ledger.
+- A rollover or close that cannot finish (ZooKeeper or bookies unavailable beyond the bounded
+  retries): FAILED; adds fail with a retriable ManagedLedgerError; close and reopen (the reopen
+  recovers whatever was left open).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections import OrderedDict
+from typing import Callable
+
+from bookie.client.ledger_client import LedgerClient, LedgerWriter
+from bookie.client.metadata import LedgerMetadata
+from bookie.client.reader import LedgerReader
+from broker.managed_ledger.config import ManagedLedgerConfig
+from broker.managed_ledger.core import (CompleteAdd, FailAdd, LedgerInfo, LedgerInfoState,
+                                        ManagedLedgerClosedError, ManagedLedgerCore, ManagedLedgerError,
+                                        ManagedLedgerFencedError, ManagedLedgerMetadata, ManagedLedgerState,
+                                        Position, RolloverPolicy, StartRollover, WriteEntry, ledger_ranges)
+from broker.managed_ledger.store import ManagedLedgerStore, check_name, encode
+from pulsarlite.errors import (InvariantViolation, LedgerFencedError, MetadataError, MetadataNotFoundError,
+                               MetadataVersionConflict, PulsarliteError, check)
+from pulsarlite.metadata import MetadataExistsError, MetadataStore
+
+log = logging.getLogger("pulsarlite.managed_ledger")
+
+Clock = Callable[[], int]
+PublishTimeOf = Callable[[bytes], "int | None"]
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class _OpenRaceLost(Exception):
+    """The list changed between our read and our CAS while opening: read and recover again."""
+
+
+class ManagedLedger:
+    """A topic's storage. Create with ``await ManagedLedger.open(...)``; use from one loop."""
+
+    def __init__(self, name: str, ledger_client: LedgerClient, store: ManagedLedgerStore,
+                 config: ManagedLedgerConfig, clock: Clock, publish_time_of: PublishTimeOf | None) -> None:
+        self.name = name
+        self._client = ledger_client
+        self._store = store
+        self._config = config
+        self._clock = clock
+        self._publish_time_of = publish_time_of
+        self._core = ManagedLedgerCore(
+            name, RolloverPolicy(config.rollover_entries_max, config.rollover_bytes_max, config.rollover_age_ms_max),
+            pending_adds_max=config.pending_adds_max)
+        self._version = -1
+        self._writer: LedgerWriter | None = None
+        self._payloads: dict[int, bytes] = {}
+        self._futures: dict[int, asyncio.Future] = {}
+        self._capacity_waiters: list[asyncio.Future] = []
+        self._rollover_task: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._ticker: asyncio.Task | None = None
+        self._readers: OrderedDict[int, LedgerReader] = OrderedDict()
+        self._close_lock = asyncio.Lock()
+
+    # -- open ------------------------------------------------------------------------------------
+    @classmethod
+    async def open(cls, name: str, *, ledger_client: LedgerClient, store: MetadataStore | ManagedLedgerStore,
+                   config: ManagedLedgerConfig | None = None, clock: Clock | None = None,
+                   publish_time_of: PublishTimeOf | None = None) -> "ManagedLedger":
+        """Open (creating if absent) the managed ledger ``tenant/namespace/persistent/topic``,
+        fencing and recovering what a previous owner left open. ``clock`` gives wall-clock ms
+        (ledger creation times, age rollover). ``publish_time_of(entry bytes)``, if given, is
+        used to compute the publish-time bounds of ledgers recovered here (otherwise they are
+        unknown: None). Raises ManagedLedgerFencedError if another owner changed the list
+        meanwhile."""
+        check_name(name)
+        config = (config or ManagedLedgerConfig()).validate()
+        if isinstance(store, MetadataStore):
+            store = ManagedLedgerStore(store)
+        ml = cls(name, ledger_client, store, config, clock or wall_clock_ms, publish_time_of)
+        await ml._open()
+        return ml
+
+    async def _open(self) -> None:
+        """Read, recover what is open, create ours, CAS. Losing the CAS to a concurrent writer
+        of the list (the previous owner rolling over, or another opener) means there may be a
+        newer open ledger: read again and recover that too (bounded)."""
+        attempts = self._config.metadata_attempts_max
+        for attempt in range(attempts):
+            try:
+                md, recovered, writer = await self._open_attempt()
+                break
+            except _OpenRaceLost as e:
+                log.info("managed ledger %s: list changed while opening (attempt %d): %s", self.name,
+                         attempt + 1, e)
+                await asyncio.sleep(self._backoff_s(attempt))
+            except BaseException as e:
+                if isinstance(e, ManagedLedgerFencedError):
+                    self._core.on_fenced(e)
+                elif isinstance(e, PulsarliteError):
+                    self._core.on_failed(e)
+                raise
+        else:
+            error = ManagedLedgerFencedError(f"{self.name}: list kept changing while opening ({attempts} attempts)")
+            self._core.on_fenced(error)
+            raise error
+        self._writer = writer
+        self._run(self._core.on_opened(md))
+        log.info("managed ledger %s opened: ledgers=%s current=%d", self.name, md.ledger_ids, writer.ledger_id)
+        for ledger_id, info in recovered.items():
+            if info.entries == 0:   # left the list: nothing refers to it any more
+                await self._delete_ledger_quietly(ledger_id)
+        self._ticker = self._spawn(self._tick_loop(), "ticker")
+
+    async def _open_attempt(self) -> tuple[ManagedLedgerMetadata, dict[int, LedgerInfo], LedgerWriter]:
+        got = await self._store.read(self.name)
+        stored, version = (got[0], got[1]) if got is not None else (ManagedLedgerMetadata(), -1)
+        recovered: dict[int, LedgerInfo] = {}
+        for info in stored.open_ledgers:
+            md = await self._client.recover(info.ledger_id)
+            recovered[info.ledger_id] = await self._recovered_info(info, md)
+            log.info("managed ledger %s: recovered ledger=%d entries=%d bytes=%d", self.name, info.ledger_id,
+                     recovered[info.ledger_id].entries, recovered[info.ledger_id].size_bytes)
+        writer = await self._create_ledger()
+        try:
+            md = self._core.open_metadata(stored, recovered, writer.ledger_id, self._clock())
+            data = encode(md)
+            if version < 0:
+                try:
+                    self._version = await self._store.create(self.name, data)
+                except MetadataExistsError:
+                    raise _OpenRaceLost("created concurrently") from None
+            else:
+                self._version = version
+                try:
+                    await self._cas(data)
+                except ManagedLedgerFencedError as e:
+                    raise _OpenRaceLost(str(e)) from None
+        except BaseException:
+            await self._discard_ledger(writer)
+            raise
+        return md, recovered, writer
+
+    async def _recovered_info(self, info: LedgerInfo, md: LedgerMetadata) -> LedgerInfo:
+        entries = md.last_entry_id + 1
+        lo = hi = None
+        if entries > 0 and self._publish_time_of is not None:
+            reader = await self._client.open_ledger(info.ledger_id, recovery=False)
+            times = []
+            async for e in reader.iter_entries(0, md.last_entry_id):
+                times.append(self._publish_time_of(e.payload))
+            if times and all(t is not None for t in times):
+                lo, hi = min(times), max(times)
+        return LedgerInfo(info.ledger_id, LedgerInfoState.CLOSED, entries=entries, size_bytes=md.length,
+                          min_publish_time_ms=lo, max_publish_time_ms=hi, created_ms=info.created_ms,
+                          offload=info.offload)
+
+    # -- properties ------------------------------------------------------------------------------
+    @property
+    def state(self) -> ManagedLedgerState:
+        return self._core.state
+
+    @property
+    def last_confirmed_position(self) -> Position:
+        """The position of the last confirmed entry ((current ledger, -1) if there is none)."""
+        return self._core.last_confirmed
+
+    @property
+    def current_ledger_id(self) -> int | None:
+        return self._core.current_ledger_id
+
+    @property
+    def pending_count(self) -> int:
+        return self._core.pending_count
+
+    def ledgers(self) -> tuple[LedgerInfo, ...]:
+        """The ledger list with stats (the current ledger's are live: confirmed entries)."""
+        return self._core.ledgers()
+
+    @property
+    def metadata(self) -> ManagedLedgerMetadata:
+        """The list as last written to ZooKeeper."""
+        return self._core.metadata
+
+    # -- adds ------------------------------------------------------------------------------------
+    def add_async(self, payload: bytes, publish_time_ms: int) -> asyncio.Future:
+        """Queue an add; the future resolves with its Position once confirmed (in order). Raises
+        at once (nothing queued) if adds are refused: ManagedLedgerFencedError, -ClosedError, or
+        a retriable ManagedLedgerError (FAILED, or pending_adds_max adds pending)."""
+        payload = bytes(payload)
+        add_id, actions = self._core.add(len(payload), publish_time_ms, self._clock())
+        fut = asyncio.get_running_loop().create_future()
+        self._futures[add_id] = fut
+        self._payloads[add_id] = payload
+        self._run(actions)
+        return fut
+
+    async def add(self, payload: bytes, publish_time_ms: int) -> Position:
+        """Add and wait for confirmation; waits first while pending_adds_max adds are pending."""
+        while self._core.pending_count >= self._config.pending_adds_max and self._accepting():
+            waiter = asyncio.get_running_loop().create_future()
+            self._capacity_waiters.append(waiter)
+            await waiter
+        return await self.add_async(payload, publish_time_ms)
+
+    def _accepting(self) -> bool:
+        return self._core.state in (ManagedLedgerState.READY, ManagedLedgerState.ROLLING_OVER)
+
+    # -- reads -----------------------------------------------------------------------------------
+    async def read_entries(self, start: Position, count_max: int) -> list[tuple[Position, bytes]]:
+        """Up to ``count_max`` (and read_entries_max) entries from ``start`` on, in order, across
+        ledgers, up to the last confirmed entry. A ``start`` past the end of its ledger continues
+        with the next ledger; one in a ledger no longer in the list, with the next one that is."""
+        if count_max <= 0:
+            raise ValueError(f"count_max must be > 0, got {count_max}")
+        if self._core.state is ManagedLedgerState.DELETED:
+            raise ManagedLedgerClosedError(f"{self.name}: deleted")
+        count = min(count_max, self._config.read_entries_max)
+        out: list[tuple[Position, bytes]] = []
+        for ledger_id, first, last in ledger_ranges(self._core.ledgers(), start, count):
+            reader = await self._reader(ledger_id)
+            for e in await reader.read(first, last):
+                out.append((Position(ledger_id, e.entry_id), e.payload))
+        return out
+
+    async def _reader(self, ledger_id: int) -> LedgerReader:
+        writer = self._writer
+        if writer is not None and writer.ledger_id == ledger_id and not writer.metadata.is_closed:
+            if self._core.current_ledger_id == ledger_id:
+                last_confirmed = self._core.current_confirmed()[1]
+            else:
+                last_confirmed = writer.last_add_confirmed
+            return LedgerReader(writer.metadata, self._client.pool, self._client.config,
+                                last_add_confirmed=last_confirmed)
+        reader = self._readers.get(ledger_id)
+        if reader is not None:
+            self._readers.move_to_end(ledger_id)
+            return reader
+        reader = await self._client.open_ledger(ledger_id, recovery=False)
+        if reader.metadata.is_closed:
+            self._readers[ledger_id] = reader
+            while len(self._readers) > self._config.readers_cached_max:
+                self._readers.popitem(last=False)
+        return reader
+
+    # -- close / delete --------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Let the adds in flight finish, close the current ledger and mark it CLOSED in the
+        list. Later adds fail with ManagedLedgerClosedError. Idempotent; a FENCED managed ledger
+        is only released (it writes nothing)."""
+        async with self._close_lock:
+            while self._core.state is ManagedLedgerState.ROLLING_OVER and self._rollover_task is not None:
+                await asyncio.wait({self._rollover_task})
+            state = self._core.state
+            try:
+                if state in (ManagedLedgerState.CLOSED, ManagedLedgerState.DELETED):
+                    return
+                if state in (ManagedLedgerState.FENCED, ManagedLedgerState.FAILED):
+                    if self._writer is not None:
+                        await self._close_writer_quietly(self._writer)
+                    if state is ManagedLedgerState.FAILED:
+                        self._run(self._core.on_closed(None))
+                    return
+                check(state is ManagedLedgerState.READY, f"{self.name}: close in {state.value}")
+                self._core.start_close()
+                writer = self._writer
+                try:
+                    try:
+                        closed_md = await writer.close()
+                    except LedgerFencedError as e:
+                        raise ManagedLedgerFencedError(f"{self.name}: ledger {writer.ledger_id} fenced: {e}") from None
+                    md = self._core.close_metadata(self._core.closed_info(closed_md.last_entry_id, closed_md.length))
+                    await self._cas(encode(md))
+                except ManagedLedgerFencedError as e:
+                    self._run(self._core.on_fenced(e))
+                    raise
+                except PulsarliteError as e:
+                    self._run(self._core.on_failed(e))
+                    raise
+                self._run(self._core.on_closed(md))
+                log.info("managed ledger %s closed: ledgers=%s", self.name, md.ledger_ids)
+            finally:
+                self._stop_background()
+
+    async def delete(self) -> None:
+        """Close, delete every ledger (bookies and metadata), then the list's znode. A crash
+        midway leaves the znode listing some deleted ledgers; deleting again finishes."""
+        if self._core.state is ManagedLedgerState.DELETED:
+            return
+        await self.close()
+        if self._core.state is ManagedLedgerState.FENCED:
+            raise ManagedLedgerFencedError(f"{self.name}: fenced: not the owner, cannot delete")
+        for info in self._core.metadata.ledgers:
+            try:
+                await self._client.delete_ledger(info.ledger_id)
+            except MetadataNotFoundError:
+                pass
+            self._readers.pop(info.ledger_id, None)
+        try:
+            await self._store.delete(self.name, self._version)
+        except MetadataVersionConflict:
+            raise ManagedLedgerFencedError(f"{self.name}: list changed by someone else; not deleted") from None
+        except MetadataNotFoundError:
+            pass
+        self._core.on_deleted()
+        log.info("managed ledger %s deleted", self.name)
+
+    # -- action execution ------------------------------------------------------------------------
+    def _run(self, actions) -> None:
+        core = self._core
+        for a in actions:
+            if isinstance(a, WriteEntry):
+                writer = self._writer
+                if writer is None or writer.ledger_id != a.ledger_id:
+                    raise InvariantViolation(f"{self.name}: write to ledger {a.ledger_id}, writer is "
+                                             f"{writer.ledger_id if writer else None}")
+                payload = self._payloads.pop(a.add_id)
+                try:
+                    fut = writer.add_async(payload)
+                except PulsarliteError as e:
+                    self._run(core.on_add_failed(a.add_id, a.ledger_id, e))
+                    continue
+                fut.add_done_callback(functools.partial(self._on_entry_done, a.add_id, a.ledger_id))
+            elif isinstance(a, CompleteAdd):
+                fut = self._futures.pop(a.add_id)
+                if not fut.done():
+                    fut.set_result(a.position)
+                self._wake_capacity()
+            elif isinstance(a, FailAdd):
+                self._payloads.pop(a.add_id, None)
+                fut = self._futures.pop(a.add_id)
+                if not fut.done():
+                    fut.set_exception(a.error)
+                self._wake_capacity()
+            elif isinstance(a, StartRollover):
+                log.info("managed ledger %s: rollover of ledger=%d (%s)", self.name, a.ledger_id, a.reason.value)
+                self._rollover_task = self._spawn(self._rollover(a), f"rollover {a.ledger_id}")
+            else:
+                raise InvariantViolation(f"{self.name}: unknown action {a!r}")
+
+    def _on_entry_done(self, add_id: int, ledger_id: int, fut: asyncio.Future) -> None:
+        if fut.cancelled():
+            error: BaseException | None = ManagedLedgerError(f"{self.name}: add to ledger {ledger_id} cancelled")
+        else:
+            error = fut.exception()
+        if error is None:
+            if self._core.state in (ManagedLedgerState.FENCED, ManagedLedgerState.FAILED) \
+                    and add_id not in self._futures:
+                log.warning("managed ledger %s: add %d confirmed at %d:%d after it was failed back",
+                            self.name, add_id, ledger_id, fut.result())
+                return
+            self._run(self._core.on_add_confirmed(add_id, ledger_id, fut.result()))
+        else:
+            if not isinstance(error, PulsarliteError):
+                error = ManagedLedgerError(f"{self.name}: add to ledger {ledger_id} failed: {error!r}")
+            self._run(self._core.on_add_failed(add_id, ledger_id, error))
+
+    def _wake_capacity(self) -> None:
+        if self._capacity_waiters:
+            waiters, self._capacity_waiters = self._capacity_waiters, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+
+    # -- rollover --------------------------------------------------------------------------------
+    async def _rollover(self, action: StartRollover) -> None:
+        old = self._writer
+        if old is None or old.ledger_id != action.ledger_id:
+            raise InvariantViolation(f"{self.name}: rollover of {action.ledger_id}, writer is {old}")
+        creating = asyncio.ensure_future(self._create_ledger())
+        try:
+            closed_md = await self._close_old_ledger(old)
+            closed = self._core.closed_info(closed_md.last_entry_id, closed_md.length)
+            new = await creating
+            md = self._core.rollover_metadata(closed, new.ledger_id, self._clock())
+            await self._cas(encode(md))
+        except PulsarliteError as e:
+            await self._discard_creating(creating)
+            if isinstance(e, ManagedLedgerFencedError):
+                log.warning("managed ledger %s fenced during rollover: %s", self.name, e)
+                self._run(self._core.on_fenced(e))
+            else:
+                log.error("managed ledger %s: rollover failed: %s", self.name, e)
+                self._run(self._core.on_failed(e))
+            return
+        except BaseException:
+            await self._discard_creating(creating)
+            raise
+        self._writer = new
+        log.info("managed ledger %s rolled over: closed ledger=%d entries=%d bytes=%d, current=%d",
+                 self.name, closed.ledger_id, closed.entries, closed.size_bytes, new.ledger_id)
+        self._run(self._core.on_rolled_over(md, self._clock()))
+
+    async def _close_old_ledger(self, writer: LedgerWriter) -> LedgerMetadata:
+        """Drain and close at the LAC. If the close itself fails (not fenced), recover the
+        ledger instead (a recovery may keep an add that had failed back: a duplicate if the
+        producer re-sent it, never a loss)."""
+        try:
+            return await writer.close()
+        except LedgerFencedError as e:
+            raise ManagedLedgerFencedError(f"{self.name}: ledger {writer.ledger_id} fenced: {e}") from None
+        except PulsarliteError as e:
+            log.warning("managed ledger %s: close of ledger=%d failed (%s); recovering it", self.name,
+                        writer.ledger_id, e)
+            try:
+                return await self._client.recover(writer.ledger_id)
+            except LedgerFencedError as e2:
+                raise ManagedLedgerFencedError(f"{self.name}: ledger {writer.ledger_id} fenced: {e2}") from None
+
+    async def _create_ledger(self) -> LedgerWriter:
+        cfg = self._config
+        for attempt in range(cfg.ledger_create_attempts_max):
+            try:
+                return await self._client.create_ledger(cfg.ensemble_size, cfg.write_quorum, cfg.ack_quorum,
+                                                        custom={"managed-ledger": self.name})
+            except PulsarliteError as e:
+                if not e.retriable or attempt + 1 >= cfg.ledger_create_attempts_max:
+                    raise
+                log.warning("managed ledger %s: ledger creation failed (attempt %d): %s", self.name, attempt + 1, e)
+                await asyncio.sleep(self._backoff_s(attempt))
+        raise InvariantViolation("unreachable")
+
+    async def _discard_creating(self, creating: asyncio.Future) -> None:
+        try:
+            writer = await creating
+        except BaseException:
+            return
+        await self._discard_ledger(writer)
+
+    async def _discard_ledger(self, writer: LedgerWriter) -> None:
+        """A ledger we created that never made it into the list: close and delete it."""
+        await self._close_writer_quietly(writer)
+        await self._delete_ledger_quietly(writer.ledger_id)
+
+    async def _close_writer_quietly(self, writer: LedgerWriter) -> None:
+        try:
+            await writer.close()
+        except PulsarliteError as e:
+            log.info("managed ledger %s: close of ledger=%d: %s", self.name, writer.ledger_id, e)
+
+    async def _delete_ledger_quietly(self, ledger_id: int) -> None:
+        try:
+            await self._client.delete_ledger(ledger_id)
+        except PulsarliteError as e:
+            log.warning("managed ledger %s: could not delete ledger=%d: %s", self.name, ledger_id, e)
+
+    # -- metadata CAS ----------------------------------------------------------------------------
+    async def _cas(self, data: bytes) -> None:
+        """Write the list at our version. A conflict means someone else wrote it (FENCED) unless
+        it was our own write whose answer was lost (same bytes): then that is success. Retries
+        only ZooKeeper trouble, bounded."""
+        attempts = self._config.metadata_attempts_max
+        for attempt in range(attempts):
+            try:
+                self._version = await self._store.write(self.name, data, self._version)
+                return
+            except MetadataVersionConflict:
+                if await self._written_by_us(data):
+                    return
+                raise ManagedLedgerFencedError(
+                    f"{self.name}: ledger list changed by someone else (expected version {self._version})") from None
+            except MetadataNotFoundError:
+                raise ManagedLedgerFencedError(f"{self.name}: ledger list deleted by someone else") from None
+            except MetadataError as e:
+                if not e.retriable or attempt + 1 >= attempts:
+                    raise
+                log.warning("managed ledger %s: list write failed (attempt %d): %s", self.name, attempt + 1, e)
+                await asyncio.sleep(self._backoff_s(attempt))
+                try:
+                    if await self._written_by_us(data):
+                        return
+                except MetadataError:
+                    continue
+        raise ManagedLedgerError(f"{self.name}: ledger list not written after {attempts} attempts")
+
+    async def _written_by_us(self, data: bytes) -> bool:
+        """True if the stored list is ``data`` (our write went through); raise FENCED if it is
+        something else at another version; False if it is still at our version."""
+        got = await self._store.read(self.name)
+        if got is None:
+            raise ManagedLedgerFencedError(f"{self.name}: ledger list deleted by someone else")
+        _, version, raw = got
+        if raw == data:
+            self._version = version
+            return True
+        if version != self._version:
+            raise ManagedLedgerFencedError(
+                f"{self.name}: ledger list changed by someone else (version {version}, ours {self._version})")
+        return False
+
+    def _backoff_s(self, attempt: int) -> float:
+        return min(0.05 * 2 ** attempt, self._config.retry_backoff_ms_max / 1000)
+
+    # -- background ------------------------------------------------------------------------------
+    async def _tick_loop(self) -> None:
+        interval = self._config.tick_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            self._run(self._core.on_tick(self._clock()))
+
+    def _spawn(self, coro, what: str) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self._task_done, what))
+        return task
+
+    def _task_done(self, what: str, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        log.error("managed ledger %s: %s died", self.name, what, exc_info=error)
+        wrapped = error if isinstance(error, PulsarliteError) else ManagedLedgerError(f"{what} died: {error!r}")
+        self._run(self._core.on_failed(wrapped))
+
+    def _stop_background(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+        self._wake_capacity()
+
+
+__all__ = ["ManagedLedger", "wall_clock_ms"]
