@@ -1,7 +1,7 @@
 """`pulsarlite bookie --config FILE`: one bookie process.
 
 Start order: config validated -> cookies checked (ZooKeeper vs disks) -> storage opened (the
-journal replayed) -> gRPC serving -> registered under /ledgers/available/. A monitor task
+journal replayed) -> serving (bookie/server.py) -> registered under /ledgers/available/. A monitor task
 watches disk usage (read-only mode above the threshold, writable again below the lower one)
 and the ZooKeeper session (re-registers after a session loss). SIGTERM/SIGINT stop it cleanly;
 kill -9 is survived by journal replay.
@@ -14,11 +14,8 @@ import logging
 import signal
 import sys
 
-import grpc
-
-from bookie._proto import bookie_rpc_pb2_grpc as pb_grpc
 from bookie.cookie import CookieError, check_and_write_cookies
-from bookie.server import BookieService, grpc_options
+from bookie.server import BookieServer, BookieService
 from bookie.storage import BookieStore
 from pulsarlite.config import BookieConfig, load_toml
 from pulsarlite.errors import PulsarliteError
@@ -89,10 +86,7 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
         store = BookieStore.open(config)
         await store.start()
         service = BookieService(store, config)
-        server = grpc.aio.server(options=grpc_options(config.request_bytes_max))
-        pb_grpc.add_BookieServicer_to_server(service, server)
-        if server.add_insecure_port(f"{config.host}:{config.port}") == 0:
-            raise PulsarliteError(f"bookie {bookie_id}: cannot listen on {config.host}:{config.port}")
+        server = BookieServer(service, config)
         await server.start()
 
         policy = ReadOnlyPolicy(config.disk_usage_readonly_threshold, config.disk_usage_writable_threshold)
@@ -141,7 +135,7 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
             await unregister_bookie(zk, bookie_id)
         except PulsarliteError:
             pass
-        await server.stop(grace=2)
+        await server.stop(grace_s=2)
         await store.close()
     finally:
         await zk.close()

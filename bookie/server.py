@@ -1,28 +1,38 @@
-"""The bookie's gRPC service: a thin asyncio shell over bookie.storage.BookieStore.
+"""The bookie server: a thin asyncio shell over bookie.storage.BookieStore.
 
-Adds arrive coalesced (many entries per AddRequest) on a bidirectional stream; each request is
-handled concurrently so that requests share group commits, and its acks go back as one
-AddResponse. Bad requests get a status code and change nothing; the bookie keeps serving.
+Protocol: length-prefixed protobuf frames over TCP (proto/bookie_rpc.proto; codec in
+bookie/transport.py). ``BookieService`` maps each request to the store and builds its answer;
+``BookieServer`` runs the connections. Requests on one connection are processed concurrently
+(adds arriving together share group commits), at most ``CONNECTION_REQUESTS_IN_FLIGHT_MAX`` at
+once per connection; beyond it, and while the connection's write buffer is full, the server
+stops reading it (back-pressure through TCP). Every request gets exactly one response frame
+with its request id; responses produced in one loop iteration leave in one write. Bad
+requests get a status code and change nothing; bad framing gets an ErrorResponse and the
+connection is closed; the bookie keeps serving the others.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-
-import grpc
+import socket
 
 from bookie._proto import bookie_rpc_pb2 as pb
-from bookie._proto import bookie_rpc_pb2_grpc as pb_grpc
 from bookie.storage import BookieStore, Status, StoredEntry
+from bookie.transport import (REQUEST_TYPES, FrameDecoder, FrameError, encode_error, encode_header,
+                              parse_body)
 from pulsarlite.config import BookieConfig
-from pulsarlite.errors import ChecksumError, PulsarliteError
+from pulsarlite.errors import ChecksumError, PulsarliteError, check
 
 log = logging.getLogger("pulsarlite.bookie.server")
 
-# Requests of one AddStream processed at once; beyond this the stream stops reading (back-pressure).
-ADD_REQUESTS_IN_FLIGHT_MAX = 64
-ENTRY_ID_MAX = (1 << 63) - 1
+# Requests of one connection processed at once; beyond this the connection stops being read.
+CONNECTION_REQUESTS_IN_FLIGHT_MAX = 64
+# Pause reading a connection while this many response bytes wait in its write buffer.
+WRITE_BUFFER_HIGH_BYTES = 4 * 1024 * 1024
+WRITE_BUFFER_LOW_BYTES = 1024 * 1024
+# After refusing a connection's bad frame: how long it may keep sending (discarded) before closing.
+REFUSED_LINGER_S = 1.0
 
 
 def entry_from_pb(e: pb.Entry) -> StoredEntry:
@@ -35,17 +45,19 @@ def entry_to_pb(e: StoredEntry) -> pb.Entry:
                     payload=e.payload, checksum=e.checksum)
 
 
-class BookieService(pb_grpc.BookieServicer):
+class BookieService:
+    """Requests to the store, answers back: one coroutine per request kind."""
+
     def __init__(self, store: BookieStore, config: BookieConfig) -> None:
         self._store = store
         self._config = config
         self.closing = False
 
     # -- adds ----------------------------------------------------------------------------
-    async def _add(self, request: pb.AddRequest) -> pb.AddResponse:
+    async def add(self, request: pb.AddRequest) -> pb.AddResponse:
         entries = request.entries
         if self.closing:
-            return _add_response(request, Status.UNAVAILABLE)
+            return add_response(request, Status.UNAVAILABLE)
         if not entries:
             return pb.AddResponse(request_id=request.request_id)
         stored = [entry_from_pb(e) for e in entries]
@@ -53,7 +65,7 @@ class BookieService(pb_grpc.BookieServicer):
             statuses = await self._store.add_entries(stored, recovery=request.recovery)
         except PulsarliteError as e:  # the store failed (journal I/O error): refuse, do not crash
             log.error("add refused, store unavailable bookie=%s: %s", self._config.effective_bookie_id, e)
-            return _add_response(request, Status.UNAVAILABLE)
+            return add_response(request, Status.UNAVAILABLE)
         bad = [(e.ledger_id, e.entry_id, s.name) for e, s in zip(stored, statuses) if s != Status.OK]
         if bad:
             log.info("adds refused bookie=%s count=%d first=%s", self._config.effective_bookie_id,
@@ -62,52 +74,14 @@ class BookieService(pb_grpc.BookieServicer):
                               results=[pb.AddResult(ledger_id=e.ledger_id, entry_id=e.entry_id, code=int(s))
                                        for e, s in zip(stored, statuses)])
 
-    async def Add(self, request, context):  # noqa: N802 - gRPC method name
-        return await self._add(request)
-
-    async def AddStream(self, request_iterator, context):  # noqa: N802
-        responses: asyncio.Queue = asyncio.Queue()
-        slots = asyncio.Semaphore(ADD_REQUESTS_IN_FLIGHT_MAX)
-        tasks: set[asyncio.Task] = set()
-
-        async def handle(request: pb.AddRequest) -> None:
-            try:
-                response = await self._add(request)
-            except Exception:  # a bug or a dead store: answer INTERNAL, keep the stream
-                log.exception("add failed bookie=%s", self._config.effective_bookie_id)
-                response = _add_response(request, Status.INTERNAL)
-            finally:
-                slots.release()
-            await responses.put(response)
-
-        async def read_requests() -> None:
-            try:
-                async for request in request_iterator:
-                    await slots.acquire()
-                    task = asyncio.ensure_future(handle(request))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-            finally:
-                if tasks:
-                    await asyncio.gather(*tasks, return_exceptions=True)
-                await responses.put(None)
-
-        reader = asyncio.ensure_future(read_requests())
-        try:
-            while True:
-                response = await responses.get()
-                if response is None:
-                    break
-                yield response
-        finally:
-            reader.cancel()
-
     # -- reads ---------------------------------------------------------------------------
-    async def Read(self, request, context):  # noqa: N802
+    async def read(self, request: pb.ReadRequest) -> pb.ReadResponse:
         ledger_id = request.ledger_id
         first, last = request.first_entry_id, request.last_entry_id
         if first < 0 or last < first:
             return pb.ReadResponse(code=pb.BAD_REQUEST, lac=-1)
+        if self.closing:
+            return pb.ReadResponse(code=pb.UNAVAILABLE, lac=-1)
         if request.fence:
             try:
                 await self._store.fence(ledger_id)
@@ -121,11 +95,16 @@ class BookieService(pb_grpc.BookieServicer):
             log.error("checksum mismatch on disk bookie=%s ledger=%d entry=%d: %s",
                       self._config.effective_bookie_id, ledger_id, first, e)
             return pb.ReadResponse(code=pb.CHECKSUM_MISMATCH, lac=-1)
+        except PulsarliteError as e:
+            log.error("read failed bookie=%s ledger=%d: %s", self._config.effective_bookie_id, ledger_id, e)
+            return pb.ReadResponse(code=pb.UNAVAILABLE, lac=-1)
         info = self._store.ledger_info(ledger_id)
         return pb.ReadResponse(code=int(status), entries=[entry_to_pb(e) for e in entries],
                                lac=info.lac, fenced=info.fenced)
 
-    async def ReadLac(self, request, context):  # noqa: N802
+    async def read_lac(self, request: pb.ReadLacRequest) -> pb.ReadLacResponse:
+        if self.closing:
+            return pb.ReadLacResponse(code=pb.UNAVAILABLE, lac=-1, last_entry_id=-1)
         if request.fence:
             try:
                 info = await self._store.fence(request.ledger_id)
@@ -138,7 +117,9 @@ class BookieService(pb_grpc.BookieServicer):
         code = pb.OK if info.exists else pb.NO_SUCH_LEDGER
         return pb.ReadLacResponse(code=code, lac=info.lac, last_entry_id=info.last_entry_id, fenced=info.fenced)
 
-    async def DeleteLedger(self, request, context):  # noqa: N802
+    async def delete_ledger(self, request: pb.DeleteLedgerRequest) -> pb.DeleteLedgerResponse:
+        if self.closing:
+            return pb.DeleteLedgerResponse(code=pb.UNAVAILABLE)
         try:
             status = await self._store.delete_ledger(request.ledger_id)
         except PulsarliteError as e:
@@ -148,7 +129,7 @@ class BookieService(pb_grpc.BookieServicer):
                  request.ledger_id, Status(status).name)
         return pb.DeleteLedgerResponse(code=int(status))
 
-    async def GetBookieInfo(self, request, context):  # noqa: N802
+    async def info(self, request: pb.BookieInfoRequest) -> pb.BookieInfoResponse:
         used_fraction, free_bytes, total_bytes = self._store.disk_usage()
         return pb.BookieInfoResponse(
             bookie_id=self._config.effective_bookie_id, free_bytes=free_bytes, total_bytes=total_bytes,
@@ -156,15 +137,220 @@ class BookieService(pb_grpc.BookieServicer):
             entry_count=self._store.entry_count())
 
 
-def _add_response(request: pb.AddRequest, status: Status) -> pb.AddResponse:
+def add_response(request: pb.AddRequest, status: Status) -> pb.AddResponse:
     return pb.AddResponse(request_id=request.request_id,
                           results=[pb.AddResult(ledger_id=e.ledger_id, entry_id=e.entry_id, code=int(status))
                                    for e in request.entries])
 
 
-def grpc_options(request_bytes_max: int) -> list[tuple[str, int]]:
-    return [
-        ("grpc.max_receive_message_length", request_bytes_max),
-        ("grpc.max_send_message_length", request_bytes_max),
-        ("grpc.so_reuseport", 0),
-    ]
+class BookieServer:
+    """Listens on ``config.host:config.port`` and serves BookieService over framed TCP."""
+
+    def __init__(self, service: BookieService, config: BookieConfig) -> None:
+        self.service = service
+        self._config = config
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: set[_Connection] = set()
+        # frame type -> (service method, response frame type)
+        self.handlers = {
+            pb.FRAME_ADD_REQUEST: (service.add, pb.FRAME_ADD_RESPONSE),
+            pb.FRAME_READ_REQUEST: (service.read, pb.FRAME_READ_RESPONSE),
+            pb.FRAME_READ_LAC_REQUEST: (service.read_lac, pb.FRAME_READ_LAC_RESPONSE),
+            pb.FRAME_DELETE_LEDGER_REQUEST: (service.delete_ledger, pb.FRAME_DELETE_LEDGER_RESPONSE),
+            pb.FRAME_BOOKIE_INFO_REQUEST: (service.info, pb.FRAME_BOOKIE_INFO_RESPONSE),
+        }
+        check(set(self.handlers) == REQUEST_TYPES, "every request frame type needs a handler")
+
+    @property
+    def bookie_id(self) -> str:
+        return self._config.effective_bookie_id
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            self._server = await loop.create_server(lambda: _Connection(self), self._config.host,
+                                                    self._config.port, reuse_address=True)
+        except OSError as e:
+            raise PulsarliteError(f"bookie {self.bookie_id}: cannot listen on "
+                                  f"{self._config.host}:{self._config.port}: {e}") from None
+
+    async def stop(self, grace_s: float) -> None:
+        """Refuse new work (UNAVAILABLE), stop listening, let requests in progress answer for
+        up to ``grace_s``, then close every connection."""
+        self.service.closing = True
+        if self._server is not None:
+            self._server.close()
+        pending = [t for c in self._connections for t in c.tasks]
+        if pending:
+            await asyncio.wait(pending, timeout=grace_s)
+        for conn in list(self._connections):
+            conn.close()
+        if self._server is not None:
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), timeout=grace_s)
+            except asyncio.TimeoutError:
+                pass
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: frames in, requests to the service, response frames out."""
+
+    def __init__(self, server: BookieServer) -> None:
+        self._server = server
+        self._handlers = server.handlers
+        self._decoder = FrameDecoder(server._config.request_bytes_max, REQUEST_TYPES)
+        self._transport: asyncio.Transport | None = None
+        self._peer = "?"
+        self.tasks: set[asyncio.Task] = set()
+        self._out: list[bytes] = []      # response frames waiting for the next flush
+        self._flush_scheduled = False
+        self._read_paused = False
+        self._write_paused = False
+        self._discarding = False         # a bad frame was refused: input is dropped until close
+        self._peer_done = False          # the peer sent EOF: close once the last answer is out
+        self._closed = False
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self._transport = transport
+        peer = transport.get_extra_info("peername")
+        self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES, low=WRITE_BUFFER_LOW_BYTES)
+        self._server._connections.add(self)
+
+    def connection_lost(self, exc) -> None:
+        self._closed = True
+        self._out.clear()
+        self._server._connections.discard(self)
+        # requests in progress finish (their store work is not interrupted); answers are dropped
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._update_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self._closed or self._discarding:
+            return
+        handlers = self._handlers
+        try:
+            for frame_type, request_id, body in self._decoder.feed(data):
+                request = parse_body(frame_type, request_id, body)
+                method, response_type = handlers[frame_type]
+                task = asyncio.ensure_future(self._serve(method, response_type, request_id, request))
+                self.tasks.add(task)
+                task.add_done_callback(self._request_done)
+        except FrameError as e:
+            self._refuse(e)
+            return
+        self._update_reading()
+
+    def eof_received(self):
+        if self._discarding:
+            self.close()
+            return False
+        try:
+            self._decoder.close()
+        except FrameError as e:
+            log.warning("connection ended inside a frame bookie=%s peer=%s: %s", self._server.bookie_id,
+                        self._peer, e)
+        if not self.tasks:
+            return False  # close the transport (after what is buffered is written)
+        self._peer_done = True  # half-closed: answer what is in progress, then close
+        return True
+
+    # -- requests ------------------------------------------------------------------------
+    async def _serve(self, method, response_type: int, request_id: int, request) -> None:
+        try:
+            response = await method(request)
+        except Exception as e:  # a bug or a dead store: answer INTERNAL, keep the connection
+            log.exception("request failed bookie=%s answer=%s", self._server.bookie_id,
+                          pb.FrameType.Name(response_type))
+            if response_type == pb.FRAME_ADD_RESPONSE:
+                self._send(response_type, request_id, add_response(request, Status.INTERNAL).SerializeToString())
+            else:
+                self._send_raw(encode_error(request_id, pb.INTERNAL, f"internal error: {e!r}"))
+            return
+        self._send(response_type, request_id, response.SerializeToString())
+
+    def _request_done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if self._peer_done and not self.tasks:
+            self.close()
+        elif self._read_paused:
+            self._update_reading()
+
+    def _update_reading(self) -> None:
+        if self._closed or self._discarding:
+            return
+        want_paused = self._write_paused or len(self.tasks) >= CONNECTION_REQUESTS_IN_FLIGHT_MAX
+        if want_paused != self._read_paused:
+            self._read_paused = want_paused
+            if want_paused:
+                self._transport.pause_reading()
+            else:
+                self._transport.resume_reading()
+
+    # -- output --------------------------------------------------------------------------
+    def _send(self, frame_type: int, request_id: int, body: bytes) -> None:
+        if self._closed or self._discarding:
+            return
+        self._out.append(encode_header(frame_type, request_id, len(body)))
+        self._out.append(body)
+        self._schedule_flush()
+
+    def _send_raw(self, frame: bytes) -> None:
+        if self._closed or self._discarding:
+            return
+        self._out.append(frame)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._closed or not self._out or self._transport.is_closing():
+            self._out.clear()
+            return
+        out, self._out = self._out, []
+        self._transport.writelines(out)
+
+    def _refuse(self, error: FrameError) -> None:
+        """Bad framing or body: answer an ErrorResponse, then close. The connection half-closes
+        and discards what still arrives for up to REFUSED_LINGER_S before closing, so that the
+        peer reads the error instead of a reset (closing with unread input sends a TCP RST)."""
+        log.warning("bad frame from peer=%s bookie=%s, closing the connection: %s", self._peer,
+                    self._server.bookie_id, error)
+        self._out.append(encode_error(error.request_id, error.code, str(error)))
+        self._flush()
+        self._discarding = True
+        if self._read_paused:
+            self._read_paused = False
+            self._transport.resume_reading()
+        if self._transport.can_write_eof():
+            self._transport.write_eof()
+            asyncio.get_running_loop().call_later(REFUSED_LINGER_S, self.close)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._flush()  # answers already produced still go out
+            self._closed = True
+            self._out.clear()
+            self._transport.close()
+
+
+__all__ = ["BookieServer", "BookieService", "add_response", "entry_from_pb", "entry_to_pb"]

@@ -43,7 +43,7 @@ class BookieConfig:
     checkpoint_interval_ms: int = 5_000
     # limits on requests
     entry_bytes_max: int = 5 * MiB
-    request_bytes_max: int = 16 * MiB        # gRPC message size limit, both ways
+    request_bytes_max: int = 16 * MiB        # largest frame accepted (bookie protocol), both ways
     read_bytes_max: int = 4 * MiB            # per read reply
     # disk usage and garbage collection
     disk_usage_readonly_threshold: float = 0.95
@@ -91,6 +91,7 @@ class LedgerClientConfig:
     add_timeout_ms: int = 30_000             # an add waiting longer (no quorum) fails, retriable
     read_timeout_ms: int = 10_000
     rpc_timeout_ms: int = 10_000
+    connect_timeout_ms: int = 5_000          # opening the TCP connection to a bookie
     add_batch_entries_max: int = 1_000       # entries coalesced into one AddRequest
     add_batch_bytes_max: int = 4 * MiB
     # AddRequests awaiting their response per bookie stream; beyond it adds queue and leave as
@@ -105,7 +106,8 @@ class LedgerClientConfig:
 
     def validate(self) -> "LedgerClientConfig":
         _positive(self, "zk_session_timeout_ms", "add_timeout_ms", "read_timeout_ms",
-                  "rpc_timeout_ms", "add_batch_entries_max", "add_batch_bytes_max", "add_requests_in_flight_max",
+                  "rpc_timeout_ms", "connect_timeout_ms", "add_batch_entries_max", "add_batch_bytes_max",
+                  "add_requests_in_flight_max",
                   "pending_adds_max", "ensemble_change_attempts_max", "recovery_attempts_max",
                   "read_entries_per_request_max", "request_bytes_max")
         return self

@@ -1,11 +1,15 @@
 """The client's connection to one bookie (shell; no protocol decisions here).
 
-Adds are coalesced: whatever is pending for the bookie when the stream is ready to write goes
-out as one AddRequest (bounded by entries and bytes), on one long-lived AddStream. Under load
-batches grow by themselves; when idle an add goes out at once. Acks come back coalesced too
-and are dispatched to per-entry callbacks. If the stream breaks, every add waiting on it gets
-an ERROR result (the ledger's write core then changes the ensemble) and the next add opens a
-new stream.
+One TCP connection per bookie, speaking the framed protocol of proto/bookie_rpc.proto (codec in
+bookie/transport.py), opened lazily and re-opened by the next call after it broke.
+
+Adds are coalesced: whatever is pending for the bookie when a request slot is free goes out as
+one AddRequest (bounded by entries and bytes), at most ``add_requests_in_flight_max`` requests
+outstanding. Under load batches grow by themselves; when idle an add goes out at once (in the
+next loop iteration, together with whatever else was queued in this one). Acks come back
+coalesced too and are dispatched to per-entry callbacks. If the connection breaks, every add
+waiting on it gets an UNAVAILABLE result (the ledger's write core then changes the ensemble)
+and every call waiting on it raises BookieUnavailableError.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import socket
 from typing import Callable
 
-import grpc
+from google.protobuf.message import DecodeError
 
 from bookie._proto import bookie_rpc_pb2 as pb
-from bookie._proto import bookie_rpc_pb2_grpc as pb_grpc
+from bookie.transport import (MESSAGE_TYPES, RESPONSE_TYPES, FrameDecoder, FrameError, encode_frame,
+                              encode_header)
 from pulsarlite.config import LedgerClientConfig
 from pulsarlite.errors import BookieUnavailableError
 
@@ -31,23 +37,152 @@ AddCallback = Callable[[str, list[tuple[int, int]]], None]
 # status reported to callbacks when the bookie could not be reached (not a bookie answer)
 UNREACHABLE = pb.UNAVAILABLE
 
+# pause the add pump while this many request bytes wait in the socket's write buffer
+WRITE_BUFFER_HIGH_BYTES = 1024 * 1024
+WRITE_BUFFER_LOW_BYTES = 256 * 1024
+
+
+def parse_bookie_address(bookie_id: str) -> tuple[str, int]:
+    """``host:port`` (or ``[v6]:port``) -> (host, port); raises BookieUnavailableError."""
+    host, sep, port = bookie_id.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise BookieUnavailableError(f"bookie {bookie_id}: not a host:port address")
+    return host.strip("[]"), int(port)
+
+
+class _Connection(asyncio.Protocol):
+    """The socket side of one connection; everything it receives goes to its BookieClient."""
+
+    def __init__(self, client: "BookieClient", frame_bytes_max: int) -> None:
+        self.client = client
+        self.decoder = FrameDecoder(frame_bytes_max, RESPONSE_TYPES)
+        self.transport: asyncio.Transport | None = None
+        self.write_paused = False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES, low=WRITE_BUFFER_LOW_BYTES)
+
+    def data_received(self, data: bytes) -> None:
+        self.client._on_data(self, data)
+
+    def eof_received(self):
+        self.client._drop_connection(self, "connection closed by the bookie")
+        return False
+
+    def connection_lost(self, exc) -> None:
+        self.client._drop_connection(self, f"connection lost: {exc!r}" if exc else "connection closed by the bookie")
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self.client._schedule_pump()
+
 
 class BookieClient:
     def __init__(self, bookie_id: str, config: LedgerClientConfig) -> None:
         self.bookie_id = bookie_id
         self._config = config
-        opts = [("grpc.max_receive_message_length", config.request_bytes_max),
-                ("grpc.max_send_message_length", config.request_bytes_max)]
-        self._channel = grpc.aio.insecure_channel(bookie_id, options=opts)
-        self._stub = pb_grpc.BookieStub(self._channel)
+        self._conn: _Connection | None = None           # connected and usable
+        self._connect_task: asyncio.Task | None = None
         # adds waiting to be written: (entry, recovery, callback)
         self._outbound: collections.deque[tuple[pb.Entry, bool, AddCallback]] = collections.deque()
-        # requests written, waiting for their AddResponse: request id -> [(entry, callback)]
+        # AddRequests written, waiting for their AddResponse: request id -> [(entry, callback)]
         self._inflight: dict[int, list[tuple[pb.Entry, AddCallback]]] = {}
+        # unary requests written, waiting for their answer: request id -> future (frame type, body)
+        self._calls: dict[int, asyncio.Future] = {}
         self._next_request_id = 1
-        self._wakeup = asyncio.Event()
-        self._writer_task: asyncio.Task | None = None
+        self._pump_scheduled = False
         self._closed = False
+
+    # -- connection ----------------------------------------------------------------------
+    def _start_connect(self) -> asyncio.Task:
+        task = self._connect_task
+        if task is None or task.done():
+            task = self._connect_task = asyncio.ensure_future(self._connect())
+            task.add_done_callback(self._connect_done)
+        return task
+
+    async def _connect(self) -> _Connection:
+        host, port = parse_bookie_address(self.bookie_id)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._config.connect_timeout_ms / 1000):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self, self._config.request_bytes_max), host, port)
+        except TimeoutError:
+            raise BookieUnavailableError(f"bookie {self.bookie_id}: connect timed out after "
+                                         f"{self._config.connect_timeout_ms} ms") from None
+        except OSError as e:
+            raise BookieUnavailableError(f"bookie {self.bookie_id}: cannot connect: {e}") from None
+        if self._closed:
+            conn.transport.close()
+            raise BookieUnavailableError(f"bookie {self.bookie_id}: client closed")
+        self._conn = conn
+        return conn
+
+    def _connect_done(self, task: asyncio.Task) -> None:
+        if task.cancelled():
+            error: BaseException | None = BookieUnavailableError(f"bookie {self.bookie_id}: connect cancelled")
+        else:
+            error = task.exception()
+        if error is None:
+            self._schedule_pump()
+            return
+        if self._outbound:
+            log.warning("bookie=%s unreachable, failing %d adds: %s", self.bookie_id, len(self._outbound), error)
+        outbound, self._outbound = self._outbound, collections.deque()
+        _dispatch(self.bookie_id, [(e, cb, UNREACHABLE) for e, _, cb in outbound])
+
+    def _usable(self) -> _Connection | None:
+        """The current connection if it can still be written to."""
+        conn = self._conn
+        if conn is not None and conn.transport.is_closing():
+            self._drop_connection(conn, "connection closing")
+            return None
+        return conn
+
+    async def _connection(self) -> _Connection:
+        conn = self._usable()
+        if conn is not None:
+            return conn
+        return await asyncio.shield(self._start_connect())
+
+    def _drop_connection(self, conn: _Connection, reason: str) -> None:
+        """``conn`` is unusable: fail everything that waits on it."""
+        if conn is not self._conn:
+            return
+        self._conn = None
+        if conn.transport is not None and not conn.transport.is_closing():
+            conn.transport.abort()
+        if self._inflight or self._calls:
+            log.warning("bookie=%s: %s; failing %d add requests and %d calls", self.bookie_id, reason,
+                        len(self._inflight), len(self._calls))
+        self._fail_all(reason)
+
+    def _fail_all(self, reason: str) -> None:
+        calls, self._calls = self._calls, {}
+        for fut in calls.values():
+            if not fut.done():
+                fut.set_exception(BookieUnavailableError(f"bookie {self.bookie_id}: {reason}"))
+        inflight, self._inflight = self._inflight, {}
+        outbound, self._outbound = self._outbound, collections.deque()
+        failed = [(e, cb, UNREACHABLE) for taken in inflight.values() for e, cb in taken]
+        failed += [(e, cb, UNREACHABLE) for e, _, cb in outbound]
+        _dispatch(self.bookie_id, failed)
+
+    def _new_request_id(self) -> int:
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        return request_id
 
     # -- adds ----------------------------------------------------------------------------
     def send_add(self, entry: pb.Entry, recovery: bool, callback: AddCallback) -> None:
@@ -56,9 +191,36 @@ class BookieClient:
             callback(self.bookie_id, [(entry.entry_id, UNREACHABLE)])
             return
         self._outbound.append((entry, recovery, callback))
-        self._wakeup.set()
-        if self._writer_task is None or self._writer_task.done():
-            self._writer_task = asyncio.ensure_future(self._run_stream())
+        if self._conn is None:
+            self._start_connect()  # the pump runs once connected
+        else:
+            self._schedule_pump()
+
+    def _schedule_pump(self) -> None:
+        if not self._pump_scheduled and self._outbound:
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _pump(self) -> None:
+        """Write pending adds as AddRequests while request slots are free (one socket write)."""
+        self._pump_scheduled = False
+        conn = self._usable()
+        if conn is None:
+            if self._outbound:
+                self._start_connect()
+            return
+        if conn.write_paused:
+            return
+        inflight_max = self._config.add_requests_in_flight_max
+        out: list[bytes] = []
+        while self._outbound and len(self._inflight) < inflight_max:
+            request, taken = self._take_batch()
+            self._inflight[request.request_id] = taken
+            body = request.SerializeToString()
+            out.append(encode_header(pb.FRAME_ADD_REQUEST, request.request_id, len(body)))
+            out.append(body)
+        if out:
+            conn.transport.writelines(out)
 
     def _take_batch(self) -> tuple[pb.AddRequest, list[tuple[pb.Entry, AddCallback]]]:
         """Up to the batch limits of pending adds that share a recovery flag."""
@@ -69,102 +231,117 @@ class BookieClient:
         size = 0
         while outbound and len(taken) < entries_max:
             entry, rec, cb = outbound[0]
-            size += len(entry.payload) + 40
+            size += entry.ByteSize() + 16
             if rec != recovery or (taken and size > bytes_max):
                 break
             outbound.popleft()
             taken.append((entry, cb))
-        request_id = self._next_request_id
-        self._next_request_id += 1
+        request_id = self._new_request_id()
         return pb.AddRequest(entries=[e for e, _ in taken], recovery=recovery, request_id=request_id), taken
 
-    async def _run_stream(self) -> None:
-        call = self._stub.AddStream()
-        reader = asyncio.ensure_future(self._read_acks(call))
+    # -- receiving -----------------------------------------------------------------------
+    def _on_data(self, conn: _Connection, data: bytes) -> None:
+        if conn is not self._conn:
+            return
         try:
-            while not self._closed:
-                if not self._outbound or len(self._inflight) >= self._config.add_requests_in_flight_max:
-                    self._wakeup.clear()
-                    waiter = asyncio.ensure_future(self._wakeup.wait())
-                    done, _ = await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
-                    if reader in done:
-                        waiter.cancel()
-                        break
-                    continue
-                request, taken = self._take_batch()
-                self._inflight[request.request_id] = taken
-                await call.write(request)
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as e:
-            log.warning("add stream broken bookie=%s: %s", self.bookie_id, _describe(e))
-        finally:
-            reader.cancel()
-            call.cancel()
-            self._fail_all()
+            for frame_type, request_id, body in conn.decoder.feed(data):
+                if frame_type == pb.FRAME_ADD_RESPONSE:
+                    self._on_add_response(request_id, pb.AddResponse.FromString(body))
+                elif frame_type == pb.FRAME_ERROR_RESPONSE:
+                    self._on_error_response(request_id, pb.ErrorResponse.FromString(body))
+                else:
+                    fut = self._calls.pop(request_id, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result((frame_type, body))
+        except (FrameError, DecodeError) as e:  # the stream cannot be trusted any more
+            log.error("bookie=%s sent a bad frame, closing the connection: %r", self.bookie_id, e)
+            self._drop_connection(conn, f"bad frame from the bookie: {e}")
+            return
+        if self._outbound:
+            self._schedule_pump()  # slots freed: what queued meanwhile goes out as one batch
 
-    async def _read_acks(self, call) -> None:
-        try:
-            async for response in call:
-                taken = self._inflight.pop(response.request_id, None)
-                if taken is None:
-                    continue
-                if self._outbound:
-                    self._wakeup.set()  # a slot freed: what queued meanwhile goes out as one batch
-                results = response.results
-                if len(results) != len(taken):
-                    log.error("bookie=%s answered %d results for %d entries: failing the request",
-                              self.bookie_id, len(results), len(taken))
-                    _dispatch(self.bookie_id, [(e, cb, UNREACHABLE) for e, cb in taken])
-                    continue
-                _dispatch(self.bookie_id, [(e, cb, r.code) for (e, cb), r in zip(taken, results)])
-        except grpc.aio.AioRpcError as e:
-            log.warning("add stream closed by bookie=%s: %s", self.bookie_id, _describe(e))
-        except asyncio.CancelledError:
-            pass
+    def _on_add_response(self, request_id: int, response: pb.AddResponse) -> None:
+        taken = self._inflight.pop(request_id, None)
+        if taken is None:
+            return
+        results = response.results
+        if len(results) != len(taken):
+            log.error("bookie=%s answered %d results for %d entries: failing the request",
+                      self.bookie_id, len(results), len(taken))
+            _dispatch(self.bookie_id, [(e, cb, UNREACHABLE) for e, cb in taken])
+            return
+        _dispatch(self.bookie_id, [(e, cb, r.code) for (e, cb), r in zip(taken, results)])
 
-    def _fail_all(self) -> None:
-        inflight, self._inflight = self._inflight, {}
-        outbound, self._outbound = self._outbound, collections.deque()
-        failed = [(e, cb, UNREACHABLE) for taken in inflight.values() for e, cb in taken]
-        failed += [(e, cb, UNREACHABLE) for e, _, cb in outbound]
-        _dispatch(self.bookie_id, failed)
+    def _on_error_response(self, request_id: int, error: pb.ErrorResponse) -> None:
+        log.warning("bookie=%s refused request %d: %s %s", self.bookie_id, request_id,
+                    pb.StatusCode.Name(error.code) if error.code in pb.StatusCode.values() else error.code,
+                    error.message)
+        taken = self._inflight.pop(request_id, None)
+        if taken is not None:
+            code = error.code if error.code != pb.OK else UNREACHABLE
+            _dispatch(self.bookie_id, [(e, cb, code) for e, cb in taken])
+        fut = self._calls.pop(request_id, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(BookieUnavailableError(
+                f"bookie {self.bookie_id}: request refused ({error.code}): {error.message}"))
 
     # -- unary calls ---------------------------------------------------------------------
-    async def _unary(self, method, request, timeout_ms: int):
+    async def _unary(self, frame_type: int, request, response_type: int, timeout_ms: int):
         if self._closed:
             raise BookieUnavailableError(f"bookie {self.bookie_id}: client closed")
+        request_id = 0
         try:
-            return await method(request, timeout=timeout_ms / 1000)
-        except grpc.aio.AioRpcError as e:
-            raise BookieUnavailableError(f"bookie {self.bookie_id}: {_describe(e)}") from None
+            async with asyncio.timeout(timeout_ms / 1000):
+                conn = await self._connection()
+                request_id = self._new_request_id()
+                fut = asyncio.get_running_loop().create_future()
+                self._calls[request_id] = fut
+                conn.transport.write(encode_frame(frame_type, request_id, request.SerializeToString()))
+                got_type, body = await fut
+        except TimeoutError:
+            raise BookieUnavailableError(f"bookie {self.bookie_id}: no answer within {timeout_ms} ms") from None
+        finally:
+            if request_id:
+                self._calls.pop(request_id, None)
+        if got_type != response_type:
+            raise BookieUnavailableError(f"bookie {self.bookie_id}: answered frame type {got_type} to "
+                                         f"a request of type {frame_type}")
+        try:
+            return MESSAGE_TYPES[response_type].FromString(body)
+        except DecodeError as e:
+            raise BookieUnavailableError(f"bookie {self.bookie_id}: unparsable answer: {e}") from None
 
     async def read(self, ledger_id: int, first_entry_id: int, last_entry_id: int, *,
                    fence: bool = False, max_bytes: int = 0) -> pb.ReadResponse:
-        return await self._unary(self._stub.Read, pb.ReadRequest(
+        return await self._unary(pb.FRAME_READ_REQUEST, pb.ReadRequest(
             ledger_id=ledger_id, first_entry_id=first_entry_id, last_entry_id=last_entry_id,
-            fence=fence, max_bytes=max_bytes), self._config.read_timeout_ms)
+            fence=fence, max_bytes=max_bytes), pb.FRAME_READ_RESPONSE, self._config.read_timeout_ms)
 
     async def read_lac(self, ledger_id: int, *, fence: bool = False) -> pb.ReadLacResponse:
-        return await self._unary(self._stub.ReadLac, pb.ReadLacRequest(ledger_id=ledger_id, fence=fence),
-                                 self._config.rpc_timeout_ms)
+        return await self._unary(pb.FRAME_READ_LAC_REQUEST, pb.ReadLacRequest(ledger_id=ledger_id, fence=fence),
+                                 pb.FRAME_READ_LAC_RESPONSE, self._config.rpc_timeout_ms)
 
     async def delete_ledger(self, ledger_id: int) -> pb.DeleteLedgerResponse:
-        return await self._unary(self._stub.DeleteLedger, pb.DeleteLedgerRequest(ledger_id=ledger_id),
-                                 self._config.rpc_timeout_ms)
+        return await self._unary(pb.FRAME_DELETE_LEDGER_REQUEST, pb.DeleteLedgerRequest(ledger_id=ledger_id),
+                                 pb.FRAME_DELETE_LEDGER_RESPONSE, self._config.rpc_timeout_ms)
 
     async def info(self) -> pb.BookieInfoResponse:
-        return await self._unary(self._stub.GetBookieInfo, pb.BookieInfoRequest(), self._config.rpc_timeout_ms)
+        return await self._unary(pb.FRAME_BOOKIE_INFO_REQUEST, pb.BookieInfoRequest(),
+                                 pb.FRAME_BOOKIE_INFO_RESPONSE, self._config.rpc_timeout_ms)
 
     async def close(self) -> None:
         self._closed = True
-        self._wakeup.set()
-        if self._writer_task is not None:
-            self._writer_task.cancel()
+        task = self._connect_task
+        if task is not None and not task.done():
+            task.cancel()
             try:
-                await self._writer_task
+                await task
             except (asyncio.CancelledError, Exception):
                 pass
-        self._fail_all()
-        await self._channel.close()
+        conn, self._conn = self._conn, None
+        if conn is not None and conn.transport is not None:
+            conn.transport.close()
+        self._fail_all("client closed")
 
 
 def _dispatch(bookie_id: str, answers: list[tuple[pb.Entry, AddCallback, int]]) -> None:
@@ -180,12 +357,6 @@ def _dispatch(bookie_id: str, answers: list[tuple[pb.Entry, AddCallback, int]]) 
         grouped.setdefault(cb, []).append((e.entry_id, code))
     for cb, results in grouped.items():
         cb(bookie_id, results)
-
-
-def _describe(e: BaseException) -> str:
-    if isinstance(e, grpc.aio.AioRpcError):
-        return f"{e.code().name}: {e.details()}"
-    return repr(e)
 
 
 class BookieClientPool:

@@ -10,13 +10,13 @@ import shutil
 import subprocess
 import sys
 
-import grpc
 import pytest
 
 from bookie._proto import bookie_rpc_pb2 as pb
-from bookie._proto import bookie_rpc_pb2_grpc as pb_grpc
+from bookie.client.bookie_client import parse_bookie_address
 from bookie.client.ledger_client import LedgerClient
 from bookie.client.metadata import LedgerState
+from bookie.transport import HEADER, MESSAGE_TYPES, encode_frame, encode_message
 from pulsarlite.checksum import entry_checksum
 from pulsarlite.config import LedgerClientConfig
 from pulsarlite.errors import LedgerFencedError, NoSuchEntryError, NotEnoughBookiesError, PulsarliteError
@@ -39,6 +39,72 @@ async def connect(cluster, **overrides) -> LedgerClient:
 
 def name_of(cluster, bookie_id: str) -> str:
     return next(n for n in cluster.bookie_names if cluster.records[n].bookie_id == bookie_id)
+
+
+# request message class -> (request frame type, response frame type)
+FRAME_TYPES = {
+    pb.AddRequest: (pb.FRAME_ADD_REQUEST, pb.FRAME_ADD_RESPONSE),
+    pb.ReadRequest: (pb.FRAME_READ_REQUEST, pb.FRAME_READ_RESPONSE),
+    pb.ReadLacRequest: (pb.FRAME_READ_LAC_REQUEST, pb.FRAME_READ_LAC_RESPONSE),
+    pb.DeleteLedgerRequest: (pb.FRAME_DELETE_LEDGER_REQUEST, pb.FRAME_DELETE_LEDGER_RESPONSE),
+    pb.BookieInfoRequest: (pb.FRAME_BOOKIE_INFO_REQUEST, pb.FRAME_BOOKIE_INFO_RESPONSE),
+}
+
+
+class RawBookieConnection:
+    """A bare connection speaking the bookie protocol one frame at a time (tests only: it can
+    send what a real client never would)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self._next_id = 1
+
+    @classmethod
+    async def open(cls, bookie_id: str) -> "RawBookieConnection":
+        return cls(*await asyncio.open_connection(*parse_bookie_address(bookie_id)))
+
+    async def __aenter__(self) -> "RawBookieConnection":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.writer.close()
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.writer.write(data)
+        try:
+            await self.writer.drain()
+        except ConnectionError:  # the bookie may close before taking all of it
+            pass
+
+    async def read_frame(self, timeout_s: float = 10.0):
+        """(frame_type, request_id, message), or None at end of stream."""
+        try:
+            header = await asyncio.wait_for(self.reader.readexactly(HEADER.size), timeout_s)
+        except asyncio.IncompleteReadError as e:
+            assert not e.partial, f"stream ended inside a frame header: {e.partial!r}"
+            return None
+        frame_bytes, frame_type, request_id = HEADER.unpack(header)
+        body = await asyncio.wait_for(self.reader.readexactly(frame_bytes - 9), timeout_s)
+        return frame_type, request_id, MESSAGE_TYPES[frame_type].FromString(body)
+
+    async def call(self, request):
+        """Send one request, return its response message (checks the type and request id)."""
+        request_type, response_type = FRAME_TYPES[type(request)]
+        request_id, self._next_id = self._next_id, self._next_id + 1
+        await self.send_bytes(encode_message(request_type, request_id, request))
+        frame = await self.read_frame()
+        assert frame is not None, "the bookie closed the connection"
+        frame_type, got_id, message = frame
+        assert (frame_type, got_id) == (response_type, request_id), (frame_type, got_id, message)
+        return message
+
+    async def expect_error_then_close(self, code: int, request_id: int | None = None) -> pb.ErrorResponse:
+        frame = await self.read_frame()
+        assert frame is not None and frame[0] == pb.FRAME_ERROR_RESPONSE, frame
+        assert frame[2].code == code and frame[2].message, frame
+        assert request_id is None or frame[1] == request_id, frame
+        assert await self.read_frame() is None, "the bookie kept the connection open"
+        return frame[2]
 
 
 async def write_stream(writer, count: int, acked: dict, *, window: int = 200, on_progress=None):
@@ -199,10 +265,9 @@ async def test_second_writer_recovery_fences_the_first(cluster_factory):
             assert resp.code == pb.OK and resp.fenced
             assert {e.entry_id: e.payload for e in resp.entries} == acked
         # a bookie refuses a plain add to the fenced ledger, and accepts nothing past the end
-        async with grpc.aio.insecure_channel(md.current_ensemble[0]) as channel:
-            stub = pb_grpc.BookieStub(channel)
+        async with await RawBookieConnection.open(md.current_ensemble[0]) as conn:
             e = _entry(writer.ledger_id, 300, 299, b"late")
-            r = await stub.Add(pb.AddRequest(entries=[e]))
+            r = await conn.call(pb.AddRequest(entries=[e]))
             assert r.results[0].code == pb.FENCED
         _, again = await read_all(first, writer.ledger_id, recovery=False)
         assert again == acked
@@ -220,53 +285,70 @@ async def test_bad_input_gets_clear_errors_and_bookie_keeps_serving(cluster_fact
     cluster = await start_cluster(cluster_factory, 3, bookie_overrides={"entry_bytes_max": 64 * 1024,
                                                                         "request_bytes_max": 1024 * 1024})
     bookie = cluster.bookie_ids[0]
-    async with grpc.aio.insecure_channel(bookie) as channel:
-        stub = pb_grpc.BookieStub(channel)
+    async with await RawBookieConnection.open(bookie) as conn:
         # unknown ledger
-        r = await stub.Read(pb.ReadRequest(ledger_id=987654, first_entry_id=0, last_entry_id=0))
+        r = await conn.call(pb.ReadRequest(ledger_id=987654, first_entry_id=0, last_entry_id=0))
         assert r.code == pb.NO_SUCH_LEDGER
-        r = await stub.ReadLac(pb.ReadLacRequest(ledger_id=987654))
+        r = await conn.call(pb.ReadLacRequest(ledger_id=987654))
         assert r.code == pb.NO_SUCH_LEDGER
         # malformed ranges
-        r = await stub.Read(pb.ReadRequest(ledger_id=1, first_entry_id=-5, last_entry_id=0))
+        r = await conn.call(pb.ReadRequest(ledger_id=1, first_entry_id=-5, last_entry_id=0))
         assert r.code == pb.BAD_REQUEST
-        r = await stub.Read(pb.ReadRequest(ledger_id=1, first_entry_id=10, last_entry_id=2))
+        r = await conn.call(pb.ReadRequest(ledger_id=1, first_entry_id=10, last_entry_id=2))
         assert r.code == pb.BAD_REQUEST
         # a good add, then a read past what is stored
-        r = await stub.Add(pb.AddRequest(entries=[_entry(77, 0, -1, b"ok")]))
+        r = await conn.call(pb.AddRequest(entries=[_entry(77, 0, -1, b"ok")]))
         assert r.results[0].code == pb.OK
-        r = await stub.Read(pb.ReadRequest(ledger_id=77, first_entry_id=5, last_entry_id=5))
+        r = await conn.call(pb.ReadRequest(ledger_id=77, first_entry_id=5, last_entry_id=5))
         assert r.code == pb.NO_SUCH_ENTRY
         # corrupted entry: bad checksum, nothing stored
         bad = _entry(77, 1, 0, b"payload")
         bad.payload = b"PAYLOAD"
-        r = await stub.Add(pb.AddRequest(entries=[bad]))
+        r = await conn.call(pb.AddRequest(entries=[bad]))
         assert r.results[0].code == pb.CHECKSUM_MISMATCH
-        r = await stub.Read(pb.ReadRequest(ledger_id=77, first_entry_id=1, last_entry_id=1))
+        r = await conn.call(pb.ReadRequest(ledger_id=77, first_entry_id=1, last_entry_id=1))
         assert r.code == pb.NO_SUCH_ENTRY
         # an entry above entry_bytes_max
-        r = await stub.Add(pb.AddRequest(entries=[_entry(77, 1, 0, b"x" * (64 * 1024 + 1))]))
+        r = await conn.call(pb.AddRequest(entries=[_entry(77, 1, 0, b"x" * (64 * 1024 + 1))]))
         assert r.results[0].code == pb.TOO_LARGE
-        # a request above the gRPC message limit
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await stub.Add(pb.AddRequest(entries=[_entry(77, 1, 0, b"x" * (2 * 1024 * 1024))]))
-        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        # bytes that are not a protobuf message at all
-        raw = channel.unary_unary("/pulsarlite.bookie.v1.Bookie/Read",
-                                  request_serializer=lambda b: b, response_deserializer=lambda b: b)
-        with pytest.raises(grpc.aio.AioRpcError):
-            await raw(b"\xff\xff\xff\xff\x0f not protobuf")
+        # several requests in one write: one answer each, matched by request id
+        batch = b"".join(encode_message(pb.FRAME_READ_LAC_REQUEST, rid, pb.ReadLacRequest(ledger_id=77))
+                         for rid in (101, 102, 103))
+        await conn.send_bytes(batch)
+        answers = [await conn.read_frame() for _ in range(3)]
+        assert sorted(a[1] for a in answers) == [101, 102, 103]
+        assert all(a[0] == pb.FRAME_READ_LAC_RESPONSE and a[2].code == pb.OK for a in answers)
+    # a frame above request_bytes_max: TOO_LARGE, then the bookie closes that connection
+    async with await RawBookieConnection.open(bookie) as conn:
+        request = pb.AddRequest(entries=[_entry(77, 1, 0, b"x" * (2 * 1024 * 1024))])
+        await conn.send_bytes(encode_message(pb.FRAME_ADD_REQUEST, 7, request))
+        await conn.expect_error_then_close(pb.TOO_LARGE, request_id=7)
+    # a body that is not a protobuf message at all: BAD_REQUEST, then closed
+    async with await RawBookieConnection.open(bookie) as conn:
+        await conn.send_bytes(encode_frame(pb.FRAME_READ_REQUEST, 8, b"\xff\xff\xff\xff\x0f not protobuf"))
+        await conn.expect_error_then_close(pb.BAD_REQUEST, request_id=8)
+    # an unknown frame type, and a response type sent as a request: BAD_REQUEST, then closed
+    for frame_type in (200, pb.FRAME_ADD_RESPONSE):
+        async with await RawBookieConnection.open(bookie) as conn:
+            await conn.send_bytes(encode_frame(frame_type, 9, b""))
+            await conn.expect_error_then_close(pb.BAD_REQUEST, request_id=9)
+    # bytes of another protocol (their "length" is far above the limit)
+    async with await RawBookieConnection.open(bookie) as conn:
+        await conn.send_bytes(b"GET / HTTP/1.1\r\nHost: bookie\r\n\r\n")
+        await conn.expect_error_then_close(pb.TOO_LARGE)
+    # a fresh connection is served as before
+    async with await RawBookieConnection.open(bookie) as conn:
         # fenced ledger: plain adds refused, recovery adds accepted
-        r = await stub.ReadLac(pb.ReadLacRequest(ledger_id=77, fence=True))
+        r = await conn.call(pb.ReadLacRequest(ledger_id=77, fence=True))
         assert r.code == pb.OK and r.fenced and r.last_entry_id == 0
-        r = await stub.Add(pb.AddRequest(entries=[_entry(77, 1, 0, b"late")]))
+        r = await conn.call(pb.AddRequest(entries=[_entry(77, 1, 0, b"late")]))
         assert r.results[0].code == pb.FENCED
-        r = await stub.Add(pb.AddRequest(entries=[_entry(77, 1, 0, b"recovered")], recovery=True))
+        r = await conn.call(pb.AddRequest(entries=[_entry(77, 1, 0, b"recovered")], recovery=True))
         assert r.results[0].code == pb.OK
         # ... and it still serves
-        r = await stub.Read(pb.ReadRequest(ledger_id=77, first_entry_id=0, last_entry_id=1))
+        r = await conn.call(pb.ReadRequest(ledger_id=77, first_entry_id=0, last_entry_id=1))
         assert r.code == pb.OK and [e.payload for e in r.entries] == [b"ok", b"recovered"]
-        info = await stub.GetBookieInfo(pb.BookieInfoRequest())
+        info = await conn.call(pb.BookieInfoRequest())
         assert info.bookie_id == bookie and not info.read_only
     # the client refuses reads past the LAC of an open ledger
     client = await connect(cluster)
@@ -321,13 +403,12 @@ async def test_full_disk_makes_bookie_read_only(cluster_factory):
         assert readonly_id not in writer.metadata.current_ensemble
         await writer.add(b"x")
         await writer.close()
-        async with grpc.aio.insecure_channel(readonly_id) as channel:
-            stub = pb_grpc.BookieStub(channel)
-            r = await stub.Add(pb.AddRequest(entries=[_entry(5, 0, -1, b"refused")]))
+        async with await RawBookieConnection.open(readonly_id) as conn:
+            r = await conn.call(pb.AddRequest(entries=[_entry(5, 0, -1, b"refused")]))
             assert r.results[0].code == pb.READ_ONLY
-            info = await stub.GetBookieInfo(pb.BookieInfoRequest())
+            info = await conn.call(pb.BookieInfoRequest())
             assert info.read_only
-            r = await stub.Read(pb.ReadRequest(ledger_id=5, first_entry_id=0, last_entry_id=0))
+            r = await conn.call(pb.ReadRequest(ledger_id=5, first_entry_id=0, last_entry_id=0))
             assert r.code == pb.NO_SUCH_LEDGER  # reads still served
     finally:
         await client.close()
