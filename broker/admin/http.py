@@ -1,0 +1,599 @@
+"""The broker's admin HTTP API: a subset of Pulsar's admin v2 REST paths with the same shapes,
+the lookup path, and ``GET /metrics``.
+
+``make_admin_app(backend)`` builds an aiohttp application; the broker implements
+:class:`AdminBackend`. Policy routes go to ``backend.policies`` (a :class:`PolicyStore`), topic
+routes to the backend's methods, ``/metrics`` renders ``backend.metrics``.
+
+Conventions (Pulsar's): reads answer 200 with JSON; writes answer 204 without a body; errors are
+``{"reason": "..."}`` with 400 (malformed input: unparsable JSON, wrong types, bad names), 404
+(not found), 409 (already exists, not empty), 412 (value out of range, state forbids it), 503
+(metadata store or bookies unavailable: retry), 500 (a bug; logged). Input is validated before
+anything is called, so a 400 changed nothing. Bodies are limited to ``body_bytes_max``.
+
+Topic names in paths are local names (percent-decoded by aiohttp); the backend receives full
+names (``persistent://tenant/ns/topic``) and namespaces as ``tenant/ns``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+from typing import Any, Awaitable, Callable, Literal, Protocol, TypedDict, Union
+
+from aiohttp import web
+
+from broker.admin.metrics import BrokerMetrics
+from broker.admin.policies import (BACKLOG_QUOTA_TYPES, AdminError, AutoTopicCreation, BacklogQuota,
+                                   BadRequestError, ClusterData, NamespacePolicies, PolicyStore,
+                                   PreconditionFailedError, RetentionPolicy, RolloverPolicy, TenantInfo,
+                                   check_name)
+from pulsarlite.errors import PulsarliteError
+from pulsarlite.topic_name import PARTITION_SUFFIX, InvalidTopicNameError, TopicDomain, TopicName
+
+log = logging.getLogger(__name__)
+
+BODY_BYTES_MAX = 1024 * 1024
+PARTITIONS_MAX = 4096
+_INT64_MAX = 2 ** 63 - 1
+
+
+# -- shapes the backend returns (Pulsar's JSON field names) ------------------------------------
+class ConsumerStats(TypedDict, total=False):
+    consumerName: str
+    msgRateOut: float
+    msgThroughputOut: float
+    availablePermits: int
+    unackedMessages: int
+    address: str
+    connectedSince: str
+
+
+class SubscriptionStats(TypedDict, total=False):
+    msgBacklog: int
+    type: str                       # Exclusive | Shared | Failover | Key_Shared
+    msgRateOut: float
+    msgThroughputOut: float
+    consumers: list[ConsumerStats]
+
+
+class PublisherStats(TypedDict, total=False):
+    producerId: int
+    producerName: str
+    msgRateIn: float
+    msgThroughputIn: float
+    address: str
+    connectedSince: str
+
+
+class TopicStats(TypedDict, total=False):
+    msgRateIn: float
+    msgThroughputIn: float
+    msgRateOut: float
+    msgThroughputOut: float
+    msgInCounter: int
+    bytesInCounter: int
+    storageSize: int
+    backlogSize: int
+    publishers: list[PublisherStats]
+    subscriptions: dict[str, SubscriptionStats]
+
+
+class LedgerInfoStats(TypedDict, total=False):
+    ledgerId: int
+    entries: int
+    size: int
+    offloaded: bool
+    underReplicated: bool
+    timestamp: int
+
+
+class CursorStats(TypedDict, total=False):
+    markDeletePosition: str         # "L:E"
+    readPosition: str               # "L:E"
+    messagesConsumedCounter: int
+    cursorLedger: int
+    state: str
+    individuallyDeletedMessages: str
+
+
+class InternalStats(TypedDict, total=False):
+    entriesAddedCounter: int
+    numberOfEntries: int
+    totalSize: int
+    currentLedgerEntries: int
+    currentLedgerSize: int
+    lastLedgerCreatedTimestamp: str
+    lastConfirmedEntry: str          # "L:E"
+    state: str                       # e.g. LedgerOpened, ClosedLedger
+    ledgers: list[LedgerInfoStats]
+    cursors: dict[str, CursorStats]
+
+
+class LookupData(TypedDict, total=False):
+    brokerUrl: str                   # pulsar://host:port
+    brokerUrlTls: str
+    httpUrl: str                     # http://host:port
+    httpUrlTls: str
+
+
+class MessageIdData(TypedDict, total=False):
+    ledgerId: int
+    entryId: int
+    partitionIndex: int
+    batchIndex: int
+
+
+# where a new subscription starts: "earliest", "latest", or (ledger_id, entry_id)
+SubscriptionPosition = Union[Literal["earliest", "latest"], tuple[int, int]]
+
+
+class AdminBackend(Protocol):
+    """What the admin routes need from the broker. Topics are full names
+    (``persistent://tenant/ns/topic``), namespaces ``tenant/ns``. Methods raise the errors of
+    :mod:`broker.admin.policies` (NotFoundError 404, ConflictError 409,
+    PreconditionFailedError 412, BadRequestError 400); other PulsarliteErrors become 503 when
+    retriable, else 500.
+
+    Topic operations must check that the namespace exists and is not being deleted
+    (``policies.get_namespace_policies`` raises NotFoundError otherwise)."""
+
+    policies: PolicyStore
+    metrics: BrokerMetrics
+
+    async def list_topics(self, namespace: str) -> list[str]:
+        """Every persistent topic of the namespace, partitions included (full names)."""
+
+    async def list_partitioned_topics(self, namespace: str) -> list[str]:
+        """The partitioned topics of the namespace (full names of the parents)."""
+
+    async def create_topic(self, topic: str) -> None:
+        """Create a non-partitioned topic; 409 if it (or a partitioned topic of that name) exists."""
+
+    async def delete_topic(self, topic: str, force: bool) -> None:
+        """Delete a non-partitioned topic (or one partition); 404 if missing; 412 if it has
+        connected producers/consumers and not ``force`` (force disconnects them)."""
+
+    async def create_partitioned_topic(self, topic: str, partitions: int) -> None:
+        """409 if the topic exists (partitioned or not)."""
+
+    async def update_partitioned_topic(self, topic: str, partitions: int) -> None:
+        """Grow to ``partitions``; 404 if not partitioned; 412 if not more than now."""
+
+    async def delete_partitioned_topic(self, topic: str, force: bool) -> None:
+        """Delete the partitioned topic and all its partitions; 404, 412 as delete_topic."""
+
+    async def partitioned_metadata(self, topic: str) -> int:
+        """The number of partitions; 0 for a non-partitioned (or unknown) topic, as Pulsar."""
+
+    async def topic_stats(self, topic: str) -> TopicStats:
+        """404 if the topic does not exist."""
+
+    async def internal_stats(self, topic: str) -> InternalStats:
+        """404 if the topic does not exist."""
+
+    async def unload_topic(self, topic: str) -> None:
+        """Close the topic here (clients reconnect and look it up again); 404 if not served."""
+
+    async def list_subscriptions(self, topic: str) -> list[str]:
+        """404 if the topic does not exist."""
+
+    async def create_subscription(self, topic: str, name: str, position: SubscriptionPosition) -> None:
+        """Create a durable subscription at ``position``; 404 topic missing; 409 if it exists."""
+
+    async def delete_subscription(self, topic: str, name: str, force: bool) -> None:
+        """404 if missing; 412 if it has consumers and not ``force``."""
+
+    async def reset_cursor_by_time(self, topic: str, subscription: str, timestamp_ms: int) -> None:
+        """Move the subscription to the first message published at or after ``timestamp_ms``."""
+
+    async def lookup(self, topic: str) -> LookupData:
+        """The broker that owns (or will own) the topic."""
+
+    async def last_message_id(self, topic: str) -> MessageIdData:
+        """The id of the last confirmed entry (``{"ledgerId", "entryId", "partitionIndex"}``)."""
+
+
+# -- request helpers ---------------------------------------------------------------------------
+async def _json_body(request: web.Request, *, required: bool = True) -> Any:
+    text = await request.text()
+    if not text.strip():
+        if required:
+            raise BadRequestError("request body is empty: a JSON value is required")
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise BadRequestError(f"malformed JSON body: {e}") from None
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, text=json.dumps(value), content_type="application/json")
+
+
+def _no_content() -> web.Response:
+    return web.Response(status=204)
+
+
+def _bool_query(request: web.Request, name: str, default: bool = False) -> bool:
+    value = request.query.get(name)
+    if value is None or value == "":
+        return default
+    lowered = value.lower()
+    if lowered in ("true", "1"):
+        return True
+    if lowered in ("false", "0"):
+        return False
+    raise BadRequestError(f"query parameter {name} must be true or false, got {value!r}")
+
+
+def _int_value(what: str, value: Any, *, minimum: int, maximum: int = _INT64_MAX) -> int:
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise BadRequestError(f"{what} must be an integer, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequestError(f"{what} must be an integer, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise PreconditionFailedError(f"invalid value for {what}: {value} (must be in [{minimum}, {maximum}])")
+    return value
+
+
+def _namespace(request: web.Request) -> str:
+    tenant = check_name("tenant", request.match_info["tenant"])
+    ns = check_name("namespace", request.match_info["namespace"])
+    return f"{tenant}/{ns}"
+
+
+def _topic(request: web.Request) -> str:
+    try:
+        name = TopicName(TopicDomain.PERSISTENT, request.match_info["tenant"], request.match_info["namespace"],
+                         request.match_info["topic"])
+    except InvalidTopicNameError as e:
+        raise BadRequestError(str(e)) from None
+    return str(name)
+
+
+def _subscription_name(request: web.Request) -> str:
+    name = request.match_info["subscription"]
+    if not name or len(name) > 1024 or any(ch.isspace() or not ch.isprintable() for ch in name):
+        raise BadRequestError(f"invalid subscription name {name!r}")
+    return name
+
+
+def _position(body: Any) -> SubscriptionPosition:
+    """Pulsar sends a MessageId (``{"ledgerId", "entryId", ...}``; latest = both Long.MAX,
+    earliest = both -1); we also take "earliest"/"latest". No body: latest."""
+    if body is None:
+        return "latest"
+    if isinstance(body, str):
+        if body in ("earliest", "latest"):
+            return body  # type: ignore[return-value]
+        raise BadRequestError(f"subscription position must be earliest, latest or a message id, got {body!r}")
+    if not isinstance(body, dict):
+        raise BadRequestError("subscription position must be a message id object")
+    ledger_id = _int_value("ledgerId", body.get("ledgerId"), minimum=-1)
+    entry_id = _int_value("entryId", body.get("entryId"), minimum=-1)
+    if ledger_id == _INT64_MAX and entry_id == _INT64_MAX:
+        return "latest"
+    if ledger_id < 0 or entry_id < 0:
+        if ledger_id == -1 and entry_id == -1:
+            return "earliest"
+        raise PreconditionFailedError(f"invalid message id {ledger_id}:{entry_id}")
+    return (ledger_id, entry_id)
+
+
+# -- the application ---------------------------------------------------------------------------
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except AdminError as e:
+        return _json({"reason": str(e)}, status=e.http_status)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        reason = e.reason if e.text is None or e.text.startswith(f"{e.status}:") else e.text
+        return _json({"reason": reason}, status=e.status)
+    except PulsarliteError as e:
+        if e.retriable:
+            return _json({"reason": f"service unavailable, retry: {e}"}, status=503)
+        log.exception("admin %s %s failed", request.method, request.path)
+        return _json({"reason": f"internal error: {e}"}, status=500)
+    except Exception as e:  # noqa: BLE001 - a bug; answered, logged
+        log.exception("admin %s %s failed", request.method, request.path)
+        return _json({"reason": f"internal error: {type(e).__name__}: {e}"}, status=500)
+
+
+def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MAX,
+                   partitions_max: int = PARTITIONS_MAX) -> web.Application:
+    if body_bytes_max <= 0 or partitions_max <= 0:
+        raise ValueError("body_bytes_max and partitions_max must be > 0")
+    app = web.Application(middlewares=[_errors], client_max_size=body_bytes_max)
+    policies = lambda: backend.policies  # noqa: E731 - read at request time
+    r = app.router
+
+    # -- clusters ---------------------------------------------------------------------------
+    async def list_clusters(request: web.Request) -> web.Response:
+        return _json(await policies().list_clusters())
+
+    async def get_cluster(request: web.Request) -> web.Response:
+        data = await policies().get_cluster(check_name("cluster", request.match_info["cluster"]))
+        return _json(data.to_json())
+
+    async def put_cluster(request: web.Request) -> web.Response:
+        cluster = check_name("cluster", request.match_info["cluster"])
+        data = ClusterData.from_json(await _json_body(request, required=False) or {})
+        await policies().create_cluster(cluster, data)
+        return _no_content()
+
+    async def post_cluster(request: web.Request) -> web.Response:
+        cluster = check_name("cluster", request.match_info["cluster"])
+        data = ClusterData.from_json(await _json_body(request))
+        await policies().update_cluster(cluster, data)
+        return _no_content()
+
+    async def delete_cluster(request: web.Request) -> web.Response:
+        await policies().delete_cluster(check_name("cluster", request.match_info["cluster"]))
+        return _no_content()
+
+    r.add_get("/admin/v2/clusters", list_clusters)
+    r.add_get("/admin/v2/clusters/{cluster}", get_cluster)
+    r.add_put("/admin/v2/clusters/{cluster}", put_cluster)
+    r.add_post("/admin/v2/clusters/{cluster}", post_cluster)
+    r.add_delete("/admin/v2/clusters/{cluster}", delete_cluster)
+
+    # -- tenants ----------------------------------------------------------------------------
+    async def list_tenants(request: web.Request) -> web.Response:
+        return _json(await policies().list_tenants())
+
+    async def get_tenant(request: web.Request) -> web.Response:
+        info = await policies().get_tenant(check_name("tenant", request.match_info["tenant"]))
+        return _json(info.to_json())
+
+    async def put_tenant(request: web.Request) -> web.Response:
+        tenant = check_name("tenant", request.match_info["tenant"])
+        info = TenantInfo.from_json(await _json_body(request, required=False) or {})
+        await policies().create_tenant(tenant, info)
+        return _no_content()
+
+    async def post_tenant(request: web.Request) -> web.Response:
+        tenant = check_name("tenant", request.match_info["tenant"])
+        info = TenantInfo.from_json(await _json_body(request))
+        await policies().update_tenant(tenant, info)
+        return _no_content()
+
+    async def delete_tenant(request: web.Request) -> web.Response:
+        await policies().delete_tenant(check_name("tenant", request.match_info["tenant"]))
+        return _no_content()
+
+    r.add_get("/admin/v2/tenants", list_tenants)
+    r.add_get("/admin/v2/tenants/{tenant}", get_tenant)
+    r.add_put("/admin/v2/tenants/{tenant}", put_tenant)
+    r.add_post("/admin/v2/tenants/{tenant}", post_tenant)
+    r.add_delete("/admin/v2/tenants/{tenant}", delete_tenant)
+
+    # -- namespaces -------------------------------------------------------------------------
+    async def list_namespaces(request: web.Request) -> web.Response:
+        return _json(await policies().list_namespaces(check_name("tenant", request.match_info["tenant"])))
+
+    async def get_namespace(request: web.Request) -> web.Response:
+        found = await policies().get_namespace_policies(_namespace(request))
+        return _json(found.to_json())
+
+    async def put_namespace(request: web.Request) -> web.Response:
+        namespace = _namespace(request)
+        body = await _json_body(request, required=False)
+        parsed = None if body is None else NamespacePolicies.from_json(body)
+        await policies().create_namespace(namespace, parsed)
+        return _no_content()
+
+    async def delete_namespace(request: web.Request) -> web.Response:
+        await policies().delete_namespace(_namespace(request))
+        return _no_content()
+
+    r.add_get("/admin/v2/namespaces/{tenant}", list_namespaces)
+    r.add_get("/admin/v2/namespaces/{tenant}/{namespace}", get_namespace)
+    r.add_put("/admin/v2/namespaces/{tenant}/{namespace}", put_namespace)
+    r.add_delete("/admin/v2/namespaces/{tenant}/{namespace}", delete_namespace)
+
+    def policy_routes(sub: str, *, get: Callable[[NamespacePolicies], Any],
+                      parse: Callable[[Any], Any], apply: Callable[[NamespacePolicies, Any], NamespacePolicies],
+                      clear: Any, write_methods: tuple[str, ...] = ("POST", "PUT")) -> None:
+        """GET returns ``get(policies)``; POST/PUT parse the body and CAS-apply it; DELETE
+        applies ``clear`` (back to the broker default)."""
+
+        async def read(request: web.Request) -> web.Response:
+            return _json(get(await policies().get_namespace_policies(_namespace(request))))
+
+        async def write(request: web.Request) -> web.Response:
+            namespace = _namespace(request)
+            value = parse(await _json_body(request))
+            await policies().update_namespace_policies(namespace, lambda p: apply(p, value))
+            return _no_content()
+
+        async def remove(request: web.Request) -> web.Response:
+            namespace = _namespace(request)
+            await policies().update_namespace_policies(namespace, lambda p: apply(p, clear))
+            return _no_content()
+
+        path = "/admin/v2/namespaces/{tenant}/{namespace}/" + sub
+        r.add_get(path, read)
+        for method in write_methods:
+            r.add_route(method, path, write)
+        r.add_delete(path, remove)
+
+    def opt_json(value: Any) -> Any:
+        return None if value is None else value.to_json()
+
+    policy_routes("retention", get=lambda p: opt_json(p.retention), parse=RetentionPolicy.from_json,
+                  apply=lambda p, v: replace(p, retention=v), clear=None)
+
+    def parse_bool(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise BadRequestError(f"body must be true or false, got {value!r}")
+        return value
+
+    policy_routes("deduplication", get=lambda p: p.deduplication_enabled, parse=parse_bool,
+                  apply=lambda p, v: replace(p, deduplication_enabled=v), clear=None)
+    policy_routes("messageTTL", get=lambda p: p.message_ttl_s,
+                  parse=lambda v: _int_value("message TTL", v, minimum=0),
+                  apply=lambda p, v: replace(p, message_ttl_s=v), clear=None)
+    policy_routes("offloadThreshold", get=lambda p: p.offload_threshold_bytes,
+                  parse=lambda v: _int_value("offload threshold", v, minimum=-1),
+                  apply=lambda p, v: replace(p, offload_threshold_bytes=v), clear=-1)
+    policy_routes("offloadThresholdInSeconds", get=lambda p: p.offload_threshold_s,
+                  parse=lambda v: _int_value("offload threshold in seconds", v, minimum=-1),
+                  apply=lambda p, v: replace(p, offload_threshold_s=v), clear=-1)
+    policy_routes("offloadDeletionLagMs", get=lambda p: p.offload_deletion_lag_ms,
+                  parse=lambda v: _int_value("offload deletion lag", v, minimum=0),
+                  apply=lambda p, v: replace(p, offload_deletion_lag_ms=v), clear=None)
+    policy_routes("autoTopicCreation", get=lambda p: opt_json(p.auto_topic_creation),
+                  parse=AutoTopicCreation.from_json,
+                  apply=lambda p, v: replace(p, auto_topic_creation=v), clear=None)
+    policy_routes("rollover", get=lambda p: opt_json(p.rollover), parse=RolloverPolicy.from_json,
+                  apply=lambda p, v: replace(p, rollover=v), clear=None)
+
+    # backlog quotas: GET .../backlogQuotaMap; POST/DELETE .../backlogQuota?backlogQuotaType=
+    async def get_backlog_quotas(request: web.Request) -> web.Response:
+        found = await policies().get_namespace_policies(_namespace(request))
+        return _json({k: v.to_json() for k, v in sorted(found.backlog_quotas.items())})
+
+    def quota_type(request: web.Request) -> str:
+        kind = request.query.get("backlogQuotaType") or "destination_storage"
+        if kind not in BACKLOG_QUOTA_TYPES:
+            raise BadRequestError(f"backlogQuotaType must be one of {BACKLOG_QUOTA_TYPES}, got {kind!r}")
+        return kind
+
+    async def set_backlog_quota(request: web.Request) -> web.Response:
+        namespace, kind = _namespace(request), quota_type(request)
+        quota = BacklogQuota.from_json(await _json_body(request))
+        await policies().update_namespace_policies(
+            namespace, lambda p: replace(p, backlog_quotas={**p.backlog_quotas, kind: quota}))
+        return _no_content()
+
+    async def remove_backlog_quota(request: web.Request) -> web.Response:
+        namespace, kind = _namespace(request), quota_type(request)
+        await policies().update_namespace_policies(
+            namespace, lambda p: replace(p, backlog_quotas={k: v for k, v in p.backlog_quotas.items() if k != kind}))
+        return _no_content()
+
+    r.add_get("/admin/v2/namespaces/{tenant}/{namespace}/backlogQuotaMap", get_backlog_quotas)
+    r.add_post("/admin/v2/namespaces/{tenant}/{namespace}/backlogQuota", set_backlog_quota)
+    r.add_delete("/admin/v2/namespaces/{tenant}/{namespace}/backlogQuota", remove_backlog_quota)
+
+    # -- topics -----------------------------------------------------------------------------
+    base = "/admin/v2/persistent/{tenant}/{namespace}"
+    topic_base = base + "/{topic}"
+
+    async def list_topics(request: web.Request) -> web.Response:
+        return _json(await backend.list_topics(_namespace(request)))
+
+    async def list_partitioned(request: web.Request) -> web.Response:
+        return _json(await backend.list_partitioned_topics(_namespace(request)))
+
+    async def create_topic(request: web.Request) -> web.Response:
+        await backend.create_topic(_topic(request))
+        return _no_content()
+
+    async def delete_topic(request: web.Request) -> web.Response:
+        topic, force = _topic(request), _bool_query(request, "force")
+        await backend.delete_topic(topic, force)
+        return _no_content()
+
+    def partitions_of(body: Any) -> int:
+        return _int_value("number of partitions", body, minimum=1, maximum=partitions_max)
+
+    async def get_partitions(request: web.Request) -> web.Response:
+        return _json({"partitions": await backend.partitioned_metadata(_topic(request))})
+
+    async def create_partitioned(request: web.Request) -> web.Response:
+        topic = _topic(request)
+        n = partitions_of(await _json_body(request))
+        if TopicName.parse(topic).is_partition or PARTITION_SUFFIX in request.match_info["topic"]:
+            raise PreconditionFailedError(f"partitioned topic name should not contain '{PARTITION_SUFFIX}'")
+        await backend.create_partitioned_topic(topic, n)
+        return _no_content()
+
+    async def update_partitioned(request: web.Request) -> web.Response:
+        topic = _topic(request)
+        n = partitions_of(await _json_body(request))
+        await backend.update_partitioned_topic(topic, n)
+        return _no_content()
+
+    async def delete_partitioned(request: web.Request) -> web.Response:
+        topic, force = _topic(request), _bool_query(request, "force")
+        await backend.delete_partitioned_topic(topic, force)
+        return _no_content()
+
+    async def stats(request: web.Request) -> web.Response:
+        return _json(await backend.topic_stats(_topic(request)))
+
+    async def internal_stats(request: web.Request) -> web.Response:
+        return _json(await backend.internal_stats(_topic(request)))
+
+    async def unload(request: web.Request) -> web.Response:
+        await backend.unload_topic(_topic(request))
+        return _no_content()
+
+    async def subscriptions(request: web.Request) -> web.Response:
+        return _json(await backend.list_subscriptions(_topic(request)))
+
+    async def create_subscription(request: web.Request) -> web.Response:
+        topic, name = _topic(request), _subscription_name(request)
+        position = _position(await _json_body(request, required=False))
+        await backend.create_subscription(topic, name, position)
+        return _no_content()
+
+    async def delete_subscription(request: web.Request) -> web.Response:
+        topic, name, force = _topic(request), _subscription_name(request), _bool_query(request, "force")
+        await backend.delete_subscription(topic, name, force)
+        return _no_content()
+
+    async def reset_cursor(request: web.Request) -> web.Response:
+        topic, name = _topic(request), _subscription_name(request)
+        timestamp_ms = _int_value("timestamp", request.match_info["timestamp"], minimum=0)
+        await backend.reset_cursor_by_time(topic, name, timestamp_ms)
+        return _no_content()
+
+    async def last_message_id(request: web.Request) -> web.Response:
+        return _json(await backend.last_message_id(_topic(request)))
+
+    async def lookup(request: web.Request) -> web.Response:
+        return _json(await backend.lookup(_topic(request)))
+
+    r.add_get(base, list_topics)
+    r.add_get(base + "/partitioned", list_partitioned)
+    r.add_put(topic_base, create_topic)
+    r.add_delete(topic_base, delete_topic)
+    r.add_get(topic_base + "/partitions", get_partitions)
+    r.add_put(topic_base + "/partitions", create_partitioned)
+    r.add_post(topic_base + "/partitions", update_partitioned)
+    r.add_delete(topic_base + "/partitions", delete_partitioned)
+    r.add_get(topic_base + "/stats", stats)
+    r.add_get(topic_base + "/internalStats", internal_stats)
+    r.add_put(topic_base + "/unload", unload)
+    r.add_get(topic_base + "/subscriptions", subscriptions)
+    r.add_put(topic_base + "/subscription/{subscription}", create_subscription)
+    r.add_delete(topic_base + "/subscription/{subscription}", delete_subscription)
+    r.add_post(topic_base + "/subscription/{subscription}/resetcursor/{timestamp}", reset_cursor)
+    r.add_get(topic_base + "/lastMessageId", last_message_id)
+    r.add_get("/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}", lookup)
+
+    # -- metrics ----------------------------------------------------------------------------
+    async def metrics(request: web.Request) -> web.Response:
+        body, content_type = backend.metrics.render(request.headers.get("Accept", ""))
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    r.add_get("/metrics", metrics)
+    return app
+
+
+__all__ = ["AdminBackend", "make_admin_app", "TopicStats", "SubscriptionStats", "ConsumerStats",
+           "PublisherStats", "InternalStats", "LedgerInfoStats", "CursorStats", "LookupData",
+           "MessageIdData", "SubscriptionPosition", "BODY_BYTES_MAX", "PARTITIONS_MAX"]
