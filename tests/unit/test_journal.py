@@ -190,3 +190,26 @@ def test_writer_thread_reports_io_errors(tmp_path):
     assert done.wait(30)
     w.stop()
     assert isinstance(failed[0][0], OSError) and failed[0][1] == ["a"]
+
+
+def test_preallocation_fills_one_step_on_the_write_path_and_the_rest_when_idle(tmp_path):
+    """A group meets at most one step of zero-filling; the look-ahead grows while idle."""
+    from bookie.storage.group_commit import GroupCommitPolicy
+    from bookie.storage.journal import PREALLOCATE_STEP_BYTES, JournalWriter
+
+    writer = JournalWriter(str(tmp_path), file_bytes_max=64 * PREALLOCATE_STEP_BYTES,
+                           preallocate_bytes=8 * PREALLOCATE_STEP_BYTES,
+                           policy=GroupCommitPolicy(group_wait_ms_max=1.0, bytes_buffered_max=1 << 20))
+    try:
+        assert writer._allocated - writer._offset <= PREALLOCATE_STEP_BYTES
+        writer.write_group([b"x" * (3 * PREALLOCATE_STEP_BYTES)])
+        assert writer._allocated - writer._offset <= PREALLOCATE_STEP_BYTES  # only one step ahead
+        steps = 0
+        while writer.preallocate_when_idle():
+            steps += 1
+            assert writer._allocated - writer._offset <= 8 * PREALLOCATE_STEP_BYTES + PREALLOCATE_STEP_BYTES
+        assert steps >= 6
+        assert writer._allocated - writer._offset >= 8 * PREALLOCATE_STEP_BYTES
+        assert not writer.preallocate_when_idle()  # enough ahead: nothing more
+    finally:
+        writer.close_file()
