@@ -1,0 +1,470 @@
+"""The ownership shell: executes the core's decisions against ZooKeeper (DESIGN.md §3, §5).
+
+ZooKeeper layout::
+
+    /loadbalance/brokers/<broker-id>      ephemeral, JSON {"broker_id", "pulsar_url", "http_url",
+                                          "load": {"bundles": n, "topics": n}}
+    /namespace/<tenant>/<ns>/<range>      ephemeral, JSON {"broker_id", "pulsar_url", "http_url"}:
+                                          the bundle's owner (created by the owner's session)
+
+Session handling (kazoo states through :class:`MetadataStore`):
+
+- SUSPENDED: every OWNED bundle becomes SUSPECT at once; :meth:`OwnershipManager.owns` answers
+  False; listeners get ``(bundles, SessionState.SUSPENDED)``: stop serving writes.
+- CONNECTED with the same session: the ephemerals survived; SUSPECT bundles are OWNED again;
+  listeners get ``(bundles, SessionState.CONNECTED)``: serve again.
+- LOST (session expired): every bundle is gone for good (the znodes were deleted by ZooKeeper);
+  listeners get ``(bundles, SessionState.LOST)``: close the topics. When the store reconnects with
+  a new session, the broker registers again but owns nothing until a LOOKUP acquires again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from broker.ownership.core import (AcquireSelf, BrokerLoad, BundleState, Connect, Fail, OwnershipError,
+                                   OwnershipTable, Redirect, SessionTrust, broker_path, bundle_key,
+                                   bundle_path, check_broker_id, check_bundles_per_namespace,
+                                   decide_lookup, is_bundle_key, BROKERS_ROOT)
+from pulsarlite.errors import MetadataError, MetadataNotFoundError
+from pulsarlite.metadata import MetadataExistsError, MetadataStore, SessionState
+from pulsarlite.topic_name import InvalidTopicNameError, TopicName
+
+log = logging.getLogger(__name__)
+
+OwnershipListener = Callable[[frozenset, SessionState], Any]
+
+_TRUST = {SessionState.CONNECTED: SessionTrust.CONNECTED, SessionState.SUSPENDED: SessionTrust.SUSPENDED,
+          SessionState.LOST: SessionTrust.LOST}
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    """The answer to a LOOKUP: where the client should go. ``owned_by_self`` -> Connect here;
+    otherwise Redirect to ``pulsar_url`` with ``authoritative`` set as given."""
+
+    pulsar_url: str
+    http_url: str
+    owned_by_self: bool
+    authoritative: bool
+    broker_id: str
+
+    @property
+    def redirect(self) -> bool:
+        return not self.owned_by_self
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    broker_id: str
+    pulsar_url: str
+    http_url: str
+    load: BrokerLoad
+
+
+class OwnershipManager:
+    """Bundle ownership and LOOKUP for one broker. Use from the loop that owns ``store``."""
+
+    def __init__(self, store: MetadataStore, broker_id: str, *, pulsar_url: str, http_url: str,
+                 bundles_per_namespace: int = 4, rng: random.Random | None = None,
+                 registration_stale_wait_s: float = 30.0, lookup_attempts_max: int = 5) -> None:
+        self.store = store
+        self.broker_id = check_broker_id(broker_id)
+        self.pulsar_url = pulsar_url
+        self.http_url = http_url
+        self.bundles_per_namespace = check_bundles_per_namespace(bundles_per_namespace)
+        if registration_stale_wait_s < 0 or lookup_attempts_max < 1:
+            raise ValueError("registration_stale_wait_s must be >= 0 and lookup_attempts_max >= 1")
+        self._rng = rng if rng is not None else random.Random()
+        self._registration_stale_wait_s = registration_stale_wait_s
+        self._lookup_attempts_max = lookup_attempts_max
+        self._table = OwnershipTable(store.session_id)
+        self._topics = 0
+        self._listeners: list[OwnershipListener] = []
+        self._acquisitions: dict[str, asyncio.Task] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._load_lock = asyncio.Lock()
+        self._registered_session: int | None = None
+        self._started = False
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Register ``/loadbalance/brokers/<broker_id>`` (waiting up to
+        ``registration_stale_wait_s`` for a node left by an earlier session of this id) and
+        follow the session. MetadataExistsError if another live session holds the id."""
+        if self._started:
+            return
+        self._started = True
+        self._table.session = _TRUST[self.store.state]
+        self.store.add_session_listener(self._on_session)
+        await self._register()
+
+    async def close(self, *, timeout_s: float = 10.0) -> None:
+        """Release every bundle (delete our znodes), unregister, stop. Idempotent; the store stays
+        open (its owner closes it). The deletes are skipped when the session is not CONNECTED and
+        bounded by ``timeout_s`` in all: nodes left behind vanish with the session."""
+        if self._closed:
+            return
+        self._closed = True
+        self.store.remove_session_listener(self._on_session)
+        pending = list(self._acquisitions.values())
+        if pending:  # let creates in flight finish, so their nodes are released below
+            _, late = await asyncio.wait(pending, timeout=timeout_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        connected = not self.store.closed and self.store.state is SessionState.CONNECTED
+        if connected:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    for bundle in sorted(self._table.held()):
+                        try:
+                            await self._release_bundle(bundle, publish=False)
+                        except MetadataError as e:  # keep releasing the others
+                            log.warning("broker %s: releasing %s at close failed: %s", self.broker_id, bundle, e)
+                    await self._delete_if_ours(broker_path(self.broker_id))
+            except (TimeoutError, MetadataError) as e:
+                log.warning("broker %s: close left znodes to the session's end: %s", self.broker_id,
+                            e or "timed out")
+        elif self._table.held():
+            log.warning("broker %s: closing with session %s: bundles %s are released when the session "
+                        "ends", self.broker_id, "closed" if self.store.closed else self.store.state.value,
+                        sorted(self._table.held()))
+        self._table.on_session(SessionTrust.LOST, None)  # whatever is left: never trusted again
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- queries -----------------------------------------------------------------------------
+    def bundle_of(self, topic: "str | TopicName") -> str:
+        """``tenant/ns/<range>`` of ``topic``."""
+        return bundle_key(_persistent(topic), self.bundles_per_namespace)
+
+    def owns(self, topic: "str | TopicName") -> bool:
+        """True only while the topic's bundle is OWNED and the session is CONNECTED."""
+        bundle = self.bundle_of(topic)
+        return self._session_trusted() and self._table.owns(bundle)
+
+    def owns_bundle(self, bundle: str) -> bool:
+        return self._session_trusted() and self._table.owns(bundle)
+
+    def owned_bundles(self) -> frozenset[str]:
+        """Bundles served now (empty while the session is SUSPENDED or LOST)."""
+        return self._table.owned() if self._session_trusted() else frozenset()
+
+    def bundle_state(self, bundle: str) -> BundleState:
+        return self._table.state(bundle)
+
+    def add_ownership_listener(self, callback: OwnershipListener) -> None:
+        """``callback(bundles: frozenset[str], state: SessionState)`` runs in the loop:
+        SUSPENDED -> these bundles are SUSPECT (stop serving); CONNECTED -> they are OWNED again
+        (same session); LOST -> they are gone for good. Not called for an empty set; it must
+        not block; exceptions are logged."""
+        self._listeners.append(callback)
+
+    def remove_ownership_listener(self, callback: OwnershipListener) -> None:
+        try:
+            self._listeners.remove(callback)
+        except ValueError:
+            pass
+
+    # -- lookup ------------------------------------------------------------------------------
+    async def lookup(self, topic: "str | TopicName", *, authoritative: bool = False) -> LookupResult:
+        """Where ``topic`` is served. A known owner is answered (Connect if it is us, else a
+        Redirect to it); with no owner, the least loaded live broker is chosen: if it is us we
+        acquire the bundle (on a lost race the winner is answered), else an authoritative
+        Redirect to it (that broker then acquires on the client's authoritative LOOKUP).
+        Raises OwnershipError (retriable) when no answer can be given now (at once while the
+        session is SUSPENDED or before the re-registration after LOST), MetadataError on
+        ZooKeeper trouble, InvalidTopicNameError for a bad or non-persistent topic."""
+        self._check_open()
+        bundle = self.bundle_of(topic)
+        path = bundle_path(bundle)
+        for _ in range(self._lookup_attempts_max):
+            if not self._session_trusted():
+                raise OwnershipError(f"lookup {topic}: broker {self.broker_id}: metadata session "
+                                     f"{self.store.state.value}, ownership unknown; retry")
+            if self.owns_bundle(bundle):
+                return self._self_result()
+            pending = self._acquisitions.get(bundle)
+            if pending is not None:
+                await asyncio.gather(asyncio.shield(pending), return_exceptions=True)
+                continue
+            owner = await self._read_owner(path)
+            if owner is not None and owner[0].broker_id == self.broker_id \
+                    and self._table.state(bundle) is BundleState.NONE \
+                    and owner[1] == self.store.session_id and self.store.session_id is not None:
+                # left by an acquisition of this session that was declared void: remove, look again
+                await self._delete_if_ours(path)
+                continue
+            brokers: dict[str, BrokerInfo] = {} if owner is not None else await self.live_brokers()
+            decision = decide_lookup(
+                owner=owner[0].broker_id if owner is not None else None,
+                owned_by_self=self._table.owns(bundle),
+                brokers={b: info.load for b, info in brokers.items()},
+                self_id=self.broker_id,
+                self_trusted=self._session_trusted(),
+                authoritative=authoritative, rng=self._rng)
+            if isinstance(decision, Connect):
+                return self._self_result()
+            if isinstance(decision, Redirect):
+                info = owner[0] if owner is not None else brokers[decision.broker_id]
+                return LookupResult(info.pulsar_url, info.http_url, owned_by_self=False,
+                                    authoritative=decision.authoritative, broker_id=info.broker_id)
+            if isinstance(decision, AcquireSelf):
+                if await self._acquire_bundle(bundle):
+                    return self._self_result()
+                continue  # lost the race (or the session wobbled): read the winner
+            if isinstance(decision, Fail):
+                raise OwnershipError(f"lookup {topic}: {decision.reason}")
+            raise AssertionError(f"unknown decision {decision!r}")  # pragma: no cover
+        raise OwnershipError(f"lookup {topic}: no stable answer after {self._lookup_attempts_max} attempts")
+
+    # -- acquire / release ---------------------------------------------------------------------
+    async def acquire(self, topic: "str | TopicName") -> bool:
+        """Try to own the topic's bundle (create its ephemeral znode). True if we own it now;
+        False if another broker does, or our session is not trusted."""
+        self._check_open()
+        return await self._acquire_bundle(self.bundle_of(topic))
+
+    async def release(self, topic_or_bundle: "str | TopicName") -> bool:
+        """Graceful unload: delete our znode of the bundle (a ``tenant/ns/0x..._0x...`` bundle
+        name, or any topic in it). True if released, False if we did not hold it. On a
+        ZooKeeper error the bundle stays held (OWNED or SUSPECT) and the error propagates."""
+        self._check_open()
+        if isinstance(topic_or_bundle, str) and "://" not in topic_or_bundle and is_bundle_key(topic_or_bundle):
+            bundle = topic_or_bundle
+        else:
+            bundle = self.bundle_of(topic_or_bundle)
+        pending = self._acquisitions.get(bundle)
+        if pending is not None:
+            await asyncio.gather(asyncio.shield(pending), return_exceptions=True)
+        return await self._release_bundle(bundle, publish=True)
+
+    async def update_load(self, topics: int) -> None:
+        """Publish how many topics this broker serves (with its bundle count)."""
+        if isinstance(topics, bool) or not isinstance(topics, int) or topics < 0:
+            raise ValueError(f"topics must be an int >= 0, got {topics!r}")
+        self._topics = topics
+        await self._publish_load()
+
+    async def live_brokers(self) -> dict[str, BrokerInfo]:
+        """Registered brokers and their loads (our own load from memory: it is fresher)."""
+        names = await self.store.children(BROKERS_ROOT)
+        reads = await asyncio.gather(*(self.store.get_or_none(f"{BROKERS_ROOT}/{n}") for n in names))
+        brokers: dict[str, BrokerInfo] = {}
+        for name, read in zip(names, reads):
+            if read is None:
+                continue  # went away meanwhile
+            try:
+                doc = json.loads(read[0])
+                load = doc.get("load", {})
+                info = BrokerInfo(name, str(doc["pulsar_url"]), str(doc["http_url"]),
+                                  BrokerLoad(int(load.get("bundles", 0)), int(load.get("topics", 0))))
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                log.warning("ignoring malformed broker registration %s: %s", name, e)
+                continue
+            if name == self.broker_id:
+                info = BrokerInfo(name, self.pulsar_url, self.http_url, self._load())
+            brokers[name] = info
+        return brokers
+
+    # -- internals ---------------------------------------------------------------------------
+    def _session_trusted(self) -> bool:
+        """Our view of the session allows serving: not closed, store open, CONNECTED."""
+        return (not self._closed and not self.store.closed and self.store.state is SessionState.CONNECTED
+                and self._table.trusted)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise OwnershipError(f"broker {self.broker_id}: ownership manager is closed")
+        if not self._started:
+            raise OwnershipError(f"broker {self.broker_id}: ownership manager not started")
+
+    def _self_result(self) -> LookupResult:
+        return LookupResult(self.pulsar_url, self.http_url, owned_by_self=True, authoritative=False,
+                            broker_id=self.broker_id)
+
+    def _load(self) -> BrokerLoad:
+        return BrokerLoad(bundles=len(self._table.held()), topics=self._topics)
+
+    def _owner_doc(self) -> bytes:
+        return json.dumps({"broker_id": self.broker_id, "pulsar_url": self.pulsar_url,
+                           "http_url": self.http_url}).encode()
+
+    def _registration_doc(self) -> bytes:
+        load = self._load()
+        return json.dumps({"broker_id": self.broker_id, "pulsar_url": self.pulsar_url,
+                           "http_url": self.http_url,
+                           "load": {"bundles": load.bundles, "topics": load.topics}}).encode()
+
+    async def _read_owner(self, path: str) -> tuple[BrokerInfo, int] | None:
+        """(owner record, owning session id) or None."""
+        stat = await self.store.stat(path)
+        if stat is None:
+            return None
+        read = await self.store.get_or_none(path)
+        if read is None:
+            return None
+        try:
+            doc = json.loads(read[0])
+            info = BrokerInfo(str(doc["broker_id"]), str(doc["pulsar_url"]), str(doc["http_url"]), BrokerLoad())
+        except (ValueError, KeyError, TypeError) as e:
+            raise OwnershipError(f"malformed owner znode {path}: {e}") from None
+        return info, stat.ephemeral_owner
+
+    async def _acquire_bundle(self, bundle: str) -> bool:
+        if self._session_trusted() and self._table.owns(bundle):
+            return True
+        pending = self._acquisitions.get(bundle)
+        if pending is None:
+            if self._table.state(bundle) is not BundleState.NONE or not self._session_trusted():
+                return False  # SUSPECT/RELEASING, or the session is not trusted
+            pending = asyncio.get_running_loop().create_task(
+                self._run_acquire(bundle), name=f"acquire {bundle}")
+            self._acquisitions[bundle] = pending
+            pending.add_done_callback(lambda t, b=bundle: self._acquisition_done(b, t))
+        return await asyncio.shield(pending)
+
+    def _acquisition_done(self, bundle: str, task: asyncio.Task) -> None:
+        if self._acquisitions.get(bundle) is task:
+            del self._acquisitions[bundle]
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("acquire %s failed: %s", bundle, task.exception())
+
+    async def _run_acquire(self, bundle: str) -> bool:
+        path = bundle_path(bundle)
+        epoch = self._table.begin_acquire(bundle)
+        try:
+            await self.store.create(path, self._owner_doc(), ephemeral=True, make_parents=True)
+        except MetadataExistsError:
+            self._table.acquire_failed(bundle, epoch)
+            return False
+        except BaseException:
+            # the create may still have happened: a leftover node of this session is removed by
+            # the next lookup (state NONE + our session); one of an expired session is gone
+            self._table.acquire_failed(bundle, epoch)
+            raise
+        if not self._table.acquired(bundle, epoch, self.store.session_id):
+            self._spawn(self._delete_if_ours(path), f"remove void {bundle}")
+            return False
+        log.info("broker %s acquired %s", self.broker_id, bundle)
+        await self._publish_load()
+        return self._session_trusted() and self._table.owns(bundle)
+
+    async def _release_bundle(self, bundle: str, *, publish: bool) -> bool:
+        if not self._table.begin_release(bundle):
+            return False
+        try:
+            await self._delete_if_ours(bundle_path(bundle))
+        except BaseException:
+            self._table.release_failed(bundle)
+            raise
+        self._table.released(bundle)
+        log.info("broker %s released %s", self.broker_id, bundle)
+        if publish:
+            await self._publish_load()
+        return True
+
+    async def _delete_if_ours(self, path: str) -> None:
+        stat = await self.store.stat(path)
+        if stat is None or stat.ephemeral_owner != self.store.session_id:
+            return
+        try:
+            await self.store.delete(path, stat.version)
+        except MetadataNotFoundError:
+            pass
+
+    async def _register(self) -> None:
+        path = broker_path(self.broker_id)
+        deadline = time.monotonic() + self._registration_stale_wait_s
+        while True:
+            session = self.store.session_id
+            try:
+                await self.store.create(path, self._registration_doc(), ephemeral=True, make_parents=True)
+                break
+            except MetadataExistsError:
+                stat = await self.store.stat(path)
+                if stat is not None and stat.ephemeral_owner == self.store.session_id:
+                    await self.store.set(path, self._registration_doc(), -1)
+                    break
+                if stat is not None and time.monotonic() >= deadline:
+                    raise MetadataExistsError(
+                        f"broker {self.broker_id}: {path} is held by another session "
+                        f"(0x{stat.ephemeral_owner:x}) for more than {self._registration_stale_wait_s}s; "
+                        f"is another broker running with this id?") from None
+                if stat is not None:
+                    await asyncio.sleep(0.1)
+        self._registered_session = session
+        log.info("broker %s registered (session 0x%x)", self.broker_id, session or 0)
+
+    async def _reregister(self) -> None:
+        """After a new session: register again, retrying until it works or we close."""
+        delay_s = 0.05
+        while not self._closed:
+            if self._registered_session == self.store.session_id and self._registered_session is not None:
+                return
+            try:
+                await self.store.wait_connected()
+                await self._register()
+                return
+            except MetadataError as e:
+                log.warning("broker %s: re-registration failed (%s); retrying", self.broker_id, e)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 2.0)
+
+    async def _publish_load(self) -> None:
+        """Write our registration with the current load (best effort: logged on failure)."""
+        async with self._load_lock:
+            try:
+                path = broker_path(self.broker_id)
+                stat = await self.store.stat(path)
+                if stat is not None and stat.ephemeral_owner == self.store.session_id:
+                    await self.store.set(path, self._registration_doc(), stat.version)
+            except MetadataError as e:
+                log.warning("broker %s: publishing load failed: %s", self.broker_id, e)
+
+    def _on_session(self, state: SessionState) -> None:
+        if self._closed:
+            return
+        session_id = self.store.session_id if state is SessionState.CONNECTED else None
+        changed = self._table.on_session(_TRUST[state], session_id)
+        if state is SessionState.LOST:
+            self._acquisitions.clear()  # those tasks are void (their epoch is gone)
+        if changed:
+            log.warning("broker %s: session %s: bundles %s", self.broker_id, state.value, sorted(changed))
+            for callback in list(self._listeners):
+                try:
+                    callback(changed, state)
+                except Exception:
+                    log.exception("ownership listener %r failed", callback)
+        if state is SessionState.CONNECTED and self.store.session_id != self._registered_session:
+            self._spawn(self._reregister(), f"re-register {self.broker_id}")
+
+    def _spawn(self, coro, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("ownership task %s died", task.get_name(), exc_info=task.exception())
+
+
+def _persistent(topic: "str | TopicName") -> TopicName:
+    t = TopicName.parse(topic)
+    if not t.is_persistent:
+        raise InvalidTopicNameError(f"{t}: only persistent topics are supported")
+    return t
+
+
+__all__ = ["BrokerInfo", "LookupResult", "OwnershipListener", "OwnershipManager"]
