@@ -10,6 +10,7 @@ import sys
 # subcommand -> module with `add_parser(subparsers)`; the parser's `func(args) -> int` runs it
 SUBCOMMANDS = {
     "bookie": "bookie.main",
+    "broker": "broker.main",
     "cluster": "pulsarlite.cli_cluster",
     "bookkeeper": "pulsarlite.cli_bookkeeper",
 }

@@ -1,6 +1,6 @@
-"""`pulsarlite cluster ...`: a local cluster of ZooKeeper and bookies on loopback.
+"""`pulsarlite cluster ...`: a local cluster of ZooKeeper, bookies and brokers on loopback.
 
-    start --dir D --bookies N [--brokers 0] | status --dir D [--json] | stop --dir D |
+    start --dir D --bookies N [--brokers M] | status --dir D [--json] | stop --dir D |
     kill --dir D NAME | restart --dir D NAME
 """
 
@@ -14,13 +14,13 @@ from pulsarlite.errors import ConfigError, PulsarliteError
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("cluster", help="run a local cluster (ZooKeeper + bookies) in the background")
+    p = subparsers.add_parser("cluster", help="run a local cluster (ZooKeeper + bookies + brokers) in the background")
     sub = p.add_subparsers(dest="cluster_command", required=True)
 
     s = sub.add_parser("start", help="start (or resume) a cluster; returns once all are healthy")
     _add_dir(s)
     s.add_argument("--bookies", type=int, default=3, help="number of bookies (default 3)")
-    s.add_argument("--brokers", type=int, default=0, help="number of brokers (not supported yet: must be 0)")
+    s.add_argument("--brokers", type=int, default=0, help="number of brokers (default 0)")
     s.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for health (default 60)")
     s.set_defaults(func=_start)
 
@@ -63,8 +63,6 @@ def _fail(e: Exception) -> int:
 def _start(args) -> int:
     from pulsarlite.cluster import LocalCluster, format_status
     _quiet_kazoo()
-    if args.brokers != 0:
-        return _fail(ConfigError(f"brokers are not supported by the launcher yet (got --brokers {args.brokers}; use 0)"))
     try:
         cluster = LocalCluster(args.dir, start_timeout_s=args.timeout)
         try:

@@ -1,4 +1,4 @@
-"""The local cluster launcher: ZooKeeper and N bookies as background processes on loopback,
+"""The local cluster launcher: ZooKeeper, N bookies and M brokers as background processes on loopback,
 for development and tests (``pulsarlite cluster ...`` and :class:`LocalCluster`).
 
 Layout of a cluster directory D::
@@ -8,6 +8,7 @@ Layout of a cluster directory D::
     D/conf/bookie-i.toml      bookie configs (written once; kept on later starts)
     D/bookie-i/journal/       bookie journal directory
     D/bookie-i/ledgers/       bookie ledger storage directory
+    D/conf/broker-i.toml      broker configs (ports {"pulsar": P, "http": H})
     D/logs/NAME.log           each process's stdout and stderr
 
 Processes run in their own sessions so they outlive the command that started them; the state
@@ -39,6 +40,8 @@ STATE_FILE = "cluster.json"
 STATE_FORMAT_VERSION = 1
 ZOOKEEPER = "zookeeper"
 BOOKIE = "bookie"
+BROKER = "broker"
+BROKERS_PATH = "/loadbalance/brokers"
 AVAILABLE_PATH = "/ledgers/available"
 READONLY_PATH = "/ledgers/available/readonly"
 
@@ -50,13 +53,14 @@ class ClusterError(PulsarliteError):
 @dataclass
 class ProcessRecord:
     name: str
-    role: str                      # "zookeeper" | "bookie"
+    role: str                      # "zookeeper" | "bookie" | "broker"
     argv: list[str]
     ports: dict[str, int]
     config: str                    # config file path; its presence in argv identifies the pid
     log: str
     pid: int | None = None
     bookie_id: str | None = None
+    broker_id: str | None = None
 
     def alive(self) -> bool:
         return process_matches(self.pid, self.config)
@@ -64,6 +68,10 @@ class ProcessRecord:
 
 def default_bookie_command(config_path: Path) -> list[str]:
     return [sys.executable, "-m", "pulsarlite", "bookie", "--config", str(config_path)]
+
+
+def default_broker_command(config_path: Path) -> list[str]:
+    return [sys.executable, "-m", "pulsarlite", "broker", "--config", str(config_path)]
 
 
 def _child_env() -> dict[str, str]:
@@ -84,11 +92,13 @@ class LocalCluster:
 
     def __init__(self, directory: Path | str, *, start_timeout_s: float = 60.0,
                  stop_grace_s: float = 10.0,
-                 bookie_command: Callable[[Path], list[str]] = default_bookie_command) -> None:
+                 bookie_command: Callable[[Path], list[str]] = default_bookie_command,
+                 broker_command: Callable[[Path], list[str]] = default_broker_command) -> None:
         self.dir = Path(directory).resolve()
         self.start_timeout_s = start_timeout_s
         self.stop_grace_s = stop_grace_s
         self.bookie_command = bookie_command
+        self.broker_command = broker_command
         self.records: dict[str, ProcessRecord] = {}
         self._popens: dict[str, subprocess.Popen] = {}
         self._kazoo = None
@@ -134,6 +144,26 @@ class LocalCluster:
     def bookie_ids(self) -> list[str]:
         return [self.records[name].bookie_id for name in self.bookie_names]
 
+    @property
+    def broker_names(self) -> list[str]:
+        return sorted((r.name for r in self.records.values() if r.role == BROKER), key=_name_order)
+
+    @property
+    def service_url(self) -> str | None:
+        """``pulsar://127.0.0.1:P1,127.0.0.1:P2`` over every broker (None without brokers)."""
+        ports = [self.records[n].ports["pulsar"] for n in self.broker_names]
+        if not ports:
+            return None
+        return "pulsar://" + ",".join(f"{LOOPBACK}:{p}" for p in ports)
+
+    @property
+    def admin_url(self) -> str | None:
+        """The admin HTTP URL of the first broker (None without brokers)."""
+        names = self.broker_names
+        if not names:
+            return None
+        return f"http://{LOOPBACK}:{self.records[names[0]].ports['http']}"
+
     def bookie_config_path(self, name: str) -> Path:
         return Path(self._record(name).config)
 
@@ -166,13 +196,16 @@ class LocalCluster:
 
     # -- start ----------------------------------------------------------------------------
     def start_processes(self, bookies: int = 3, brokers: int = 0,
-                        bookie_overrides: dict | None = None) -> None:
-        """Start whatever of ZooKeeper and bookie-1..bookie-N is not running; wait healthy.
+                        bookie_overrides: dict | None = None,
+                        broker_overrides: dict | None = None) -> None:
+        """Start whatever of ZooKeeper, bookie-1..bookie-N and broker-1..broker-M is not running;
+        wait healthy (brokers start once the bookies are healthy).
 
         ``bookie_overrides``: BookieConfig fields for every new bookie's config, and/or
-        ``{"bookie-2": {...}}`` for one bookie. Existing configs are kept as they are."""
-        if brokers != 0:
-            raise ConfigError(f"brokers are not supported by the launcher yet (got --brokers {brokers}; use 0)")
+        ``{"bookie-2": {...}}`` for one bookie. ``broker_overrides``: the same for BrokerConfig
+        (``{"broker-1": {...}}`` for one). Existing configs are kept as they are."""
+        if brokers < 0:
+            raise ConfigError(f"brokers must be >= 0, got {brokers}")
         if bookies < 0:
             raise ConfigError(f"bookies must be >= 0, got {bookies}")
         existing = len(self.bookie_names)
@@ -190,6 +223,19 @@ class LocalCluster:
             self._save_state()
             launched = [name for name in self.bookie_names if not self.records[name].alive()]
             stale = {name: self._registration_owners(self.records[name].bookie_id) for name in launched}
+            for name in launched:
+                self._launch(name)
+                started.append(name)
+            self._save_state()
+            self._wait_bookies_healthy(launched, stale)
+            broker_overrides = dict(broker_overrides or {})
+            for i in range(1, brokers + 1):
+                name = f"broker-{i}"
+                if name not in self.records:
+                    self._define_broker(name, broker_overrides)
+            self._save_state()
+            launched = [name for name in self.broker_names if not self.records[name].alive()]
+            stale = {name: self._broker_registration_owners(self.records[name].broker_id) for name in launched}
             for name in launched:
                 self._launch(name)
                 started.append(name)
@@ -245,6 +291,28 @@ class LocalCluster:
             config=str(config_path), log=str(self.dir / "logs" / f"{name}.log"),
             bookie_id=config.effective_bookie_id)
 
+    def _define_broker(self, name: str, overrides: dict) -> None:
+        from broker.config import BrokerConfig
+        port = self._free_port()
+        self.records[name] = ProcessRecord(name=name, role=BROKER, argv=[], ports={"pulsar": port},
+                                           config="", log="")
+        http_port = self._free_port()
+        common = {k: v for k, v in overrides.items() if not k.startswith("broker-")}
+        own = overrides.get(name, {})
+        config = BrokerConfig(host=LOOPBACK, port=port, http_port=http_port, zookeeper=self.zookeeper)
+        try:
+            config = dataclasses.replace(config, **common, **own).validate()
+        except TypeError as e:
+            del self.records[name]
+            raise ConfigError(f"broker_overrides: {e}") from None
+        config_path = self.dir / "conf" / f"{name}.toml"
+        config_path.parent.mkdir(parents=True, exist_ok=True)
+        config_path.write_text(to_toml(config))
+        self.records[name] = ProcessRecord(
+            name=name, role=BROKER, argv=self.broker_command(config_path),
+            ports={"pulsar": config.port, "http": config.http_port}, config=str(config_path),
+            log=str(self.dir / "logs" / f"{name}.log"), broker_id=config.effective_broker_id)
+
     def _free_port(self) -> int:
         used = {p for r in self.records.values() for p in r.ports.values()}
         while True:
@@ -291,6 +359,14 @@ class LocalCluster:
                 owners.add(stat.ephemeralOwner)
         return owners
 
+    def _broker_registration_owners(self, broker_id: str) -> set[int]:
+        stat = self._zk_client().exists(f"{BROKERS_PATH}/{broker_id}")
+        return {stat.ephemeralOwner} if stat is not None else set()
+
+    def _broker_registered(self, broker_id: str, exclude_owners: set[int] = frozenset()) -> bool:
+        stat = self._zk_client().exists(f"{BROKERS_PATH}/{broker_id}")
+        return stat is not None and stat.ephemeralOwner not in exclude_owners
+
     def _bookie_mode(self, bookie_id: str, exclude_owners: set[int] = frozenset()) -> str | None:
         """'writable', 'readonly' or None (not registered by a session outside exclude_owners)."""
         client = self._zk_client()
@@ -301,6 +377,10 @@ class LocalCluster:
         return None
 
     def _bookie_healthy(self, record: ProcessRecord, exclude_owners: set[int] = frozenset()) -> bool:
+        if record.role == BROKER:
+            return (record.alive() and self._broker_registered(record.broker_id, exclude_owners)
+                    and port_accepts(LOOPBACK, record.ports["pulsar"])
+                    and ("http" not in record.ports or port_accepts(LOOPBACK, record.ports["http"])))
         return (record.alive() and self._bookie_mode(record.bookie_id, exclude_owners) is not None
                 and port_accepts(LOOPBACK, record.ports["bookie"]))
 
@@ -350,6 +430,13 @@ class LocalCluster:
                      "config": record.config, "log": record.log}
             if record.role == ZOOKEEPER:
                 entry["healthy"] = alive and zk_up
+            elif record.role == BROKER:
+                registered = bool(zk_up and alive and self._broker_registered(record.broker_id))
+                entry["broker_id"] = record.broker_id
+                entry["registered"] = registered
+                entry["healthy"] = bool(registered and port_accepts(LOOPBACK, record.ports["pulsar"])
+                                        and ("http" not in record.ports
+                                             or port_accepts(LOOPBACK, record.ports["http"])))
             else:
                 mode = self._bookie_mode(record.bookie_id) if zk_up and alive else None
                 entry["bookie_id"] = record.bookie_id
@@ -357,7 +444,7 @@ class LocalCluster:
                 entry["healthy"] = bool(alive and mode and port_accepts(LOOPBACK, record.ports["bookie"]))
             processes.append(entry)
         return {"dir": str(self.dir), "zookeeper": self.zookeeper if ZOOKEEPER in self.records else None,
-                "processes": processes}
+                "service_url": self.service_url, "admin_url": self.admin_url, "processes": processes}
 
     # -- kill, restart, stop ----------------------------------------------------------------
     def kill(self, name: str) -> None:
@@ -379,7 +466,10 @@ class LocalCluster:
         if record.role == ZOOKEEPER:
             self._start_zookeeper([])
             return
-        stale = {name: self._registration_owners(record.bookie_id)}
+        if record.role == BROKER:
+            stale = {name: self._broker_registration_owners(record.broker_id)}
+        else:
+            stale = {name: self._registration_owners(record.bookie_id)}
         self._launch(name)
         self._save_state()
         try:
@@ -390,10 +480,11 @@ class LocalCluster:
             raise
 
     def stop(self) -> None:
-        """Stop every recorded process: bookies first (in parallel), ZooKeeper last; SIGTERM,
-        then SIGKILL after ``stop_grace_s``."""
+        """Stop every recorded process: brokers first, then bookies (each group in parallel),
+        ZooKeeper last; SIGTERM, then SIGKILL after ``stop_grace_s``."""
         try:
             self._close_kazoo()
+            self._stop_names([n for n in self.records if self.records[n].role == BROKER])
             self._stop_names([n for n in self.records if n != ZOOKEEPER])
             self._stop_names([n for n in self.records if n == ZOOKEEPER])
         finally:
@@ -457,11 +548,16 @@ def format_status(status: dict) -> str:
         detail = ""
         if p["role"] == BOOKIE:
             detail = f"{p.get('bookie_id')} {p.get('mode') or 'unregistered'}"
+        elif p["role"] == BROKER:
+            detail = f"{p.get('broker_id')} {'registered' if p.get('registered') else 'unregistered'}"
         rows.append((p["name"], p["role"], str(p["pid"] or "-"), "yes" if p["healthy"] else "no", ports, detail))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"cluster {status['dir']}  zookeeper {status['zookeeper']}"]
+    if status.get("service_url"):
+        lines[0] += f"  service_url {status['service_url']}  admin_url {status['admin_url']}"
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     return "\n".join(lines)
 
 
-__all__ = ["LocalCluster", "ClusterError", "ProcessRecord", "default_bookie_command", "format_status"]
+__all__ = ["LocalCluster", "ClusterError", "ProcessRecord", "default_bookie_command", "default_broker_command",
+           "format_status"]

@@ -135,7 +135,7 @@ def test_cli_start_status_restart_stop_resume(tmp_path):
         # bad input changes nothing
         result = cli("start", "--dir", str(directory), "--bookies", "1", check=False)
         assert result.returncode == 2 and "already has 2 bookies" in result.stderr
-        result = cli("start", "--dir", str(directory), "--bookies", "2", "--brokers", "1", check=False)
+        result = cli("start", "--dir", str(directory), "--bookies", "2", "--brokers", "-1", check=False)
         assert result.returncode == 2 and "brokers" in result.stderr
         result = cli("kill", "--dir", str(directory), "bookie-9", check=False)
         assert result.returncode == 1 and "no process named 'bookie-9'" in result.stderr
@@ -166,9 +166,9 @@ def test_failed_start_cleans_up(tmp_path):
     assert not any(p["pid"] or p["alive"] for p in status["processes"])
 
 
-def test_brokers_rejected_and_context_manager_cleans_up(tmp_path):
+def test_negative_brokers_rejected_and_context_manager_cleans_up(tmp_path):
     with pytest.raises(ConfigError, match="brokers"):
-        LocalCluster.start(tmp_path / "b", bookies=1, brokers=1)
+        LocalCluster.start(tmp_path / "b", bookies=1, brokers=-1)
     assert not (tmp_path / "b" / "cluster.json").exists()
 
     pids: list[int] = []

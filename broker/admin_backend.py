@@ -1,0 +1,504 @@
+"""The broker's side of the admin HTTP API: :class:`BrokerAdminBackend` implements
+:class:`broker.admin.http.AdminBackend` on top of :class:`broker.service.BrokerService`.
+
+Where things come from:
+
+- topics are managed ledgers (``/managed-ledgers/<tenant>/<ns>/persistent/<topic>``); an admin
+  "create topic" writes an empty ledger list, so the topic exists before any broker loads it;
+- partitioned topics are ``/admin/partitioned-topics/<tenant>/<ns>/persistent/<topic>`` with
+  JSON ``{"partitions": N}`` (read by :meth:`BrokerService.partitions`, the one reader); their
+  partitions are created as topics at once;
+- stats of a loaded topic are live (counters, rates over the last stats interval, producers,
+  consumers); for a topic not loaded here they come from the stored ledger list and cursors;
+- operations that change a topic's state (subscriptions, reset, delete) load it on this broker
+  first (which needs ownership of its bundle: otherwise 503, retriable);
+- every topic operation checks that its namespace exists (and is not being deleted).
+
+Unload (graceful): loads of the topic are held, its bundle is released if no other topic of
+the bundle is loaded here, adds in flight are confirmed (receipts sent), then producers and
+consumers are told to reconnect, cursors are flushed and the managed ledger is closed. The
+clients look the topic up again and find its (possibly new) owner; nothing acknowledged is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timezone
+
+from broker.admin.http import (ConsumerStats, CursorStats, InternalStats, LedgerInfoStats, LookupData,
+                               MessageIdData, PublisherStats, SubscriptionPosition, SubscriptionStats, TopicStats)
+from broker.admin.policies import BadRequestError, ConflictError, NotFoundError, PreconditionFailedError
+from broker.cursor import CursorState, cursor_path, list_cursors
+from broker.managed_ledger import LedgerInfo, ManagedLedgerMetadata, ManagedLedgerStore, OffloadState, Position
+from broker.managed_ledger.store import encode as encode_ledger_list
+from broker.service import (PARTITIONED_TOPICS_ROOT, BrokerService, TopicNotFoundError, subscription_backlog)
+from pulsarlite.errors import MetadataNotFoundError
+from pulsarlite.metadata import MetadataExistsError
+from pulsarlite.topic_name import InvalidTopicNameError, TopicName
+from pulsarlite.wire.entry import peek_metadata
+
+log = logging.getLogger("pulsarlite.broker.admin")
+
+RESET_SCAN_ENTRIES = 100        # entries read per request while looking for a publish time
+
+_ML_STATES = {"OPENING": "None", "READY": "LedgerOpened", "ROLLING_OVER": "CreatingLedger",
+              "CLOSING": "Closing", "CLOSED": "Closed", "FENCED": "Fenced", "FAILED": "Failed",
+              "DELETED": "Deleted"}
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _last_position(ledgers: tuple[LedgerInfo, ...] | list[LedgerInfo]) -> Position:
+    for info in reversed(ledgers):
+        if info.entries > 0:
+            return Position(info.ledger_id, info.entries - 1)
+    return Position(ledgers[-1].ledger_id, -1) if ledgers else Position(-1, -1)
+
+
+def _acked_ranges(cursor) -> str:
+    ranges = getattr(cursor, "individually_acked", None)
+    if not ranges:
+        return "[]"
+    return "[" + ", ".join(f"({lid}:{a - 1}..{lid}:{b}]" for lid, a, b in ranges) + "]"
+
+
+class BrokerAdminBackend:
+    def __init__(self, service: BrokerService) -> None:
+        self.service = service
+        self.policies = service.policies
+        self.metrics = service.metrics
+        self.store = service.store
+        self.ml_store = ManagedLedgerStore(service.store)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    @staticmethod
+    def _name(topic: str) -> TopicName:
+        try:
+            return TopicName.parse(topic)
+        except InvalidTopicNameError as e:
+            raise BadRequestError(str(e)) from None
+
+    async def _check_namespace(self, name: TopicName | str) -> None:
+        namespace = name if isinstance(name, str) else name.namespace
+        await self.policies.get_namespace_policies(namespace)     # NotFoundError
+
+    async def _ledger_list(self, name: TopicName) -> ManagedLedgerMetadata | None:
+        got = await self.ml_store.read(name.managed_ledger_name)
+        return None if got is None else got[0]
+
+    async def _exists(self, name: TopicName) -> bool:
+        if self.service.loaded_topic(str(name)) is not None:
+            return True
+        return await self.store.exists(f"/managed-ledgers/{name.managed_ledger_name}")
+
+    async def _require_topic(self, name: TopicName) -> None:
+        await self._check_namespace(name)
+        if not await self._exists(name):
+            raise NotFoundError(f"Topic {name} not found")
+
+    async def _load(self, name: TopicName):
+        """The topic, loaded here (404 if it does not exist; 503 if another broker owns it)."""
+        try:
+            return await self.service.get_topic(str(name), create=False)
+        except TopicNotFoundError as e:
+            raise NotFoundError(str(e)) from None
+
+    def _partitions_path(self, name: TopicName) -> str:
+        return f"{PARTITIONED_TOPICS_ROOT}/{name.managed_ledger_name}"
+
+    async def _create_ledger_list(self, name: TopicName) -> bool:
+        """Create the (empty) managed ledger of a topic; False if it exists."""
+        try:
+            await self.ml_store.create(name.managed_ledger_name, encode_ledger_list(ManagedLedgerMetadata()))
+        except MetadataExistsError:
+            return False
+        return True
+
+    # -- topics ----------------------------------------------------------------------------------
+    async def list_topics(self, namespace: str) -> list[str]:
+        await self._check_namespace(namespace)
+        return sorted(await self.service.topics_of_namespace(namespace))
+
+    async def list_partitioned_topics(self, namespace: str) -> list[str]:
+        await self._check_namespace(namespace)
+        from urllib.parse import unquote_plus
+        names = await self.store.children(f"{PARTITIONED_TOPICS_ROOT}/{namespace}/persistent")
+        return sorted(f"persistent://{namespace}/{unquote_plus(n)}" for n in names)
+
+    async def create_topic(self, topic: str) -> None:
+        name = self._name(topic)
+        await self._check_namespace(name)
+        if not name.is_partition and await self.service.partitions(str(name)) > 0:
+            raise ConflictError(f"Topic {name} already exists as a partitioned topic")
+        if not await self._create_ledger_list(name):
+            raise ConflictError(f"Topic {name} already exists")
+
+    async def delete_topic(self, topic: str, force: bool) -> None:
+        name = self._name(topic)
+        await self._require_topic(name)
+        key = str(name)
+        loaded = self.service.loaded_topic(key)
+        if loaded is not None and loaded.client_count() and not force:
+            raise PreconditionFailedError(f"Topic {name} has active producers/subscriptions")
+        if loaded is None:
+            loaded = await self._load(name)          # own it (fences any other writer) to delete it
+            if loaded.client_count() and not force:
+                raise PreconditionFailedError(f"Topic {name} has active producers/subscriptions")
+        await self.service.unload_topic(key, delete=True)
+
+    async def create_partitioned_topic(self, topic: str, partitions: int) -> None:
+        name = self._name(topic)
+        await self._check_namespace(name)
+        if await self._exists(name):
+            raise ConflictError(f"Topic {name} already exists as a non-partitioned topic")
+        try:
+            await self.store.create(self._partitions_path(name), json.dumps({"partitions": partitions}).encode())
+        except MetadataExistsError:
+            raise ConflictError(f"Partitioned topic {name} already exists") from None
+        for i in range(partitions):
+            await self._create_ledger_list(name.partition(i))
+
+    async def update_partitioned_topic(self, topic: str, partitions: int) -> None:
+        name = self._name(topic)
+        await self._check_namespace(name)
+        path = self._partitions_path(name)
+        before: list[int] = []
+
+        def grow(current: bytes | None) -> bytes:
+            if current is None:
+                raise NotFoundError(f"Partitioned topic {name} does not exist")
+            try:
+                now = int(json.loads(current)["partitions"])
+            except (ValueError, KeyError, TypeError):
+                now = 0
+            if partitions <= now:
+                raise PreconditionFailedError(
+                    f"Number of partitions can only grow: {name} has {now}, asked {partitions}")
+            before.append(now)
+            return json.dumps({"partitions": partitions}).encode()
+
+        await self.store.update(path, grow)
+        for i in range(before[-1] if before else 0, partitions):
+            await self._create_ledger_list(name.partition(i))
+
+    async def delete_partitioned_topic(self, topic: str, force: bool) -> None:
+        name = self._name(topic)
+        await self._check_namespace(name)
+        n = await self.service.partitions(str(name))
+        if n <= 0:
+            raise NotFoundError(f"Partitioned topic {name} does not exist")
+        if not force:
+            for i in range(n):
+                loaded = self.service.loaded_topic(str(name.partition(i)))
+                if loaded is not None and loaded.client_count():
+                    raise PreconditionFailedError(f"Partitioned topic {name} has active producers/subscriptions")
+        for i in range(n):
+            part = name.partition(i)
+            if await self._exists(part):
+                await self.delete_topic(str(part), force)
+        try:
+            await self.store.delete(self._partitions_path(name))
+        except MetadataNotFoundError:
+            pass
+
+    async def partitioned_metadata(self, topic: str) -> int:
+        return await self.service.partitions(str(self._name(topic)))
+
+    # -- stats -----------------------------------------------------------------------------------
+    async def _stored_cursors(self, name: TopicName) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        for cursor in await list_cursors(self.store, name.managed_ledger_name):
+            got = await self.store.get_or_none(cursor_path(name.managed_ledger_name, cursor))
+            if got is not None:
+                out[cursor] = got[0]
+        return out
+
+    async def topic_stats(self, topic: str) -> TopicStats:
+        name = self._name(topic)
+        await self._require_topic(name)
+        service = self.service
+        key = str(name)
+        live = service.loaded_topic(key)
+        if live is not None:
+            ledgers = live.ml.ledgers()
+            last = live.ml.last_confirmed_position
+        else:
+            md = await self._ledger_list(name)
+            ledgers = md.ledgers if md is not None else ()
+            last = _last_position(ledgers)
+        entries = sum(i.entries for i in ledgers)
+        storage = sum(i.size_bytes for i in ledgers)
+        avg = storage / entries if entries else 0
+        subscriptions: dict[str, SubscriptionStats] = {}
+        if live is not None:
+            for sub in live.subscriptions.values():
+                rate, throughput = service.rate(("s", key, sub.name))
+                consumers: list[ConsumerStats] = []
+                for handle in sub.consumers.values():
+                    consumers.append({
+                        "consumerName": getattr(handle, "consumer_name", ""),
+                        "msgRateOut": 0.0, "msgThroughputOut": 0.0,
+                        "availablePermits": sub.core.permits(id(handle)),
+                        "unackedMessages": len(sub.core.outstanding(id(handle))),
+                        "address": getattr(handle, "address", ""),
+                        "connectedSince": _iso(getattr(handle, "connected_since_ms", 0)),
+                    })
+                if len(consumers) == 1:
+                    consumers[0]["msgRateOut"], consumers[0]["msgThroughputOut"] = rate, throughput
+                subscriptions[sub.name] = {
+                    "msgBacklog": subscription_backlog(sub.cursor, last, ledgers),
+                    "type": sub.sub_type.value, "msgRateOut": rate, "msgThroughputOut": throughput,
+                    "consumers": consumers, "isDurable": sub.durable,
+                }
+        for cursor_name, data in (await self._stored_cursors(name)).items():
+            if cursor_name in subscriptions:
+                continue
+            try:
+                state = CursorState.from_bytes(data, ledgers=ledgers)
+                backlog = state.backlog(last, ledgers)
+            except ValueError:
+                backlog = 0
+            subscriptions[cursor_name] = {"msgBacklog": backlog, "type": "Exclusive", "msgRateOut": 0.0,
+                                          "msgThroughputOut": 0.0, "consumers": [], "isDurable": True}
+        publishers: list[PublisherStats] = []
+        rate_in = rate_out = (0.0, 0.0)
+        msg_in = bytes_in = msg_out = bytes_out = 0
+        if live is not None:
+            rate_in, rate_out = service.rate(("t", key)), service.rate(("to", key))
+            msg_in, bytes_in, msg_out, bytes_out = live.msg_in, live.bytes_in, live.msg_out, live.bytes_out
+            for p in live.producers.values():
+                r, t = service.rate(("p", key, p.name))
+                publishers.append({"producerId": p.producer_id, "producerName": p.name, "msgRateIn": r,
+                                   "msgThroughputIn": t, "address": p.address,
+                                   "connectedSince": _iso(p.connected_since_ms)})
+        slowest = max((s["msgBacklog"] for s in subscriptions.values()), default=0)
+        return {
+            "msgRateIn": rate_in[0], "msgThroughputIn": rate_in[1],
+            "msgRateOut": rate_out[0], "msgThroughputOut": rate_out[1],
+            "msgInCounter": msg_in, "bytesInCounter": bytes_in,
+            "msgOutCounter": msg_out, "bytesOutCounter": bytes_out,
+            "averageMsgSize": (bytes_in / msg_in) if msg_in else 0.0,
+            "storageSize": storage, "backlogSize": int(slowest * avg),
+            "publishers": publishers, "subscriptions": subscriptions,
+        }
+
+    async def internal_stats(self, topic: str) -> InternalStats:
+        name = self._name(topic)
+        await self._require_topic(name)
+        live = self.service.loaded_topic(str(name))
+        if live is not None:
+            ledgers = live.ml.ledgers()
+            last = live.ml.last_confirmed_position
+            state = _ML_STATES.get(live.ml.state.value, live.ml.state.value)
+            added = live.entries_added
+        else:
+            md = await self._ledger_list(name)
+            ledgers = md.ledgers if md is not None else ()
+            last = _last_position(ledgers)
+            state = "Closed"
+            added = 0
+        current = ledgers[-1] if ledgers else None
+        cursors: dict[str, CursorStats] = {}
+        if live is not None:
+            for sub in live.subscriptions.values():
+                if not sub.durable:
+                    continue
+                cursor = sub.cursor
+                cursors[sub.name] = {
+                    "markDeletePosition": str(cursor.mark_delete_position),
+                    "readPosition": str(sub.read_position),
+                    "messagesConsumedCounter": sub.msg_out,
+                    "cursorLedger": -1, "state": "Open",
+                    "individuallyDeletedMessages": _acked_ranges(cursor),
+                }
+        for cursor_name, data in (await self._stored_cursors(name)).items():
+            if cursor_name in cursors:
+                continue
+            try:
+                cstate = CursorState.from_bytes(data, ledgers=ledgers)
+            except ValueError:
+                continue
+            cursors[cursor_name] = {
+                "markDeletePosition": str(cstate.mark_delete), "readPosition": str(cstate.read_position),
+                "messagesConsumedCounter": 0, "cursorLedger": -1, "state": "NoLedger",
+                "individuallyDeletedMessages": _acked_ranges(cstate),
+            }
+        ledger_stats: list[LedgerInfoStats] = [{
+            "ledgerId": i.ledger_id, "entries": i.entries, "size": i.size_bytes,
+            "offloaded": i.offload.state in (OffloadState.OFFLOADED, OffloadState.BOOKIE_DELETED),
+            "underReplicated": False, "timestamp": i.created_ms,
+        } for i in ledgers]
+        return {
+            "entriesAddedCounter": added,
+            "numberOfEntries": sum(i.entries for i in ledgers),
+            "totalSize": sum(i.size_bytes for i in ledgers),
+            "currentLedgerEntries": current.entries if current else 0,
+            "currentLedgerSize": current.size_bytes if current else 0,
+            "lastLedgerCreatedTimestamp": _iso(current.created_ms) if current else "",
+            "lastConfirmedEntry": str(last),
+            "state": state,
+            "ledgers": ledger_stats,
+            "cursors": cursors,
+        }
+
+    # -- unload ----------------------------------------------------------------------------------
+    async def unload_topic(self, topic: str) -> None:
+        name = self._name(topic)
+        await self._check_namespace(name)
+        key = str(name)
+        if self.service.loaded_topic(key) is None:
+            n = 0 if name.is_partition else await self.service.partitions(key)
+            if n > 0:
+                for i in range(n):
+                    await self.unload_topic(str(name.partition(i)))
+                return
+            if not await self._exists(name):
+                raise NotFoundError(f"Topic {name} not found")
+            return       # exists, not served here: nothing to unload
+
+        async def release() -> None:
+            await self._release_bundle(name)
+
+        await self.service.unload_topic(key, before_close=release)
+
+    async def _release_bundle(self, name: TopicName) -> None:
+        """Let go of the topic's bundle unless another topic of it is still served here."""
+        manager = getattr(self.service.ownership, "manager", None)
+        if manager is None:
+            return
+        bundle = manager.bundle_of(name)
+        if any(manager.bundle_of(key) == bundle for key in list(self.service.topics)):
+            return       # another topic of the bundle is served (or loading) here: keep it
+        try:
+            await manager.release(name)
+        except Exception as e:   # ownership stays; the topic is closed anyway and reloads here
+            log.warning("unload %s: releasing bundle %s failed: %s", name, bundle, e)
+
+    # -- subscriptions ---------------------------------------------------------------------------
+    async def list_subscriptions(self, topic: str) -> list[str]:
+        name = self._name(topic)
+        await self._require_topic(name)
+        names = set(await list_cursors(self.store, name.managed_ledger_name))
+        live = self.service.loaded_topic(str(name))
+        if live is not None:
+            names.update(s.name for s in live.subscriptions.values() if s.durable)
+        return sorted(names)
+
+    async def create_subscription(self, topic: str, name: str, position: SubscriptionPosition) -> None:
+        from broker.adapters import open_cursor
+        tname = self._name(topic)
+        await self._require_topic(tname)
+        live = await self._load(tname)
+        ml_name = tname.managed_ledger_name
+        if name in live.subscriptions or await self.store.exists(cursor_path(ml_name, name)):
+            raise ConflictError(f"Subscription {name} already exists on {tname}")
+        if position == "earliest":
+            initial = live.earliest_mark_delete()
+        elif position == "latest":
+            initial = live.last_position()
+        else:
+            ledger_id, entry_id = position
+            initial = Position(ledger_id, entry_id - 1)
+        cursor = await open_cursor(self.store, ml_name, name, initial=initial, durable=True,
+                                   ledgers_of=live.ml.ledgers)
+        close = getattr(cursor, "close", None)
+        if close is not None:
+            await close()
+
+    async def delete_subscription(self, topic: str, name: str, force: bool) -> None:
+        tname = self._name(topic)
+        await self._require_topic(tname)
+        live = self.service.loaded_topic(str(tname))
+        ml_name = tname.managed_ledger_name
+        sub = live.subscriptions.get(name) if live is not None else None
+        if sub is None and not await self.store.exists(cursor_path(ml_name, name)):
+            raise NotFoundError(f"Subscription {name} not found on {tname}")
+        if live is None:
+            live = await self._load(tname)
+            sub = live.subscriptions.get(name)
+        if sub is not None:
+            if sub.consumers and not force:
+                raise PreconditionFailedError(f"Subscription {name} has active consumers")
+            for consumer in list(sub.consumers.values()):
+                consumer.close_by_broker()
+            await live.remove_subscription(sub, delete_cursor=True)
+        try:
+            await self.store.delete(cursor_path(ml_name, name))
+        except MetadataNotFoundError:
+            pass
+
+    async def reset_cursor_by_time(self, topic: str, subscription: str, timestamp_ms: int) -> None:
+        from broker.adapters import open_cursor
+        tname = self._name(topic)
+        await self._require_topic(tname)
+        live = await self._load(tname)
+        ml_name = tname.managed_ledger_name
+        sub = live.subscriptions.get(subscription)
+        if sub is None and not await self.store.exists(cursor_path(ml_name, subscription)):
+            raise NotFoundError(f"Subscription {subscription} not found on {tname}")
+        position = await self._position_at_time(live, timestamp_ms)
+        sub = live.subscriptions.get(subscription)
+        if sub is not None:
+            await sub.reset(position)
+            return
+        cursor = await open_cursor(self.store, ml_name, subscription, initial=live.earliest_mark_delete(),
+                                   durable=True, ledgers_of=live.ml.ledgers)
+        try:
+            cursor.reset(position)
+        finally:
+            await cursor.close()
+
+    async def _position_at_time(self, live, timestamp_ms: int) -> Position:
+        """The first entry whose publish time is >= ``timestamp_ms`` (publish-time bounds pick
+        the ledger; its entries' metadata decide), else the position after the last entry."""
+        ledgers = [i for i in live.ml.ledgers() if i.entries > 0]
+        for info in ledgers:
+            if info.max_publish_time_ms is not None and info.max_publish_time_ms < timestamp_ms:
+                continue
+            if info.min_publish_time_ms is not None and info.min_publish_time_ms >= timestamp_ms:
+                return Position(info.ledger_id, 0)
+            entry_id = 0
+            while entry_id < info.entries:
+                got = await live.ml.read_entries(Position(info.ledger_id, entry_id), RESET_SCAN_ENTRIES)
+                got = [(p, d) for p, d in got if p.ledger_id == info.ledger_id]
+                if not got:
+                    break
+                for p, data in got:
+                    try:
+                        publish_time = peek_metadata(data).publish_time_ms
+                    except Exception:
+                        continue
+                    if publish_time >= timestamp_ms:
+                        return p
+                entry_id = got[-1][0].entry_id + 1
+        last = live.last_position()
+        if last.ledger_id < 0:
+            return Position(max(live.ml.current_ledger_id or 0, 0), 0)
+        return Position(last.ledger_id, last.entry_id + 1)
+
+    # -- lookup ----------------------------------------------------------------------------------
+    async def lookup(self, topic: str) -> LookupData:
+        name = self._name(topic)
+        await self._check_namespace(name)
+        manager = getattr(self.service.ownership, "manager", None)
+        if manager is not None:
+            result = await manager.lookup(name)
+            return {"brokerUrl": result.pulsar_url, "httpUrl": result.http_url}
+        url, _, _ = await self.service.lookup(str(name))
+        return {"brokerUrl": url, "httpUrl": self.service.config.web_service_url}
+
+    async def last_message_id(self, topic: str) -> MessageIdData:
+        name = self._name(topic)
+        await self._require_topic(name)
+        live = await self._load(name)
+        ledger_id, entry_id, batch_index = await live.last_message_id()
+        out: MessageIdData = {"ledgerId": ledger_id, "entryId": entry_id, "partitionIndex": name.partition_index}
+        if batch_index >= 0:
+            out["batchIndex"] = batch_index
+        return out
+
+
+__all__ = ["BrokerAdminBackend"]

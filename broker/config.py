@@ -1,0 +1,106 @@
+"""Configuration of one broker process: a frozen dataclass, loaded from TOML, validated at start
+(DESIGN.md §5). Every buffer, cache and timeout of the broker has its bound here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bookie.client.metadata import validate_quorum
+from broker.managed_ledger.config import ManagedLedgerConfig
+from pulsarlite.config import KiB, MiB, LedgerClientConfig
+from pulsarlite.errors import ConfigError
+from pulsarlite.wire.frames import FRAME_BYTES_MAX_LIMIT, FRAME_PADDING_BYTES
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    broker_id: str = ""                      # default: "<advertised host>:<port>"
+    host: str = "127.0.0.1"                  # where the Pulsar protocol listens
+    port: int = 6650
+    http_port: int = 8080                    # admin HTTP + metrics (served by the admin module)
+    advertised_host: str = ""                # host in the URLs handed to clients; default: host
+    zookeeper: str = "127.0.0.1:2181"
+    zk_session_timeout_ms: int = 10_000
+    # storage of every topic (managed ledger defaults)
+    ensemble_size: int = 3
+    write_quorum: int = 3
+    ack_quorum: int = 2
+    rollover_entries_max: int = 50_000
+    rollover_bytes_max: int = 2048 * MiB
+    rollover_age_ms_max: int = 4 * 3600 * 1000
+    pending_adds_max: int = 10_000           # per managed ledger
+    # limits on clients
+    message_bytes_max: int = 5 * MiB         # told to clients in CONNECTED; bigger frames close
+    publish_buffer_bytes_max: int = 64 * MiB  # per broker: bytes from SEND to receipt
+    entry_cache_bytes_max: int = 64 * MiB    # per broker: recent entries for tailing readers
+    read_ahead_entries_max: int = 100        # per subscription: entries read ahead of dispatch
+    connection_write_buffer_bytes_max: int = 16 * MiB  # a slower reader loses its connection
+    keepalive_interval_ms: int = 30_000      # PING when idle this long; close after 2 intervals
+    topic_auto_creation: bool = True
+    topic_load_timeout_ms: int = 60_000
+    shutdown_grace_ms: int = 10_000
+    stats_interval_ms: int = 5_000           # rates, backlog gauges and metrics are sampled this often
+    cluster_name: str = "standalone"         # the cluster created at start (policies, metrics label)
+
+    def validate(self) -> "BrokerConfig":
+        for name in ("port", "http_port", "zk_session_timeout_ms", "rollover_entries_max",
+                     "rollover_bytes_max", "rollover_age_ms_max", "pending_adds_max",
+                     "message_bytes_max", "publish_buffer_bytes_max", "entry_cache_bytes_max",
+                     "read_ahead_entries_max", "connection_write_buffer_bytes_max",
+                     "keepalive_interval_ms", "topic_load_timeout_ms", "shutdown_grace_ms",
+                     "stats_interval_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"BrokerConfig.{name} must be an int > 0, got {value!r}")
+        for name in ("port", "http_port"):
+            if getattr(self, name) > 65535:
+                raise ConfigError(f"BrokerConfig.{name} must be <= 65535")
+        if self.port == self.http_port:
+            raise ConfigError("BrokerConfig: port and http_port must differ")
+        try:
+            validate_quorum(self.ensemble_size, self.write_quorum, self.ack_quorum)
+        except ValueError as e:
+            raise ConfigError(f"BrokerConfig: {e}") from None
+        if self.message_bytes_max < 1 * KiB or self.frame_bytes_max >= FRAME_BYTES_MAX_LIMIT:
+            raise ConfigError(f"BrokerConfig.message_bytes_max out of range: {self.message_bytes_max}")
+        if self.publish_buffer_bytes_max < self.frame_bytes_max:
+            raise ConfigError("BrokerConfig.publish_buffer_bytes_max must hold at least one message")
+        if not self.host or not self.zookeeper:
+            raise ConfigError("BrokerConfig: host and zookeeper must be set")
+        if not isinstance(self.cluster_name, str) or not self.cluster_name:
+            raise ConfigError("BrokerConfig.cluster_name must be a non-empty string")
+        self.managed_ledger_config().validate()
+        return self
+
+    # -- derived -------------------------------------------------------------------------------
+    @property
+    def frame_bytes_max(self) -> int:
+        return self.message_bytes_max + FRAME_PADDING_BYTES
+
+    @property
+    def effective_advertised_host(self) -> str:
+        return self.advertised_host or self.host
+
+    @property
+    def effective_broker_id(self) -> str:
+        return self.broker_id or f"{self.effective_advertised_host}:{self.port}"
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://{self.effective_advertised_host}:{self.port}"
+
+    @property
+    def web_service_url(self) -> str:
+        return f"http://{self.effective_advertised_host}:{self.http_port}"
+
+    def managed_ledger_config(self) -> ManagedLedgerConfig:
+        return ManagedLedgerConfig(
+            ensemble_size=self.ensemble_size, write_quorum=self.write_quorum, ack_quorum=self.ack_quorum,
+            rollover_entries_max=self.rollover_entries_max, rollover_bytes_max=self.rollover_bytes_max,
+            rollover_age_ms_max=self.rollover_age_ms_max, pending_adds_max=self.pending_adds_max)
+
+    def ledger_client_config(self) -> LedgerClientConfig:
+        return LedgerClientConfig(zookeeper=self.zookeeper, zk_session_timeout_ms=self.zk_session_timeout_ms)
+
+
+__all__ = ["BrokerConfig"]

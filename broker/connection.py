@@ -1,0 +1,624 @@
+"""One client connection speaking the Pulsar binary protocol (NOTES.md "Pulsar binary protocol").
+
+- :class:`ConnectionCore` (sans I/O): bytes in -> frames decoded, the handshake (CONNECTED is
+  the first frame we send; ``protocol_version = min(client's, ours)``), PING/PONG, and the
+  answers to bad input (ERROR, then close). Commands that need the service come out as frames
+  for the shell; nothing here awaits.
+- :class:`ServerConnection` (asyncio Protocol shell): executes those commands against the
+  :class:`~broker.service.BrokerService`, holds this connection's producers and consumers,
+  keeps the connection alive (PING when idle, close when silent), and pauses reading when the
+  broker's publish buffer is full.
+
+Never send a command the official clients do not know (the C++ client drops the connection on
+REACHED_END_OF_TOPIC, WATCH_*, TC_*). Request ids are echoed and never used as keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+
+from broker.dispatch import ConsumerBusyError, SubType
+from broker.managed_ledger import Position
+from pulsarlite.wire import commands as c
+from pulsarlite.wire import pb
+from pulsarlite.wire.frames import Frame, FrameDecoder, FrameError, FrameTooLargeError
+
+log = logging.getLogger("pulsarlite.broker.connection")
+
+T = pb.BaseCommand
+SERVER_VERSION = "pulsarlite"
+# Below 12 the client refuses last-message-id; we describe up to PROTOCOL_VERSION_MAX.
+PROTOCOL_VERSION = c.PROTOCOL_VERSION_MAX
+
+# commands the shell executes (all others, once connected, get an ERROR or are ignored)
+SERVICE_COMMANDS = frozenset({
+    T.LOOKUP, T.PARTITIONED_METADATA, T.PRODUCER, T.SEND, T.CLOSE_PRODUCER, T.SUBSCRIBE, T.FLOW,
+    T.ACK, T.REDELIVER_UNACKNOWLEDGED_MESSAGES, T.UNSUBSCRIBE, T.CLOSE_CONSUMER, T.SEEK,
+    T.GET_LAST_MESSAGE_ID, T.GET_SCHEMA, T.GET_OR_CREATE_SCHEMA, T.GET_TOPICS_OF_NAMESPACE,
+    T.CONSUMER_STATS,
+})
+# sent by a client as answers; nothing to do
+IGNORED_COMMANDS = frozenset({T.PONG, T.AUTH_RESPONSE, T.SUCCESS, T.ERROR, T.ACK_RESPONSE})
+
+# the sub-message of BaseCommand for each type (to find a request_id to answer an ERROR to)
+_FIELD_OF_TYPE = {}
+for _f in T.DESCRIPTOR.fields:
+    if _f.message_type is not None:
+        _FIELD_OF_TYPE[_f.number] = _f.name
+
+
+class ConnState(enum.Enum):
+    AWAITING_CONNECT = "awaiting_connect"
+    CONNECTED = "connected"
+    CLOSED = "closed"
+
+
+@dataclass
+class CoreOutput:
+    """What the shell must do after feeding bytes: write ``out`` (in order), handle ``frames``
+    (in order), then close if ``close``."""
+
+    out: list[bytes] = field(default_factory=list)
+    frames: list[Frame] = field(default_factory=list)
+    close: bool = False
+
+
+def _request_id_of(command: pb.BaseCommand) -> int | None:
+    for f, value in command.ListFields():
+        if f.message_type is not None and "request_id" in value.DESCRIPTOR.fields_by_name:
+            if value.HasField("request_id"):
+                return value.request_id
+    return None
+
+
+class ConnectionCore:
+    def __init__(self, *, frame_bytes_max: int, message_bytes_max: int,
+                 server_version: str = SERVER_VERSION, protocol_version: int = PROTOCOL_VERSION) -> None:
+        self.state = ConnState.AWAITING_CONNECT
+        self._decoder = FrameDecoder(frame_bytes_max)
+        self.message_bytes_max = message_bytes_max
+        self.server_version = server_version
+        self.protocol_version = protocol_version
+        self.client_protocol_version: int | None = None
+        self.negotiated_protocol_version: int | None = None
+        self.client_version: str | None = None
+
+    def receive(self, data: bytes) -> CoreOutput:
+        result = CoreOutput()
+        if self.state is ConnState.CLOSED:
+            return result
+        try:
+            frames = self._decoder.feed(data)
+        except FrameTooLargeError as e:
+            return self._fail(result, pb.NotAllowedError, f"frame too large: {e}")
+        except FrameError as e:
+            return self._fail(result, pb.UnknownError, f"bad frame: {e}")
+        for frame in frames:
+            self._on_frame(frame, result)
+            if result.close:
+                break
+        return result
+
+    def _fail(self, result: CoreOutput, error: int, message: str, request_id: int = 0) -> CoreOutput:
+        result.out.append(c.error(request_id, error, message))
+        result.close = True
+        self.state = ConnState.CLOSED
+        return result
+
+    def _on_frame(self, frame: Frame, result: CoreOutput) -> None:
+        kind = frame.type
+        if self.state is ConnState.AWAITING_CONNECT:
+            if kind != T.CONNECT:
+                self._fail(result, pb.NotAllowedError,
+                           f"expected CONNECT, got {T.Type.Name(kind)}", _request_id_of(frame.command) or 0)
+                return
+            connect = frame.command.connect
+            self.client_version = connect.client_version
+            self.client_protocol_version = connect.protocol_version
+            self.negotiated_protocol_version = c.negotiate_protocol_version(connect.protocol_version,
+                                                                           self.protocol_version)
+            result.out.append(c.connected(self.server_version, self.negotiated_protocol_version,
+                                          max_message_size=self.message_bytes_max))
+            self.state = ConnState.CONNECTED
+            return
+        if kind == T.CONNECT:
+            self._fail(result, pb.NotAllowedError, "CONNECT sent twice")
+        elif kind == T.PING:
+            result.out.append(c.pong())
+        elif kind in IGNORED_COMMANDS:
+            pass
+        elif kind in SERVICE_COMMANDS:
+            if frame.entry is not None and kind != T.SEND:
+                self._fail(result, pb.NotAllowedError, f"{T.Type.Name(kind)} carries no payload")
+                return
+            if kind == T.SEND and frame.entry is None:
+                self._fail(result, pb.NotAllowedError, "SEND without payload")
+                return
+            result.frames.append(frame)
+        else:
+            request_id = _request_id_of(frame.command)
+            name = T.Type.Name(kind) if kind in T.Type.values() else str(kind)
+            if request_id is not None:
+                result.out.append(c.error(request_id, pb.NotAllowedError, f"{name} is not supported"))
+            else:
+                log.info("ignoring unsupported command %s", name)
+
+
+# -- the shell ------------------------------------------------------------------------------------
+class _ConsumerRef:
+    """This connection's side of a consumer (the subscription's ConsumerHandle)."""
+
+    def __init__(self, connection: "ServerConnection", consumer_id: int, topic_key: str) -> None:
+        self.connection = connection
+        self.consumer_id = consumer_id
+        self.topic_key = topic_key
+        self.subscription = None
+        self.closed = False
+        self.consumer_name = ""
+        self.connected_since_ms = int(time.time() * 1000)
+
+    @property
+    def address(self) -> str:
+        peer = self.connection.peer
+        return f"/{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
+
+    def send_message(self, position: Position, entry: bytes, redelivery_count: int) -> None:
+        if self.closed:
+            return
+        self.connection.write_parts(c.message_parts(
+            self.consumer_id, position.ledger_id, position.entry_id, entry,
+            redelivery_count=redelivery_count))
+
+    def close_by_broker(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.connection.write(c.close_consumer(self.consumer_id, 0))
+            self.connection.forget_consumer(self)
+
+
+class _ProducerRef:
+    def __init__(self, connection: "ServerConnection", producer_id: int) -> None:
+        self.connection = connection
+        self.producer_id = producer_id
+        self.producer = None       # topic.Producer
+        self.topic = None
+        self.closed = False
+
+    def send_receipt(self, sequence_id: int, highest_sequence_id: int, position: Position) -> None:
+        self.connection.write(c.send_receipt(self.producer_id, sequence_id, position.ledger_id,
+                                             position.entry_id, highest_sequence_id=highest_sequence_id))
+
+    def send_error(self, sequence_id: int, error: BaseException) -> None:
+        from broker.service import server_error_of
+        self.connection.write(c.send_error(self.producer_id, sequence_id, server_error_of(error),
+                                           str(error) or type(error).__name__))
+
+    def close_by_broker(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.connection.write(c.close_producer(self.producer_id, 0))
+            self.connection.forget_producer(self)
+
+
+_SUB_TYPES = {pb.CommandSubscribe.Exclusive: SubType.EXCLUSIVE, pb.CommandSubscribe.Shared: SubType.SHARED,
+              pb.CommandSubscribe.Failover: SubType.FAILOVER}
+
+
+class ServerConnection(asyncio.Protocol):
+    def __init__(self, service, *, clock=time.monotonic) -> None:
+        self.service = service
+        cfg = service.config
+        self.core = ConnectionCore(frame_bytes_max=cfg.frame_bytes_max, message_bytes_max=cfg.message_bytes_max)
+        self.transport: asyncio.Transport | None = None
+        self.peer = None
+        self._clock = clock
+        self._last_received = clock()
+        self._producers: dict[int, _ProducerRef] = {}
+        self._producer_loading: dict[int, asyncio.Task] = {}
+        self._consumers: dict[int, _ConsumerRef] = {}
+        self._consumer_loading: dict[int, asyncio.Task] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._keepalive: asyncio.Task | None = None
+        self._reading_paused = False
+        self.closed = False
+
+    # -- transport events ------------------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.peer = transport.get_extra_info("peername")
+        limit = self.service.config.connection_write_buffer_bytes_max
+        try:
+            transport.set_write_buffer_limits(high=limit)
+        except (AttributeError, NotImplementedError):
+            pass
+        self._keepalive = asyncio.ensure_future(self._keepalive_loop())
+
+    def data_received(self, data: bytes) -> None:
+        self._last_received = self._clock()
+        result = self.core.receive(data)
+        for out in result.out:
+            self.write(out)
+        for frame in result.frames:
+            if self.closed:
+                break
+            try:
+                self._handle(frame)
+            except Exception as e:   # a bug handling one command: tell the client, keep the broker
+                log.exception("error handling %s from %s", T.Type.Name(frame.type), self.peer)
+                self.write(c.error(_request_id_of(frame.command) or 0, pb.UnknownError, str(e)))
+        if result.close:
+            self.close()
+
+    def connection_lost(self, exc) -> None:
+        self._cleanup()
+
+    def pause_writing(self) -> None:
+        # the client reads slower than we write beyond the buffer limit: drop it, it reconnects
+        log.warning("closing %s: write buffer above %d bytes", self.peer,
+                    self.service.config.connection_write_buffer_bytes_max)
+        self.close(abort=True)
+
+    # -- output ----------------------------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        if not self.closed and self.transport is not None:
+            self.transport.write(data)
+
+    def write_parts(self, parts) -> None:
+        if not self.closed and self.transport is not None:
+            self.transport.writelines(parts)
+
+    def pause_reading(self) -> None:
+        if not self._reading_paused and not self.closed and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._reading_paused and not self.closed and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def close(self, *, abort: bool = False) -> None:
+        if self.closed:
+            return
+        if self.transport is not None:
+            if abort:
+                self.transport.abort()
+            else:
+                self.transport.close()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.service.publish_buffer.forget(self)
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        for ref in list(self._producers.values()):
+            self.forget_producer(ref)
+        for ref in list(self._consumers.values()):
+            self.forget_consumer(ref)
+
+    async def _keepalive_loop(self) -> None:
+        interval = self.service.config.keepalive_interval_ms / 1000
+        while not self.closed:
+            await asyncio.sleep(interval)
+            idle = self._clock() - self._last_received
+            if idle >= 2 * interval:
+                log.info("closing %s: silent for %.0fs", self.peer, idle)
+                self.close()
+                return
+            if idle >= interval and self.core.state is ConnState.CONNECTED:
+                self.write(c.ping())
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("connection task failed (%s): %r", self.peer, task.exception())
+
+    # -- producers and consumers of this connection ----------------------------------------------
+    def forget_producer(self, ref: _ProducerRef) -> None:
+        ref.closed = True
+        if self._producers.get(ref.producer_id) is ref:
+            del self._producers[ref.producer_id]
+        if ref.topic is not None and ref.producer is not None:
+            ref.topic.remove_producer(ref.producer)
+
+    def forget_consumer(self, ref: _ConsumerRef) -> None:
+        ref.closed = True
+        if self._consumers.get(ref.consumer_id) is ref:
+            del self._consumers[ref.consumer_id]
+        if ref.subscription is not None:
+            ref.subscription.remove_consumer(ref)
+
+    # -- commands --------------------------------------------------------------------------------
+    def _handle(self, frame: Frame) -> None:
+        cmd = frame.command
+        kind = frame.type
+        if kind == T.SEND:
+            self._on_send(frame)
+        elif kind == T.FLOW:
+            ref = self._consumers.get(cmd.flow.consumer_id)
+            if ref is not None and ref.subscription is not None:
+                ref.subscription.flow(ref, cmd.flow.messagePermits)
+        elif kind == T.ACK:
+            self._on_ack(cmd.ack)
+        elif kind == T.REDELIVER_UNACKNOWLEDGED_MESSAGES:
+            body = cmd.redeliverUnacknowledgedMessages
+            ref = self._consumers.get(body.consumer_id)
+            if ref is not None and ref.subscription is not None:
+                ref.subscription.redeliver(ref, list(body.message_ids) or None)
+        elif kind == T.LOOKUP:
+            self._spawn(self._on_lookup(cmd.lookupTopic))
+        elif kind == T.PARTITIONED_METADATA:
+            self._spawn(self._on_partitioned_metadata(cmd.partitionMetadata))
+        elif kind == T.PRODUCER:
+            self._spawn(self._on_producer(cmd.producer))
+        elif kind == T.CLOSE_PRODUCER:
+            self._spawn(self._on_close_producer(cmd.close_producer))
+        elif kind == T.SUBSCRIBE:
+            self._spawn(self._on_subscribe(cmd.subscribe))
+        elif kind == T.CLOSE_CONSUMER:
+            self._spawn(self._on_close_consumer(cmd.close_consumer))
+        elif kind == T.UNSUBSCRIBE:
+            self._spawn(self._on_unsubscribe(cmd.unsubscribe))
+        elif kind == T.GET_LAST_MESSAGE_ID:
+            self._spawn(self._on_get_last_message_id(cmd.getLastMessageId))
+        elif kind == T.GET_SCHEMA:
+            self._spawn(self._on_get_schema(cmd.getSchema))
+        elif kind == T.GET_OR_CREATE_SCHEMA:
+            self._spawn(self._on_get_or_create_schema(cmd.getOrCreateSchema))
+        elif kind == T.GET_TOPICS_OF_NAMESPACE:
+            self._spawn(self._on_topics_of_namespace(cmd.getTopicsOfNamespace))
+        elif kind == T.SEEK:
+            self.write(c.error(cmd.seek.request_id, pb.NotAllowedError, "seek is not supported yet"))
+        elif kind == T.CONSUMER_STATS:
+            body = cmd.consumerStats
+            self.write(c.consumer_stats_response(body.request_id, error=pb.NotAllowedError,
+                                                 error_message="consumer stats are not supported yet"))
+
+    # SEND ----------------------------------------------------------------------------------------
+    def _on_send(self, frame: Frame) -> None:
+        send = frame.command.send
+        ref = self._producers.get(send.producer_id)
+        if not frame.checksum_ok:
+            self.write(c.send_error(send.producer_id, send.sequence_id, pb.ChecksumError,
+                                    "checksum mismatch"))
+            return
+        if ref is None or ref.producer is None:
+            self.write(c.send_error(send.producer_id, send.sequence_id, pb.NotAllowedError,
+                                    f"no producer {send.producer_id} on this connection"))
+            return
+        highest = send.highest_sequence_id if send.HasField("highest_sequence_id") else send.sequence_id
+        try:
+            ref.topic.publish(ref.producer, send.sequence_id, max(highest, send.sequence_id), frame.entry)
+        except Exception as e:
+            from broker.service import server_error_of
+            self.write(c.send_error(send.producer_id, send.sequence_id, server_error_of(e), f"bad entry: {e}"))
+
+    # ACK -----------------------------------------------------------------------------------------
+    def _on_ack(self, ack: pb.CommandAck) -> None:
+        ref = self._consumers.get(ack.consumer_id)
+        error = None
+        if ref is None or ref.subscription is None:
+            error = (pb.ConsumerNotFound, f"no consumer {ack.consumer_id}")
+        else:
+            ref.subscription.ack(ref, list(ack.message_id), cumulative=ack.ack_type == pb.CommandAck.Cumulative)
+        if ack.HasField("request_id"):
+            if error is None:
+                self.write(c.ack_response(ack.consumer_id, ack.request_id))
+            else:
+                self.write(c.ack_response(ack.consumer_id, ack.request_id, error=error[0], message=error[1]))
+
+    # discovery -----------------------------------------------------------------------------------
+    async def _on_lookup(self, body: pb.CommandLookupTopic) -> None:
+        from broker.service import server_error_of
+        try:
+            url, ours, authoritative = await self.service.lookup(body.topic, authoritative=body.authoritative)
+        except Exception as e:
+            self.write(c.lookup_failed(body.request_id, server_error_of(e), str(e)))
+            return
+        self.write(c.lookup_response(body.request_id, url, redirect=not ours,
+                                     authoritative=authoritative or ours, proxy_through_service_url=False))
+
+    async def _on_partitioned_metadata(self, body) -> None:
+        from broker.service import server_error_of
+        try:
+            n = await self.service.partitions(body.topic)
+        except Exception as e:
+            self.write(c.partitioned_metadata_failed(body.request_id, server_error_of(e), str(e)))
+            return
+        self.write(c.partitioned_metadata_response(body.request_id, n))
+
+    async def _on_topics_of_namespace(self, body) -> None:
+        from broker.service import server_error_of
+        try:
+            topics = await self.service.topics_of_namespace(body.namespace)
+        except Exception as e:
+            self.write(c.error(body.request_id, server_error_of(e), str(e)))
+            return
+        self.write(c.get_topics_of_namespace_response(body.request_id, topics))
+
+    # producers -----------------------------------------------------------------------------------
+    async def _on_producer(self, body: pb.CommandProducer) -> None:
+        from broker.schemas import encode_version
+        from broker.service import server_error_of
+        existing = self._producers.get(body.producer_id)
+        if existing is not None and existing.producer is not None:      # a retry: same answer
+            self.write(c.producer_success(body.request_id, existing.producer.name))
+            return
+        loading = self._producer_loading.get(body.producer_id)
+        if loading is not None:
+            await asyncio.shield(loading)
+            ref = self._producers.get(body.producer_id)
+            if ref is not None and ref.producer is not None:
+                self.write(c.producer_success(body.request_id, ref.producer.name))
+            else:
+                self.write(c.error(body.request_id, pb.ServiceNotReady, "producer creation failed"))
+            return
+        task = asyncio.current_task()
+        self._producer_loading[body.producer_id] = task
+        try:
+            topic = await self.service.get_topic(body.topic)
+            schema_version = None
+            if body.HasField("schema"):
+                schema_version = encode_version(await self.service.schemas.add(topic.name, body.schema))
+            if self.closed:
+                return
+            user_named = body.HasField("producer_name") and body.producer_name and \
+                body.user_provided_producer_name
+            name = body.producer_name if user_named else self.service.next_producer_name()
+            ref = _ProducerRef(self, body.producer_id)
+            ref.topic = topic
+            ref.producer = topic.add_producer(ref, name, self)
+            self._producers[body.producer_id] = ref
+            self.write(c.producer_success(body.request_id, name, last_sequence_id=-1,
+                                          schema_version=schema_version))
+        except Exception as e:
+            log.info("producer on %s refused: %r", body.topic, e)
+            self.write(c.error(body.request_id, server_error_of(e), str(e) or type(e).__name__))
+        finally:
+            if self._producer_loading.get(body.producer_id) is task:
+                del self._producer_loading[body.producer_id]
+
+    async def _on_close_producer(self, body) -> None:
+        ref = self._producers.get(body.producer_id)
+        if ref is not None:
+            self.forget_producer(ref)
+        self.write(c.success(body.request_id))
+
+    # consumers -----------------------------------------------------------------------------------
+    async def _on_subscribe(self, body: pb.CommandSubscribe) -> None:
+        from broker.service import NotAllowedError, server_error_of
+        existing = self._consumers.get(body.consumer_id)
+        if existing is not None and existing.subscription is not None:
+            self.write(c.success(body.request_id))
+            return
+        loading = self._consumer_loading.get(body.consumer_id)
+        if loading is not None:
+            await asyncio.shield(loading)
+            ref = self._consumers.get(body.consumer_id)
+            if ref is not None and ref.subscription is not None:
+                self.write(c.success(body.request_id))
+            else:
+                self.write(c.error(body.request_id, pb.ServiceNotReady, "subscribe failed"))
+            return
+        task = asyncio.current_task()
+        self._consumer_loading[body.consumer_id] = task
+        try:
+            sub_type = _SUB_TYPES.get(body.subType)
+            if sub_type is None:
+                raise NotAllowedError(f"subscription type {pb.CommandSubscribe.SubType.Name(body.subType)} "
+                                      f"is not supported yet")
+            topic = await self.service.get_topic(body.topic, create=body.force_topic_creation)
+            if body.HasField("schema"):
+                await self.service.schemas.add(topic.name, body.schema)
+            if self.closed:
+                return
+            ref = _ConsumerRef(self, body.consumer_id, topic.key)
+            ref.consumer_name = body.consumer_name
+            start = body.start_message_id if body.HasField("start_message_id") else None
+            ref.subscription = await topic.subscribe(
+                ref, body.subscription, sub_type, durable=body.durable,
+                initial_earliest=body.initialPosition == pb.CommandSubscribe.Earliest,
+                start_message_id=start)
+            if self.closed:
+                ref.subscription.remove_consumer(ref)
+                return
+            self._consumers[body.consumer_id] = ref
+            self.write(c.success(body.request_id))
+        except ConsumerBusyError as e:
+            self.write(c.error(body.request_id, pb.ConsumerBusy, str(e)))
+        except Exception as e:
+            log.info("subscribe to %s refused: %r", body.topic, e)
+            self.write(c.error(body.request_id, server_error_of(e), str(e) or type(e).__name__))
+        finally:
+            if self._consumer_loading.get(body.consumer_id) is task:
+                del self._consumer_loading[body.consumer_id]
+
+    async def _on_close_consumer(self, body) -> None:
+        ref = self._consumers.get(body.consumer_id)
+        if ref is not None:
+            self.forget_consumer(ref)
+        self.write(c.success(body.request_id))
+
+    async def _on_unsubscribe(self, body) -> None:
+        ref = self._consumers.get(body.consumer_id)
+        if ref is None or ref.subscription is None:
+            self.write(c.error(body.request_id, pb.ConsumerNotFound, f"no consumer {body.consumer_id}"))
+            return
+        sub = ref.subscription
+        others = [h for h in sub.consumers.values() if h is not ref]
+        if others and not body.force:
+            self.write(c.error(body.request_id, pb.ConsumerBusy, "subscription has other consumers"))
+            return
+        for other in others:
+            other.close_by_broker()
+        self.forget_consumer(ref)
+        try:
+            await sub.topic.remove_subscription(sub, delete_cursor=True)
+        except Exception as e:
+            from broker.service import server_error_of
+            self.write(c.error(body.request_id, server_error_of(e), str(e)))
+            return
+        self.write(c.success(body.request_id))
+
+    async def _on_get_last_message_id(self, body) -> None:
+        from broker.service import server_error_of
+        ref = self._consumers.get(body.consumer_id)
+        if ref is None or ref.subscription is None:
+            self.write(c.error(body.request_id, pb.ConsumerNotFound, f"no consumer {body.consumer_id}"))
+            return
+        try:
+            ledger, entry, batch_index = await ref.subscription.topic.last_message_id()
+        except Exception as e:
+            self.write(c.error(body.request_id, server_error_of(e), str(e)))
+            return
+        md = ref.subscription.cursor.mark_delete_position
+        self.write(c.get_last_message_id_response(body.request_id, ledger, entry, batch_index=batch_index,
+                                                  mark_delete=(md.ledger_id, md.entry_id)))
+
+    # schemas -------------------------------------------------------------------------------------
+    async def _on_get_schema(self, body) -> None:
+        from broker.adapters import parse_topic
+        from broker.schemas import decode_version, encode_version
+        from broker.service import server_error_of
+        try:
+            version = decode_version(body.schema_version) if body.HasField("schema_version") else None
+            got = await self.service.schemas.get(parse_topic(body.topic), version)
+        except Exception as e:
+            self.write(c.get_schema_response(body.request_id, error=server_error_of(e), error_message=str(e)))
+            return
+        if got is None:
+            self.write(c.get_schema_response(body.request_id, error=pb.TopicNotFound,
+                                             error_message="topic not found or has no schema"))
+            return
+        schema, v = got
+        self.write(c.get_schema_response(body.request_id, schema=schema, schema_version=encode_version(v)))
+
+    async def _on_get_or_create_schema(self, body) -> None:
+        from broker.adapters import parse_topic
+        from broker.schemas import encode_version
+        from broker.service import server_error_of
+        try:
+            v = await self.service.schemas.add(parse_topic(body.topic), body.schema)
+        except Exception as e:
+            self.write(c.get_or_create_schema_response(body.request_id, error=server_error_of(e),
+                                                       error_message=str(e)))
+            return
+        self.write(c.get_or_create_schema_response(body.request_id, schema_version=encode_version(v)))
+
+
+__all__ = ["ConnState", "ConnectionCore", "CoreOutput", "ServerConnection"]

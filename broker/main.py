@@ -1,0 +1,163 @@
+"""`pulsarlite broker --config FILE`: one broker process.
+
+Start: config validated -> ZooKeeper (one MetadataStore, shared with the ledger client) ->
+default cluster, tenant ``public`` and namespace ``public/default`` ensured -> ownership started
+-> serving the Pulsar protocol and the admin HTTP API + ``/metrics`` (``http_port``) ->
+registered at ``/loadbalance/brokers/<broker-id>`` (ephemeral; re-registered after a session
+loss). SIGTERM / SIGINT: stop accepting, unregister, stop the HTTP server, close every topic
+(adds in flight finish, managed ledgers closed cleanly), close connections, exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+
+from broker.config import BrokerConfig
+from pulsarlite.config import load_toml
+from pulsarlite.errors import PulsarliteError
+
+log = logging.getLogger("pulsarlite.broker")
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("broker", help="run a broker (Pulsar binary protocol server)")
+    p.add_argument("--config", required=True, help="broker TOML config file")
+    p.set_defaults(func=run_from_args)
+
+
+def run_from_args(args) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    try:
+        config = load_toml(BrokerConfig, args.config)
+    except PulsarliteError as e:
+        print(f"pulsarlite broker: {e}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        pass
+    asyncio.run(run_broker(config))
+    return 0
+
+
+def registration(config: BrokerConfig) -> bytes:
+    return json.dumps({"broker_id": config.effective_broker_id, "service_url": config.service_url,
+                       "web_service_url": config.web_service_url}).encode()
+
+
+async def register_broker(store, config: BrokerConfig) -> None:
+    from broker.service import BROKERS_PATH
+    from pulsarlite.metadata import MetadataExistsError
+    path = f"{BROKERS_PATH}/{config.effective_broker_id}"
+    try:
+        await store.create(path, registration(config), ephemeral=True)
+    except MetadataExistsError:       # ours from a lost session, or a stale one: replace it
+        try:
+            await store.delete(path)
+        except PulsarliteError:
+            pass
+        await store.create(path, registration(config), ephemeral=True)
+
+
+async def run_broker(config: BrokerConfig, *, stop_event: asyncio.Event | None = None,
+                     started: asyncio.Future | None = None) -> None:
+    from aiohttp import web
+
+    from bookie.client.ledger_client import LedgerClient
+    from broker.adapters import make_ownership
+    from broker.admin.http import make_admin_app
+    from broker.admin_backend import BrokerAdminBackend
+    from broker.server import BrokerServer
+    from broker.service import BROKERS_PATH, BrokerService
+    from pulsarlite.metadata import MetadataStore, SessionState
+
+    config.validate()
+    stop_event = stop_event or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop_event.set)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (tests)
+            pass
+
+    store = await MetadataStore.connect(config.zookeeper, session_timeout_ms=config.zk_session_timeout_ms)
+    try:
+        ledger_client = await LedgerClient.connect(config.ledger_client_config(), store=store)
+        ownership = make_ownership(store, config.effective_broker_id, config.service_url, config.web_service_url)
+        await ownership.start()
+        service = BrokerService(config, store=store, ledger_client=ledger_client, ownership=ownership)
+        await service.policies.ensure_defaults(cluster=config.cluster_name, service_url=config.web_service_url,
+                                               broker_service_url=config.service_url)
+        server = BrokerServer(service)
+        await server.start(config.host, config.port)
+        runner = web.AppRunner(make_admin_app(BrokerAdminBackend(service)), access_log=None,
+                               handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, config.host, config.http_port, reuse_address=True)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            await server.stop_accepting()
+            raise
+        service.start()
+        log.info("admin http listening on %s:%d", config.host, config.http_port)
+        if not getattr(ownership, "registers_broker", False):
+            await register_broker(store, config)
+        log.info("broker ready broker=%s service_url=%s", config.effective_broker_id, config.service_url)
+        if started is not None and not started.done():
+            started.set_result(server)
+
+        reregister = asyncio.Event()
+
+        def on_session(state) -> None:
+            if state is SessionState.CONNECTED:
+                reregister.set()
+            elif state is SessionState.LOST:
+                log.warning("zookeeper session lost broker=%s", config.effective_broker_id)
+
+        store.add_session_listener(on_session)
+
+        async def keep_registered() -> None:
+            while True:
+                await reregister.wait()
+                reregister.clear()
+                try:
+                    if not getattr(ownership, "registers_broker", False) and not await store.exists(f"{BROKERS_PATH}/{config.effective_broker_id}"):
+                        await register_broker(store, config)
+                except PulsarliteError as e:
+                    log.warning("re-registration failed: %s", e)
+                    await asyncio.sleep(1)
+                    reregister.set()
+
+        keeper = asyncio.ensure_future(keep_registered())
+        await stop_event.wait()
+        log.info("broker stopping broker=%s", config.effective_broker_id)
+        keeper.cancel()
+        await server.stop_accepting()
+        try:
+            await asyncio.wait_for(runner.cleanup(), 5)
+        except (asyncio.TimeoutError, Exception) as e:   # noqa: BLE001 - keep shutting down
+            log.warning("stopping the admin http server: %r", e)
+        if not getattr(ownership, "registers_broker", False):
+            try:
+                await store.delete(f"{BROKERS_PATH}/{config.effective_broker_id}")
+            except PulsarliteError:
+                pass
+        try:
+            await asyncio.wait_for(service.close(), config.shutdown_grace_ms / 1000)
+        except asyncio.TimeoutError:
+            log.warning("topics did not close within %d ms", config.shutdown_grace_ms)
+        await server.close_connections()
+        await ownership.close()
+        await ledger_client.close()
+    finally:
+        await store.close()
+    log.info("broker stopped")

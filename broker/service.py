@@ -1,0 +1,398 @@
+"""BrokerService: what one broker process holds -- the topics it has loaded, the factories of
+their managed ledgers and cursors, the shared entry cache and publish buffer, schemas, names.
+
+Topics load on first use (PRODUCER, SUBSCRIBE, ...) if this broker owns them; loading opens
+the managed ledger (fencing any previous owner). Concurrent loads of one topic share one task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import re
+import time
+from urllib.parse import unquote_plus
+
+from broker.adapters import parse_topic
+from broker.admin.metrics import BrokerMetrics, MetricsConfig
+from broker.admin.policies import NotFoundError, PolicyStore
+from broker.config import BrokerConfig
+from broker.managed_ledger import ManagedLedger, managed_ledger_path
+from broker.schemas import SchemaRegistry
+from broker.topic import EntryCache, PersistentTopic, PublishBuffer
+from pulsarlite.errors import PulsarliteError
+from pulsarlite.wire import pb
+from pulsarlite.wire.entry import peek_metadata
+
+log = logging.getLogger("pulsarlite.broker")
+
+BROKERS_PATH = "/loadbalance/brokers"
+PARTITIONED_TOPICS_ROOT = "/admin/partitioned-topics"
+
+
+# -- errors a client is told about (each maps to one ServerError) ------------------------------
+class BrokerError(PulsarliteError):
+    server_error = pb.UnknownError
+
+
+class ServiceNotReadyError(BrokerError):
+    server_error = pb.ServiceNotReady
+    retriable = True
+
+
+class TopicNotFoundError(BrokerError):
+    server_error = pb.TopicNotFound
+
+
+class ProducerBusyError(BrokerError):
+    server_error = pb.ProducerBusy
+
+
+class SubscriptionBusyError(BrokerError):
+    server_error = pb.ConsumerBusy
+
+
+class NotAllowedError(BrokerError):
+    server_error = pb.NotAllowedError
+
+
+class ServiceMetrics(BrokerMetrics):
+    """BrokerMetrics that first folds the broker's plain counters in (at each scrape)."""
+
+    def __init__(self, config: MetricsConfig, before_render) -> None:
+        super().__init__(config)
+        self._before_render = before_render
+
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        try:
+            self._before_render()
+        except Exception:   # a scrape never fails because of a counter
+            log.exception("metrics flush failed")
+        return super().render(accept)
+
+
+_BOOKIE_IN_MESSAGE = re.compile(r"bookie ([^\s:]+:\d+)")
+
+
+def server_error_of(error: BaseException) -> int:
+    from broker.adapters import InvalidTopicNameError
+    from broker.dispatch import ConsumerBusyError
+    from broker.managed_ledger import ManagedLedgerError
+    from pulsarlite.errors import MetadataError
+    if isinstance(error, BrokerError):
+        return error.server_error
+    if isinstance(error, ConsumerBusyError):
+        return pb.ConsumerBusy
+    if isinstance(error, InvalidTopicNameError):
+        return pb.InvalidTopicName
+    if isinstance(error, ManagedLedgerError):
+        return pb.ServiceNotReady if error.retriable else pb.PersistenceError
+    if isinstance(error, MetadataError):
+        return pb.MetadataError
+    if isinstance(error, PulsarliteError):
+        return pb.PersistenceError if error.retriable else pb.UnknownError
+    return pb.UnknownError
+
+
+class BrokerService:
+    def __init__(self, config: BrokerConfig, *, store, ledger_client, ownership) -> None:
+        self.config = config
+        self.store = store
+        self.ledger_client = ledger_client
+        self.ownership = ownership
+        self.broker_id = config.effective_broker_id
+        self.service_url = config.service_url
+        self.entry_cache = EntryCache(config.entry_cache_bytes_max)
+        self.publish_buffer = PublishBuffer(config.publish_buffer_bytes_max)
+        self.schemas = SchemaRegistry(store)
+        self.topics: dict[str, asyncio.Task] = {}
+        self._producer_names = itertools.count()
+        self.closing = False
+        self._unloading: dict[str, asyncio.Future] = {}
+        self.metrics = ServiceMetrics(MetricsConfig(cluster=config.cluster_name), self.flush_metrics)
+        self.policies = PolicyStore(store, list_topics=self.namespace_topics_and_partitioned)
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self._cache_flushed = (0, 0)
+        # rate samples: key -> (monotonic s, messages, bytes) at the last two stats ticks
+        self._samples_prev: dict[tuple, tuple[float, int, int]] = {}
+        self._samples: dict[tuple, tuple[float, int, int]] = {}
+        self._stats_task: asyncio.Task | None = None
+        ownership.add_lost_listener(self._on_ownership_lost)
+
+    def _on_ownership_lost(self, is_lost) -> None:
+        for key in list(self.topics):
+            try:
+                lost = is_lost(parse_topic(key))
+            except Exception:
+                lost = True
+            if lost:
+                log.warning("ownership of %s lost: unloading", key)
+                task = asyncio.ensure_future(self.unload_topic(key))
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    # -- names -----------------------------------------------------------------------------------
+    def next_producer_name(self) -> str:
+        host = self.broker_id.replace(":", "-")
+        return f"pulsarlite-{host}-{next(self._producer_names)}"
+
+    # -- discovery -------------------------------------------------------------------------------
+    async def lookup(self, topic_name: str, *, authoritative: bool = False) -> tuple[str, bool, bool]:
+        """(service URL of the owner, whether it is this broker, authoritative)."""
+        topic = parse_topic(topic_name)
+        if not _is_persistent(topic):
+            raise NotAllowedError("non-persistent topics are not supported")
+        return await self.ownership.lookup(topic, authoritative=authoritative)
+
+    async def partitions(self, topic_name: str) -> int:
+        """Partition count from ``/admin/partitioned-topics/<tenant>/<ns>/persistent/<topic>``
+        (JSON ``{"partitions": N}``, written by the admin API); 0: not partitioned."""
+        topic = parse_topic(topic_name)
+        if topic.partition_index >= 0:
+            return 0
+        got = await self.store.get_or_none(f"{PARTITIONED_TOPICS_ROOT}/{topic.managed_ledger_name}")
+        if got is None:
+            return 0
+        try:
+            return int(json.loads(got[0])["partitions"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("bad partitioned-topic metadata for %s", topic)
+            return 0
+
+    async def topics_of_namespace(self, namespace: str) -> list[str]:
+        parts = namespace.split("/")
+        if len(parts) != 2:
+            raise NotAllowedError(f"invalid namespace {namespace!r}")
+        names = await self.store.children(f"/managed-ledgers/{namespace}/persistent")
+        return [f"persistent://{namespace}/{unquote_plus(n)}" for n in names]
+
+    async def namespace_topics_and_partitioned(self, namespace: str) -> list[str]:
+        """Every topic of the namespace: managed ledgers and partitioned-topic metadata (what
+        keeps a namespace from being deleted)."""
+        topics = await self.topics_of_namespace(namespace)
+        parents = await self.store.children(f"{PARTITIONED_TOPICS_ROOT}/{namespace}/persistent")
+        return topics + [f"persistent://{namespace}/{unquote_plus(n)}" for n in parents]
+
+    # -- topics ----------------------------------------------------------------------------------
+    async def get_topic(self, topic_name: str, *, create: bool = True) -> PersistentTopic:
+        if self.closing:
+            raise ServiceNotReadyError("broker is shutting down")
+        topic = parse_topic(topic_name)
+        if not _is_persistent(topic):
+            raise NotAllowedError("non-persistent topics are not supported")
+        if not self.ownership.owns(topic) and not await self.ownership.ensure_owned(topic):
+            raise ServiceNotReadyError(f"topic {topic} is not owned by this broker")
+        key = str(topic)
+        unloading = self._unloading.get(key)
+        if unloading is not None:     # a close in progress finishes before the topic loads again
+            try:
+                await asyncio.wait_for(asyncio.shield(unloading), self.config.topic_load_timeout_ms / 1000)
+            except asyncio.TimeoutError:
+                raise ServiceNotReadyError(f"topic {topic} is still unloading") from None
+        task = self.topics.get(key)
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            task = asyncio.ensure_future(self._load(topic, create))
+            self.topics[key] = task
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), self.config.topic_load_timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            raise ServiceNotReadyError(f"topic {topic} is still loading") from None
+        except BaseException:
+            if self.topics.get(key) is task and task.done():
+                del self.topics[key]
+            raise
+
+    async def _load(self, topic, create: bool) -> PersistentTopic:
+        name = topic.managed_ledger_name
+        if not await self.store.exists(managed_ledger_path(name)):
+            if not create:
+                raise TopicNotFoundError(f"topic {topic} does not exist")
+            await self.check_auto_creation(topic)
+        ml = await ManagedLedger.open(name, ledger_client=self.ledger_client, store=self.store,
+                                      config=self.config.managed_ledger_config(),
+                                      publish_time_of=_publish_time_of)
+        log.info("topic loaded %s", topic)
+        return PersistentTopic(self, topic, ml)
+
+    async def check_auto_creation(self, topic) -> None:
+        """A topic may be created on first use only in a namespace that exists (and is not being
+        deleted) and whose policies (else the broker's config) allow auto-creation."""
+        namespace = f"{topic.tenant}/{topic.namespace_local_name}" if hasattr(topic, "namespace_local_name") \
+            else f"{topic.tenant}/{topic.namespace}"
+        try:
+            policies = await self.policies.get_namespace_policies(namespace)
+        except NotFoundError as e:
+            raise TopicNotFoundError(f"topic {topic} cannot be created: {e}") from None
+        allowed = self.config.topic_auto_creation
+        if policies.auto_topic_creation is not None:
+            allowed = policies.auto_topic_creation.allow
+        if not allowed:
+            raise TopicNotFoundError(f"topic {topic} does not exist and auto-creation is disabled "
+                                     f"in namespace {namespace}")
+
+    def loaded_topic(self, key: str) -> PersistentTopic | None:
+        task = self.topics.get(key)
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        return task.result()
+
+    def loaded_topics(self) -> list[PersistentTopic]:
+        return [t for t in (self.loaded_topic(k) for k in list(self.topics)) if t is not None]
+
+    async def unload_topic(self, key: str, *, delete: bool = False, before_close=None) -> bool:
+        """Close (or, with ``delete``, delete) a loaded topic. Loads of the same topic wait until
+        it is done, so a reconnecting client never races the close. ``before_close()`` (async)
+        runs once the topic is out of the registry, before it closes (e.g. to release its
+        bundle). False if it was not loaded."""
+        task = self.topics.pop(key, None)
+        if task is None:
+            return False
+        done = asyncio.get_running_loop().create_future()
+        self._unloading[key] = done
+        try:
+            try:
+                topic = await task
+            except BaseException:
+                return False
+            if before_close is not None:
+                await before_close()
+            self._flush_topic(topic)
+            if delete:
+                await topic.delete()
+                log.info("topic deleted %s", key)
+            else:
+                await topic.close()
+                log.info("topic unloaded %s", key)
+            return True
+        finally:
+            if self._unloading.get(key) is done:
+                del self._unloading[key]
+            done.set_result(None)
+            self.metrics.forget_topic(key)
+
+    # -- stats and metrics -----------------------------------------------------------------------
+    def start(self) -> None:
+        if self._stats_task is None:
+            self._stats_task = asyncio.ensure_future(self._stats_loop())
+
+    async def _stats_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.stats_interval_ms / 1000)
+            try:
+                self.stats_tick()
+            except Exception:
+                log.exception("stats update failed")
+
+    def stats_tick(self) -> None:
+        """Sample counters for the rates, update backlog gauges, fold counters into metrics.
+        Work is bounded by the number of loaded topics, producers and subscriptions."""
+        now = time.monotonic()
+        samples: dict[tuple, tuple[float, int, int]] = {}
+        for topic in self.loaded_topics():
+            samples[("t", topic.key)] = (now, topic.msg_in, topic.bytes_in)
+            samples[("to", topic.key)] = (now, topic.msg_out, topic.bytes_out)
+            for p in topic.producers.values():
+                samples[("p", topic.key, p.name)] = (now, p.msg_in, p.bytes_in)
+            for sub in topic.subscriptions.values():
+                samples[("s", topic.key, sub.name)] = (now, sub.msg_out, sub.bytes_out)
+            backlog, backlog_bytes, storage = self.topic_backlog(topic)
+            self.metrics.set_backlog(topic.key, backlog, backlog_bytes, storage)
+        self._samples_prev, self._samples = self._samples, samples
+        self.flush_metrics()
+
+    def rate(self, key: tuple) -> tuple[float, float]:
+        """(messages/s, bytes/s) over the last complete stats interval."""
+        prev, cur = self._samples_prev.get(key), self._samples.get(key)
+        if prev is None or cur is None or cur[0] <= prev[0]:
+            return 0.0, 0.0
+        dt = cur[0] - prev[0]
+        return (cur[1] - prev[1]) / dt, (cur[2] - prev[2]) / dt
+
+    def topic_backlog(self, topic: PersistentTopic) -> tuple[int, int, int]:
+        """(entries not acked summed over subscriptions, bytes of the slowest, stored bytes)."""
+        ledgers = topic.ml.ledgers()
+        entries = sum(i.entries for i in ledgers)
+        storage = sum(i.size_bytes for i in ledgers)
+        avg = storage / entries if entries else 0
+        total = slowest = 0
+        last = topic.ml.last_confirmed_position
+        for sub in topic.subscriptions.values():
+            n = subscription_backlog(sub.cursor, last, ledgers)
+            total += n
+            slowest = max(slowest, n)
+        return total, int(slowest * avg), storage
+
+    def _flush_topic(self, topic: PersistentTopic) -> None:
+        mi, bi, mo, bo = topic.flushed
+        latencies, topic.latencies_s = topic.latencies_s, []
+        if topic.msg_in != mi or topic.bytes_in != bi:
+            self.metrics.on_publish(topic.key, topic.msg_in - mi, topic.bytes_in - bi)
+        for latency in latencies:
+            self.metrics.on_publish(topic.key, 0, 0, latency)
+        if topic.msg_out != mo or topic.bytes_out != bo:
+            self.metrics.on_dispatch(topic.key, topic.msg_out - mo, topic.bytes_out - bo)
+        topic.flushed = (topic.msg_in, topic.bytes_in, topic.msg_out, topic.bytes_out)
+
+    def flush_metrics(self) -> None:
+        topics = self.loaded_topics()
+        for topic in topics:
+            self._flush_topic(topic)
+        hits, misses = self._cache_flushed
+        if self.cache_hits > hits:
+            self.metrics.on_cache_hit(self.cache_hits - hits)
+        if self.cache_misses > misses:
+            self.metrics.on_cache_miss(self.cache_misses - misses)
+        self._cache_flushed = (self.cache_hits, self.cache_misses)
+        cache = self.entry_cache
+        self.metrics.set_cache(cache.bytes, len(cache._entries))
+        self.metrics.set_counts(
+            topics=len(topics), producers=sum(len(t.producers) for t in topics),
+            consumers=sum(len(s.consumers) for t in topics for s in t.subscriptions.values()),
+            subscriptions=sum(len(t.subscriptions) for t in topics))
+
+    def on_add_error(self, error: BaseException) -> None:
+        """An add to the bookies failed (counted per bookie when the error names one)."""
+        from broker.managed_ledger import ManagedLedgerClosedError
+        if isinstance(error, ManagedLedgerClosedError):
+            return
+        found = _BOOKIE_IN_MESSAGE.search(str(error))
+        self.metrics.on_bookie_error(found.group(1) if found else "unknown", error)
+
+    async def close(self) -> None:
+        """Close every topic (adds in flight finish, managed ledgers closed cleanly)."""
+        self.closing = True
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+        keys = list(self.topics)
+        await asyncio.gather(*(self.unload_topic(k) for k in keys), return_exceptions=True)
+
+
+def subscription_backlog(cursor, last_confirmed, ledgers) -> int:
+    backlog = getattr(cursor, "backlog", None)
+    if backlog is not None:
+        return backlog(last_confirmed, ledgers)
+    md = cursor.mark_delete_position        # the in-memory stand-in: count by ledger list
+    total = 0
+    for info in ledgers:
+        if info.ledger_id > md.ledger_id:
+            total += info.entries
+        elif info.ledger_id == md.ledger_id:
+            total += max(0, info.entries - md.entry_id - 1)
+    return total
+
+
+def _is_persistent(topic) -> bool:
+    return not str(topic).startswith("non-persistent")
+
+
+def _publish_time_of(entry: bytes) -> int | None:
+    try:
+        return peek_metadata(entry).publish_time_ms
+    except Exception:
+        return None
+
+
+__all__ = ["BROKERS_PATH", "BrokerError", "BrokerService", "NotAllowedError", "ProducerBusyError",
+           "ServiceNotReadyError", "SubscriptionBusyError", "TopicNotFoundError", "server_error_of"]
