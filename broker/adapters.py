@@ -108,11 +108,18 @@ class SingleBrokerOwnership:
     def owns(self, topic) -> bool:
         return True
 
+    def write_guard(self, topic) -> Callable[[], bool]:
+        return _always
+
     async def ensure_owned(self, topic) -> bool:
         return True
 
     def add_lost_listener(self, callback: Callable[[Callable[[Any], bool]], None]) -> None:
         pass
+
+
+def _always() -> bool:
+    return True
 
 
 class ManagedOwnership:
@@ -136,6 +143,14 @@ class ManagedOwnership:
 
     def owns(self, topic) -> bool:
         return self.manager.owns(topic)
+
+    def write_guard(self, topic) -> Callable[[], bool]:
+        """A cheap check for the publish path: False as soon as the topic's bundle is not ours
+        or the ZooKeeper session is not trusted (SUSPENDED or LOST), so a broker that may have
+        lost its topics stops writing at once rather than relying on the bookies' fencing."""
+        bundle = self.manager.bundle_of(topic)
+        owns_bundle = self.manager.owns_bundle
+        return lambda: owns_bundle(bundle)
 
     async def ensure_owned(self, topic) -> bool:
         if self.manager.owns(topic):

@@ -81,8 +81,9 @@ def server_error_of(error: BaseException) -> int:
     from broker.dispatch import ConsumerBusyError
     from broker.managed_ledger import ManagedLedgerError
     from pulsarlite.errors import MetadataError
-    if isinstance(error, BrokerError):
-        return error.server_error
+    code = getattr(error, "server_error", None)   # BrokerError and other errors that name theirs
+    if code is not None:
+        return code
     if isinstance(error, ConsumerBusyError):
         return pb.ConsumerBusy
     if isinstance(error, InvalidTopicNameError):

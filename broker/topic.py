@@ -26,12 +26,21 @@ from typing import Any, Protocol
 from broker.adapters import open_cursor
 from broker.dispatch import Delivery, DispatcherCore, SubType
 from broker.managed_ledger import ManagedLedger, ManagedLedgerError, Position, next_position
+from pulsarlite.errors import PulsarliteError
+from pulsarlite.wire import pb
 from pulsarlite.wire.entry import peek_metadata
 
 log = logging.getLogger("pulsarlite.broker")
 
 INT64_MAX = (1 << 63) - 1
 
+
+
+class TopicNotOwnedError(PulsarliteError):
+    """This broker may no longer own the topic; the client must look it up again."""
+
+    retriable = True
+    server_error = pb.ServiceNotReady
 
 class ConsumerHandle(Protocol):
     """What a subscription needs of a consumer (implemented by the connection)."""
@@ -148,6 +157,7 @@ class PersistentTopic:
         self.name = name                    # TopicName
         self.key = str(name)
         self.ml = ml
+        self._owned = service.ownership.write_guard(name)  # checked before every add
         self.producers: dict[str, Producer] = {}
         self.subscriptions: dict[str, Subscription] = {}
         self._backlog: deque = deque()       # (send, producer, data, publish_time) waiting for room
@@ -203,6 +213,12 @@ class PersistentTopic:
             self._add(op, producer, data, publish_time)
 
     def _add(self, op: _Send, producer: Producer, data: bytes, publish_time: int) -> None:
+        if not self._owned():
+            # session suspended or lost, or the bundle released: never write; the SEND_ERROR
+            # makes the client reconnect through lookup to whoever owns the topic now
+            self._complete(producer, op, None, TopicNotOwnedError(
+                f"topic {self.key} is not owned by this broker now (ZooKeeper session not trusted)"))
+            return
         try:
             fut = self.ml.add_async(data, publish_time)
         except Exception as e:     # refused at once (fenced, closed, failed)
