@@ -1,0 +1,533 @@
+"""Broker benchmark with the official Python client: 1 broker, 3 bookies, E3/Qw3/Qa2, fsync on.
+
+    .venv/bin/python bench/bench_broker.py [--seconds S] [--dir D] [--profile]
+                                           [--paced-rate 5000] [--e2e-rate 2000] [--no-ceiling]
+
+Starts a fresh local cluster (3 bookies, 1 broker) and, with ``pulsar.Client`` (C++ core), runs
+in one process, one phase after the other (each bounded by --seconds):
+
+  ceiling     the batched and unbatched loops below against a broker that stores nothing (a
+              Pulsar-protocol responder in its own process): the client's own limit, this run
+  warmup      batched produce for up to 3 s (topic load, ledger creation, connections settle)
+  batched     send_async, batching on (max delay 10 ms), block_if_queue_full, at most --window
+              messages outstanding; msg/s and MB/s counted by ack callbacks (one per 100
+              messages: receipts come in order; see Counter)
+  unbatched   the same with batching off (window --unbatched-window)
+  paced       unbatched at a fixed --paced-rate: publish latency = callback time - send time
+  e2e         unbatched at --e2e-rate; the payload carries the send time, a consumer on another
+              thread (same process) measures receive time - send time
+  catch-up    a new subscription from earliest reads the batched topic back (batch_receive,
+              no acks): msg/s and MB/s
+
+Also the CPU (% of one core) of the broker, each bookie and this client process over each phase:
+the machine has 2 cores shared by all of them ("others" = every other process on the machine,
+from /proc/stat). With --profile, the batched and the unbatched phases are repeated with py-spy
+attached to the broker (``--gil``: only samples where a broker thread holds the GIL, i.e. where
+its Python CPU goes) after the measured phases, and the top frames printed.
+A live rate line goes to stderr once a second; the results are markdown tables on stdout.
+Not a test: no assertions, figures only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import pathlib
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+import pulsar  # noqa: E402
+
+from pulsarlite.cluster import LocalCluster  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+STAMP = struct.Struct("<d")  # perf_counter at send, at the start of the payload
+
+
+# -- measuring ----------------------------------------------------------------------------------
+def process_cpu_s(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all cores spent busy (not idle, not waiting for I/O) since boot."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds of the broker, the bookies, this process and every other process."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+
+    def snapshot(self) -> dict[str, float]:
+        snap = {name: process_cpu_s(pid) for name, pid in self.pids.items()}
+        snap["client"] = time.process_time()
+        snap["machine"] = machine_busy_s()
+        return snap
+
+    @staticmethod
+    def percent(before: dict[str, float], after: dict[str, float], elapsed: float) -> dict[str, float]:
+        per = {name: (after[name] - before[name]) / elapsed * 100 for name in before}
+        machine = per.pop("machine")
+        per["others"] = max(0.0, machine - sum(per.values()))
+        return per
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p / 100 * len(values)))]
+
+
+class Counter:
+    """Acknowledged messages. A callback goes with every ``every``-th message only: a producer's
+    receipts arrive in order, so that callback acknowledges the ``every`` messages up to it. (A
+    Python callback per message costs a GIL hand-off to the client's IO thread per message and
+    caps the client near 30-40k msg/s on this machine, whatever the broker.) Callbacks come from
+    the client's single IO thread."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.acked = 0
+        self.failed = 0
+        self.first_error = None
+
+    def callback(self, res, _msg_id) -> None:
+        if res == pulsar.Result.Ok:
+            self.acked += self.every
+        else:
+            self.failed += self.every
+            if self.first_error is None:
+                self.first_error = str(res)
+
+
+class Live:
+    """A thread printing the rate of ``read()`` once a second on stderr."""
+
+    def __init__(self, label: str, read, unit: str = "msg/s") -> None:
+        self.label, self.read, self.unit = label, read, unit
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Live":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_event.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        started = last_t = time.perf_counter()
+        last = self.read()
+        while not self.stop_event.wait(1.0):
+            now, count = time.perf_counter(), self.read()
+            print(f"  [{self.label}] {now - started:5.1f}s {(count - last) / (now - last_t):10.0f} {self.unit}"
+                  f"  total {count}", file=sys.stderr, flush=True)
+            last_t, last = now, count
+
+
+# -- phases ------------------------------------------------------------------------------------
+def produce_windowed(client, topic: str, seconds: float, size: int, window: int, batching: bool,
+                     label: str, ack_every: int = 100) -> dict:
+    """send_async as fast as the window allows (block_if_queue_full bounds what is outstanding);
+    acknowledged messages counted by callbacks (one per ``ack_every`` messages, see Counter)."""
+    producer = client.create_producer(topic, batching_enabled=batching, batching_max_publish_delay_ms=10,
+                                      batching_max_messages=1000, block_if_queue_full=True,
+                                      max_pending_messages=window, send_timeout_millis=60_000)
+    payload = os.urandom(size)
+    counter = Counter(ack_every)
+    cb = counter.callback
+    send = producer.send_async
+    quiet = range(ack_every - 1)
+    with Live(label, lambda: counter.acked):
+        started = time.perf_counter()
+        deadline = started + seconds
+        sent = 0
+        while time.perf_counter() < deadline:
+            for _ in quiet:
+                send(payload, None)
+            send(payload, cb)
+            sent += ack_every
+        producer.flush()
+        elapsed = time.perf_counter() - started
+    producer.close()
+    return {"sent": sent, "acked": counter.acked, "failed": counter.failed, "error": counter.first_error,
+            "seconds": elapsed, "ack_every": ack_every,
+            "msg_s": counter.acked / elapsed, "mb_s": counter.acked * size / elapsed / 1e6}
+
+
+def produce_paced(client, topic: str, seconds: float, size: int, rate: float, label: str) -> dict:
+    """Unbatched send_async at a fixed rate; latency = ack callback time - send time."""
+    producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True,
+                                      max_pending_messages=100_000, send_timeout_millis=60_000)
+    filler = os.urandom(max(0, size - STAMP.size))
+    latencies: list[float] = []
+    failed = [0]
+
+    def done(t0: float):
+        def cb(res, _msg_id) -> None:
+            if res == pulsar.Result.Ok:
+                latencies.append(time.perf_counter() - t0)
+            else:
+                failed[0] += 1
+        return cb
+
+    with Live(label, lambda: len(latencies)):
+        started = time.perf_counter()
+        sent = 0
+        while (now := time.perf_counter()) - started < seconds:
+            due = int((now - started) * rate)
+            while sent < due:
+                t0 = time.perf_counter()
+                producer.send_async(STAMP.pack(t0) + filler, done(t0))
+                sent += 1
+            time.sleep(max(0.0, started + (sent + 1) / rate - time.perf_counter()))
+        producer.flush()
+        elapsed = time.perf_counter() - started
+    producer.close()
+    return {"sent": sent, "acked": len(latencies), "failed": failed[0], "seconds": elapsed,
+            "achieved": sent / elapsed, "p50_ms": pct(latencies, 50) * 1e3, "p99_ms": pct(latencies, 99) * 1e3,
+            "max_ms": max(latencies, default=float("nan")) * 1e3}
+
+
+def end_to_end(client, topic: str, seconds: float, size: int, rate: float, label: str) -> dict:
+    """Paced unbatched produce; a consumer thread measures receive time - send time."""
+    consumer = client.subscribe(topic, "e2e", consumer_type=pulsar.ConsumerType.Exclusive,
+                                initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=1000)
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            try:
+                msg = consumer.receive(timeout_millis=200)
+            except pulsar.Timeout:
+                continue
+            except Exception:  # closed under us
+                return
+            latencies.append(time.perf_counter() - STAMP.unpack_from(msg.data())[0])
+            consumer.acknowledge(msg)
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    produced = produce_paced(client, topic, seconds, size, rate, label)
+    deadline = time.perf_counter() + 10
+    while len(latencies) < produced["acked"] and time.perf_counter() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    thread.join()
+    consumer.close()
+    return {"sent": produced["sent"], "received": len(latencies), "achieved": produced["achieved"],
+            "p50_ms": pct(latencies, 50) * 1e3, "p99_ms": pct(latencies, 99) * 1e3,
+            "max_ms": max(latencies, default=float("nan")) * 1e3, "publish_p99_ms": produced["p99_ms"],
+            "seconds": produced["seconds"]}
+
+
+def catch_up(client, topic: str, expected: int, seconds: float, size: int, label: str) -> dict:
+    """A new subscription from earliest reads the topic back (batch_receive, no acks)."""
+    policy = pulsar.ConsumerBatchReceivePolicy(1000, 1 << 20, 10)
+    consumer = client.subscribe(topic, "catch-up", consumer_type=pulsar.ConsumerType.Exclusive,
+                                initial_position=pulsar.InitialPosition.Earliest,
+                                receiver_queue_size=10_000, batch_receive_policy=policy)
+    got = [0]
+    with Live(label, lambda: got[0]):
+        started = time.perf_counter()
+        deadline = started + seconds
+        idle_since = None
+        while got[0] < expected and time.perf_counter() < deadline:
+            n = len(consumer.batch_receive())
+            got[0] += n
+            if n:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.perf_counter()
+            elif time.perf_counter() - idle_since > 5:
+                break
+        elapsed = time.perf_counter() - started
+    consumer.close()
+    return {"expected": expected, "read": got[0], "seconds": elapsed, "msg_s": got[0] / elapsed,
+            "mb_s": got[0] * size / elapsed / 1e6}
+
+
+# -- null broker (the client's own ceiling) ---------------------------------------------------------
+def serve_null_broker(port: int) -> None:
+    """A Pulsar protocol server that stores nothing: it answers CONNECT, lookups and PRODUCER,
+    and acknowledges each SEND at once. Run in its own process (``--serve-null-broker PORT``)."""
+    import asyncio
+    from pulsarlite._proto import pulsar_api_pb2 as pb
+    from pulsarlite.wire import commands as cmd
+    from pulsarlite.wire.frames import FrameDecoder
+    T = pb.BaseCommand
+    url = f"pulsar://127.0.0.1:{port}"
+
+    class Proto(asyncio.Protocol):
+        def connection_made(self, transport) -> None:
+            self.transport, self.decoder = transport, FrameDecoder()
+
+        def data_received(self, data) -> None:
+            out = []
+            for frame in self.decoder.feed(data):
+                c = frame.command
+                kind = c.type
+                if kind == T.SEND:
+                    s = c.send
+                    out.append(cmd.send_receipt(s.producer_id, s.sequence_id, 1, s.sequence_id,
+                                                highest_sequence_id=s.highest_sequence_id or None))
+                elif kind == T.CONNECT:
+                    out.append(cmd.connected("null-broker", cmd.negotiate_protocol_version(
+                        c.connect.protocol_version)))
+                elif kind == T.PARTITIONED_METADATA:
+                    out.append(cmd.partitioned_metadata_response(c.partitionMetadata.request_id, 0))
+                elif kind == T.LOOKUP:
+                    out.append(cmd.lookup_response(c.lookupTopic.request_id, url, authoritative=True))
+                elif kind == T.PRODUCER:
+                    out.append(cmd.producer_success(c.producer.request_id, f"null-{c.producer.producer_id}"))
+                elif kind == T.CLOSE_PRODUCER:
+                    out.append(cmd.success(c.close_producer.request_id))
+                elif kind == T.PING:
+                    out.append(cmd.pong())
+            if out:
+                self.transport.write(b"".join(out))
+
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
+
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_server(Proto, "127.0.0.1", port)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(serve())
+
+
+def start_null_broker() -> tuple[subprocess.Popen, str]:
+    from pulsarlite.zk_server import find_free_port, port_accepts
+    port = find_free_port()
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-null-broker", str(port)],
+                            stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while not port_accepts("127.0.0.1", port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("null broker did not start")
+        time.sleep(0.05)
+    return proc, f"pulsar://127.0.0.1:{port}"
+
+
+# -- profile -------------------------------------------------------------------------------------
+def profile_summary(raw_path: pathlib.Path, top: int = 12) -> tuple[list, list, int]:
+    """From py-spy's raw (collapsed) output: (self-time leaf frames, inclusive frames, samples)."""
+    leaf: collections.Counter = collections.Counter()
+    inclusive: collections.Counter = collections.Counter()
+    total = 0
+    for line in raw_path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [f for f in stack.split(";") if f]
+        if frames and frames[0].startswith(("process ", "thread ")):
+            frames = frames[1:]
+        if frames:
+            leaf[frames[-1]] += n
+        for f in set(frames):
+            inclusive[f] += n
+    return leaf.most_common(top), inclusive.most_common(top * 4), total
+
+
+def run_profiled(client, topic: str, seconds: float, size: int, window: int, batching: bool, pid: int,
+                 out: pathlib.Path) -> dict:
+    duration = max(2, int(seconds) - 2)
+    result: dict = {"file": str(out)}
+    label = f"{'batched' if batching else 'unbatched'} under py-spy"
+    thread = threading.Thread(target=lambda: result.update(
+        produce_windowed(client, topic, seconds, size, window, batching, label)), daemon=True)
+    thread.start()
+    time.sleep(1.0)
+    spy = subprocess.run([str(ROOT / ".venv" / "bin" / "py-spy"), "record", "-r", "200", "-d", str(duration),
+                          "--gil", "-f", "raw", "-o", str(out), "-p", str(pid)], capture_output=True, text=True)
+    thread.join()
+    result["py_spy_rc"] = spy.returncode
+    result["py_spy_err"] = spy.stderr.strip()[-400:]
+    return result
+
+
+# -- main ------------------------------------------------------------------------------------------
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
+    parser.add_argument("--dir", default=None, help="cluster directory (default: a temp dir)")
+    parser.add_argument("--size", type=int, default=100, help="payload bytes")
+    parser.add_argument("--window", type=int, default=20_000, help="outstanding sends, batched")
+    parser.add_argument("--unbatched-window", type=int, default=2_000, help="outstanding sends, unbatched")
+    parser.add_argument("--paced-rate", type=float, default=5_000)
+    parser.add_argument("--e2e-rate", type=float, default=2_000)
+    parser.add_argument("--profile", action="store_true", help="repeat the batched and unbatched phases under py-spy")
+    parser.add_argument("--no-ceiling", action="store_true",
+                        help="skip measuring the client against a broker that stores nothing")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--serve-null-broker", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_null_broker is not None:
+        serve_null_broker(args.serve_null_broker)
+        return 0
+
+    base = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="pulsarlite-bench-broker-"))
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"== starting 3 bookies + 1 broker in {base}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    with LocalCluster.start(base / "cluster", bookies=3, brokers=1) as cluster:
+        print(f"   up in {time.perf_counter() - t0:.1f}s: {cluster.service_url}", file=sys.stderr, flush=True)
+        pids = {name: cluster.records[name].pid for name in cluster.broker_names + cluster.bookie_names}
+        broker_pid = cluster.records[cluster.broker_names[0]].pid
+        meter = CpuMeter(pids)
+        client = pulsar.Client(cluster.service_url, operation_timeout_seconds=60,
+                               logger=pulsar.FileLogger(pulsar.LoggerLevel.Warn, str(base / "client.log")))
+        results: dict = {}
+        cpu: dict = {}
+
+        def phase(name: str, fn, *fargs):
+            print(f"== {name}", file=sys.stderr, flush=True)
+            before, started = meter.snapshot(), time.perf_counter()
+            r = fn(*fargs)
+            cpu[name] = meter.percent(before, meter.snapshot(), time.perf_counter() - started)
+            results[name] = r
+            return r
+
+        s, size = args.seconds, args.size
+        batched_topic = "persistent://public/default/bench-batched"
+        try:
+            if not args.no_ceiling:
+                null_proc, null_url = start_null_broker()
+                pids_null = dict(pids, **{"null-broker": null_proc.pid})
+                meter.pids = pids_null
+                null_client = pulsar.Client(null_url, operation_timeout_seconds=60,
+                                            logger=pulsar.FileLogger(pulsar.LoggerLevel.Warn, str(base / "null-client.log")))
+                try:
+                    phase("ceiling batched", produce_windowed, null_client, "persistent://public/default/null-b", s,
+                          size, args.window, True, "client ceiling, batched")
+                    phase("ceiling unbatched", produce_windowed, null_client, "persistent://public/default/null-u",
+                          s, size, args.unbatched_window, False, "client ceiling, unbatched")
+                finally:
+                    null_client.close()
+                    null_proc.kill()
+                    null_proc.wait()
+                    meter.pids = pids
+            phase("warmup", produce_windowed, client, batched_topic, min(3.0, s), size, args.window, True, "warmup")
+            phase("batched", produce_windowed, client, batched_topic, s, size, args.window, True, "batched")
+            phase("unbatched", produce_windowed, client, "persistent://public/default/bench-unbatched", s, size,
+                  args.unbatched_window, False, "unbatched")
+            phase("paced", produce_paced, client, "persistent://public/default/bench-paced", s, size,
+                  args.paced_rate, f"paced {args.paced_rate:.0f}/s")
+            phase("e2e", end_to_end, client, "persistent://public/default/bench-e2e", s, size, args.e2e_rate,
+                  f"e2e {args.e2e_rate:.0f}/s")
+            expected = results["warmup"]["acked"] + results["batched"]["acked"]
+            phase("catch-up", catch_up, client, batched_topic, expected, 2 * s, size, "catch-up")
+            if args.profile:
+                phase("batched under py-spy", run_profiled, client, "persistent://public/default/bench-prof-b",
+                      s, size, args.window, True, broker_pid, base / "broker-batched.py-spy.raw")
+                phase("unbatched under py-spy", run_profiled, client, "persistent://public/default/bench-prof-u",
+                      s, size, args.unbatched_window, False, broker_pid, base / "broker-unbatched.py-spy.raw")
+        finally:
+            client.close()
+
+    if args.json:
+        print(json.dumps({"results": results, "cpu": cpu}, indent=2, default=str))
+
+    b, u, p, e, c = (results[k] for k in ("batched", "unbatched", "paced", "e2e", "catch-up"))
+    for name in ("ceiling batched", "ceiling unbatched", "warmup", "batched", "unbatched"):
+        if name in results and results[name]["failed"]:
+            print(f"!! {name}: {results[name]['failed']} sends failed ({results[name]['error']})")
+
+    def row(figure: str, value: str, goal: str = "", ratio: float | None = None, lower_is_better=False) -> None:
+        if ratio is None:
+            print(f"| {figure} | {value} | {goal} | |")
+        else:
+            met = ratio <= 1 if lower_is_better else ratio >= 1
+            print(f"| {figure} | {value} | {goal} | {ratio:.2f} ({'met' if met else 'missed'}) |")
+
+    print(f"\n{when}; {size} B payloads; {s:g} s per phase; batched/unbatched acks counted by a callback "
+          f"on every {b['ack_every']}th message (receipts are in order)\n")
+    print("| figure | value | goal | ratio to goal |")
+    print("|---|---|---|---|")
+    cb, cu = results.get("ceiling batched"), results.get("ceiling unbatched")
+    if cb:
+        row("client ceiling: batched produce against a broker that stores nothing",
+            f"{cb['msg_s']:,.0f} msg/s, {cb['mb_s']:.1f} MB/s", "(machine/client limit)")
+    row(f"batched produce (window {args.window}, delay 10 ms)", f"{b['msg_s']:,.0f} msg/s, {b['mb_s']:.1f} MB/s",
+        ">= 200k msg/s", b["msg_s"] / 200_000)
+    if cb:
+        row("batched produce / client ceiling", f"{b['msg_s'] / cb['msg_s']:.2f}", "~1 (broker not the limit)")
+        row("client ceiling: unbatched produce against a broker that stores nothing",
+            f"{cu['msg_s']:,.0f} msg/s", "(machine/client limit)")
+    row(f"unbatched produce (window {args.unbatched_window})", f"{u['msg_s']:,.0f} msg/s, {u['mb_s']:.1f} MB/s",
+        ">= 20k msg/s", u["msg_s"] / 20_000)
+    row(f"publish latency at {args.paced_rate:,.0f} msg/s unbatched (achieved {p['achieved']:,.0f}/s)",
+        f"p50 {p['p50_ms']:.2f} ms, p99 {p['p99_ms']:.2f} ms, max {p['max_ms']:.1f} ms",
+        "p99 <= 5 ms", p["p99_ms"] / 5.0, lower_is_better=True)
+    row(f"end-to-end latency at {args.e2e_rate:,.0f} msg/s unbatched ({e['received']}/{e['sent']} received)",
+        f"p50 {e['p50_ms']:.2f} ms, p99 {e['p99_ms']:.2f} ms, max {e['max_ms']:.1f} ms")
+    row(f"catch-up read from earliest ({c['read']:,}/{c['expected']:,} msgs, {c['seconds']:.1f} s)",
+        f"{c['msg_s']:,.0f} msg/s, {c['mb_s']:.1f} MB/s")
+
+    names = ["client"] + list(pids) + (["null-broker"] if cb else []) + ["others"]
+    print("\nCPU, % of one core (2 cores = 200%), per phase:\n")
+    print("| phase | " + " | ".join(names) + " | machine total |")
+    print("|---|" + "---|" * (len(names) + 1))
+    for ph, per in cpu.items():
+        print(f"| {ph} | " + " | ".join(f"{per[n]:.0f}%" if n in per else "-" for n in names) + f" | {sum(per.values()):.0f}% |")
+
+    for ph in ("batched under py-spy", "unbatched under py-spy"):
+        if ph not in results:
+            continue
+        pr = results[ph]
+        out = pathlib.Path(pr["file"])
+        print(f"\npy-spy --gil of the broker during a repeat of the {ph.split()[0]} phase "
+              f"({pr.get('msg_s', 0):,.0f} msg/s under the profiler; raw stacks: {out})")
+        if not out.exists():
+            print(f"py-spy failed (rc {pr.get('py_spy_rc')}): {pr.get('py_spy_err')}")
+            continue
+        leaf, inclusive, total = profile_summary(out)
+        print(f"\n{total} samples. Top self-time frames:\n")
+        print("| % samples | frame |")
+        print("|---|---|")
+        for frame, n in leaf:
+            print(f"| {n / total * 100:.1f}% | `{frame}` |")
+        print("\nTop inclusive frames (below the event loop):\n")
+        print("| % samples | frame |")
+        print("|---|---|")
+        shown = 0
+        for frame, n in inclusive:
+            if n / total > 0.9 or frame.startswith(("Thread.", "_run_", "<module>", "main (", "run (")):
+                continue  # the frames every sample shares
+            print(f"| {n / total * 100:.1f}% | `{frame}` |")
+            shown += 1
+            if shown == 15:
+                break
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
