@@ -169,13 +169,13 @@ class ManagedOwnership:
         self.manager.add_ownership_listener(on_change)
 
 
-def make_ownership(store, broker_id: str, service_url: str, web_service_url: str):
-    try:
-        from broker.ownership import OwnershipManager  # type: ignore
-    except ImportError:  # pragma: no cover - until the ownership module lands
-        return SingleBrokerOwnership(service_url)
+def make_ownership(store, broker_id: str, service_url: str, web_service_url: str, *,
+                   lease_ms: int | None = None):
+    """``lease_ms``: see OwnershipManager; the broker passes half its ZooKeeper session timeout."""
+    from broker.ownership import OwnershipManager
+
     return ManagedOwnership(OwnershipManager(store, broker_id, pulsar_url=service_url,
-                                             http_url=web_service_url))
+                                             http_url=web_service_url, lease_ms=lease_ms))
 
 
 # -- cursors ------------------------------------------------------------------------------------

@@ -90,7 +90,8 @@ async def run_broker(config: BrokerConfig, *, stop_event: asyncio.Event | None =
     store = await MetadataStore.connect(config.zookeeper, session_timeout_ms=config.zk_session_timeout_ms)
     try:
         ledger_client = await LedgerClient.connect(config.ledger_client_config(), store=store)
-        ownership = make_ownership(store, config.effective_broker_id, config.service_url, config.web_service_url)
+        ownership = make_ownership(store, config.effective_broker_id, config.service_url, config.web_service_url,
+                                   lease_ms=config.zk_session_timeout_ms // 2)
         await ownership.start()
         service = BrokerService(config, store=store, ledger_client=ledger_client, ownership=ownership)
         await service.policies.ensure_defaults(cluster=config.cluster_name, service_url=config.web_service_url,

@@ -73,7 +73,12 @@ class OwnershipManager:
 
     def __init__(self, store: MetadataStore, broker_id: str, *, pulsar_url: str, http_url: str,
                  bundles_per_namespace: int = 4, rng: random.Random | None = None,
-                 registration_stale_wait_s: float = 30.0, lookup_attempts_max: int = 5) -> None:
+                 registration_stale_wait_s: float = 30.0, lookup_attempts_max: int = 5,
+                 lease_ms: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        """``lease_ms`` (below the ZooKeeper session timeout): ownership is trusted only within
+        ``lease_ms`` of the last ZooKeeper round trip known to have succeeded (timed from when it
+        was sent). A broker paused or cut off longer than that (SIGSTOP, a long GC or loop stall)
+        stops serving at once on waking, before kazoo has even noticed its session expired."""
         self.store = store
         self.broker_id = check_broker_id(broker_id)
         self.pulsar_url = pulsar_url
@@ -93,6 +98,11 @@ class OwnershipManager:
         self._registered_session: int | None = None
         self._started = False
         self._closed = False
+        if lease_ms is not None and lease_ms <= 0:
+            raise ValueError(f"lease_ms must be > 0, got {lease_ms}")
+        self._lease_s = None if lease_ms is None else lease_ms / 1000
+        self._clock = clock
+        self._lease_confirmed = clock()  # the session was just connected when we were built
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -105,6 +115,9 @@ class OwnershipManager:
         self._table.session = _TRUST[self.store.state]
         self.store.add_session_listener(self._on_session)
         await self._register()
+        if self._lease_s is not None:
+            self._lease_confirmed = self._clock()
+            self._spawn_lease_heartbeat()
 
     async def close(self, *, timeout_s: float = 10.0) -> None:
         """Release every bundle (delete our znodes), unregister, stop. Idempotent; the store stays
@@ -279,9 +292,28 @@ class OwnershipManager:
 
     # -- internals ---------------------------------------------------------------------------
     def _session_trusted(self) -> bool:
-        """Our view of the session allows serving: not closed, store open, CONNECTED."""
+        """Our view of the session allows serving: not closed, store open, CONNECTED, and (with
+        a lease) ZooKeeper confirmed the session less than ``lease_ms`` ago."""
         return (not self._closed and not self.store.closed and self.store.state is SessionState.CONNECTED
-                and self._table.trusted)
+                and self._table.trusted
+                and (self._lease_s is None or self._clock() - self._lease_confirmed < self._lease_s))
+
+    def _spawn_lease_heartbeat(self) -> None:
+        async def heartbeat() -> None:
+            interval_s = self._lease_s / 4
+            while not self._closed:
+                sent = self._clock()
+                try:
+                    async with asyncio.timeout(interval_s * 2):
+                        await self.store.exists("/")
+                    self._lease_confirmed = max(self._lease_confirmed, sent)
+                except (MetadataError, TimeoutError):
+                    pass  # the lease runs out by itself; the session listener says the rest
+                await asyncio.sleep(interval_s)
+
+        task = asyncio.ensure_future(heartbeat())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -466,6 +466,11 @@ def test_owner_losing_its_session_never_writes_again(cluster, zk):
         # in the old ledger is within its recovered entries (checked above), and none after
         ledgers = check_old_owner_never_appended(cluster, zk, topic, old_ledger)
         assert owner_of(zk, topic) == cluster.records[survivor].broker_id
+        # stricter than fencing: on waking, the old owner did not even try to write (its lease
+        # had run out), so no bookie had to refuse it an add as FENCED
+        with open(cluster.records[owner].log, errors="replace") as f:
+            old_owner_log = f.read()
+        assert "code=FENCED" not in old_owner_log, "the old owner tried to append after losing its session"
         print(f"failover stop: owner {owner} -> {survivor}; {reports}; old ledger {old_ledger} closed at "
               f"{ledgers['old_last_entry_id']}; "
               f"list {[(i['ledger_id'], i['state'], i['entries']) for i in ledgers['ledgers']]}; "

@@ -426,3 +426,41 @@ async def test_close_while_suspended_does_not_wait_for_zookeeper(proxy, connect,
     await wait_for(lambda: store_a.state is SessionState.CONNECTED, "reconnected")
     assert not a.owns(TOPIC)
     assert not await observer.exists(f"{BROKERS_ROOT}/broker-a")  # a closed manager does not re-register
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_lease_stops_serving_when_zookeeper_has_not_confirmed_the_session_lately(connect, managers):
+    """A broker that was paused (SIGSTOP, a stalled loop) longer than its lease must not serve
+    its topics when it wakes, even before kazoo learns the session expired; it serves again once
+    a ZooKeeper round trip confirms the session."""
+    clock = ManualClock()
+    store = await connect()
+    m = await managers(store, "lease", lease_ms=400, clock=clock)
+    topic = "persistent://public/default/leased"
+    result = await m.lookup(topic, authoritative=True)
+    assert result.owned_by_self and m.owns(topic)
+    clock.now += 0.5                      # "woke up" after more than the lease: no await in between
+    assert not m.owns(topic)
+    assert m.owned_bundles() == frozenset()
+    for _ in range(200):                  # the heartbeat confirms the session again (bounded)
+        if m.owns(topic):
+            break
+        await asyncio.sleep(0.01)
+    assert m.owns(topic)
+
+
+async def test_no_lease_means_session_state_alone_decides(connect, managers):
+    clock = ManualClock()
+    store = await connect()
+    m = await managers(store, "nolease", clock=clock)
+    topic = "persistent://public/default/unleased"
+    assert (await m.lookup(topic, authoritative=True)).owned_by_self
+    clock.now += 3600
+    assert m.owns(topic)
