@@ -117,6 +117,7 @@ class BrokerService:
         self.cache_hits = 0
         self.cache_misses = 0
         self._cache_flushed = (0, 0)
+        self._pauses_flushed = 0
         # rate samples: key -> (monotonic s, messages, bytes) at the last two stats ticks
         self._samples_prev: dict[tuple, tuple[float, int, int]] = {}
         self._samples: dict[tuple, tuple[float, int, int]] = {}
@@ -346,6 +347,11 @@ class BrokerService:
         if self.cache_misses > misses:
             self.metrics.on_cache_miss(self.cache_misses - misses)
         self._cache_flushed = (self.cache_hits, self.cache_misses)
+        pauses = self.publish_buffer.pauses
+        if pauses > self._pauses_flushed:
+            self.metrics.on_publish_buffer_pause(pauses - self._pauses_flushed)
+        self._pauses_flushed = pauses
+        self.metrics.set_publish_buffer(self.publish_buffer.bytes)
         cache = self.entry_cache
         self.metrics.set_cache(cache.bytes, len(cache._entries))
         self.metrics.set_counts(

@@ -95,17 +95,20 @@ class EntryCache:
 # -- publish buffer ------------------------------------------------------------------------------
 class PublishBuffer:
     """Bytes from SEND to receipt, per broker. Above ``bytes_max`` every connection that sends
-    is paused (stops reading); all resume once below half."""
+    is paused (stops reading); all resume once below half. ``pauses`` counts the connections
+    paused so far (metrics)."""
 
     def __init__(self, bytes_max: int) -> None:
         self.bytes_max = bytes_max
         self.bytes = 0
+        self.pauses = 0
         self._paused: set = set()
 
     def acquire(self, size: int, connection) -> None:
         self.bytes += size
         if self.bytes >= self.bytes_max and connection is not None and connection not in self._paused:
             self._paused.add(connection)
+            self.pauses += 1
             connection.pause_reading()
 
     def release(self, size: int) -> None:

@@ -163,6 +163,12 @@ class BrokerMetrics:
                                   registry=r)
         self.cache_misses = Counter("pulsarlite_entry_cache_misses", "Entry reads that went to the bookies",
                                     ["cluster"], registry=r)
+        self.publish_buffer_size_bytes = Gauge(
+            "pulsarlite_publish_buffer_size_bytes", "Bytes of SENDs not yet answered (the broker's publish buffer)",
+            ["cluster"], registry=r)
+        self.publish_buffer_pauses = Counter(
+            "pulsarlite_publish_buffer_pauses", "Producer connections paused because the publish buffer was full",
+            ["cluster"], registry=r)
         self.bookie_errors = Counter("pulsarlite_bookie_client_errors", "Errors of requests to bookies",
                                      ["cluster", "bookie", "error"], registry=r)
         self.topics = Gauge("pulsar_topics_count", "Topics owned by this broker", ["cluster"], registry=r)
@@ -176,11 +182,12 @@ class BrokerMetrics:
             PlatformCollector(registry=r)
             GCCollector(registry=r)
         c = self.config.cluster
-        for gauge in (self.cache_size_bytes, self.cache_entries, self.topics, self.producers, self.consumers,
-                      self.subscriptions):
+        for gauge in (self.cache_size_bytes, self.cache_entries, self.publish_buffer_size_bytes, self.topics,
+                      self.producers, self.consumers, self.subscriptions):
             gauge.labels(c).set(0)
         self.cache_hits.labels(c)
         self.cache_misses.labels(c)
+        self.publish_buffer_pauses.labels(c)
 
     # -- labels ------------------------------------------------------------------------------
     def _series_key(self, topic: str) -> tuple[str, str]:
@@ -239,6 +246,12 @@ class BrokerMetrics:
         c = self.config.cluster
         self.cache_size_bytes.labels(c).set(size_bytes)
         self.cache_entries.labels(c).set(entries)
+
+    def set_publish_buffer(self, size_bytes: int) -> None:
+        self.publish_buffer_size_bytes.labels(self.config.cluster).set(size_bytes)
+
+    def on_publish_buffer_pause(self, n: int = 1) -> None:
+        self.publish_buffer_pauses.labels(self.config.cluster).inc(n)
 
     def on_cache_hit(self, n: int = 1) -> None:
         self.cache_hits.labels(self.config.cluster).inc(n)

@@ -234,7 +234,9 @@ async def test_suspended_then_connected_across_zookeeper_restart(tmp_path):
     server = ZooKeeperServer(tmp_path / "zk")
     server.start()
     try:
-        s = await MetadataStore.connect(server.connect_string, session_timeout_ms=10_000)
+        # the restart below must fit in the session: a JVM start on a loaded 2-core machine
+        # (CI runs other suites' processes too) has taken longer than 10 s
+        s = await MetadataStore.connect(server.connect_string, session_timeout_ms=30_000)
         try:
             recorder = StateRecorder()
             s.add_session_listener(recorder)
