@@ -16,7 +16,6 @@ import collections
 import json
 import os
 import pathlib
-import statistics
 import sys
 import tempfile
 import time

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import random
 import time
-from typing import Sequence
 
 from bookie._proto import bookie_rpc_pb2 as pb
 from bookie.client.actions import (AddOutcome, CloseDone, CloseFailed, ConfirmAdds, EntryData,

@@ -12,9 +12,10 @@ import json
 import os
 import signal
 import threading
-import time
 
 import pytest
+
+from integration.helpers import wait_for
 
 pulsar = pytest.importorskip("pulsar")
 
@@ -52,17 +53,6 @@ def zk(cluster):
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
-
-
 def owner_of(zk, topic: str) -> str | None:
     """The broker id in the topic's bundle owner znode (None: no owner)."""
     path = f"/namespace/{bundle_key(TopicName.parse(topic), BUNDLES_PER_NAMESPACE)}"

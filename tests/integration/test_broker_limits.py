@@ -20,6 +20,8 @@ import urllib.request
 
 import pytest
 
+from integration.helpers import wait_for
+
 pulsar = pytest.importorskip("pulsar")
 
 from pulsarlite.config import KiB  # noqa: E402
@@ -35,17 +37,6 @@ MiB = 1024 * KiB
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
-
-
 def http_get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as response:
         return response.read().decode()

@@ -19,7 +19,7 @@ from bookie.client.metadata import LedgerState
 from bookie.transport import HEADER, MESSAGE_TYPES, encode_frame, encode_message
 from pulsarlite.checksum import entry_checksum
 from pulsarlite.config import LedgerClientConfig
-from pulsarlite.errors import LedgerFencedError, NoSuchEntryError, NotEnoughBookiesError, PulsarliteError
+from pulsarlite.errors import LedgerFencedError, NoSuchEntryError, NotEnoughBookiesError
 
 pytestmark = pytest.mark.integration
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 
 import pytest
+
+from integration.helpers import BlockableProxy
 
 from bookie.client.ledger_manager import (LedgerManager, bookie_registration_path,
                                           register_bookie, unregister_bookie)
@@ -259,79 +259,6 @@ async def test_suspended_then_connected_across_zookeeper_restart(tmp_path):
             await s.close()
     finally:
         server.stop()
-
-
-class BlockableProxy:
-    """A TCP proxy to ZooKeeper that can cut every connection and refuse new ones (a network
-    partition between one client and a server that stays up)."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = find_free_port()
-        self.blocked = False
-        self._sockets: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", self.port))
-        self._listener.settimeout(0.1)
-        self._stopped = False
-        self._thread = threading.Thread(target=self._accept_loop, daemon=True)
-        self._thread.start()
-
-    def _accept_loop(self) -> None:
-        while not self._stopped:
-            try:
-                client, _ = self._listener.accept()
-            except (TimeoutError, OSError):
-                continue
-            if self.blocked:
-                client.close()
-                continue
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=2)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._sockets.update((client, upstream))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            src.settimeout(None)
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def block(self) -> None:
-        self.blocked = True
-        with self._lock:
-            sockets, self._sockets = self._sockets, set()
-        for s in sockets:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-    def unblock(self) -> None:
-        self.blocked = False
-
-    def close(self) -> None:
-        self._stopped = True
-        self.block()
-        self._thread.join(timeout=5)
-        self._listener.close()
 
 
 async def test_lost_after_partition_longer_than_session_timeout(zk_server, zk_hosts):

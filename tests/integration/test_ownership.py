@@ -6,16 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
-import threading
 
 import pytest
+
+from integration.helpers import BlockableProxy
 
 from broker.ownership import BundleState, LookupResult, OwnershipError, OwnershipManager, bundle_of
 from broker.ownership.core import BROKERS_ROOT, bundle_path
 from pulsarlite.metadata import MetadataExistsError, MetadataStore, SessionState, split_chroot
 from pulsarlite.topic_name import InvalidTopicNameError, TopicName
-from pulsarlite.zk_server import find_free_port
 
 pytestmark = pytest.mark.integration
 
@@ -102,79 +101,6 @@ class Recorder:
 
     def states(self) -> list[SessionState]:
         return [s for _, s in self.events]
-
-
-class BlockableProxy:
-    """A TCP proxy to ZooKeeper that can cut every connection and refuse new ones (a network
-    partition of one client; the same trick as tests/integration/test_metadata_store.py)."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = find_free_port()
-        self.blocked = False
-        self._sockets: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", self.port))
-        self._listener.settimeout(0.1)
-        self._stopped = False
-        self._thread = threading.Thread(target=self._accept_loop, daemon=True)
-        self._thread.start()
-
-    def _accept_loop(self) -> None:
-        while not self._stopped:
-            try:
-                client, _ = self._listener.accept()
-            except (TimeoutError, OSError):
-                continue
-            if self.blocked:
-                client.close()
-                continue
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=2)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._sockets.update((client, upstream))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            src.settimeout(None)
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def block(self) -> None:
-        self.blocked = True
-        with self._lock:
-            sockets, self._sockets = self._sockets, set()
-        for s in sockets:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-    def unblock(self) -> None:
-        self.blocked = False
-
-    def close(self) -> None:
-        self._stopped = True
-        self.block()
-        self._thread.join(timeout=5)
-        self._listener.close()
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 
-import pytest
 
 import bookie.storage.journal as journal_mod
 from bookie.storage import BookieStore, Status

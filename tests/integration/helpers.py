@@ -1,0 +1,94 @@
+"""Helpers shared by the integration tests."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from pulsarlite.zk_server import find_free_port
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
+    """Poll ``predicate`` (blocking) until it returns something true, at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+class BlockableProxy:
+    """A TCP proxy to ZooKeeper that can cut every connection and refuse new ones (a network
+    partition between one client and a server that stays up)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = find_free_port()
+        self.blocked = False
+        self._sockets: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self._listener.settimeout(0.1)
+        self._stopped = False
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True)
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._stopped:
+            try:
+                client, _ = self._listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            if self.blocked:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=2)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets.update((client, upstream))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            src.settimeout(None)
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def block(self) -> None:
+        self.blocked = True
+        with self._lock:
+            sockets, self._sockets = self._sockets, set()
+        for s in sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def unblock(self) -> None:
+        self.blocked = False
+
+    def close(self) -> None:
+        self._stopped = True
+        self.block()
+        self._thread.join(timeout=5)
+        self._listener.close()
