@@ -40,16 +40,18 @@ def zk_hosts(zk_server: ZooKeeperServer) -> str:
 
 @pytest.fixture
 def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
-    """``start(bookies=3, *, brokers=0, bookie_overrides=None, name="cluster", **kw)`` starts a
+    """``start(bookies=3, *, brokers=0, bookie_overrides=None, broker_overrides=None,
+    name="cluster", **kw)`` starts a
     LocalCluster in ``tmp_path/name`` (blocking: from async code, wrap it in
     ``asyncio.to_thread``); every cluster started is stopped at teardown, even on failure."""
     clusters: list[LocalCluster] = []
 
     def start(bookies: int = 3, *, brokers: int = 0, bookie_overrides: dict | None = None,
-              name: str = "cluster", **kwargs) -> LocalCluster:
+              broker_overrides: dict | None = None, name: str = "cluster", **kwargs) -> LocalCluster:
         cluster = LocalCluster(tmp_path / name, **kwargs)
         clusters.append(cluster)
-        cluster.start_processes(bookies=bookies, brokers=brokers, bookie_overrides=bookie_overrides)
+        cluster.start_processes(bookies=bookies, brokers=brokers, bookie_overrides=bookie_overrides,
+                                broker_overrides=broker_overrides)
         return cluster
 
     try:

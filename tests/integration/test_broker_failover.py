@@ -35,9 +35,7 @@ RECEIVE_MS = 500
 
 @pytest.fixture
 def cluster(cluster_factory):
-    c = cluster_factory(3)
-    c.start_processes(bookies=3, brokers=2, broker_overrides={"zk_session_timeout_ms": SESSION_MS})
-    return c
+    return cluster_factory(3, brokers=2, broker_overrides={"zk_session_timeout_ms": SESSION_MS})
 
 
 @pytest.fixture

@@ -120,9 +120,7 @@ class AsyncSends:
 
 def start_cluster(cluster_factory, **broker_overrides):
     """Three bookies and one broker with these BrokerConfig fields."""
-    cluster = cluster_factory(3)
-    cluster.start_processes(bookies=3, brokers=1, broker_overrides=broker_overrides)
-    return cluster
+    return cluster_factory(3, brokers=1, broker_overrides=broker_overrides)
 
 
 @pytest.fixture
