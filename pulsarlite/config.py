@@ -40,7 +40,8 @@ class BookieConfig:
     # ledger storage
     entry_log_file_bytes_max: int = 256 * MiB
     write_cache_bytes_max: int = 64 * MiB    # entries waiting for the next checkpoint
-    checkpoint_interval_ms: int = 5_000
+    checkpoint_interval_ms: int = 5_000      # persist the index, move the mark, trim the journal
+    write_cache_flush_interval_ms: int = 250  # write the cache to entry logs: small bursts (BENCHMARKS.md)
     # limits on requests
     entry_bytes_max: int = 5 * MiB
     request_bytes_max: int = 16 * MiB        # largest frame accepted (bookie protocol), both ways
@@ -58,7 +59,7 @@ class BookieConfig:
     def validate(self) -> "BookieConfig":
         _positive(self, "port", "zk_session_timeout_ms", "journal_bytes_buffered_max",
                   "journal_file_bytes_max", "journal_queue_records_max", "entry_log_file_bytes_max",
-                  "write_cache_bytes_max", "checkpoint_interval_ms", "entry_bytes_max",
+                  "write_cache_bytes_max", "checkpoint_interval_ms", "write_cache_flush_interval_ms", "entry_bytes_max",
                   "request_bytes_max", "read_bytes_max", "disk_check_interval_ms",
                   "gc_interval_ms", "compaction_bytes_per_s_max")
         if not 0 < self.group_wait_ms_max <= 1000:
