@@ -19,6 +19,7 @@ from bookie.server import BookieServer, BookieService
 from bookie.storage import BookieStore
 from pulsarlite.config import BookieConfig, load_toml
 from pulsarlite.errors import PulsarliteError
+from pulsarlite.process import tune_gc_for_server
 
 log = logging.getLogger("pulsarlite.bookie")
 
@@ -30,6 +31,7 @@ def add_parser(subparsers) -> None:
 
 
 def run_from_args(args) -> int:
+    tune_gc_for_server()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:

@@ -19,6 +19,7 @@ import sys
 from broker.config import BrokerConfig
 from pulsarlite.config import load_toml
 from pulsarlite.errors import PulsarliteError
+from pulsarlite.process import tune_gc_for_server
 
 log = logging.getLogger("pulsarlite.broker")
 
@@ -30,6 +31,7 @@ def add_parser(subparsers) -> None:
 
 
 def run_from_args(args) -> int:
+    tune_gc_for_server()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
