@@ -477,25 +477,37 @@ class Subscription:
         self.wake()
 
     def ack(self, consumer, message_ids, *, cumulative: bool) -> None:
-        cursor = self.cursor
         for mid in message_ids:
-            position = Position(mid.ledgerId, mid.entryId)
-            partial = bool(mid.ack_set) and any(mid.ack_set)
-            if cumulative:
-                if partial:
-                    continue      # part of a batch: the entry before it is acked by a later ack
-                self.core.ack_cumulative(id(consumer), position)
-                self._track(cursor.ack_cumulative(position))
-                for p in [p for p in self._payloads if p <= position]:
-                    del self._payloads[p]
-            elif partial:
-                size = mid.batch_size if mid.HasField("batch_size") else None
-                index = mid.batch_index if mid.HasField("batch_index") else 0
-                self._track(cursor.ack_individual(position, batch_index=index, batch_size=size))
-            else:
+            try:
+                self._ack_one(consumer, mid, cumulative=cumulative)
+            except ValueError as e:  # InvalidAckError: a bad id from the client changes nothing
+                log.warning("subscription %s/%s: ack of %s:%s refused: %s", self.topic.key, self.name,
+                            mid.ledgerId, mid.entryId, e)
+
+    def _ack_one(self, consumer, mid, *, cumulative: bool) -> None:
+        cursor = self.cursor
+        position = Position(mid.ledgerId, mid.entryId)
+        partial = bool(mid.ack_set) and any(mid.ack_set)
+        if cumulative:
+            if partial:
+                return        # part of a batch: the entry before it is acked by a later ack
+            self.core.ack_cumulative(id(consumer), position)
+            self._track(cursor.ack_cumulative(position))
+            for p in [p for p in self._payloads if p <= position]:
+                del self._payloads[p]
+        elif partial:
+            ack_set = getattr(cursor, "ack_set", None)
+            if ack_set is None:
+                return        # the in-memory cursor of a reader does not track batch indexes
+            size = mid.batch_size if mid.HasField("batch_size") else None
+            self._track(ack_set(position, list(mid.ack_set), size))
+            if cursor.is_acked(position):   # the last unacked index of the batch: entry done
                 self.core.ack([position])
                 self._payloads.pop(position, None)
-                self._track(cursor.ack_individual(position))
+        else:
+            self.core.ack([position])
+            self._payloads.pop(position, None)
+            self._track(cursor.ack_individual(position))
 
     def _track(self, result) -> None:
         if inspect.isawaitable(result):
