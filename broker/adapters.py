@@ -35,8 +35,6 @@ class ManagedOwnership:
     """broker.ownership.OwnershipManager behind the same interface (it also registers
     /loadbalance/brokers/<id>)."""
 
-    registers_broker = True
-
     def __init__(self, manager) -> None:
         self.manager = manager
 

@@ -2,16 +2,15 @@
 
 Start: config validated -> ZooKeeper (one MetadataStore, shared with the ledger client) ->
 default cluster, tenant ``public`` and namespace ``public/default`` ensured -> ownership started
--> serving the Pulsar protocol and the admin HTTP API + ``/metrics`` (``http_port``) ->
-registered at ``/loadbalance/brokers/<broker-id>`` (ephemeral; re-registered after a session
-loss). SIGTERM / SIGINT: stop accepting, unregister, stop the HTTP server, close every topic
+(it registers ``/loadbalance/brokers/<broker-id>``, ephemeral, again after a session loss) ->
+serving the Pulsar protocol and the admin HTTP API + ``/metrics`` (``http_port``).
+SIGTERM / SIGINT: stop accepting, stop the HTTP server, close every topic
 (adds in flight finish, managed ledgers closed cleanly), close connections, exit.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import sys
@@ -49,25 +48,6 @@ def run_from_args(args) -> int:
     return 0
 
 
-def registration(config: BrokerConfig) -> bytes:
-    return json.dumps({"broker_id": config.effective_broker_id, "service_url": config.service_url,
-                       "web_service_url": config.web_service_url}).encode()
-
-
-async def register_broker(store, config: BrokerConfig) -> None:
-    from broker.service import BROKERS_PATH
-    from pulsarlite.metadata import MetadataExistsError
-    path = f"{BROKERS_PATH}/{config.effective_broker_id}"
-    try:
-        await store.create(path, registration(config), ephemeral=True)
-    except MetadataExistsError:       # ours from a lost session, or a stale one: replace it
-        try:
-            await store.delete(path)
-        except PulsarliteError:
-            pass
-        await store.create(path, registration(config), ephemeral=True)
-
-
 async def run_broker(config: BrokerConfig, *, stop_event: asyncio.Event | None = None,
                      started: asyncio.Future | None = None) -> None:
     from aiohttp import web
@@ -77,8 +57,8 @@ async def run_broker(config: BrokerConfig, *, stop_event: asyncio.Event | None =
     from broker.admin.http import make_admin_app
     from broker.admin_backend import BrokerAdminBackend
     from broker.server import BrokerServer
-    from broker.service import BROKERS_PATH, BrokerService
-    from pulsarlite.metadata import MetadataStore, SessionState
+    from broker.service import BrokerService
+    from pulsarlite.metadata import MetadataStore
 
     config.validate()
     stop_event = stop_event or asyncio.Event()
@@ -112,48 +92,17 @@ async def run_broker(config: BrokerConfig, *, stop_event: asyncio.Event | None =
             raise
         service.start()
         log.info("admin http listening on %s:%d", config.host, config.http_port)
-        if not getattr(ownership, "registers_broker", False):
-            await register_broker(store, config)
         log.info("broker ready broker=%s service_url=%s", config.effective_broker_id, config.service_url)
         if started is not None and not started.done():
             started.set_result(server)
 
-        reregister = asyncio.Event()
-
-        def on_session(state) -> None:
-            if state is SessionState.CONNECTED:
-                reregister.set()
-            elif state is SessionState.LOST:
-                log.warning("zookeeper session lost broker=%s", config.effective_broker_id)
-
-        store.add_session_listener(on_session)
-
-        async def keep_registered() -> None:
-            while True:
-                await reregister.wait()
-                reregister.clear()
-                try:
-                    if not getattr(ownership, "registers_broker", False) and not await store.exists(f"{BROKERS_PATH}/{config.effective_broker_id}"):
-                        await register_broker(store, config)
-                except PulsarliteError as e:
-                    log.warning("re-registration failed: %s", e)
-                    await asyncio.sleep(1)
-                    reregister.set()
-
-        keeper = asyncio.ensure_future(keep_registered())
         await stop_event.wait()
         log.info("broker stopping broker=%s", config.effective_broker_id)
-        keeper.cancel()
         await server.stop_accepting()
         try:
             await asyncio.wait_for(runner.cleanup(), 5)
         except (asyncio.TimeoutError, Exception) as e:   # noqa: BLE001 - keep shutting down
             log.warning("stopping the admin http server: %r", e)
-        if not getattr(ownership, "registers_broker", False):
-            try:
-                await store.delete(f"{BROKERS_PATH}/{config.effective_broker_id}")
-            except PulsarliteError:
-                pass
         try:
             await asyncio.wait_for(service.close(), config.shutdown_grace_ms / 1000)
         except asyncio.TimeoutError:
