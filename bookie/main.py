@@ -17,9 +17,9 @@ import sys
 from bookie.cookie import CookieError, check_and_write_cookies
 from bookie.server import BookieServer, BookieService
 from bookie.storage import BookieStore
-from pulsarlite.config import BookieConfig, load_toml
+from pulsarlite.config import BookieConfig
 from pulsarlite.errors import PulsarliteError
-from pulsarlite.process import tune_gc_for_server
+from pulsarlite.process import start_server_process
 
 log = logging.getLogger("pulsarlite.bookie")
 
@@ -31,19 +31,9 @@ def add_parser(subparsers) -> None:
 
 
 def run_from_args(args) -> int:
-    tune_gc_for_server()
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    try:
-        config = load_toml(BookieConfig, args.config)
-    except PulsarliteError as e:
-        print(f"pulsarlite bookie: {e}", file=sys.stderr)
+    config = start_server_process("bookie", BookieConfig, args.config)
+    if config is None:
         return 2
-    try:
-        import uvloop
-        uvloop.install()
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        pass
     try:
         asyncio.run(run_bookie(config))
     except CookieError as e:

@@ -13,12 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
 
 from broker.config import BrokerConfig
-from pulsarlite.config import load_toml
-from pulsarlite.errors import PulsarliteError
-from pulsarlite.process import tune_gc_for_server
+from pulsarlite.process import start_server_process
 
 log = logging.getLogger("pulsarlite.broker")
 
@@ -30,20 +27,9 @@ def add_parser(subparsers) -> None:
 
 
 def run_from_args(args) -> int:
-    tune_gc_for_server()
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("kazoo").setLevel(logging.WARNING)
-    try:
-        config = load_toml(BrokerConfig, args.config)
-    except PulsarliteError as e:
-        print(f"pulsarlite broker: {e}", file=sys.stderr)
+    config = start_server_process("broker", BrokerConfig, args.config)
+    if config is None:
         return 2
-    try:
-        import uvloop
-        uvloop.install()
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        pass
     asyncio.run(run_broker(config))
     return 0
 
