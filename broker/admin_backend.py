@@ -70,6 +70,7 @@ class BrokerAdminBackend:
         self.service = service
         self.policies = service.policies
         self.metrics = service.metrics
+        self.schemas = service.schemas
         self.store = service.store
         self.ml_store = ManagedLedgerStore(service.store)
 

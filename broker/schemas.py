@@ -1,18 +1,49 @@
-"""Schema registry in ZooKeeper: ``/schemas/<tenant>/<ns>/<topic>`` holds every version of the
-topic's schema as JSON (CAS updates). No compatibility checks yet: a schema that differs from
-every stored version is appended as a new version. Versions travel on the wire as 8-byte
-big-endian integers, as in Pulsar."""
+"""Schema registry in ZooKeeper: ``/schemas/<tenant>/<ns>/<topic>`` holds every version of a
+topic's schema as JSON, updated by compare-and-set (DESIGN.md §3). A partitioned topic's
+partitions share their parent's schema, as in Pulsar.
+
+The znode::
+
+    {"versions": [{"name": "...", "type": 4, "data": "<base64>", "properties": {...},
+                   "timestamp": 1700000000000, "deleted": false}, ...]}
+
+Versions are list indexes and only grow. Deleting a topic's schema appends a tombstone
+(``deleted: true``); the versions after the last tombstone are the live ones, the only ones a new
+schema is checked against (broker/schema_compat.py) under the namespace's
+``schema_compatibility_strategy``. A producer or consumer that declares a schema equal to a live
+version gets that version; a new one is added only if it is compatible and the namespace allows
+auto-update (``is_allow_auto_update_schema``); an admin upload ignores the auto-update flag.
+Versions travel on the wire as 8-byte big-endian integers, as in Pulsar.
+"""
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import struct
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
 
+from broker.schema_compat import (CompatibilityStrategy, IncompatibleSchemaError, InvalidSchemaError, SchemaDef,
+                                  check_compatible, type_code, type_name, validate)
+from pulsarlite.topic_name import TopicName
 from pulsarlite.wire import pb
 
+log = logging.getLogger(__name__)
+
 SCHEMAS_ROOT = "/schemas"
+SCHEMA_BYTES_MAX = 1024 * 1024          # one definition
+VERSIONS_MAX = 1000                     # per topic; the znode must stay well under 1 MiB
 _VERSION = struct.Struct(">q")
+
+# (namespace "tenant/ns") -> (strategy, allow auto update)
+SchemaPolicyLookup = Callable[[str], Awaitable[tuple[CompatibilityStrategy, bool]]]
+
+
+async def _default_policy(namespace: str) -> tuple[CompatibilityStrategy, bool]:
+    return CompatibilityStrategy.UNDEFINED, True
 
 
 def encode_version(version: int) -> bytes:
@@ -25,59 +56,179 @@ def decode_version(data: bytes) -> int | None:
     return _VERSION.unpack(data)[0]
 
 
-def _to_json(schema: pb.Schema) -> dict:
-    return {"name": schema.name, "type": int(schema.type),
-            "data": base64.b64encode(schema.schema_data).decode(),
-            "properties": {kv.key: kv.value for kv in schema.properties}}
+@dataclass(frozen=True)
+class StoredSchema:
+    version: int
+    name: str
+    definition: SchemaDef
+    timestamp_ms: int
+
+    def to_pb(self) -> pb.Schema:
+        return pb.Schema(name=self.name, type=type_code(self.definition.type), schema_data=self.definition.data,
+                         properties=[pb.KeyValue(key=k, value=v) for k, v in self.definition.properties])
+
+    def to_admin_json(self) -> dict[str, Any]:
+        """Pulsar's GetSchemaResponse: the definition as text for AVRO/JSON and friends."""
+        try:
+            data = self.definition.data.decode()
+        except UnicodeDecodeError:
+            data = base64.b64encode(self.definition.data).decode()
+        return {"version": self.version, "type": self.definition.type, "timestamp": self.timestamp_ms,
+                "data": data, "properties": dict(self.definition.properties)}
 
 
-def _from_json(d: dict) -> pb.Schema:
-    return pb.Schema(name=d["name"], type=d["type"], schema_data=base64.b64decode(d["data"]),
-                     properties=[pb.KeyValue(key=k, value=v) for k, v in sorted(d["properties"].items())])
+def schema_def_of(schema: pb.Schema) -> SchemaDef:
+    """A wire schema as a SchemaDef (InvalidSchemaError for an unknown type or oversized data)."""
+    if len(schema.schema_data) > SCHEMA_BYTES_MAX:
+        raise InvalidSchemaError(f"schema definition of {len(schema.schema_data)} bytes exceeds "
+                                 f"{SCHEMA_BYTES_MAX}")
+    return SchemaDef(type_name(int(schema.type)), bytes(schema.schema_data),
+                     tuple(sorted((kv.key, kv.value) for kv in schema.properties)))
 
 
-def _same(a: dict, b: dict) -> bool:
-    return a["type"] == b["type"] and a["data"] == b["data"] and a["properties"] == b["properties"]
+def schema_def_from_admin(body: Any) -> tuple[str, SchemaDef]:
+    """Pulsar's PostSchemaPayload ``{"type": "AVRO", "schema": "...", "properties": {}}``."""
+    if not isinstance(body, dict):
+        raise InvalidSchemaError("schema payload must be a JSON object with type, schema, properties")
+    kind = body.get("type")
+    data = body.get("schema", "")
+    props = body.get("properties") or {}
+    if not isinstance(kind, str) or not isinstance(data, str) or not isinstance(props, dict):
+        raise InvalidSchemaError("schema payload: type and schema must be strings, properties an object")
+    raw = data.encode()
+    if len(raw) > SCHEMA_BYTES_MAX:
+        raise InvalidSchemaError(f"schema definition of {len(raw)} bytes exceeds {SCHEMA_BYTES_MAX}")
+    definition = SchemaDef(type_name(type_code(kind)), raw, tuple(sorted((str(k), str(v)) for k, v in props.items())))
+    validate(definition)
+    return str(body.get("name", "")), definition
+
+
+def _to_json(name: str, d: SchemaDef, now_ms: int) -> dict:
+    return {"name": name, "type": type_code(d.type), "data": base64.b64encode(d.data).decode(),
+            "properties": dict(d.properties), "timestamp": now_ms, "deleted": False}
+
+
+def _from_json(version: int, d: dict) -> StoredSchema:
+    definition = SchemaDef(type_name(int(d["type"])), base64.b64decode(d["data"]),
+                           tuple(sorted(d.get("properties", {}).items())))
+    return StoredSchema(version, str(d.get("name", "")), definition, int(d.get("timestamp", 0)))
+
+
+def _live(versions: list[dict]) -> list[tuple[int, dict]]:
+    """(version, record) of the versions after the last tombstone."""
+    start = 0
+    for i, v in enumerate(versions):
+        if v.get("deleted"):
+            start = i + 1
+    return [(i, versions[i]) for i in range(start, len(versions))]
 
 
 class SchemaRegistry:
-    def __init__(self, store) -> None:
+    def __init__(self, store, *, policy_lookup: SchemaPolicyLookup | None = None,
+                 clock_ms: Callable[[], int] | None = None) -> None:
         self._store = store
+        self.policy_lookup = policy_lookup or _default_policy
+        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
 
     @staticmethod
-    def path(topic) -> str:
-        return f"{SCHEMAS_ROOT}/{topic.tenant}/{topic.namespace}/{topic.local_name}"
+    def path(topic: TopicName | str) -> str:
+        t = TopicName.parse(topic).partitioned_parent
+        return f"{SCHEMAS_ROOT}/{t.tenant}/{t.namespace_local_name}/{t.encoded_local_name}"
+
+    async def _versions(self, topic) -> list[dict]:
+        got = await self._store.get_or_none(self.path(topic))
+        if got is None:
+            return []
+        return json.loads(got[0]).get("versions", [])
 
     async def add(self, topic, schema: pb.Schema) -> int:
-        """The version of ``schema`` (stored if new)."""
-        wanted = _to_json(schema)
+        """The version of ``schema`` for a producer or consumer: an equal live version, or a new
+        one if compatible and auto-update is allowed (IncompatibleSchemaError otherwise)."""
+        definition = schema_def_of(schema)
+        return await self._add(topic, schema.name, definition, from_admin=False)
+
+    async def upload(self, topic, name: str, definition: SchemaDef) -> int:
+        """An admin upload: checked for compatibility, not subject to the auto-update flag."""
+        return await self._add(topic, name, definition, from_admin=True)
+
+    async def _add(self, topic, name: str, definition: SchemaDef, *, from_admin: bool) -> int:
+        topic = TopicName.parse(topic)
+        strategy, allow_auto_update = await self.policy_lookup(topic.namespace)
+        now_ms = self._clock_ms()
         result: dict = {}
 
         def transform(current: bytes | None) -> bytes:
             doc = json.loads(current) if current else {"versions": []}
-            for i, v in enumerate(doc["versions"]):
-                if _same(v, wanted):
-                    result["version"] = i
+            versions = doc["versions"]
+            live = _live(versions)
+            for version, record in live:
+                if _from_json(version, record).definition.same_as(definition):
+                    result["version"] = version
                     return current if current else json.dumps(doc).encode()
-            doc["versions"].append(wanted)
+            if live and not from_admin and not allow_auto_update:
+                raise IncompatibleSchemaError(
+                    f"topic {topic} has a schema and its namespace does not allow producers to "
+                    f"add new versions (is_allow_auto_update_schema=false)")
+            check_compatible(definition, [_from_json(v, r).definition for v, r in live], strategy)
+            if len(versions) >= VERSIONS_MAX:
+                raise IncompatibleSchemaError(f"topic {topic} has {VERSIONS_MAX} schema versions, the limit")
+            versions.append(_to_json(name, definition, now_ms))
+            result["version"] = len(versions) - 1
+            result["added"] = True
+            return json.dumps(doc).encode()
+
+        await self._store.update(self.path(topic), transform)
+        if result.get("added"):
+            log.info("schema added topic=%s version=%d type=%s", topic, result["version"], definition.type)
+        return result["version"]
+
+    async def test_compatibility(self, topic, definition: SchemaDef) -> tuple[bool, str]:
+        topic = TopicName.parse(topic)
+        strategy, _ = await self.policy_lookup(topic.namespace)
+        live = _live(await self._versions(topic))
+        try:
+            check_compatible(definition, [_from_json(v, r).definition for v, r in live], strategy)
+        except (IncompatibleSchemaError, InvalidSchemaError) as e:
+            return False, str(e)
+        return True, ""
+
+    async def get(self, topic, version: int | None = None) -> tuple[pb.Schema, int] | None:
+        found = await self.get_stored(topic, version)
+        return None if found is None else (found.to_pb(), found.version)
+
+    async def get_stored(self, topic, version: int | None = None) -> StoredSchema | None:
+        """The latest live version, or ``version`` (None if absent or a tombstone)."""
+        versions = await self._versions(topic)
+        if version is None:
+            live = _live(versions)
+            return _from_json(*live[-1]) if live else None
+        if not 0 <= version < len(versions) or versions[version].get("deleted"):
+            return None
+        return _from_json(version, versions[version])
+
+    async def all_versions(self, topic) -> list[StoredSchema]:
+        """Every live version, oldest first."""
+        return [_from_json(v, r) for v, r in _live(await self._versions(topic))]
+
+    async def delete(self, topic) -> int | None:
+        """Append a tombstone; the version it took, or None if there was nothing live."""
+        topic = TopicName.parse(topic)
+        now_ms = self._clock_ms()
+        result: dict = {}
+
+        def transform(current: bytes | None) -> bytes:
+            doc = json.loads(current) if current else {"versions": []}
+            if not _live(doc["versions"]):
+                result["version"] = None
+                return current if current else json.dumps(doc).encode()
+            doc["versions"].append({"name": "", "type": 0, "data": "", "properties": {}, "timestamp": now_ms,
+                                    "deleted": True})
             result["version"] = len(doc["versions"]) - 1
             return json.dumps(doc).encode()
 
         await self._store.update(self.path(topic), transform)
         return result["version"]
 
-    async def get(self, topic, version: int | None = None) -> tuple[pb.Schema, int] | None:
-        got = await self._store.get_or_none(self.path(topic))
-        if got is None:
-            return None
-        versions = json.loads(got[0])["versions"]
-        if not versions:
-            return None
-        if version is None:
-            version = len(versions) - 1
-        if not 0 <= version < len(versions):
-            return None
-        return _from_json(versions[version]), version
 
-
-__all__ = ["SchemaRegistry", "decode_version", "encode_version"]
+__all__ = ["SCHEMAS_ROOT", "SchemaRegistry", "StoredSchema", "decode_version", "encode_version",
+           "schema_def_from_admin", "schema_def_of"]

@@ -107,7 +107,7 @@ class BrokerService:
         self.service_url = config.service_url
         self.entry_cache = EntryCache(config.entry_cache_bytes_max)
         self.publish_buffer = PublishBuffer(config.publish_buffer_bytes_max)
-        self.schemas = SchemaRegistry(store)
+        self.schemas = SchemaRegistry(store, policy_lookup=self._schema_policy)
         self.topics: dict[str, asyncio.Task] = {}
         self._producer_names = itertools.count()
         self.closing = False
@@ -178,6 +178,16 @@ class BrokerService:
         return topics + [f"persistent://{namespace}/{unquote_plus(n)}" for n in parents]
 
     # -- topics ----------------------------------------------------------------------------------
+    async def _schema_policy(self, namespace: str):
+        """(compatibility strategy, allow auto update) of a namespace, for the schema registry;
+        a namespace without policies gets the defaults."""
+        from broker.schema_compat import CompatibilityStrategy
+        try:
+            p = await self.policies.get_namespace_policies(namespace)
+        except NotFoundError:
+            return CompatibilityStrategy.UNDEFINED, True
+        return CompatibilityStrategy.parse(p.schema_compatibility_strategy), p.is_allow_auto_update_schema
+
     async def get_topic(self, topic_name: str, *, create: bool = True) -> PersistentTopic:
         if self.closing:
             raise ServiceNotReadyError("broker is shutting down")

@@ -459,6 +459,19 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
     policy_routes("rollover", get=lambda p: opt_json(p.rollover), parse=RolloverPolicy.from_json,
                   apply=lambda p, v: replace(p, rollover=v), clear=None)
 
+    def parse_strategy(value: Any) -> str:
+        from broker.schema_compat import CompatibilityStrategy
+        try:
+            return CompatibilityStrategy.parse(value).value
+        except ValueError as e:
+            raise PreconditionFailedError(str(e)) from None
+
+    policy_routes("schemaCompatibilityStrategy", get=lambda p: p.schema_compatibility_strategy,
+                  parse=parse_strategy, apply=lambda p, v: replace(p, schema_compatibility_strategy=v),
+                  clear="UNDEFINED")
+    policy_routes("isAllowAutoUpdateSchema", get=lambda p: p.is_allow_auto_update_schema, parse=parse_bool,
+                  apply=lambda p, v: replace(p, is_allow_auto_update_schema=v), clear=True)
+
     # backlog quotas: GET .../backlogQuotaMap; POST/DELETE .../backlogQuota?backlogQuotaType=
     async def get_backlog_quotas(request: web.Request) -> web.Response:
         found = await policies().get_namespace_policies(_namespace(request))
@@ -591,6 +604,12 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     r.add_get("/metrics", metrics)
+    # -- schemas (routes in schemas_http.py) -------------------------------------------------
+    if getattr(backend, "schemas", None) is not None:
+        from broker.admin.schemas_http import add_schema_routes
+        add_schema_routes(app, lambda: backend.schemas, topic_of=_topic, json_body=_json_body,
+                          json_response=_json)
+
     return app
 
 

@@ -329,6 +329,8 @@ class NamespacePolicies:
     offload_deletion_lag_ms: int | None = None
     rollover: RolloverPolicy | None = None
     auto_topic_creation: AutoTopicCreation | None = None
+    schema_compatibility_strategy: str = "UNDEFINED"   # broker/schema_compat.py CompatibilityStrategy
+    is_allow_auto_update_schema: bool = True           # producers may add new schema versions
     deleted: bool = False                    # set while a delete is in progress
 
     @classmethod
@@ -360,6 +362,9 @@ class NamespacePolicies:
                                          minimum=0, allow_none=True),
             rollover=optional("rollover_policies", RolloverPolicy.from_json),
             auto_topic_creation=optional("autoTopicCreationOverride", AutoTopicCreation.from_json),
+            schema_compatibility_strategy=_strategy(_default(raw, "schema_compatibility_strategy", "UNDEFINED")),
+            is_allow_auto_update_schema=bool(_bool("is_allow_auto_update_schema",
+                                                   _default(raw, "is_allow_auto_update_schema", True))),
             deleted=bool(_bool("deleted", raw.get("deleted", False))),
         )
 
@@ -378,8 +383,18 @@ class NamespacePolicies:
             "offload_deletion_lag_ms": self.offload_deletion_lag_ms,
             "rollover_policies": opt(self.rollover),
             "autoTopicCreationOverride": opt(self.auto_topic_creation),
+            "schema_compatibility_strategy": self.schema_compatibility_strategy,
+            "is_allow_auto_update_schema": self.is_allow_auto_update_schema,
             "deleted": self.deleted,
         }
+
+
+def _strategy(value: object) -> str:
+    from broker.schema_compat import CompatibilityStrategy
+    try:
+        return CompatibilityStrategy.parse(value).value
+    except ValueError as e:
+        raise PreconditionFailedError(str(e)) from None
 
 
 def _default(raw: dict[str, Any], key: str, default: Any) -> Any:
