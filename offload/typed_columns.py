@@ -1,0 +1,295 @@
+"""Typed columns from a topic's struct schema: Avro (and Pulsar JSON, which is an Avro record
+definition) -> Arrow types, and message values -> Arrow columns.
+
+Used by the offloader (typed Parquet columns beside the metadata columns) and by the Spark
+source (the same columns for segments still on bookies). Pure functions over bytes; no I/O.
+
+- ``arrow_type(avro)``: record -> struct, array -> list, map -> map<string, T>, enum -> string,
+  fixed -> binary, ``["null", T]`` -> T (nullable), other unions -> struct of ``member0..n`` (as
+  Spark's Avro source does), logical types: date -> date32, time-millis -> time32[ms],
+  time-micros -> time64[us], timestamp-millis -> timestamp[ms, UTC], timestamp-micros ->
+  timestamp[us, UTC], decimal -> decimal128(p, s), uuid -> string.
+- ``merged_schema(avro_versions)``: one table schema for rows written under several versions:
+  top-level fields by name in order of first appearance; a field whose type changed between
+  versions takes the widest numeric type when both are numeric, else the latest version's type
+  (values that do not fit become null, counted in ``DecodeStats``).
+- ``decode_columns(values, versions, ...)``: one Arrow array per top-level field; each value is
+  decoded with the schema it was written with (Avro binary via fastavro, JSON via json), missing
+  fields are null. A value that cannot be decoded gives nulls in every typed column and is
+  counted; the raw ``value`` column always keeps the bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import pyarrow as pa
+
+_NUMERIC_RANK = {pa.int32(): 1, pa.int64(): 2, pa.float32(): 3, pa.float64(): 4}
+_PRIMITIVE = {
+    "null": pa.null(), "boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(),
+    "float": pa.float32(), "double": pa.float64(), "bytes": pa.binary(), "string": pa.string(),
+}
+_DEPTH_MAX = 32
+
+
+class TypedColumnsError(ValueError):
+    """A schema that cannot become Arrow columns (recursive records, unknown types)."""
+
+
+def _named_types(root: Any) -> dict[str, Any]:
+    names: dict[str, Any] = {}
+
+    def walk(node: Any, namespace: str) -> None:
+        if isinstance(node, list):
+            for n in node:
+                walk(n, namespace)
+        elif isinstance(node, dict):
+            kind = node.get("type")
+            if kind in ("record", "error", "enum", "fixed"):
+                name = str(node["name"])
+                ns = node.get("namespace", namespace) if "." not in name else name.rsplit(".", 1)[0]
+                full = name if "." in name else (f"{ns}.{name}" if ns else name)
+                names[full] = node
+                names.setdefault(full.rsplit(".", 1)[-1], node)
+                for f in node.get("fields", []) if kind in ("record", "error") else []:
+                    walk(f.get("type"), ns or "")
+            elif kind == "array":
+                walk(node.get("items"), namespace)
+            elif kind == "map":
+                walk(node.get("values"), namespace)
+            elif isinstance(kind, (dict, list)):
+                walk(kind, namespace)
+
+    walk(root, "")
+    return names
+
+
+def arrow_type(avro: Any, _names: Mapping[str, Any] | None = None, _depth: int = 0,
+               _open: frozenset[str] = frozenset()) -> pa.DataType:
+    """The Arrow type of an Avro schema (parsed JSON)."""
+    names = _named_types(avro) if _names is None else _names
+    if _depth > _DEPTH_MAX:
+        raise TypedColumnsError(f"schema nested deeper than {_DEPTH_MAX}")
+    if isinstance(avro, str):
+        if avro in _PRIMITIVE:
+            return _PRIMITIVE[avro]
+        if avro in names:
+            if avro in _open:
+                raise TypedColumnsError(f"recursive type {avro} cannot be a column")
+            return arrow_type(names[avro], names, _depth + 1, _open)
+        raise TypedColumnsError(f"unknown Avro type {avro!r}")
+    if isinstance(avro, list):
+        branches = [b for b in avro if b != "null"]
+        if len(branches) == 1:
+            return arrow_type(branches[0], names, _depth + 1, _open)
+        return pa.struct([pa.field(f"member{i}", arrow_type(b, names, _depth + 1, _open))
+                          for i, b in enumerate(branches)])
+    if not isinstance(avro, dict):
+        raise TypedColumnsError(f"not an Avro schema: {avro!r}")
+    kind = avro.get("type")
+    logical = avro.get("logicalType")
+    if logical == "date" and kind == "int":
+        return pa.date32()
+    if logical == "time-millis" and kind == "int":
+        return pa.time32("ms")
+    if logical == "time-micros" and kind == "long":
+        return pa.time64("us")
+    if logical in ("timestamp-millis", "local-timestamp-millis") and kind == "long":
+        return pa.timestamp("ms", tz="UTC" if logical == "timestamp-millis" else None)
+    if logical in ("timestamp-micros", "local-timestamp-micros") and kind == "long":
+        return pa.timestamp("us", tz="UTC" if logical == "timestamp-micros" else None)
+    if logical == "decimal" and kind in ("bytes", "fixed"):
+        precision = int(avro.get("precision", 38))
+        return pa.decimal128(precision, int(avro.get("scale", 0))) if precision <= 38 else pa.decimal256(
+            precision, int(avro.get("scale", 0)))
+    if logical == "uuid" and kind == "string":
+        return pa.string()
+    if isinstance(kind, (dict, list)):
+        return arrow_type(kind, names, _depth + 1, _open)
+    if kind in _PRIMITIVE:
+        return _PRIMITIVE[kind]
+    if kind in ("record", "error"):
+        name = str(avro["name"])
+        short = name.rsplit(".", 1)[-1]
+        inner = _open | {name, short}
+        return pa.struct([pa.field(str(f["name"]), arrow_type(f["type"], names, _depth + 1, inner))
+                          for f in avro.get("fields", [])])
+    if kind == "enum":
+        return pa.string()
+    if kind == "fixed":
+        return pa.binary()
+    if kind == "array":
+        return pa.list_(arrow_type(avro["items"], names, _depth + 1, _open))
+    if kind == "map":
+        return pa.map_(pa.string(), arrow_type(avro["values"], names, _depth + 1, _open))
+    raise TypedColumnsError(f"unsupported Avro type {kind!r}")
+
+
+def _record_of(avro: Any) -> dict:
+    names = _named_types(avro)
+    node = avro
+    if isinstance(node, str) and node in names:
+        node = names[node]
+    if not isinstance(node, dict) or node.get("type") not in ("record", "error"):
+        raise TypedColumnsError("a struct schema's top level must be a record")
+    return node
+
+
+def _wider(a: pa.DataType, b: pa.DataType) -> pa.DataType:
+    if a in _NUMERIC_RANK and b in _NUMERIC_RANK:
+        return a if _NUMERIC_RANK[a] >= _NUMERIC_RANK[b] else b
+    return b                                       # the later version wins
+
+
+def merged_schema(avro_versions: Sequence[Any]) -> pa.Schema:
+    """One Arrow schema for rows written under every version in ``avro_versions`` (oldest first)."""
+    if not avro_versions:
+        raise TypedColumnsError("no schema versions")
+    order: list[str] = []
+    types: dict[str, pa.DataType] = {}
+    for avro in avro_versions:
+        record = _record_of(avro)
+        names = _named_types(avro)
+        for f in record.get("fields", []):
+            name = str(f["name"])
+            t = arrow_type(f["type"], names)
+            if name not in types:
+                order.append(name)
+                types[name] = t
+            elif types[name] != t:
+                types[name] = _wider(types[name], t)
+    return pa.schema([pa.field(n, types[n], nullable=True) for n in order])
+
+
+@dataclass
+class DecodeStats:
+    values: int = 0
+    undecodable: int = 0           # value bytes that did not parse with their version's schema
+    unconvertible: int = 0         # parsed, but a field did not fit the merged type (-> null)
+    errors: list[str] = field(default_factory=list)   # the first few, for logs
+
+    def note(self, message: str) -> None:
+        if len(self.errors) < 5:
+            self.errors.append(message)
+
+
+def _decoder(kind: str, avro: Any):
+    if kind == "JSON":
+        return lambda data: json.loads(data)
+    import fastavro
+    parsed = fastavro.parse_schema(avro)
+
+    def decode(data: bytes) -> Any:
+        return fastavro.schemaless_reader(io.BytesIO(data), parsed, None)
+
+    return decode
+
+
+def _fits(value: Any, t: pa.DataType) -> Any:
+    """``value`` adjusted to Arrow type ``t`` where Avro and Arrow differ (unions, enums)."""
+    if value is None:
+        return None
+    if pa.types.is_struct(t):
+        if not isinstance(value, dict):
+            if t.num_fields and t.field(0).name == "member0":      # a multi-branch union
+                return _union_member(value, t)
+            raise TypeError(f"expected a record, got {type(value).__name__}")
+        return {t.field(i).name: _fits(value.get(t.field(i).name), t.field(i).type) for i in range(t.num_fields)}
+    if pa.types.is_list(t):
+        return [_fits(v, t.value_type) for v in value]
+    if pa.types.is_map(t):
+        return [(k, _fits(v, t.item_type)) for k, v in value.items()]
+    if pa.types.is_string(t) and isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    if pa.types.is_binary(t) and isinstance(value, str):
+        return value.encode()
+    return value
+
+
+def _union_member(value: Any, t: pa.StructType) -> dict:
+    out: dict[str, Any] = {t.field(i).name: None for i in range(t.num_fields)}
+    for i in range(t.num_fields):
+        try:
+            pa.array([_fits(value, t.field(i).type)], type=t.field(i).type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            continue
+        out[t.field(i).name] = _fits(value, t.field(i).type)
+        break
+    return out
+
+
+def decode_columns(values: Sequence[bytes | None], version_of_row: Sequence[int | None],
+                   versions: Mapping[int, tuple[str, Any]], target: pa.Schema,
+                   stats: DecodeStats | None = None) -> list[pa.Array]:
+    """One array per field of ``target`` for the rows' values.
+
+    ``versions`` maps a schema version to (kind "AVRO"|"JSON", parsed Avro definition); rows whose
+    version is None or unknown are decoded with the latest known version."""
+    stats = stats if stats is not None else DecodeStats()
+    if not versions:
+        raise TypedColumnsError("no schema versions to decode with")
+    latest = max(versions)
+    decoders = {v: _decoder(kind, avro) for v, (kind, avro) in versions.items()}
+    columns: list[list[Any]] = [[] for _ in target]
+    names = target.names
+    for data, version in zip(values, version_of_row, strict=True):
+        stats.values += 1
+        record = None
+        if data is not None:
+            decode = decoders.get(version if version in decoders else latest)
+            try:
+                record = decode(bytes(data))
+                if not isinstance(record, dict):
+                    raise TypeError(f"decoded a {type(record).__name__}, not a record")
+            except Exception as e:   # noqa: BLE001 - any parse failure means "undecodable"
+                stats.undecodable += 1
+                stats.note(f"undecodable value (schema version {version}): {e}")
+                record = None
+        for i, name in enumerate(names):
+            value = None if record is None else record.get(name)
+            if value is not None:
+                try:
+                    value = _fits(value, target.field(i).type)
+                except (TypeError, ValueError, AttributeError) as e:
+                    stats.unconvertible += 1
+                    stats.note(f"field {name}: {e}")
+                    value = None
+            columns[i].append(value)
+    out = []
+    for i, f in enumerate(target):
+        try:
+            out.append(pa.array(columns[i], type=f.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            fixed = []                               # one by one: bad values become null
+            for v in columns[i]:
+                try:
+                    pa.array([v], type=f.type)
+                    fixed.append(v)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
+                    stats.unconvertible += 1
+                    stats.note(f"field {f.name}: {e}")
+                    fixed.append(None)
+            out.append(pa.array(fixed, type=f.type))
+    return out
+
+
+def column_names_beside(metadata_names: Iterable[str], typed: pa.Schema) -> list[str]:
+    """Names for the typed columns next to the metadata columns: a field whose name is taken
+    by a metadata column becomes ``value_<name>``."""
+    taken = set(metadata_names)
+    out = []
+    for name in typed.names:
+        new = name
+        while new in taken:
+            new = f"value_{new}"
+        taken.add(new)
+        out.append(new)
+    return out
+
+
+__all__ = ["DecodeStats", "TypedColumnsError", "arrow_type", "column_names_beside", "decode_columns",
+           "merged_schema"]
