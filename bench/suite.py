@@ -6,7 +6,7 @@ limits and a peer (NATS JetStream) measured in the same run.
 
 Each round runs, one after the other: the machine limits (bench/machine_limits.py), the broker
 figures with the official client (bench/bench_broker.py), the peer (bench/peer_nats.py), and the
-component scripts that exist (bench/bench_client.py, bench/bench_offload.py,
+component scripts that exist (bench/bench_idle_topics.py, bench/bench_client.py, bench/bench_offload.py,
 bench/bench_tier_replay.py, bench/bench_spark.py, bench/bench_dispatch.py), each in its own
 process with a deadline. --runs rounds (default 2); the table shows medians, and each ratio is
 the median of the per-round ratios (pulsarlite and peer of the same round: the machine is noisy,
@@ -89,8 +89,8 @@ def one_round(args, deadline: float) -> Round:
                            "--paced-rate", "5000"], min(600, left()))
     r.nats = run_script(["bench/peer_nats.py", "--json", "--seconds", str(args.seconds), "--rate", "5000"],
                         min(300, left()))
-    for script in ("bench_client.py", "bench_offload.py", "bench_tier_replay.py", "bench_spark.py",
-                   "bench_dispatch.py"):
+    for script in ("bench_idle_topics.py", "bench_client.py", "bench_offload.py", "bench_tier_replay.py",
+                   "bench_spark.py", "bench_dispatch.py"):
         if (ROOT / "bench" / script).exists() and time.monotonic() < deadline and args.components:
             r.extra[script] = run_script([f"bench/{script}", "--json"], min(300, left()))
     return r
@@ -146,6 +146,9 @@ def table(rounds: list[Round]) -> list[tuple[str, str, str, str, str]]:
         us = median([(10_000 * cpu(r, phase, "broker-1") / b(r, phase, "msg_s"))
                      if cpu(r, phase, "broker-1") and b(r, phase, "msg_s") else None for r in rounds])
         rows.append((f"broker CPU per message, {phase}", fmt(us, "us", 1), "", "", ""))
+    idle = median([get(r.extra.get("bench_idle_topics.py"), "rss_mb") for r in rounds])
+    if idle is not None:
+        rows.append(("broker RSS, 1,000 topics x 1 idle producer", fmt(idle, "MB"), "", "", "<= 300 MB"))
     for script, label in (("bench_client.py", "component: our client"), ("bench_offload.py", "component: offload"),
                           ("bench_tier_replay.py", "component: tier replay"), ("bench_spark.py", "component: spark"),
                           ("bench_dispatch.py", "component: dispatch")):
