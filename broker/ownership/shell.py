@@ -93,6 +93,15 @@ class OwnershipManager:
         self._topics = 0
         self._listeners: list[OwnershipListener] = []
         self._acquisitions: dict[str, asyncio.Task] = {}
+        # bundle -> (broker id, expiry on self._clock): a bundle with no owner that this broker
+        # redirected a client to another broker for. Counted in that broker's load until it
+        # expires, so concurrent lookups (a client looking up every partition at once) spread
+        # over the brokers instead of all landing on the one that looked least loaded; and a
+        # second lookup of the same bundle is sent to the same broker.
+        # Each promise keeps the target's published bundle count when it was made: promises
+        # count only as far as that count has not grown since (the target publishes its load
+        # when it acquires), so a kept promise is not counted twice.
+        self._promises: dict[str, tuple[str, float, int]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._load_lock = asyncio.Lock()
         self._registered_session: int | None = None
@@ -212,6 +221,8 @@ class OwnershipManager:
                 await asyncio.gather(asyncio.shield(pending), return_exceptions=True)
                 continue
             owner = await self._read_owner(path)
+            if owner is not None:
+                self._promises.pop(bundle, None)
             if owner is not None and owner[0].broker_id == self.broker_id \
                     and self._table.state(bundle) is BundleState.NONE \
                     and owner[1] == self.store.session_id and self.store.session_id is not None:
@@ -219,10 +230,16 @@ class OwnershipManager:
                 await self._delete_if_ours(path)
                 continue
             brokers: dict[str, BrokerInfo] = {} if owner is not None else await self.live_brokers()
+            if owner is None and not authoritative:
+                promised = self._promised_to(bundle)
+                if promised is not None and promised in brokers and promised != self.broker_id:
+                    info = brokers[promised]
+                    return LookupResult(info.pulsar_url, info.http_url, owned_by_self=False,
+                                        authoritative=True, broker_id=info.broker_id)
             decision = decide_lookup(
                 owner=owner[0].broker_id if owner is not None else None,
                 owned_by_self=self._table.owns(bundle),
-                brokers={b: info.load for b, info in brokers.items()},
+                brokers=self._loads_with_promises(brokers),
                 self_id=self.broker_id,
                 self_trusted=self._session_trusted(),
                 authoritative=authoritative, rng=self._rng)
@@ -230,6 +247,8 @@ class OwnershipManager:
                 return self._self_result()
             if isinstance(decision, Redirect):
                 info = owner[0] if owner is not None else brokers[decision.broker_id]
+                if owner is None:
+                    self._promise(bundle, decision.broker_id, info.load.bundles)
                 return LookupResult(info.pulsar_url, info.http_url, owned_by_self=False,
                                     authoritative=decision.authoritative, broker_id=info.broker_id)
             if isinstance(decision, AcquireSelf):
@@ -324,6 +343,48 @@ class OwnershipManager:
     def _self_result(self) -> LookupResult:
         return LookupResult(self.pulsar_url, self.http_url, owned_by_self=True, authoritative=False,
                             broker_id=self.broker_id)
+
+    PROMISE_S = 30.0
+    PROMISES_MAX = 10_000
+
+    def _promised_to(self, bundle: str) -> str | None:
+        got = self._promises.get(bundle)
+        if got is None:
+            return None
+        if got[1] <= self._clock():
+            del self._promises[bundle]
+            return None
+        return got[0]
+
+    def _promise(self, bundle: str, broker_id: str, published_bundles: int) -> None:
+        now = self._clock()
+        if len(self._promises) >= self.PROMISES_MAX:
+            self._promises = {b: p for b, p in self._promises.items() if p[1] > now}
+            if len(self._promises) >= self.PROMISES_MAX:       # still full: forget the oldest
+                oldest = min(self._promises, key=lambda b: self._promises[b][1])
+                del self._promises[oldest]
+        self._promises[bundle] = (broker_id, now + self.PROMISE_S, published_bundles)
+
+    def _loads_with_promises(self, brokers: "dict[str, BrokerInfo]") -> dict[str, BrokerLoad]:
+        """Live brokers' published loads, ours taken fresh (with acquisitions in flight), and
+        every broker's unexpired promises added to its bundle count."""
+        now = self._clock()
+        promised: dict[str, int] = {}
+        base: dict[str, int] = {}
+        for b, (broker_id, expiry, published) in self._promises.items():
+            if expiry > now:
+                promised[broker_id] = promised.get(broker_id, 0) + 1
+                base[broker_id] = min(base.get(broker_id, published), published)
+        extra = {b: max(0, n - max(0, brokers[b].load.bundles - base[b]))
+                 for b, n in promised.items() if b in brokers}
+        loads = {}
+        for b, info in brokers.items():
+            load = info.load
+            if b == self.broker_id:
+                own = self._load()
+                load = BrokerLoad(own.bundles + len(self._acquisitions), own.topics)
+            loads[b] = BrokerLoad(load.bundles + extra.get(b, 0), load.topics)
+        return loads
 
     def _load(self) -> BrokerLoad:
         return BrokerLoad(bundles=len(self._table.held()), topics=self._topics)

@@ -231,6 +231,33 @@ async def test_load_spreads_bundles_over_two_brokers(connect, managers):
     assert a.owned_bundles() | b.owned_bundles() == set(one_per_bundle)
 
 
+async def test_concurrent_first_lookups_spread_over_brokers(connect, managers):
+    """A client looking up every partition at once (the official client does) must not land all
+    of them on one broker: lookups answered before any owner exists count the bundles already
+    promised to a broker, and a repeated lookup of a promised bundle goes to the same broker."""
+    class FirstOfTies(random.Random):        # ties always go to the first id: the worst case
+        def choice(self, seq):
+            return seq[0]
+
+    a = await managers(await connect(), "a", bundles_per_namespace=16, rng=FirstOfTies())
+    b = await managers(await connect(), "b", bundles_per_namespace=16, rng=FirstOfTies())
+    by_id = {m.broker_id: m for m in (a, b)}
+    one_per_bundle: dict[str, str] = {}
+    i = 0
+    while len(one_per_bundle) < 8:
+        topic = f"persistent://acme/orders/concurrent-{i}"
+        one_per_bundle.setdefault(a.bundle_of(topic), topic)
+        i += 1
+    first_answers = await asyncio.gather(*(a.lookup(t) for t in one_per_bundle.values()))
+    redirected = [r for r in first_answers if not r.owned_by_self]
+    assert len(redirected) == 4, [r.broker_id for r in first_answers]   # half each way
+    again = await asyncio.gather(*(a.lookup(t) for t in one_per_bundle.values()))
+    assert [r.broker_id for r in again] == [r.broker_id for r in first_answers]
+    await asyncio.gather(*(resolve(by_id, a, t) for t in one_per_bundle.values()))
+    assert len(a.owned_bundles()) == 4 and len(b.owned_bundles()) == 4
+    assert a.owned_bundles() | b.owned_bundles() == set(one_per_bundle)
+
+
 async def test_close_releases_everything(connect, managers):
     store = await connect()
     observer = await connect()
