@@ -65,3 +65,56 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
                 errors.append(e)
         if errors:
             raise errors[0]
+
+
+class S3Endpoint:
+    """What the ``s3_server`` fixture gives a test: a moto server with one bucket."""
+
+    def __init__(self, server, bucket: str) -> None:
+        self.server = server
+        self.bucket = bucket
+        self.endpoint_url: str = server.endpoint_url
+        self.env: dict[str, str] = server.env  # AWS_* credentials, region, AWS_ENDPOINT_URL
+
+    def tier_uri(self, prefix: str | None = None) -> str:
+        """``s3://<bucket>/<prefix>``; a fresh random prefix when none is given."""
+        return f"s3://{self.bucket}/{prefix or 't-' + uuid.uuid4().hex[:12]}"
+
+    def client(self):
+        """A boto3 S3 client on the endpoint (path-style, the test credentials)."""
+        return self.server.client()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
+    """One moto S3 server (child process on a free 127.0.0.1 port) for the session, with the
+    bucket ``pulsarlite-test``. While it runs, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+    AWS_DEFAULT_REGION are set in os.environ (processes started by tests inherit them);
+    AWS_ENDPOINT_URL is NOT set: pass ``s3_server.endpoint_url`` explicitly (or use
+    ``s3_server.env``). Use ``s3_tier_uri`` for a fresh prefix per test."""
+    import os
+
+    from offload.local_s3 import LocalS3Server
+
+    server = LocalS3Server(tmp_path_factory.mktemp("moto"))
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                             "AWS_DEFAULT_REGION")}
+    try:
+        server.start(timeout_s=60)
+        server.create_bucket("pulsarlite-test")
+        for k in saved:
+            os.environ[k] = server.env[k]
+        yield S3Endpoint(server, "pulsarlite-test")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+@pytest.fixture
+def s3_tier_uri(s3_server: S3Endpoint) -> str:
+    """``s3://pulsarlite-test/t-<hex>``: an empty prefix for this test on the session's server."""
+    return s3_server.tier_uri()

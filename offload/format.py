@@ -1,0 +1,592 @@
+"""The tier format: one Parquet object per ledger, one row per message (batches unpacked,
+compression removed), with what it takes to rebuild every entry exactly.
+
+API (contract 1)::
+
+    ROW_SCHEMA                      # pyarrow schema, columns in this order:
+        ledger_id int64, entry_id int64, batch_index int32 (-1: not a batch),
+        batch_size int32 (0: not a batch), partition int32 (-1: non-partitioned topic),
+        publish_time timestamp[ms, UTC], event_time timestamp[ms, UTC] (null: unset),
+        key string (null), ordering_key binary (null), properties map<string,string>,
+        producer_name string, sequence_id int64, schema_version binary (null), value binary,
+        -- extras for the rebuild --
+        null_value bool, entry_header binary, message_header binary
+        -- then any further columns a writer adds (e.g. typed columns from a schema); readers
+           select by name
+
+    entries_to_table(ledger_id, entries, *, partition) -> pa.Table
+        entries: iterable of (entry_id, stored entry bytes ``[u32 meta_size][MessageMetadata]
+        [payload]``), in increasing entry id order.
+    table_to_entries(table) -> Iterator[(entry_id, entry bytes)]
+        one rebuilt, uncompressed entry per original entry id (a batch iff batch_size > 0):
+        the same messages, the same ids.
+    write_parquet(table, sink, *, row_group_bytes=..., compression=...) -> ParquetSummary
+    ParquetStreamWriter(sink, *, row_group_bytes=...).write(table)...; .close() -> summary
+    read_parquet(source, *, row_groups=None, columns=None) -> pa.Table
+    open_parquet(source) -> pq.ParquetFile            # page checksums verified
+    summarize_table(table) -> TableSummary            # rows, entries, min/max publish time
+    FORMAT_VERSION, TierFormatError
+
+``sink``/``source`` are a path, a pyarrow NativeFile or a Python file object.
+
+Rebuild columns: ``entry_header`` holds, on the first row of each entry only (null on the
+others), the entry's ``[u32 meta_size][MessageMetadata]`` with ``compression`` cleared
+(``uncompressed_size`` is then the payload's real size); ``message_header`` holds, for a
+batched message, its ``[u32 size][SingleMessageMetadata]`` verbatim (empty when not a batch).
+An entry is thus ``entry_header + (message_header + value) for each of its rows``: one
+vectorized concatenation rebuilds all entries of a row group, without per-message Python.
+
+An encrypted entry (pulsarlite does not decrypt) is kept as ONE opaque row: ``value`` is its
+payload still compressed and encrypted, ``entry_header`` its metadata verbatim, batch_size 0;
+it is rebuilt byte for byte and the consumer's client decrypts and splits it as before.
+
+Row groups hold whole entries (an entry's rows never straddle two row groups), cut at about
+``row_group_bytes`` of message bytes, so the tier reader can fetch and decode row groups in
+parallel. Parquet page checksums are written and verified on every read (invariant 8);
+statistics are kept on ledger_id, entry_id, publish_time and event_time (pruning).
+"""
+
+from __future__ import annotations
+
+import struct
+from array import array
+from dataclasses import dataclass
+from itertools import accumulate, chain
+from operator import itemgetter, methodcaller
+from typing import Any, BinaryIO, Iterable, Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pulsarlite._proto import pulsar_api_pb2 as pb
+from pulsarlite.errors import ChecksumError, PulsarliteError
+from pulsarlite.wire.entry import (EntryFormatError, Message, decompress, split_entry,
+                                   unpack_entry)
+
+FORMAT_VERSION = "1"
+ROW_GROUP_BYTES_DEFAULT = 8 * 1024 * 1024
+ROW_GROUP_ROWS_MAX = 1_000_000
+PARQUET_COMPRESSION_DEFAULT = "zstd"
+PARQUET_COMPRESSION_LEVEL_DEFAULT = 1
+STATISTICS_COLUMNS = ["ledger_id", "entry_id", "publish_time", "event_time"]
+
+_U32 = struct.Struct(">I")
+# fields of pulsarlite.wire.entry.Message
+_PAYLOAD, _KEY, _ORDERING_KEY, _PROPERTIES, _EVENT_TIME, _SEQUENCE_ID, _NULL_VALUE, \
+    _BATCH_INDEX = (itemgetter(i) for i in (0, 1, 3, 4, 5, 6, 7, 10))
+_VALUES = methodcaller("values")
+_TS = pa.timestamp("ms", tz="UTC")
+_PROPERTIES_TYPE = pa.map_(pa.string(), pa.string())
+
+ROW_SCHEMA = pa.schema([
+    pa.field("ledger_id", pa.int64(), nullable=False),
+    pa.field("entry_id", pa.int64(), nullable=False),
+    pa.field("batch_index", pa.int32(), nullable=False),
+    pa.field("batch_size", pa.int32(), nullable=False),
+    pa.field("partition", pa.int32(), nullable=False),
+    pa.field("publish_time", _TS, nullable=False),
+    pa.field("event_time", _TS),
+    pa.field("key", pa.string()),
+    pa.field("ordering_key", pa.binary()),
+    pa.field("properties", _PROPERTIES_TYPE),
+    pa.field("producer_name", pa.string(), nullable=False),
+    pa.field("sequence_id", pa.int64(), nullable=False),
+    pa.field("schema_version", pa.binary()),
+    pa.field("value", pa.binary(), nullable=False),
+    # extras: what it takes to rebuild the entries exactly
+    pa.field("null_value", pa.bool_(), nullable=False),
+    pa.field("entry_header", pa.binary()),
+    pa.field("message_header", pa.binary(), nullable=False),
+])
+CONTRACT_COLUMNS = ROW_SCHEMA.names[:14]
+REBUILD_COLUMNS = ["entry_id", "batch_index", "batch_size", "value", "entry_header",
+                   "message_header"]
+
+
+class TierFormatError(PulsarliteError):
+    """A tier object (or a table) that does not decode as this format: not Parquet, a wrong
+    schema, rows that do not form whole entries, or entry bytes that do not decode."""
+
+
+class TierChecksumError(ChecksumError):
+    """A Parquet page checksum (CRC32) or the object's recorded checksum does not match."""
+
+
+@dataclass(frozen=True)
+class TableSummary:
+    rows: int
+    entries: int
+    min_publish_time_ms: int | None
+    max_publish_time_ms: int | None
+
+
+@dataclass(frozen=True)
+class ParquetSummary:
+    rows: int
+    entries: int
+    row_groups: int
+    min_publish_time_ms: int | None
+    max_publish_time_ms: int | None
+
+
+# ---------------------------------------------------------------------------------------------
+# entries -> table
+# ---------------------------------------------------------------------------------------------
+
+def _binary_from_parts(parts: list, lengths: list[int]) -> pa.Array:
+    """A non-null binary array from byte-likes: one join and one offsets array (no Python
+    object per row on the Arrow side)."""
+    offsets = array("i", [0])
+    if lengths:
+        total = sum(lengths)
+        if total >= 2**31:
+            raise TierFormatError(f"{total} bytes in one column (split the ledger)")
+        offsets.extend(accumulate(lengths))
+    data = b"".join(parts)
+    return pa.Array.from_buffers(pa.binary(), len(lengths),
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _int_array(values: list[int], typecode: str, arrow_type: pa.DataType) -> pa.Array:
+    buf = array(typecode, values)
+    return pa.Array.from_buffers(arrow_type, len(buf), [None, pa.py_buffer(buf)])
+
+
+def _ints(arr: pa.Array) -> memoryview:
+    """A zero-copy view of a non-null int32/int64 array's values."""
+    code = "q" if arr.type.bit_width == 64 else "i"
+    buf = arr.buffers()[1]
+    view = memoryview(buf).cast(code) if buf is not None else memoryview(array(code))
+    return view[arr.offset:arr.offset + len(arr)]
+
+
+def _opaque_encrypted(entry: bytes | memoryview) -> tuple | None:
+    """An encrypted entry (which pulsarlite cannot decrypt) as one opaque row: metadata and
+    payload (still compressed and encrypted) verbatim, so the rebuilt entry is the original
+    byte for byte. None when the entry is not encrypted (or does not decode at all)."""
+    try:
+        metadata, payload = split_entry(entry)
+    except EntryFormatError:
+        return None
+    if not metadata.encrypted:
+        return None
+    raw = metadata.raw
+    return metadata, Message(payload, metadata.key, raw.partition_key_b64_encoded,
+                             metadata.ordering_key, metadata.properties,
+                             raw.event_time or None, raw.sequence_id, False)
+
+
+def _batch_buffer(entry: bytes | memoryview, messages: list, raw: pb.MessageMetadata) -> bytes:
+    """The decompressed batch the messages' payloads are views of (no second decompression);
+    decompressed again through the codec if the payloads are not views of one buffer."""
+    obj = getattr(messages[0].payload, "obj", None)
+    if type(obj) is bytes and len(obj) == raw.uncompressed_size:
+        return obj
+    _, payload = split_entry(entry)
+    data = decompress(payload, raw.compression, raw.uncompressed_size)
+    return bytes(data)
+
+
+def entries_to_table(ledger_id: int, entries: Iterable[tuple[int, bytes | memoryview]], *,
+                     partition: int) -> pa.Table:
+    """Stored entries -> one row per message (see the module docstring). Entry ids must
+    increase. Raises TierFormatError for an entry that does not decode (encrypted ones
+    included: the tier stores plain messages)."""
+    if ledger_id < 0:
+        raise ValueError(f"ledger id {ledger_id} < 0")
+    # per-entry facts repeated per message, and all messages in one flat list; the columns
+    # are then built with C-level map/itemgetter passes (no per-row Python statements)
+    entry_ids: list[int] = []
+    batch_size: list[int] = []
+    publish_time: list[int] = []
+    producer_names: list[str] = []
+    schema_versions: list[bytes | None] = []
+    entry_headers: list[bytes | None] = []
+    message_headers: list = []
+    message_header_lengths: list[int] = []
+    msgs: list = []
+    last_entry_id = -1
+    u32 = _U32.unpack_from
+
+    for entry_id, entry in entries:
+        if entry_id <= last_entry_id:
+            raise TierFormatError(f"ledger {ledger_id}: entry ids not increasing "
+                                  f"({last_entry_id} then {entry_id})")
+        last_entry_id = entry_id
+        try:
+            metadata, messages = unpack_entry(entry)
+        except EntryFormatError as exc:
+            opaque = _opaque_encrypted(entry)
+            if opaque is None:
+                raise TierFormatError(f"ledger {ledger_id} entry {entry_id}: {exc}") from None
+            metadata, message = opaque
+            raw = metadata.raw
+            entry_headers.append(bytes(entry[:metadata.payload_offset]))
+            message_headers.append(b"")
+            message_header_lengths.append(0)
+            batch_size.append(0)
+            entry_ids.append(entry_id)
+            publish_time.append(raw.publish_time)
+            producer_names.append(raw.producer_name)
+            schema_versions.append(raw.schema_version if raw.HasField("schema_version")
+                                   else None)
+            msgs.append(message)
+            continue
+        raw = metadata.raw
+        if raw.compression != pb.NONE:
+            plain = pb.MessageMetadata()
+            plain.CopyFrom(raw)
+            plain.ClearField("compression")
+            meta = plain.SerializeToString()
+            header = _U32.pack(len(meta)) + meta
+        else:
+            header = bytes(entry[:metadata.payload_offset])
+        n = len(messages)
+        if n == 0:
+            raise TierFormatError(f"ledger {ledger_id} entry {entry_id}: a batch of 0 messages")
+        entry_headers.append(header)
+        if raw.HasField("num_messages_in_batch"):
+            data = _batch_buffer(entry, messages, raw)
+            # walk the batch framing (unpack_entry validated it) to keep each message's
+            # SingleMessageMetadata bytes verbatim
+            pos = 0
+            for message in messages:
+                end = pos + 4 + u32(data, pos)[0]
+                message_headers.append(data[pos:end])
+                message_header_lengths.append(end - pos)
+                pos = end + len(message.payload)
+            if pos != len(data):
+                raise TierFormatError(f"ledger {ledger_id} entry {entry_id}: batch framing "
+                                      "does not match its messages")
+            if n > 1:
+                entry_headers.extend([None] * (n - 1))
+            batch_size.extend([n] * n)
+            entry_ids.extend([entry_id] * n)
+            publish_time.extend([raw.publish_time] * n)
+            producer_names.extend([raw.producer_name] * n)
+            schema_versions.extend(
+                [raw.schema_version if raw.HasField("schema_version") else None] * n)
+            msgs.extend(messages)
+        else:
+            message_headers.append(b"")
+            message_header_lengths.append(0)
+            batch_size.append(0)
+            entry_ids.append(entry_id)
+            publish_time.append(raw.publish_time)
+            producer_names.append(raw.producer_name)
+            schema_versions.append(raw.schema_version if raw.HasField("schema_version")
+                                   else None)
+            msgs.append(messages[0])
+
+    rows = len(msgs)
+    values = list(map(_PAYLOAD, msgs))
+    props = list(map(_PROPERTIES, msgs))
+    prop_offsets = [0]
+    prop_offsets.extend(accumulate(map(len, props)))
+    properties = pa.MapArray.from_arrays(
+        _int_array(prop_offsets, "i", pa.int32()),
+        pa.array(list(chain.from_iterable(props)), pa.string()),
+        pa.array(list(chain.from_iterable(map(_VALUES, props))), pa.string()),
+        type=_PROPERTIES_TYPE)
+    columns = [
+        pa.repeat(pa.scalar(ledger_id, pa.int64()), rows),
+        _int_array(entry_ids, "q", pa.int64()),
+        _int_array(list(map(_BATCH_INDEX, msgs)), "i", pa.int32()),
+        _int_array(batch_size, "i", pa.int32()),
+        pa.repeat(pa.scalar(partition, pa.int32()), rows),
+        _int_array(publish_time, "q", pa.int64()).cast(_TS),
+        pa.array(list(map(_EVENT_TIME, msgs)), pa.int64()).cast(_TS),
+        pa.array(list(map(_KEY, msgs)), pa.string()),
+        pa.array(list(map(_ORDERING_KEY, msgs)), pa.binary()),
+        properties,
+        pa.array(producer_names, pa.string()),
+        _int_array(list(map(_SEQUENCE_ID, msgs)), "q", pa.int64()),
+        pa.array(schema_versions, pa.binary()),
+        _binary_from_parts(values, list(map(len, values))),
+        pa.array(list(map(_NULL_VALUE, msgs)), pa.bool_()),
+        pa.array(entry_headers, pa.binary()),
+        _binary_from_parts(message_headers, message_header_lengths),
+    ]
+    return pa.Table.from_arrays(columns, schema=ROW_SCHEMA)
+
+
+# ---------------------------------------------------------------------------------------------
+# table -> entries
+# ---------------------------------------------------------------------------------------------
+
+def _check_rebuild_columns(table: pa.Table | pa.RecordBatch) -> None:
+    missing = [c for c in REBUILD_COLUMNS if c not in table.schema.names]
+    if missing:
+        raise TierFormatError(f"table lacks the columns {missing} needed to rebuild entries")
+
+
+def table_to_entries(table: pa.Table | pa.RecordBatch) -> Iterator[tuple[int, bytes]]:
+    """One rebuilt entry per original entry id, in row order (see the module docstring).
+    Work per row is vectorized (Arrow compute); Python runs once per entry. Raises
+    TierFormatError when the rows do not form whole entries in increasing id order."""
+    _check_rebuild_columns(table)
+    batches = table.to_batches() if isinstance(table, pa.Table) else [table]
+    carry_id = -1            # the previous row's entry id / batch index / batch size
+    carry_index = -2
+    carry_size = -1
+    pending: list[bytes] = []   # rows of an entry that continue in the next batch
+    for batch in batches:
+        rows = batch.num_rows
+        if rows == 0:
+            continue
+        eid = batch.column("entry_id")
+        bi = batch.column("batch_index")
+        bs = batch.column("batch_size")
+        headers = batch.column("entry_header")
+        value = batch.column("value")
+        message_header = batch.column("message_header")
+        if eid.null_count or bi.null_count or bs.null_count or value.null_count \
+                or message_header.null_count:
+            raise TierFormatError("null entry_id, batch_index, batch_size, value or "
+                                  "message_header")
+        prev_eid = pa.concat_arrays([pa.array([carry_id], pa.int64()), eid.slice(0, rows - 1)])
+        prev_bi = pa.concat_arrays([pa.array([carry_index], pa.int32()), bi.slice(0, rows - 1)])
+        prev_bs = pa.concat_arrays([pa.array([carry_size], pa.int32()), bs.slice(0, rows - 1)])
+        same = pc.equal(eid, prev_eid)
+        is_start = pc.invert(same)
+        starts_ok = pc.or_(same, pc.or_(
+            pc.and_(pc.equal(bi, -1), pc.equal(bs, 0)),
+            pc.and_(pc.equal(bi, 0), pc.greater(bs, 0))))
+        continuation_ok = pc.or_(is_start, pc.and_(
+            pc.equal(bi, pc.add(prev_bi, 1)), pc.equal(bs, prev_bs)))
+        order_ok = pc.or_(same, pc.greater(eid, prev_eid))
+        header_ok = pc.equal(headers.is_valid(), is_start)
+        ok = pc.all(pc.and_(pc.and_(starts_ok, continuation_ok), pc.and_(order_ok, header_ok)))
+        if not ok.as_py():
+            raise TierFormatError("rows do not form whole entries in increasing entry id order "
+                                  "(batch indexes, batch sizes or entry headers out of place)")
+        whole = pc.binary_join_element_wise(pc.fill_null(headers, b""), message_header, value,
+                                            b"")
+        if whole.type != pa.binary():
+            whole = whole.cast(pa.binary())
+        offsets = memoryview(whole.buffers()[1]).cast("i")[whole.offset:whole.offset + rows + 1]
+        data = whole.buffers()[2]
+        data_view = memoryview(data) if data is not None else memoryview(b"")
+        starts = pc.indices_nonzero(is_start).to_pylist()
+        bi_view = _ints(bi)
+        bs_view = _ints(bs)
+        eid_view = _ints(eid)
+        if pending:
+            end = starts[0] if starts else rows
+            pending.append(bytes(data_view[offsets[0]:offsets[end]]))
+            if end == rows and bi_view[rows - 1] != bs_view[rows - 1] - 1:
+                carry_id, carry_index, carry_size = (eid_view[rows - 1], bi_view[rows - 1],
+                                                     bs_view[rows - 1])
+                continue
+            if bi_view[end - 1] != bs_view[end - 1] - 1:
+                raise TierFormatError(f"entry {eid_view[end - 1]}: rows missing")
+            yield eid_view[end - 1], b"".join(pending)
+            pending = []
+        ends = starts[1:] + [rows]
+        for start, end in zip(starts, ends):
+            last = end - 1
+            if bi_view[last] != bs_view[last] - 1:
+                if end == rows:
+                    pending = [bytes(data_view[offsets[start]:offsets[end]])]
+                    break
+                raise TierFormatError(f"entry {eid_view[start]}: {end - start} rows, batch size "
+                                      f"{bs_view[start]}")
+            yield eid_view[start], bytes(data_view[offsets[start]:offsets[end]])
+        carry_id, carry_index, carry_size = eid_view[rows - 1], bi_view[rows - 1], bs_view[rows - 1]
+    if pending:
+        raise TierFormatError(f"entry {carry_id}: rows missing at the end of the table")
+
+
+def summarize_table(table: pa.Table) -> TableSummary:
+    rows = table.num_rows
+    if rows == 0:
+        return TableSummary(0, 0, None, None)
+    lo, hi = pc.min_max(table.column("publish_time").cast(pa.int64())).values()
+    entries = pc.count_distinct(table.column("entry_id")).as_py()
+    return TableSummary(rows, entries, lo.as_py(), hi.as_py())
+
+
+# ---------------------------------------------------------------------------------------------
+# Parquet
+# ---------------------------------------------------------------------------------------------
+
+def _row_group_cuts(table: pa.Table, row_group_bytes: int, row_group_rows_max: int) -> list[int]:
+    """Row offsets where row groups end: about ``row_group_bytes`` of message bytes, at most
+    ``row_group_rows_max`` rows (unless one entry has more), only at entry boundaries."""
+    rows = table.num_rows
+    if rows == 0:
+        return []
+    eid = table.column("entry_id").combine_chunks()
+    prev = pa.concat_arrays([pa.array([-1], pa.int64()), eid.slice(0, rows - 1)])
+    starts = pc.indices_nonzero(pc.not_equal(eid, prev))
+    sizes = pc.add(pc.binary_length(table.column("value").combine_chunks()), 16).cast(pa.int64())
+    cumulative = pc.cumulative_sum(sizes)
+    before = [0] + pc.take(cumulative, pc.subtract(starts.slice(1), 1)).to_pylist()
+    cuts: list[int] = []
+    group_row = 0
+    group_bytes = 0
+    for row, row_bytes in zip(starts.to_pylist(), before):
+        if row > group_row and (row_bytes - group_bytes >= row_group_bytes
+                                or row - group_row >= row_group_rows_max):
+            cuts.append(row)
+            group_row, group_bytes = row, row_bytes
+    cuts.append(rows)
+    return cuts
+
+
+def _check_schema(schema: pa.Schema) -> None:
+    n = len(ROW_SCHEMA)
+    if len(schema) < n or any(not schema.field(i).equals(ROW_SCHEMA.field(i))
+                              for i in range(n)):
+        raise TierFormatError("table does not start with ROW_SCHEMA's columns")
+
+
+class ParquetStreamWriter:
+    """Parquet written table by table (e.g. one chunk of a ledger's entries at a time, so
+    memory holds one row group, not the ledger). Every table holds whole entries, in
+    increasing entry id order across tables; each is cut into row groups of about
+    ``row_group_bytes``. ``close()`` returns the summary and records rows/entries in the
+    footer's key-value metadata."""
+
+    def __init__(self, sink: str | BinaryIO | pa.NativeFile, schema: pa.Schema = ROW_SCHEMA, *,
+                 row_group_bytes: int = ROW_GROUP_BYTES_DEFAULT,
+                 row_group_rows_max: int = ROW_GROUP_ROWS_MAX,
+                 compression: str = PARQUET_COMPRESSION_DEFAULT,
+                 compression_level: int | None = PARQUET_COMPRESSION_LEVEL_DEFAULT,
+                 metadata: dict[str, str] | None = None) -> None:
+        _check_schema(schema)
+        if row_group_bytes <= 0 or row_group_rows_max <= 0:
+            raise ValueError("row group bounds must be positive")
+        self.row_group_bytes = row_group_bytes
+        self.row_group_rows_max = row_group_rows_max
+        kv = {"pulsarlite.format_version": FORMAT_VERSION}
+        if metadata:
+            kv.update(metadata)
+        self.schema = schema.with_metadata(kv)
+        level = compression_level if compression.lower() in ("zstd", "gzip", "brotli") else None
+        self._writer = pq.ParquetWriter(
+            sink, self.schema, compression=compression, compression_level=level,
+            write_page_checksum=True, write_statistics=STATISTICS_COLUMNS,
+            use_dictionary=["producer_name", "schema_version"], store_schema=False)
+        self.rows = 0
+        self.entries = 0
+        self.row_groups = 0
+        self.min_publish_time_ms: int | None = None
+        self.max_publish_time_ms: int | None = None
+        self._last_entry_id = -1
+
+    def write(self, table: pa.Table) -> None:
+        if not table.schema.equals(self.schema, check_metadata=False):
+            raise TierFormatError("table schema differs from the writer's")
+        if table.num_rows == 0:
+            return
+        summary = summarize_table(table)
+        first = table.column("entry_id")[0].as_py()
+        if first <= self._last_entry_id:
+            raise TierFormatError(f"entry {first} after entry {self._last_entry_id}: tables "
+                                  "must hold whole entries in increasing id order")
+        self._last_entry_id = table.column("entry_id")[-1].as_py()
+        start = 0
+        for end in _row_group_cuts(table, self.row_group_bytes, self.row_group_rows_max):
+            self._writer.write_table(table.slice(start, end - start), row_group_size=end - start)
+            self.row_groups += 1
+            start = end
+        self.rows += summary.rows
+        self.entries += summary.entries
+        lo, hi = summary.min_publish_time_ms, summary.max_publish_time_ms
+        self.min_publish_time_ms = lo if self.min_publish_time_ms is None \
+            else min(lo, self.min_publish_time_ms)
+        self.max_publish_time_ms = hi if self.max_publish_time_ms is None \
+            else max(hi, self.max_publish_time_ms)
+
+    def close(self) -> ParquetSummary:
+        self._writer.add_key_value_metadata({"pulsarlite.rows": str(self.rows),
+                                             "pulsarlite.entries": str(self.entries)})
+        if self.row_groups == 0:     # an empty file still has the schema
+            self._writer.write_table(self.schema.empty_table())
+            self.row_groups = 1
+        self._writer.close()
+        return ParquetSummary(self.rows, self.entries, self.row_groups,
+                              self.min_publish_time_ms, self.max_publish_time_ms)
+
+
+def write_parquet(table: pa.Table, sink: str | BinaryIO | pa.NativeFile, *,
+                  row_group_bytes: int = ROW_GROUP_BYTES_DEFAULT,
+                  row_group_rows_max: int = ROW_GROUP_ROWS_MAX,
+                  compression: str = PARQUET_COMPRESSION_DEFAULT,
+                  compression_level: int | None = PARQUET_COMPRESSION_LEVEL_DEFAULT,
+                  metadata: dict[str, str] | None = None) -> ParquetSummary:
+    """Write ``table`` (ROW_SCHEMA's columns, then any extra columns, e.g. typed columns
+    decoded from a schema) as Parquet with page checksums, statistics on the pruning columns,
+    and row groups of whole entries of about ``row_group_bytes``."""
+    _check_schema(table.schema)
+    writer = ParquetStreamWriter(sink, table.schema, row_group_bytes=row_group_bytes,
+                                 row_group_rows_max=row_group_rows_max,
+                                 compression=compression, compression_level=compression_level,
+                                 metadata=metadata)
+    try:
+        writer.write(table)
+    finally:
+        summary = writer.close()
+    return summary
+
+
+def _wrap_read_error(exc: Exception, what: str) -> PulsarliteError:
+    text = str(exc)
+    if "checksum" in text.lower() or "crc" in text.lower():
+        return TierChecksumError(f"{what}: {text}")
+    return TierFormatError(f"{what}: {text}")
+
+
+def open_parquet(source: Any, *, what: str = "tier object") -> pq.ParquetFile:
+    """A ParquetFile that verifies page checksums on every page it reads; TierFormatError if
+    ``source`` is not Parquet of this format."""
+    try:
+        pf = pq.ParquetFile(source, page_checksum_verification=True)
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise _wrap_read_error(exc, what) from None
+    names = pf.schema_arrow.names
+    if names[:len(ROW_SCHEMA.names)] != ROW_SCHEMA.names:
+        raise TierFormatError(f"{what}: columns {names} are not the tier format's")
+    return pf
+
+
+def read_row_groups(pf: pq.ParquetFile, row_groups: Sequence[int], *,
+                    columns: Sequence[str] | None = None,
+                    what: str = "tier object") -> pa.Table:
+    """Read (and checksum-verify) the given row groups; checksum or decode failures raise
+    TierChecksumError / TierFormatError."""
+    try:
+        return pf.read_row_groups(list(row_groups), columns=list(columns) if columns else None)
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise _wrap_read_error(exc, what) from None
+
+
+def read_parquet(source: Any, *, row_groups: Sequence[int] | None = None,
+                 columns: Sequence[str] | None = None) -> pa.Table:
+    """The whole object (or some row groups) as a table, page checksums verified."""
+    pf = open_parquet(source)
+    groups = range(pf.num_row_groups) if row_groups is None else row_groups
+    return read_row_groups(pf, groups, columns=columns)
+
+
+def row_group_entry_ranges(pf: pq.ParquetFile) -> list[tuple[int, int]]:
+    """(first entry id, last entry id) of each row group, from the footer statistics."""
+    idx = pf.schema_arrow.get_field_index("entry_id")
+    ranges = []
+    md = pf.metadata
+    for i in range(md.num_row_groups):
+        stats = md.row_group(i).column(idx).statistics
+        if stats is None or not stats.has_min_max:
+            raise TierFormatError(f"row group {i} has no entry_id statistics")
+        ranges.append((int(stats.min), int(stats.max)))
+    return ranges
+
+
+__all__ = [
+    "CONTRACT_COLUMNS", "FORMAT_VERSION", "ParquetStreamWriter", "ParquetSummary", "REBUILD_COLUMNS", "ROW_SCHEMA",
+    "ROW_GROUP_BYTES_DEFAULT", "TableSummary", "TierChecksumError", "TierFormatError",
+    "entries_to_table", "open_parquet", "read_parquet", "read_row_groups",
+    "row_group_entry_ranges", "summarize_table", "table_to_entries", "write_parquet",
+]
