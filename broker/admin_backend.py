@@ -33,7 +33,7 @@ from broker.cursor import CursorState, cursor_path, list_cursors
 from broker.managed_ledger import LedgerInfo, ManagedLedgerMetadata, ManagedLedgerStore, OffloadState, Position
 from broker.managed_ledger.store import encode as encode_ledger_list
 from broker.service import (PARTITIONED_TOPICS_ROOT, BrokerService, TopicNotFoundError, subscription_backlog)
-from pulsarlite.errors import MetadataNotFoundError
+from pulsarlite.errors import MetadataNotFoundError, PulsarliteError
 from pulsarlite.metadata import MetadataExistsError
 from pulsarlite.topic_name import InvalidTopicNameError, TopicName
 from pulsarlite.wire.entry import peek_metadata
@@ -41,6 +41,12 @@ from pulsarlite.wire.entry import peek_metadata
 log = logging.getLogger("pulsarlite.broker.admin")
 
 RESET_SCAN_ENTRIES = 100        # entries read per request while looking for a publish time
+
+class ServiceUnavailable(PulsarliteError):
+    """Another broker did not answer an admin call made on the caller's behalf (503, retry)."""
+
+    retriable = True
+
 
 _ML_STATES = {"OPENING": "None", "READY": "LedgerOpened", "ROLLING_OVER": "CreatingLedger",
               "CLOSING": "Closing", "CLOSED": "Closed", "FENCED": "Fenced", "FAILED": "Failed",
@@ -191,15 +197,28 @@ class BrokerAdminBackend:
         n = await self.service.partitions(str(name))
         if n <= 0:
             raise NotFoundError(f"Partitioned topic {name} does not exist")
-        if not force:
+        if not force:        # every partition is checked, here and on other brokers, before any goes
             for i in range(n):
-                loaded = self.service.loaded_topic(str(name.partition(i)))
+                part = name.partition(i)
+                loaded = self.service.loaded_topic(str(part))
                 if loaded is not None and loaded.client_count():
                     raise PreconditionFailedError(f"Partitioned topic {name} has active producers/subscriptions")
+                if loaded is None and await self._exists(part):
+                    url = await self.admin_redirect_url(str(part))
+                    if url is not None:
+                        stats = await self._call_owner(url, "GET", part, "/stats") or {}
+                        if stats.get("publishers") or any(sub.get("consumers")
+                                                          for sub in stats.get("subscriptions", {}).values()):
+                            raise PreconditionFailedError(
+                                f"Partitioned topic {name} has active producers/subscriptions")
         for i in range(n):
             part = name.partition(i)
             if await self._exists(part):
-                await self.delete_topic(str(part), force)
+                url = await self.admin_redirect_url(str(part))
+                if url is None:
+                    await self.delete_topic(str(part), force)
+                else:        # served by another broker: it deletes it
+                    await self._call_owner(url, "DELETE", part, "", {"force": "true" if force else "false"})
         try:
             await self.store.delete(self._partitions_path(name))
         except MetadataNotFoundError:
@@ -244,9 +263,14 @@ class BrokerAdminBackend:
                         "msgRateOut": 0.0, "msgThroughputOut": 0.0,
                         "availablePermits": sub.core.permits(id(handle)),
                         "unackedMessages": len(sub.core.outstanding(id(handle))),
+                        "priorityLevel": sub.core.priority(id(handle)),
                         "address": getattr(handle, "address", ""),
                         "connectedSince": _iso(getattr(handle, "connected_since_ms", 0)),
                     })
+                ranges = sub.core.hash_ranges()      # Key_Shared: each consumer's hash ranges
+                if ranges:
+                    for handle, stats in zip(sub.consumers.values(), consumers):
+                        stats["keyHashRanges"] = [f"[{a}, {b}]" for a, b in ranges.get(id(handle), [])]
                 if len(consumers) == 1:
                     consumers[0]["msgRateOut"], consumers[0]["msgThroughputOut"] = rate, throughput
                 subscriptions[sub.name] = {
@@ -330,6 +354,7 @@ class BrokerAdminBackend:
         ledger_stats: list[LedgerInfoStats] = [{
             "ledgerId": i.ledger_id, "entries": i.entries, "size": i.size_bytes,
             "offloaded": i.offload.state in (OffloadState.OFFLOADED, OffloadState.BOOKIE_DELETED),
+            "offloadState": i.offload.state.value, "offloadUri": i.offload.uri,
             "underReplicated": False, "timestamp": i.created_ms,
         } for i in ledgers]
         return {
@@ -345,6 +370,63 @@ class BrokerAdminBackend:
             "cursors": cursors,
         }
 
+    # -- offload ---------------------------------------------------------------------------------
+    async def offload(self, topic: str, ledger_id: int, entry_id: int) -> None:
+        name = self._name(topic)
+        await self._require_topic(name)
+        offloader = self.service.offloader
+        if offloader is None:
+            raise PreconditionFailedError("this broker has no tier configured (tier_uri)")
+        live = await self._load(name)
+        topic_offloader = offloader.topics.get(str(name))
+        if topic_offloader is None:
+            topic_offloader = offloader.attach(live)
+        demand = topic_offloader.demand
+        if demand is not None and demand.status.value == "RUNNING":
+            raise ConflictError(f"Offload already running for {name}")
+        topic_offloader.request(Position(ledger_id, entry_id))
+
+    async def get_topic_offload_policies(self, topic: str) -> dict | None:
+        from broker.offloader import read_topic_offload_policies
+        name = self._name(topic)
+        await self._require_topic(name)
+        policies = await read_topic_offload_policies(self.store, name)
+        return None if policies is None else policies.to_json()
+
+    async def set_topic_offload_policies(self, topic: str, raw: dict | None) -> None:
+        from broker.offloader import TopicOffloadPolicies, topic_policies_path
+        name = self._name(topic)
+        policies = None
+        if raw is not None:
+            try:
+                policies = TopicOffloadPolicies.from_json(raw)
+            except ValueError as e:
+                raise BadRequestError(str(e)) from None
+        await self._require_topic(name)
+        path = topic_policies_path(name)
+        if policies is None:
+            try:
+                await self.store.delete(path)
+            except MetadataNotFoundError:
+                pass
+        else:
+            data = json.dumps({"offloadPolicies": policies.to_json()}, sort_keys=True).encode()
+            try:
+                await self.store.create(path, data, make_parents=True)
+            except MetadataExistsError:
+                await self.store.update(path, lambda _: data)
+        offloader = self.service.offloader
+        if offloader is not None and str(name) in offloader.topics:
+            offloader.topics[str(name)].kick()
+
+    async def offload_status(self, topic: str) -> dict:
+        name = self._name(topic)
+        await self._require_topic(name)
+        offloader = self.service.offloader
+        if offloader is None:
+            return {"status": "NOT_RUN", "lastError": ""}
+        return offloader.status(str(name))
+
     # -- unload ----------------------------------------------------------------------------------
     async def unload_topic(self, topic: str) -> None:
         name = self._name(topic)
@@ -354,7 +436,12 @@ class BrokerAdminBackend:
             n = 0 if name.is_partition else await self.service.partitions(key)
             if n > 0:
                 for i in range(n):
-                    await self.unload_topic(str(name.partition(i)))
+                    part = name.partition(i)
+                    url = await self.admin_redirect_url(str(part))
+                    if url is None:
+                        await self.unload_topic(str(part))
+                    elif await self._exists(part):       # served by another broker: it unloads it
+                        await self._call_owner(url, "PUT", part, "/unload")
                 return
             if not await self._exists(name):
                 raise NotFoundError(f"Topic {name} not found")
@@ -481,15 +568,104 @@ class BrokerAdminBackend:
         return Position(last.ledger_id, last.entry_id + 1)
 
     # -- lookup ----------------------------------------------------------------------------------
-    async def lookup(self, topic: str) -> LookupData:
+    async def lookup(self, topic: str, *, authoritative: bool = False) -> LookupData:
         name = self._name(topic)
         await self._check_namespace(name)
         manager = getattr(self.service.ownership, "manager", None)
         if manager is not None:
-            result = await manager.lookup(name)
+            result = await manager.lookup(name, authoritative=authoritative)
             return {"brokerUrl": result.pulsar_url, "httpUrl": result.http_url}
-        url, _, _ = await self.service.lookup(str(name))
+        url, _, _ = await self.service.lookup(str(name), authoritative=authoritative)
         return {"brokerUrl": url, "httpUrl": self.service.config.web_service_url}
+
+    async def admin_redirect_url(self, topic: str) -> str | None:
+        """The admin base URL (``http://host:port``) of the broker that owns ``topic`` when it is
+        another broker (the admin call is redirected there, 307, as Pulsar does); None when this
+        broker owns it or will (a lookup with nobody owning it may acquire it here)."""
+        name = self._name(topic)
+        manager = getattr(self.service.ownership, "manager", None)
+        if manager is None or manager.owns(name):
+            return None
+        await self._check_namespace(name)
+        if not name.is_partition and await self.service.partitions(str(name)) > 0:
+            return None          # a partitioned topic is its partitions: each has its own owner
+        result = await manager.lookup(name)
+        if result.owned_by_self or not result.http_url:
+            return None
+        return result.http_url.rstrip("/")
+
+    async def partitioned_stats(self, topic: str, per_partition: bool) -> dict:
+        """Pulsar's PartitionedTopicStats: the partitions' stats summed (rates, counters,
+        storage, backlog; subscriptions merged by name, publishers concatenated), ``metadata``
+        and, if asked, ``partitions`` by name. A partition served by another broker is asked
+        there (its admin ``/stats``), so the counters are live wherever it is served."""
+        name = self._name(topic)
+        await self._check_namespace(name)
+        n = 0 if name.is_partition else await self.service.partitions(str(name))
+        if n <= 0:
+            raise NotFoundError(f"Partitioned topic {name} does not exist")
+        per: dict[str, dict] = {}
+        for i in range(n):
+            part = name.partition(i)
+            per[str(part)] = await self._stats_anywhere(part)
+        out: dict = {"msgRateIn": 0.0, "msgThroughputIn": 0.0, "msgRateOut": 0.0, "msgThroughputOut": 0.0,
+                     "msgInCounter": 0, "bytesInCounter": 0, "msgOutCounter": 0, "bytesOutCounter": 0,
+                     "averageMsgSize": 0.0, "storageSize": 0, "backlogSize": 0, "publishers": [],
+                     "subscriptions": {}, "metadata": {"partitions": n}}
+        for stats in per.values():
+            for key in ("msgRateIn", "msgThroughputIn", "msgRateOut", "msgThroughputOut", "msgInCounter",
+                        "bytesInCounter", "msgOutCounter", "bytesOutCounter", "storageSize", "backlogSize"):
+                out[key] += stats.get(key, 0)
+            out["publishers"].extend(stats.get("publishers", []))
+            for sub_name, sub in stats.get("subscriptions", {}).items():
+                merged = out["subscriptions"].setdefault(sub_name, {
+                    "msgBacklog": 0, "type": sub.get("type", "Exclusive"), "msgRateOut": 0.0,
+                    "msgThroughputOut": 0.0, "consumers": [], "isDurable": sub.get("isDurable", True)})
+                for key in ("msgBacklog", "msgRateOut", "msgThroughputOut"):
+                    merged[key] += sub.get(key, 0)
+                merged["consumers"].extend(sub.get("consumers", []))
+        if out["msgInCounter"]:
+            out["averageMsgSize"] = out["bytesInCounter"] / out["msgInCounter"]
+        out["partitions"] = per if per_partition else {}
+        return out
+
+    async def _stats_anywhere(self, name: TopicName) -> dict:
+        """The stats of one topic: here if this broker owns it (or nobody does), else from its
+        owner's admin API. A partition that does not exist (yet) counts as empty."""
+        if not await self._exists(name):
+            return {}
+        url = await self.admin_redirect_url(str(name))
+        if url is None:
+            return dict(await self.topic_stats(str(name)))
+        return await self._call_owner(url, "GET", name, "/stats")
+
+    async def _call_owner(self, url: str, method: str, name: TopicName, suffix: str,
+                          params: dict | None = None):
+        """Make an admin call about ``name`` on its owner ``url`` (authoritative): its JSON
+        answer (None for 204); its 4xx error as ours; 503 if it cannot be reached."""
+        import aiohttp
+        from urllib.parse import quote
+        path = (f"/admin/v2/persistent/{name.tenant}/{name.namespace_local_name}/"
+                f"{quote(name.local_name, safe='')}{suffix}")
+        timeout = aiohttp.ClientTimeout(total=60)
+        try:
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                async with session.request(method, url + path, params={**(params or {}), "authoritative": "true"},
+                                           allow_redirects=False) as resp:
+                    if resp.status == 204:
+                        return None
+                    if resp.status == 200:
+                        return await resp.json()
+                    try:
+                        reason = (await resp.json()).get("reason", "")
+                    except (ValueError, aiohttp.ContentTypeError):
+                        reason = await resp.text()
+                    for error in (BadRequestError, NotFoundError, ConflictError, PreconditionFailedError):
+                        if resp.status == error.http_status:
+                            raise error(reason)
+                    raise ServiceUnavailable(f"{method} {suffix} of {name} at {url}: HTTP {resp.status} {reason}")
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise ServiceUnavailable(f"{method} {suffix} of {name} at {url}: {e}") from None
 
     async def last_message_id(self, topic: str) -> MessageIdData:
         name = self._name(topic)

@@ -37,18 +37,45 @@ class BrokerConfig:
     connection_write_buffer_bytes_max: int = 16 * MiB  # a slower reader loses its connection
     keepalive_interval_ms: int = 30_000      # PING when idle this long; close after 2 intervals
     topic_auto_creation: bool = True
+    # producer deduplication (broker/dedup.py); a namespace's deduplicationEnabled overrides the default
+    broker_deduplication_enabled: bool = False
+    dedup_snapshot_interval_entries: int = 1000   # entries between two snapshots (bounds the replay on load)
+    dedup_producers_max: int = 10_000        # producer names remembered per topic (least recently used out)
     topic_load_timeout_ms: int = 60_000
     shutdown_grace_ms: int = 10_000
     stats_interval_ms: int = 5_000           # rates, backlog gauges and metrics are sampled this often
     cluster_name: str = "standalone"         # the cluster created at start (policies, metrics label)
+    retention_check_interval_ms: int = 60_000  # retention, message TTL and backlog quota passes (broker/retention.py)
+    # retention of a namespace without a retention policy (Pulsar's defaultRetentionTimeInMinutes /
+    # defaultRetentionSizeInMB; -1 infinite, 0 none). pulsarlite keeps everything by default, where
+    # Pulsar deletes consumed ledgers (and every ledger of a topic without subscriptions): see
+    # docs/decisions.md "Retention by default".
+    retention_time_default_minutes: int = -1
+    retention_size_default_mb: int = -1
+    # tiered storage (offload of closed ledgers as Parquet; broker/offloader.py)
+    tier_uri: str = ""                       # s3://bucket/prefix or file:///dir; empty: no tier
+    tier_s3_endpoint_url: str = ""           # S3 endpoint (MinIO, moto); empty: AWS_ENDPOINT_URL or AWS
+    offload_concurrent_max: int = 2          # per broker: ledgers being offloaded at once
+    offload_check_interval_ms: int = 60_000  # the timer trigger (thresholds, deletion lag)
+    offload_deletion_lag_ms: int = 4 * 3600 * 1000  # default lag before offloaded ledgers leave the bookies
+    offload_row_group_bytes: int = 8 * MiB   # Parquet row-group size (message bytes) of offloaded ledgers
+    offload_ledger_bytes_max: int = 1024 * MiB  # a bigger closed ledger is not offloaded (memory bound)
+    tier_read_cache_bytes_max: int = 64 * MiB  # per broker: rebuilt entries of offloaded ledgers
+    tier_read_ahead_ledgers: int = 4         # offloaded ledgers whose first row group a replay reads ahead
 
     def validate(self) -> "BrokerConfig":
+        for name in ("retention_time_default_minutes", "retention_size_default_mb"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < -1:
+                raise ConfigError(f"{name} must be an int >= -1 (-1: infinite), got {value!r}")
         for name in ("port", "http_port", "zk_session_timeout_ms", "rollover_entries_max",
                      "rollover_bytes_max", "rollover_age_ms_max", "pending_adds_max",
                      "message_bytes_max", "publish_buffer_bytes_max", "entry_cache_bytes_max",
                      "read_ahead_entries_max", "connection_write_buffer_bytes_max",
                      "keepalive_interval_ms", "topic_load_timeout_ms", "shutdown_grace_ms",
-                     "stats_interval_ms"):
+                     "stats_interval_ms", "retention_check_interval_ms", "offload_concurrent_max", "offload_check_interval_ms",
+                     "offload_row_group_bytes", "offload_ledger_bytes_max", "tier_read_cache_bytes_max",
+                     "tier_read_ahead_ledgers"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"BrokerConfig.{name} must be an int > 0, got {value!r}")
@@ -69,8 +96,30 @@ class BrokerConfig:
             raise ConfigError("BrokerConfig: host and zookeeper must be set")
         if not isinstance(self.cluster_name, str) or not self.cluster_name:
             raise ConfigError("BrokerConfig.cluster_name must be a non-empty string")
+        for name in ("dedup_snapshot_interval_entries", "dedup_producers_max"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"BrokerConfig.{name} must be an int > 0, got {value!r}")
+        if not isinstance(self.broker_deduplication_enabled, bool):
+            raise ConfigError("BrokerConfig.broker_deduplication_enabled must be a bool")
         self.managed_ledger_config().validate()
+        self._validate_tier()
         return self
+
+    def _validate_tier(self) -> None:
+        for name in ("tier_uri", "tier_s3_endpoint_url"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"BrokerConfig.{name} must be a string")
+        uri = self.tier_uri
+        if uri and not ((uri.startswith("s3://") and len(uri) > len("s3://") and not uri[5:].startswith("/"))
+                        or (uri.startswith("file:///") and len(uri) > len("file:///"))):
+            raise ConfigError(f"BrokerConfig.tier_uri must be s3://bucket[/prefix] or file:///dir, got {uri!r}")
+        endpoint = self.tier_s3_endpoint_url
+        if endpoint and not endpoint.startswith(("http://", "https://")):
+            raise ConfigError(f"BrokerConfig.tier_s3_endpoint_url must be an http(s):// URL, got {endpoint!r}")
+        lag = self.offload_deletion_lag_ms
+        if not isinstance(lag, int) or isinstance(lag, bool) or lag < 0:
+            raise ConfigError(f"BrokerConfig.offload_deletion_lag_ms must be an int >= 0, got {lag!r}")
 
     # -- derived -------------------------------------------------------------------------------
     @property

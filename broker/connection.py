@@ -166,12 +166,17 @@ class _ConsumerRef:
         peer = self.connection.peer
         return f"/{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
 
-    def send_message(self, position: Position, entry: bytes, redelivery_count: int) -> None:
+    def send_message(self, position: Position, entry: bytes, redelivery_count: int,
+                     ack_set: list[int] | None = None) -> None:
         if self.closed:
             return
         self.connection.write_parts(c.message_parts(
             self.consumer_id, position.ledger_id, position.entry_id, entry,
-            redelivery_count=redelivery_count))
+            redelivery_count=redelivery_count, ack_set=ack_set))
+
+    def send_active_change(self, is_active: bool) -> None:
+        if not self.closed:
+            self.connection.write(c.active_consumer_change(self.consumer_id, is_active))
 
     def close_by_broker(self) -> None:
         if not self.closed:
@@ -205,7 +210,7 @@ class _ProducerRef:
 
 
 _SUB_TYPES = {pb.CommandSubscribe.Exclusive: SubType.EXCLUSIVE, pb.CommandSubscribe.Shared: SubType.SHARED,
-              pb.CommandSubscribe.Failover: SubType.FAILOVER}
+              pb.CommandSubscribe.Failover: SubType.FAILOVER, pb.CommandSubscribe.Key_Shared: SubType.KEY_SHARED}
 
 
 class ServerConnection(asyncio.Protocol):
@@ -383,7 +388,7 @@ class ServerConnection(asyncio.Protocol):
         elif kind == T.GET_TOPICS_OF_NAMESPACE:
             self._spawn(self._on_topics_of_namespace(cmd.getTopicsOfNamespace))
         elif kind == T.SEEK:
-            self.write(c.error(cmd.seek.request_id, pb.NotAllowedError, "seek is not supported yet"))
+            self._spawn(self._on_seek(cmd.seek))
         elif kind == T.CONSUMER_STATS:
             body = cmd.consumerStats
             self.write(c.consumer_stats_response(body.request_id, error=pb.NotAllowedError,
@@ -415,7 +420,13 @@ class ServerConnection(asyncio.Protocol):
         if ref is None or ref.subscription is None:
             error = (pb.ConsumerNotFound, f"no consumer {ack.consumer_id}")
         else:
-            ref.subscription.ack(ref, list(ack.message_id), cumulative=ack.ack_type == pb.CommandAck.Cumulative)
+            from broker.dispatch import CumulativeAckNotAllowedError
+            try:
+                ref.subscription.ack(ref, list(ack.message_id),
+                                     cumulative=ack.ack_type == pb.CommandAck.Cumulative)
+            except CumulativeAckNotAllowedError as e:
+                log.info("ack refused from %s: %s", self.peer, e)
+                error = (pb.NotAllowedError, str(e))
         if ack.HasField("request_id"):
             if error is None:
                 self.write(c.ack_response(ack.consumer_id, ack.request_id))
@@ -436,7 +447,8 @@ class ServerConnection(asyncio.Protocol):
     async def _on_partitioned_metadata(self, body) -> None:
         from broker.service import server_error_of
         try:
-            n = await self.service.partitions(body.topic)
+            count = getattr(self.service, "partitions_or_create", None) or self.service.partitions
+            n = await count(body.topic)         # may auto-create a partitioned topic
         except Exception as e:
             self.write(c.partitioned_metadata_failed(body.request_id, server_error_of(e), str(e)))
             return
@@ -446,6 +458,8 @@ class ServerConnection(asyncio.Protocol):
         from broker.service import server_error_of
         try:
             topics = await self.service.topics_of_namespace(body.namespace)
+            if body.HasField("mode") and body.mode == pb.CommandGetTopicsOfNamespace.NON_PERSISTENT:
+                topics = []        # only persistent topics are served (mode ALL: the persistent ones)
         except Exception as e:
             self.write(c.error(body.request_id, server_error_of(e), str(e)))
             return
@@ -457,14 +471,17 @@ class ServerConnection(asyncio.Protocol):
         from broker.service import server_error_of
         existing = self._producers.get(body.producer_id)
         if existing is not None and existing.producer is not None:      # a retry: same answer
-            self.write(c.producer_success(body.request_id, existing.producer.name))
+            self.write(c.producer_success(
+                body.request_id, existing.producer.name,
+                last_sequence_id=existing.topic.last_sequence_id(existing.producer.name)))
             return
         loading = self._producer_loading.get(body.producer_id)
         if loading is not None:
             await asyncio.shield(loading)
             ref = self._producers.get(body.producer_id)
             if ref is not None and ref.producer is not None:
-                self.write(c.producer_success(body.request_id, ref.producer.name))
+                self.write(c.producer_success(body.request_id, ref.producer.name,
+                                              last_sequence_id=ref.topic.last_sequence_id(ref.producer.name)))
             else:
                 self.write(c.error(body.request_id, pb.ServiceNotReady, "producer creation failed"))
             return
@@ -472,6 +489,10 @@ class ServerConnection(asyncio.Protocol):
         self._producer_loading[body.producer_id] = task
         try:
             topic = await self.service.get_topic(body.topic)
+            retention = getattr(self.service, "retention", None)
+            refusal = None if retention is None else await retention.producer_refusal(topic)
+            if refusal is not None:                  # backlog quota exceeded: hold or refuse
+                raise refusal
             schema_version = None
             if body.HasField("schema"):
                 schema_version = encode_version(await self.service.schemas.add(topic.name, body.schema))
@@ -480,11 +501,24 @@ class ServerConnection(asyncio.Protocol):
             user_named = body.HasField("producer_name") and body.producer_name and \
                 body.user_provided_producer_name
             name = body.producer_name if user_named else self.service.next_producer_name()
+            from broker.topic import AccessMode
+            try:
+                mode = AccessMode(body.producer_access_mode)
+            except ValueError:
+                mode = AccessMode.SHARED
+            await topic.refresh_dedup()         # deduplicationEnabled of the namespace
+            if mode is AccessMode.WAIT_FOR_EXCLUSIVE and not topic.exclusive_available():
+                # told at once that it waits (producer_ready=false), then again once it has access
+                self.write(c.producer_success(body.request_id, name, last_sequence_id=-1,
+                                              schema_version=schema_version, producer_ready=False))
+                await topic.wait_exclusive()
+                if self.closed:
+                    return
             ref = _ProducerRef(self, body.producer_id)
             ref.topic = topic
-            ref.producer = topic.add_producer(ref, name, self)
+            ref.producer = topic.add_producer(ref, name, self, access_mode=mode)
             self._producers[body.producer_id] = ref
-            self.write(c.producer_success(body.request_id, name, last_sequence_id=-1,
+            self.write(c.producer_success(body.request_id, name, last_sequence_id=topic.last_sequence_id(name),
                                           schema_version=schema_version))
         except Exception as e:
             log.info("producer on %s refused: %r", body.topic, e)
@@ -497,6 +531,9 @@ class ServerConnection(asyncio.Protocol):
         ref = self._producers.get(body.producer_id)
         if ref is not None:
             self.forget_producer(ref)
+        loading = self._producer_loading.get(body.producer_id)
+        if loading is not None and loading is not asyncio.current_task():
+            loading.cancel()           # e.g. still waiting for exclusive access: give up the wait
         self.write(c.success(body.request_id))
 
     # consumers -----------------------------------------------------------------------------------
@@ -530,10 +567,19 @@ class ServerConnection(asyncio.Protocol):
             ref = _ConsumerRef(self, body.consumer_id, topic.key)
             ref.consumer_name = body.consumer_name
             start = body.start_message_id if body.HasField("start_message_id") else None
+            from broker.dispatch import KeySharedMode
+            key_mode, hash_ranges, out_of_order = KeySharedMode.AUTO_SPLIT, None, False
+            if body.HasField("keySharedMeta"):
+                meta = body.keySharedMeta
+                out_of_order = meta.allowOutOfOrderDelivery
+                if meta.keySharedMode == pb.STICKY:
+                    key_mode = KeySharedMode.STICKY
+                    hash_ranges = [(r.start, r.end) for r in meta.hashRanges]
             ref.subscription = await topic.subscribe(
                 ref, body.subscription, sub_type, durable=body.durable,
                 initial_earliest=body.initialPosition == pb.CommandSubscribe.Earliest,
-                start_message_id=start)
+                start_message_id=start, priority=body.priority_level, consumer_name=body.consumer_name,
+                key_shared_mode=key_mode, hash_ranges=hash_ranges, allow_out_of_order=out_of_order)
             if self.closed:
                 ref.subscription.remove_consumer(ref)
                 return
@@ -572,6 +618,28 @@ class ServerConnection(asyncio.Protocol):
         except Exception as e:
             from broker.service import server_error_of
             self.write(c.error(body.request_id, server_error_of(e), str(e)))
+            return
+        self.write(c.success(body.request_id))
+
+    async def _on_seek(self, body) -> None:
+        """SEEK: CLOSE_CONSUMER to the subscription's consumers first, then SUCCESS (what the
+        official client expects); they reconnect and receive from the seek position."""
+        from broker.service import server_error_of
+        ref = self._consumers.get(body.consumer_id)
+        if ref is None or ref.subscription is None:
+            self.write(c.error(body.request_id, pb.ConsumerNotFound, f"no consumer {body.consumer_id}"))
+            return
+        if not body.HasField("message_id") and not body.HasField("message_publish_time"):
+            self.write(c.error(body.request_id, pb.NotAllowedError, "seek needs a message id or a publish time"))
+            return
+        try:
+            if body.HasField("message_publish_time"):
+                await ref.subscription.seek(publish_time_ms=body.message_publish_time)
+            else:
+                await ref.subscription.seek(message_id=body.message_id)
+        except Exception as e:
+            log.info("seek on %s refused: %r", ref.topic_key, e)
+            self.write(c.error(body.request_id, server_error_of(e), str(e) or type(e).__name__))
             return
         self.write(c.success(body.request_id))
 

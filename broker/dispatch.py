@@ -4,17 +4,33 @@ It decides which consumer gets which entry. The shell (broker/topic.py) feeds it
 consumers coming and going, FLOW permits, entries read from the log, acks, redelivery requests --
 and executes the :class:`Delivery` s it returns (fetch the entry bytes, write MESSAGE).
 
-- **Permits count messages**: an entry holding a batch of N messages costs N. An entry is given
-  to a consumer only if it has that many permits -- except an entry bigger than any grant the
-  consumer ever made (a batch larger than its receiver queue), which goes as soon as it has any
-  permits, as in Pulsar, so nothing stalls forever.
+- **Permits count messages**: an entry holding a batch of N messages costs N. An entry goes to
+  a consumer that has any permit left (its permits may then drop below zero), as in Pulsar:
+  waiting for N permits stalls, because the client grants more only after consuming half its
+  receiver queue (measured: a Shared subscription with batches of ~500 stopped after ~5k of 30k
+  messages).
 - **Exclusive**: one consumer; a second one is refused (:class:`ConsumerBusyError`).
-  **Failover**: many consumers, only the first (oldest) one receives; the next takes over when it
-  leaves. **Shared**: round robin over consumers with enough permits.
+- **Failover**: many consumers, one active: among those of the best (lowest) priority level,
+  sorted by consumer name (then arrival), the first -- or, for a partition N of a partitioned
+  topic, the (N mod count)-th, so partitions spread over the consumers as in Pulsar. When the
+  active consumer changes, what the previous one had outstanding goes to the new one
+  (:meth:`DispatcherCore.active_consumer` tells the shell whom to send ACTIVE_CONSUMER_CHANGE).
+- **Shared**: round robin over the consumers with permits of the best (lowest) priority level;
+  a lower level gets entries only while no consumer of a better one has permits (Pulsar's
+  priorityLevel).
+- **Key_Shared**: each entry has a sticky-key hash slot (:mod:`broker.key_shared`); the slot's
+  consumer (AUTO_SPLIT or STICKY ranges) gets it. Per-key order: an entry is not given to a
+  consumer while an earlier entry of the same slot is outstanding with another consumer (after
+  a join moved the slot) or still waits before it; entries of other slots go ahead meanwhile.
 - Entries are delivered lowest position first: entries to redeliver (their consumer left, or it
-  asked for redelivery) go before newer ones.
+  asked for redelivery) go before newer ones; redelivery counts are kept per entry.
 - Every delivered entry stays *outstanding* with its consumer until acked; when that consumer
   leaves, its outstanding entries go back to the pending set for the others (redelivery).
+- Cumulative acks only on Exclusive/Failover (:class:`CumulativeAckNotAllowedError` otherwise).
+- **Delayed delivery** (Shared/Key_Shared, MessageMetadata.deliver_at_time): such an entry waits
+  in a separate delayed set (at most ``delayed_entries_max``; it does not take read-ahead room)
+  until :meth:`DispatcherCore.release_due` is called with a time at or after it; the shell asks
+  :meth:`DispatcherCore.next_due_ms` when to wake. Pulsar's retry-letter topics rely on it.
 
 Positions are opaque ordered keys (the broker uses managed-ledger Positions).
 """
@@ -27,17 +43,31 @@ from typing import Any, Hashable, Iterable
 
 from sortedcontainers import SortedDict
 
+from broker.key_shared import AutoSplitSelector, ConsumerAssignError, StickySelector
 from pulsarlite.errors import PulsarliteError, check
+from pulsarlite.wire import pb
 
 
 class SubType(enum.Enum):
     EXCLUSIVE = "Exclusive"
     SHARED = "Shared"
     FAILOVER = "Failover"
+    KEY_SHARED = "Key_Shared"
+
+
+class KeySharedMode(enum.Enum):
+    AUTO_SPLIT = "AUTO_SPLIT"
+    STICKY = "STICKY"
 
 
 class ConsumerBusyError(PulsarliteError):
     """An Exclusive subscription already has a consumer."""
+
+
+class CumulativeAckNotAllowedError(PulsarliteError, ValueError):
+    """A cumulative ack on a Shared or Key_Shared subscription."""
+
+    server_error = pb.NotAllowedError
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,33 +81,64 @@ class Delivery:
 @dataclass
 class _Consumer:
     key: Hashable
+    priority: int = 0
+    name: str = ""
+    arrival: int = 0
     permits: int = 0
     permits_granted_max: int = 0
     outstanding: SortedDict = field(default_factory=SortedDict)   # position -> message count
 
 
 class DispatcherCore:
-    def __init__(self, sub_type: SubType, *, pending_entries_max: int = 1000) -> None:
+    """``partition_index``: N for the partition N of a partitioned topic, else -1 (Failover).
+    ``key_shared_mode``: for Key_Shared (AUTO_SPLIT by default; fixed by the first consumer in
+    Pulsar, here by the subscription's creator); ``allow_out_of_order``: KeySharedMeta's
+    allowOutOfOrderDelivery (a key moved to a joining consumer need not wait for the old one's
+    unacked entries)."""
+
+    def __init__(self, sub_type: SubType, *, pending_entries_max: int = 1000, partition_index: int = -1,
+                 key_shared_mode: KeySharedMode = KeySharedMode.AUTO_SPLIT,
+                 allow_out_of_order: bool = False, delayed_entries_max: int = 100_000) -> None:
         if pending_entries_max <= 0:
             raise ValueError("pending_entries_max must be > 0")
         self.sub_type = sub_type
         self.pending_entries_max = pending_entries_max
+        self.partition_index = partition_index
+        self.key_shared_mode = key_shared_mode
+        self.allow_out_of_order = allow_out_of_order   # Key_Shared: no per-key order across joins
+        self.delayed_entries_max = delayed_entries_max
+        self._delayed: SortedDict = SortedDict()              # (deliver_at_ms, position) -> (count, slot)
+        self._delayed_at: dict[Any, int] = {}                 # position -> deliver_at_ms
         self._consumers: dict[Hashable, _Consumer] = {}      # insertion order = arrival order
+        self._arrivals = 0
         self._pending: SortedDict = SortedDict()              # position -> message count
         self._redelivery_counts: dict[Any, int] = {}          # position -> times redelivered
         self._owner: dict[Any, Hashable] = {}                 # outstanding position -> consumer key
-        self._rr = 0                                          # round-robin cursor (Shared)
+        self._rr: dict[int, int] = {}                         # round-robin cursor per priority level (Shared)
+        self._active: Hashable | None = None                  # Failover/Exclusive receiver
+        # Key_Shared
+        self._selector = (StickySelector() if key_shared_mode is KeySharedMode.STICKY else AutoSplitSelector()) \
+            if sub_type is SubType.KEY_SHARED else None
+        self._slots: dict[Any, int] = {}                      # pending/outstanding position -> hash slot
+        self._slot_holders: dict[int, dict[Hashable, int]] = {}   # slot -> consumer -> outstanding entries
 
     # -- consumers ------------------------------------------------------------------------------
     @property
     def consumers(self) -> list[Hashable]:
         return list(self._consumers)
 
-    def add_consumer(self, key: Hashable) -> None:
+    def add_consumer(self, key: Hashable, *, priority: int = 0, name: str = "",
+                     hash_ranges: Iterable[tuple[int, int]] | None = None) -> None:
+        """ConsumerBusyError (a 2nd Exclusive consumer), ConsumerAssignError (bad or overlapping
+        STICKY ranges): nothing changed."""
         check(key not in self._consumers, f"consumer {key!r} added twice")
         if self.sub_type is SubType.EXCLUSIVE and self._consumers:
             raise ConsumerBusyError("exclusive subscription already has a consumer")
-        self._consumers[key] = _Consumer(key)
+        if self._selector is not None:
+            self._selector.add(key, hash_ranges)
+        self._arrivals += 1
+        self._consumers[key] = _Consumer(key, priority=priority, name=name or "", arrival=self._arrivals)
+        self._choose_active()
 
     def remove_consumer(self, key: Hashable) -> int:
         """Remove a consumer; its outstanding entries become pending again (to be redelivered
@@ -85,9 +146,39 @@ class DispatcherCore:
         consumer = self._consumers.pop(key, None)
         if consumer is None:
             return 0
-        for position, count in consumer.outstanding.items():
-            self._requeue(position, count)
-        return len(consumer.outstanding)
+        if self._selector is not None:
+            self._selector.remove(key)
+        for position, count in list(consumer.outstanding.items()):
+            self._requeue(position, count, key)
+        n = len(consumer.outstanding)
+        consumer.outstanding.clear()
+        self._choose_active()
+        return n
+
+    def active_consumer(self) -> Hashable | None:
+        """The consumer that receives on Exclusive/Failover (None on Shared/Key_Shared)."""
+        if self.sub_type in (SubType.EXCLUSIVE, SubType.FAILOVER):
+            return self._active
+        return None
+
+    def _choose_active(self) -> None:
+        if self.sub_type not in (SubType.EXCLUSIVE, SubType.FAILOVER):
+            return
+        previous = self._active
+        if not self._consumers:
+            self._active = None
+            return
+        best = min(c.priority for c in self._consumers.values())
+        candidates = sorted((c for c in self._consumers.values() if c.priority == best),
+                            key=lambda c: (c.name, c.arrival))
+        index = self.partition_index % len(candidates) if self.partition_index >= 0 else 0
+        self._active = candidates[index].key
+        old = self._consumers.get(previous) if previous is not None else None
+        if old is not None and previous != self._active:
+            # the standby takes over: what the old active had outstanding is redelivered
+            for position, count in list(old.outstanding.items()):
+                self._requeue(position, count, previous)
+            old.outstanding.clear()
 
     def flow(self, key: Hashable, permits: int) -> None:
         if permits < 0:
@@ -104,6 +195,13 @@ class DispatcherCore:
     def outstanding(self, key: Hashable) -> list[Any]:
         return list(self._consumers[key].outstanding)
 
+    def priority(self, key: Hashable) -> int:
+        return self._consumers[key].priority
+
+    def hash_ranges(self) -> dict[Hashable, list[tuple[int, int]]]:
+        """Key_Shared: the hash ranges of each consumer (stats)."""
+        return self._selector.ranges() if self._selector is not None else {}
+
     # -- entries --------------------------------------------------------------------------------
     @property
     def pending_count(self) -> int:
@@ -117,59 +215,150 @@ class DispatcherCore:
         permits, else up to the room left in the pending set."""
         if not any(c.permits > 0 for c in self._receivers()):
             return 0
+        if len(self._delayed) >= self.delayed_entries_max:
+            return 0
         return max(0, self.pending_entries_max - len(self._pending))
 
-    def offer(self, entries: Iterable[tuple[Any, int]]) -> None:
-        """New entries from the log, as (position, message count)."""
-        for position, count in entries:
+    def offer_delayed(self, position: Any, count: int, deliver_at_ms: int, slot: int = 0) -> None:
+        """A new entry not to deliver before ``deliver_at_ms`` (Shared/Key_Shared only; on the
+        other types it is offered at once, as Pulsar ignores the delay there)."""
+        if self.sub_type not in (SubType.SHARED, SubType.KEY_SHARED):
+            self.offer([(position, count, slot)] if self._selector is not None else [(position, count)])
+            return
+        if position in self._owner or position in self._pending or position in self._delayed_at:
+            return
+        self._delayed[(deliver_at_ms, position)] = (max(count, 1), slot)
+        self._delayed_at[position] = deliver_at_ms
+
+    def release_due(self, now_ms: int) -> int:
+        """Move the delayed entries due at ``now_ms`` to the pending set; returns how many."""
+        released = 0
+        while self._delayed:
+            (at, position), (count, slot) = self._delayed.peekitem(0)
+            if at > now_ms:
+                break
+            self._delayed.popitem(0)
+            del self._delayed_at[position]
+            self._pending[position] = count
+            if self._selector is not None:
+                self._slots[position] = slot
+            released += 1
+        return released
+
+    def next_due_ms(self) -> int | None:
+        """When the first delayed entry is due (None: nothing delayed)."""
+        return self._delayed.peekitem(0)[0][0] if self._delayed else None
+
+    @property
+    def delayed_count(self) -> int:
+        return len(self._delayed)
+
+    def offer(self, entries: Iterable[tuple]) -> None:
+        """New entries from the log, as (position, message count) or, for Key_Shared,
+        (position, message count, hash slot)."""
+        for entry in entries:
+            position, count = entry[0], entry[1]
             if count < 1:
                 count = 1
-            if position in self._owner or position in self._pending:
+            if position in self._owner or position in self._pending or position in self._delayed_at:
                 continue
             self._pending[position] = count
+            if self._selector is not None:
+                self._slots[position] = entry[2] if len(entry) > 2 else 0
 
-    def _requeue(self, position: Any, count: int) -> None:
+    def _requeue(self, position: Any, count: int, holder: Hashable) -> None:
         self._owner.pop(position, None)
+        self._release_slot(position, holder)
         self._pending[position] = count
         self._redelivery_counts[position] = self._redelivery_counts.get(position, 0) + 1
+
+    def _release_slot(self, position: Any, holder: Hashable) -> None:
+        if self._selector is None:
+            return
+        slot = self._slots.get(position)
+        holders = self._slot_holders.get(slot)
+        if holders is None or holder not in holders:
+            return
+        holders[holder] -= 1
+        if holders[holder] <= 0:
+            del holders[holder]
+            if not holders:
+                del self._slot_holders[slot]
 
     def _receivers(self) -> list[_Consumer]:
         if not self._consumers:
             return []
-        if self.sub_type is SubType.SHARED:
+        if self.sub_type in (SubType.SHARED, SubType.KEY_SHARED):
             return list(self._consumers.values())
-        return [next(iter(self._consumers.values()))]
+        return [self._consumers[self._active]]
 
     @staticmethod
     def _fits(consumer: _Consumer, count: int) -> bool:
-        if consumer.permits <= 0:
-            return False
-        return count <= consumer.permits or count > consumer.permits_granted_max
+        # any permit left takes a whole entry, as in Pulsar: a batch may drive permits below 0.
+        # Waiting for ``count`` permits would stall: the client grants more only once it has
+        # consumed half its queue, and an idle consumer may sit on fewer than a batch's worth.
+        return consumer.permits > 0
+
+    def _give(self, consumer: _Consumer, position: Any, count: int) -> Delivery:
+        del self._pending[position]
+        consumer.permits -= count
+        consumer.outstanding[position] = count
+        self._owner[position] = consumer.key
+        return Delivery(consumer.key, position, count, self._redelivery_counts.get(position, 0))
 
     def dispatch(self) -> list[Delivery]:
         """Assign pending entries (lowest first) to consumers while permits allow."""
+        if self.sub_type is SubType.KEY_SHARED:
+            return self._dispatch_key_shared()
         receivers = self._receivers()
         out: list[Delivery] = []
         if not receivers or not self._pending:
             return out
+        # Shared: the best (lowest) priority level with permits first, round robin within it
+        levels: dict[int, list[_Consumer]] = {}
+        for consumer in receivers:
+            levels.setdefault(consumer.priority, []).append(consumer)
+        groups = [(level, levels[level]) for level in sorted(levels)]
         while self._pending:
             position, count = self._pending.peekitem(0)
             chosen = None
-            n = len(receivers)
-            for i in range(n):
-                candidate = receivers[(self._rr + i) % n]
-                if self._fits(candidate, count):
-                    chosen = candidate
-                    if self.sub_type is SubType.SHARED:
-                        self._rr = (self._rr + i + 1) % n
+            for level, group in groups:
+                n = len(group)
+                start = self._rr.get(level, 0)
+                for i in range(n):
+                    candidate = group[(start + i) % n]
+                    if self._fits(candidate, count):
+                        chosen = candidate
+                        self._rr[level] = (start + i + 1) % n
+                        break
+                if chosen is not None:
                     break
             if chosen is None:
                 break   # lowest first: never skip ahead of an entry nobody can take yet
-            self._pending.popitem(0)
-            chosen.permits -= count
-            chosen.outstanding[position] = count
-            self._owner[position] = chosen.key
-            out.append(Delivery(chosen.key, position, count, self._redelivery_counts.get(position, 0)))
+            out.append(self._give(chosen, position, count))
+        return out
+
+    def _dispatch_key_shared(self) -> list[Delivery]:
+        out: list[Delivery] = []
+        if not self._pending or not any(c.permits > 0 for c in self._consumers.values()):
+            return out
+        blocked: set[int] = set()        # slots with an earlier entry not given: later ones wait
+        for position, count in list(self._pending.items()):
+            slot = self._slots.get(position, 0)
+            if slot in blocked:
+                continue
+            key = self._selector.select(slot)
+            consumer = self._consumers.get(key) if key is not None else None
+            holders = self._slot_holders.get(slot)
+            if consumer is None or not self._fits(consumer, count) or \
+                    (holders and not self.allow_out_of_order and any(h != key for h in holders)):
+                blocked.add(slot)
+                continue
+            out.append(self._give(consumer, position, count))
+            holders = self._slot_holders.setdefault(slot, {})
+            holders[key] = holders.get(key, 0) + 1
+            if not any(c.permits > 0 for c in self._consumers.values()):
+                break
         return out
 
     # -- acks and redelivery --------------------------------------------------------------------
@@ -182,8 +371,14 @@ class DispatcherCore:
                 done.append(position)
         return done
 
+    def check_cumulative_allowed(self) -> None:
+        if self.sub_type in (SubType.SHARED, SubType.KEY_SHARED):
+            raise CumulativeAckNotAllowedError(
+                f"cumulative ack is not allowed on a {self.sub_type.value} subscription")
+
     def ack_cumulative(self, key: Hashable, position: Any) -> list[Any]:
-        """Everything up to and including ``position`` is acked (Exclusive/Failover)."""
+        """Everything up to and including ``position`` is acked (Exclusive/Failover only)."""
+        self.check_cumulative_allowed()
         done = []
         for p in list(self._pending.irange(maximum=position)):
             self._forget(p)
@@ -198,9 +393,16 @@ class DispatcherCore:
         owner = self._owner.pop(position, None)
         self._redelivery_counts.pop(position, None)
         if owner is not None:
+            self._release_slot(position, owner)
+            self._slots.pop(position, None)
             consumer = self._consumers.get(owner)
             if consumer is not None:
                 consumer.outstanding.pop(position, None)
+            return True
+        self._slots.pop(position, None)
+        at = self._delayed_at.pop(position, None)
+        if at is not None:
+            del self._delayed[(at, position)]
             return True
         return self._pending.pop(position, None) is not None
 
@@ -212,14 +414,40 @@ class DispatcherCore:
         chosen = list(consumer.outstanding) if positions is None else \
             [p for p in positions if p in consumer.outstanding]
         for position in chosen:
-            self._requeue(position, consumer.outstanding.pop(position))
+            self._requeue(position, consumer.outstanding.pop(position), key)
         return len(chosen)
+
+    def redelivery_count(self, position: Any) -> int:
+        return self._redelivery_counts.get(position, 0)
 
     def clear_pending(self) -> None:
         """Drop every pending entry (e.g. after a seek: the shell reads again from elsewhere)."""
         for position in list(self._pending):
             self._redelivery_counts.pop(position, None)
+            self._slots.pop(position, None)
         self._pending.clear()
+        self._delayed.clear()
+        self._delayed_at.clear()
+
+    def check_invariants(self) -> None:
+        """Raise InvariantViolation if the state is impossible (tests, debugging)."""
+        seen = set()
+        for consumer in self._consumers.values():
+            for p in consumer.outstanding:
+                check(self._owner.get(p) == consumer.key, f"{p} outstanding with {consumer.key} but owned "
+                                                          f"by {self._owner.get(p)!r}")
+                check(p not in self._pending, f"{p} both pending and outstanding")
+                check(p not in seen, f"{p} outstanding twice")
+                seen.add(p)
+        check(len(seen) == len(self._owner), "owner map out of sync")
+        if self._selector is not None:
+            counts: dict[tuple[int, Hashable], int] = {}
+            for p, owner in self._owner.items():
+                slot = self._slots[p]
+                counts[(slot, owner)] = counts.get((slot, owner), 0) + 1
+            flat = {(s, h): n for s, hs in self._slot_holders.items() for h, n in hs.items()}
+            check(counts == flat, "slot holders out of sync")
 
 
-__all__ = ["ConsumerBusyError", "Delivery", "DispatcherCore", "SubType"]
+__all__ = ["ConsumerAssignError", "ConsumerBusyError", "CumulativeAckNotAllowedError", "Delivery",
+           "DispatcherCore", "KeySharedMode", "SubType"]

@@ -114,6 +114,10 @@ class BrokerService:
         self._unloading: dict[str, asyncio.Future] = {}
         self.metrics = ServiceMetrics(MetricsConfig(cluster=config.cluster_name), self.flush_metrics)
         self.policies = PolicyStore(store, list_topics=self.namespace_topics_and_partitioned)
+        from broker.offloader import BrokerOffloader
+        self.offloader = BrokerOffloader.create(config, ledger_client, self.policies, store=store)  # None: no tier
+        from broker.retention import RetentionService
+        self.retention = RetentionService(self, interval_ms=config.retention_check_interval_ms)
         self.cache_hits = 0
         self.cache_misses = 0
         self._cache_flushed = (0, 0)
@@ -163,12 +167,52 @@ class BrokerService:
             log.warning("bad partitioned-topic metadata for %s", topic)
             return 0
 
+    async def partitions_or_create(self, topic_name: str) -> int:
+        """PARTITIONED_METADATA: the partition count. A topic that does not exist yet, in a
+        namespace whose auto-creation policy says ``partitioned``, is created partitioned with
+        ``defaultNumPartitions`` (its partitions are created on first use), as Pulsar does on
+        the client's first metadata request."""
+        n = await self.partitions(topic_name)
+        topic = parse_topic(topic_name)
+        if n > 0 or topic.partition_index >= 0 or not _is_persistent(topic):
+            return n
+        if await self.store.exists(managed_ledger_path(topic.managed_ledger_name)):
+            return 0
+        try:
+            policies = await self.policies.get_namespace_policies(
+                f"{topic.tenant}/{topic.namespace_local_name}")
+        except NotFoundError:
+            return 0
+        auto = policies.auto_topic_creation
+        if auto is None or not auto.allow or auto.topic_type != "partitioned" or not auto.default_partitions:
+            return 0
+        from pulsarlite.metadata import MetadataExistsError
+        try:
+            await self.store.create(f"{PARTITIONED_TOPICS_ROOT}/{topic.managed_ledger_name}",
+                                    json.dumps({"partitions": auto.default_partitions}).encode(),
+                                    make_parents=True)
+            log.info("partitioned topic auto-created %s partitions=%d", topic, auto.default_partitions)
+        except MetadataExistsError:
+            pass
+        return await self.partitions(topic_name)
+
     async def topics_of_namespace(self, namespace: str) -> list[str]:
         parts = namespace.split("/")
         if len(parts) != 2:
             raise NotAllowedError(f"invalid namespace {namespace!r}")
         names = await self.store.children(f"/managed-ledgers/{namespace}/persistent")
-        return [f"persistent://{namespace}/{unquote_plus(n)}" for n in names]
+        topics = [f"persistent://{namespace}/{unquote_plus(n)}" for n in names]
+        # the partitions of partitioned topics, also those not created yet (they are on first
+        # use), as Pulsar lists them: pattern consumers subscribe to them
+        seen = set(topics)
+        for parent in await self.store.children(f"{PARTITIONED_TOPICS_ROOT}/{namespace}/persistent"):
+            full = f"persistent://{namespace}/{unquote_plus(parent)}"
+            for i in range(await self.partitions(full)):
+                name = f"{full}-partition-{i}"
+                if name not in seen:
+                    seen.add(name)
+                    topics.append(name)
+        return topics
 
     async def namespace_topics_and_partitioned(self, namespace: str) -> list[str]:
         """Every topic of the namespace: managed ledgers and partitioned-topic metadata (what
@@ -226,7 +270,11 @@ class BrokerService:
                                       config=self.config.managed_ledger_config(),
                                       publish_time_of=_publish_time_of)
         log.info("topic loaded %s", topic)
-        return PersistentTopic(self, topic, ml)
+        persistent = PersistentTopic(self, topic, ml)
+        if self.offloader is not None:
+            self.offloader.attach(persistent)
+        self.retention.watch(persistent)      # retention / TTL / backlog quota passes
+        return persistent
 
     async def check_auto_creation(self, topic) -> None:
         """A topic may be created on first use only in a namespace that exists (and is not being
@@ -271,6 +319,8 @@ class BrokerService:
             if before_close is not None:
                 await before_close()
             self._flush_topic(topic)
+            if self.offloader is not None:
+                await self.offloader.detach(key)
             if delete:
                 await topic.delete()
                 log.info("topic deleted %s", key)
@@ -288,6 +338,9 @@ class BrokerService:
     def start(self) -> None:
         if self._stats_task is None:
             self._stats_task = asyncio.ensure_future(self._stats_loop())
+        if self.offloader is not None:
+            self.offloader.start()
+        self.retention.start()
 
     async def _stats_loop(self) -> None:
         while True:
@@ -382,8 +435,11 @@ class BrokerService:
         self.closing = True
         if self._stats_task is not None:
             self._stats_task.cancel()
+        await self.retention.close()
         keys = list(self.topics)
         await asyncio.gather(*(self.unload_topic(k) for k in keys), return_exceptions=True)
+        if self.offloader is not None:
+            await self.offloader.close()
 
 
 def subscription_backlog(cursor, last_confirmed, ledgers) -> int:

@@ -16,6 +16,7 @@ again (cache, else the managed ledger), so nothing but read-ahead is held per su
 from __future__ import annotations
 
 import asyncio
+import enum
 import inspect
 import logging
 import time
@@ -24,8 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker.adapters import open_cursor
-from broker.dispatch import Delivery, DispatcherCore, SubType
-from broker.managed_ledger import ManagedLedger, ManagedLedgerError, Position, next_position
+from broker.dedup import DedupSnapshotStore, DedupState, DupStatus, entry_sequence
+from broker.dispatch import Delivery, DispatcherCore, KeySharedMode, SubType
+from broker.key_shared import sticky_key_hash
+from broker.managed_ledger import ManagedLedger, ManagedLedgerError, ManagedLedgerState, Position, next_position
 from pulsarlite.errors import PulsarliteError
 from pulsarlite.wire import pb
 from pulsarlite.wire.entry import peek_metadata
@@ -42,12 +45,21 @@ class TopicNotOwnedError(PulsarliteError):
     retriable = True
     server_error = pb.ServiceNotReady
 
+class ProducerFencedError(PulsarliteError):
+    """An exclusive producer cannot get access: the topic has other producers."""
+
+    server_error = pb.ProducerFenced
+
+
 class ConsumerHandle(Protocol):
     """What a subscription needs of a consumer (implemented by the connection)."""
 
     consumer_id: int
 
-    def send_message(self, position: Position, entry: bytes, redelivery_count: int) -> None: ...
+    def send_message(self, position: Position, entry: bytes, redelivery_count: int,
+                     ack_set: list[int] | None = None) -> None: ...
+
+    def send_active_change(self, is_active: bool) -> None: ...
 
     def close_by_broker(self) -> None: ...
 
@@ -123,6 +135,18 @@ class PublishBuffer:
 
 
 # -- producers -----------------------------------------------------------------------------------
+class AccessMode(enum.Enum):
+    """Producer access modes (CommandProducer.producer_access_mode)."""
+
+    SHARED = 0
+    EXCLUSIVE = 1
+    WAIT_FOR_EXCLUSIVE = 2
+    EXCLUSIVE_WITH_FENCING = 3
+
+
+DUP_POSITION = Position(-1, -1)          # the receipt of a duplicate (as Pulsar's -1:-1)
+
+
 @dataclass
 class _Send:
     sequence_id: int
@@ -133,6 +157,9 @@ class _Send:
     position: Position | None = None
     error: BaseException | None = None
     done: bool = False
+    producer_name: str | None = None     # set when deduplication tracks this add
+    dedup_highest: int = -1              # the highest sequence id this add covers (dedup)
+    followers: list = field(default_factory=list)   # (producer, op) duplicates waiting for this one
 
 
 @dataclass
@@ -147,6 +174,8 @@ class Producer:
     connected_since_ms: int = 0
     msg_in: int = 0                      # counters (stats); rates are derived by sampling
     bytes_in: int = 0
+    access_mode: AccessMode = AccessMode.SHARED
+    duplicates: int = 0                  # SENDs answered as duplicates (dedup)
 
 
 async def _maybe_await(value) -> None:
@@ -175,6 +204,18 @@ class PersistentTopic:
         self.latencies_s: list[float] = []   # publish latencies since the last metrics flush
         self.flushed = (0, 0, 0, 0)          # (msg_in, bytes_in, msg_out, bytes_out) given to metrics
         self.loaded_ms = int(time.time() * 1000)
+        self.quota_blocked = None            # a broker.retention.QuotaVerdict while over the backlog quota
+        # producer access modes: the producer holding exclusive access, and those waiting for it
+        self._exclusive: Producer | None = None
+        self._exclusive_waiters: deque[asyncio.Future] = deque()
+        # deduplication (None: disabled); see broker/dedup.py
+        self.dedup: DedupState | None = None
+        self._dedup_store = DedupSnapshotStore(service.store, name.managed_ledger_name) \
+            if getattr(service, "store", None) is not None else None
+        self._dedup_lock = asyncio.Lock()
+        self._dedup_inflight: dict[str, deque] = {}     # producer name -> ops pushed, not done
+        self._dedup_snapshot_task: asyncio.Task | None = None
+        self._dedup_snapshot_position: Position | None = None
 
     @property
     def closing(self) -> bool:
@@ -185,21 +226,160 @@ class PersistentTopic:
         return self.service.config
 
     # -- producers -------------------------------------------------------------------------------
-    def add_producer(self, handle, name: str, connection) -> Producer:
+    def add_producer(self, handle, name: str, connection, *,
+                     access_mode: AccessMode = AccessMode.SHARED) -> Producer:
+        """ProducerBusyError if the name is taken or the access mode conflicts (an exclusive
+        producer exists, or Exclusive while others exist); ExclusiveWithFencing closes the others
+        first. WaitForExclusive: call :meth:`wait_exclusive` first."""
         from broker.service import ProducerBusyError, ServiceNotReadyError
         if self._closing:
             raise ServiceNotReadyError(f"topic {self.key} is closing")
         if name in self.producers:
             raise ProducerBusyError(f"producer {name!r} is already connected to {self.key}")
+        exclusive = access_mode is not AccessMode.SHARED
+        if access_mode is AccessMode.EXCLUSIVE_WITH_FENCING:
+            for other in list(self.producers.values()):
+                log.info("topic %s: producer %s fenced by exclusive producer %s", self.key, other.name, name)
+                other.handle.close_by_broker()
+                self.remove_producer(other)
+        elif self._exclusive is not None:
+            # as Pulsar: another exclusive one is fenced, a shared one is busy
+            error = ProducerFencedError if exclusive else ProducerBusyError
+            raise error(f"topic {self.key} has an exclusive producer ({self._exclusive.name})")
+        elif exclusive and self.producers:
+            raise ProducerFencedError(f"topic {self.key} has {len(self.producers)} producer(s): "
+                                      f"{access_mode.name} access refused")
         producer = Producer(handle, name, connection, producer_id=getattr(handle, "producer_id", -1),
-                            address=_address_of(connection), connected_since_ms=int(time.time() * 1000))
+                            address=_address_of(connection), connected_since_ms=int(time.time() * 1000),
+                            access_mode=access_mode)
         self.producers[name] = producer
+        if exclusive:
+            self._exclusive = producer
         return producer
+
+    def exclusive_available(self) -> bool:
+        return self._exclusive is None and not self.producers
+
+    async def wait_exclusive(self) -> None:
+        """WaitForExclusive: return once no producer is connected (FIFO among waiters); the
+        caller then adds its producer at once (same loop turn)."""
+        from broker.service import ServiceNotReadyError
+        while not self.exclusive_available() or self._exclusive_waiters:
+            if self._closing:
+                raise ServiceNotReadyError(f"topic {self.key} is closing")
+            fut = asyncio.get_running_loop().create_future()
+            self._exclusive_waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if fut in self._exclusive_waiters:
+                    self._exclusive_waiters.remove(fut)
+            if self.exclusive_available():
+                return
+
+    def _wake_exclusive_waiter(self) -> None:
+        if self.exclusive_available():
+            while self._exclusive_waiters:
+                fut = self._exclusive_waiters.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+                    return
 
     def remove_producer(self, producer: Producer) -> None:
         producer.closed = True
         if self.producers.get(producer.name) is producer:
             del self.producers[producer.name]
+        if self._exclusive is producer:
+            self._exclusive = None
+        self._wake_exclusive_waiter()
+
+    # -- deduplication ---------------------------------------------------------------------------
+    async def dedup_enabled_by_policy(self) -> bool:
+        from broker.admin.policies import NotFoundError
+        default = bool(getattr(self.config, "broker_deduplication_enabled", False))
+        policies = getattr(self.service, "policies", None)
+        if policies is None:
+            return default
+        try:
+            p = await policies.get_namespace_policies(self.name.namespace)
+        except NotFoundError:
+            return default
+        return default if p.deduplication_enabled is None else bool(p.deduplication_enabled)
+
+    async def refresh_dedup(self) -> None:
+        """Follow the namespace's deduplicationEnabled (checked when a producer connects): on
+        enable, load the snapshot and replay the log after it."""
+        enabled = await self.dedup_enabled_by_policy()
+        async with self._dedup_lock:
+            if not enabled:
+                if self.dedup is not None:
+                    log.info("topic %s: deduplication disabled", self.key)
+                self.dedup = None
+                return
+            if self.dedup is None and self._dedup_store is not None:
+                self.dedup = await self._load_dedup()
+
+    async def _load_dedup(self) -> DedupState:
+        producers_max = getattr(self.config, "dedup_producers_max", 10_000)
+        data = await self._dedup_store.load()
+        state, start = DedupState(producers_max=producers_max), None
+        if data is not None:
+            try:
+                state, (ledger, entry) = DedupState.from_snapshot(data, producers_max=producers_max)
+                start = self.next_after(Position(ledger, entry))
+            except ValueError as e:
+                log.warning("topic %s: dedup snapshot unreadable (%s): replaying the whole log", self.key, e)
+                state = DedupState(producers_max=producers_max)
+        if start is None:
+            start = self.next_after(self.earliest_mark_delete())
+        last = self.ml.last_confirmed_position
+        replayed = 0
+        position = start
+        while position <= last:
+            got = await self.ml.read_entries(position, 100)
+            if not got:
+                break
+            for p, data in got:
+                try:
+                    seq = entry_sequence(peek_metadata(data))
+                except Exception:
+                    seq = None
+                if seq is not None:
+                    state.replay(seq[0], seq[2], seq[1])
+                replayed += 1
+            position = self.next_after(got[-1][0])
+        log.info("topic %s: deduplication on: snapshot %s, %d entries replayed, %d producers",
+                 self.key, "found" if data is not None else "none", replayed, len(state.persisted))
+        return state
+
+    def last_sequence_id(self, name: str) -> int:
+        return self.dedup.last_sequence_id(name) if self.dedup is not None else -1
+
+    def _maybe_snapshot_dedup(self, position: Position) -> None:
+        interval = getattr(self.config, "dedup_snapshot_interval_entries", 1000)
+        if self.dedup is None or self.dedup.entries_since_snapshot < interval:
+            return
+        if self._dedup_snapshot_task is not None and not self._dedup_snapshot_task.done():
+            return
+        data = self.dedup.snapshot((position.ledger_id, position.entry_id))
+        self._dedup_snapshot_position = position
+        self._dedup_snapshot_task = self._spawn(self._write_dedup_snapshot(data))
+
+    async def _write_dedup_snapshot(self, data: bytes) -> None:
+        try:
+            await self._dedup_store.save(data)
+        except Exception as e:    # the next owner replays more of the log; nothing is lost
+            log.warning("topic %s: dedup snapshot not written: %r", self.key, e)
+
+    async def _final_dedup_snapshot(self) -> None:
+        if self.dedup is None or self._dedup_store is None:
+            return
+        if self._dedup_snapshot_task is not None:
+            await asyncio.gather(self._dedup_snapshot_task, return_exceptions=True)
+        last = self.ml.last_confirmed_position
+        if last.entry_id < 0 or last == self._dedup_snapshot_position:
+            return
+        await self._write_dedup_snapshot(self.dedup.snapshot((last.ledger_id, last.entry_id)))
 
     def publish(self, producer: Producer, sequence_id: int, highest_sequence_id: int, entry) -> None:
         data = bytes(entry)
@@ -208,6 +388,28 @@ class PersistentTopic:
         producer.pending.append(op)
         self.service.publish_buffer.acquire(op.size, producer.connection)
         publish_time = meta.publish_time_ms
+        dedup = self.dedup
+        if dedup is not None and not self._closing:
+            if meta.batched:    # a batch covers sequence_id .. + count - 1 (highest_sequence_id may be unset)
+                highest_sequence_id = max(highest_sequence_id, sequence_id + meta.message_count - 1)
+            op.dedup_highest = highest_sequence_id
+            # a duplicate only if every id the send covers is stored (a resent batch may straddle
+            # the stored high: storing it again makes duplicates, answering it would lose some)
+            status = dedup.check(producer.name, highest_sequence_id)
+            if status is DupStatus.DUP:
+                producer.duplicates += 1
+                self._complete(producer, op, DUP_POSITION, None)
+                return
+            if status is DupStatus.IN_FLIGHT:
+                original = next((o for o in self._dedup_inflight.get(producer.name, ())
+                                 if o.sequence_id <= sequence_id and highest_sequence_id <= o.dedup_highest), None)
+                if original is not None:    # the receipt follows the first copy's outcome
+                    producer.duplicates += 1
+                    original.followers.append((producer, op))
+                    return
+            op.producer_name = producer.name
+            dedup.on_pushed(producer.name, highest_sequence_id)
+            self._dedup_inflight.setdefault(producer.name, deque()).append(op)
         if self._closing:
             self._complete(producer, op, None, ManagedLedgerError(f"topic {self.key} is closing"))
         elif self._backlog or self.ml.pending_count >= self.config.pending_adds_max:
@@ -238,6 +440,9 @@ class PersistentTopic:
             self._on_ml_error(fut.exception())
         else:
             position = fut.result()
+            if op.producer_name is not None and self.dedup is not None:
+                self.dedup.on_persisted(op.producer_name, op.dedup_highest, op.sequence_id)
+                self._maybe_snapshot_dedup(position)
             self.service.entry_cache.put(self.key, position, data, op.message_count)
             self.msg_in += op.message_count
             self.bytes_in += op.size
@@ -259,6 +464,20 @@ class PersistentTopic:
     def _complete(self, producer: Producer, op: _Send, position: Position | None,
                   error: BaseException | None) -> None:
         op.position, op.error, op.done = position, error, True
+        if op.producer_name is not None:
+            inflight = self._dedup_inflight.get(op.producer_name)
+            if inflight is not None:
+                try:
+                    inflight.remove(op)
+                except ValueError:
+                    pass
+                if not inflight:
+                    del self._dedup_inflight[op.producer_name]
+            if error is not None and self.dedup is not None:
+                self.dedup.on_failed(op.producer_name, op.sequence_id)
+        followers, op.followers = op.followers, []
+        for follower_producer, follower in followers:
+            self._complete(follower_producer, follower, position, error)
         while producer.pending and producer.pending[0].done:
             done = producer.pending.popleft()
             self.service.publish_buffer.release(done.size)
@@ -275,10 +494,18 @@ class PersistentTopic:
         if isinstance(error, ManagedLedgerFencedError) and not self._closing:
             log.warning("topic %s fenced: another broker owns it now; unloading", self.key)
             self._spawn(self.service.unload_topic(self.key))
+        elif self.ml.state is ManagedLedgerState.FAILED and not self._closing:
+            # a rollover gave up (ZooKeeper or bookies gone past the retry bounds): the managed
+            # ledger never writes again; unload so that the next lookup reopens it (recovering
+            # its last ledger) once the cluster is back (found by the chaos suite)
+            log.warning("topic %s: managed ledger failed (%s); unloading to reopen", self.key, error)
+            self._spawn(self.service.unload_topic(self.key))
 
     # -- subscriptions ---------------------------------------------------------------------------
     async def subscribe(self, consumer, subscription: str, sub_type: SubType, *, durable: bool,
-                        initial_earliest: bool, start_message_id=None) -> "Subscription":
+                        initial_earliest: bool, start_message_id=None, priority: int = 0,
+                        consumer_name: str = "", key_shared_mode: KeySharedMode = KeySharedMode.AUTO_SPLIT,
+                        hash_ranges=None, allow_out_of_order: bool = False) -> "Subscription":
         from broker.service import ServiceNotReadyError
         if self._closing:
             raise ServiceNotReadyError(f"topic {self.key} is closing")
@@ -292,13 +519,23 @@ class PersistentTopic:
                                        initial=initial, durable=durable, ledgers_of=self.ml.ledgers)
             sub = self.subscriptions.get(subscription)   # someone else may have won meanwhile
             if sub is None:
-                sub = Subscription(self, subscription, sub_type, cursor, durable)
+                sub = Subscription(self, subscription, sub_type, cursor, durable,
+                                   key_shared_mode=key_shared_mode, allow_out_of_order=allow_out_of_order)
                 self.subscriptions[subscription] = sub
         if sub.sub_type is not sub_type:
             from broker.service import SubscriptionBusyError
             raise SubscriptionBusyError(f"subscription {subscription} is {sub.sub_type.value}, "
                                         f"not {sub_type.value}")
-        sub.add_consumer(consumer)
+        if sub_type is SubType.KEY_SHARED and sub.core.key_shared_mode is not key_shared_mode:
+            from broker.dispatch import ConsumerAssignError
+            raise ConsumerAssignError(f"subscription {subscription} is Key_Shared "
+                                      f"{sub.core.key_shared_mode.value}, not {key_shared_mode.value}")
+        try:
+            sub.add_consumer(consumer, priority=priority, name=consumer_name, hash_ranges=hash_ranges)
+        except Exception:
+            if not sub.durable and not sub.consumers:    # a reader's subscription nobody uses
+                await self.remove_subscription(sub, delete_cursor=True)
+            raise
         return sub
 
     def _reader_start(self, start_message_id, earliest: bool) -> Position:
@@ -333,6 +570,32 @@ class PersistentTopic:
                 if info.ledger_id > position.ledger_id:
                     return Position(info.ledger_id, 0)
             return Position(ledgers[-1].ledger_id, ledgers[-1].entries) if ledgers else position
+
+    async def find_by_publish_time(self, publish_time_ms: int) -> Position:
+        """The first entry whose publish time is >= ``publish_time_ms`` (binary search within
+        the first ledger that may hold one, as Pulsar's findNewestMatching assumes publish times
+        grow along the log); after the last entry if none."""
+        last = self.ml.last_confirmed_position
+        for info in self.ml.ledgers():
+            if info.entries <= 0 or info.ledger_id > last.ledger_id:
+                continue
+            if info.max_publish_time_ms is not None and info.max_publish_time_ms < publish_time_ms \
+                    and info.ledger_id != last.ledger_id:
+                continue
+            hi = info.entries - 1 if info.ledger_id != last.ledger_id else last.entry_id
+            lo, found = 0, None
+            while lo <= hi:
+                mid = (lo + hi) // 2
+                got = await self.read_entry(Position(info.ledger_id, mid))
+                if got is None:
+                    break
+                if peek_metadata(got[0]).publish_time_ms >= publish_time_ms:
+                    found, hi = mid, mid - 1
+                else:
+                    lo = mid + 1
+            if found is not None:
+                return Position(info.ledger_id, found)
+        return self.next_after(last) if last.entry_id >= 0 else Position(max(last.ledger_id, 0), 0)
 
     async def read_entry(self, position: Position) -> tuple[bytes, int] | None:
         cached = self.service.entry_cache.get(self.key, position)
@@ -375,10 +638,17 @@ class PersistentTopic:
         if self._closing:
             return
         self._closing = True                 # new SENDs are refused from here on (clients resend)
+        for fut in self._exclusive_waiters:
+            if not fut.done():
+                fut.set_result(None)
         if disconnect_clients:
             await self._wait_adds_in_flight()   # their receipts go out before we disconnect
             for producer in list(self.producers.values()):
                 producer.handle.close_by_broker()
+        try:
+            await self._final_dedup_snapshot()
+        except Exception as e:
+            log.warning("topic %s: final dedup snapshot failed: %r", self.key, e)
         while self._backlog:
             op, producer, _, _ = self._backlog.popleft()
             self._complete(producer, op, None, ManagedLedgerError(f"topic {self.key} is closing"))
@@ -424,9 +694,26 @@ class PersistentTopic:
             self.subscriptions.clear()
         self.service.entry_cache.drop_topic(self.key)
         await self.ml.delete()
+        if self._dedup_store is not None:
+            try:
+                await self._dedup_store.delete()
+            except Exception as e:
+                log.warning("topic %s: dedup snapshot not deleted: %r", self.key, e)
 
 
 LATENCY_SAMPLES_MAX = 1024     # publish latencies kept per topic between two metrics flushes
+KEY_SHARED_LOOK_AHEAD_FACTOR = 10   # Key_Shared: pending entries bound = read_ahead_entries_max * this
+READER_SEEK_WAIT_S = 60.0      # a reader's subscription is kept this long after a seek without consumers
+
+
+def _slot_of(data: bytes) -> int:
+    """Key_Shared hash slot of a stored entry: its ordering key, else partition key, else NONE_KEY."""
+    raw = peek_metadata(data).raw
+    if raw.ordering_key:
+        return sticky_key_hash(raw.ordering_key)
+    if raw.partition_key:
+        return sticky_key_hash(raw.partition_key)
+    return sticky_key_hash(None)
 
 
 def _address_of(connection) -> str:
@@ -438,13 +725,25 @@ def _address_of(connection) -> str:
 
 # -- subscriptions -------------------------------------------------------------------------------
 class Subscription:
-    def __init__(self, topic: PersistentTopic, name: str, sub_type: SubType, cursor, durable: bool) -> None:
+    def __init__(self, topic: PersistentTopic, name: str, sub_type: SubType, cursor, durable: bool, *,
+                 key_shared_mode: KeySharedMode = KeySharedMode.AUTO_SPLIT, allow_out_of_order: bool = False) -> None:
         self.topic = topic
         self.name = name
         self.sub_type = sub_type
         self.cursor = cursor
         self.durable = durable
-        self.core = DispatcherCore(sub_type, pending_entries_max=topic.config.read_ahead_entries_max)
+        partition = getattr(topic.name, "partition_index", -1)
+        read_ahead = topic.config.read_ahead_entries_max
+        if sub_type is SubType.KEY_SHARED:
+            # entries of a consumer out of permits wait in the pending set while the others'
+            # go ahead: a longer look-ahead (as Pulsar's) keeps the others busy meanwhile
+            read_ahead *= KEY_SHARED_LOOK_AHEAD_FACTOR
+        self.core = DispatcherCore(sub_type, pending_entries_max=read_ahead,
+                                   partition_index=partition if isinstance(partition, int) else -1,
+                                   key_shared_mode=key_shared_mode, allow_out_of_order=allow_out_of_order)
+        self._seeking = False                 # a seek is disconnecting the consumers
+        self._delayed_timer: asyncio.TimerHandle | None = None   # wakes dispatch when a delayed entry is due
+        self._delayed_timer_at = 0
         self.consumers: dict[int, Any] = {}       # id(handle) -> handle
         self.read_position = topic.next_after(cursor.mark_delete_position)
         self._payloads: dict[Position, bytes] = {}
@@ -460,29 +759,52 @@ class Subscription:
     def wake(self) -> None:
         self._wake.set()
 
-    def add_consumer(self, consumer) -> None:
-        self.core.add_consumer(id(consumer))      # ConsumerBusyError for a 2nd exclusive consumer
+    def add_consumer(self, consumer, *, priority: int = 0, name: str = "", hash_ranges=None) -> None:
+        # ConsumerBusyError for a 2nd exclusive consumer, ConsumerAssignError for bad sticky ranges
+        before = self.core.active_consumer()
+        self.core.add_consumer(id(consumer), priority=priority, name=name, hash_ranges=hash_ranges)
         self.consumers[id(consumer)] = consumer
+        self._notify_active(before, new=consumer)
+        self.wake()
 
     def remove_consumer(self, consumer) -> None:
         if self.consumers.pop(id(consumer), None) is None:
             return
+        before = self.core.active_consumer()
         self.core.remove_consumer(id(consumer))
+        self._notify_active(before)
         self.wake()
-        if not self.durable and not self.consumers:
+        if not self.durable and not self.consumers and not self._seeking:
             self.topic._spawn(self.topic.remove_subscription(self, delete_cursor=True))
+
+    def _notify_active(self, before, new=None) -> None:
+        """Failover: ACTIVE_CONSUMER_CHANGE to every consumer when the active one changed, else
+        to the new consumer only."""
+        if self.sub_type is not SubType.FAILOVER:
+            return
+        active = self.core.active_consumer()
+        targets = list(self.consumers.values()) if active != before else ([new] if new is not None else [])
+        for handle in targets:
+            notify = getattr(handle, "send_active_change", None)
+            if notify is not None:
+                notify(id(handle) == active)
 
     def flow(self, consumer, permits: int) -> None:
         self.core.flow(id(consumer), permits)
         self.wake()
 
     def ack(self, consumer, message_ids, *, cumulative: bool) -> None:
+        """CumulativeAckNotAllowedError (nothing changed) for a cumulative ack on Shared/Key_Shared."""
+        if cumulative:
+            self.core.check_cumulative_allowed()
         for mid in message_ids:
             try:
                 self._ack_one(consumer, mid, cumulative=cumulative)
             except ValueError as e:  # InvalidAckError: a bad id from the client changes nothing
                 log.warning("subscription %s/%s: ack of %s:%s refused: %s", self.topic.key, self.name,
                             mid.ledgerId, mid.entryId, e)
+        if self.sub_type is SubType.KEY_SHARED and self.core.pending_count:
+            self.wake()       # an ack may free a key held by another consumer (order after a join)
 
     def _ack_one(self, consumer, mid, *, cumulative: bool) -> None:
         cursor = self.cursor
@@ -546,6 +868,8 @@ class Subscription:
     async def _dispatch_round(self) -> None:
         while not self._closed:
             progressed = False
+            if self.core.delayed_count:
+                self.core.release_due(int(time.time() * 1000))
             deliveries = self.core.dispatch()
             if deliveries:
                 await self._deliver(deliveries)
@@ -555,6 +879,7 @@ class Subscription:
                 if await self._read(want):
                     progressed = True
             if not progressed:
+                self._schedule_delayed_wake()
                 return
 
     async def _read(self, want: int) -> bool:
@@ -583,11 +908,19 @@ class Subscription:
             return False
         self.read_position = max(self.read_position, position)
         offered = []
+        key_shared = self.sub_type is SubType.KEY_SHARED
+        delays = key_shared or self.sub_type is SubType.SHARED
+        now_ms = int(time.time() * 1000)
         for p, data, count in entries:
             if self.cursor.is_acked(p):
                 continue
+            if delays:      # delayed delivery: held by the core until due (payload re-read then)
+                raw = peek_metadata(data).raw
+                if raw.HasField("deliver_at_time") and raw.deliver_at_time > now_ms:
+                    self.core.offer_delayed(p, count, raw.deliver_at_time, _slot_of(data) if key_shared else 0)
+                    continue
             self._payloads[p] = data
-            offered.append((p, count))
+            offered.append((p, count, _slot_of(data)) if key_shared else (p, count))
         self.core.offer(offered)
         return bool(entries)
 
@@ -603,10 +936,20 @@ class Subscription:
                 data = got[0]
             resolved.append((d, data))
         msgs = size = 0
+        remaining = getattr(self.cursor, "remaining_ack_set", None)
         for d, data in resolved:
             consumer = self.consumers.get(d.consumer)
             if consumer is not None:
-                consumer.send_message(d.position, data, d.redelivery_count)
+                # a partly acked batch goes with the indexes still to deliver (set bits)
+                ack_set = remaining(d.position, d.message_count) if remaining is not None and \
+                    d.message_count > 1 else None
+                if ack_set is not None and not ack_set:
+                    self.core.ack([d.position])     # acked meanwhile: nothing to deliver
+                    continue
+                if ack_set:
+                    consumer.send_message(d.position, data, d.redelivery_count, ack_set)
+                else:
+                    consumer.send_message(d.position, data, d.redelivery_count)
                 msgs += d.message_count
                 size += len(data)
         self.msg_out += msgs
@@ -615,13 +958,57 @@ class Subscription:
         self.topic.bytes_out += size
 
     # -- reset (seek) ------------------------------------------------------------------------------
+    async def seek(self, *, message_id=None, publish_time_ms: int | None = None) -> Position:
+        """SEEK by message id (earliest / latest / an entry: delivered from it on, inclusive;
+        the client drops it itself unless its start is inclusive) or by publish time (the first
+        entry published at or after it). Returns the position delivered next."""
+        topic = self.topic
+        if publish_time_ms is not None:
+            position = await topic.find_by_publish_time(publish_time_ms)
+        else:
+            ledger, entry = message_id.ledgerId, message_id.entryId
+            if ledger >= INT64_MAX and entry >= INT64_MAX:
+                if ledger == INT64_MAX and entry == INT64_MAX:      # latest
+                    position = topic.next_after(topic.last_position()) \
+                        if topic.last_position().entry_id >= 0 else Position(max(topic.last_position().ledger_id, 0), 0)
+                else:                                                # earliest (-1 as uint64)
+                    position = topic.next_after(topic.earliest_mark_delete())
+            else:
+                position = Position(ledger, entry)
+        if position.ledger_id < 0 or position.entry_id < 0:
+            position = Position(max(position.ledger_id, 0), 0)
+        position = self._clamp(position)
+        await self.reset(position)
+        log.info("subscription %s/%s: seek to %s", topic.key, self.name, position)
+        return position
+
+    def _clamp(self, position: Position) -> Position:
+        """A seek position from a client, moved onto the log: past the end -> just after the last
+        entry; in a ledger not (or no longer) in the list -> the next ledger's first entry."""
+        topic = self.topic
+        last = topic.ml.last_confirmed_position
+        if last.entry_id >= 0 and position > last:
+            return topic.next_after(last)
+        ledgers = topic.ml.ledgers()
+        ids = {info.ledger_id for info in ledgers}
+        if ledgers and position.ledger_id not in ids:
+            later = [i for i in sorted(ids) if i > position.ledger_id]
+            return Position(later[0], 0) if later else topic.next_after(last)
+        return position
+
     async def reset(self, position: Position) -> None:
         """Move the subscription so that ``position`` is delivered next: its consumers are
         disconnected first (they reconnect and receive from there), as Pulsar does."""
-        for consumer in list(self.consumers.values()):
-            consumer.close_by_broker()
-        for consumer in list(self.consumers.values()):   # handles that did not remove themselves
-            self.remove_consumer(consumer)
+        self._seeking = True
+        try:
+            for consumer in list(self.consumers.values()):
+                consumer.close_by_broker()
+            for consumer in list(self.consumers.values()):   # handles that did not remove themselves
+                self.remove_consumer(consumer)
+        finally:
+            self._seeking = False
+        if not self.durable:     # a reader's subscription waits a while for the reader to come back
+            self.topic._spawn(self._drop_if_unused(READER_SEEK_WAIT_S))
         self._epoch += 1
         self.core.clear_pending()
         self._payloads.clear()
@@ -635,11 +1022,35 @@ class Subscription:
         await _maybe_await(self.cursor.flush())
         self.wake()
 
+    def _schedule_delayed_wake(self) -> None:
+        due = self.core.next_due_ms()
+        if due is None or self._closed:
+            return
+        timer = self._delayed_timer
+        if timer is not None and not timer.cancelled() and self._delayed_timer_at <= due:
+            return
+        if timer is not None:
+            timer.cancel()
+        delay_s = max(0.0, (due - time.time() * 1000) / 1000) + 0.001
+        self._delayed_timer_at = due
+        self._delayed_timer = asyncio.get_running_loop().call_later(delay_s, self._delayed_due)
+
+    def _delayed_due(self) -> None:
+        self._delayed_timer = None
+        self.wake()
+
+    async def _drop_if_unused(self, wait_s: float) -> None:
+        await asyncio.sleep(wait_s)
+        if not self._closed and not self.consumers and self.topic.subscriptions.get(self.name) is self:
+            await self.topic.remove_subscription(self, delete_cursor=True)
+
     # -- close -----------------------------------------------------------------------------------
     async def close(self, *, delete_cursor: bool) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._delayed_timer is not None:
+            self._delayed_timer.cancel()
         self._task.cancel()
         try:
             await self._task

@@ -48,6 +48,8 @@ class ConsumerStats(TypedDict, total=False):
     unackedMessages: int
     address: str
     connectedSince: str
+    priorityLevel: int
+    keyHashRanges: list[str]                # Key_Shared only: "[start, end]" each
 
 
 class SubscriptionStats(TypedDict, total=False):
@@ -85,6 +87,8 @@ class LedgerInfoStats(TypedDict, total=False):
     entries: int
     size: int
     offloaded: bool
+    offloadState: str               # none | offloading | offloaded | bookie-deleted
+    offloadUri: str | None          # the Parquet object of the ledger in the tier
     underReplicated: bool
     timestamp: int
 
@@ -173,6 +177,23 @@ class AdminBackend(Protocol):
     async def internal_stats(self, topic: str) -> InternalStats:
         """404 if the topic does not exist."""
 
+    async def partitioned_stats(self, topic: str, per_partition: bool) -> dict:
+        """Stats of every partition summed (Pulsar's PartitionedTopicStats: ``metadata``,
+        ``partitions`` when ``per_partition``); 404 if the topic is not partitioned."""
+
+    async def offload(self, topic: str, ledger_id: int, entry_id: int) -> None:
+        """Start offloading every closed ledger before (ledger_id, entry_id) to the tier; 409 if
+        an offload of the topic is running, 412 if the broker has no tier."""
+
+    async def get_topic_offload_policies(self, topic: str) -> dict | None:
+        """The topic's own offload policy fields (Pulsar's names), or null when unset."""
+
+    async def set_topic_offload_policies(self, topic: str, policies: dict | None) -> None:
+        """Set (a dict of Pulsar's OffloadPolicies fields; 400 if malformed) or remove (None)."""
+
+    async def offload_status(self, topic: str) -> dict:
+        """``{"status": "NOT_RUN|RUNNING|SUCCESS|ERROR", "lastError": str}`` of the last offload."""
+
     async def unload_topic(self, topic: str) -> None:
         """Close the topic here (clients reconnect and look it up again); 404 if not served."""
 
@@ -188,8 +209,9 @@ class AdminBackend(Protocol):
     async def reset_cursor_by_time(self, topic: str, subscription: str, timestamp_ms: int) -> None:
         """Move the subscription to the first message published at or after ``timestamp_ms``."""
 
-    async def lookup(self, topic: str) -> LookupData:
-        """The broker that owns (or will own) the topic."""
+    async def lookup(self, topic: str, *, authoritative: bool = False) -> LookupData:
+        """The broker that owns (or will own) the topic (``authoritative``: asked because of a
+        previous redirect; the broker may then take the topic's bundle itself)."""
 
     async def last_message_id(self, topic: str) -> MessageIdData:
         """The id of the last confirmed entry (``{"ledgerId", "entryId", "partitionIndex"}``)."""
@@ -522,6 +544,23 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
     def partitions_of(body: Any) -> int:
         return _int_value("number of partitions", body, minimum=1, maximum=partitions_max)
 
+    async def redirect_to_owner(request: web.Request) -> None:
+        """Like Pulsar's topic-ownership check: a call about a topic another broker owns is
+        answered 307 with that broker's admin URL (``authoritative=true`` added, so the owner
+        serves it rather than redirecting again)."""
+        find = getattr(backend, "admin_redirect_url", None)
+        if find is None or _bool_query(request, "authoritative"):
+            return
+        url = await find(_topic(request))
+        if url is not None:
+            raise web.HTTPTemporaryRedirect(url + str(request.rel_url.update_query(authoritative="true")))
+
+    def at_owner(handler: Handler) -> Handler:
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            await redirect_to_owner(request)
+            return await handler(request)
+        return wrapped
+
     async def get_partitions(request: web.Request) -> web.Response:
         return _json({"partitions": await backend.partitioned_metadata(_topic(request))})
 
@@ -549,6 +588,10 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
 
     async def internal_stats(request: web.Request) -> web.Response:
         return _json(await backend.internal_stats(_topic(request)))
+
+    async def partitioned_stats(request: web.Request) -> web.Response:
+        topic, per_partition = _topic(request), _bool_query(request, "perPartition", default=True)
+        return _json(await backend.partitioned_stats(topic, per_partition))
 
     async def unload(request: web.Request) -> web.Response:
         await backend.unload_topic(_topic(request))
@@ -578,24 +621,64 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
         return _json(await backend.last_message_id(_topic(request)))
 
     async def lookup(request: web.Request) -> web.Response:
+        if _bool_query(request, "authoritative"):     # Pulsar's: the broker chosen before acquires
+            return _json(await backend.lookup(_topic(request), authoritative=True))
         return _json(await backend.lookup(_topic(request)))
 
     r.add_get(base, list_topics)
     r.add_get(base + "/partitioned", list_partitioned)
     r.add_put(topic_base, create_topic)
-    r.add_delete(topic_base, delete_topic)
+    r.add_delete(topic_base, at_owner(delete_topic))
     r.add_get(topic_base + "/partitions", get_partitions)
     r.add_put(topic_base + "/partitions", create_partitioned)
     r.add_post(topic_base + "/partitions", update_partitioned)
     r.add_delete(topic_base + "/partitions", delete_partitioned)
-    r.add_get(topic_base + "/stats", stats)
-    r.add_get(topic_base + "/internalStats", internal_stats)
-    r.add_put(topic_base + "/unload", unload)
-    r.add_get(topic_base + "/subscriptions", subscriptions)
-    r.add_put(topic_base + "/subscription/{subscription}", create_subscription)
-    r.add_delete(topic_base + "/subscription/{subscription}", delete_subscription)
-    r.add_post(topic_base + "/subscription/{subscription}/resetcursor/{timestamp}", reset_cursor)
-    r.add_get(topic_base + "/lastMessageId", last_message_id)
+    r.add_get(topic_base + "/stats", at_owner(stats))
+    r.add_get(topic_base + "/internalStats", at_owner(internal_stats))
+    r.add_get(topic_base + "/partitioned-stats", partitioned_stats)
+    r.add_put(topic_base + "/unload", at_owner(unload))
+    r.add_get(topic_base + "/subscriptions", at_owner(subscriptions))
+    r.add_put(topic_base + "/subscription/{subscription}", at_owner(create_subscription))
+    r.add_delete(topic_base + "/subscription/{subscription}", at_owner(delete_subscription))
+    r.add_post(topic_base + "/subscription/{subscription}/resetcursor/{timestamp}", at_owner(reset_cursor))
+    r.add_get(topic_base + "/lastMessageId", at_owner(last_message_id))
+
+    async def offload(request: web.Request) -> web.Response:
+        """Pulsar's trigger: offload every closed ledger before the message id in the body."""
+        topic = _topic(request)
+        body = await _json_body(request)
+        if not isinstance(body, dict):
+            raise BadRequestError("body must be a message id: {\"ledgerId\": L, \"entryId\": E}")
+        ledger_id = _int_value("ledgerId", body.get("ledgerId"), minimum=0)
+        entry_id = _int_value("entryId", body.get("entryId"), minimum=-1)
+        await backend.offload(topic, ledger_id, entry_id)
+        return _no_content()
+
+    async def offload_status(request: web.Request) -> web.Response:
+        return _json(await backend.offload_status(_topic(request)))
+
+    r.add_put(topic_base + "/offload", at_owner(offload))
+    r.add_get(topic_base + "/offload", at_owner(offload_status))
+
+    async def get_offload_policies(request: web.Request) -> web.Response:
+        return _json(await backend.get_topic_offload_policies(_topic(request)))
+
+    async def set_offload_policies(request: web.Request) -> web.Response:
+        topic = _topic(request)
+        body = await _json_body(request)
+        if not isinstance(body, dict):
+            raise BadRequestError("offload policies must be a JSON object")
+        await backend.set_topic_offload_policies(topic, body)
+        return _no_content()
+
+    async def remove_offload_policies(request: web.Request) -> web.Response:
+        await backend.set_topic_offload_policies(_topic(request), None)
+        return _no_content()
+
+    r.add_get(topic_base + "/offloadPolicies", get_offload_policies)
+    r.add_post(topic_base + "/offloadPolicies", set_offload_policies)
+    r.add_put(topic_base + "/offloadPolicies", set_offload_policies)
+    r.add_delete(topic_base + "/offloadPolicies", remove_offload_policies)
     r.add_get("/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}", lookup)
 
     # -- metrics ----------------------------------------------------------------------------

@@ -192,11 +192,13 @@ class CursorState:
         # position -> bitset of the batch indexes NOT acked (never 0), positions > mark_delete
         # and not in a range
         self._batches: dict[Position, int] = {}
+        self._checked_pairs: list[tuple[int, int]] | None = None   # the list _check_position saw last
 
     # -- the ledger list --------------------------------------------------------------------
     def set_ledgers(self, ledgers: LedgersArg) -> None:
         """Give a new ledger list (or callable); mark_delete advances if it now can."""
         self._ledgers_arg = ledgers
+        self._checked_pairs = None
         self._advance()
 
     def _pairs(self) -> list[tuple[int, int]] | None:
@@ -394,7 +396,14 @@ class CursorState:
             raise InvalidAckError(f"invalid position {position!r}")
         if position <= self._mark_delete:
             return
-        pairs = self._pairs()
+        # the list seen last time serves while the position is in one of its ledgers: a closed
+        # ledger's entry count never changes, and the last (open) ledger accepts any entry. Only
+        # a ledger beyond it or missing from it asks for the list again (it costs the managed
+        # ledger a copy of its list, per ack).
+        pairs = self._checked_pairs
+        if not pairs or position.ledger_id > pairs[-1][0] or \
+                all(ledger_id != position.ledger_id for ledger_id, _ in pairs):
+            pairs = self._checked_pairs = self._pairs()
         if not pairs:
             return
         if position.ledger_id > pairs[-1][0]:
@@ -468,6 +477,8 @@ class CursorState:
             ledger_id = self._range_ledgers[0]
             first, last = self._ranges[ledger_id][0]
             md = self._mark_delete
+            if ledger_id == md.ledger_id and first > md.entry_id + 1:
+                return       # a gap within mark_delete's ledger: no need to look at the list
             if not (ledger_id == md.ledger_id and first == md.entry_id + 1):
                 if not fetched:
                     pairs, fetched = self._pairs(), True

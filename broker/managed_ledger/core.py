@@ -183,6 +183,23 @@ def without_ledgers(md: ManagedLedgerMetadata, ledger_ids: Sequence[int]) -> Man
     return replace(md, ledgers=tuple(i for i in md.ledgers if i.ledger_id not in drop))
 
 
+def with_offload(md: ManagedLedgerMetadata, ledger_id: int, offload: OffloadInfo) -> ManagedLedgerMetadata:
+    """The list with ``ledger_id``'s offload info replaced (the offloader's CAS transform). Only
+    a CLOSED ledger is offloaded."""
+    out = []
+    found = False
+    for info in md.ledgers:
+        if info.ledger_id == ledger_id:
+            found = True
+            if info.state is not LedgerInfoState.CLOSED:
+                raise InvariantViolation(f"ledger {ledger_id}: offload of a ledger that is not CLOSED")
+            info = replace(info, offload=offload)
+        out.append(info)
+    if not found:
+        raise InvariantViolation(f"ledger {ledger_id} is not in the list {md.ledger_ids}")
+    return replace(md, ledgers=tuple(out))
+
+
 # -- position helpers (over a ledger list with entry counts) --------------------------------
 def next_position(ledgers: Sequence[LedgerInfo], position: Position) -> Position:
     """The position after ``position``: the next entry of its ledger, else the first entry of
@@ -642,6 +659,44 @@ class ManagedLedgerCore:
     def on_deleted(self) -> None:
         self._to(ManagedLedgerState.DELETED)
 
+    # -- offload -----------------------------------------------------------------------------
+    def offload_metadata(self, ledger_id: int, offload: OffloadInfo) -> ManagedLedgerMetadata:
+        """Pure: the stored list with ``ledger_id``'s offload info replaced (the shell CASes it,
+        then calls on_offload_written)."""
+        check(self._state in (ManagedLedgerState.READY, ManagedLedgerState.ROLLING_OVER),
+              f"{self.name}: offload update in {self._state.value}")
+        return with_offload(self._md, ledger_id, offload)
+
+    def on_offload_written(self, md: ManagedLedgerMetadata) -> None:
+        """The list ``md`` (from offload_metadata) is stored: only offload infos may differ."""
+        check([replace(i, offload=OffloadInfo()) for i in md.ledgers]
+              == [replace(i, offload=OffloadInfo()) for i in self._md.ledgers],
+              f"{self.name}: an offload update changed more than offload infos")
+        self._md = md
+
+    # -- trim (retention) --------------------------------------------------------------------
+    def trim_metadata(self, ledger_ids: Sequence[int], properties: Mapping[str, str]) -> ManagedLedgerMetadata:
+        """Pure: the stored list without ``ledger_ids`` (which must be CLOSED ledgers at the
+        front of the list, never the current one) and with ``properties`` (the shell CASes it,
+        then calls on_trim_written)."""
+        check(self._state in (ManagedLedgerState.READY, ManagedLedgerState.ROLLING_OVER),
+              f"{self.name}: trim in {self._state.value}")
+        ids = list(ledger_ids)
+        front = self._md.ledgers[:len(ids)]
+        check([i.ledger_id for i in front] == ids, f"{self.name}: trim of {ids}: not the front of {self._md.ledger_ids}")
+        check(all(i.state is LedgerInfoState.CLOSED for i in front), f"{self.name}: trim of a ledger not CLOSED: {ids}")
+        check(self._current is None or self._current.ledger_id not in ids,
+              f"{self.name}: trim of the current ledger {ids}")
+        check(len(ids) < len(self._md.ledgers) or not ids, f"{self.name}: trim of every ledger {ids}")
+        return replace(without_ledgers(self._md, ids), properties=dict(properties))
+
+    def on_trim_written(self, md: ManagedLedgerMetadata) -> None:
+        """The list ``md`` (from trim_metadata) is stored: it is a suffix of ours."""
+        n = len(md.ledgers)
+        check(n <= len(self._md.ledgers) and md.ledgers == self._md.ledgers[len(self._md.ledgers) - n:],
+              f"{self.name}: a trim changed more than the front of the list")
+        self._md = md
+
     # -- failures ----------------------------------------------------------------------------
     def on_fenced(self, error: ManagedLedgerFencedError) -> list[Action]:
         """Another owner took the managed ledger: every pending add and every later one fails."""
@@ -666,5 +721,5 @@ __all__ = [
     "ManagedLedgerCore", "ManagedLedgerError", "ManagedLedgerFencedError", "ManagedLedgerMetadata",
     "ManagedLedgerState", "OffloadInfo", "OffloadState", "Position", "RolloverPolicy", "RolloverReason",
     "STATE_TRANSITIONS", "StartRollover", "WriteEntry", "iter_positions", "ledger_ranges", "next_position",
-    "with_ledger_appended", "with_ledger_closed", "without_ledgers",
+    "with_ledger_appended", "with_ledger_closed", "with_offload", "without_ledgers",
 ]

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
 from collections import OrderedDict
-from typing import Callable
+from typing import Awaitable, Callable
 
 from bookie.client.ledger_client import LedgerClient, LedgerWriter
 from bookie.client.metadata import LedgerMetadata
@@ -41,7 +42,8 @@ from broker.managed_ledger.config import ManagedLedgerConfig
 from broker.managed_ledger.core import (CompleteAdd, FailAdd, LedgerInfo, LedgerInfoState,
                                         ManagedLedgerClosedError, ManagedLedgerCore, ManagedLedgerError,
                                         ManagedLedgerFencedError, ManagedLedgerMetadata, ManagedLedgerState,
-                                        Position, RolloverPolicy, StartRollover, WriteEntry, ledger_ranges)
+                                        OffloadInfo, OffloadState, Position, RolloverPolicy, StartRollover,
+                                        WriteEntry, ledger_ranges)
 from broker.managed_ledger.store import ManagedLedgerStore, check_name, encode
 from pulsarlite.errors import (InvariantViolation, LedgerFencedError, MetadataError, MetadataNotFoundError,
                                MetadataVersionConflict, PulsarliteError, check)
@@ -51,6 +53,25 @@ log = logging.getLogger("pulsarlite.managed_ledger")
 
 Clock = Callable[[], int]
 PublishTimeOf = Callable[[bytes], "int | None"]
+TierReader = Callable[[LedgerInfo, int, int], Awaitable[list[tuple[int, bytes]]]]
+
+
+OffloadDeleter = Callable[[int, str], Awaitable[None]]
+TRIMMED_PROPERTY = "pulsarlite.trimmed"     # list property: ledgers out of the list, deletion pending
+
+
+def _encode_trimmed(pending: dict[int, "str | None"]) -> str:
+    return json.dumps({str(k): v for k, v in sorted(pending.items())}, sort_keys=True)
+
+
+def _decode_trimmed(raw: "str | None") -> dict[int, "str | None"]:
+    if not raw:
+        return {}
+    try:
+        return {int(k): (None if v is None else str(v)) for k, v in json.loads(raw).items()}
+    except (ValueError, AttributeError, TypeError):
+        log.warning("ignoring a malformed %s property: %r", TRIMMED_PROPERTY, raw[:200])
+        return {}
 
 
 def wall_clock_ms() -> int:
@@ -85,6 +106,15 @@ class ManagedLedger:
         self._ticker: asyncio.Task | None = None
         self._readers: OrderedDict[int, LedgerReader] = OrderedDict()
         self._close_lock = asyncio.Lock()
+        # serialises the list writes that may run concurrently (rollover, offload updates)
+        self._metadata_lock = asyncio.Lock()
+        # set by the offloader: reads entries of offloaded ledgers from the tier
+        # (``await tier_reader(ledger_info, first_entry, last_entry) -> [(entry_id, bytes)]``)
+        self.tier_reader: TierReader | None = None
+        # called with the id of the ledger just closed by a rollover (offload trigger)
+        self.rollover_listeners: list[Callable[[int], None]] = []
+        # awaited by delete() once closed as the owner, before any ledger goes (tier objects)
+        self.before_delete: list[Callable[[], Awaitable[object]]] = []
 
     # -- open ------------------------------------------------------------------------------------
     @classmethod
@@ -241,7 +271,27 @@ class ManagedLedger:
             raise ManagedLedgerClosedError(f"{self.name}: deleted")
         count = min(count_max, self._config.read_entries_max)
         out: list[tuple[Position, bytes]] = []
-        for ledger_id, first, last in ledger_ranges(self._core.ledgers(), start, count):
+        ledgers = self._core.ledgers()
+        for ledger_id, first, last in ledger_ranges(ledgers, start, count):
+            info = next(i for i in ledgers if i.ledger_id == ledger_id)
+            if info.offload.state in (OffloadState.OFFLOADED, OffloadState.BOOKIE_DELETED):
+                # invariant 7: the tier gives back the same entries under the same ids
+                try:
+                    if self.tier_reader is None:
+                        raise ManagedLedgerError(f"{self.name}: ledger {ledger_id} is offloaded "
+                                                 f"({info.offload.uri}) and no tier is configured")
+                    got = await self.tier_reader(info, first, last)
+                except PulsarliteError as e:
+                    if info.offload.state is OffloadState.BOOKIE_DELETED:
+                        raise
+                    # offloaded but still on the bookies (deletion lag): read it there
+                    log.warning("managed ledger %s: tier read of ledger=%d failed, reading the bookies: %s",
+                                self.name, ledger_id, e)
+                else:
+                    check([e for e, _ in got] == list(range(first, last + 1)),
+                          f"{self.name}: tier read of ledger {ledger_id} {first}..{last} gave other entries")
+                    out.extend((Position(ledger_id, e), data) for e, data in got)
+                    continue
             reader = await self._reader(ledger_id)
             for e in await reader.read(first, last):
                 out.append((Position(ledger_id, e.entry_id), e.payload))
@@ -266,6 +316,103 @@ class ManagedLedger:
             while len(self._readers) > self._config.readers_cached_max:
                 self._readers.popitem(last=False)
         return reader
+
+    # -- offload ---------------------------------------------------------------------------------
+    async def update_offload(self, ledger_id: int,
+                             transform: Callable[[OffloadInfo], OffloadInfo]) -> OffloadInfo:
+        """CAS the list with ``transform(current offload info)`` for CLOSED ledger ``ledger_id``
+        (the offloader's state machine steps; only the owner writes). Serialised with rollovers.
+        Raises ManagedLedgerClosedError if not READY/ROLLING_OVER, ManagedLedgerFencedError if
+        someone else changed the list, KeyError if the ledger left the list."""
+        async with self._metadata_lock:
+            if self._core.state not in (ManagedLedgerState.READY, ManagedLedgerState.ROLLING_OVER):
+                raise ManagedLedgerClosedError(f"{self.name}: offload update while {self._core.state.value}")
+            current = self._core.metadata.info(ledger_id)
+            offload = transform(current.offload)
+            if offload == current.offload:
+                return offload
+            md = self._core.offload_metadata(ledger_id, offload)
+            try:
+                await self._cas(encode(md))
+            except ManagedLedgerFencedError as e:
+                self._run(self._core.on_fenced(e))
+                raise
+            self._core.on_offload_written(md)
+            log.info("managed ledger %s: ledger=%d offload state=%s uri=%s", self.name, ledger_id,
+                     offload.state.value, offload.uri)
+            return offload
+
+    # -- trim (retention) ------------------------------------------------------------------------
+    def trimmed_pending(self) -> dict[int, str | None]:
+        """Ledgers already out of the list whose deletion has not been confirmed yet (a crash or
+        failure after the trim's first CAS): id -> offloaded object URI (or None)."""
+        return _decode_trimmed(self._core.metadata.properties.get(TRIMMED_PROPERTY))
+
+    async def trim_ledgers(self, ledger_ids, *, delete_offloaded: OffloadDeleter | None = None) -> list[int]:
+        """Retention: delete CLOSED ledgers from the front of the list. Order (never the reverse):
+        one CAS takes them out of the list and records them in the list property
+        ``pulsarlite.trimmed`` (id -> tier URI); then each is deleted from the tier
+        (``await delete_offloaded(ledger_id, uri)``, if it was offloaded) and from the bookies and
+        the ledger metadata; then a second CAS forgets the ids deleted. A crash in between leaves
+        them recorded: the next trim (any call, even with no ids) deletes them. Returns the ids
+        deleted now (recorded ones included). ManagedLedgerClosedError if not READY/ROLLING_OVER."""
+        ids = [int(i) for i in ledger_ids]
+        if ids:
+            async with self._metadata_lock:
+                if self._core.state not in (ManagedLedgerState.READY, ManagedLedgerState.ROLLING_OVER):
+                    raise ManagedLedgerClosedError(f"{self.name}: trim while {self._core.state.value}")
+                pending = self.trimmed_pending()
+                for lid in ids:
+                    pending[lid] = self._core.metadata.info(lid).offload.uri
+                properties = dict(self._core.metadata.properties)
+                properties[TRIMMED_PROPERTY] = _encode_trimmed(pending)
+                md = self._core.trim_metadata(ids, properties)
+                try:
+                    await self._cas(encode(md))
+                except ManagedLedgerFencedError as e:
+                    self._run(self._core.on_fenced(e))
+                    raise
+                self._core.on_trim_written(md)
+            log.info("managed ledger %s: trimmed ledgers=%s (out of the list; deleting)", self.name, ids)
+        pending = self.trimmed_pending()
+        if not pending:
+            return []
+        deleted: list[int] = []
+        for lid, uri in sorted(pending.items()):
+            self._readers.pop(lid, None)
+            try:
+                if uri and delete_offloaded is not None:
+                    await delete_offloaded(lid, uri)
+                elif uri:
+                    log.warning("managed ledger %s: ledger=%d was offloaded to %s; no tier deleter: object left",
+                                self.name, lid, uri)
+                try:
+                    await self._client.delete_ledger(lid)
+                except MetadataNotFoundError:
+                    pass          # deleted before (its metadata goes last)
+            except Exception as e:   # noqa: BLE001 - stays recorded; retried at the next trim
+                log.warning("managed ledger %s: deleting trimmed ledger=%d failed (will retry): %s",
+                            self.name, lid, e)
+                continue
+            deleted.append(lid)
+            log.info("managed ledger %s: ledger=%d deleted (retention)", self.name, lid)
+        if deleted:
+            async with self._metadata_lock:
+                if self._core.state in (ManagedLedgerState.READY, ManagedLedgerState.ROLLING_OVER):
+                    left = {k: v for k, v in self.trimmed_pending().items() if k not in deleted}
+                    properties = dict(self._core.metadata.properties)
+                    if left:
+                        properties[TRIMMED_PROPERTY] = _encode_trimmed(left)
+                    else:
+                        properties.pop(TRIMMED_PROPERTY, None)
+                    md = self._core.trim_metadata([], properties)
+                    try:
+                        await self._cas(encode(md))
+                    except ManagedLedgerFencedError as e:
+                        self._run(self._core.on_fenced(e))
+                        raise
+                    self._core.on_trim_written(md)
+        return deleted
 
     # -- close / delete --------------------------------------------------------------------------
     async def close(self) -> None:
@@ -293,8 +440,10 @@ class ManagedLedger:
                         closed_md = await writer.close()
                     except LedgerFencedError as e:
                         raise ManagedLedgerFencedError(f"{self.name}: ledger {writer.ledger_id} fenced: {e}") from None
-                    md = self._core.close_metadata(self._core.closed_info(closed_md.last_entry_id, closed_md.length))
-                    await self._cas(encode(md))
+                    async with self._metadata_lock:   # after any offload update in flight
+                        md = self._core.close_metadata(self._core.closed_info(closed_md.last_entry_id,
+                                                                              closed_md.length))
+                        await self._cas(encode(md))
                 except ManagedLedgerFencedError as e:
                     self._run(self._core.on_fenced(e))
                     raise
@@ -314,7 +463,10 @@ class ManagedLedger:
         await self.close()
         if self._core.state is ManagedLedgerState.FENCED:
             raise ManagedLedgerFencedError(f"{self.name}: fenced: not the owner, cannot delete")
-        for info in self._core.metadata.ledgers:
+        for hook in list(self.before_delete):
+            await hook()
+        leftovers = [LedgerInfo(lid) for lid in self.trimmed_pending()]   # trims not finished
+        for info in leftovers + list(self._core.metadata.ledgers):
             try:
                 await self._client.delete_ledger(info.ledger_id)
             except MetadataNotFoundError:
@@ -396,8 +548,9 @@ class ManagedLedger:
             closed_md = await self._close_old_ledger(old)
             closed = self._core.closed_info(closed_md.last_entry_id, closed_md.length)
             new = await creating
-            md = self._core.rollover_metadata(closed, new.ledger_id, self._clock())
-            await self._cas(encode(md))
+            async with self._metadata_lock:   # no await between this CAS and on_rolled_over below
+                md = self._core.rollover_metadata(closed, new.ledger_id, self._clock())
+                await self._cas(encode(md))
         except PulsarliteError as e:
             await self._discard_creating(creating)
             if isinstance(e, ManagedLedgerFencedError):
@@ -414,6 +567,11 @@ class ManagedLedger:
         log.info("managed ledger %s rolled over: closed ledger=%d entries=%d bytes=%d, current=%d",
                  self.name, closed.ledger_id, closed.entries, closed.size_bytes, new.ledger_id)
         self._run(self._core.on_rolled_over(md, self._clock()))
+        for listener in list(self.rollover_listeners):
+            try:
+                listener(closed.ledger_id)
+            except Exception:
+                log.exception("managed ledger %s: rollover listener failed", self.name)
 
     async def _close_old_ledger(self, writer: LedgerWriter) -> LedgerMetadata:
         """Drain and close at the LAC. If the close itself fails (not fenced), recover the

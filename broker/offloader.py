@@ -1,0 +1,844 @@
+"""The broker's offloader: moves closed ledgers of the topics this broker owns to the tier
+(Parquet in an object store, :mod:`offload`) and reads them back (DESIGN.md §2, invariants 6-7).
+
+Only the owner writes a topic's ledger list, so every step is a compare-and-set through the
+topic's :class:`ManagedLedger` (``update_offload``), serialised with its rollovers. Each ledger
+is driven by :class:`offload.core.LedgerOffload` (the pure machine: events in, actions out); this
+shell executes its actions one at a time and feeds the results back::
+
+    none --(CAS offloading + the attempt's object URI)--> offloading
+         --(read from bookies; encode + upload off the loop; verify; CAS stats)--> offloaded
+         --(deletion lag passed; object verified again; ledger deleted from the bookies; CAS)-->
+           bookie-deleted
+
+- Every attempt records its object's URI (a fresh uuid) *before* writing, and a retry (here, or
+  on a new owner after a crash) first deletes the previous attempt's object: every object the
+  tier holds is named by the metadata. A periodic sweep in the topic's worker deletes objects
+  under the topic's prefix that no record names (a deposed owner's late write, trimmed ledgers).
+- Invariant 6: a ledger leaves the bookies only from ``offloaded``, after the object was
+  downloaded again and matched the recorded size, CRC32C, rows and entry ids. A crash between
+  the bookie delete and its CAS leaves ``offloaded`` without a bookie copy: reads come from the
+  tier anyway, and the next pass deletes again (idempotent) and records ``bookie-deleted``.
+- Reads of ``offloaded`` / ``bookie-deleted`` ledgers come from the tier (``ManagedLedger.
+  tier_reader``; an ``offloaded`` one falls back to its bookie copy if the tier read fails):
+  whole row groups are fetched (small objects by one GET) and rebuilt into entries in a thread
+  (same ids, invariant 7), kept in a bytes-bounded cache; the next row group and the next
+  ``tier_read_ahead_ledgers`` offloaded ledgers are read ahead.
+- Encoding, uploads, verification and tier reads run in a bounded thread pool
+  (``offload_concurrent_max`` ledgers at once per broker); the event loop only moves entries.
+
+Triggers: on demand (admin ``PUT .../offload``: every closed ledger before a position), on
+ledger rollover and on a timer (``offload_check_interval_ms``), by the namespace policy
+(``offloadThresholdInBytes``: keep at most N bytes on the bookies; ``offloadThresholdInSeconds``;
+``offloadDeletionLagMs``; the broker's ``offload_deletion_lag_ms`` when unset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import functools
+import io
+import json
+import logging
+import time
+import uuid
+from collections import OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from broker.managed_ledger import (LedgerInfo, LedgerInfoState, ManagedLedgerClosedError, ManagedLedgerFencedError,
+                                   OffloadInfo, OffloadState, Position)
+from offload.core import (BookiesDeleted, CasConflict, DeleteFromBookies, DeleteObject, Done, LedgerOffload,
+                          LedgerView, ListedObject, ObjectDeleted, ObjectStats, ObjectVerified, ObjectWritten,
+                          Offload, OffloadPolicy, OffloadRecord, Recorded, RecordOffload, StepFailed, Tick,
+                          VerifyObject, WriteObject, orphan_objects, plan_offload)
+from offload.core import OffloadState as CoreState
+from pulsarlite.errors import InvariantViolation, MetadataNotFoundError, PulsarliteError, check
+
+log = logging.getLogger("pulsarlite.broker.offload")
+
+class OffloadError(PulsarliteError):
+    """An offload step failed (object store, bookies, verification); retried on a later pass."""
+
+    retriable = True
+
+
+class OffloadStatus(enum.Enum):
+    """Pulsar's LongRunningProcessStatus for ``GET .../offload``."""
+
+    NOT_RUN = "NOT_RUN"
+    RUNNING = "RUNNING"
+    SUCCESS = "SUCCESS"
+    ERROR = "ERROR"
+
+
+# -- per-topic policy override -------------------------------------------------------------------
+TOPIC_POLICIES_ROOT = "/admin/topic-policies"
+_TOPIC_POLICY_FIELDS = {"managedLedgerOffloadThresholdInBytes": -1,
+                        "managedLedgerOffloadThresholdInSeconds": -1,
+                        "managedLedgerOffloadDeletionLagInMillis": 0}
+
+
+def topic_policies_path(topic_name) -> str:
+    """``/admin/topic-policies/<tenant>/<ns>/persistent/<topic>``: JSON ``{"offloadPolicies":
+    {...}}`` (Pulsar keeps topic policies in a system topic; we keep them in ZooKeeper)."""
+    return f"{TOPIC_POLICIES_ROOT}/{topic_name.managed_ledger_name}"
+
+
+@dataclass(frozen=True)
+class TopicOffloadPolicies:
+    """Pulsar's OffloadPolicies, the fields we honour (None: the namespace's value)."""
+
+    threshold_bytes: int | None = None
+    threshold_s: int | None = None
+    deletion_lag_ms: int | None = None
+
+    @classmethod
+    def from_json(cls, raw: object) -> "TopicOffloadPolicies":
+        """ValueError (a clear message) for anything but an object with integer fields; other
+        OffloadPolicies fields (driver, bucket, ...) are ignored: the broker's tier is used."""
+        if not isinstance(raw, dict):
+            raise ValueError("offload policies must be a JSON object")
+        values = []
+        for key, minimum in _TOPIC_POLICY_FIELDS.items():
+            v = raw.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < minimum
+                                  or v > 2 ** 63 - 1):
+                raise ValueError(f"{key} must be an integer >= {minimum}, got {v!r}")
+            values.append(v)
+        return cls(*values)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in zip(_TOPIC_POLICY_FIELDS, (self.threshold_bytes, self.threshold_s,
+                                                             self.deletion_lag_ms)) if v is not None}
+
+    def applied_to(self, policy: OffloadPolicy) -> OffloadPolicy:
+        return OffloadPolicy(
+            threshold_bytes=policy.threshold_bytes if self.threshold_bytes is None else self.threshold_bytes,
+            threshold_ms=policy.threshold_ms if self.threshold_s is None else
+            (-1 if self.threshold_s < 0 else self.threshold_s * 1000),
+            deletion_lag_ms=policy.deletion_lag_ms if self.deletion_lag_ms is None else self.deletion_lag_ms)
+
+
+async def read_topic_offload_policies(store, topic_name) -> TopicOffloadPolicies | None:
+    got = await store.get_or_none(topic_policies_path(topic_name))
+    if got is None:
+        return None
+    try:
+        raw = json.loads(got[0])
+        return TopicOffloadPolicies.from_json(raw.get("offloadPolicies") or {})
+    except (ValueError, AttributeError) as e:
+        log.warning("ignoring malformed topic policies of %s: %s", topic_name, e)
+        return None
+
+
+# -- glue between the managed-ledger list and offload.core (pure) ---------------------------------
+def record_of(offload: OffloadInfo) -> OffloadRecord:
+    """The ``offload`` dict of a ledger (contract 3) as offload.core's record."""
+    return OffloadRecord.from_json({**offload.attributes, "state": offload.state.value, "uri": offload.uri})
+
+
+def offload_info_of(record: OffloadRecord) -> OffloadInfo:
+    raw = record.to_json()
+    state = OffloadState(raw.pop("state"))
+    uri = raw.pop("uri")
+    return OffloadInfo(state, uri, raw)
+
+
+def ledger_views(ledgers: Sequence[LedgerInfo]) -> list[LedgerView]:
+    return [LedgerView(ledger_id=i.ledger_id, closed=i.state is LedgerInfoState.CLOSED, entries=i.entries,
+                       size_bytes=i.size_bytes, created_ms=i.created_ms, closed_ms=i.max_publish_time_ms,
+                       state=CoreState(i.offload.state.value),
+                       offloaded_ms=_opt_int(i.offload.attributes.get("offloaded_ms")))
+            for i in ledgers]
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def ledgers_before(ledgers: Sequence[LedgerInfo], position: Position) -> list[int]:
+    """Closed, non-empty ledgers all of whose entries lie before ``position``."""
+    out = []
+    for info in ledgers:
+        if info.state is not LedgerInfoState.CLOSED or info.entries == 0:
+            continue
+        if info.ledger_id < position.ledger_id or (info.ledger_id == position.ledger_id
+                                                   and position.entry_id >= info.entries):
+            out.append(info.ledger_id)
+    return out
+
+
+def topic_prefix(topic_name) -> str:
+    """The key prefix of a topic's objects (offload.core's layout: ``<tenant>/<ns>/<topic>/``)."""
+    return f"{topic_name.tenant}/{topic_name.namespace_local_name}/{topic_name.encoded_local_name}/"
+
+
+# -- object store work (runs in the thread pool) -------------------------------------------------
+class CorruptObjectError(OffloadError):
+    """The object does not match what was recorded (size, CRC32C, rows, entries)."""
+
+
+def encode_and_upload(tier, key: str, ledger_id: int, entries: list[tuple[int, bytes]], *, partition: int,
+                      row_group_bytes: int) -> ObjectStats:
+    """Entries -> Parquet -> object store; the stats to record (offload.core's ObjectStats)."""
+    from offload.format import entries_to_table, write_parquet
+    from offload.store import crc32c_hex
+    table = entries_to_table(ledger_id, entries, partition=partition)
+    sink = io.BytesIO()
+    summary = write_parquet(table, sink, row_group_bytes=row_group_bytes,
+                            metadata={"pulsarlite.ledger_id": str(ledger_id)})
+    if summary.entries != len(entries):
+        raise OffloadError(f"ledger {ledger_id}: {summary.entries} entries encoded, {len(entries)} read")
+    data = sink.getbuffer()
+    stats = ObjectStats(rows=summary.rows, size_bytes=len(data), checksum=crc32c_hex(data),
+                        min_publish_time_ms=summary.min_publish_time_ms,
+                        max_publish_time_ms=summary.max_publish_time_ms)
+    tier.put(key, data)
+    return stats
+
+
+def verify_object(tier, key: str, stats: ObjectStats, entries: int) -> None:
+    """The object is complete: recorded size and CRC32C, a Parquet footer with the recorded rows,
+    row groups covering entry ids 0..entries-1. CorruptObjectError otherwise (a missing object
+    too); other errors (the store unreachable) pass through."""
+    from offload.format import TierFormatError, open_parquet, row_group_entry_ranges
+    from offload.store import ObjectNotFoundError, crc32c_hex
+    try:
+        data = tier.get(key)
+    except ObjectNotFoundError as e:
+        raise CorruptObjectError(f"object {key} is missing: {e}") from None
+    if len(data) != stats.size_bytes or crc32c_hex(data) != stats.checksum:
+        raise CorruptObjectError(f"object {key}: {len(data)} bytes crc32c {crc32c_hex(data)}, recorded "
+                                 f"{stats.size_bytes} {stats.checksum}")
+    try:
+        pf = open_parquet(io.BytesIO(data), what=key)
+        ranges = row_group_entry_ranges(pf)
+    except (TierFormatError, PulsarliteError) as e:
+        raise CorruptObjectError(f"object {key}: {e}") from None
+    if pf.metadata.num_rows != stats.rows:
+        raise CorruptObjectError(f"object {key}: {pf.metadata.num_rows} rows, recorded {stats.rows}")
+    if not ranges or ranges[0][0] != 0 or ranges[-1][1] != entries - 1 or any(
+            b[0] != a[1] + 1 for a, b in zip(ranges, ranges[1:])):
+        raise CorruptObjectError(f"object {key}: entry ranges {ranges[:3]}... do not cover 0..{entries - 1}")
+
+
+# -- the tier (object store adapter) -------------------------------------------------------------
+class Tier:
+    """The broker's view of the object store: keys relative to ``tier_uri``; blocking calls
+    (run them in the pool)."""
+
+    def __init__(self, uri: str, s3_endpoint_url: str | None) -> None:
+        from offload.store import open_object_store
+        self.store = open_object_store(uri, s3_endpoint_url=s3_endpoint_url or None)
+        self.uri = self.store.uri.rstrip("/")
+
+    def uri_of(self, key: str) -> str:
+        return self.store.object_uri(key)
+
+    def key_of(self, uri: str) -> str:
+        prefix = self.uri + "/"
+        if not uri.startswith(prefix):
+            raise OffloadError(f"object {uri} is not under the tier {self.uri}")
+        return uri[len(prefix):]
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        self.store.put(key, data)
+
+    def get(self, key: str) -> bytes:
+        return self.store.get(key)
+
+    def size(self, key: str) -> int | None:
+        info = self.store.head(key)
+        return None if info is None else info.size_bytes
+
+    def delete(self, key: str) -> None:
+        self.store.delete(key)
+
+    def list(self, prefix: str) -> list[str]:
+        return [info.key for info in self.store.list(prefix)]
+
+    def open_input(self, key: str, size: int | None = None):
+        return self.store.open_input_file(key, size=size)
+
+
+# -- tier reads ----------------------------------------------------------------------------------
+@dataclass
+class _OpenObject:
+    key: str
+    size_bytes: int | None
+    metadata: Any                    # pyarrow FileMetaData (footer read once)
+    ranges: list[tuple[int, int]]    # entry ids per row group
+    data: bytes | None = None        # a small object, fetched whole by one GET
+
+
+SMALL_OBJECT_BYTES = 8 * 1024 * 1024  # objects up to this size are fetched whole (one GET)
+
+
+class TierReadCache:
+    """Rebuilt entries of offloaded ledgers, by row group, bounded in bytes (oldest out); footers
+    of recently read objects; read-ahead of the next row group."""
+
+    def __init__(self, tier: Tier, run: Callable, bytes_max: int, objects_max: int = 64) -> None:
+        self.tier = tier
+        self._run = run
+        self.bytes_max = bytes_max
+        self.bytes = 0
+        self._objects: OrderedDict[str, _OpenObject] = OrderedDict()
+        self._objects_max = objects_max
+        self._object_bytes = 0              # whole small objects held (bounded by bytes_max // 2)
+        self._groups: OrderedDict[tuple[str, int], tuple[dict[int, bytes], int]] = OrderedDict()
+        self._loading: dict[tuple[str, int], asyncio.Future] = {}
+        self._opening: dict[str, asyncio.Future] = {}
+        self.row_groups_read = 0
+
+    async def read(self, info: LedgerInfo, first: int, last: int) -> list[tuple[int, bytes]]:
+        uri = info.offload.uri
+        if not uri:
+            raise OffloadError(f"ledger {info.ledger_id} is {info.offload.state.value} without a URI")
+        key = self.tier.key_of(uri)
+        obj = await self._object(key, info)
+        out: list[tuple[int, bytes]] = []
+        wanted = [i for i, (a, b) in enumerate(obj.ranges) if b >= first and a <= last]
+        groups = await asyncio.gather(*(self._group(obj, i) for i in wanted))
+        for entries in groups:
+            for entry_id in range(max(first, min(entries)), min(last, max(entries)) + 1):
+                out.append((entry_id, entries[entry_id]))
+        if wanted and wanted[-1] + 1 < len(obj.ranges):     # read ahead (not awaited)
+            ahead = asyncio.ensure_future(self._group(obj, wanted[-1] + 1))
+            ahead.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return out
+
+    def prefetch(self, info: LedgerInfo) -> None:
+        """Read ahead the first row group of an offloaded ledger (the next one of a replay)."""
+        try:
+            key = self.tier.key_of(info.offload.uri) if info.offload.uri else None
+        except OffloadError:
+            return                 # not under this tier: the read itself will say so
+        if key is None or (key, 0) in self._groups or (key, 0) in self._loading or key in self._opening:
+            return
+
+        async def fetch() -> None:
+            obj = await self._object(key, info)
+            if obj.ranges:
+                await self._group(obj, 0)
+
+        task = asyncio.ensure_future(fetch())
+        task.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    async def _object(self, key: str, info: LedgerInfo) -> _OpenObject:
+        obj = self._objects.get(key)
+        if obj is not None:
+            self._objects.move_to_end(key)
+            return obj
+        opening = self._opening.get(key)
+        if opening is None:
+            opening = asyncio.ensure_future(self._run(self._open_object, key, info))
+            self._opening[key] = opening
+            opening.add_done_callback(lambda f: self._opening.pop(key, None))
+        obj = await asyncio.shield(opening)
+        if key not in self._objects:
+            self._objects[key] = obj
+            self._object_bytes += len(obj.data or b"")
+        while len(self._objects) > 1 and (len(self._objects) > self._objects_max
+                                          or self._object_bytes > self.bytes_max // 2):
+            _, old = self._objects.popitem(last=False)
+            self._object_bytes -= len(old.data or b"")
+        return obj
+
+    def _open_object(self, key: str, info: LedgerInfo) -> _OpenObject:
+        from offload.format import open_parquet, row_group_entry_ranges
+        size = info.offload.attributes.get("size_bytes")
+        data = None
+        if size is not None and size <= SMALL_OBJECT_BYTES:
+            data = self.tier.get(key)          # one GET instead of footer + row-group GETs
+            if len(data) != size:
+                raise OffloadError(f"object {key}: {len(data)} bytes, metadata says {size}")
+            pf = open_parquet(io.BytesIO(data), what=key)
+        else:
+            pf = open_parquet(self.tier.open_input(key, size), what=key)
+        ranges = row_group_entry_ranges(pf)
+        rows = info.offload.attributes.get("rows")
+        if rows is not None and pf.metadata.num_rows != rows:
+            raise OffloadError(f"object {key}: {pf.metadata.num_rows} rows, metadata says {rows}")
+        return _OpenObject(key, size, pf.metadata, ranges, data)
+
+    async def _group(self, obj: _OpenObject, index: int) -> dict[int, bytes]:
+        k = (obj.key, index)
+        got = self._groups.get(k)
+        if got is not None:
+            self._groups.move_to_end(k)
+            return got[0]
+        loading = self._loading.get(k)
+        if loading is None:
+            loading = asyncio.ensure_future(self._run(self._read_group, obj, index))
+            self._loading[k] = loading
+            loading.add_done_callback(functools.partial(self._loaded, k))
+        entries, _ = await asyncio.shield(loading)
+        return entries
+
+    def _loaded(self, k: tuple[str, int], fut: asyncio.Future) -> None:
+        self._loading.pop(k, None)
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        entries, size = fut.result()
+        if k not in self._groups and size <= self.bytes_max:
+            self._groups[k] = (entries, size)
+            self.bytes += size
+            while self.bytes > self.bytes_max:
+                _, (_, old) = self._groups.popitem(last=False)
+                self.bytes -= old
+
+    def _read_group(self, obj: _OpenObject, index: int) -> tuple[dict[int, bytes], int]:
+        import pyarrow.parquet as pq
+
+        from offload.format import read_row_groups, table_to_entries
+        source = io.BytesIO(obj.data) if obj.data is not None else self.tier.open_input(obj.key, obj.size_bytes)
+        pf = pq.ParquetFile(source, metadata=obj.metadata, page_checksum_verification=True)
+        table = read_row_groups(pf, [index], what=obj.key)
+        entries = dict(table_to_entries(table))
+        a, b = obj.ranges[index]
+        if sorted(entries) != list(range(a, b + 1)):
+            raise OffloadError(f"object {obj.key}: row group {index} rebuilt entries "
+                               f"{min(entries, default=None)}..{max(entries, default=None)}, expected {a}..{b}")
+        self.row_groups_read += 1
+        return entries, sum(len(v) for v in entries.values())
+
+    def forget(self, key_prefix: str) -> None:
+        for k in [k for k in self._groups if k[0].startswith(key_prefix)]:
+            _, size = self._groups.pop(k)
+            self.bytes -= size
+        for k in [k for k in self._objects if k.startswith(key_prefix)]:
+            self._object_bytes -= len(self._objects.pop(k).data or b"")
+
+
+# -- per topic -----------------------------------------------------------------------------------
+@dataclass
+class _Demand:
+    ledgers: tuple[int, ...]
+    status: OffloadStatus = OffloadStatus.RUNNING
+    last_error: str = ""
+    first_unoffloaded: Position | None = None
+
+
+class _Conflict(Exception):
+    def __init__(self, record: OffloadRecord) -> None:
+        super().__init__(f"recorded {record}")
+        self.record = record
+
+
+class TopicOffloader:
+    """The offload work of one topic loaded on this broker (its owner). One worker task runs
+    offload.core's per-ledger machines one step at a time (so the list's CASes are ordered and
+    the orphan sweep never races an attempt of ours); ``kick()`` asks for a pass."""
+
+    ORPHAN_SWEEP_EVERY_PASSES = 10
+
+    def __init__(self, broker: "BrokerOffloader", topic) -> None:
+        self.broker = broker
+        self.topic = topic
+        self.ml = topic.ml
+        self.ml_name = topic.name.managed_ledger_name
+        self.namespace = topic.name.namespace
+        self.prefix = topic_prefix(topic.name)
+        self.partition = topic.name.partition_index
+        self.demand: _Demand | None = None
+        self.last_error = ""
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._passes = 0
+        self._task = asyncio.ensure_future(self._run())
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    def request(self, before: Position) -> _Demand:
+        """Offload every closed ledger before ``before`` (on demand)."""
+        ledgers = tuple(ledgers_before(self.ml.ledgers(), before))
+        self.demand = _Demand(ledgers)
+        log.info("offload requested topic=%s before=%s ledgers=%s", self.ml_name, before, list(ledgers))
+        self.kick()
+        return self.demand
+
+    def status(self) -> dict[str, Any]:
+        d = self.demand
+        if d is None:
+            return {"status": OffloadStatus.NOT_RUN.value, "lastError": ""}
+        out: dict[str, Any] = {"status": d.status.value, "lastError": d.last_error}
+        if d.first_unoffloaded is not None:
+            out["firstUnoffloadedMessage"] = {"ledgerId": d.first_unoffloaded.ledger_id,
+                                              "entryId": d.first_unoffloaded.entry_id,
+                                              "partitionIndex": self.partition, "batchIndex": -1}
+        return out
+
+    async def close(self) -> None:
+        self._closed = True
+        self._task.cancel()
+        try:
+            await self._task
+        except (asyncio.CancelledError, Exception):
+            pass
+
+    # -- the worker --------------------------------------------------------------------------
+    async def _run(self) -> None:
+        self._wake.set()       # a first pass at load: resume what a previous owner left
+        while not self._closed:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self._pass()
+            except asyncio.CancelledError:
+                raise
+            except ManagedLedgerFencedError as e:
+                log.warning("offload topic=%s stops: another owner took the topic: %s", self.ml_name, e)
+                self._fail_demand(str(e))
+                service = getattr(self.topic, "service", None)
+                if service is not None and not self.topic.closing:
+                    task = asyncio.ensure_future(service.unload_topic(self.topic.key))
+                    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+                return
+            except ManagedLedgerClosedError as e:
+                log.info("offload topic=%s stops: %s", self.ml_name, e)
+                self._fail_demand(str(e))
+                return
+            except Exception as e:       # noqa: BLE001 - logged, retried on the next pass
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.warning("offload pass failed topic=%s: %s", self.ml_name, self.last_error)
+                self._fail_demand(self.last_error)
+
+    def _fail_demand(self, error: str) -> None:
+        if self.demand is not None and self.demand.status is OffloadStatus.RUNNING:
+            self.demand.status = OffloadStatus.ERROR
+            self.demand.last_error = error
+
+    async def _pass(self) -> None:
+        broker = self.broker
+        policy = await broker.policy_of(self.namespace, self.topic.name)
+        demand = self.demand
+        demanded = demand.ledgers if demand is not None and demand.status is OffloadStatus.RUNNING else ()
+        plan = plan_offload(ledger_views(self.ml.ledgers()), policy, broker.clock(), demand=demanded)
+        errors = []
+        # ledgers in parallel: the heavy steps take the broker's slots (offload_concurrent_max),
+        # the list's CASes are serialised by the managed ledger
+        results = await asyncio.gather(*(self._drive(ledger_id, Offload(broker.clock(), uuid.uuid4().hex), policy)
+                                         for ledger_id in plan.offload), return_exceptions=True)
+        for ledger_id, result in zip(plan.offload, results):
+            if isinstance(result, BaseException):
+                raise result
+            if result:
+                errors.append(f"ledger {ledger_id}: {result}")
+        if self._closed:
+            return
+        if demand is not None and demand.status is OffloadStatus.RUNNING:
+            still = [i.ledger_id for i in self.ml.ledgers() if i.ledger_id in demand.ledgers
+                     and i.offload.state in (OffloadState.NONE, OffloadState.OFFLOADING)]
+            if errors or still:
+                demand.status = OffloadStatus.ERROR
+                demand.last_error = "; ".join(errors) or f"ledgers {still} not offloaded"
+            else:
+                demand.status = OffloadStatus.SUCCESS
+                log.info("offload done topic=%s ledgers=%s", self.ml_name, list(demand.ledgers))
+            demand.first_unoffloaded = self._first_unoffloaded()
+        # deletion decided again: an offload just done counts from its own offloaded_ms
+        plan = plan_offload(ledger_views(self.ml.ledgers()), policy, broker.clock())
+        for ledger_id in plan.delete_from_bookies:
+            if self._closed:
+                return
+            error = await self._drive(ledger_id, Tick(broker.clock()), policy)
+            if error:
+                errors.append(f"ledger {ledger_id}: {error}")
+        self._passes += 1
+        if self._passes % self.ORPHAN_SWEEP_EVERY_PASSES == 1:
+            await self.sweep_orphans()
+        if errors:
+            self.last_error = "; ".join(errors)
+            raise OffloadError(self.last_error)
+
+    def _first_unoffloaded(self) -> Position:
+        for info in self.ml.ledgers():
+            if info.entries > 0 and info.offload.state in (OffloadState.NONE, OffloadState.OFFLOADING):
+                return Position(info.ledger_id, 0)
+        last = self.ml.last_confirmed_position
+        return Position(last.ledger_id, last.entry_id + 1)
+
+    def _info(self, ledger_id: int) -> LedgerInfo | None:
+        for info in self.ml.ledgers():
+            if info.ledger_id == ledger_id:
+                return info
+        return None
+
+    async def _drive(self, ledger_id: int, event, policy: OffloadPolicy) -> str | None:
+        """Run one ledger's machine from ``event`` until it is Done; the machine's last error
+        (None if the steps succeeded)."""
+        info = self._info(ledger_id)
+        if info is None:
+            return None
+        name = self.topic.name
+        machine = LedgerOffload(ledger_id, record_of(info.offload), tier_uri=self.broker.tier.uri,
+                                tenant=name.tenant, namespace=name.namespace_local_name,
+                                topic=name.encoded_local_name, deletion_lag_ms=policy.deletion_lag_ms)
+        pending = deque(machine.handle(event))
+        steps = 0
+        while pending:
+            action = pending.popleft()
+            if isinstance(action, Done):
+                break
+            steps += 1
+            if steps > 64:
+                raise OffloadError(f"ledger {ledger_id}: offload machine did not settle ({machine.phase})")
+            try:
+                result = await self._execute(action, info)
+            except (asyncio.CancelledError, ManagedLedgerFencedError, ManagedLedgerClosedError, InvariantViolation):
+                raise
+            except CorruptObjectError as e:
+                log.warning("offload topic=%s ledger=%d: %s", self.ml_name, ledger_id, e)
+                result = StepFailed(str(e), corrupt=True)
+            except Exception as e:       # noqa: BLE001 - the machine decides what next
+                log.warning("offload topic=%s ledger=%d: %s failed: %s: %s", self.ml_name, ledger_id,
+                            type(action).__name__, type(e).__name__, e)
+                result = StepFailed(f"{type(action).__name__}: {type(e).__name__}: {e}")
+            pending.extend(machine.handle(result))
+        return machine.last_error
+
+    async def _execute(self, action, info: LedgerInfo):
+        broker = self.broker
+        ledger_id = action.ledger_id
+        if isinstance(action, RecordOffload):
+            def transform(current: OffloadInfo) -> OffloadInfo:
+                found = record_of(current)
+                if found != action.expected:
+                    raise _Conflict(found)
+                return offload_info_of(action.record)
+            try:
+                # shielded: a worker cancelled by an unload must not cut a CAS in half (the
+                # managed ledger's close waits for it on the metadata lock)
+                await asyncio.shield(self.ml.update_offload(ledger_id, transform))
+            except _Conflict as c:
+                return CasConflict(c.record)
+            if action.record.state is CoreState.BOOKIE_DELETED:
+                log.info("offload: ledger deleted from bookies topic=%s ledger=%d uri=%s", self.ml_name,
+                         ledger_id, action.record.uri)
+            return Recorded(action.record)
+        if isinstance(action, WriteObject):
+            key = broker.tier.key_of(action.uri)
+            async with broker.slots:
+                started = time.monotonic()
+                log.info("offload start topic=%s ledger=%d entries=%d bytes=%d uri=%s", self.ml_name,
+                         ledger_id, info.entries, info.size_bytes, action.uri)
+                if info.size_bytes > broker.config.offload_ledger_bytes_max:
+                    raise OffloadError(f"ledger {ledger_id} has {info.size_bytes} bytes, more than "
+                                       f"offload_ledger_bytes_max {broker.config.offload_ledger_bytes_max}")
+                entries = await self._read_from_bookies(ledger_id, info.entries)
+                stats = await broker.run(encode_and_upload, broker.tier, key, ledger_id, entries,
+                                         partition=self.partition,
+                                         row_group_bytes=broker.config.offload_row_group_bytes)
+                del entries
+                elapsed = time.monotonic() - started
+            broker.offloaded_bytes += info.size_bytes
+            log.info("offload written topic=%s ledger=%d rows=%d object_bytes=%d seconds=%.3f MBps=%.1f",
+                     self.ml_name, ledger_id, stats.rows, stats.size_bytes, elapsed,
+                     info.size_bytes / 1e6 / max(elapsed, 1e-9))
+            return ObjectWritten(stats)
+        if isinstance(action, VerifyObject):
+            async with broker.slots:
+                await broker.run(verify_object, broker.tier, broker.tier.key_of(action.uri), action.stats,
+                                 info.entries)
+            return ObjectVerified()
+        if isinstance(action, DeleteObject):
+            await broker.run(broker.tier.delete, broker.tier.key_of(action.uri))
+            broker.cache.forget(broker.tier.key_of(action.uri))
+            log.info("offload: object deleted topic=%s ledger=%d uri=%s", self.ml_name, ledger_id, action.uri)
+            return ObjectDeleted()
+        if isinstance(action, DeleteFromBookies):
+            # invariant 6: the machine asks only from ``offloaded``, after a fresh verification
+            current = self._info(ledger_id)
+            check(current is not None and current.offload.state is OffloadState.OFFLOADED,
+                  f"{self.ml_name}: bookie delete of ledger {ledger_id} that is not offloaded: {current}")
+            try:
+                await broker.ledger_client.delete_ledger(ledger_id)
+            except MetadataNotFoundError:
+                pass                  # deleted before a crash; the record had not followed
+            return BookiesDeleted()
+        raise OffloadError(f"unknown offload action {action!r}")
+
+    async def _read_from_bookies(self, ledger_id: int, entries: int) -> list[tuple[int, bytes]]:
+        reader = await self.broker.ledger_client.open_ledger(ledger_id, recovery=False)
+        if reader.last_readable_entry_id != entries - 1:
+            raise OffloadError(f"ledger {ledger_id}: bookies have entries up to {reader.last_readable_entry_id}, "
+                               f"the list says {entries}")
+        out = [(e.entry_id, bytes(e.payload)) async for e in reader.iter_entries(0, entries - 1)]
+        if [e for e, _ in out] != list(range(entries)):
+            raise OffloadError(f"ledger {ledger_id}: read {len(out)} entries, expected {entries}")
+        return out
+
+    # -- orphans -------------------------------------------------------------------------------
+    async def sweep_orphans(self) -> list[str]:
+        """Delete our objects under the topic's prefix that no record of the list names (a
+        deposed owner's late write, a ledger trimmed away). Runs in the worker, so no attempt of
+        ours is between its write and its record; other brokers cannot record (fenced)."""
+        broker = self.broker
+        keys = await broker.run(broker.tier.list, self.prefix)
+        records = [record_of(i.offload) for i in self.ml.ledgers()]
+        objects = [ListedObject(broker.tier.uri_of(k), 0) for k in keys]
+        orphans = orphan_objects(objects, records, now_ms=broker.clock(), grace_ms=0)
+        for uri in orphans:
+            await broker.run(broker.tier.delete, broker.tier.key_of(uri))
+            log.info("offload: orphan object deleted topic=%s uri=%s", self.ml_name, uri)
+        return orphans
+
+
+# -- per broker ----------------------------------------------------------------------------------
+class BrokerOffloader:
+    """The tier of one broker: object store, thread pool, concurrency bound, read cache, and
+    one TopicOffloader per loaded topic. Create with ``BrokerOffloader.create(...)`` (None when
+    no tier is configured)."""
+
+    def __init__(self, config, ledger_client, policies, tier: Tier,
+                 clock: Callable[[], int] | None = None, *, store=None) -> None:
+        self.config = config
+        self.store = store
+        self.ledger_client = ledger_client
+        self.policies = policies
+        self.tier = tier
+        self.clock = clock or (lambda: int(time.time() * 1000))
+        self._pool = ThreadPoolExecutor(max_workers=config.offload_concurrent_max + config.tier_read_ahead_ledgers + 1,
+                                        thread_name_prefix="offload")
+        self.slots = asyncio.Semaphore(config.offload_concurrent_max)
+        self.cache = TierReadCache(tier, self.run, config.tier_read_cache_bytes_max)
+        self.topics: dict[str, TopicOffloader] = {}
+        self._timer: asyncio.Task | None = None
+        self.offloaded_bytes = 0
+
+    @classmethod
+    def create(cls, config, ledger_client, policies, *, store=None) -> "BrokerOffloader | None":
+        if not config.tier_uri:
+            return None
+        return cls(config, ledger_client, policies, Tier(config.tier_uri, config.tier_s3_endpoint_url),
+                   store=store)
+
+    async def run(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` in the pool (off the event loop)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    def start(self) -> None:
+        if self._timer is None:
+            self._timer = asyncio.ensure_future(self._timer_loop())
+
+    async def _timer_loop(self) -> None:
+        interval = self.config.offload_check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            for t in list(self.topics.values()):
+                t.kick()
+
+    async def policy_of(self, namespace: str, topic_name=None) -> OffloadPolicy:
+        """The namespace's offload policy (the broker's deletion lag when unset), overridden by
+        the topic's ``offloadPolicies`` fields that are set."""
+        lag = self.config.offload_deletion_lag_ms
+        try:
+            p = await self.policies.get_namespace_policies(namespace)
+        except Exception:        # noqa: BLE001 - no namespace policies: defaults
+            policy = OffloadPolicy(deletion_lag_ms=lag)
+        else:
+            threshold_s = p.offload_threshold_s
+            policy = OffloadPolicy(threshold_bytes=p.offload_threshold_bytes,
+                                   threshold_ms=-1 if threshold_s < 0 else threshold_s * 1000,
+                                   deletion_lag_ms=lag if p.offload_deletion_lag_ms is None
+                                   else p.offload_deletion_lag_ms)
+        if topic_name is not None and self.store is not None:
+            own = await read_topic_offload_policies(self.store, topic_name)
+            if own is not None:
+                policy = own.applied_to(policy)
+        return policy
+
+    # -- topics --------------------------------------------------------------------------------
+    def attach(self, topic) -> TopicOffloader:
+        """A topic was loaded here: tier reads and the offload worker (which resumes what a
+        previous owner left half done)."""
+        ml = topic.ml
+        ml.tier_reader = functools.partial(self._tier_read, ml)
+        offloader = TopicOffloader(self, topic)
+        old = self.topics.pop(topic.key, None)
+        if old is not None:
+            asyncio.ensure_future(old.close())
+        self.topics[topic.key] = offloader
+        ml.rollover_listeners.append(lambda ledger_id: offloader.kick())
+        prefix = offloader.prefix
+        ml.before_delete.append(lambda: self.delete_topic_objects(prefix, ml.metadata.ledgers))
+        ml.before_delete.append(functools.partial(self._forget_topic_policies, topic.name))
+        return offloader
+
+    async def _tier_read(self, ml, info: LedgerInfo, first: int, last: int) -> list[tuple[int, bytes]]:
+        # read ahead: the first row groups of the next offloaded ledgers (a replay goes on there),
+        # started before this read so that their fetches overlap it
+        ahead = self.config.tier_read_ahead_ledgers
+        for nxt in ml.ledgers():
+            if ahead <= 0:
+                break
+            if nxt.ledger_id <= info.ledger_id or nxt.entries == 0:
+                continue
+            if nxt.offload.state not in (OffloadState.OFFLOADED, OffloadState.BOOKIE_DELETED):
+                break
+            self.cache.prefetch(nxt)
+            ahead -= 1
+        return await self.cache.read(info, first, last)
+
+    async def detach(self, key: str) -> None:
+        offloader = self.topics.pop(key, None)
+        if offloader is not None:
+            await offloader.close()
+
+    def status(self, key: str) -> dict[str, Any]:
+        t = self.topics.get(key)
+        return t.status() if t is not None else {"status": OffloadStatus.NOT_RUN.value, "lastError": ""}
+
+    async def delete_topic_objects(self, prefix: str, ledgers: Sequence[LedgerInfo]) -> int:
+        """Before a topic's ledgers and list go (ManagedLedger.delete, after it closed as the
+        owner): delete every object the list names and every object under the topic's prefix.
+        A crash midway leaves the list; deleting the topic again finishes."""
+        keys: set[str] = set()
+        for i in ledgers:
+            if i.offload.uri:
+                try:
+                    keys.add(self.tier.key_of(i.offload.uri))
+                except OffloadError:
+                    log.warning("offload: object %s is outside the tier; left alone", i.offload.uri)
+        keys.update(await self.run(self.tier.list, prefix))
+        for key in sorted(keys):
+            await self.run(self.tier.delete, key)
+        self.cache.forget(prefix)
+        log.info("offload: objects of deleted topic removed prefix=%s objects=%d", prefix, len(keys))
+        return len(keys)
+
+    async def _forget_topic_policies(self, topic_name) -> None:
+        if self.store is None:
+            return
+        try:
+            await self.store.delete(topic_policies_path(topic_name))
+        except MetadataNotFoundError:
+            pass
+
+    async def delete_object(self, ledger_id: int, uri: str) -> None:
+        """Delete the object of a ledger leaving the list (retention: ``ManagedLedger.
+        trim_ledgers(ids, delete_offloaded=offloader.delete_object)``); absent is fine."""
+        key = self.tier.key_of(uri)
+        await self.run(self.tier.delete, key)
+        self.cache.forget(key)
+        log.info("offload: object deleted ledger=%d uri=%s", ledger_id, uri)
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for key in list(self.topics):
+            await self.detach(key)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = ["BrokerOffloader", "CorruptObjectError", "OffloadError", "OffloadStatus", "TOPIC_POLICIES_ROOT", "Tier",
+           "TierReadCache", "TopicOffloadPolicies", "read_topic_offload_policies", "topic_policies_path",
+           "TopicOffloader", "encode_and_upload", "ledger_views", "ledgers_before", "offload_info_of", "record_of",
+           "topic_prefix", "verify_object"]

@@ -1,0 +1,168 @@
+"""Producer deduplication core (broker/dedup.py): duplicate detection, in-flight copies, failures,
+bounds and the snapshot format."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from broker.dedup import DedupState, DupStatus, entry_sequence
+from pulsarlite.errors import ConfigError
+from pulsarlite.wire import pb
+from pulsarlite.wire.entry import peek_metadata
+
+
+def test_new_in_flight_dup():
+    s = DedupState()
+    assert s.check("p", 0) is DupStatus.NEW
+    s.on_pushed("p", 0)
+    assert s.check("p", 0) is DupStatus.IN_FLIGHT
+    s.on_persisted("p", 0)
+    assert s.check("p", 0) is DupStatus.DUP
+    assert s.check("p", 1) is DupStatus.NEW
+    assert s.check("other", 0) is DupStatus.NEW
+    assert s.last_sequence_id("p") == 0 and s.last_sequence_id("other") == -1
+
+
+def test_failed_add_may_be_sent_again():
+    s = DedupState()
+    s.on_pushed("p", 0)
+    s.on_persisted("p", 0)
+    s.on_pushed("p", 3)           # 1..3 in flight
+    s.on_failed("p")
+    assert s.check("p", 2) is DupStatus.NEW and s.check("p", 0) is DupStatus.DUP
+
+
+def test_bounded_producers():
+    s = DedupState(producers_max=3)
+    for i in range(5):
+        s.on_pushed(f"p{i}", 1)
+        s.on_persisted(f"p{i}", 1)
+    assert len(s.persisted) == 3 and "p0" not in s.persisted and "p4" in s.persisted
+    with pytest.raises(ConfigError):
+        DedupState(producers_max=0)
+
+
+def test_snapshot_roundtrip_and_malformed():
+    rng = random.Random(7)
+    s = DedupState()
+    for _ in range(200):
+        name, seq = f"p{rng.randrange(10)}", rng.randrange(1000)
+        if s.check(name, seq) is DupStatus.NEW:
+            s.on_pushed(name, seq)
+            s.on_persisted(name, seq)
+    data = s.snapshot((5, 42))
+    t, position = DedupState.from_snapshot(data)
+    assert position == (5, 42) and dict(t.persisted) == dict(s.persisted)
+    for bad in (b"", b"[]", b'{"version": 9}', b'{"version": 1, "position": [1]}',
+                b'{"version": 1, "position": [1, 2], "producers": {"a": "x"}}'):
+        with pytest.raises(ValueError):
+            DedupState.from_snapshot(bad)
+
+
+def _meta(**kw) -> bytes:
+    raw = pb.MessageMetadata(producer_name=kw.pop("producer_name", "p"), sequence_id=kw.pop("sequence_id", 0),
+                             publish_time=1, **kw).SerializeToString()
+    return len(raw).to_bytes(4, "big") + raw + b"x"
+
+
+def test_entry_sequence_of_single_and_batch():
+    assert entry_sequence(peek_metadata(_meta(sequence_id=7))) == ("p", 7, 7)
+    assert entry_sequence(peek_metadata(_meta(sequence_id=7, num_messages_in_batch=5))) == ("p", 7, 11)
+    assert entry_sequence(peek_metadata(_meta(sequence_id=7, num_messages_in_batch=5,
+                                              highest_sequence_id=20))) == ("p", 7, 20)
+    assert entry_sequence(peek_metadata(_meta(producer_name=""))) is None
+
+
+# -- holes: an add failed while later ones were stored (found by the chaos suite) ------------------
+def test_a_hole_below_stored_ids_is_never_answered_as_duplicate():
+    s = DedupState()
+    for seq in range(10):
+        assert s.check("p", seq) is DupStatus.NEW
+        s.on_pushed("p", seq)
+    for seq in range(5):
+        s.on_persisted("p", seq, seq)
+    s.on_failed("p", 5)                  # 5 failed ...
+    for seq in range(6, 10):
+        s.on_persisted("p", seq, seq)    # ... while 6..9, already pushed, were stored
+    assert s.last_sequence_id("p") == 4  # the client resends from 5
+    assert s.check("p", 3) is DupStatus.DUP
+    for seq in range(5, 10):             # the resends: 5 is stored, 6..9 stored again (duplicates, not loss)
+        assert s.check("p", seq) is DupStatus.NEW
+        s.on_pushed("p", seq)
+        s.on_persisted("p", seq, seq)
+    assert s.holes == {} and s.last_sequence_id("p") == 9
+    assert s.check("p", 7) is DupStatus.DUP
+
+
+def test_a_gap_found_while_replaying_the_log_is_a_hole_and_survives_snapshots():
+    s = DedupState()
+    for first, high in [(0, 4), (8, 9)]:        # 5..7 never reached the log
+        s.replay("p", high, first)
+    assert s.last_sequence_id("p") == 4 and s.check("p", 6) is DupStatus.NEW
+    restored, position = DedupState.from_snapshot(s.snapshot((3, 7)))
+    assert position == (3, 7) and restored.check("p", 6) is DupStatus.NEW
+    assert restored.check("p", 4) is DupStatus.DUP and restored.last_sequence_id("p") == 4
+    restored.replay("p", 9, 5)                  # the resends, one batch 5..9
+    assert restored.holes == {} and restored.check("p", 9) is DupStatus.DUP
+
+
+def test_property_no_receipt_without_the_message_in_the_log():
+    """Seeded schedules of one producer: sends pushed in order, each add stored or failed
+    (later adds may be stored after an earlier one failed, as across a rollover); failed sends
+    and everything after them are resent in order, sometimes after a 'failover' that rebuilds
+    the state from a snapshot plus a replay of the log. A DUP answer must name a sequence id
+    that is in the log."""
+    for seed in range(300):
+        rng = random.Random(seed)
+        state = DedupState()
+        log: list[tuple[int, int]] = []          # (first, high) of stored entries, in order
+        stored: set[int] = set()
+        next_seq, acked = 0, -1
+        snapshot_at = None
+        for _ in range(rng.randint(5, 40)):
+            if rng.random() < 0.1:               # failover: snapshot (maybe old) + replay
+                if snapshot_at is None or rng.random() < 0.5:
+                    snapshot_at = (len(log), state.snapshot((0, len(log) - 1)))
+                n, data = snapshot_at
+                state, _ = DedupState.from_snapshot(data)
+                for first, high in log[n:]:
+                    state.replay("p", high, first)
+                next_seq = state.last_sequence_id("p") + 1      # the client resumes there
+                continue
+            window = [(s, s + rng.randint(0, 2)) for s in [next_seq]]
+            while len(window) < rng.randint(1, 5):
+                window.append((window[-1][1] + 1, window[-1][1] + 1 + rng.randint(0, 2)))
+            outcomes = []
+            for first, high in window:
+                status = state.check("p", first)
+                if status is DupStatus.DUP:
+                    assert all(x in stored for x in range(first, high + 1)), (seed, first, high, log)
+                    outcomes.append("dup")
+                    continue
+                state.on_pushed("p", high)
+                outcomes.append("pushed")
+            failed_first = None
+            for (first, high), outcome in zip(window, outcomes):
+                if outcome != "pushed":
+                    continue
+                if rng.random() < 0.2:
+                    state.on_failed("p", first)
+                    failed_first = first if failed_first is None else failed_first
+                else:
+                    state.on_persisted("p", high, first)
+                    log.append((first, high))
+                    stored.update(range(first, high + 1))
+            next_seq = failed_first if failed_first is not None else window[-1][1] + 1
+            acked = max(acked, next_seq - 1)
+
+
+def test_a_resent_batch_straddling_the_stored_high_is_stored_not_answered():
+    """The topic asks about the highest id a send covers: a batch 8..17 after 0..9 was stored
+    is not a duplicate (10..17 are not in the log)."""
+    s = DedupState()
+    s.on_pushed("p", 9)
+    s.on_persisted("p", 9, 0)
+    assert s.check("p", 17) is DupStatus.NEW      # the batch 8..17, asked by its highest id
+    assert s.check("p", 9) is DupStatus.DUP       # a batch 5..9: all stored

@@ -1,0 +1,196 @@
+"""The topic shell's producer side with fakes of the managed ledger and the service: dedup
+receipts (duplicates, in-flight copies, failures) and producer access modes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from broker.config import BrokerConfig
+from broker.dedup import DedupState
+from broker.managed_ledger import Position
+from broker.topic import AccessMode, EntryCache, PersistentTopic, ProducerFencedError, PublishBuffer
+from pulsarlite.topic_name import TopicName
+from pulsarlite.wire.entry import Message, build_batch_entry, build_entry
+
+
+class FakeML:
+    def __init__(self) -> None:
+        self.adds: list[tuple[bytes, asyncio.Future]] = []
+        self.pending_count = 0
+        self.next_entry = 0
+
+    def add_async(self, data, publish_time):
+        fut = asyncio.get_running_loop().create_future()
+        self.adds.append((data, fut))
+        return fut
+
+    def confirm(self, index: int) -> Position:
+        position = Position(7, self.next_entry)
+        self.next_entry += 1
+        self.adds[index][1].set_result(position)
+        return position
+
+
+class FakeOwnership:
+    def write_guard(self, name):
+        return lambda: True
+
+
+class FakeService:
+    def __init__(self) -> None:
+        self.config = BrokerConfig()
+        self.entry_cache = EntryCache(1 << 20)
+        self.publish_buffer = PublishBuffer(1 << 24)
+        self.ownership = FakeOwnership()
+        self.store = None
+        self.errors = []
+
+    def on_add_error(self, e):
+        self.errors.append(e)
+
+
+class Handle:
+    def __init__(self, producer_id=0) -> None:
+        self.producer_id = producer_id
+        self.out = []
+        self.closed = False
+
+    def send_receipt(self, seq, highest, position):
+        self.out.append(("receipt", seq, (position.ledger_id, position.entry_id)))
+
+    def send_error(self, seq, error):
+        self.out.append(("error", seq))
+
+    def close_by_broker(self):
+        self.closed = True
+
+
+def entry(seq: int) -> bytes:
+    return build_entry(Message(f"m{seq}".encode()), producer_name="p", sequence_id=seq, publish_time_ms=1)
+
+
+def make_topic():
+    ml = FakeML()
+    topic = PersistentTopic(FakeService(), TopicName.parse("persistent://public/default/t"), ml)
+    topic.dedup = DedupState()
+    return topic, ml
+
+
+async def settle():
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_duplicates_get_receipts_in_order_without_being_stored():
+    topic, ml = make_topic()
+    h = Handle()
+    p = topic.add_producer(h, "p", None)
+    topic.publish(p, 0, 0, entry(0))
+    topic.publish(p, 1, 1, entry(1))
+    ml.confirm(0)
+    ml.confirm(1)
+    await settle()
+    topic.publish(p, 2, 2, entry(2))     # new, in flight
+    topic.publish(p, 1, 1, entry(1))     # duplicate of a stored one: answered after seq 2 (order)
+    assert len(ml.adds) == 3
+    await settle()
+    assert h.out == [("receipt", 0, (7, 0)), ("receipt", 1, (7, 1))]
+    ml.confirm(2)
+    await settle()
+    assert h.out[2:] == [("receipt", 2, (7, 2)), ("receipt", 1, (-1, -1))]
+    assert p.duplicates == 1
+
+
+async def test_in_flight_copy_follows_the_first_copys_outcome():
+    topic, ml = make_topic()
+    old, new = Handle(0), Handle(1)
+    p_old = topic.add_producer(old, "p", None)
+    topic.publish(p_old, 0, 0, entry(0))
+    topic.remove_producer(p_old)           # the client reconnects and resends seq 0
+    p_new = topic.add_producer(new, "p", None)
+    topic.publish(p_new, 0, 0, entry(0))
+    assert len(ml.adds) == 1              # not stored twice
+    ml.confirm(0)
+    await settle()
+    assert new.out == [("receipt", 0, (7, 0))]
+    # a failed add: its copy fails too, and a later resend is stored
+    topic.publish(p_new, 1, 1, entry(1))
+    topic.publish(p_new, 1, 1, entry(1))
+    ml.adds[1][1].set_exception(RuntimeError("bookies down"))
+    await settle()
+    assert new.out[1:] == [("error", 1), ("error", 1)]
+    topic.publish(p_new, 1, 1, entry(1))
+    assert len(ml.adds) == 3
+
+
+async def test_batched_entries_cover_their_sequence_range():
+    topic, ml = make_topic()
+    p = topic.add_producer(Handle(), "p", None)
+    batch = build_batch_entry([Message(b"a"), Message(b"b"), Message(b"c")], producer_name="p",
+                              sequence_id=10, publish_time_ms=1)
+    topic.publish(p, 10, 10, batch)        # highest_sequence_id not given: 10..12 from the batch
+    ml.confirm(0)
+    await settle()
+    assert topic.last_sequence_id("p") == 12
+
+
+async def test_access_modes():
+    topic, _ = make_topic()
+    a = topic.add_producer(Handle(), "a", None, access_mode=AccessMode.EXCLUSIVE)
+    from broker.service import ProducerBusyError
+    with pytest.raises(ProducerBusyError):
+        topic.add_producer(Handle(), "b", None)
+    with pytest.raises(ProducerFencedError):
+        topic.add_producer(Handle(), "b", None, access_mode=AccessMode.EXCLUSIVE)
+    waiter = asyncio.ensure_future(topic.wait_exclusive())
+    await settle()
+    assert not waiter.done()
+    topic.remove_producer(a)
+    await asyncio.wait_for(waiter, 5)
+    w = topic.add_producer(Handle(), "w", None, access_mode=AccessMode.WAIT_FOR_EXCLUSIVE)
+    topic.remove_producer(w)
+    s1 = topic.add_producer(h1 := Handle(), "s1", None)
+    topic.add_producer(h2 := Handle(), "s2", None)
+    topic.add_producer(Handle(), "f", None, access_mode=AccessMode.EXCLUSIVE_WITH_FENCING)
+    assert h1.closed and h2.closed and set(topic.producers) == {"f"}
+    assert s1.closed
+
+
+class ConsumerStub:
+    def __init__(self) -> None:
+        self.events = []
+        self.messages = []
+
+    def send_active_change(self, is_active):
+        self.events.append(is_active)
+
+    def send_message(self, position, entry, redelivery_count, ack_set=None):
+        self.messages.append((position, redelivery_count, ack_set))
+
+    def close_by_broker(self):
+        pass
+
+
+async def test_failover_sends_active_consumer_change():
+    from broker.adapters import MemoryCursor
+    from broker.dispatch import SubType
+    from broker.topic import Subscription
+
+    topic, ml = make_topic()
+    ml.ledgers = lambda: ()
+    sub = Subscription(topic, "sub", SubType.FAILOVER, MemoryCursor(Position(7, -1), lambda: ()), True)
+    try:
+        first, second = ConsumerStub(), ConsumerStub()
+        sub.add_consumer(first, name="zeta")
+        assert first.events == [True]
+        sub.add_consumer(second, name="alpha")     # sorts first: becomes active, everyone told
+        assert first.events == [True, False] and second.events == [True]
+        third = ConsumerStub()
+        sub.add_consumer(third, name="omega")      # no change: only the newcomer is told
+        assert third.events == [False] and first.events == [True, False]
+        sub.remove_consumer(second)                 # "omega" < "zeta": third takes over
+        assert third.events[-1] is True and first.events[-1] is False
+    finally:
+        await sub.close(delete_cursor=False)
