@@ -319,6 +319,22 @@ def unpack_entry(entry: bytes | memoryview, *,
     return metadata, _split_batch(data if type(data) is bytes else bytes(data), raw)
 
 
+def _varint(data: bytes, pos: int, end: int) -> tuple[int | None, int]:
+    """A protobuf varint of at most 10 bytes at ``pos`` (before ``end``): (value, next
+    position), or (None, pos) when it does not end in time."""
+    result = 0
+    shift = 0
+    limit = min(end, pos + 10)
+    while pos < limit:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+    return None, pos
+
+
 def _split_batch(data: bytes, raw: pb.MessageMetadata) -> list[Message]:
     count = raw.num_messages_in_batch
     if count < 0:
@@ -338,6 +354,34 @@ def _split_batch(data: bytes, raw: pb.MessageMetadata) -> list[Message]:
         pos += 4
         if size > end - pos:
             raise EntryFormatError(f"message {index}: metadata of {size} bytes overruns the batch")
+        if 2 <= size <= 22 and data[pos] == 0x18:
+            # Fast path for the common plain message, whose metadata holds only payload_size
+            # (field 3) and perhaps sequence_id (field 8): decode the two varints by hand
+            # (~2x faster than parsing; anything else takes the protobuf path below).
+            meta_end = pos + size
+            payload_size = data[pos + 1]
+            if payload_size < 0x80:
+                p = pos + 2
+            else:
+                payload_size, p = _varint(data, pos + 1, meta_end)
+            sequence_id = first_sequence_id + index
+            if p < meta_end and data[p] == 0x40:
+                q = p + 1
+                if q + 2 < meta_end and data[q] >= 0x80 and data[q + 1] >= 0x80 \
+                        and data[q + 2] < 0x80:   # 3 bytes, the usual size: inline
+                    sequence_id = ((data[q] & 0x7F) | ((data[q + 1] & 0x7F) << 7)
+                                   | (data[q + 2] << 14))
+                    p = q + 3
+                else:
+                    sequence_id, p = _varint(data, q, meta_end)
+            if p == meta_end and payload_size is not None and sequence_id is not None:
+                if payload_size > end - meta_end:
+                    raise EntryFormatError(f"message {index}: payload of {payload_size} bytes "
+                                           "overruns the batch")
+                append(Message(view[meta_end:meta_end + payload_size], None, False, None,
+                               _NO_PROPERTIES, None, sequence_id, False, False, False, index))
+                pos = meta_end + payload_size
+                continue
         try:
             single = parse(data[pos:pos + size])
         except DecodeError as exc:

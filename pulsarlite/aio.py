@@ -1,0 +1,300 @@
+"""The asyncio API of pulsarlite's client: the objects of ``pulsarlite`` (Client, Producer,
+Consumer, Reader), with coroutines instead of blocking calls::
+
+    import pulsarlite.aio as pl
+
+    async with pl.Client("pulsar://127.0.0.1:6650") as client:
+        async with await client.create_producer("my-topic") as producer:
+            await producer.send(b"hello")
+        consumer = await client.subscribe("my-topic", "sub",
+                                          initial_position=pl.InitialPosition.Earliest)
+        async for msg in consumer:
+            await consumer.acknowledge(msg)
+
+Everything runs on the caller's event loop (no threads). ``send_async`` returns an
+``asyncio.Future`` of the MessageId (and calls ``callback(result, message_id)`` if given).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from pulsarlite.client import impl
+from pulsarlite.client.common import (check_client_kwargs, check_topic_arg, consumer_conf,
+                                      make_message, mid_of, producer_conf)
+from pulsarlite.client.core import HashingScheme
+from pulsarlite.client.errors import (AlreadyClosed, BrokerError, ClientError, ConnectError,
+                                      ConsumerBusy, InvalidConfiguration, InvalidTopicNameError,
+                                      LookupError_, MessageTooBig, NotConnected, ProducerBusy,
+                                      ProducerQueueIsFull, Timeout, TopicNotFound)
+from pulsarlite.client.types import (BatchingType, CompressionType, ConsumerType, InitialPosition, Message,
+                                     MessageId, Result)
+
+__all__ = [
+    "Client", "Producer", "Consumer", "Reader", "BatchingType", "CompressionType", "ConsumerType",
+    "InitialPosition", "Message", "MessageId", "Result", "HashingScheme",
+    "ClientError", "AlreadyClosed", "BrokerError", "ConnectError", "ConsumerBusy",
+    "InvalidConfiguration", "InvalidTopicNameError", "LookupError_", "MessageTooBig",
+    "NotConnected", "ProducerBusy", "ProducerQueueIsFull", "Timeout", "TopicNotFound",
+]
+
+
+def _result_of(error) -> Result:
+    if isinstance(error, Timeout):
+        return Result.Timeout
+    if isinstance(error, AlreadyClosed):
+        return Result.AlreadyClosed
+    return Result.UnknownError
+
+
+class Client:
+    """Create it inside a running event loop (or call its coroutines from one)."""
+
+    def __init__(self, service_url: str, operation_timeout_seconds: float = 30,
+                 connection_timeout_ms: int = 10_000, keep_alive_interval_seconds: float = 30,
+                 use_tls: bool = False, authentication=None, **ignored) -> None:
+        check_client_kwargs(use_tls, authentication, ignored)
+        impl.parse_service_url(service_url)
+        self._args = dict(operation_timeout_seconds=operation_timeout_seconds,
+                          connection_timeout_ms=connection_timeout_ms,
+                          keep_alive_interval_seconds=keep_alive_interval_seconds)
+        self._service_url = service_url
+        self._impl_: impl.ClientImpl | None = None
+
+    @property
+    def _impl(self) -> impl.ClientImpl:
+        if self._impl_ is None:
+            self._impl_ = impl.ClientImpl(self._service_url, **self._args)
+        return self._impl_
+
+    async def create_producer(self, topic: str, producer_name: str | None = None,
+                              hashing_scheme: HashingScheme = HashingScheme.BoostHash,
+                              **kwargs) -> "Producer":
+        conf, max_pending, block = producer_conf(producer_name=producer_name, **kwargs)
+        producer = await impl.create_producer(self._impl, topic, conf, hashing_scheme)
+        return Producer(producer, max_pending, block)
+
+    async def subscribe(self, topic, subscription_name: str, consumer_type=None,
+                        **kwargs) -> "Consumer":
+        topic = check_topic_arg(topic)
+        period = kwargs.pop("pattern_auto_discovery_period", 60)
+        if consumer_type is not None:
+            kwargs["consumer_type"] = consumer_type
+        conf = consumer_conf(subscription_name, **kwargs)
+        sink = impl.AsyncSink(self._impl.loop)
+        consumer = await impl.subscribe(self._impl, topic, conf, sink,
+                                        pattern_auto_discovery_period_s=period)
+        return Consumer(consumer, sink)
+
+    async def create_reader(self, topic: str, start_message_id: MessageId, reader_name=None,
+                            receiver_queue_size: int = 1000,
+                            start_message_id_inclusive: bool = False,
+                            subscription_role_prefix=None, **ignored) -> "Reader":
+        sink = impl.AsyncSink(self._impl.loop)
+        reader = await impl.create_reader(
+            self._impl, topic, start_message_id, sink,
+            start_message_id_inclusive=start_message_id_inclusive,
+            receiver_queue_size=receiver_queue_size, reader_name=reader_name,
+            subscription_role_prefix=subscription_role_prefix)
+        return Reader(reader, sink)
+
+    async def get_topic_partitions(self, topic: str) -> list[str]:
+        return await self._impl.topic_partitions(topic)
+
+    async def close(self) -> None:
+        if self._impl_ is not None:
+            await self._impl_.close()
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class Producer:
+    def __init__(self, producer, max_pending: int, block: bool) -> None:
+        self._impl = producer
+        self._max_pending = max_pending
+        self._block = block
+        self._pending = 0
+        self._space: asyncio.Event | None = None
+        self._closed = False
+
+    def topic(self) -> str:
+        return self._impl.topic
+
+    def producer_name(self) -> str:
+        return self._impl.producer_name
+
+    def last_sequence_id(self) -> int:
+        return self._impl.last_sequence_id
+
+    async def _slot(self) -> None:
+        if self._closed:
+            raise AlreadyClosed(f"producer on {self._impl.topic} is closed")
+        while self._pending >= self._max_pending:
+            if not self._block:
+                raise ProducerQueueIsFull(f"{self._max_pending} messages pending on "
+                                          f"{self._impl.topic}; block_if_queue_full is off")
+            if self._space is None:
+                self._space = asyncio.Event()
+            self._space.clear()
+            await self._space.wait()
+        self._pending += 1
+
+    def _release(self) -> None:
+        self._pending -= 1
+        if self._space is not None:
+            self._space.set()
+
+    async def send_async(self, content, callback=None, properties=None, partition_key=None,
+                         ordering_key=None, sequence_id=None, event_timestamp=None,
+                         **ignored) -> asyncio.Future:
+        """Queue a message; returns a Future of its MessageId (await it, or don't)."""
+        message = make_message(content, properties, partition_key, ordering_key,
+                               event_timestamp, sequence_id)
+        await self._slot()
+        future = asyncio.get_running_loop().create_future()
+
+        def done(error, mid):
+            self._release()
+            if not future.done():
+                if error is None:
+                    future.set_result(mid)
+                else:
+                    future.set_exception(error)
+                    future.exception()   # retrieved even when the caller ignores the future
+            if callback is not None:
+                callback(Result.Ok if error is None else _result_of(error), mid)
+        try:
+            self._impl.send(message, done)
+        except BaseException:
+            self._release()
+            raise
+        return future
+
+    async def send(self, content, properties=None, partition_key=None, ordering_key=None,
+                   sequence_id=None, event_timestamp=None, **ignored) -> MessageId:
+        future = await self.send_async(content, None, properties, partition_key, ordering_key,
+                                       sequence_id, event_timestamp)
+        return await future
+
+    async def flush(self) -> None:
+        await self._impl.flush()
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._impl.close()
+
+    async def __aenter__(self) -> "Producer":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class Consumer:
+    def __init__(self, consumer, sink: impl.AsyncSink) -> None:
+        self._impl = consumer
+        self._sink = sink
+        self._closed = False
+
+    def topic(self) -> str:
+        return self._impl.topic
+
+    def subscription_name(self) -> str:
+        return self._impl.conf.subscription
+
+    async def receive(self, timeout_millis: int | None = None) -> Message:
+        if self._closed:
+            raise AlreadyClosed("the consumer is closed")
+        return await self._sink.get(None if timeout_millis is None else timeout_millis / 1000)
+
+    def _target(self, message):
+        consumer = getattr(message, "_consumer", None)
+        return consumer if consumer is not None else self._impl
+
+    async def acknowledge(self, message) -> None:
+        self._target(message).acknowledge(mid_of(message))
+
+    async def acknowledge_cumulative(self, message) -> None:
+        self._target(message).acknowledge_cumulative(mid_of(message))
+
+    async def negative_acknowledge(self, message) -> None:
+        self._target(message).negative_acknowledge(mid_of(message))
+
+    async def redeliver_unacknowledged_messages(self) -> None:
+        self._impl.redeliver_unacknowledged_messages()
+
+    async def seek(self, target) -> None:
+        await self._impl.seek(target)
+
+    async def unsubscribe(self) -> None:
+        await self._impl.unsubscribe()
+        self._closed = True
+        self._sink.close()
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._sink.close()
+            await self._impl.close()
+
+    def __aiter__(self) -> "Consumer":
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.receive()
+        except AlreadyClosed:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> "Consumer":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class Reader:
+    def __init__(self, reader, sink: impl.AsyncSink) -> None:
+        self._impl = reader
+        self._sink = sink
+        self._closed = False
+
+    def topic(self) -> str:
+        return self._impl.topic
+
+    async def read_next(self, timeout_millis: int | None = None) -> Message:
+        if self._closed:
+            raise AlreadyClosed("the reader is closed")
+        return await self._sink.get(None if timeout_millis is None else timeout_millis / 1000)
+
+    async def has_message_available(self) -> bool:
+        return await self._impl.has_message_available()
+
+    async def seek(self, target) -> None:
+        await self._impl.seek(target)
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._sink.close()
+            await self._impl.close()
+
+    def __aiter__(self) -> "Reader":
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.read_next()
+        except AlreadyClosed:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> "Reader":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

@@ -1,0 +1,24 @@
+"""pulsarlite's own Pulsar client (pure Python): the blocking API shaped like the official
+``pulsar`` module. ``pulsarlite.aio`` has the same objects as coroutines.
+
+Layout: :mod:`.core` (sans-IO protocol core, batching, routing), :mod:`.impl` (asyncio shell:
+connections, lookups, reconnects, producers, consumers, readers), :mod:`.blocking` (the blocking
+facade on a background loop thread), :mod:`.types`, :mod:`.errors`.
+"""
+
+from pulsarlite.client.blocking import Client, Consumer, Producer, Reader
+from pulsarlite.client.core import HashingScheme
+from pulsarlite.client.errors import (AlreadyClosed, BrokerError, ClientError, ConnectError,
+                                      ConsumerBusy, InvalidConfiguration, InvalidTopicNameError,
+                                      LookupError_, MessageTooBig, NotConnected, ProducerBusy,
+                                      ProducerQueueIsFull, Timeout, TopicNotFound)
+from pulsarlite.client.types import (BatchingType, CompressionType, ConsumerType, InitialPosition, Message,
+                                     MessageId, Result)
+
+__all__ = [
+    "Client", "Producer", "Consumer", "Reader", "BatchingType", "CompressionType", "ConsumerType",
+    "InitialPosition", "Message", "MessageId", "Result", "HashingScheme",
+    "ClientError", "AlreadyClosed", "BrokerError", "ConnectError", "ConsumerBusy",
+    "InvalidConfiguration", "InvalidTopicNameError", "LookupError_", "MessageTooBig",
+    "NotConnected", "ProducerBusy", "ProducerQueueIsFull", "Timeout", "TopicNotFound",
+]

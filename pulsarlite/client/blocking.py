@@ -1,0 +1,440 @@
+"""The blocking API, shaped like the official ``pulsar`` module: ``Client``, ``Producer``,
+``Consumer``, ``Reader``. Each Client runs the asyncio client on one background event-loop thread
+(as the official client runs its I/O thread); calls from application threads hand work to it.
+
+Hot paths avoid a thread hop per message: ``send_async`` appends to an inbox that the loop
+drains in bulk, ``receive`` takes from a thread-safe receiver queue, and acks are handed over in
+bulk the same way. ``send_async`` callbacks run on the loop thread, like the official client's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import itertools
+import threading
+import time
+
+from pulsarlite.client import impl
+from pulsarlite.client.common import (check_client_kwargs, check_topic_arg, consumer_conf,
+                                      make_message, mid_of, producer_conf)
+from pulsarlite.client.core import HashingScheme
+from pulsarlite.client.errors import (AlreadyClosed, ClientError, MessageTooBig,
+                                      ProducerQueueIsFull, Timeout)
+from pulsarlite.client.types import Message, MessageId, Result
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+        return uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover
+        return asyncio.new_event_loop()
+
+
+class _LoopThread:
+    def __init__(self) -> None:
+        self.loop = _new_loop()
+        self.thread = threading.Thread(target=self._run, name="pulsarlite-client-io",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+        self.loop.close()
+
+    def run(self, coro, timeout_s: float | None = None):
+        if threading.current_thread() is self.thread:
+            coro.close()
+            raise RuntimeError("blocking pulsarlite calls cannot run on the client's I/O "
+                               "thread (e.g. inside a send_async callback)")
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise Timeout(f"operation did not finish within {timeout_s:g}s") from None
+
+    def call(self, fn, *args) -> None:
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if threading.current_thread() is not self.thread:
+            self.thread.join(10)
+
+
+def _result_of(error: BaseException) -> Result:
+    if isinstance(error, Timeout):
+        return Result.Timeout
+    if isinstance(error, AlreadyClosed):
+        return Result.AlreadyClosed
+    if isinstance(error, MessageTooBig):
+        return Result.MessageTooBig
+    return Result.UnknownError
+
+
+class Client:
+    """``pulsarlite.Client("pulsar://127.0.0.1:6650")``, as ``pulsar.Client``."""
+
+    def __init__(self, service_url: str, operation_timeout_seconds: float = 30,
+                 connection_timeout_ms: int = 10_000, keep_alive_interval_seconds: float = 30,
+                 io_threads: int = 1, message_listener_threads: int = 1,
+                 concurrent_lookup_requests: int = 50000, log_conf_file_path=None, logger=None,
+                 use_tls: bool = False, authentication=None, **ignored) -> None:
+        check_client_kwargs(use_tls, authentication, ignored)
+        impl.parse_service_url(service_url)   # validate before starting a thread
+        self._io = _LoopThread()
+        self._timeout_s = float(operation_timeout_seconds)
+
+        async def make():
+            return impl.ClientImpl(service_url,
+                                   operation_timeout_seconds=operation_timeout_seconds,
+                                   connection_timeout_ms=connection_timeout_ms,
+                                   keep_alive_interval_seconds=keep_alive_interval_seconds)
+        try:
+            self._impl = self._io.run(make())
+        except BaseException:
+            self._io.stop()
+            raise
+        self._closed = False
+
+    def _run(self, coro, extra_s: float = 5.0):
+        if self._closed:
+            coro.close()
+            raise AlreadyClosed("the client is closed")
+        return self._io.run(coro, self._timeout_s + extra_s)
+
+    def create_producer(self, topic: str, producer_name: str | None = None,
+                        hashing_scheme: HashingScheme = HashingScheme.BoostHash,
+                        **kwargs) -> "Producer":
+        conf, max_pending, block = producer_conf(producer_name=producer_name, **kwargs)
+        producer = self._run(impl.create_producer(self._impl, topic, conf, hashing_scheme),
+                             extra_s=10)
+        return Producer(self, producer, max_pending, block)
+
+    def subscribe(self, topic, subscription_name: str, consumer_type=None, **kwargs) -> "Consumer":
+        topic = check_topic_arg(topic)
+        pattern_period = kwargs.pop("pattern_auto_discovery_period", 60)
+        if consumer_type is not None:
+            kwargs["consumer_type"] = consumer_type
+        conf = consumer_conf(subscription_name, **kwargs)
+        sink = impl.ThreadSink(self._io.loop)
+        consumer = self._run(impl.subscribe(self._impl, topic, conf, sink,
+                                            pattern_auto_discovery_period_s=pattern_period),
+                             extra_s=10)
+        return Consumer(self, consumer, sink)
+
+    def create_reader(self, topic: str, start_message_id: MessageId, reader_name=None,
+                      receiver_queue_size: int = 1000, start_message_id_inclusive: bool = False,
+                      subscription_role_prefix=None, **ignored) -> "Reader":
+        sink = impl.ThreadSink(self._io.loop)
+        reader = self._run(impl.create_reader(
+            self._impl, topic, start_message_id, sink,
+            start_message_id_inclusive=start_message_id_inclusive,
+            receiver_queue_size=receiver_queue_size, reader_name=reader_name,
+            subscription_role_prefix=subscription_role_prefix), extra_s=10)
+        return Reader(self, reader, sink)
+
+    def get_topic_partitions(self, topic: str) -> list[str]:
+        return self._run(self._impl.topic_partitions(topic))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self._io.run(self._impl.close(), self._timeout_s + 10)
+        finally:
+            self._closed = True
+            self._io.stop()
+
+    def shutdown(self) -> None:
+        self.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Producer:
+    def __init__(self, client: Client, producer, max_pending: int, block: bool) -> None:
+        self._client = client
+        self._impl = producer
+        self._io = client._io
+        # pending = submitted - completed; itertools counters are atomic under the GIL and
+        # cost far less per message than a semaphore
+        self._max_pending = max_pending
+        self._submitted_counter = itertools.count(1)
+        self._completed_counter = itertools.count(1)
+        self._submitted = 0
+        self._completed = 0
+        self._space = threading.Event()
+        self._space_wanted = False
+        self._block = block
+        self._inbox: collections.deque = collections.deque()
+        self._drain_scheduled = False
+        self._closed = False
+
+    def topic(self) -> str:
+        return self._impl.topic
+
+    def producer_name(self) -> str:
+        return self._impl.producer_name
+
+    def last_sequence_id(self) -> int:
+        return self._impl.last_sequence_id
+
+    def is_connected(self) -> bool:
+        producers = getattr(self._impl, "producers", [self._impl])
+        return all(p.conn is not None for p in producers)
+
+    def _submit(self, message, callback) -> None:
+        if self._closed:
+            raise AlreadyClosed(f"producer on {self._impl.topic} is closed")
+        if self._submitted - self._completed >= self._max_pending:
+            self._wait_for_space()
+        self._submitted = next(self._submitted_counter)
+        self._inbox.append((message, callback))
+        if not self._drain_scheduled:
+            self._drain_scheduled = True
+            self._io.call(self._drain)
+
+    def _wait_for_space(self) -> None:
+        if not self._block:
+            raise ProducerQueueIsFull(f"{self._max_pending} messages pending on "
+                                      f"{self._impl.topic}; block_if_queue_full is off")
+        while self._submitted - self._completed >= self._max_pending:
+            if self._closed:
+                raise AlreadyClosed(f"producer on {self._impl.topic} is closed")
+            self._space.clear()
+            self._space_wanted = True
+            if self._submitted - self._completed < self._max_pending:
+                break
+            self._space.wait(0.1)
+
+    def _release(self) -> None:   # on the loop, once per message
+        self._completed = next(self._completed_counter)
+        if self._space_wanted:
+            self._space_wanted = False
+            self._space.set()
+
+    def _drain(self) -> None:   # on the loop
+        self._drain_scheduled = False
+        inbox = self._inbox
+        send = self._impl.send
+        while inbox:
+            message, callback = inbox.popleft()
+            try:
+                send(message, callback)
+            except BaseException as exc:
+                callback(exc, None)
+
+    def send_async(self, content, callback, properties=None, partition_key=None,
+                   ordering_key=None, sequence_id=None, replication_clusters=None,
+                   disable_replication=False, event_timestamp=None, deliver_at=None,
+                   deliver_after=None) -> None:
+        """``callback(result, message_id)`` runs on the client's I/O thread; ``result`` is
+        ``Result.Ok`` on success."""
+        message = make_message(content, properties, partition_key, ordering_key,
+                               event_timestamp, sequence_id)
+        self._check_size(message)
+        release = self._release
+
+        def done(error, mid):
+            release()
+            if callback is not None:
+                callback(Result.Ok if error is None else _result_of(error), mid)
+        self._submit(message, done)
+
+    def send(self, content, properties=None, partition_key=None, ordering_key=None,
+             sequence_id=None, replication_clusters=None, disable_replication=False,
+             event_timestamp=None, deliver_at=None, deliver_after=None) -> MessageId:
+        message = make_message(content, properties, partition_key, ordering_key,
+                               event_timestamp, sequence_id)
+        self._check_size(message)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        release = self._release
+
+        def done(error, mid):
+            release()
+            if error is None:
+                future.set_result(mid)
+            else:
+                future.set_exception(error)
+        self._submit(message, done)
+        return future.result()
+
+    def _check_size(self, message) -> None:
+        producers = getattr(self._impl, "producers", [self._impl])
+        limit = producers[0].max_message_size
+        if len(message.payload) > limit:
+            raise MessageTooBig(f"message of {len(message.payload)} bytes exceeds the maximum "
+                                f"message size of {limit} bytes (topic {self._impl.topic})")
+
+    def flush(self) -> None:
+        async def flush():
+            self._drain()
+            await self._impl.flush()
+        self._client._run(flush(), extra_s=3600)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+
+        async def close():
+            self._drain()
+            await self._impl.close()
+        if not self._client._closed:
+            self._client._run(close(), extra_s=30)
+
+
+class _AckInbox:
+    """Acks from application threads reach the loop in bulk."""
+
+    def __init__(self, io: _LoopThread) -> None:
+        self._io = io
+        self._inbox: collections.deque = collections.deque()
+        self._scheduled = False
+
+    def put(self, fn, arg) -> None:
+        self._inbox.append((fn, arg))
+        if not self._scheduled:
+            self._scheduled = True
+            self._io.call(self._drain)
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        inbox = self._inbox
+        while inbox:
+            fn, arg = inbox.popleft()
+            try:
+                fn(arg)
+            except Exception:
+                impl.log.exception("event=ack_failed")
+
+
+class Consumer:
+    def __init__(self, client: Client, consumer, sink: impl.ThreadSink) -> None:
+        self._client = client
+        self._impl = consumer
+        self._sink = sink
+        self._acks = _AckInbox(client._io)
+        self._closed = False
+
+    def topic(self) -> str:
+        return self._impl.topic
+
+    def subscription_name(self) -> str:
+        return self._impl.conf.subscription
+
+    def receive(self, timeout_millis: int | None = None) -> Message:
+        if self._closed:
+            raise AlreadyClosed("the consumer is closed")
+        return self._sink.get(None if timeout_millis is None else timeout_millis / 1000)
+
+    def _check(self) -> None:
+        if self._closed:
+            raise AlreadyClosed("the consumer is closed")
+
+    def acknowledge(self, message) -> None:
+        self._check()
+        if type(message) is Message and message._consumer is not None:
+            consumer = message._consumer
+            key = consumer.ack_message_fast(message)
+            if key is not None:
+                self._acks.put(consumer.acknowledge_entry_key, key)
+            return
+        mid = mid_of(message)
+        target = self._target(message)
+        if isinstance(target, impl.ConsumerImpl):
+            # batch bookkeeping here; only a completed entry's ack crosses to the loop
+            if mid._batch_index >= 0 and not target.ack_batch_index(mid):
+                return
+            self._acks.put(target.acknowledge_entry, mid)
+        else:
+            self._acks.put(target.acknowledge, mid)
+
+    def acknowledge_cumulative(self, message) -> None:
+        self._check()
+        self._acks.put(self._target(message).acknowledge_cumulative, mid_of(message))
+
+    def negative_acknowledge(self, message) -> None:
+        self._check()
+        self._acks.put(self._target(message).negative_acknowledge, mid_of(message))
+
+    def _target(self, message):
+        consumer = getattr(message, "_consumer", None)
+        return consumer if consumer is not None else self._impl
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        self._check()
+        self._client._io.call(self._impl.redeliver_unacknowledged_messages)
+
+    def seek(self, target) -> None:
+        """``target``: a MessageId, or a publish time in ms since the epoch."""
+        self._check()
+
+        async def seek():
+            self._acks._drain()
+            await self._impl.seek(target)
+        self._client._run(seek())
+
+    def unsubscribe(self) -> None:
+        self._check()
+        self._client._run(self._impl.unsubscribe())
+        self._closed = True
+        self._sink.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._sink.close()
+        if not self._client._closed:
+            self._client._run(self._close())
+
+    async def _close(self) -> None:
+        self._acks._drain()
+        await self._impl.close()
+
+
+class Reader:
+    def __init__(self, client: Client, reader, sink: impl.ThreadSink) -> None:
+        self._client = client
+        self._impl = reader
+        self._sink = sink
+        self._closed = False
+
+    def topic(self) -> str:
+        return self._impl.topic
+
+    def read_next(self, timeout_millis: int | None = None) -> Message:
+        if self._closed:
+            raise AlreadyClosed("the reader is closed")
+        return self._sink.get(None if timeout_millis is None else timeout_millis / 1000)
+
+    def has_message_available(self) -> bool:
+        if self._closed:
+            raise AlreadyClosed("the reader is closed")
+        return self._client._run(self._impl.has_message_available())
+
+    def seek(self, target) -> None:
+        if self._closed:
+            raise AlreadyClosed("the reader is closed")
+        self._client._run(self._impl.seek(target))
+
+    def is_connected(self) -> bool:
+        return self._impl.conn is not None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._sink.close()
+        if not self._client._closed:
+            self._client._run(self._impl.close())

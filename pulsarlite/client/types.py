@@ -1,0 +1,228 @@
+"""The client's value types, named like the official ``pulsar`` module's: CompressionType,
+ConsumerType, InitialPosition, Result, MessageId and Message."""
+
+from __future__ import annotations
+
+import enum
+from typing import Mapping
+
+from pulsarlite._proto import pulsar_api_pb2 as pb
+from pulsarlite.wire.entry import Compression
+
+_U64_MASK = (1 << 64) - 1
+INT64_MAX = (1 << 63) - 1
+
+
+class CompressionType(enum.IntEnum):
+    """Same member names as ``pulsar.CompressionType``."""
+
+    NONE = int(Compression.NONE)
+    LZ4 = int(Compression.LZ4)
+    ZLib = int(Compression.ZLIB)
+    ZSTD = int(Compression.ZSTD)
+    SNAPPY = int(Compression.SNAPPY)
+
+
+class ConsumerType(enum.IntEnum):
+    """Same member names as ``pulsar.ConsumerType``; values are the wire's SubType."""
+
+    Exclusive = pb.CommandSubscribe.Exclusive
+    Shared = pb.CommandSubscribe.Shared
+    Failover = pb.CommandSubscribe.Failover
+    KeyShared = pb.CommandSubscribe.Key_Shared
+
+
+class InitialPosition(enum.IntEnum):
+    Latest = pb.CommandSubscribe.Latest
+    Earliest = pb.CommandSubscribe.Earliest
+
+
+class BatchingType(enum.IntEnum):
+    """Same names and values as ``pulsar.BatchingType``. KeyBased: a batch holds messages of
+    one key only (what Key_Shared subscriptions need)."""
+
+    Default = 0
+    KeyBased = 1
+
+
+class Result(enum.Enum):
+    """What a ``send_async`` callback receives first (``Result.Ok`` on success), as in
+    ``pulsar.Result``."""
+
+    Ok = "Ok"
+    Timeout = "Timeout"
+    AlreadyClosed = "AlreadyClosed"
+    ProducerQueueIsFull = "ProducerQueueIsFull"
+    MessageTooBig = "MessageTooBig"
+    ConnectError = "ConnectError"
+    UnknownError = "UnknownError"
+
+
+class MessageId:
+    """(ledger_id, entry_id, batch_index, partition), ordered like Pulsar's message ids.
+    ``MessageId.earliest`` / ``MessageId.latest`` are the special start positions."""
+
+    __slots__ = ("_ledger_id", "_entry_id", "_batch_index", "_partition", "_batch_size",
+                 "_topic")
+
+    earliest: "MessageId"
+    latest: "MessageId"
+
+    def __init__(self, partition: int = -1, ledger_id: int = -1, entry_id: int = -1,
+                 batch_index: int = -1, batch_size: int = 0, topic: str | None = None) -> None:
+        self._partition = partition
+        self._ledger_id = ledger_id
+        self._entry_id = entry_id
+        self._batch_index = batch_index
+        self._batch_size = batch_size
+        self._topic = topic
+
+    def ledger_id(self) -> int:
+        return self._ledger_id
+
+    def entry_id(self) -> int:
+        return self._entry_id
+
+    def batch_index(self) -> int:
+        return self._batch_index
+
+    def partition(self) -> int:
+        return self._partition
+
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    def topic_name(self) -> str | None:
+        return self._topic
+
+    def _key(self) -> tuple[int, int, int]:
+        return (self._ledger_id, self._entry_id, self._batch_index)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MessageId):
+            return NotImplemented
+        return self._key() == other._key() and self._partition == other._partition
+
+    def __lt__(self, other: "MessageId") -> bool:
+        return (self._partition, *self._key()) < (other._partition, *other._key())
+
+    def __le__(self, other: "MessageId") -> bool:
+        return self == other or self < other
+
+    def __hash__(self) -> int:
+        return hash((self._partition, *self._key()))
+
+    def __repr__(self) -> str:
+        return f"({self._ledger_id},{self._entry_id},{self._partition},{self._batch_index})"
+
+    __str__ = __repr__
+
+    def serialize(self) -> bytes:
+        """The MessageIdData encoding (as the official clients' ``serialize``)."""
+        return self.to_proto().SerializeToString()
+
+    @classmethod
+    def deserialize(cls, data: bytes) -> "MessageId":
+        mid = pb.MessageIdData.FromString(data)
+        return cls.from_proto(mid)
+
+    def to_proto(self) -> pb.MessageIdData:
+        mid = pb.MessageIdData(ledgerId=self._ledger_id & _U64_MASK,
+                               entryId=self._entry_id & _U64_MASK)
+        if self._partition != -1:
+            mid.partition = self._partition
+        if self._batch_index != -1:
+            mid.batch_index = self._batch_index
+        return mid
+
+    @classmethod
+    def from_proto(cls, mid: pb.MessageIdData, *, topic: str | None = None) -> "MessageId":
+        ledger, entry = mid.ledgerId, mid.entryId
+        ledger = ledger - (1 << 64) if ledger >= (1 << 63) else ledger
+        entry = entry - (1 << 64) if entry >= (1 << 63) else entry
+        return cls(mid.partition if mid.HasField("partition") else -1, ledger, entry,
+                   mid.batch_index if mid.HasField("batch_index") else -1, topic=topic)
+
+
+MessageId.earliest = MessageId(-1, -1, -1, -1)
+MessageId.latest = MessageId(-1, INT64_MAX, INT64_MAX, -1)
+
+
+def is_earliest(mid: MessageId) -> bool:
+    return mid._ledger_id == -1 and mid._entry_id == -1
+
+
+def is_latest(mid: MessageId) -> bool:
+    return mid._ledger_id == INT64_MAX and mid._entry_id == INT64_MAX
+
+
+class Message:
+    """A received message, with the official client's accessors. Built cheaply (consumers
+    create one per message): ``m`` is the entry codec's message, ``e`` the entry's shared
+    facts ``(publish_time_ms, producer_name, schema_version, redelivery_count, topic,
+    partition, ledger_id, entry_id, batch_size)``; the MessageId is made on first use."""
+
+    __slots__ = ("_m", "_e", "_consumer", "_epoch", "_mid", "_data")
+
+    def __init__(self, m, e, consumer=None, epoch: int = 0) -> None:
+        self._m = m
+        self._e = e
+        self._consumer = consumer
+        self._epoch = epoch
+        self._mid = None
+        self._data = None
+
+    def data(self) -> bytes:
+        data = self._data
+        if data is None:
+            data = self._data = bytes(self._m.payload)
+        return data
+
+    def value(self) -> bytes:
+        """The payload (typed schemas are a later issue: bytes for now)."""
+        return self.data()
+
+    def key(self) -> str | None:
+        return self._m.key
+
+    def partition_key(self) -> str | None:
+        return self._m.key
+
+    def ordering_key(self) -> bytes | None:
+        return self._m.ordering_key
+
+    def properties(self) -> Mapping[str, str]:
+        return dict(self._m.properties)
+
+    def message_id(self) -> MessageId:
+        mid = self._mid
+        if mid is None:
+            e = self._e
+            mid = self._mid = MessageId(e[5], e[6], e[7], self._m.batch_index, e[8], e[4])
+        return mid
+
+    def publish_timestamp(self) -> int:
+        """Milliseconds since the epoch."""
+        return self._e[0]
+
+    def event_timestamp(self) -> int:
+        """Milliseconds since the epoch; 0 when the producer set none."""
+        return self._m.event_time_ms or 0
+
+    def redelivery_count(self) -> int:
+        return self._e[3]
+
+    def topic_name(self) -> str:
+        return self._e[4]
+
+    def producer_name(self) -> str:
+        return self._e[1]
+
+    def sequence_id(self) -> int:
+        return self._m.sequence_id
+
+    def schema_version(self) -> bytes | None:
+        return self._e[2]
+
+    def __repr__(self) -> str:
+        return f"Message(id={self.message_id()}, key={self._m.key!r}, bytes={len(self._m.payload)})"
