@@ -1,0 +1,210 @@
+"""Spark scan benchmark: the `pulsarlite` data source reading a topic from the bookies and from
+the tier (Parquet), against `spark.read.parquet` of the same tier files in the same session.
+
+    .venv/bin/python bench/bench_spark.py [--messages 500000] [--size 100] [--repeat 3] [--dir D]
+
+Starts a local cluster (ZooKeeper, 3 bookies, 1 broker, E3/Qw3/Qa2) with a ``file://`` tier,
+produces --messages of --size bytes with the official client (batched), then, for local[1] and
+local[2] (one Spark session each, one after the other):
+
+  bookies   the topic while every segment is on the bookies
+  tier      the same topic after every closed segment was offloaded (Parquet in the file tier)
+  parquet   spark.read.parquet of those same Parquet files
+
+Each scan runs one aggregate touching every row's value (count, sum of value lengths) and
+is timed --repeat times (median). Printed: rows/s, MB/s of values, and tier/parquet ratio.
+Not a test: figures only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import pulsar  # noqa: E402
+
+from pulsarlite.cluster import LocalCluster  # noqa: E402
+
+
+def admin(url: str, method: str, path: str, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        text = r.read()
+    return json.loads(text) if text.strip() else None
+
+
+def ledgers_of(cluster, local: str) -> list[dict]:
+    from kazoo.client import KazooClient
+    zk = KazooClient(hosts=cluster.zookeeper)
+    zk.start(timeout=30)
+    try:
+        return json.loads(zk.get(f"/managed-ledgers/public/default/persistent/{local}")[0])["ledgers"]
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def produce(service_url: str, topic: str, n: int, size: int) -> None:
+    client = pulsar.Client(service_url, operation_timeout_seconds=60)
+    producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=1000,
+                                      batching_max_publish_delay_ms=10, block_if_queue_full=True,
+                                      max_pending_messages=20000)
+    payload = os.urandom(size)
+    started = time.monotonic()
+    for i in range(n):
+        producer.send_async(payload, None)
+        if i and i % 100_000 == 0:
+            print(f"  produced {i:,} ({i / (time.monotonic() - started):,.0f} msg/s)", file=sys.stderr)
+    producer.flush()
+    producer.close()
+    client.close()
+
+
+def timed(fn, repeat: int) -> tuple[float, object]:
+    times, result = [], None
+    for _ in range(repeat):
+        t = time.monotonic()
+        result = fn()
+        times.append(time.monotonic() - t)
+    return statistics.median(times), result
+
+
+def session(master: str):
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+
+    import spark_source
+    s = (SparkSession.builder.master(master).appName("bench-spark").config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false").config("spark.driver.host", "127.0.0.1")
+         .config("spark.sql.python.filterPushdown.enabled", "true").getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    spark_source.register(s)
+    return s
+
+
+# the columns the source outputs that the tier files hold too (a full-row scan reads them all)
+ROW_COLUMNS = ["key", "value", "partition", "ledger_id", "entry_id", "batch_index", "publish_time",
+               "event_time", "properties", "producer_name", "sequence_id"]
+
+
+def scan(df):
+    """Value-only aggregate: count and sum of value lengths."""
+    from pyspark.sql import functions as F
+    row = df.agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("value")).alias("b")).first()
+    return row["n"], row["b"]
+
+
+def full_scan(df):
+    """Full-row aggregate: a hash over every shared column of every row."""
+    from pyspark.sql import functions as F
+    row = df.agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("value")).alias("b"),
+                 F.sum(F.hash(*[F.to_json(c) if c == "properties" else F.col(c) for c in ROW_COLUMNS])
+                       % 1000).alias("h")).first()
+    return row["n"], row["b"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=500_000)
+    ap.add_argument("--size", type=int, default=100)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rollover-entries", type=int, default=100)
+    ap.add_argument("--dir", default=None)
+    args = ap.parse_args()
+    base = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="bench-spark-"))
+    tier_dir = base / "tier"
+    tier_dir.mkdir(parents=True, exist_ok=True)
+    cluster = LocalCluster(base / "cluster")
+    results: list[tuple[str, str, float, int, int]] = []
+    try:
+        cluster.start_processes(bookies=3, brokers=1, broker_overrides={
+            "rollover_entries_max": args.rollover_entries, "tier_uri": f"file://{tier_dir}",
+            "offload_check_interval_ms": 1000})
+        admin(cluster.admin_url, "POST", "/admin/v2/namespaces/public/default/retention",
+              {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
+        local = "bench-scan"
+        topic = f"persistent://public/default/{local}"
+        print(f"producing {args.messages:,} x {args.size} B to {topic}", file=sys.stderr)
+        produce(cluster.service_url, topic, args.messages, args.size)
+        admin(cluster.admin_url, "PUT", f"/admin/v2/persistent/public/default/{local}/unload")
+        time.sleep(1)
+        ledgers = ledgers_of(cluster, local)
+        closed = [lg for lg in ledgers if lg["state"] == "CLOSED" and lg["entries"] > 0]
+        print(f"{len(closed)} closed ledgers, {sum(lg['entries'] for lg in closed):,} entries", file=sys.stderr)
+
+        opts = {"zookeeper": cluster.zookeeper, "admin_url": cluster.admin_url, "topic": topic}
+
+        def source_df(spark):
+            r = spark.read.format("pulsarlite").option("minPartitions", spark.sparkContext.defaultParallelism)
+            for k, v in opts.items():
+                r = r.option(k, v)
+            return r.load()
+
+        bookie_times = {}
+        for master in ("local[1]", "local[2]"):
+            spark = session(master)
+            t, (n, b) = timed(lambda: scan(source_df(spark)), args.repeat)
+            bookie_times[master] = (t, n, b)
+            print(f"{master} bookies: {t:.2f}s rows={n:,}", file=sys.stderr)
+            spark.stop()
+
+        # offload every closed ledger
+        last = max(lg["ledger_id"] for lg in ledgers_of(cluster, local))
+        admin(cluster.admin_url, "PUT", f"/admin/v2/persistent/public/default/{local}/offload",
+              {"ledgerId": last + 1, "entryId": 0})
+        deadline = time.monotonic() + 600
+        while True:
+            ls = [lg for lg in ledgers_of(cluster, local) if lg["state"] == "CLOSED" and lg["entries"] > 0]
+            if all(lg["offload"]["state"] in ("offloaded", "bookie-deleted") for lg in ls):
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit("offload did not finish in 600 s")
+            time.sleep(1)
+        files = sorted(str(p) for p in tier_dir.rglob("*.parquet"))
+        print(f"offloaded: {len(files)} Parquet objects, {sum(os.path.getsize(f) for f in files):,} bytes",
+              file=sys.stderr)
+
+        for master in ("local[1]", "local[2]"):
+            spark = session(master)
+            t, n, b = bookie_times[master]
+            results.append((master, "bookies (pulsarlite source)", t, n, b))
+            t, (n, b) = timed(lambda: scan(source_df(spark)), args.repeat)
+            results.append((master, "tier (pulsarlite source)", t, n, b))
+            t, (n, b) = timed(lambda: scan(spark.read.parquet(*files)), args.repeat)
+            results.append((master, "spark.read.parquet, same files", t, n, b))
+            t, (n, b) = timed(lambda: full_scan(source_df(spark)), args.repeat)
+            results.append((master, "tier (pulsarlite source), full-row hash", t, n, b))
+            t, (n, b) = timed(lambda: full_scan(spark.read.parquet(*files)), args.repeat)
+            results.append((master, "spark.read.parquet, same files, full-row hash", t, n, b))
+            spark.stop()
+    finally:
+        cluster.stop()
+
+    print(f"\n{args.messages:,} messages of {args.size} B; median of {args.repeat}; "
+          f"aggregates: count + sum(length(value)), and + sum(hash(every shared column))\n")
+    print("| master | scan | seconds | rows/s | MB/s (values) |")
+    print("|---|---|---|---|---|")
+    for master, what, t, n, b in results:
+        print(f"| {master} | {what} | {t:.2f} | {n / t:,.0f} | {b / t / 1e6:,.1f} |")
+    for master in ("local[1]", "local[2]"):
+        for suffix in ("", ", full-row hash"):
+            tier = next(r[2] for r in results if r[0] == master and r[1] == "tier (pulsarlite source)" + suffix)
+            pq_t = next(r[2] for r in results if r[0] == master and r[1] == "spark.read.parquet, same files" + suffix)
+            print(f"\n{master}{suffix or ', value only'}: tier / parquet = {tier / pq_t:.2f}x", end="")
+    print()
+
+
+if __name__ == "__main__":
+    main()

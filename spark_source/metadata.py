@@ -1,0 +1,169 @@
+"""Reading what a scan needs from ZooKeeper (shell): which topics and partitions, the ledger
+list of each partition (``/managed-ledgers/<tenant>/<ns>/persistent/<topic>``, offload state
+included) and the LAC of each open ledger (read from its bookies without fencing).
+
+The managed-ledger JSON is parsed here rather than through ``broker.managed_ledger`` (the
+Spark source sits beside the broker, not above it); only the fields planning needs are read and
+unknown ones are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+from bookie.client.ledger_client import LedgerClient
+from pulsarlite.errors import MetadataNotFoundError, NoSuchLedgerError, PulsarliteError
+from pulsarlite.metadata import MetadataStore
+from pulsarlite.topic_name import TopicName
+from spark_source.plan import LedgerSegment, PartitionLedgers
+
+log = logging.getLogger("pulsarlite.spark")
+
+MANAGED_LEDGERS_ROOT = "/managed-ledgers"
+PARTITIONED_TOPICS_ROOT = "/admin/partitioned-topics"
+
+
+class TopicNotFound(ValueError):
+    pass
+
+
+def parse_ledger_list(topic: str, data: bytes) -> list[dict]:
+    """The ``ledgers`` of a managed-ledger znode; ValueError naming the topic if malformed."""
+    try:
+        raw = json.loads(data)
+        ledgers = raw["ledgers"]
+        if not isinstance(ledgers, list):
+            raise TypeError("ledgers is not a list")
+        for r in ledgers:
+            int(r["ledger_id"])
+            if r["state"] not in ("OPEN", "CLOSED"):
+                raise ValueError(f"unknown ledger state {r['state']!r}")
+        return ledgers
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"topic {topic}: malformed managed-ledger metadata: {e}") from None
+
+
+def _opt_int(v) -> int | None:
+    return None if v is None else int(v)
+
+
+async def partition_count(store: MetadataStore, topic: TopicName) -> int:
+    got = await store.get_or_none(f"{PARTITIONED_TOPICS_ROOT}/{topic.managed_ledger_name}")
+    if got is None:
+        return 0
+    try:
+        return int(json.loads(got[0])["partitions"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"topic {topic}: malformed partitioned-topic metadata") from None
+
+
+async def expand_topics(store: MetadataStore, *, topics: list[str], pattern: str | None) -> list[tuple[str, int]]:
+    """(full partition topic name, partition index or -1) for every topic or partition named by
+    ``topics`` or matching ``pattern`` (a regex over full names, whose namespace is taken from its
+    ``persistent://tenant/ns/`` prefix)."""
+    names = [TopicName.parse(t) for t in topics]
+    if pattern:
+        m = re.match(r"^(?:persistent://)?([^/]+)/([^/]+)/", pattern)
+        if not m:
+            raise ValueError(f"topicsPattern {pattern!r} must start with persistent://<tenant>/<namespace>/")
+        tenant, ns = m.group(1), m.group(2)
+        regex = re.compile(pattern if pattern.startswith("persistent://") else "persistent://" + pattern)
+        found: set[str] = set()
+        for root in (MANAGED_LEDGERS_ROOT, PARTITIONED_TOPICS_ROOT):
+            try:
+                children = await store.children(f"{root}/{tenant}/{ns}/persistent")
+            except PulsarliteError:
+                children = []
+            for child in children:
+                t = TopicName.parse(f"persistent://{tenant}/{ns}/{_decode(child)}")
+                parent = t.partitioned_parent
+                if regex.fullmatch(str(parent)) or regex.fullmatch(str(t)):
+                    found.add(str(parent) if t.is_partition else str(t))
+        names.extend(TopicName.parse(n) for n in sorted(found))
+    out: list[tuple[str, int]] = []
+    seen: set[str] = set()
+    for t in names:
+        n = await partition_count(store, t) if not t.is_partition else 0
+        members = [(t.partition(i), i) for i in range(n)] if n > 0 else [(t, t.partition_index)]
+        for member, index in members:
+            if str(member) not in seen:
+                seen.add(str(member))
+                out.append((str(member), index))
+    return out
+
+
+def _decode(child: str) -> str:
+    from urllib.parse import unquote_plus
+    return unquote_plus(child)
+
+
+async def read_partition(store: MetadataStore, client: LedgerClient | None, topic: str, partition: int,
+                         *, must_exist: bool, admin_url: str | None = None) -> PartitionLedgers:
+    """The segments of one partition; open ledgers get their current LAC from the bookies and,
+    with ``admin_url``, the owner broker's last confirmed entry (the writer's LAC: the bookies
+    learn an entry's confirmation only from the next entry)."""
+    t = TopicName.parse(topic)
+    got = await store.get_or_none(f"{MANAGED_LEDGERS_ROOT}/{t.managed_ledger_name}")
+    if got is None:
+        if must_exist:
+            raise TopicNotFound(f"topic {topic}: no managed ledger in ZooKeeper (never written?)")
+        return PartitionLedgers(topic, partition, ())
+    segments = []
+    for r in parse_ledger_list(topic, got[0]):
+        offload = r.get("offload") or {}
+        ledger_id = int(r["ledger_id"])
+        closed = r["state"] == "CLOSED"
+        last = int(r.get("entries", 0)) - 1
+        if not closed:
+            last = await _open_ledger_lac(client, topic, ledger_id, last)
+            if admin_url:
+                confirmed = await _broker_last_confirmed(admin_url, topic)
+                if confirmed is not None and confirmed[0] == ledger_id:
+                    last = max(last, confirmed[1])
+        segments.append(LedgerSegment(
+            ledger_id=ledger_id, closed=closed, last_entry_id=last, size_bytes=int(r.get("size_bytes", 0)),
+            min_publish_time_ms=_opt_int(r.get("min_publish_time_ms")) if closed else None,
+            max_publish_time_ms=_opt_int(r.get("max_publish_time_ms")) if closed else None,
+            offload_state=str(offload.get("state", "none")), offload_uri=offload.get("uri")))
+    return PartitionLedgers(topic, partition, tuple(segments))
+
+
+async def _open_ledger_lac(client: LedgerClient | None, topic: str, ledger_id: int, known_last: int) -> int:
+    """The last readable entry of an open ledger: its LAC read without fencing (never less than
+    what the managed-ledger list already counts as confirmed)."""
+    if client is None:
+        return known_last
+    try:
+        reader = await client.open_ledger(ledger_id, recovery=False)
+    except (NoSuchLedgerError, MetadataNotFoundError):
+        log.info("open ledger has no metadata yet topic=%s ledger=%d", topic, ledger_id)
+        return known_last
+    return max(known_last, reader.last_readable_entry_id)
+
+
+async def _broker_last_confirmed(admin_url: str, topic: str) -> tuple[int, int] | None:
+    """(ledger id, entry id) of the topic's last confirmed entry from the admin API; None if
+    the broker cannot say (logged: the scan then stops at the bookies' LAC)."""
+    import asyncio
+    import urllib.error
+    import urllib.request
+
+    t = TopicName.parse(topic)
+    url = (f"{admin_url.rstrip('/')}/admin/v2/persistent/{t.tenant}/{t.namespace_local_name}/"
+           f"{t.encoded_local_name}/lastMessageId")
+
+    def fetch():
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return json.loads(r.read())
+    try:
+        got = await asyncio.to_thread(fetch)
+        return int(got["ledgerId"]), int(got["entryId"])
+    except (OSError, urllib.error.URLError, ValueError, KeyError, TypeError) as e:
+        log.warning("last confirmed entry unknown topic=%s admin=%s: %s (reading up to the bookies' LAC)",
+                    topic, admin_url, e)
+        return None
+
+
+__all__ = ["TopicNotFound", "expand_topics", "parse_ledger_list", "partition_count", "read_partition"]

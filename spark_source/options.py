@@ -1,0 +1,165 @@
+"""The data source's options, parsed and validated once (bad options fail the query at planning
+with the option named)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from pulsarlite.topic_name import TopicName
+from spark_source.plan import Position
+
+MiB = 1024 * 1024
+
+
+class OptionError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """``earliest``, ``latest``, or per-topic values (full partition or topic name -> message id
+    string, ``earliest`` or ``latest``)."""
+
+    default: str                               # "earliest" | "latest"
+    per_topic: tuple[tuple[str, str], ...] = ()
+
+    def for_partition(self, topic: str) -> str:
+        """The spec for one partition: its own entry, else its partitioned parent's, else the
+        default (``earliest``/``latest``) for topics the JSON does not name."""
+        d = dict(self.per_topic)
+        if topic in d:
+            return d[topic]
+        parent = str(TopicName.parse(topic).partitioned_parent)
+        return d.get(parent, self.default)
+
+
+def parse_offsets(name: str, text: str | None, default: str) -> OffsetSpec:
+    if text is None or text.strip() == "":
+        return OffsetSpec(default)
+    text = text.strip()
+    if text in ("earliest", "latest"):
+        return OffsetSpec(text)
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise OptionError(f"option {name}: expected earliest, latest or a JSON object of topic -> message id, "
+                          f"got {text[:80]!r}") from None
+    if not isinstance(raw, dict):
+        raise OptionError(f"option {name}: JSON must be an object of topic -> message id")
+    per_topic = []
+    for topic, value in raw.items():
+        try:
+            full = str(TopicName.parse(topic))
+        except ValueError as e:
+            raise OptionError(f"option {name}: {e}") from None
+        value = str(value).strip()
+        if value not in ("earliest", "latest"):
+            try:
+                Position.parse(value)
+            except ValueError as e:
+                raise OptionError(f"option {name}: topic {topic}: {e}") from None
+        per_topic.append((full, value))
+    return OffsetSpec(default, tuple(sorted(per_topic)))
+
+
+def _opt_int(options: Mapping[str, str], name: str, *, minimum: int | None = None) -> int | None:
+    v = options.get(name.lower())
+    if v is None or str(v).strip() == "":
+        return None
+    try:
+        n = int(str(v).strip())
+    except ValueError:
+        raise OptionError(f"option {name}: expected an integer, got {v!r}") from None
+    if minimum is not None and n < minimum:
+        raise OptionError(f"option {name}: must be >= {minimum}, got {n}")
+    return n
+
+
+def _opt_bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    v = options.get(name.lower())
+    if v is None:
+        return default
+    s = str(v).strip().lower()
+    if s in ("true", "1", "yes"):
+        return True
+    if s in ("false", "0", "no"):
+        return False
+    raise OptionError(f"option {name}: expected true or false, got {v!r}")
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    zookeeper: str | None
+    service_url: str | None
+    admin_url: str | None
+    topics: tuple[str, ...]
+    topics_pattern: str | None
+    starting: OffsetSpec
+    ending: OffsetSpec
+    starting_time_ms: int | None
+    ending_time_ms: int | None
+    fail_on_data_loss: bool
+    target_partition_bytes: int
+    open_segment_bytes: int
+    max_entries_per_trigger: int | None
+    min_partitions: int
+    s3_endpoint_url: str | None
+    aws_env: tuple[tuple[str, str], ...]
+    metrics_dir: str | None
+
+    def apply_aws_env(self) -> None:
+        """Credentials given as options become the standard AWS variables of this worker."""
+        for k, v in self.aws_env:
+            os.environ[k] = v
+
+
+_AWS_OPTIONS = {"aws_access_key_id": "AWS_ACCESS_KEY_ID", "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
+                "aws_session_token": "AWS_SESSION_TOKEN", "aws_region": "AWS_DEFAULT_REGION"}
+
+
+def parse_options(options: Mapping[str, str], *, streaming: bool, need_topics: bool = True) -> SourceOptions:
+    o = {str(k).lower(): v for k, v in options.items()}
+    topic = o.get("topic")
+    topics = [t.strip() for t in (o.get("topics") or "").split(",") if t.strip()]
+    if topic:
+        topics.insert(0, topic.strip())
+    pattern = (o.get("topicspattern") or "").strip() or None
+    if need_topics and not topics and not pattern:
+        raise OptionError("one of the options topic, topics or topicsPattern is required")
+    for t in topics:
+        try:
+            TopicName.parse(t)
+        except ValueError as e:
+            raise OptionError(f"option topic(s): {e}") from None
+    starting = parse_offsets("startingOffsets", o.get("startingoffsets"), "latest" if streaming else "earliest")
+    ending = parse_offsets("endingOffsets", o.get("endingoffsets"), "latest")
+    if streaming and o.get("endingoffsets"):
+        raise OptionError("option endingOffsets is for batch queries only")
+    t0 = _opt_int(o, "startingTime", minimum=0)
+    t1 = _opt_int(o, "endingTime", minimum=0)
+    if t0 is not None and t1 is not None and t1 < t0:
+        raise OptionError(f"option endingTime ({t1}) is before startingTime ({t0})")
+    endpoint = (o.get("s3_endpoint_url") or o.get("s3endpointurl") or os.environ.get("AWS_ENDPOINT_URL") or None)
+    aws_env = tuple((env, str(o[k])) for k, env in _AWS_OPTIONS.items() if o.get(k))
+    if endpoint:
+        aws_env += (("AWS_ENDPOINT_URL", endpoint),)
+    return SourceOptions(
+        zookeeper=(o.get("zookeeper") or "").strip() or None,
+        service_url=(o.get("service_url") or o.get("serviceurl") or "").strip() or None,
+        admin_url=(o.get("admin_url") or o.get("adminurl") or "").strip() or None,
+        topics=tuple(topics), topics_pattern=pattern,
+        starting=starting, ending=ending, starting_time_ms=t0, ending_time_ms=t1,
+        fail_on_data_loss=_opt_bool(o, "failOnDataLoss", True),
+        target_partition_bytes=_opt_int(o, "targetPartitionBytes", minimum=1) or 128 * MiB,
+        open_segment_bytes=_opt_int(o, "openSegmentBytes", minimum=1) or 64 * MiB,
+        min_partitions=_opt_int(o, "minPartitions", minimum=1) or 1,
+        max_entries_per_trigger=(_opt_int(o, "maxEntriesPerTrigger", minimum=1)
+                                 or _opt_int(o, "maxRecordsPerTrigger", minimum=1)),
+        s3_endpoint_url=endpoint, aws_env=aws_env,
+        metrics_dir=(o.get("metricsdir") or "").strip() or None)
+
+
+__all__ = ["OffsetSpec", "OptionError", "SourceOptions", "parse_offsets", "parse_options"]
