@@ -1,13 +1,29 @@
-.PHONY: setup test run proto proto-check bench
+.PHONY: setup test run standalone chaos chaos-quick compose-check proto proto-check bench
 setup:
 	bash scripts/setup.sh
 test:
 	bash scripts/test.sh
+# the main command: install, start the standalone, produce/consume 1000 messages, serve until Ctrl-C
 run:
 	bash scripts/run.sh
+standalone:
+	.venv/bin/pulsarlite standalone --data-dir run/standalone
+# longer, time-bounded chaos runs (CHAOS_BUDGET_S, CHAOS_RUN_S, CHAOS_SEED)
+chaos:
+	bash scripts/chaos.sh
+# only the bounded chaos runs of the test suite
+chaos-quick:
+	.venv/bin/python -m pytest -q -p no:cacheprovider tests/chaos
+compose-check:
+	docker-compose -f deploy/docker-compose.yml config -q
+	.venv/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_deploy.py
 proto:
 	.venv/bin/python scripts/gen_proto.py
 proto-check:
 	.venv/bin/python scripts/gen_proto.py --check
+# the benchmark suite (<= 15 min): every figure beside the machine's limits and NATS JetStream,
+# medians of 2 rounds; rewrites the suite block of BENCHMARKS.md
 bench:
-	.venv/bin/python bench/bench_ledger.py
+	bash scripts/setup.sh
+	.venv/bin/python -m pip install -q -e ".[test,bench]"
+	.venv/bin/python bench/suite.py --runs 2 --write

@@ -13,6 +13,11 @@ SUBCOMMANDS = {
     "broker": "broker.main",
     "cluster": "pulsarlite.cli_cluster",
     "bookkeeper": "pulsarlite.cli_bookkeeper",
+    "admin": "pulsarlite.cli_admin",
+    "standalone": "pulsarlite.cli_standalone",
+    "produce": "pulsarlite.cli_client",   # registers produce and consume
+    "consume": "pulsarlite.cli_client",
+    "perf": "pulsarlite.cli_perf",
 }
 
 

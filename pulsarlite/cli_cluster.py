@@ -1,6 +1,7 @@
 """`pulsarlite cluster ...`: a local cluster of ZooKeeper, bookies and brokers on loopback.
 
-    start --dir D --bookies N [--brokers M] | status --dir D [--json] | stop --dir D |
+    start --dir D --bookies N [--brokers M] [--tier URI] [--s3-endpoint URL]
+          [--bookie-config FILE] [--broker-config FILE] | status --dir D [--json] | stop --dir D |
     kill --dir D NAME | restart --dir D NAME
 """
 
@@ -22,6 +23,18 @@ def add_parser(subparsers) -> None:
     s.add_argument("--bookies", type=int, default=3, help="number of bookies (default 3)")
     s.add_argument("--brokers", type=int, default=0, help="number of brokers (default 0)")
     s.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for health (default 60)")
+    s.add_argument("--bookie-config", metavar="FILE", default=None,
+                   help="bookie TOML (e.g. deploy/conf/bookie-1.toml) whose settings every new bookie gets, "
+                        "except addresses, ids, directories and ZooKeeper (the launcher's)")
+    s.add_argument("--broker-config", metavar="FILE", default=None,
+                   help="broker TOML (e.g. deploy/conf/broker-1.toml) whose settings every new broker gets, "
+                        "except addresses, ids and ZooKeeper; --tier/--s3-endpoint win over it")
+    s.add_argument("--tier", metavar="URI", default=None,
+                   help="offload tier of every broker: s3://bucket/prefix or file:///dir (broker key tier_uri; "
+                        "also rewrites existing brokers' configs)")
+    s.add_argument("--s3-endpoint", metavar="URL", default=None,
+                   help="S3 endpoint for an s3:// tier, e.g. http://127.0.0.1:9000 (broker key "
+                        "tier_s3_endpoint_url); credentials come from the AWS_* environment variables")
     s.set_defaults(func=_start)
 
     s = sub.add_parser("status", help="show the cluster's processes and their health")
@@ -61,12 +74,24 @@ def _fail(e: Exception) -> int:
 
 
 def _start(args) -> int:
-    from pulsarlite.cluster import LocalCluster, format_status
+    from pulsarlite.cluster import BOOKIE, BROKER, LocalCluster, format_status, settings_from_file, tier_settings
     _quiet_kazoo()
     try:
+        settings = tier_settings(args.tier, args.s3_endpoint)
+        bookie_overrides = settings_from_file(BOOKIE, args.bookie_config) if args.bookie_config else {}
+        broker_overrides = settings_from_file(BROKER, args.broker_config) if args.broker_config else {}
+        broker_overrides.update(settings)
         cluster = LocalCluster(args.dir, start_timeout_s=args.timeout)
         try:
-            cluster.start_processes(bookies=args.bookies, brokers=args.brokers)
+            if settings:
+                changed = cluster.update_broker_configs(settings)
+                running = [n for n in changed if cluster.records[n].alive()]
+                if running:
+                    print(f"pulsarlite cluster: new tier settings take effect when these brokers restart: "
+                          f"{', '.join(running)} (pulsarlite cluster restart --dir {args.dir} NAME)",
+                          file=sys.stderr)
+            cluster.start_processes(bookies=args.bookies, brokers=args.brokers,
+                                    bookie_overrides=bookie_overrides, broker_overrides=broker_overrides)
             print(format_status(cluster.status()))
         finally:
             cluster.close()

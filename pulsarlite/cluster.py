@@ -93,8 +93,10 @@ class LocalCluster:
     def __init__(self, directory: Path | str, *, start_timeout_s: float = 60.0,
                  stop_grace_s: float = 10.0,
                  bookie_command: Callable[[Path], list[str]] = default_bookie_command,
-                 broker_command: Callable[[Path], list[str]] = default_broker_command) -> None:
+                 broker_command: Callable[[Path], list[str]] = default_broker_command,
+                 zookeeper_port: int | None = None) -> None:
         self.dir = Path(directory).resolve()
+        self.zookeeper_port = zookeeper_port  # for a new cluster; None: a free port
         self.start_timeout_s = start_timeout_s
         self.stop_grace_s = stop_grace_s
         self.bookie_command = bookie_command
@@ -253,7 +255,7 @@ class LocalCluster:
         record = self.records.get(ZOOKEEPER)
         if record is not None and record.alive():
             return
-        port = record.ports["client"] if record is not None else None
+        port = record.ports["client"] if record is not None else self.zookeeper_port
         server = ZooKeeperServer(self.dir / "zookeeper", port)
         server.write_config()
         log_path = self.dir / "logs" / "zookeeper.log"
@@ -271,9 +273,9 @@ class LocalCluster:
         self._save_state()
 
     def _define_bookie(self, name: str, overrides: dict) -> None:
-        port = self._free_port()
         common = {k: v for k, v in overrides.items() if not k.startswith("bookie-")}
         own = overrides.get(name, {})
+        port = own.get("port") or self._free_port()
         config = BookieConfig(
             bookie_id=f"{LOOPBACK}:{port}", host=LOOPBACK, port=port, zookeeper=self.zookeeper,
             journal_dir=str(self.dir / name / "journal"), ledger_dir=str(self.dir / name / "ledgers"))
@@ -293,12 +295,12 @@ class LocalCluster:
 
     def _define_broker(self, name: str, overrides: dict) -> None:
         from broker.config import BrokerConfig
-        port = self._free_port()
-        self.records[name] = ProcessRecord(name=name, role=BROKER, argv=[], ports={"pulsar": port},
-                                           config="", log="")
-        http_port = self._free_port()
         common = {k: v for k, v in overrides.items() if not k.startswith("broker-")}
         own = overrides.get(name, {})
+        port = own.get("port") or self._free_port()
+        self.records[name] = ProcessRecord(name=name, role=BROKER, argv=[], ports={"pulsar": port},
+                                           config="", log="")
+        http_port = own.get("http_port") or self._free_port()
         config = BrokerConfig(host=LOOPBACK, port=port, http_port=http_port, zookeeper=self.zookeeper)
         try:
             config = dataclasses.replace(config, **common, **own).validate()
@@ -312,6 +314,26 @@ class LocalCluster:
             name=name, role=BROKER, argv=self.broker_command(config_path),
             ports={"pulsar": config.port, "http": config.http_port}, config=str(config_path),
             log=str(self.dir / "logs" / f"{name}.log"), broker_id=config.effective_broker_id)
+
+    def update_broker_configs(self, settings: dict) -> list[str]:
+        """Set BrokerConfig fields in every existing broker's config file (validated; takes
+        effect at the broker's next start). Returns the names of the brokers whose file changed."""
+        from broker.config import BrokerConfig
+        from pulsarlite.config import load_toml
+        changed = []
+        for name in self.broker_names:
+            path = Path(self.records[name].config)
+            current = load_toml(BrokerConfig, path)
+            try:
+                updated = dataclasses.replace(current, **settings).validate()
+            except TypeError as e:
+                raise ConfigError(f"broker settings: {e}") from None
+            if updated != current:
+                tmp = path.with_suffix(".toml.tmp")
+                tmp.write_text(to_toml(updated))
+                os.replace(tmp, path)
+                changed.append(name)
+        return changed
 
     def _free_port(self) -> int:
         used = {p for r in self.records.values() for p in r.ports.values()}
@@ -378,10 +400,10 @@ class LocalCluster:
 
     def _bookie_healthy(self, record: ProcessRecord, exclude_owners: set[int] = frozenset()) -> bool:
         if record.role == BROKER:
-            return (record.alive() and self._broker_registered(record.broker_id, exclude_owners)
+            return (self._running(record.name) and self._broker_registered(record.broker_id, exclude_owners)
                     and port_accepts(LOOPBACK, record.ports["pulsar"])
                     and ("http" not in record.ports or port_accepts(LOOPBACK, record.ports["http"])))
-        return (record.alive() and self._bookie_mode(record.bookie_id, exclude_owners) is not None
+        return (self._running(record.name) and self._bookie_mode(record.bookie_id, exclude_owners) is not None
                 and port_accepts(LOOPBACK, record.ports["bookie"]))
 
     def _wait_bookies_healthy(self, names: list[str], stale: dict[str, set[int]]) -> None:
@@ -390,8 +412,10 @@ class LocalCluster:
         while waiting:
             for name in list(waiting):
                 record = self.records[name]
-                if not record.alive():
-                    raise ClusterError(f"{name} exited during start; last lines of {record.log}:\n"
+                if not self._running(name):
+                    popen = self._popens.get(name)
+                    code = f" (exit status {popen.returncode})" if popen is not None else ""
+                    raise ClusterError(f"{name} exited during start{code}; last lines of {record.log}:\n"
                                        f"{log_tail(Path(record.log))}")
                 if self._bookie_healthy(record, stale.get(name, set())):
                     waiting.remove(name)
@@ -514,6 +538,8 @@ class LocalCluster:
             self.records[name].pid = None
 
     def _running(self, name: str) -> bool:
+        """Our child by its Popen (no race with exec: right after fork the child's argv is still
+        ours); a process started elsewhere by its recorded pid and argv."""
         popen = self._popens.get(name)
         if popen is not None:
             return popen.poll() is None
@@ -531,6 +557,54 @@ class LocalCluster:
 
     def __repr__(self) -> str:
         return f"LocalCluster({self.dir}, processes={sorted(self.records, key=_name_order)})"
+
+
+def tier_settings(tier_uri: str | None, s3_endpoint_url: str | None) -> dict:
+    """BrokerConfig overrides for the launcher's ``--tier URI`` / ``--s3-endpoint URL`` flags
+    (contract: ``tier_uri``, ``tier_s3_endpoint_url``). Only the flags given are set; a URI that
+    is neither ``s3://bucket[/prefix]`` nor ``file:///dir`` is refused. The S3 credentials are
+    not config: the standard AWS environment variables reach every child process unchanged."""
+    from broker.config import BrokerConfig
+    settings: dict = {}
+    if tier_uri is not None:
+        if tier_uri and not (tier_uri.startswith("s3://") and len(tier_uri) > len("s3://")
+                             or tier_uri.startswith("file:///")):
+            raise ConfigError(f"--tier must be s3://bucket[/prefix] or file:///absolute/dir, got {tier_uri!r}")
+        settings["tier_uri"] = tier_uri
+    if s3_endpoint_url is not None:
+        if s3_endpoint_url and not s3_endpoint_url.startswith(("http://", "https://")):
+            raise ConfigError(f"--s3-endpoint must be an http(s):// URL, got {s3_endpoint_url!r}")
+        settings["tier_s3_endpoint_url"] = s3_endpoint_url
+    fields = {f.name for f in dataclasses.fields(BrokerConfig)}
+    missing = sorted(set(settings) - fields)
+    if missing:
+        raise ConfigError(f"this broker has no setting {', '.join(missing)} (no tiered storage in this build)")
+    return settings
+
+
+# settings the launcher chooses itself for each process (addresses, identities, directories)
+BOOKIE_LAUNCHER_KEYS = frozenset({"bookie_id", "host", "port", "zookeeper", "journal_dir", "ledger_dir"})
+BROKER_LAUNCHER_KEYS = frozenset({"broker_id", "host", "port", "http_port", "advertised_host", "zookeeper"})
+
+
+def settings_from_file(role: str, path: str | Path) -> dict:
+    """The settings of a bookie or broker TOML config (e.g. deploy/conf/broker-1.toml, the file
+    docker compose mounts) as overrides for the launcher: the file is loaded and validated with
+    the process's own loader, and the keys the launcher chooses per process (addresses, ids,
+    directories, ZooKeeper) are dropped."""
+    import tomllib
+    from pulsarlite.config import load_toml
+    if role == BOOKIE:
+        load_toml(BookieConfig, path)
+        skip = BOOKIE_LAUNCHER_KEYS
+    elif role == BROKER:
+        from broker.config import BrokerConfig
+        load_toml(BrokerConfig, path)
+        skip = BROKER_LAUNCHER_KEYS
+    else:
+        raise ConfigError(f"no config file for role {role!r}")
+    data = tomllib.loads(Path(path).read_text())
+    return {k: v for k, v in data.items() if k not in skip}
 
 
 def _name_order(name: str) -> tuple:
@@ -560,4 +634,4 @@ def format_status(status: dict) -> str:
 
 
 __all__ = ["LocalCluster", "ClusterError", "ProcessRecord", "default_bookie_command", "default_broker_command",
-           "format_status"]
+           "format_status", "tier_settings", "settings_from_file"]

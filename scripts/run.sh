@@ -1,34 +1,84 @@
 #!/usr/bin/env bash
-# The main job, from a fresh machine: installs what it needs, starts a local cluster
-# (ZooKeeper + 3 bookies + 1 broker) under ./run/cluster, writes a replicated ledger (E3/Qw3/Qa2)
-# and reads it back, then produces to and consumes from a topic through the broker with the
-# official Pulsar client. The cluster keeps running afterwards; stop it with
-#   .venv/bin/pulsarlite cluster stop --dir run/cluster
+# The main command, from a fresh machine: installs what pulsarlite needs (scripts/setup.sh),
+# starts `pulsarlite standalone` (ZooKeeper + 3 bookies + 1 broker + a file:// tier) with its data
+# in ./run/standalone, waits until it is ready, produces and consumes 1,000 messages with the
+# official Pulsar client (scripts/demo_pubsub.py), then keeps serving in the foreground until
+# Ctrl-C, which stops every process (data kept for the next run).
+#
+#   bash scripts/run.sh               serve after the demo until Ctrl-C
+#   bash scripts/run.sh --demo-only   stop after the demo (also when CI=true)
+#
+# Environment: PULSARLITE_DIR (data dir, default run/standalone), PULSARLITE_PORT (6650),
+# PULSARLITE_HTTP_PORT (8080), PULSARLITE_ZK_PORT (2181), PULSARLITE_BOOKIE_PORT (3181: 3181..3183).
+# Ports apply when the directory is created; an existing directory keeps its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+DEMO_ONLY=0
+for arg in "$@"; do
+  case "$arg" in
+    --demo-only) DEMO_ONLY=1 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "run.sh: unknown argument $arg (try --help)" >&2; exit 2 ;;
+  esac
+done
+if [ "${CI:-}" = "true" ]; then DEMO_ONLY=1; fi
+
 bash scripts/setup.sh
-DIR=${PULSARLITE_DIR:-run/cluster}
-PL=.venv/bin/pulsarlite
-$PL cluster start --dir "$DIR" --bookies 3 --brokers 1
-STATUS=$($PL cluster status --dir "$DIR" --json)
-ZK=$(echo "$STATUS" | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["zookeeper"])')
-SERVICE_URL=$(echo "$STATUS" | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["service_url"])')
-ADMIN_URL=$(echo "$STATUS" | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["admin_url"])')
-$PL cluster status --dir "$DIR"
-echo "== writing 1000 entries to a new ledger (ensemble 3, write quorum 3, ack quorum 2)"
-OUT=$($PL bookkeeper --zookeeper "$ZK" simpletest --ensemble 3 --write-quorum 3 --ack-quorum 2 --entries 1000 --json)
-echo "$OUT"
-LEDGER=$(echo "$OUT" | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["ledger_id"])')
-echo "== reading ledger $LEDGER back"
-$PL bookkeeper --zookeeper "$ZK" readledger "$LEDGER" --json
-$PL bookkeeper --zookeeper "$ZK" ledgermetadata "$LEDGER"
-$PL bookkeeper --zookeeper "$ZK" listbookies
-echo "== producing and consuming through the broker ($SERVICE_URL) with the official Pulsar client"
-.venv/bin/python scripts/demo_pubsub.py "$SERVICE_URL" --messages 1000
+DIR=${PULSARLITE_DIR:-run/standalone}
+mkdir -p "$DIR"
+OUT="$DIR/standalone.out"
+: > "$OUT"
+
+.venv/bin/pulsarlite standalone --data-dir "$DIR" \
+  --port "${PULSARLITE_PORT:-6650}" --http-port "${PULSARLITE_HTTP_PORT:-8080}" \
+  --zookeeper-port "${PULSARLITE_ZK_PORT:-2181}" --bookie-port "${PULSARLITE_BOOKIE_PORT:-3181}" \
+  >"$OUT" 2>&1 &
+PID=$!
+
+stop_standalone() {
+  trap - INT TERM
+  if kill -0 "$PID" 2>/dev/null; then
+    kill -TERM "$PID" 2>/dev/null || true
+  fi
+  wait "$PID" 2>/dev/null || true
+  if [ "${SERVING:-0}" = 0 ]; then grep -E "^pulsarlite standalone: (stopping|stopped)" "$OUT" || true; fi
+}
+trap 'echo; echo "== stopping"; stop_standalone; exit 130' INT TERM
+
+echo "== starting pulsarlite standalone in $DIR (output in $OUT)"
+for _ in $(seq 1 600); do
+  if grep -q "pulsarlite standalone is ready" "$OUT"; then break; fi
+  if ! kill -0 "$PID" 2>/dev/null; then
+    echo "pulsarlite standalone exited before it was ready:" >&2
+    cat "$OUT" >&2
+    wait "$PID" || exit $?
+    exit 1
+  fi
+  sleep 0.5
+done
+if ! grep -q "pulsarlite standalone is ready" "$OUT"; then
+  echo "pulsarlite standalone not ready after 300 s:" >&2; cat "$OUT" >&2; stop_standalone; exit 1
+fi
+sed -n '/pulsarlite standalone is ready/,/Press Ctrl-C/p' "$OUT"
+SERVICE_URL=$(sed -n 's/^  service URL  //p' "$OUT" | head -1)
+ADMIN_URL=$(sed -n 's/^  admin URL    //p' "$OUT" | head -1)
+
+echo "== producing and consuming 1000 messages through $SERVICE_URL with the official Pulsar client"
+DEMO_STATUS=0
+.venv/bin/python scripts/demo_pubsub.py "$SERVICE_URL" --messages 1000 || DEMO_STATUS=$?
+echo "== topics: curl $ADMIN_URL/admin/v2/persistent/public/default"
+curl -fsS "$ADMIN_URL/admin/v2/persistent/public/default" 2>/dev/null | head -c 2000 || true
 echo
-echo "The cluster is still running:"
-echo "  service URL  $SERVICE_URL   (any Pulsar client)"
-echo "  admin URL    $ADMIN_URL   (e.g. curl $ADMIN_URL/admin/v2/persistent/public/default)"
-echo "  ZooKeeper    $ZK"
-echo "Stop it with:"
-echo "  $PL cluster stop --dir $DIR"
+
+if [ "$DEMO_ONLY" = 1 ] || [ "$DEMO_STATUS" != 0 ]; then
+  stop_standalone
+  exit "$DEMO_STATUS"
+fi
+
+echo "== serving until Ctrl-C (service URL $SERVICE_URL, admin URL $ADMIN_URL); standalone output follows"
+SERVING=1
+tail -n 0 -f --pid="$PID" "$OUT" &
+wait "$PID" || STATUS=$?
+trap - INT TERM
+exit "${STATUS:-0}"

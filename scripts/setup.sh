@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Installs everything pulsarlite needs on a fresh Debian machine (root, Python 3.11, Java 17):
-# Debian's zookeeper package when missing, a virtualenv at .venv, the package and its test extras.
+# Debian's zookeeper and docker-compose packages when missing, a virtualenv at .venv, the package and its test extras.
 # Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -f /usr/share/java/zookeeper.jar ]; then
-  echo "== installing Debian's zookeeper"
+# Debian packages: zookeeper (run by the launcher and tests) and docker-compose (CI validates
+# deploy/docker-compose.yml with it; no Docker engine is needed for that)
+missing=""
+[ -f /usr/share/java/zookeeper.jar ] || missing="$missing zookeeper"
+command -v docker-compose >/dev/null || missing="$missing docker-compose"
+if [ -n "$missing" ]; then
+  echo "== installing Debian's$missing"
   export DEBIAN_FRONTEND=noninteractive
   apt-get -o DPkg::Lock::Timeout=120 update -q
-  apt-get -o DPkg::Lock::Timeout=120 install -y --no-install-recommends zookeeper
+  apt-get -o DPkg::Lock::Timeout=120 install -y --no-install-recommends $missing
 fi
 command -v java >/dev/null || { echo "java (17) is required" >&2; exit 1; }
 

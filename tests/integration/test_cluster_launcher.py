@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import json
 import subprocess
 import sys
@@ -178,3 +179,49 @@ def test_negative_brokers_rejected_and_context_manager_cleans_up(tmp_path):
             assert len(pids) == 2
             raise RuntimeError("test failure")
     assert pids and not any(process_alive(pid) for pid in pids)
+
+
+def test_cli_tier_flags_reach_broker_config_and_aws_env_reaches_brokers(tmp_path):
+    """--tier / --s3-endpoint become the broker keys tier_uri / tier_s3_endpoint_url (new and
+    existing brokers), the AWS_* environment reaches the broker processes, bad values change nothing."""
+    from broker.config import BrokerConfig
+    from pulsarlite.zk_server import process_matches
+
+    directory = tmp_path / "cluster"
+    tier_dir = tmp_path / "tier"
+    tier_dir.mkdir()
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "chaos-key", "AWS_SECRET_ACCESS_KEY": "chaos-secret",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pulsarlite", "cluster", *args], capture_output=True,
+                              text=True, timeout=CLI_TIMEOUT_S, env=env)
+
+    try:
+        result = run("start", "--dir", str(directory), "--bookies", "3", "--brokers", "1",
+                     "--tier", tier_dir.as_uri(), "--s3-endpoint", "http://127.0.0.1:9")
+        assert result.returncode == 0, result.stderr
+        broker_config = directory / "conf" / "broker-1.toml"
+        config = load_toml(BrokerConfig, broker_config)
+        assert config.tier_uri == tier_dir.as_uri() and config.tier_s3_endpoint_url == "http://127.0.0.1:9"
+        status = json.loads(cli("status", "--dir", str(directory), "--json").stdout)
+        broker = {p["name"]: p for p in status["processes"]}["broker-1"]
+        assert broker["healthy"] and process_matches(broker["pid"], str(broker_config))
+        environ = Path(f"/proc/{broker['pid']}/environ").read_bytes().split(b"\0")
+        assert b"AWS_ACCESS_KEY_ID=chaos-key" in environ and b"AWS_SECRET_ACCESS_KEY=chaos-secret" in environ
+
+        before = broker_config.read_text()
+        for bad in (["--tier", "ftp://x"], ["--tier", "s3://"], ["--s3-endpoint", "minio:9000"]):
+            result = run("start", "--dir", str(directory), "--bookies", "3", "--brokers", "1", *bad)
+            assert result.returncode == 2 and ("--tier" in result.stderr or "--s3-endpoint" in result.stderr), bad
+        assert broker_config.read_text() == before
+
+        # an existing broker's config is rewritten; it takes effect at its next restart (said so)
+        result = run("start", "--dir", str(directory), "--bookies", "3", "--brokers", "1",
+                     "--tier", "s3://bucket/prefix")
+        assert result.returncode == 0 and "take effect when these brokers restart: broker-1" in result.stderr
+        config = load_toml(BrokerConfig, broker_config)
+        assert config.tier_uri == "s3://bucket/prefix" and config.tier_s3_endpoint_url == "http://127.0.0.1:9"
+    finally:
+        if (directory / "cluster.json").exists():
+            LocalCluster.open(directory).stop()

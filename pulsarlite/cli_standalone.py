@@ -1,0 +1,46 @@
+"""`pulsarlite standalone [--data-dir D]`: ZooKeeper + 3 bookies + 1 broker + a file:// tier,
+in the foreground until Ctrl-C (see pulsarlite/standalone.py)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "standalone", help="run ZooKeeper, 3 bookies, 1 broker and a file:// tier in the foreground",
+        description="Run ZooKeeper, 3 bookies, 1 broker and a file:// offload tier, supervised in the "
+                    "foreground; Ctrl-C (or SIGTERM) stops every process. Data, configs and logs live in "
+                    "--data-dir and are kept across restarts; a directory that already holds a cluster "
+                    "keeps the ports it was created with.")
+    p.add_argument("--data-dir", default="data/standalone", help="state, data, configs and logs (default data/standalone)")
+    p.add_argument("--port", type=int, default=6650, help="Pulsar protocol port (default 6650)")
+    p.add_argument("--http-port", type=int, default=8080, help="admin HTTP port (default 8080)")
+    p.add_argument("--zookeeper-port", type=int, default=2181, help="ZooKeeper client port (default 2181)")
+    p.add_argument("--bookie-port", type=int, default=3181,
+                   help="first bookie port; the 3 bookies use PORT..PORT+2 (default 3181)")
+    p.add_argument("--tier", metavar="URI", default=None,
+                   help="offload tier (default file://DATA_DIR/tier; '' for none)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for health at start (default 120)")
+    p.add_argument("--restarts-max", type=int, default=5,
+                   help="a child dying more often than this within 5 minutes stops the standalone (default 5)")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    from pulsarlite.errors import ConfigError
+    from pulsarlite.standalone import RestartPolicy, Standalone, StandaloneSettings
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+    try:
+        settings = StandaloneSettings(
+            data_dir=Path(args.data_dir).resolve(), port=args.port, http_port=args.http_port,
+            zookeeper_port=args.zookeeper_port, bookie_port=args.bookie_port, tier_uri=args.tier,
+            start_timeout_s=args.timeout, policy=RestartPolicy(restarts_max=args.restarts_max)).validate()
+    except ConfigError as e:
+        print(f"pulsarlite standalone: {e}", file=sys.stderr)
+        return 2
+    return Standalone(settings).run()

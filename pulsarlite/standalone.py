@@ -1,0 +1,300 @@
+"""``pulsarlite standalone``: ZooKeeper + 3 bookies + 1 broker + a file:// tier in one foreground
+command, like ``pulsar standalone``.
+
+The processes are the ones of the local cluster launcher (:class:`pulsarlite.cluster.LocalCluster`)
+in ``--data-dir`` (state, configs, data, ``logs/NAME.log``); this module adds what a foreground
+server needs:
+
+- fixed, configurable ports (6650 Pulsar, 8080 HTTP like Pulsar; ZooKeeper 2181; bookies
+  3181..3183), kept across restarts (a directory that already has a cluster keeps its ports);
+- a ready banner with the service and admin URLs once every process is healthy;
+- supervision: a child that exits is reported and restarted after a bounded, doubling backoff;
+  a child that dies more than ``restarts_max`` times within ``restart_window_s`` stops the
+  whole standalone with a clear message and exit status 1 (a crash loop is not hidden);
+- a clean stop on SIGINT / SIGTERM: broker, then bookies, then ZooKeeper, each by its pid
+  (SIGTERM, SIGKILL after the grace period); the data stays for the next start;
+- one standalone per directory (an flock on ``D/standalone.lock``).
+
+The restart decisions are a pure core (:class:`RestartPolicy`); the loop around it is thin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pulsarlite.cluster import ClusterError, LocalCluster
+from pulsarlite.errors import ConfigError, PulsarliteError
+
+log = logging.getLogger("pulsarlite.standalone")
+
+BOOKIES = 3
+LOCK_FILE = "standalone.lock"
+
+
+# -- restart policy (pure) -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When to restart a dead child: after ``backoff_s_min * 2**(n-1)`` (at most ``backoff_s_max``)
+    for its n-th death within ``restart_window_s``; give up after ``restarts_max`` deaths in it."""
+
+    backoff_s_min: float = 1.0
+    backoff_s_max: float = 30.0
+    restarts_max: int = 5
+    restart_window_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.backoff_s_min <= self.backoff_s_max:
+            raise ConfigError("need 0 < backoff_s_min <= backoff_s_max")
+        if self.restarts_max < 0 or self.restart_window_s <= 0:
+            raise ConfigError("restarts_max must be >= 0 and restart_window_s > 0")
+
+
+@dataclass(frozen=True)
+class Restart:
+    name: str
+    delay_s: float
+    attempt: int          # deaths of this child within the window, this one included
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    name: str
+    deaths: int
+    window_s: float
+
+
+@dataclass(frozen=True)
+class RestartBook:
+    """Death times of each child (monotonic seconds), trimmed to the window."""
+
+    deaths: dict[str, tuple[float, ...]] = field(default_factory=dict)
+
+    def on_death(self, policy: RestartPolicy, name: str, now_s: float) -> tuple["RestartBook", Restart | GiveUp]:
+        recent = tuple(t for t in self.deaths.get(name, ()) if now_s - t < policy.restart_window_s) + (now_s,)
+        book = RestartBook({**self.deaths, name: recent})
+        if len(recent) > policy.restarts_max:
+            return book, GiveUp(name, len(recent), policy.restart_window_s)
+        delay_s = min(policy.backoff_s_max, policy.backoff_s_min * 2 ** (len(recent) - 1))
+        return book, Restart(name, delay_s, len(recent))
+
+
+# -- settings ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StandaloneSettings:
+    data_dir: Path
+    port: int = 6650
+    http_port: int = 8080
+    zookeeper_port: int = 2181
+    bookie_port: int = 3181                 # bookies listen on bookie_port .. bookie_port+2
+    tier_uri: str | None = None             # None: file://<data_dir>/tier; "": no tier
+    start_timeout_s: float = 120.0
+    stop_grace_s: float = 10.0
+    poll_interval_s: float = 0.5
+    policy: RestartPolicy = RestartPolicy()
+
+    def validate(self) -> "StandaloneSettings":
+        ports = [self.port, self.http_port, self.zookeeper_port] + [self.bookie_port + i for i in range(BOOKIES)]
+        for p in ports:
+            if not 0 < p <= 65535:
+                raise ConfigError(f"port out of range: {p}")
+        if len(set(ports)) != len(ports):
+            raise ConfigError(f"ports must all differ: {ports}")
+        return self
+
+    @property
+    def effective_tier_uri(self) -> str:
+        if self.tier_uri is None:
+            return (self.data_dir.resolve() / "tier").as_uri()
+        return self.tier_uri
+
+
+def broker_supports_tier() -> bool:
+    """The broker has the ``tier_uri`` setting and the object store module exists."""
+    import importlib.util
+    from broker.config import BrokerConfig
+    if "tier_uri" not in {f.name for f in dataclasses.fields(BrokerConfig)}:
+        return False
+    try:
+        return importlib.util.find_spec("offload.store") is not None
+    except ImportError:
+        return False
+
+
+# -- the foreground process ----------------------------------------------------------------------
+
+class _StopRequested(BaseException):
+    """Raised from the SIGINT/SIGTERM handler to leave start-up or the supervision loop."""
+
+
+class Standalone:
+    def __init__(self, settings: StandaloneSettings, out=sys.stdout) -> None:
+        self.settings = settings.validate()
+        self.out = out
+        self.cluster: LocalCluster | None = None
+        self.book = RestartBook()
+        self._stopping = False
+        self._lock_fd: int | None = None
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def _lock(self) -> None:
+        d = self.settings.data_dir
+        d.mkdir(parents=True, exist_ok=True)
+        fd = os.open(d / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ClusterError(f"another pulsarlite standalone is running on {d} "
+                               f"(lock {d / LOCK_FILE}); stop it first") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _on_signal(self, signum, frame) -> None:
+        if self._stopping:
+            return  # already stopping: the stop is bounded (grace, then SIGKILL)
+        self._stopping = True
+        log.info("event=stop_requested signal=%s", signal.Signals(signum).name)
+        raise _StopRequested()
+
+    def run(self) -> int:
+        """Start, print the banner, supervise until a signal (0) or a crash loop (1)."""
+        s = self.settings
+        try:
+            self._lock()
+        except ClusterError as e:
+            self._print(f"pulsarlite standalone: {e}")
+            return 1
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        status = 0
+        try:
+            self.cluster = LocalCluster(s.data_dir, start_timeout_s=s.start_timeout_s,
+                                        stop_grace_s=s.stop_grace_s, zookeeper_port=s.zookeeper_port)
+            self._start()
+            self._banner()
+            status = self._supervise()
+        except _StopRequested:
+            status = 0
+        except PulsarliteError as e:
+            self._print(f"pulsarlite standalone: {e}")
+            status = 2 if isinstance(e, ConfigError) else 1
+        finally:
+            self._stopping = True
+            try:
+                if self.cluster is not None and self.cluster.records:
+                    self._print("pulsarlite standalone: stopping (broker, bookies, ZooKeeper)")
+                    self.cluster.stop()
+                    self._print("pulsarlite standalone: stopped; data kept in " + str(s.data_dir))
+            finally:
+                if self.cluster is not None:
+                    self.cluster.close()
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+                self._unlock()
+        return status
+
+    def _start(self) -> None:
+        s = self.settings
+        cluster = self.cluster
+        assert cluster is not None
+        broker = {"port": s.port, "http_port": s.http_port}
+        tier = s.effective_tier_uri
+        if tier:
+            if broker_supports_tier():
+                broker["tier_uri"] = tier
+                cluster.update_broker_configs({"tier_uri": tier})  # a directory created without one
+                if tier.startswith("file://"):
+                    Path(tier[len("file://"):]).mkdir(parents=True, exist_ok=True)
+            else:
+                log.warning("event=no_tier reason=\"broker has no tier_uri setting in this build\"")
+                tier = ""
+        self.tier_uri = tier
+        bookies = {f"bookie-{i + 1}": {"port": s.bookie_port + i} for i in range(BOOKIES)}
+        fresh = not cluster.records
+        self._print(f"pulsarlite standalone: {'creating' if fresh else 'resuming'} {s.data_dir} "
+                    f"(ZooKeeper, {BOOKIES} bookies, 1 broker); logs in {s.data_dir / 'logs'}")
+        cluster.start_processes(bookies=BOOKIES, brokers=1, bookie_overrides=bookies,
+                                broker_overrides={"broker-1": broker})
+
+    def _banner(self) -> None:
+        cluster = self.cluster
+        assert cluster is not None
+        lines = [
+            "",
+            "pulsarlite standalone is ready",
+            f"  service URL  {cluster.service_url}",
+            f"  admin URL    {cluster.admin_url}",
+            f"  ZooKeeper    {cluster.zookeeper}",
+            f"  bookies      {', '.join(cluster.bookie_ids)}",
+            f"  tier         {self.tier_uri or '(none)'}",
+            f"  data         {cluster.dir}",
+            "Press Ctrl-C to stop.",
+            "",
+        ]
+        self._print("\n".join(lines))
+
+    def _supervise(self) -> int:
+        s = self.settings
+        cluster = self.cluster
+        assert cluster is not None
+        while True:
+            time.sleep(s.poll_interval_s)
+            for name in list(cluster.records):
+                if cluster._running(name):
+                    continue
+                code = self._exit_code(name)
+                self.book, action = self.book.on_death(s.policy, name, time.monotonic())
+                if isinstance(action, GiveUp):
+                    self._print(f"pulsarlite standalone: {name} died {action.deaths} times within "
+                                f"{action.window_s:.0f}s (last exit {code}); giving up. Last lines of "
+                                f"{cluster.records[name].log}:\n{_tail(cluster.records[name].log)}")
+                    return 1
+                self._print(f"pulsarlite standalone: {name} exited ({code}); restarting in "
+                            f"{action.delay_s:.0f}s (restart {action.attempt} of at most "
+                            f"{s.policy.restarts_max} within {s.policy.restart_window_s:.0f}s)")
+                log.warning("event=child_exited name=%s exit=%s delay_s=%.1f attempt=%d",
+                            name, code, action.delay_s, action.attempt)
+                time.sleep(action.delay_s)
+                try:
+                    cluster.restart(name)
+                except ClusterError as e:
+                    self._print(f"pulsarlite standalone: restart of {name} failed: {e}")
+                    continue  # seen dead again on the next pass: counts as another death
+                self._print(f"pulsarlite standalone: {name} is back (pid {cluster.records[name].pid})")
+
+    def _exit_code(self, name: str) -> str:
+        popen = self.cluster._popens.get(name) if self.cluster else None
+        if popen is None or popen.poll() is None:
+            return "unknown"
+        code = popen.returncode
+        if code < 0:
+            try:
+                return f"signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"signal {-code}"
+        return f"status {code}"
+
+
+def _tail(path: str) -> str:
+    from pulsarlite.zk_server import log_tail
+    return log_tail(Path(path))
+
+
+__all__ = ["Standalone", "StandaloneSettings", "RestartPolicy", "RestartBook", "Restart", "GiveUp"]
