@@ -24,43 +24,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bookie.client.ledger_client import LedgerClient  # noqa: E402
 from pulsarlite.cluster import LocalCluster  # noqa: E402
+
+from machine_limits import disk_append_fdatasync_ops_s, disk_fsync_seq_mb_s  # noqa: E402 - bench/ is on sys.path
 from pulsarlite.config import BookieConfig, LedgerClientConfig  # noqa: E402
 
 MiB = 1024 * 1024
-
-
-def disk_fsync_seq_mb_s(directory: str, total_mb: int = 256) -> float:
-    path = os.path.join(directory, "fsync-probe.bin")
-    block = os.urandom(MiB)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        started = time.perf_counter()
-        for _ in range(total_mb):
-            os.write(fd, block)
-            os.fdatasync(fd)
-        elapsed = time.perf_counter() - started
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return total_mb / elapsed
-
-
-def disk_append_fdatasync_ops_s(directory: str, seconds: float = 3.0) -> float:
-    path = os.path.join(directory, "append-probe.bin")
-    block = os.urandom(4096)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-    ops = 0
-    try:
-        started = time.perf_counter()
-        while time.perf_counter() - started < seconds:
-            os.write(fd, block)
-            os.fdatasync(fd)
-            ops += 1
-        elapsed = time.perf_counter() - started
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return ops / elapsed
 
 
 def pct(values: list[float], p: float) -> float:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 from typing import Hashable, Iterable
 
+from pulsarlite.hashing import murmur3_32  # noqa: F401 - re-exported
 from pulsarlite.errors import PulsarliteError, check
 from pulsarlite.wire import pb
 
@@ -32,40 +33,6 @@ class ConsumerAssignError(PulsarliteError):
     server_error = pb.ConsumerAssignError
 
 
-def murmur3_32(data: bytes, seed: int = 0) -> int:
-    """MurmurHash3 x86 32-bit (unsigned result), as Guava's ``murmur3_32`` (the legacy one,
-    which Pulsar uses; identical for byte input)."""
-    c1, c2 = 0xCC9E2D51, 0x1B873593
-    h = seed & 0xFFFFFFFF
-    n = len(data)
-    full = n - (n % 4)
-    for i in range(0, full, 4):
-        k = int.from_bytes(data[i:i + 4], "little")
-        k = (k * c1) & 0xFFFFFFFF
-        k = ((k << 15) | (k >> 17)) & 0xFFFFFFFF
-        k = (k * c2) & 0xFFFFFFFF
-        h ^= k
-        h = ((h << 13) | (h >> 19)) & 0xFFFFFFFF
-        h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
-    k = 0
-    tail = data[full:]
-    if len(tail) >= 3:
-        k ^= tail[2] << 16
-    if len(tail) >= 2:
-        k ^= tail[1] << 8
-    if len(tail) >= 1:
-        k ^= tail[0]
-        k = (k * c1) & 0xFFFFFFFF
-        k = ((k << 15) | (k >> 17)) & 0xFFFFFFFF
-        k = (k * c2) & 0xFFFFFFFF
-        h ^= k
-    h ^= n
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-    h ^= h >> 16
-    return h
 
 
 def sticky_key_hash(key: bytes | str | None) -> int:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from pulsarlite._proto import pulsar_api_pb2 as pb
+from pulsarlite.hashing import murmur3_32  # noqa: F401 - re-exported
 from pulsarlite.wire import commands as c
 from pulsarlite.wire.entry import Compression, Message as WireMessage, build_batch_entry, build_entry
 from pulsarlite.wire.frames import FRAME_BYTES_MAX_DEFAULT, MESSAGE_BYTES_MAX_DEFAULT, FrameDecoder
@@ -307,38 +308,6 @@ def build_single(message: WireMessage, *, producer_name: str, sequence_id: int,
 # Routing
 # ---------------------------------------------------------------------------------------------
 
-def murmur3_32(data: bytes, seed: int = 0) -> int:
-    """MurmurHash3 x86 32-bit (unsigned result)."""
-    c1, c2 = 0xCC9E2D51, 0x1B873593
-    h = seed & 0xFFFFFFFF
-    n = len(data)
-    rounded = n & ~3
-    for (k,) in struct.iter_unpack("<I", data[:rounded]):
-        k = (k * c1) & 0xFFFFFFFF
-        k = ((k << 15) | (k >> 17)) & 0xFFFFFFFF
-        k = (k * c2) & 0xFFFFFFFF
-        h ^= k
-        h = ((h << 13) | (h >> 19)) & 0xFFFFFFFF
-        h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
-    tail = data[rounded:]
-    k = 0
-    if len(tail) >= 3:
-        k ^= tail[2] << 16
-    if len(tail) >= 2:
-        k ^= tail[1] << 8
-    if len(tail) >= 1:
-        k ^= tail[0]
-        k = (k * c1) & 0xFFFFFFFF
-        k = ((k << 15) | (k >> 17)) & 0xFFFFFFFF
-        k = (k * c2) & 0xFFFFFFFF
-        h ^= k
-    h ^= n
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-    h ^= h >> 16
-    return h
 
 
 def java_string_hash(key: str) -> int:
