@@ -14,4 +14,41 @@ def register(spark) -> None:
     spark.dataSource.register(PulsarliteDataSource)
 
 
-__all__ = ["register"]
+def register_namespace(spark, namespace: str, **options: str) -> dict[str, str]:
+    """Every persistent topic of ``namespace`` (``tenant/ns``) as a temporary view, so that
+    ``spark.sql("SELECT ... FROM orders WHERE publish_time > ...")`` works (with pruning, and
+    typed columns for topics with a struct schema). ``options`` are the source's (``zookeeper``
+    is required). A view is named after the topic's local name, characters other than letters,
+    digits and ``_`` replaced by ``_``. Returns {view name: topic}. Partitions of a partitioned
+    topic are one view (its partitions together)."""
+    import asyncio
+    import re
+
+    from spark_source.metadata import expand_topics
+    from spark_source.options import OptionError, parse_options
+    from spark_source.source import _with_metadata
+
+    parts = namespace.strip().split("/")
+    if len(parts) != 2 or not all(parts):
+        raise OptionError(f"namespace must be tenant/namespace, got {namespace!r}")
+    pattern = f"persistent://{parts[0]}/{parts[1]}/.*"
+    opts = parse_options(dict(options, topicsPattern=pattern), streaming=False)
+
+    async def run(store, client):
+        return await expand_topics(store, topics=[], pattern=pattern)
+
+    from pulsarlite.topic_name import TopicName
+    parents = sorted({str(TopicName.parse(t).partitioned_parent) for t, _ in asyncio.run(_with_metadata(opts, run))})
+    register(spark)
+    views: dict[str, str] = {}
+    for topic in parents:
+        view = re.sub(r"[^A-Za-z0-9_]", "_", TopicName.parse(topic).local_name)
+        reader = spark.read.format("pulsarlite")
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        reader.option("topic", topic).load().createOrReplaceTempView(view)
+        views[view] = topic
+    return views
+
+
+__all__ = ["register", "register_namespace"]

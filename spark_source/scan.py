@@ -38,6 +38,7 @@ class ReadSettings:
     metrics_dir: str | None
     chunk_entries: int = 2_000
     fail_on_data_loss: bool = True
+    typed: object | None = None        # spark_source.typed.TypedValue: typed value columns
 
 
 # -- row filtering and output ------------------------------------------------------------------
@@ -67,8 +68,8 @@ def filter_rows(table: pa.Table, scan: SegmentScan) -> pa.Table:
     return table.filter(mask)
 
 
-def to_output(table: pa.Table, scan: SegmentScan) -> pa.RecordBatch:
-    """ROW_SCHEMA rows -> the DataFrame's columns."""
+def to_output(table: pa.Table, scan: SegmentScan, typed=None) -> pa.RecordBatch:
+    """ROW_SCHEMA rows -> the DataFrame's columns (and the typed value columns, if any)."""
     n = table.num_rows
     ledger = table["ledger_id"]
     entry = table["entry_id"]
@@ -93,7 +94,11 @@ def to_output(table: pa.Table, scan: SegmentScan) -> pa.RecordBatch:
         table["sequence_id"].cast(pa.int64()),
     ]
     columns = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
-    return pa.RecordBatch.from_arrays(columns, schema=OUTPUT_SCHEMA)
+    if typed is None:
+        return pa.RecordBatch.from_arrays(columns, schema=OUTPUT_SCHEMA)
+    from spark_source.typed import typed_arrays
+    schema = pa.schema(list(OUTPUT_SCHEMA) + typed.output_fields())
+    return pa.RecordBatch.from_arrays(columns + typed_arrays(table, typed), schema=schema)
 
 
 from spark_source.metrics import record  # noqa: E402
@@ -124,7 +129,7 @@ def read_scans(scans: tuple[SegmentScan, ...], settings: ReadSettings) -> Iterat
                 table = filter_rows(table, scan)
                 if table.num_rows:
                     rows += table.num_rows
-                    yield to_output(table, scan)
+                    yield to_output(table, scan, settings.typed)
             log.info("segment scan done topic=%s ledger=%d rows=%d elapsed_ms=%d", scan.topic, scan.ledger_id,
                      rows, int((time.monotonic() - started) * 1000))
     finally:
@@ -240,7 +245,8 @@ def _read_parquet(uri: str, scan: SegmentScan, settings: ReadSettings) -> Iterat
         record(settings.metrics_dir, "rowgroups", {"ledger_id": scan.ledger_id, "total": md.num_row_groups,
                                                    "read": len(wanted)})
         for i in wanted:
-            yield read_row_groups(pf, [i], columns=READ_COLUMNS, what=what)
+            columns = READ_COLUMNS if settings.typed is None else READ_COLUMNS + ["schema_version"]
+            yield read_row_groups(pf, [i], columns=columns, what=what)
 
 
 def _open_input(uri: str, settings: ReadSettings):

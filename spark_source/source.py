@@ -112,10 +112,51 @@ def plan_batch(opts: SourceOptions, partitions: list[PartitionLedgers], tmin: in
     return scans
 
 
-def _settings(opts: SourceOptions):
+def _settings(opts: SourceOptions, typed=None):
     from spark_source.scan import ReadSettings
     return ReadSettings(zookeeper=opts.zookeeper or "", s3_endpoint_url=opts.s3_endpoint_url,
-                        metrics_dir=opts.metrics_dir, fail_on_data_loss=opts.fail_on_data_loss)
+                        metrics_dir=opts.metrics_dir, fail_on_data_loss=opts.fail_on_data_loss, typed=typed)
+
+
+_OUTPUT_FIELDS = 13          # the metadata columns of OUTPUT_DDL
+
+
+def _typed_value(options) -> "object | None":
+    """The typed value columns of the topics ``options`` name (spark_source/typed.py), or None."""
+    o = {str(k).lower(): v for k, v in options.items()}
+    mode = str(o.get("valueschema") or "typed").strip().lower()
+    if mode not in ("typed", "raw"):
+        raise OptionError(f"option valueSchema: expected typed or raw, got {mode!r}")
+    if mode == "raw" or not o.get("zookeeper"):
+        return None
+    try:
+        opts = parse_options(options, streaming=False)
+    except OptionError:
+        return None                      # the reader reports bad options itself
+
+    async def run(store, client):
+        from spark_source.metadata import expand_topics
+        from spark_source.scan import OUTPUT_SCHEMA
+        from spark_source.typed import load_typed_value
+        members = await expand_topics(store, topics=list(opts.topics), pattern=opts.topics_pattern)
+        return await load_typed_value(store, [t for t, _ in members], OUTPUT_SCHEMA.names)
+
+    return asyncio.run(_with_metadata(opts, run))
+
+
+def _schema_with(typed):
+    if typed is None:
+        return OUTPUT_DDL
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import from_arrow_schema
+    from spark_source.scan import OUTPUT_SCHEMA
+    return from_arrow_schema(pa.schema(list(OUTPUT_SCHEMA) + typed.output_fields()))
+
+
+def _typed_for(schema, options):
+    """Typed columns for a reader whose schema has more than the metadata columns."""
+    fields = getattr(schema, "fields", None)
+    return _typed_value(options) if fields is not None and len(fields) > _OUTPUT_FIELDS else None
 
 
 def _log_plan(kind: str, opts: SourceOptions, report: PlanReport, groups) -> None:
@@ -144,13 +185,13 @@ class PulsarliteDataSource(DataSource):
         return "pulsarlite"
 
     def schema(self):
-        return OUTPUT_DDL
+        return _schema_with(_typed_value(self.options))
 
     def reader(self, schema):
-        return PulsarliteReader(parse_options(self.options, streaming=False))
+        return PulsarliteReader(parse_options(self.options, streaming=False), _typed_for(schema, self.options))
 
     def streamReader(self, schema):
-        return PulsarliteStreamReader(parse_options(self.options, streaming=True))
+        return PulsarliteStreamReader(parse_options(self.options, streaming=True), _typed_for(schema, self.options))
 
     def writer(self, schema, overwrite: bool):
         from spark_source.writer import PulsarliteWriter
@@ -202,8 +243,9 @@ def publish_time_bounds(filters) -> tuple[tuple[int | None, int | None], list]:
 
 
 class PulsarliteReader(DataSourceReader):
-    def __init__(self, opts: SourceOptions) -> None:
+    def __init__(self, opts: SourceOptions, typed=None) -> None:
         self.opts = opts
+        self.typed = typed
         self.pushed_bounds: tuple[int | None, int | None] = (None, None)
 
     def pushFilters(self, filters):
@@ -234,7 +276,7 @@ class PulsarliteReader(DataSourceReader):
         self.opts.apply_aws_env()
         _worker_logging()
         from spark_source.scan import read_scans
-        yield from read_scans(partition.scans, _settings(self.opts))
+        yield from read_scans(partition.scans, _settings(self.opts, self.typed))
 
 
 def _worker_logging() -> None:
@@ -256,8 +298,9 @@ class PulsarliteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     partitions that appear later start at the earliest. Admission control
     (``maxEntriesPerTrigger``) counts entries (a batched entry holds several messages)."""
 
-    def __init__(self, opts: SourceOptions) -> None:
+    def __init__(self, opts: SourceOptions, typed=None) -> None:
         self.opts = opts
+        self.typed = typed
         self._target: dict[str, str] | None = None   # Trigger.AvailableNow: read up to here
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -333,7 +376,7 @@ class PulsarliteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.opts.apply_aws_env()
         _worker_logging()
         from spark_source.scan import read_scans
-        yield from read_scans(partition.scans, _settings(self.opts))
+        yield from read_scans(partition.scans, _settings(self.opts, self.typed))
 
     def commit(self, end: dict) -> None:
         pass

@@ -456,3 +456,64 @@ def test_retried_write_task_is_deduplicated(spark, cluster, client):
     assert read(spark, cluster, topic=topic).count() == 50
     send_batches(opts, rows(), producer_name="spark-w2-0")      # another write
     assert read(spark, cluster, topic=topic).count() == 100
+
+
+# -- [schema]: typed value columns and topics as tables ---------------------------------------------
+def test_typed_columns_from_the_topic_schema_on_bookies_and_tier(spark, cluster, client, tmp_path):
+    """An Avro topic written under two schema versions (the second adds a field with a default):
+    the record's fields are columns, the same for offloaded and bookie segments; rows of the first
+    version have null for the new field; valueSchema=raw gives the metadata columns only."""
+    from pulsar.schema import AvroSchema, Integer, Record, String
+
+    class Sale(Record):
+        _sorted_fields = True
+        item = String()
+        qty = Integer()
+
+    class SaleV2(Record):
+        _sorted_fields = True
+        item = String()
+        qty = Integer()
+        shop = String(required_default=True)
+
+    SaleV2.__name__ = "Sale"            # one record type, two versions
+    topic = f"persistent://public/default/sales-{uuid.uuid4().hex[:6]}"
+    local = topic.rsplit("/", 1)[1]
+    p1 = client.create_producer(topic, schema=AvroSchema(Sale), batching_enabled=False)
+    for i in range(2 * ROLLOVER_ENTRIES):
+        p1.send(Sale(item=f"i{i}", qty=i))
+    p1.close()
+    p2 = client.create_producer(topic, schema=AvroSchema(SaleV2), batching_enabled=True,
+                                batching_max_messages=7, batching_max_publish_delay_ms=5)
+    for i in range(30):
+        p2.send_async(SaleV2(item=f"j{i}", qty=1000 + i, shop="north"), None)
+    p2.flush()
+    p2.close()
+    closed = [lg["ledger_id"] for lg in ledger_list(cluster, local) if lg["state"] == "CLOSED" and lg["entries"] > 0]
+    admin(cluster.admin_url, "PUT", f"/admin/v2/persistent/public/default/{local}/offload",
+          {"ledgerId": closed[1], "entryId": 0})
+    wait_for(lambda: ledger_list(cluster, local)[0]["offload"]["state"] == "bookie-deleted", 120,
+             "the first ledger offloaded and deleted from the bookies")
+
+    m = tmp_path / "m"
+    df = read(spark, cluster, m, topic=topic)
+    assert [f.name for f in df.schema.fields][-3:] == ["item", "qty", "shop"]
+    rows = {r["item"]: (r["qty"], r["shop"]) for r in df.select("item", "qty", "shop").collect()}
+    assert len(rows) == 2 * ROLLOVER_ENTRIES + 30
+    assert rows["i0"] == (0, None) and rows[f"i{2 * ROLLOVER_ENTRIES - 1}"] == (2 * ROLLOVER_ENTRIES - 1, None)
+    assert rows["j29"] == (1029, "north")
+    assert "tier" in {o["location"] for o in opened(m)}
+    assert df.where("qty >= 1000").count() == 30
+    raw = read(spark, cluster, topic=topic, valueSchema="raw")
+    assert [f.name for f in raw.schema.fields][-1] == "sequence_id"
+    with pytest.raises(Exception, match="valueSchema"):
+        read(spark, cluster, topic=topic, valueSchema="fancy").count()
+
+    # topics as tables: every topic of the namespace is a view
+    import spark_source
+    views = spark_source.register_namespace(spark, "public/default", zookeeper=cluster.zookeeper,
+                                            admin_url=cluster.admin_url, s3_endpoint_url=S3["endpoint"])
+    view = local.replace("-", "_")
+    assert views[view] == topic
+    got = spark.sql(f"SELECT count(*) AS n, sum(qty) AS q FROM {view} WHERE shop = 'north'").collect()[0]
+    assert got["n"] == 30 and got["q"] == sum(1000 + i for i in range(30))

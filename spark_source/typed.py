@@ -1,0 +1,106 @@
+"""Typed value columns ([schema]): when the topics a query reads share an AVRO or JSON schema
+(the broker's registry, ``/schemas/<tenant>/<ns>/<topic>``), the record's fields become columns
+beside the metadata columns, the same for segments on bookies and offloaded ones; ``value``
+keeps the raw bytes. Every live version of the schema is merged by field name
+(offload/typed_columns.py), so rows written under different versions land in one table, a
+field a version lacks being null. A field whose name is taken by a metadata column is named
+``value_<name>``. Option ``valueSchema``: ``typed`` (default) or ``raw`` (metadata columns only).
+
+Topics with no schema, a primitive one, or different struct schemas are read raw (logged).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from offload.typed_columns import DecodeStats, column_names_beside, decode_columns, merged_schema
+from pulsarlite.errors import PulsarliteError
+from pulsarlite.topic_name import TopicName
+
+log = logging.getLogger("pulsarlite.spark")
+
+SCHEMAS_ROOT = "/schemas"
+STRUCT_TYPE_CODES = {2: "JSON", 4: "AVRO"}     # Schema.Type in the wire protocol
+
+
+@dataclass(frozen=True)
+class TypedValue:
+    """What a reader needs to add typed columns (picklable: it travels to the workers)."""
+    versions: tuple[tuple[int, str, str], ...]     # (version, "AVRO"|"JSON", Avro definition as JSON text)
+    target: pa.Schema                             # merged fields, original names
+    names: tuple[str, ...]                        # their column names beside the metadata columns
+
+    def output_fields(self) -> list[pa.Field]:
+        return [pa.field(n, f.type, nullable=True) for n, f in zip(self.names, self.target)]
+
+
+def schema_path(topic: str) -> str:
+    t = TopicName.parse(topic).partitioned_parent
+    return f"{SCHEMAS_ROOT}/{t.tenant}/{t.namespace_local_name}/{t.encoded_local_name}"
+
+
+def live_struct_versions(doc: dict) -> list[tuple[int, str, str]]:
+    """(version, kind, definition) of the live AVRO/JSON versions of a registry znode (the
+    versions after the last tombstone); empty when the latest live version is not a struct."""
+    versions = doc.get("versions") or []
+    start = 0
+    for i, v in enumerate(versions):
+        if v.get("deleted"):
+            start = i + 1
+    out = []
+    for i in range(start, len(versions)):
+        v = versions[i]
+        kind = STRUCT_TYPE_CODES.get(int(v.get("type", 0)))
+        if kind is None:
+            return []
+        out.append((i, kind, base64.b64decode(v.get("data", "")).decode("utf-8")))
+    return out
+
+
+async def load_typed_value(store, topics: list[str], metadata_names: list[str]) -> TypedValue | None:
+    """The typed columns for a query over ``topics`` (full names), or None (read raw)."""
+    parents = sorted({str(TopicName.parse(t).partitioned_parent) for t in topics})
+    if not parents:
+        return None
+    found: dict[str, list[tuple[int, str, str]]] = {}
+    for parent in parents:
+        try:
+            got = await store.get_or_none(schema_path(parent))
+        except PulsarliteError as e:
+            log.info("schema of %s unreadable (%s): reading raw values", parent, e)
+            return None
+        found[parent] = live_struct_versions(json.loads(got[0])) if got is not None else []
+    distinct = {tuple(v) for v in found.values()}
+    if len(distinct) != 1 or not next(iter(distinct)):
+        if any(found.values()):
+            log.info("topics %s do not share one struct schema: reading raw values", parents)
+        return None
+    versions = next(iter(distinct))
+    target = merged_schema([json.loads(d) for _, _, d in versions])
+    names = tuple(column_names_beside(metadata_names, target))
+    log.info("typed value columns topic(s)=%s versions=%s columns=%s", parents, [v for v, _, _ in versions],
+             list(names))
+    return TypedValue(tuple(versions), target, names)
+
+
+def typed_arrays(table: pa.Table, typed: TypedValue) -> list[pa.Array]:
+    """The typed columns of ROW_SCHEMA rows (offload.format), each value decoded with the
+    schema version it was written with (the message's schema_version, 8 bytes big-endian)."""
+    versions = {v: (kind, json.loads(d)) for v, kind, d in typed.versions}
+    raw_versions = table["schema_version"].to_pylist()
+    version_of_row = [int.from_bytes(v, "big", signed=True) if v is not None and len(v) == 8 else None
+                      for v in raw_versions]
+    stats = DecodeStats()
+    arrays = decode_columns(table["value"].to_pylist(), version_of_row, versions, typed.target, stats)
+    if stats.undecodable or stats.unconvertible:
+        log.warning("typed columns: %d undecodable values, %d unconvertible fields (first: %s)",
+                    stats.undecodable, stats.unconvertible, stats.errors[:1])
+    return arrays
+
+
+__all__ = ["TypedValue", "live_struct_versions", "load_typed_value", "schema_path", "typed_arrays"]
