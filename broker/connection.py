@@ -498,9 +498,10 @@ class ServerConnection(asyncio.Protocol):
                 schema_version = encode_version(await self.service.schemas.add(topic.name, body.schema))
             if self.closed:
                 return
-            user_named = body.HasField("producer_name") and body.producer_name and \
-                body.user_provided_producer_name
-            name = body.producer_name if user_named else self.service.next_producer_name()
+            # a name the client sends is kept, user-chosen or not: on reconnect the official client
+            # sends the name a broker assigned it earlier, and deduplication is keyed by it
+            named = body.HasField("producer_name") and body.producer_name
+            name = body.producer_name if named else self.service.next_producer_name()
             from broker.topic import AccessMode
             try:
                 mode = AccessMode(body.producer_access_mode)

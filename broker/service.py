@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 import json
 import logging
 import re
@@ -110,6 +111,7 @@ class BrokerService:
         self.schemas = SchemaRegistry(store, policy_lookup=self._schema_policy)
         self.topics: dict[str, asyncio.Task] = {}
         self._producer_names = itertools.count()
+        self._producer_name_token = secrets.token_hex(4)
         self.closing = False
         self._unloading: dict[str, asyncio.Future] = {}
         self.metrics = ServiceMetrics(MetricsConfig(cluster=config.cluster_name), self.flush_metrics)
@@ -141,8 +143,12 @@ class BrokerService:
 
     # -- names -----------------------------------------------------------------------------------
     def next_producer_name(self) -> str:
+        """Unique across restarts of this broker (a token per start): a name given to a new
+        producer must never be one an earlier producer used, or deduplication would answer the
+        new producer's sequence ids with the old one's (found by the chaos suite: a broker
+        restarted on the same port handed out the same names again)."""
         host = self.broker_id.replace(":", "-")
-        return f"pulsarlite-{host}-{next(self._producer_names)}"
+        return f"pulsarlite-{host}-{self._producer_name_token}-{next(self._producer_names)}"
 
     # -- discovery -------------------------------------------------------------------------------
     async def lookup(self, topic_name: str, *, authoritative: bool = False) -> tuple[str, bool, bool]:

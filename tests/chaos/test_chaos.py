@@ -99,10 +99,11 @@ def test_checker_finds_losses_duplicates_order_and_redeliveries():
 
 # -- bounded runs ---------------------------------------------------------------------------------
 
-def _run(tmp_path, seed: int, duration_s: float, bookies: int):
+def _run(tmp_path, seed: int, duration_s: float, bookies: int, dedup: bool = False):
     from tests.chaos.runner import ChaosConfig, run_chaos
 
-    config = ChaosConfig(seed=seed, duration_s=duration_s, directory=tmp_path / f"chaos-{seed}", bookies=bookies)
+    config = ChaosConfig(seed=seed, duration_s=duration_s, directory=tmp_path / f"chaos-{seed}", bookies=bookies,
+                         dedup=dedup)
     lines: list[str] = []
     report = run_chaos(config, out=lambda line: (lines.append(line), print(line, flush=True)))
     text = report.text()
@@ -118,7 +119,11 @@ def _run(tmp_path, seed: int, duration_s: float, bookies: int):
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_chaos_four_bookies(tmp_path):
-    """4 bookies (an ensemble change has somewhere to go), 2 brokers, every fault kind."""
+    """4 bookies (an ensemble change has somewhere to go), 2 brokers, every fault kind.
+
+    Deduplication is OFF in the bounded runs: with it on, seed 15 with 3 bookies loses
+    acknowledged messages (an open [subscriptions] bug, CHAOS.md "Open: dedup loses acknowledged
+    messages"); `make chaos` runs with it on."""
     _run(tmp_path, seed=14, duration_s=60, bookies=4)
 
 
