@@ -454,11 +454,12 @@ def test_owner_losing_its_session_never_writes_again(cluster, zk):
         # in the old ledger is within its recovered entries (checked above), and none after
         ledgers = check_old_owner_never_appended(cluster, zk, topic, old_ledger)
         assert owner_of(zk, topic) == cluster.records[survivor].broker_id
-        # stricter than fencing: on waking, the old owner did not even try to write (its lease
-        # had run out), so no bookie had to refuse it an add as FENCED
-        with open(cluster.records[owner].log, errors="replace") as f:
-            old_owner_log = f.read()
-        assert "code=FENCED" not in old_owner_log, "the old owner tried to append after losing its session"
+        # On waking, the old owner's lease has run out, so it starts no new add (the write guard);
+        # adds it had already handed to its ledger client before the stop may still go out and
+        # be refused by the bookies as FENCED (invariant 4 at work): that is why the old owner's
+        # log is not required to be free of "code=FENCED" (it was, until the machine was loaded
+        # enough for adds to be queued in the client at the moment of SIGSTOP). What must hold
+        # is checked above: no receipt from it after the takeover, nothing past the recovered end.
         print(f"failover stop: owner {owner} -> {survivor}; {reports}; old ledger {old_ledger} closed at "
               f"{ledgers['old_last_entry_id']}; "
               f"list {[(i['ledger_id'], i['state'], i['entries']) for i in ledgers['ledgers']]}; "
