@@ -519,8 +519,12 @@ class ServerConnection(asyncio.Protocol):
             ref.topic = topic
             ref.producer = topic.add_producer(ref, name, self, access_mode=mode)
             self._producers[body.producer_id] = ref
-            self.write(c.producer_success(body.request_id, name, last_sequence_id=topic.last_sequence_id(name),
+            last_sequence_id = topic.last_sequence_id(name)
+            ref.producer.given_last_sequence_id = last_sequence_id
+            self.write(c.producer_success(body.request_id, name, last_sequence_id=last_sequence_id,
                                           schema_version=schema_version))
+            log.info("producer created topic=%s producer=%s producer_id=%d last_sequence_id=%d",
+                     topic.key, name, body.producer_id, last_sequence_id)
         except Exception as e:
             log.info("producer on %s refused: %r", body.topic, e)
             self.write(c.error(body.request_id, server_error_of(e), str(e) or type(e).__name__))

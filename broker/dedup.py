@@ -7,6 +7,19 @@ without being stored.
   already: receipt at once) or IN_FLIGHT (an earlier copy is still being written: the receipt
   follows that copy's outcome). Bounded: at most ``producers_max`` names (the least recently
   used name is forgotten; a duplicate from it would be stored again).
+- Sequence ids reused for other messages: the official C++ client (pulsar-client 3.x, so the
+  Python one) resets its sequence-id counter to PRODUCER_SUCCESS's ``last_sequence_id + 1``
+  whenever it reconnects before it has had any receipt, although messages with higher ids are
+  still pending: after resending those it numbers NEW messages with ids already used (the Java
+  client had the same bug, fixed in apache/pulsar#2047). Deciding by id alone, Pulsar answers
+  them as duplicates: lost although acknowledged (our chaos suite found it: seed 17,
+  restart_zookeeper). The topic sees the reset (a producer session drops back to exactly the
+  ``last_sequence_id + 1`` it was given after sending higher ids; in the log on replay: ids going
+  back) and calls :meth:`DedupState.mark_reused`: within that *reused* range a send is a
+  duplicate only if a stored entry has the same ids and the same bytes (CRC32C; clients resend
+  the bytes they sent), else it is stored. Elsewhere duplicates are decided by id, as Pulsar
+  does (an application resending with its own sequence ids sends new bytes). Each producer's
+  last ``digests_max`` stored entries ``(first id, highest id, crc)`` are kept for this, packed.
 - Persistence (survives broker failover): a snapshot ``{"version": 1, "position": [ledger,
   entry], "producers": {name: highest persisted sequence id}}`` at
   ``/pulsarlite/dedup/<managed ledger name>``, written by the topic's owner (compare-and-set)
@@ -17,9 +30,11 @@ without being stored.
 
 from __future__ import annotations
 
+import base64
 import enum
 import json
 import logging
+import struct
 from collections import OrderedDict
 
 from pulsarlite.errors import ConfigError, MetadataNotFoundError, MetadataVersionConflict
@@ -29,6 +44,9 @@ log = logging.getLogger("pulsarlite.broker.dedup")
 
 DEDUP_ROOT = "/pulsarlite/dedup"
 FORMAT_VERSION = 1
+DIGESTS_MAX_DEFAULT = 1024                # stored entries remembered per producer (first, highest, crc)
+SNAPSHOT_DIGEST_BYTES_MAX = 256 * 1024    # windows written into the snapshot znode, at most
+_DIGEST = struct.Struct(">qqI")
 
 
 class DupStatus(enum.Enum):
@@ -41,11 +59,46 @@ def dedup_path(managed_ledger_name: str) -> str:
     return f"{DEDUP_ROOT}/{managed_ledger_name}"
 
 
+class DigestWindow:
+    """The last ``capacity`` stored entries of one producer as packed (first id, highest id,
+    crc32c) records in a ring: 20 bytes each, scanned only for sends in a reused range."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._ring = bytearray(capacity * _DIGEST.size)
+        self._next = 0          # records appended so far
+
+    def __len__(self) -> int:
+        return min(self._next, self.capacity)
+
+    def append(self, first: int, highest: int, digest: int) -> None:
+        _DIGEST.pack_into(self._ring, (self._next % self.capacity) * _DIGEST.size, first, highest, digest & 0xFFFFFFFF)
+        self._next += 1
+
+    def contains(self, first: int, highest: int, digest: int) -> bool:
+        record = (first, highest, digest & 0xFFFFFFFF)
+        return any(r == record for r in _DIGEST.iter_unpack(memoryview(self._ring)[:len(self) * _DIGEST.size]))
+
+    def packed(self) -> bytes:
+        """Oldest first."""
+        if self._next <= self.capacity:
+            return bytes(self._ring[:self._next * _DIGEST.size])
+        cut = (self._next % self.capacity) * _DIGEST.size
+        return bytes(self._ring[cut:] + self._ring[:cut])
+
+
 class DedupState:
-    def __init__(self, *, producers_max: int = 10_000) -> None:
+    def __init__(self, *, producers_max: int = 10_000, digests_max: int = DIGESTS_MAX_DEFAULT) -> None:
         if not isinstance(producers_max, int) or isinstance(producers_max, bool) or producers_max <= 0:
             raise ConfigError(f"dedup producers_max must be an int > 0, got {producers_max!r}")
+        if not isinstance(digests_max, int) or isinstance(digests_max, bool) or digests_max < 0:
+            raise ConfigError(f"dedup digests_max must be an int >= 0, got {digests_max!r}")
         self.producers_max = producers_max
+        self.digests_max = digests_max
+        # producer name -> its last stored entries (first id, highest id, crc32c)
+        self.digests: OrderedDict[str, DigestWindow] = OrderedDict()
+        # producer name -> [low, high]: ids that name two messages (a client reset its counter)
+        self.reused: OrderedDict[str, list[int]] = OrderedDict()
         self.pushed: OrderedDict[str, int] = OrderedDict()
         self.persisted: OrderedDict[str, int] = OrderedDict()
         # producer name -> [low, until, refilled]: ids from low on may be missing from the log
@@ -59,17 +112,61 @@ class DedupState:
         hole = self.holes.get(name)
         return hole[2] if hole is not None else self.persisted.get(name, -1)
 
-    def check(self, name: str, sequence_id: int) -> DupStatus:
+    def check(self, name: str, sequence_id: int, *, first_sequence_id: int | None = None,
+              digest: int | None = None) -> DupStatus:
+        """``sequence_id``: the highest id the send covers; ``first_sequence_id`` and ``digest``
+        (CRC32C of the entry) tell a resend from another message inside a reused range."""
+        first = sequence_id if first_sequence_id is None else first_sequence_id
         if sequence_id <= self.effective(name):
+            if digest is not None and self.in_reused(name, first, sequence_id) \
+                    and not self.is_stored(name, first, sequence_id, digest):
+                return DupStatus.NEW
             return DupStatus.DUP
+        hole = self.holes.get(name)
+        if digest is not None and hole is not None and sequence_id <= hole[1] \
+                and self.is_stored(name, first, sequence_id, digest):
+            return DupStatus.DUP       # above the refill point of a hole, but stored byte for byte
         if sequence_id <= self.pushed.get(name, -1):
             return DupStatus.IN_FLIGHT
         return DupStatus.NEW
 
+    def in_reused(self, name: str, first: int, highest: int) -> bool:
+        span = self.reused.get(name)
+        return span is not None and first <= span[1] and span[0] <= highest
+
+    def is_stored(self, name: str, first: int, highest: int, digest: int) -> bool:
+        """True if one of the producer's last stored entries has these ids and this CRC32C."""
+        window = self.digests.get(name)
+        return window is not None and window.contains(first, highest, digest)
+
+    def mark_reused(self, name: str, low: int, high: int) -> None:
+        """Ids low..high of this producer now name two different messages (module docstring)."""
+        if high < low:
+            return
+        span = self.reused.get(name)
+        self.reused[name] = [low, high] if span is None else [min(span[0], low), max(span[1], high)]
+        self.reused.move_to_end(name)
+        while len(self.reused) > self.producers_max:
+            self.reused.popitem(last=False)
+
+    def _remember(self, name: str, first: int, highest: int, digest: int | None) -> None:
+        if digest is None or self.digests_max == 0:
+            return
+        window = self.digests.get(name)
+        if window is None:
+            window = self.digests[name] = DigestWindow(self.digests_max)
+        window.append(first, highest, digest)
+        self.digests.move_to_end(name)
+        while len(self.digests) > self.producers_max:
+            self.digests.popitem(last=False)
+
     def on_pushed(self, name: str, highest_sequence_id: int) -> None:
         self._put(self.pushed, name, highest_sequence_id)
 
-    def on_persisted(self, name: str, highest_sequence_id: int, first_sequence_id: int | None = None) -> None:
+    def on_persisted(self, name: str, highest_sequence_id: int, first_sequence_id: int | None = None,
+                     digest: int | None = None) -> None:
+        self._remember(name, highest_sequence_id if first_sequence_id is None else first_sequence_id,
+                       highest_sequence_id, digest)
         self._put(self.persisted, name, highest_sequence_id)
         self._refill(name, highest_sequence_id if first_sequence_id is None else first_sequence_id,
                      highest_sequence_id)
@@ -118,11 +215,19 @@ class DedupState:
         hole, so the client resends what is missing."""
         return self.effective(name)
 
-    def replay(self, name: str, highest_sequence_id: int, first_sequence_id: int | None = None) -> None:
+    def replay(self, name: str, highest_sequence_id: int, first_sequence_id: int | None = None,
+               digest: int | None = None) -> None:
         """An entry found in the log after the snapshot (load). Sequence ids of one producer
         are contiguous; a jump means the entries between were never stored (an add failed
         while later ones succeeded): a hole, as on_failed would have recorded."""
+        if first_sequence_id is not None:
+            self._remember(name, first_sequence_id, highest_sequence_id, digest)
         known = self.persisted.get(name)
+        if first_sequence_id is not None and known is not None and first_sequence_id <= known:
+            # ids going back in the log: a client counter reset (or an application's resend
+            # with its own ids, stored because it straddled a hole); either way ids up to the
+            # known high may name two messages
+            self.mark_reused(name, first_sequence_id, known)
         if first_sequence_id is not None and known is not None:
             hole = self.holes.get(name)
             if first_sequence_id > known + 1 and (hole is None or first_sequence_id > hole[2] + 1):
@@ -139,26 +244,49 @@ class DedupState:
 
     def snapshot(self, position: tuple[int, int]) -> bytes:
         self.entries_since_snapshot = 0
+        digests: dict[str, str] = {}
+        budget = SNAPSHOT_DIGEST_BYTES_MAX
+        for name in reversed(self.reused):           # only where they decide anything
+            window = self.digests.get(name)
+            if window is None:
+                continue
+            text = base64.b64encode(window.packed()).decode()
+            if len(text) > budget:
+                break
+            budget -= len(text)
+            digests[name] = text
         return json.dumps({"version": FORMAT_VERSION, "position": list(position),
                            "producers": dict(self.persisted),
-                           "holes": {n: list(h) for n, h in self.holes.items()}}, separators=(",", ":")).encode()
+                           "holes": {n: list(h) for n, h in self.holes.items()},
+                           "reused": {n: list(r) for n, r in self.reused.items()},
+                           "digests": digests}, separators=(",", ":")).encode()
 
     @classmethod
-    def from_snapshot(cls, data: bytes, *, producers_max: int = 10_000) -> tuple["DedupState", tuple[int, int]]:
+    def from_snapshot(cls, data: bytes, *, producers_max: int = 10_000,
+                      digests_max: int = DIGESTS_MAX_DEFAULT) -> tuple["DedupState", tuple[int, int]]:
         """(state, position); ValueError if malformed."""
         try:
             raw = json.loads(data)
             if not isinstance(raw, dict) or raw.get("version") != FORMAT_VERSION:
                 raise ValueError(f"unknown dedup snapshot version {raw.get('version') if isinstance(raw, dict) else raw!r}")
             ledger, entry = (int(x) for x in raw["position"])
-            state = cls(producers_max=producers_max)
+            state = cls(producers_max=producers_max, digests_max=digests_max)
+            for name, text in reversed(list((raw.get("digests") or {}).items())):   # oldest first
+                packed = base64.b64decode(text, validate=True)
+                if len(packed) % _DIGEST.size:
+                    raise ValueError(f"digest window of {name!r} is {len(packed)} bytes")
+                for f, h, d in _DIGEST.iter_unpack(packed):
+                    state._remember(str(name), f, h, d)
             for name, seq in (raw.get("producers") or {}).items():
                 state.replay(str(name), int(seq))
+            for name, span in (raw.get("reused") or {}).items():
+                low, high = (int(x) for x in span)
+                state.mark_reused(str(name), low, high)
             for name, hole in (raw.get("holes") or {}).items():
                 low, until, refilled = (int(x) for x in hole)
                 state.holes[str(name)] = [low, until, refilled]
                 state.pushed[str(name)] = state.effective(str(name))
-        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as e:
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError, struct.error) as e:
             raise ValueError(f"malformed dedup snapshot: {e}") from None
         return state, (ledger, entry)
 
@@ -215,4 +343,4 @@ class DedupSnapshotStore:
             pass
 
 
-__all__ = ["DEDUP_ROOT", "DedupSnapshotStore", "DedupState", "DupStatus", "dedup_path", "entry_sequence"]
+__all__ = ["DEDUP_ROOT", "DedupSnapshotStore", "DedupState", "DigestWindow", "DupStatus", "dedup_path", "entry_sequence"]

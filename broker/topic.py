@@ -29,6 +29,7 @@ from broker.dedup import DedupSnapshotStore, DedupState, DupStatus, entry_sequen
 from broker.dispatch import Delivery, DispatcherCore, KeySharedMode, SubType
 from broker.key_shared import sticky_key_hash
 from broker.managed_ledger import ManagedLedger, ManagedLedgerError, ManagedLedgerState, Position, next_position
+from pulsarlite.checksum import crc32c_of
 from pulsarlite.errors import PulsarliteError
 from pulsarlite.wire import pb
 from pulsarlite.wire.entry import peek_metadata
@@ -159,7 +160,9 @@ class _Send:
     done: bool = False
     producer_name: str | None = None     # set when deduplication tracks this add
     dedup_highest: int = -1              # the highest sequence id this add covers (dedup)
-    followers: list = field(default_factory=list)   # (producer, op) duplicates waiting for this one
+    dedup_digest: int | None = None      # CRC32C of the entry (dedup: a resend has the same bytes)
+    waiters: list = field(default_factory=list)     # producers whose held sends wait for this add
+    held: tuple | None = None            # (data, publish time) while held (dedup)
 
 
 @dataclass
@@ -176,6 +179,9 @@ class Producer:
     bytes_in: int = 0
     access_mode: AccessMode = AccessMode.SHARED
     duplicates: int = 0                  # SENDs answered as duplicates (dedup)
+    given_last_sequence_id: int = -1     # what PRODUCER_SUCCESS told this session (dedup)
+    session_high: int = -1               # the highest sequence id sent in this session (dedup)
+    held: deque = field(default_factory=deque)   # sends not decided yet, in order (dedup)
 
 
 async def _maybe_await(value) -> None:
@@ -345,7 +351,7 @@ class PersistentTopic:
                 except Exception:
                     seq = None
                 if seq is not None:
-                    state.replay(seq[0], seq[2], seq[1])
+                    state.replay(seq[0], seq[2], seq[1], crc32c_of(data))
                 replayed += 1
             position = self.next_after(got[-1][0])
         log.info("topic %s: deduplication on: snapshot %s, %d entries replayed, %d producers",
@@ -393,23 +399,71 @@ class PersistentTopic:
             if meta.batched:    # a batch covers sequence_id .. + count - 1 (highest_sequence_id may be unset)
                 highest_sequence_id = max(highest_sequence_id, sequence_id + meta.message_count - 1)
             op.dedup_highest = highest_sequence_id
+            op.dedup_digest = digest = crc32c_of(data)
+            if producer.given_last_sequence_id + 1 == sequence_id <= producer.session_high:
+                # the session drops back to the id after the last_sequence_id we gave it, after
+                # sending higher ones: the official C++ client reset its counter on reconnect
+                # (broker/dedup.py); ids up to the session's high now name two messages
+                dedup.mark_reused(producer.name, sequence_id, producer.session_high)
+                log.warning("sequence ids reused topic=%s producer=%s from=%d to=%d (client reset its "
+                            "counter on reconnect): deciding duplicates there by content",
+                            self.key, producer.name, sequence_id, producer.session_high)
+            producer.session_high = max(producer.session_high, highest_sequence_id)
+            # decided in order, per producer: a send whose first copy is still being written
+            # waits for that copy's outcome, and the producer's later sends wait behind it, so
+            # that a failed first copy is re-sent before anything sent after it (order kept)
+            op.held = (data, publish_time)
+            producer.held.append(op)
+            if len(producer.held) == 1:
+                self._decide_held(producer)
+            return
+        self._store(op, producer, data, publish_time)
+
+    def _decide_held(self, producer: Producer) -> None:
+        """Decide a producer's held sends in order (dedup): duplicate (receipt), new (stored),
+        or, if an identical copy is still in flight, wait for it (decided again when it is done)."""
+        dedup = self.dedup
+        while producer.held:
+            op = producer.held[0]
+            data, publish_time = op.held
+            if dedup is None or self._closing or producer.closed:
+                producer.held.popleft()
+                op.held = None
+                if producer.closed and not self._closing:
+                    self._complete(producer, op, None, ManagedLedgerError(f"producer {producer.name} closed"))
+                else:
+                    self._store(op, producer, data, publish_time)
+                continue
             # a duplicate only if every id the send covers is stored (a resent batch may straddle
             # the stored high: storing it again makes duplicates, answering it would lose some)
-            status = dedup.check(producer.name, highest_sequence_id)
+            # and, where ids name two messages or a hole is being refilled, it is a stored entry
+            # byte for byte (broker/dedup.py)
+            status = dedup.check(producer.name, op.dedup_highest, first_sequence_id=op.sequence_id,
+                                 digest=op.dedup_digest)
+            if status is DupStatus.IN_FLIGHT:
+                reused = dedup.in_reused(producer.name, op.sequence_id, op.dedup_highest)
+                original = next((o for o in self._dedup_inflight.get(producer.name, ())
+                                 if o.sequence_id <= op.sequence_id and op.dedup_highest <= o.dedup_highest
+                                 and (o.dedup_digest == op.dedup_digest or not reused)), None)
+                if original is not None:
+                    original.waiters.append(producer)
+                    return
+            producer.held.popleft()
+            op.held = None
             if status is DupStatus.DUP:
                 producer.duplicates += 1
+                if producer.duplicates & (producer.duplicates - 1) == 0:     # 1, 2, 4, 8, ...: bounded
+                    log.info("duplicate send topic=%s producer=%s sequence_id=%d highest=%d effective=%d "
+                             "duplicates=%d", self.key, producer.name, op.sequence_id, op.dedup_highest,
+                             dedup.effective(producer.name), producer.duplicates)
                 self._complete(producer, op, DUP_POSITION, None)
-                return
-            if status is DupStatus.IN_FLIGHT:
-                original = next((o for o in self._dedup_inflight.get(producer.name, ())
-                                 if o.sequence_id <= sequence_id and highest_sequence_id <= o.dedup_highest), None)
-                if original is not None:    # the receipt follows the first copy's outcome
-                    producer.duplicates += 1
-                    original.followers.append((producer, op))
-                    return
+                continue
             op.producer_name = producer.name
-            dedup.on_pushed(producer.name, highest_sequence_id)
+            dedup.on_pushed(producer.name, op.dedup_highest)
             self._dedup_inflight.setdefault(producer.name, deque()).append(op)
+            self._store(op, producer, data, publish_time)
+
+    def _store(self, op: _Send, producer: Producer, data: bytes, publish_time: int) -> None:
         if self._closing:
             self._complete(producer, op, None, ManagedLedgerError(f"topic {self.key} is closing"))
         elif self._backlog or self.ml.pending_count >= self.config.pending_adds_max:
@@ -441,7 +495,7 @@ class PersistentTopic:
         else:
             position = fut.result()
             if op.producer_name is not None and self.dedup is not None:
-                self.dedup.on_persisted(op.producer_name, op.dedup_highest, op.sequence_id)
+                self.dedup.on_persisted(op.producer_name, op.dedup_highest, op.sequence_id, op.dedup_digest)
                 self._maybe_snapshot_dedup(position)
             self.service.entry_cache.put(self.key, position, data, op.message_count)
             self.msg_in += op.message_count
@@ -475,9 +529,9 @@ class PersistentTopic:
                     del self._dedup_inflight[op.producer_name]
             if error is not None and self.dedup is not None:
                 self.dedup.on_failed(op.producer_name, op.sequence_id)
-        followers, op.followers = op.followers, []
-        for follower_producer, follower in followers:
-            self._complete(follower_producer, follower, position, error)
+        waiters, op.waiters = op.waiters, []
+        for waiting in waiters:          # sends that waited for this copy's outcome (dedup)
+            self._decide_held(waiting)
         while producer.pending and producer.pending[0].done:
             done = producer.pending.popleft()
             self.service.publish_buffer.release(done.size)

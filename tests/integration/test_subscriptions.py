@@ -432,6 +432,97 @@ def test_dedup_drops_resent_sequence_ids(client, cluster):
     reader.close()
 
 
+class RawProducer:
+    """A producer speaking raw frames, to play the official C++ client's reconnect exactly."""
+
+    def __init__(self, cluster, topic: str, name: str) -> None:
+        import socket
+
+        from pulsarlite.wire import commands as c
+        from pulsarlite.wire.frames import FrameDecoder
+        self.c, self.topic, self.name = c, topic, name
+        port = int(cluster.service_url.rsplit(",", 1)[0].rsplit(":", 1)[1])
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.decoder = FrameDecoder(8 << 20)
+        self.frames: list = []
+        self.sock.sendall(c.connect("raw-cpp", 19))
+        self.sock.sendall(c.producer(topic, 1, 1, producer_name=name))
+        success = self.wait_for(lambda f: f.type == f.command.PRODUCER_SUCCESS or f.type == f.command.ERROR)
+        assert success.type == success.command.PRODUCER_SUCCESS, success.command
+        self.last_sequence_id = success.command.producer_success.last_sequence_id
+
+    def wait_for(self, match):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for i, f in enumerate(self.frames):
+                if match(f):
+                    return self.frames.pop(i)
+            data = self.sock.recv(65536)
+            assert data, "the broker closed the connection"
+            self.frames.extend(self.decoder.feed(data))
+        raise AssertionError("no such frame within 30 s")
+
+    def send(self, seq: int, text: str) -> None:
+        from pulsarlite.wire.entry import Message, build_entry
+        entry = build_entry(Message(text.encode()), producer_name=self.name, sequence_id=seq,
+                            publish_time_ms=1_000 + len(text))
+        self.sock.sendall(self.c.send(1, seq, entry))
+
+    def receipt(self) -> tuple[int, int, int]:
+        f = self.wait_for(lambda f: f.type in (f.command.SEND_RECEIPT, f.command.SEND_ERROR))
+        assert f.type == f.command.SEND_RECEIPT, f.command
+        r = f.command.send_receipt
+        signed = [v - (1 << 64) if v >= 1 << 63 else v for v in (r.message_id.ledgerId, r.message_id.entryId)]
+        return r.sequence_id, signed[0], signed[1]     # a duplicate's receipt is -1:-1
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_dedup_keeps_messages_of_a_client_that_reuses_sequence_ids(client, cluster):
+    """The official C++ client resets its sequence-id counter to PRODUCER_SUCCESS's
+    last_sequence_id + 1 when it reconnects before any receipt reached it, while messages with
+    higher ids are still pending (found by the chaos suite, seed 17, ZooKeeper restart). Played
+    here with raw frames: m0 stored (its receipt lost), m1..m5 queued; on reconnect m0..m5 are
+    resent, then m6..m8 go out as ids 1..3. All must be stored once, also after an unload (the
+    next owner learns the reused ids from the log), and true resends stay duplicates."""
+    _enable_dedup(cluster.admin_url)
+    topic = fresh("dedup-reuse")
+    client.subscribe(topic, "keep", initial_position=pulsar.InitialPosition.Earliest).close()
+    first = RawProducer(cluster, topic, "cpp-p")
+    first.send(0, "m0")
+    first.receipt()                                   # stored; the client never sees this receipt
+    first.close()
+    again = RawProducer(cluster, topic, "cpp-p")
+    assert again.last_sequence_id == 0
+    for seq in range(6):
+        again.send(seq, f"m{seq}")
+    for i, seq in enumerate(range(1, 4)):
+        again.send(seq, f"m{6 + i}")
+    receipts = [again.receipt() for _ in range(9)]
+    assert [r[0] for r in receipts] == [0, 1, 2, 3, 4, 5, 1, 2, 3]
+    assert receipts[0][1:] == (-1, -1) and all(r[1] >= 0 for r in receipts[1:]), receipts
+    assert len({r[1:] for r in receipts[1:]}) == 8, receipts      # each stored as its own entry
+    again.close()
+    unload = urllib.request.Request(f"{cluster.admin_url}/admin/v2/persistent/{topic.split('://')[1]}/unload",
+                                    method="PUT")
+    with urllib.request.urlopen(unload, timeout=30) as resp:
+        assert resp.status in (200, 204)
+    third = RawProducer(cluster, topic, "cpp-p")
+    third.send(2, "m2")                               # true resends: duplicates
+    third.send(2, "m7")
+    third.send(3, "m9")                               # another message under a reused id: stored
+    got = [third.receipt() for _ in range(3)]
+    assert [g[1:] == (-1, -1) for g in got] == [True, True, False], got
+    third.close()
+    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    texts = []
+    while reader.has_message_available():
+        texts.append(reader.read_next(timeout_millis=TIMEOUT_MS).data().decode())
+    reader.close()
+    assert texts == [f"m{i}" for i in range(10)], texts
+
+
 @pytest.mark.parametrize("batching", [False, True])
 def test_dedup_survives_owner_kill_9(cluster_factory, batching):
     """Two brokers; dedup on; a named producer publishes asynchronously while the topic's owner

@@ -166,3 +166,40 @@ def test_a_resent_batch_straddling_the_stored_high_is_stored_not_answered():
     s.on_persisted("p", 9, 0)
     assert s.check("p", 17) is DupStatus.NEW      # the batch 8..17, asked by its highest id
     assert s.check("p", 9) is DupStatus.DUP       # a batch 5..9: all stored
+
+
+def test_reused_ids_are_decided_by_content_only_inside_the_reused_range():
+    from broker.dedup import DigestWindow
+    s = DedupState()
+    for seq in range(10):
+        s.on_pushed("p", seq)
+        s.on_persisted("p", seq, seq, digest=1000 + seq)
+    assert s.check("p", 3, first_sequence_id=3, digest=77) is DupStatus.DUP     # by id: no reuse seen
+    s.mark_reused("p", 2, 9)
+    assert s.check("p", 3, first_sequence_id=3, digest=77) is DupStatus.NEW     # other bytes
+    assert s.check("p", 3, first_sequence_id=3, digest=1003) is DupStatus.DUP   # the stored bytes
+    assert s.check("p", 1, first_sequence_id=1, digest=77) is DupStatus.DUP     # outside: by id
+    assert s.check("p", 10, first_sequence_id=10, digest=77) is DupStatus.NEW
+    # the window is a bounded ring
+    w = DigestWindow(3)
+    for i in range(5):
+        w.append(i, i, i)
+    assert len(w) == 3 and not w.contains(1, 1, 1) and w.contains(4, 4, 4)
+    assert [r[0] for r in __import__("struct").iter_unpack(">qqI", w.packed())] == [2, 3, 4]
+
+
+def test_ids_going_back_in_the_log_mark_a_reused_range_and_survive_a_snapshot():
+    s = DedupState()
+    for seq in range(6):
+        s.replay("p", seq, seq, 500 + seq)
+    s.replay("p", 1, 1, 900)                 # the log goes back: a client reset its counter
+    assert s.reused == {"p": [1, 5]}
+    assert s.check("p", 1, first_sequence_id=1, digest=900) is DupStatus.DUP
+    assert s.check("p", 2, first_sequence_id=2, digest=901) is DupStatus.NEW
+    restored, _ = DedupState.from_snapshot(s.snapshot((1, 2)))
+    assert restored.reused == {"p": [1, 5]}
+    assert restored.check("p", 1, first_sequence_id=1, digest=900) is DupStatus.DUP
+    assert restored.check("p", 2, first_sequence_id=2, digest=502) is DupStatus.DUP
+    assert restored.check("p", 2, first_sequence_id=2, digest=901) is DupStatus.NEW
+    with pytest.raises(ValueError):
+        DedupState.from_snapshot(b'{"version":1,"position":[1,2],"producers":{},"digests":{"p":"AAA"}}')
