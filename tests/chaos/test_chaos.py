@@ -99,7 +99,7 @@ def test_checker_finds_losses_duplicates_order_and_redeliveries():
 
 # -- bounded runs ---------------------------------------------------------------------------------
 
-def _run(tmp_path, seed: int, duration_s: float, bookies: int, dedup: bool = False, ours: bool = True):
+def _run(tmp_path, seed: int, duration_s: float, bookies: int, dedup: bool = True, ours: bool = True):
     from tests.chaos.runner import ChaosConfig, run_chaos
 
     config = ChaosConfig(seed=seed, duration_s=duration_s, directory=tmp_path / f"chaos-{seed}", bookies=bookies,
@@ -119,11 +119,8 @@ def _run(tmp_path, seed: int, duration_s: float, bookies: int, dedup: bool = Fal
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_chaos_four_bookies(tmp_path):
-    """4 bookies (an ensemble change has somewhere to go), 2 brokers, every fault kind.
-
-    Deduplication is OFF in the bounded runs: with it on, seed 15 with 3 bookies loses
-    acknowledged messages (an open [subscriptions] bug, CHAOS.md "Open: dedup loses acknowledged
-    messages"); `make chaos` runs with it on."""
+    """4 bookies (an ensemble change has somewhere to go), 2 brokers, every fault kind, broker
+    deduplication on (a message stored twice fails the run)."""
     _run(tmp_path, seed=14, duration_s=60, bookies=4)
 
 
@@ -131,7 +128,8 @@ def test_chaos_four_bookies(tmp_path):
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_chaos_three_bookies(tmp_path):
-    """3 bookies (no spare bookie: writes wait for the one that comes back), 2 brokers."""
-    # Only the official client here: pulsarlite's own producer can store messages out of order
-    # after failed sends in this scenario (an open [client] bug: CHAOS.md); `make chaos` runs both.
-    _run(tmp_path, seed=15, duration_s=60, bookies=3, ours=False)
+    """3 bookies (no spare bookie: writes wait for the one that comes back), 2 brokers; both
+    clients produce (pulsarlite's producer stored messages out of order here after failed sends
+    until its send timeout failed every pending send: CHAOS.md finding 4,
+    tests/unit/test_client_order.py)."""
+    _run(tmp_path, seed=15, duration_s=60, bookies=3)
