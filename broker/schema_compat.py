@@ -12,7 +12,8 @@ Avro's schema-resolution rules (https://avro.apache.org/docs/current/specificati
 fields matched by name (or reader alias), reader fields missing from the writer need a default,
 numeric promotions int -> long -> float -> double, string <-> bytes, unions branch by branch,
 enum symbols, fixed sizes. KEY_VALUE schemas check their key and value parts. Any other type is
-compatible only with the same type and the same definition bytes.
+compatible only with the same type and the same definition bytes; primitive types (STRING,
+INT64, ...) carry no definition: the same type is the same schema, as in Pulsar.
 
 Everything here is synchronous and deterministic; the registry (broker/schemas.py) calls it.
 """
@@ -99,6 +100,11 @@ TYPE_NAMES: dict[int, str] = {
 }
 TYPE_CODES: dict[str, int] = {name: code for code, name in TYPE_NAMES.items()}
 STRUCT_TYPES = frozenset({"AVRO", "JSON"})
+# types whose definition carries nothing (clients send it empty, or "null" as the official
+# Python client does for STRING): one type, one schema, as Pulsar treats them
+PRIMITIVE_TYPES = frozenset({"BYTES", "STRING", "BOOLEAN", "INT8", "INT16", "INT32", "INT64", "FLOAT",
+                             "DOUBLE", "DATE", "TIME", "TIMESTAMP", "INSTANT", "LOCAL_DATE", "LOCAL_TIME",
+                             "LOCAL_DATE_TIME"})
 
 
 def type_name(code: int) -> str:
@@ -130,7 +136,7 @@ class SchemaDef:
         """Same type, definition and properties: a producer re-declaring a known version."""
         if self.type != other.type or dict(self.properties) != dict(other.properties):
             return False
-        if self.data == other.data:
+        if self.data == other.data or self.type in PRIMITIVE_TYPES:
             return True
         if self.type in STRUCT_TYPES:           # equal JSON, different spacing or key order
             try:
@@ -368,7 +374,9 @@ def pair_problems(new: SchemaDef, old: SchemaDef, strategy: CompatibilityStrateg
         if strategy.checks_forward:
             problems += [f"forward: {p}" for p in avro_read_problems(old_avro, new_avro)]
         return problems
-    if new.data != old.data:        # primitive/other types: the definition itself must not change
+    if new.type in PRIMITIVE_TYPES:
+        return []
+    if new.data != old.data:        # other types (PROTOBUF, ...): the definition must not change
         return [f"{new.type} schema definition differs from the existing one"]
     return []
 

@@ -113,6 +113,11 @@ def test_primitive_types_must_keep_their_type():
     with pytest.raises(IncompatibleSchemaError, match="differs"):
         check_compatible(SchemaDef("INT64", b""), [SchemaDef("STRING", b"")], S.FULL)
     check_compatible(SchemaDef("INT64", b""), [SchemaDef("STRING", b"")], S.ALWAYS_COMPATIBLE)
+    # the definition of a primitive type carries nothing: the official Python client sends
+    # "null" for STRING, the Java one sends it empty; both are the same schema
+    check_compatible(SchemaDef("STRING", b"null"), [SchemaDef("STRING", b"")], S.FULL_TRANSITIVE)
+    assert SchemaDef("STRING", b"null").same_as(SchemaDef("STRING", b""))
+    assert not SchemaDef("PROTOBUF", b"a").same_as(SchemaDef("PROTOBUF", b"b"))
 
 
 def kv(key: dict, value: dict) -> SchemaDef:
