@@ -62,6 +62,7 @@ class BrokerConfig:
     offload_ledger_bytes_max: int = 1024 * MiB  # a bigger closed ledger is not offloaded (memory bound)
     tier_read_cache_bytes_max: int = 64 * MiB  # per broker: rebuilt entries of offloaded ledgers
     tier_read_ahead_ledgers: int = 4         # offloaded ledgers whose first row group a replay reads ahead
+    offload_typed_columns: bool = True       # [schema] AVRO/JSON topics: the record's fields as Parquet columns
 
     def validate(self) -> "BrokerConfig":
         for name in ("retention_time_default_minutes", "retention_size_default_mb"):
@@ -120,6 +121,8 @@ class BrokerConfig:
         lag = self.offload_deletion_lag_ms
         if not isinstance(lag, int) or isinstance(lag, bool) or lag < 0:
             raise ConfigError(f"BrokerConfig.offload_deletion_lag_ms must be an int >= 0, got {lag!r}")
+        if not isinstance(self.offload_typed_columns, bool):
+            raise ConfigError("BrokerConfig.offload_typed_columns must be a bool")
 
     # -- derived -------------------------------------------------------------------------------
     @property

@@ -24,6 +24,12 @@ shell executes its actions one at a time and feeds the results back::
   whole row groups are fetched (small objects by one GET) and rebuilt into entries in a thread
   (same ids, invariant 7), kept in a bytes-bounded cache; the next row group and the next
   ``tier_read_ahead_ledgers`` offloaded ledgers are read ahead.
+- Typed columns ([schema]): when every live schema version of the topic is AVRO or JSON, the
+  object also holds the record's fields as typed columns after the tier format's (``value``
+  kept; values that do not decode are null, counted in ``typed_counters`` and logged), and its
+  footer says which versions they were built from (offload/typed_columns.py); the Spark source
+  reads them instead of decoding. Broker key ``offload_typed_columns`` (default on). Tier reads
+  select only the columns that rebuild entries.
 - Encoding, uploads, verification and tier reads run in a bounded thread pool
   (``offload_concurrent_max`` ledgers at once per broker); the event loop only moves entries.
 
@@ -41,6 +47,7 @@ import functools
 import io
 import json
 import logging
+import threading
 import time
 import uuid
 from collections import OrderedDict, deque
@@ -181,15 +188,72 @@ class CorruptObjectError(OffloadError):
     """The object does not match what was recorded (size, CRC32C, rows, entries)."""
 
 
+_COUNTERS_LOCK = threading.Lock()
+
+
+def add_typed_columns(table, versions, *, topic: str = "", ledger_id: int = -1):
+    """``table`` (ROW_SCHEMA rows) with the typed columns of the topic's struct schema
+    ``versions`` ((version, kind, definition text), oldest first) appended, and the metadata that
+    records what they were built from ([schema], offload/typed_columns.py). Values that do not
+    decode become nulls (counted, logged); ``value`` keeps the bytes, so entries rebuild as
+    before. A schema that cannot be columns (recursive records): the table unchanged."""
+    from offload.format import ROW_SCHEMA
+    from offload.typed_columns import TypedColumnsError, typed_columns_for
+    null = table.column("null_value").to_pylist()
+    values = [None if n else v for v, n in zip(table.column("value").to_pylist(), null)]
+    try:
+        typed = typed_columns_for(values, table.column("schema_version").to_pylist(), versions,
+                                  ROW_SCHEMA.names)
+    except TypedColumnsError as e:
+        log.warning("offload topic=%s ledger=%d: schema versions %s cannot be typed columns: %s", topic,
+                    ledger_id, [v for v, _, _ in versions], e)
+        return table, {}, None
+    except Exception:       # noqa: BLE001 - an offload never fails over typed columns: raw object
+        log.exception("offload topic=%s ledger=%d: typed columns failed; object written without them", topic,
+                      ledger_id)
+        return table, {}, None
+    for name, array in zip(typed.names, typed.arrays):
+        table = table.append_column(name, array)
+    st = typed.stats
+    if st.undecodable or st.unconvertible:
+        log.warning("offload topic=%s ledger=%d: typed columns: %d of %d values undecodable, %d fields "
+                    "unconvertible (null in the typed columns, value kept); first: %s", topic, ledger_id,
+                    st.undecodable, st.values, st.unconvertible, st.errors[:1])
+    return table, typed.metadata, st
+
+
 def encode_and_upload(tier, key: str, ledger_id: int, entries: list[tuple[int, bytes]], *, partition: int,
-                      row_group_bytes: int) -> ObjectStats:
-    """Entries -> Parquet -> object store; the stats to record (offload.core's ObjectStats)."""
+                      row_group_bytes: int, typed_versions=None, topic: str = "",
+                      counters: dict | None = None) -> ObjectStats:
+    """Entries -> Parquet -> object store; the stats to record (offload.core's ObjectStats).
+    With ``typed_versions`` (the topic's live AVRO/JSON schema versions) the object also holds
+    the record's fields as typed columns (``add_typed_columns``); ``counters`` (if given) gets
+    ``typed_values`` / ``typed_values_undecodable`` / ``typed_fields_unconvertible`` added."""
     from offload.format import entries_to_table, write_parquet
     from offload.store import crc32c_hex
     table = entries_to_table(ledger_id, entries, partition=partition)
+    metadata = {"pulsarlite.ledger_id": str(ledger_id)}
+    if typed_versions:
+        table, typed_metadata, st = add_typed_columns(table, typed_versions, topic=topic, ledger_id=ledger_id)
+        metadata.update(typed_metadata)
+        if st is not None and counters is not None:
+            with _COUNTERS_LOCK:                     # offloads run in several pool threads
+                for name, n in (("typed_values", st.values), ("typed_values_undecodable", st.undecodable),
+                                ("typed_fields_unconvertible", st.unconvertible)):
+                    counters[name] = counters.get(name, 0) + n
     sink = io.BytesIO()
-    summary = write_parquet(table, sink, row_group_bytes=row_group_bytes,
-                            metadata={"pulsarlite.ledger_id": str(ledger_id)})
+    try:
+        summary = write_parquet(table, sink, row_group_bytes=row_group_bytes, metadata=metadata)
+    except Exception:       # noqa: BLE001 - an offload never fails over typed columns
+        from offload.format import ROW_SCHEMA
+        if table.num_columns == len(ROW_SCHEMA):
+            raise
+        log.exception("offload topic=%s ledger=%d: Parquet with typed columns failed; written without them",
+                      topic, ledger_id)
+        table = table.select(ROW_SCHEMA.names)
+        metadata = {"pulsarlite.ledger_id": str(ledger_id)}
+        sink = io.BytesIO()
+        summary = write_parquet(table, sink, row_group_bytes=row_group_bytes, metadata=metadata)
     if summary.entries != len(entries):
         raise OffloadError(f"ledger {ledger_id}: {summary.entries} entries encoded, {len(entries)} read")
     data = sink.getbuffer()
@@ -394,10 +458,10 @@ class TierReadCache:
     def _read_group(self, obj: _OpenObject, index: int) -> tuple[dict[int, bytes], int]:
         import pyarrow.parquet as pq
 
-        from offload.format import read_row_groups, table_to_entries
+        from offload.format import REBUILD_COLUMNS, read_row_groups, table_to_entries
         source = io.BytesIO(obj.data) if obj.data is not None else self.tier.open_input(obj.key, obj.size_bytes)
         pf = pq.ParquetFile(source, metadata=obj.metadata, page_checksum_verification=True)
-        table = read_row_groups(pf, [index], what=obj.key)
+        table = read_row_groups(pf, [index], columns=REBUILD_COLUMNS, what=obj.key)  # not typed columns
         entries = dict(table_to_entries(table))
         a, b = obj.ranges[index]
         if sorted(entries) != list(range(a, b + 1)):
@@ -630,10 +694,13 @@ class TopicOffloader:
                 if info.size_bytes > broker.config.offload_ledger_bytes_max:
                     raise OffloadError(f"ledger {ledger_id} has {info.size_bytes} bytes, more than "
                                        f"offload_ledger_bytes_max {broker.config.offload_ledger_bytes_max}")
+                typed_versions = await self._typed_versions(ledger_id)
                 entries = await self._read_from_bookies(ledger_id, info.entries)
                 stats = await broker.run(encode_and_upload, broker.tier, key, ledger_id, entries,
                                          partition=self.partition,
-                                         row_group_bytes=broker.config.offload_row_group_bytes)
+                                         row_group_bytes=broker.config.offload_row_group_bytes,
+                                         typed_versions=typed_versions, topic=self.ml_name,
+                                         counters=broker.typed_counters)
                 del entries
                 elapsed = time.monotonic() - started
             broker.offloaded_bytes += info.size_bytes
@@ -662,6 +729,32 @@ class TopicOffloader:
                 pass                  # deleted before a crash; the record had not followed
             return BookiesDeleted()
         raise OffloadError(f"unknown offload action {action!r}")
+
+    async def _typed_versions(self, ledger_id: int) -> tuple[tuple[int, str, str], ...] | None:
+        """The topic's live schema versions when every one is AVRO or JSON (typed columns), else
+        None; read before the ledger's entries, so every row of this closed ledger was written
+        under one of them. A registry that cannot be read fails the step (retried)."""
+        if not getattr(self.broker.config, "offload_typed_columns", True):
+            return None
+        service = getattr(self.topic, "service", None)
+        registry = getattr(service, "schemas", None)
+        if registry is None:
+            if self.broker.store is None:
+                return None
+            from broker.schemas import SchemaRegistry
+            registry = SchemaRegistry(self.broker.store)
+        stored = await registry.all_versions(self.topic.name)
+        if not stored or any(s.definition.type not in ("AVRO", "JSON") for s in stored):
+            return None
+        try:
+            versions = tuple((s.version, s.definition.type, s.definition.data.decode("utf-8")) for s in stored)
+        except UnicodeDecodeError:
+            log.warning("offload topic=%s ledger=%d: a schema definition is not UTF-8: no typed columns",
+                        self.ml_name, ledger_id)
+            return None
+        log.info("offload topic=%s ledger=%d: typed columns from schema versions %s", self.ml_name, ledger_id,
+                 [v for v, _, _ in versions])
+        return versions
 
     async def _read_from_bookies(self, ledger_id: int, entries: int) -> list[tuple[int, bytes]]:
         reader = await self.broker.ledger_client.open_ledger(ledger_id, recovery=False)
@@ -710,6 +803,8 @@ class BrokerOffloader:
         self.topics: dict[str, TopicOffloader] = {}
         self._timer: asyncio.Task | None = None
         self.offloaded_bytes = 0
+        # typed columns written ([schema]): values decoded, undecodable ones, unconvertible fields
+        self.typed_counters: dict[str, int] = {}
 
     @classmethod
     def create(cls, config, ledger_client, policies, *, store=None) -> "BrokerOffloader | None":
@@ -840,5 +935,5 @@ class BrokerOffloader:
 
 __all__ = ["BrokerOffloader", "CorruptObjectError", "OffloadError", "OffloadStatus", "TOPIC_POLICIES_ROOT", "Tier",
            "TierReadCache", "TopicOffloadPolicies", "read_topic_offload_policies", "topic_policies_path",
-           "TopicOffloader", "encode_and_upload", "ledger_views", "ledgers_before", "offload_info_of", "record_of",
-           "topic_prefix", "verify_object"]
+           "TopicOffloader", "add_typed_columns", "encode_and_upload", "ledger_views", "ledgers_before",
+           "offload_info_of", "record_of", "topic_prefix", "verify_object"]

@@ -40,6 +40,10 @@ An encrypted entry (pulsarlite does not decrypt) is kept as ONE opaque row: ``va
 payload still compressed and encrypted, ``entry_header`` its metadata verbatim, batch_size 0;
 it is rebuilt byte for byte and the consumer's client decrypts and splits it as before.
 
+Footer key-value metadata: ``pulsarlite.format_version``, ``pulsarlite.rows``,
+``pulsarlite.entries`` and the writer's pairs (the offloader: ``pulsarlite.ledger_id``, and
+``pulsarlite.typed_columns`` when it added typed columns: offload/typed_columns.py).
+
 Row groups hold whole entries (an entry's rows never straddle two row groups), cut at about
 ``row_group_bytes`` of message bytes, so the tier reader can fetch and decode row groups in
 parallel. Parquet page checksums are written and verified on every read (invariant 8);
@@ -501,7 +505,9 @@ class ParquetStreamWriter:
             else max(hi, self.max_publish_time_ms)
 
     def close(self) -> ParquetSummary:
-        self._writer.add_key_value_metadata({"pulsarlite.rows": str(self.rows),
+        # the schema's metadata too: with store_schema=False pyarrow writes only these pairs
+        kv = {k.decode(): v.decode() for k, v in (self.schema.metadata or {}).items()}
+        self._writer.add_key_value_metadata({**kv, "pulsarlite.rows": str(self.rows),
                                              "pulsarlite.entries": str(self.entries)})
         if self.row_groups == 0:     # an empty file still has the schema
             self._writer.write_table(self.schema.empty_table())

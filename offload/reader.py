@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from offload.core import ObjectStats
-from offload.format import (ROW_GROUP_BYTES_DEFAULT, ParquetStreamWriter, TierChecksumError,
+from offload.format import (REBUILD_COLUMNS, ROW_GROUP_BYTES_DEFAULT, ParquetStreamWriter, TierChecksumError,
                             TierFormatError, entries_to_table, open_parquet, read_row_groups,
                             row_group_entry_ranges, summarize_table, table_to_entries)
 from offload.store import (Crc32cHasher, ObjectStore, crc32c_hex, open_object_uri)
@@ -402,12 +402,12 @@ class TierReader:
                 and self.size_bytes <= WHOLE_OBJECT_BYTES_MAX:
             pf = self._whole_object()
             for index in indexes:
-                table = read_row_groups(pf, [index], what=self.uri)
+                table = read_row_groups(pf, [index], columns=REBUILD_COLUMNS, what=self.uri)
                 for entry_id, entry in table_to_entries(table):
                     if first <= entry_id <= last:
                         yield entry_id, entry
             return
-        for table in self.read_row_group_tables(indexes):
+        for table in self.read_row_group_tables(indexes, columns=REBUILD_COLUMNS):   # not typed columns
             for entry_id, entry in table_to_entries(table):
                 if first <= entry_id <= last:
                     yield entry_id, entry

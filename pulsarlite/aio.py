@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 
 from pulsarlite.client import impl
-from pulsarlite.client.common import (check_client_kwargs, check_topic_arg, consumer_conf,
-                                      make_message, mid_of, producer_conf)
+from pulsarlite.client.common import (check_client_kwargs, check_schema, check_topic_arg,
+                                      consumer_conf, make_message, mid_of, producer_conf)
 from pulsarlite.client.core import HashingScheme
-from pulsarlite.client.errors import (AlreadyClosed, BrokerError, ClientError, ConnectError,
+from pulsarlite.client.errors import (IncompatibleSchema, AlreadyClosed, BrokerError, ClientError, ConnectError,
                                       ConsumerBusy, InvalidConfiguration, InvalidTopicNameError,
                                       LookupError_, MessageTooBig, NotConnected, ProducerBusy,
                                       ProducerQueueIsFull, Timeout, TopicNotFound)
@@ -36,7 +36,17 @@ __all__ = [
     "ClientError", "AlreadyClosed", "BrokerError", "ConnectError", "ConsumerBusy",
     "InvalidConfiguration", "InvalidTopicNameError", "LookupError_", "MessageTooBig",
     "NotConnected", "ProducerBusy", "ProducerQueueIsFull", "Timeout", "TopicNotFound",
+    "IncompatibleSchema",
 ]
+
+
+async def _resolved(schema, msg: Message) -> Message:
+    """``msg`` once its writer schema is known (an Avro consumer fetches each schema version
+    once), so that ``msg.value()`` decodes without a round trip."""
+    if schema is not None:
+        from pulsarlite.schema.schemas import prefetch
+        await prefetch(schema, msg)
+    return msg
 
 
 def _result_of(error) -> Result:
@@ -89,13 +99,14 @@ class Client:
     async def create_reader(self, topic: str, start_message_id: MessageId, reader_name=None,
                             receiver_queue_size: int = 1000,
                             start_message_id_inclusive: bool = False,
-                            subscription_role_prefix=None, **ignored) -> "Reader":
+                            subscription_role_prefix=None, schema=None, **ignored) -> "Reader":
+        schema = check_schema(schema)
         sink = impl.AsyncSink(self._impl.loop)
         reader = await impl.create_reader(
             self._impl, topic, start_message_id, sink,
             start_message_id_inclusive=start_message_id_inclusive,
             receiver_queue_size=receiver_queue_size, reader_name=reader_name,
-            subscription_role_prefix=subscription_role_prefix)
+            subscription_role_prefix=subscription_role_prefix, schema=schema)
         return Reader(reader, sink)
 
     async def get_topic_partitions(self, topic: str) -> list[str]:
@@ -152,6 +163,8 @@ class Producer:
                          ordering_key=None, sequence_id=None, event_timestamp=None,
                          **ignored) -> asyncio.Future:
         """Queue a message; returns a Future of its MessageId (await it, or don't)."""
+        if self._impl.conf.schema is not None:
+            content = self._impl.conf.schema.encode(content)
         message = make_message(content, properties, partition_key, ordering_key,
                                event_timestamp, sequence_id)
         await self._slot()
@@ -210,7 +223,8 @@ class Consumer:
     async def receive(self, timeout_millis: int | None = None) -> Message:
         if self._closed:
             raise AlreadyClosed("the consumer is closed")
-        return await self._sink.get(None if timeout_millis is None else timeout_millis / 1000)
+        msg = await self._sink.get(None if timeout_millis is None else timeout_millis / 1000)
+        return await _resolved(self._impl.conf.schema, msg)
 
     def _target(self, message):
         consumer = getattr(message, "_consumer", None)
@@ -270,7 +284,8 @@ class Reader:
     async def read_next(self, timeout_millis: int | None = None) -> Message:
         if self._closed:
             raise AlreadyClosed("the reader is closed")
-        return await self._sink.get(None if timeout_millis is None else timeout_millis / 1000)
+        msg = await self._sink.get(None if timeout_millis is None else timeout_millis / 1000)
+        return await _resolved(self._impl.conf.schema, msg)
 
     async def has_message_available(self) -> bool:
         return await self._impl.has_message_available()

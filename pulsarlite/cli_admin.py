@@ -437,6 +437,124 @@ class AdminCommandError(Exception):
     """A command-level failure (not HTTP): exit 1."""
 
 
+# -- schemas -----------------------------------------------------------------------------------
+SCHEMA_FILE_BYTES_MAX = 1024 * 1024
+SCHEMA_TYPES = ("AVRO", "JSON", "STRING", "BOOLEAN", "INT8", "INT16", "INT32", "INT64", "FLOAT",
+                "DOUBLE", "KEY_VALUE", "PROTOBUF")
+SCHEMAS = "/admin/v2/schemas/{topic}"
+
+
+def _schema_payload(args: argparse.Namespace) -> dict[str, Any]:
+    """pulsar-admin's schema file (``{"type": "AVRO", "schema": "<definition>", "properties":
+    {}}``), or a bare Avro definition (``{"type": "record", ...}``) sent as ``--type``."""
+    if not args.file:
+        raise UsageError("give the schema with -f/--file")
+    try:
+        with open(args.file, "rb") as f:
+            raw = f.read(SCHEMA_FILE_BYTES_MAX + 1)
+    except OSError as e:
+        raise UsageError(f"cannot read {args.file}: {e.strerror}") from None
+    if len(raw) > SCHEMA_FILE_BYTES_MAX:
+        raise UsageError(f"{args.file} is larger than {SCHEMA_FILE_BYTES_MAX} bytes")
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"{args.file} is not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{args.file}: expected a JSON object (a schema payload or an Avro record)")
+    if "schema" in doc:
+        kind, definition, props = doc.get("type"), doc["schema"], doc.get("properties") or {}
+        if isinstance(definition, (dict, list)):
+            definition = json.dumps(definition)
+        if not isinstance(kind, str) or not isinstance(definition, str) or not isinstance(props, dict):
+            raise UsageError(f"{args.file}: type and schema must be strings, properties an object")
+        if args.type and args.type != kind.upper():
+            raise UsageError(f"{args.file} says type {kind}, --type says {args.type}")
+        return {"type": kind.upper(), "schema": definition, "properties": props}
+    if doc.get("type") == "record":
+        return {"type": args.type or "AVRO", "schema": json.dumps(doc), "properties": {}}
+    raise UsageError(f"{args.file}: neither a schema payload (with \"schema\") nor an Avro record definition")
+
+
+def _pretty_schema(value: Any) -> Any:
+    """The definition of AVRO/JSON versions as JSON, not as a string of JSON."""
+    if isinstance(value, dict) and value.get("type") in ("AVRO", "JSON") and isinstance(value.get("data"), str):
+        try:
+            return {**value, "data": json.loads(value["data"])}
+        except ValueError:
+            return value
+    return value
+
+
+def _run_schema_get(client: AdminClient, args: argparse.Namespace) -> Any:
+    path = SCHEMAS.format(topic=_topic_path(args.topic)) + "/schema"
+    if args.version is not None:
+        path += f"/{args.version}"
+    value = client.get(path)
+    if args.output == "table":
+        emit({k: v for k, v in value.items() if k != "data"} | {"data": value.get("data")}, "table")
+    else:
+        emit(_pretty_schema(value), "json")
+    return None
+
+
+def _run_schema_versions(client: AdminClient, args: argparse.Namespace) -> Any:
+    got = client.get(SCHEMAS.format(topic=_topic_path(args.topic)) + "/schemas") or {}
+    versions = got.get("getSchemaResponses", [])
+    if args.output == "table":
+        rows = [{"version": v.get("version"), "type": v.get("type"), "timestamp": v.get("timestamp"),
+                 "properties": v.get("properties") or {}} for v in versions]
+        print(format_table(rows, "VERSION") if rows else "VERSION")
+    else:
+        emit([_pretty_schema(v) for v in versions], "json")
+    return None
+
+
+def _run_schema_upload(client: AdminClient, args: argparse.Namespace) -> Any:
+    payload = _schema_payload(args)
+    got = client.request("POST", SCHEMAS.format(topic=_topic_path(args.topic)) + "/schema", payload)
+    if args.output:
+        emit(got, args.output)
+    else:
+        print(f"Uploaded schema of {args.topic}: version {got.get('version') if isinstance(got, dict) else got}")
+    return None
+
+
+def _run_schema_delete(client: AdminClient, args: argparse.Namespace) -> Any:
+    got = client.request("DELETE", SCHEMAS.format(topic=_topic_path(args.topic)) + "/schema")
+    if args.output:
+        emit(got, args.output)
+    else:
+        print(f"Deleted the schema of {args.topic}")
+    return None
+
+
+def _run_schema_compatibility(client: AdminClient, args: argparse.Namespace) -> Any:
+    payload = _schema_payload(args)
+    got = client.request("POST", SCHEMAS.format(topic=_topic_path(args.topic)) + "/compatibility", payload)
+    emit(got, args.output or "json")
+    if isinstance(got, dict) and got.get("isCompatible") is False:
+        raise AdminCommandError(f"not compatible under {got.get('schemaCompatibilityStrategy')}: "
+                                f"{got.get('reason') or 'no reason given'}")
+    return None
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+SCHEMA_FILE = A("-f", "--file", help="pulsar-admin's schema file ({\"type\": \"AVRO\", \"schema\": \"...\", "
+                                     "\"properties\": {}}) or an Avro record definition")
+SCHEMA_TYPE = A("--type", type=str.upper, choices=SCHEMA_TYPES,
+                help="type for a bare Avro definition (default AVRO)")
+
+
 SIZE_HELP = "size with optional k/M/G/T suffix, -1 unlimited"
 TIME_HELP = "time with optional s/m/h/d/w/y suffix (seconds when none), -1 unlimited"
 
@@ -559,10 +677,20 @@ COMMANDS: tuple[Op, ...] = (
     Op("subscriptions", "reset-cursor", "move a subscription to a time", run=_run_reset_cursor,
        args=(TOPIC, SUB, A("-t", "--time", type=parse_time_s, help="this long ago, e.g. 1h"),
              A("--timestamp-ms", type=int, help="absolute publish time (ms since the epoch)"))),
+    # schemas
+    Op("schemas", "get", "the topic's latest schema (or --version N)", run=_run_schema_get,
+       args=(TOPIC, A("--version", type=_nonnegative_int, help="a version instead of the latest"))),
+    Op("schemas", "versions", "every live schema version of the topic", run=_run_schema_versions, args=(TOPIC,)),
+    Op("schemas", "upload", "add a schema version (checked against the namespace's compatibility strategy)",
+       run=_run_schema_upload, args=(TOPIC, SCHEMA_FILE, SCHEMA_TYPE)),
+    Op("schemas", "delete", "delete every schema version of the topic", run=_run_schema_delete, args=(TOPIC,)),
+    Op("schemas", "compatibility", "test a schema against the topic's versions (exit 1 if incompatible)",
+       run=_run_schema_compatibility, args=(TOPIC, SCHEMA_FILE, SCHEMA_TYPE)),
 )
 
 GROUP_HELP = {"clusters": "clusters", "tenants": "tenants", "namespaces": "namespaces and their policies",
-              "topics": "persistent topics", "subscriptions": "subscriptions of a topic"}
+              "topics": "persistent topics", "subscriptions": "subscriptions of a topic",
+              "schemas": "schemas of a topic"}
 
 
 def _nonnegative(what: str, value: int) -> int:

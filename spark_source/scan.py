@@ -97,8 +97,24 @@ def to_output(table: pa.Table, scan: SegmentScan, typed=None) -> pa.RecordBatch:
     if typed is None:
         return pa.RecordBatch.from_arrays(columns, schema=OUTPUT_SCHEMA)
     from spark_source.typed import typed_arrays
-    schema = pa.schema(list(OUTPUT_SCHEMA) + typed.output_fields())
-    return pa.RecordBatch.from_arrays(columns + typed_arrays(table, typed), schema=schema)
+    fields = typed.output_fields()
+    schema = pa.schema(list(OUTPUT_SCHEMA) + fields)
+    if all(STORED_TYPED_PREFIX + str(i) in table.column_names for i in range(len(fields))):
+        # a tier object's own typed columns (``_read_parquet`` checked they are what decoding
+        # gives), or a record without fields
+        values = [_as_array(table[STORED_TYPED_PREFIX + str(i)]) for i in range(len(fields))]
+    else:
+        values = typed_arrays(table, typed)
+    # to Spark's form (units, nested field names: str() shows what == ignores)
+    values = [v if str(v.type) == str(f.type) else v.cast(f.type) for v, f in zip(values, fields)]
+    return pa.RecordBatch.from_arrays(columns + values, schema=schema)
+
+
+STORED_TYPED_PREFIX = "__pulsarlite_typed_"     # the i-th typed field, read from a tier object
+
+
+def _as_array(c):
+    return c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
 
 
 from spark_source.metrics import record  # noqa: E402
@@ -244,9 +260,36 @@ def _read_parquet(uri: str, scan: SegmentScan, settings: ReadSettings) -> Iterat
                      skipped, md.num_row_groups)
         record(settings.metrics_dir, "rowgroups", {"ledger_id": scan.ledger_id, "total": md.num_row_groups,
                                                    "read": len(wanted)})
+        stored = _stored_typed(pf, scan, settings.typed)
+        if settings.typed is not None:
+            record(settings.metrics_dir, "typed", {"ledger_id": scan.ledger_id, "location": "tier",
+                                                   "source": "decoded" if stored is None else "stored"})
+        columns = READ_COLUMNS if settings.typed is None else READ_COLUMNS + ["schema_version"]
+        if stored is not None:
+            columns = READ_COLUMNS + sorted({c for c in stored if c is not None})
         for i in wanted:
-            columns = READ_COLUMNS if settings.typed is None else READ_COLUMNS + ["schema_version"]
-            yield read_row_groups(pf, [i], columns=columns, what=what)
+            table = read_row_groups(pf, [i], columns=columns, what=what)
+            yield table if stored is None else _with_stored_typed(table, stored, settings.typed)
+
+
+def _stored_typed(pf, scan: SegmentScan, typed) -> list[str | None] | None:
+    """The object's columns for the query's typed fields (None for a field the object's rows
+    all lack), or None: decode ``value`` (no typed columns, or built from other versions)."""
+    if typed is None:
+        return None
+    from offload.typed_columns import stored_columns
+    stored = stored_columns(pf.metadata.metadata, pf.schema_arrow, typed.versions, typed.target)
+    log.info("typed columns of a tier segment topic=%s ledger=%d source=%s", scan.topic, scan.ledger_id,
+             "stored" if stored is not None else "decoded")
+    return stored
+
+
+def _with_stored_typed(table: pa.Table, stored: list[str | None], typed) -> pa.Table:
+    """``table`` with the stored typed columns under the names ``to_output`` looks for."""
+    for i, (column, f) in enumerate(zip(stored, typed.target)):
+        array = table[column] if column is not None else pa.nulls(table.num_rows, f.type)
+        table = table.append_column(STORED_TYPED_PREFIX + str(i), array)
+    return table
 
 
 def _open_input(uri: str, settings: ReadSettings):

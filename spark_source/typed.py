@@ -7,18 +7,27 @@ field a version lacks being null. A field whose name is taken by a metadata colu
 ``value_<name>``. Option ``valueSchema``: ``typed`` (default) or ``raw`` (metadata columns only).
 
 Topics with no schema, a primitive one, or different struct schemas are read raw (logged).
+
+Bookie segments are decoded from ``value``. A tier object written by the offloader carries the
+typed columns itself (broker/offloader.py); a tier scan takes them from Parquet when the
+object's recorded schema versions are ones the query knows with the same definitions and the
+stored column types are the wanted ones (offload/typed_columns.py ``stored_columns``; a field
+added by a later version is null there), and decodes ``value`` otherwise. Either way the
+columns and their values are the same (tests/unit/test_offload_typed_columns.py).
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 from dataclasses import dataclass
 
 import pyarrow as pa
 
-from offload.typed_columns import DecodeStats, column_names_beside, decode_columns, merged_schema
+from offload.typed_columns import (DecodeStats, column_names_beside, decode_columns, merged_schema,
+                                   version_numbers)
 from pulsarlite.errors import PulsarliteError
 from pulsarlite.topic_name import TopicName
 
@@ -36,7 +45,34 @@ class TypedValue:
     names: tuple[str, ...]                        # their column names beside the metadata columns
 
     def output_fields(self) -> list[pa.Field]:
-        return [pa.field(n, f.type, nullable=True) for n, f in zip(self.names, self.target)]
+        """The typed columns as the DataFrame has them: each merged field's Arrow type in the form
+        Spark's Python data source requires of the batches a reader returns (timestamps in
+        microseconds, times as time64, Spark's list/map field names); values are cast to it."""
+        return [pa.field(n, spark_arrow_type(f.type), nullable=True) for n, f in zip(self.names, self.target)]
+
+
+def _spark_ready(t: pa.DataType) -> pa.DataType:
+    """``t`` with what pyspark's type mapping does not take replaced (time32 -> time64, decimals
+    wider than 38 digits -> string)."""
+    if pa.types.is_time32(t):
+        return pa.time64("us")
+    if pa.types.is_decimal(t) and t.precision > 38:     # beyond Spark's DecimalType: as text
+        return pa.string()
+    if pa.types.is_list(t):
+        return pa.list_(pa.field(t.value_field.name, _spark_ready(t.value_type), t.value_field.nullable))
+    if pa.types.is_map(t):
+        return pa.map_(_spark_ready(t.key_type), pa.field(t.item_field.name, _spark_ready(t.item_type),
+                                                          t.item_field.nullable))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _spark_ready(f.type), f.nullable) for f in t])
+    return t
+
+
+@functools.lru_cache(maxsize=256)
+def spark_arrow_type(t: pa.DataType) -> pa.DataType:
+    """The Arrow type Spark expects back for a column of Arrow type ``t`` (through Spark's type)."""
+    from pyspark.sql.pandas.types import from_arrow_type, to_arrow_type
+    return to_arrow_type(from_arrow_type(_spark_ready(t)), timezone="UTC")
 
 
 def schema_path(topic: str) -> str:
@@ -92,9 +128,7 @@ def typed_arrays(table: pa.Table, typed: TypedValue) -> list[pa.Array]:
     """The typed columns of ROW_SCHEMA rows (offload.format), each value decoded with the
     schema version it was written with (the message's schema_version, 8 bytes big-endian)."""
     versions = {v: (kind, json.loads(d)) for v, kind, d in typed.versions}
-    raw_versions = table["schema_version"].to_pylist()
-    version_of_row = [int.from_bytes(v, "big", signed=True) if v is not None and len(v) == 8 else None
-                      for v in raw_versions]
+    version_of_row = version_numbers(table["schema_version"].to_pylist())
     stats = DecodeStats()
     arrays = decode_columns(table["value"].to_pylist(), version_of_row, versions, typed.target, stats)
     if stats.undecodable or stats.unconvertible:

@@ -8,7 +8,7 @@ facade on a background loop thread), :mod:`.types`, :mod:`.errors`.
 
 from pulsarlite.client.blocking import Client, Consumer, Producer, Reader
 from pulsarlite.client.core import HashingScheme
-from pulsarlite.client.errors import (AlreadyClosed, BrokerError, ClientError, ConnectError,
+from pulsarlite.client.errors import (IncompatibleSchema, AlreadyClosed, BrokerError, ClientError, ConnectError,
                                       ConsumerBusy, InvalidConfiguration, InvalidTopicNameError,
                                       LookupError_, MessageTooBig, NotConnected, ProducerBusy,
                                       ProducerQueueIsFull, Timeout, TopicNotFound)
@@ -21,4 +21,5 @@ __all__ = [
     "ClientError", "AlreadyClosed", "BrokerError", "ConnectError", "ConsumerBusy",
     "InvalidConfiguration", "InvalidTopicNameError", "LookupError_", "MessageTooBig",
     "NotConnected", "ProducerBusy", "ProducerQueueIsFull", "Timeout", "TopicNotFound",
+    "IncompatibleSchema",
 ]

@@ -17,8 +17,8 @@ import threading
 import time
 
 from pulsarlite.client import impl
-from pulsarlite.client.common import (check_client_kwargs, check_topic_arg, consumer_conf,
-                                      make_message, mid_of, producer_conf)
+from pulsarlite.client.common import (check_client_kwargs, check_schema, check_topic_arg,
+                                      consumer_conf, make_message, mid_of, producer_conf)
 from pulsarlite.client.core import HashingScheme
 from pulsarlite.client.errors import (AlreadyClosed, ClientError, MessageTooBig,
                                       ProducerQueueIsFull, Timeout)
@@ -129,13 +129,14 @@ class Client:
 
     def create_reader(self, topic: str, start_message_id: MessageId, reader_name=None,
                       receiver_queue_size: int = 1000, start_message_id_inclusive: bool = False,
-                      subscription_role_prefix=None, **ignored) -> "Reader":
+                      subscription_role_prefix=None, schema=None, **ignored) -> "Reader":
+        schema = check_schema(schema)
         sink = impl.ThreadSink(self._io.loop)
         reader = self._run(impl.create_reader(
             self._impl, topic, start_message_id, sink,
             start_message_id_inclusive=start_message_id_inclusive,
             receiver_queue_size=receiver_queue_size, reader_name=reader_name,
-            subscription_role_prefix=subscription_role_prefix), extra_s=10)
+            subscription_role_prefix=subscription_role_prefix, schema=schema), extra_s=10)
         return Reader(self, reader, sink)
 
     def get_topic_partitions(self, topic: str) -> list[str]:
@@ -239,6 +240,8 @@ class Producer:
                    deliver_after=None) -> None:
         """``callback(result, message_id)`` runs on the client's I/O thread; ``result`` is
         ``Result.Ok`` on success."""
+        if self._impl.conf.schema is not None:
+            content = self._impl.conf.schema.encode(content)
         message = make_message(content, properties, partition_key, ordering_key,
                                event_timestamp, sequence_id)
         self._check_size(message)
@@ -253,6 +256,8 @@ class Producer:
     def send(self, content, properties=None, partition_key=None, ordering_key=None,
              sequence_id=None, replication_clusters=None, disable_replication=False,
              event_timestamp=None, deliver_at=None, deliver_after=None) -> MessageId:
+        if self._impl.conf.schema is not None:
+            content = self._impl.conf.schema.encode(content)
         message = make_message(content, properties, partition_key, ordering_key,
                                event_timestamp, sequence_id)
         self._check_size(message)

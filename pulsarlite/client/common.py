@@ -44,7 +44,7 @@ def producer_conf(*, producer_name=None, initial_sequence_id=None, send_timeout_
                   batching_enabled=True, batching_max_messages=1000,
                   batching_max_allowed_size_in_bytes=128 * 1024,
                   batching_max_publish_delay_ms=10, properties=None, batching_type=0,
-                  **ignored) -> tuple[ProducerConf, int, bool]:
+                  schema=None, **ignored) -> tuple[ProducerConf, int, bool]:
     _check_ignored("create_producer", ignored, _PRODUCER_IGNORED, _PRODUCER_UNSUPPORTED)
     if not isinstance(max_pending_messages, int) or max_pending_messages < 1:
         raise InvalidConfiguration("max_pending_messages must be an int >= 1")
@@ -55,15 +55,27 @@ def producer_conf(*, producer_name=None, initial_sequence_id=None, send_timeout_
         batching_max_publish_delay_ms=batching_max_publish_delay_ms,
         compression_type=compression_type, send_timeout_millis=send_timeout_millis,
         initial_sequence_id=initial_sequence_id, properties=properties,
-        batching_type=batching_type)
+        batching_type=batching_type, schema=check_schema(schema))
     return conf, max_pending_messages, bool(block_if_queue_full)
+
+
+def check_schema(schema):
+    """A pulsarlite.schema Schema, or None (bytes); BytesSchema is the same as None."""
+    if schema is None:
+        return None
+    from pulsarlite.schema import BytesSchema, Schema
+    if not isinstance(schema, Schema):
+        raise InvalidConfiguration(f"schema= takes a pulsarlite.schema schema (AvroSchema, "
+                                   f"JsonSchema, StringSchema, ...), got {type(schema).__module__}."
+                                   f"{type(schema).__name__}")
+    return None if isinstance(schema, BytesSchema) else schema
 
 
 # keyword arguments of pulsar.Client.create_producer accepted for source compatibility: the
 # first set changes nothing here; the second is refused unless left at its "off" value
 _PRODUCER_IGNORED = frozenset({"max_pending_messages_across_partitions", "message_routing_mode",
                                "lazy_start_partitioned_producers"})
-_PRODUCER_UNSUPPORTED = frozenset({"schema", "chunking_enabled", "encryption_key",
+_PRODUCER_UNSUPPORTED = frozenset({"chunking_enabled", "encryption_key",
                                    "crypto_key_reader", "message_router", "access_mode"})
 
 
@@ -82,13 +94,14 @@ def _check_ignored(what: str, given: dict, ignored: frozenset, unsupported: froz
 def consumer_conf(subscription_name, *, consumer_type=ConsumerType.Exclusive,
                   initial_position=InitialPosition.Latest, receiver_queue_size=1000,
                   negative_ack_redelivery_delay_ms=60000, consumer_name=None, properties=None,
-                  **ignored) -> ConsumerConf:
+                  schema=None, **ignored) -> ConsumerConf:
     _check_ignored("subscribe", ignored, _CONSUMER_IGNORED, _CONSUMER_UNSUPPORTED)
     return ConsumerConf(subscription_name, consumer_type=consumer_type,
                         initial_position=initial_position,
                         receiver_queue_size=receiver_queue_size,
                         negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
-                        consumer_name=consumer_name, properties=properties)
+                        consumer_name=consumer_name, properties=properties,
+                        schema=check_schema(schema))
 
 
 _CONSUMER_IGNORED = frozenset({"broker_consumer_stats_cache_time_ms",
@@ -97,7 +110,7 @@ _CONSUMER_IGNORED = frozenset({"broker_consumer_stats_cache_time_ms",
                                "regex_subscription_mode", "start_message_id_inclusive",
                                "auto_ack_oldest_chunked_message_on_queue_full",
                                "max_pending_chunked_message", "crypto_failure_action"})
-_CONSUMER_UNSUPPORTED = frozenset({"schema", "unacked_messages_timeout_ms", "is_read_compacted",
+_CONSUMER_UNSUPPORTED = frozenset({"unacked_messages_timeout_ms", "is_read_compacted",
                                    "crypto_key_reader", "batch_receive_policy",
                                    "key_shared_policy", "dead_letter_policy",
                                    "message_listener"})

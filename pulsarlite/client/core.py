@@ -13,12 +13,14 @@
 
 from __future__ import annotations
 
+import collections
 import enum
 import struct
 from dataclasses import dataclass
 from typing import Union
 
 from pulsarlite._proto import pulsar_api_pb2 as pb
+from pulsarlite.errors import InvariantViolation
 from pulsarlite.hashing import murmur3_32  # noqa: F401 - re-exported
 from pulsarlite.wire import commands as c
 from pulsarlite.wire.entry import Compression, Message as WireMessage, build_batch_entry, build_entry
@@ -282,7 +284,8 @@ class BatchBuilder:
                 or self.payload_bytes >= self.limits.bytes_max)
 
     def build(self, *, producer_name: str, publish_time_ms: int,
-              compression: Compression | int) -> tuple[bytes, list, int, int, int]:
+              compression: Compression | int,
+              schema_version: bytes | None = None) -> tuple[bytes, list, int, int, int]:
         """(entry, callbacks, message count, first sequence id, last sequence id); the builder
         is empty afterwards. Every message carries its own sequence id already."""
         messages = self.messages
@@ -291,7 +294,7 @@ class BatchBuilder:
         first, last = messages[0].sequence_id, messages[-1].sequence_id
         entry = build_batch_entry(messages, producer_name=producer_name, sequence_id=first,
                                   publish_time_ms=publish_time_ms, compression=compression,
-                                  highest_sequence_id=last)
+                                  highest_sequence_id=last, schema_version=schema_version)
         self.messages = []
         self.callbacks = []
         self.payload_bytes = 0
@@ -299,9 +302,135 @@ class BatchBuilder:
 
 
 def build_single(message: WireMessage, *, producer_name: str, sequence_id: int,
-                 publish_time_ms: int, compression: Compression | int) -> bytes:
+                 publish_time_ms: int, compression: Compression | int,
+                 schema_version: bytes | None = None) -> bytes:
     return build_entry(message, producer_name=producer_name, sequence_id=sequence_id,
-                       publish_time_ms=publish_time_ms, compression=compression)
+                       publish_time_ms=publish_time_ms, compression=compression,
+                       schema_version=schema_version)
+
+
+# ---------------------------------------------------------------------------------------------
+# Producer: the ordered queue of sends awaiting their receipts
+# ---------------------------------------------------------------------------------------------
+
+class ReceiptVerdict(enum.Enum):
+    ACKED = "acked"              # acknowledges the oldest pending send (now removed)
+    STALE = "stale"              # for a send no longer pending (failed or acked before): ignore
+    UNEXPECTED = "unexpected"    # ahead of the oldest pending send: reconnect and resend
+
+
+class SendErrorAction(enum.Enum):
+    FAIL_ONE = "fail_one"        # only the refused send fails; the connection stays
+    FAIL_ALL = "fail_all"        # every pending send fails (the topic was terminated)
+    RECONNECT = "reconnect"      # close the connection; resend every pending send afterwards
+
+
+def send_error_action(server_error: int) -> SendErrorAction:
+    """What a SEND_ERROR means for the producer, as Java's ClientCnx.handleSendError decides:
+    a checksum or not-allowed refusal fails that send only, a terminated topic fails them all,
+    anything else (a failed write, an unloaded topic, ...) closes the connection and the
+    producer resends everything still pending once it is registered again."""
+    if server_error in (pb.ChecksumError, pb.NotAllowedError):
+        return SendErrorAction.FAIL_ONE
+    if server_error == pb.TopicTerminatedError:
+        return SendErrorAction.FAIL_ALL
+    return SendErrorAction.RECONNECT
+
+
+# PRODUCER refusals after which the pending sends fail at once instead of waiting for a
+# reconnect that may never succeed (Java's ProducerImpl.connectionOpened); every other refusal
+# is retried with backoff and the sends stay pending (until their send timeout)
+_FAIL_PENDING_ON_REFUSAL = frozenset({pb.ProducerBlockedQuotaExceededError,
+                                      pb.ProducerBlockedQuotaExceededException,
+                                      pb.TopicTerminatedError, pb.ProducerFenced})
+
+
+def refusal_fails_pending(server_error: int) -> bool:
+    return server_error in _FAIL_PENDING_ON_REFUSAL
+
+
+class PendingSends:
+    """A producer's sends awaiting their receipts: ONE queue in send order (Pulsar's
+    ``pendingMessages``). Items are the shell's ops: anything with ``first_seq`` (the sequence
+    id the receipt names), ``last_seq`` and ``created_s`` (loop time of the send).
+
+    The rules that keep a producer's messages stored in its order, as the Java and C++ clients:
+
+    - after a reconnect the shell writes every pending send again, oldest first (iterate the
+      queue), before anything new;
+    - receipts come in order: one for the oldest pending send completes it; one for an older
+      sequence id is stale (a send that failed or was acknowledged already); one further ahead
+      means the broker skipped a send: reconnect and resend;
+    - send timeout: once the OLDEST pending send is older than the timeout, EVERY pending send
+      fails, not only the expired ones (Java's and C++'s ``failPendingMessages``). Failing only
+      the expired prefix and resending the younger sends later lets a newer message that the
+      broker accepted meanwhile be stored before them (found by the chaos suite, seed 15).
+    """
+
+    def __init__(self, send_timeout_s: float = 0.0) -> None:
+        if not send_timeout_s >= 0:
+            raise ValueError(f"send_timeout_s must be >= 0 (0: no timeout), got {send_timeout_s!r}")
+        self.send_timeout_s = float(send_timeout_s)
+        self._q: collections.deque = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __bool__(self) -> bool:
+        return bool(self._q)
+
+    def __iter__(self):
+        return iter(self._q)
+
+    @property
+    def last(self):
+        return self._q[-1] if self._q else None
+
+    def append(self, op) -> None:
+        q = self._q
+        if q and op.created_s < q[-1].created_s:
+            raise InvariantViolation(f"send {op.first_seq} created at {op.created_s} before "
+                                     f"the send queued ahead of it ({q[-1].created_s})")
+        q.append(op)
+
+    def on_receipt(self, sequence_id: int):
+        """(verdict, the completed op or None)."""
+        q = self._q
+        if not q:
+            return ReceiptVerdict.STALE, None
+        head = q[0]
+        if sequence_id == head.first_seq:
+            return ReceiptVerdict.ACKED, q.popleft()
+        if sequence_id < head.first_seq:
+            return ReceiptVerdict.STALE, None
+        return ReceiptVerdict.UNEXPECTED, None
+
+    def expire(self, now_s: float) -> list:
+        """Every pending op (oldest first, now removed) if the oldest one is past the send
+        timeout; else nothing."""
+        q = self._q
+        if self.send_timeout_s <= 0 or not q or now_s - q[0].created_s < self.send_timeout_s:
+            return []
+        return self.take_all()
+
+    def deadline_s(self) -> float | None:
+        """When the oldest pending op times out (None: nothing pending, or no timeout)."""
+        if self.send_timeout_s <= 0 or not self._q:
+            return None
+        return self._q[0].created_s + self.send_timeout_s
+
+    def remove(self, sequence_id: int):
+        """The op whose first sequence id this is (removed), or None."""
+        for op in self._q:
+            if op.first_seq == sequence_id:
+                self._q.remove(op)
+                return op
+        return None
+
+    def take_all(self) -> list:
+        out = list(self._q)
+        self._q.clear()
+        return out
 
 
 # ---------------------------------------------------------------------------------------------

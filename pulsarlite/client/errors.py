@@ -15,6 +15,7 @@ __all__ = [
     "ClientError", "InvalidTopicNameError", "InvalidConfiguration", "AlreadyClosed",
     "Timeout", "MessageTooBig", "ProducerQueueIsFull", "ConnectError", "BrokerError",
     "TopicNotFound", "ConsumerBusy", "ProducerBusy", "LookupError_", "NotConnected",
+    "IncompatibleSchema",
 ]
 
 
@@ -95,7 +96,14 @@ class ProducerBusy(BrokerError):
     pass
 
 
+class IncompatibleSchema(BrokerError):
+    """The broker refused the producer's (or consumer's) schema: the namespace's compatibility
+    strategy does not accept it beside the topic's versions, or it does not allow new
+    versions. Nothing was registered."""
+
+
 def broker_error(server_error: int, message: str, what: str = "") -> BrokerError:
     cls = {pb.TopicNotFound: TopicNotFound, pb.ConsumerBusy: ConsumerBusy,
-           pb.ProducerBusy: ProducerBusy}.get(server_error, BrokerError)
+           pb.ProducerBusy: ProducerBusy,
+           pb.IncompatibleSchema: IncompatibleSchema}.get(server_error, BrokerError)
     return cls(server_error, message, what)

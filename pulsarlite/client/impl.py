@@ -446,6 +446,9 @@ class _Handler:
     def _disconnected(self) -> None:
         pass
 
+    def _on_reconnect_refused(self, exc: BaseException) -> None:
+        pass
+
     def _schedule_reconnect(self) -> None:
         if self.closed or self.client.closed:
             return
@@ -465,6 +468,7 @@ class _Handler:
             except Exception as exc:
                 log.warning("event=%s_reconnect_failed topic=%s error=%r backoff_s=%.2f",
                             self.kind, self.topic, exc, backoff)
+                self._on_reconnect_refused(exc)
             await asyncio.sleep(backoff * (0.8 + 0.4 * self.client._random.random()))
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
@@ -503,7 +507,7 @@ class _Op:
 
 class ProducerConf:
     __slots__ = ("producer_name", "batching_enabled", "limits", "compression", "send_timeout_s",
-                 "initial_sequence_id", "properties", "key_based_batching")
+                 "initial_sequence_id", "properties", "key_based_batching", "schema")
 
     def __init__(self, *, producer_name: str | None = None, batching_enabled: bool = True,
                  batching_max_messages: int = 1000,
@@ -511,7 +515,9 @@ class ProducerConf:
                  batching_max_publish_delay_ms: int = 10,
                  compression_type: int = 0, send_timeout_millis: int = 30_000,
                  initial_sequence_id: int | None = None,
-                 properties: dict[str, str] | None = None, batching_type: int = 0) -> None:
+                 properties: dict[str, str] | None = None, batching_type: int = 0,
+                 schema=None) -> None:
+        self.schema = schema   # a pulsarlite.schema Schema, or None (bytes)
         try:
             self.limits = k.BatchLimits(int(batching_max_messages),
                                         int(batching_max_allowed_size_in_bytes),
@@ -551,10 +557,12 @@ class ProducerImpl(_Handler):
         self._next_seq = 0 if conf.initial_sequence_id is None else conf.initial_sequence_id + 1
         self.last_sequence_id = -1 if conf.initial_sequence_id is None else conf.initial_sequence_id
         self._connected_once = False
-        self._pending: collections.deque[_Op] = collections.deque()
+        # ONE queue in send order; its rules (receipts, send timeout) in core.PendingSends
+        self._pending = k.PendingSends(conf.send_timeout_s)
         self._batch = k.BatchBuilder(conf.limits)
         self._batch_timer: asyncio.TimerHandle | None = None
         self._timeout_timer: asyncio.TimerHandle | None = None
+        self.schema_version: bytes | None = None   # from PRODUCER_SUCCESS, on every entry
 
     async def _connect(self) -> None:
         conn = await self.client.connection_for(self.topic)
@@ -563,7 +571,9 @@ class ProducerImpl(_Handler):
         try:
             resp = await conn.request(
                 c.producer(self.topic, self.producer_id, rid, producer_name=self.producer_name,
-                           metadata=self.conf.properties or None),
+                           metadata=self.conf.properties or None,
+                           schema=None if self.conf.schema is None
+                           else self.conf.schema.schema_info().to_pb()),
                 rid, f"create producer on {self.topic}")
         except BaseException:
             if conn.producers.get(self.producer_id) is self:
@@ -571,8 +581,20 @@ class ProducerImpl(_Handler):
             raise
         if self.closed:
             raise AlreadyClosed(f"producer on {self.topic} is closed")
+        if conn.closed or conn.producers.get(self.producer_id) is not self:
+            # a CLOSE_PRODUCER (the topic unloading) or the connection's end came in the same
+            # read as PRODUCER_SUCCESS, before this coroutine resumed: _on_disconnected ignored
+            # it (self.conn was not set yet), so this registration is void. Taking it would
+            # leave the producer writing to a producer id the broker dropped, never answered
+            # (seen in a chaos run: ours-1 stuck for the rest of the run). Register again.
+            if conn.producers.get(self.producer_id) is self:
+                del conn.producers[self.producer_id]
+            raise ConnectError(f"producer on {self.topic} was closed by the broker while it "
+                               "registered; registering again")
         body = resp.command.producer_success
         self.producer_name = body.producer_name
+        if body.HasField("schema_version"):
+            self.schema_version = body.schema_version
         if not self._connected_once:
             self._connected_once = True
             if self.conf.initial_sequence_id is None and body.last_sequence_id >= 0:
@@ -603,7 +625,8 @@ class ProducerImpl(_Handler):
         if not self.conf.batching_enabled:
             entry = k.build_single(message, producer_name=self.producer_name,
                                    sequence_id=seq, publish_time_ms=int(time.time() * 1000),
-                                   compression=self.conf.compression)
+                                   compression=self.conf.compression,
+                                   schema_version=self.schema_version)
             self._enqueue(_Op(seq, seq, c.send_parts(self.producer_id, seq, entry),
                               [callback], 1, self.loop.time(), False))
             return
@@ -625,7 +648,7 @@ class ProducerImpl(_Handler):
             return
         entry, callbacks, count, first, last = self._batch.build(
             producer_name=self.producer_name, publish_time_ms=int(time.time() * 1000),
-            compression=self.conf.compression)
+            compression=self.conf.compression, schema_version=self.schema_version)
         parts = c.send_parts(self.producer_id, first, entry, num_messages=count,
                              highest_sequence_id=last)
         self._enqueue(_Op(first, last, parts, callbacks, count, self.loop.time(), True))
@@ -640,20 +663,48 @@ class ProducerImpl(_Handler):
 
     def _check_timeouts(self) -> None:
         self._timeout_timer = None
-        now = self.loop.time()
-        timeout_s = self.conf.send_timeout_s
-        expired = []
-        while self._pending and now - self._pending[0].created_s >= timeout_s:
-            expired.append(self._pending.popleft())
+        expired = self._pending.expire(self.loop.time())
         if expired:
-            log.warning("event=send_timeout topic=%s messages=%d", self.topic,
-                        sum(op.count for op in expired))
-            error = Timeout(f"send to {self.topic} not acknowledged within {timeout_s:g}s")
-            for op in expired:
-                self._complete(op, error, -1, -1)
-        if self._pending:
-            delay = max(0.01, self._pending[0].created_s + timeout_s - now)
-            self._timeout_timer = self.loop.call_later(delay, self._check_timeouts)
+            # the oldest send timed out: every pending send fails (and the open batch), as in
+            # the official clients; none of them is resent later, so nothing the broker stores
+            # meanwhile can end up ahead of a resent older message (CHAOS.md finding 4)
+            timeout_s = self.conf.send_timeout_s
+            log.warning("event=send_timeout topic=%s producer=%s first_sequence_id=%d "
+                        "messages=%d", self.topic, self.producer_name, expired[0].first_seq,
+                        sum(op.count for op in expired) + len(self._batch))
+            self._fail_all(expired, Timeout(f"send to {self.topic} not acknowledged within "
+                                            f"{timeout_s:g}s"))
+        deadline = self._pending.deadline_s()
+        if deadline is not None:
+            self._timeout_timer = self.loop.call_later(max(0.01, deadline - self.loop.time()),
+                                                       self._check_timeouts)
+
+    def _on_reconnect_refused(self, exc: BaseException) -> None:
+        """A refusal that will not go away by retrying soon (a backlog quota, a terminated
+        topic, a fenced producer) fails every pending send now, in order, as the Java client
+        does; the producer keeps trying to reconnect."""
+        if isinstance(exc, BrokerError) and k.refusal_fails_pending(exc.server_error) \
+                and (self._pending or len(self._batch)):
+            log.warning("event=pending_sends_failed topic=%s producer=%s error=%s messages=%d",
+                        self.topic, self.producer_name, exc.server_error_name,
+                        self.pending_messages)
+            self._fail_all(self._pending.take_all(), exc)
+
+    def _fail_all(self, ops: list, error: BaseException) -> None:
+        """Fail ``ops`` (taken from the pending queue, oldest first), then the open batch."""
+        for op in ops:
+            self._complete(op, error, -1, -1)
+        if len(self._batch):
+            if self._batch_timer is not None:
+                self._batch_timer.cancel()
+                self._batch_timer = None
+            callbacks = self._batch.callbacks
+            self._batch = k.BatchBuilder(self.conf.limits)
+            for callback in callbacks:
+                try:
+                    callback(error, None)
+                except Exception:
+                    log.exception("event=callback_failed topic=%s", self.topic)
 
     def _complete(self, op: _Op, error, ledger_id: int, entry_id: int) -> None:
         if error is None:
@@ -688,41 +739,41 @@ class ProducerImpl(_Handler):
     def _on_receipt(self, conn: Connection, receipt: k.Receipt) -> None:
         if conn is not self.conn:
             return
-        pending = self._pending
-        if not pending:
-            return
-        op = pending[0]
-        if receipt.sequence_id < op.first_seq:
-            return   # a receipt for a message that already timed out, or a duplicate
-        if receipt.sequence_id > op.first_seq:
+        verdict, op = self._pending.on_receipt(receipt.sequence_id)
+        if op is not None:
+            self._complete(op, None, receipt.ledger_id, receipt.entry_id)
+        elif verdict is k.ReceiptVerdict.UNEXPECTED:
+            # the broker skipped a pending send: reconnect and resend, as the official clients
             log.warning("event=receipt_out_of_order topic=%s expected=%d got=%d", self.topic,
-                        op.first_seq, receipt.sequence_id)
-            conn.close()   # reconnect and resend, as the official clients do
-            return
-        pending.popleft()
-        self._complete(op, None, receipt.ledger_id, receipt.entry_id)
+                        next(iter(self._pending)).first_seq, receipt.sequence_id)
+            conn.close()
+        # STALE: a receipt for a send that already failed (timed out) or a duplicate
 
     def _on_send_failed(self, conn: Connection, failure: k.SendFailed) -> None:
         if conn is not self.conn:
             return
         log.warning("event=send_error topic=%s sequence_id=%d error=%s message=%r", self.topic,
                     failure.sequence_id, pb.ServerError.Name(failure.error), failure.message)
-        if failure.error == pb.ChecksumError:
-            for op in list(self._pending):
-                if op.first_seq == failure.sequence_id:
-                    self._pending.remove(op)
-                    self._complete(op, broker_error(failure.error, failure.message,
-                                                    f"send to {self.topic}"), -1, -1)
-                    return
+        action = k.send_error_action(failure.error)
+        if action is k.SendErrorAction.RECONNECT:
+            # close the connection; once registered again the producer resends every pending
+            # send in order (as the official clients)
+            conn.close()
             return
-        conn.close()   # the official clients close the connection and resend after reconnecting
+        error = broker_error(failure.error, failure.message, f"send to {self.topic}")
+        if action is k.SendErrorAction.FAIL_ALL:
+            self._fail_all(self._pending.take_all(), error)
+            return
+        op = self._pending.remove(failure.sequence_id)   # FAIL_ONE: that send only
+        if op is not None:
+            self._complete(op, error, -1, -1)
 
     async def flush(self) -> None:
         self._flush_batch()
         if not self._pending:
             return
         waiter = self.loop.create_future()
-        last = self._pending[-1]
+        last = self._pending.last
         if last.waiters is None:
             last.waiters = []
         last.waiters.append(waiter)
@@ -751,8 +802,8 @@ class ProducerImpl(_Handler):
             for callback in self._batch.callbacks:
                 callback(error, None)
             self._batch = k.BatchBuilder(self.conf.limits)
-        while self._pending:
-            self._complete(self._pending.popleft(), error, -1, -1)
+        for op in self._pending.take_all():
+            self._complete(op, error, -1, -1)
         conn, self.conn = self.conn, None
         if conn is not None and not conn.closed:
             conn.producers.pop(self.producer_id, None)
@@ -995,14 +1046,15 @@ class ThreadSink(_SinkBase):
 class ConsumerConf:
     __slots__ = ("subscription", "consumer_type", "initial_position", "receiver_queue_size",
                  "nack_delay_s", "consumer_name", "durable", "start_message_id",
-                 "start_inclusive", "properties")
+                 "start_inclusive", "properties", "schema")
 
     def __init__(self, subscription: str, *, consumer_type=ConsumerType.Exclusive,
                  initial_position=InitialPosition.Latest, receiver_queue_size: int = 1000,
                  negative_ack_redelivery_delay_ms: int = 60_000,
                  consumer_name: str | None = None, durable: bool = True,
                  start_message_id: MessageId | None = None, start_inclusive: bool = False,
-                 properties: dict[str, str] | None = None) -> None:
+                 properties: dict[str, str] | None = None, schema=None) -> None:
+        self.schema = schema   # a pulsarlite.schema Schema, or None (bytes)
         if not isinstance(subscription, str) or not subscription:
             raise InvalidConfiguration("subscription_name must be a non-empty string")
         try:
@@ -1091,7 +1143,9 @@ class ConsumerImpl(_Handler):
         frame = c.subscribe(self.topic, conf.subscription, int(conf.consumer_type),
                             self.consumer_id, rid, consumer_name=conf.consumer_name,
                             durable=conf.durable, start_message_id=self._subscribe_start(),
-                            initial_position=int(conf.initial_position))
+                            initial_position=int(conf.initial_position),
+                            schema=None if conf.schema is None
+                            else conf.schema.schema_info().to_pb())
         try:
             await conn.request(frame, rid, f"subscribe {conf.subscription!r} to {self.topic}")
         except BaseException:
@@ -1100,6 +1154,13 @@ class ConsumerImpl(_Handler):
             raise
         if self.closed:
             raise AlreadyClosed(f"consumer on {self.topic} is closed")
+        if conn.closed or conn.consumers.get(self.consumer_id) is not self:
+            # CLOSE_CONSUMER or the connection's end right behind the SUCCESS (same read):
+            # this subscription is void, subscribe again (as for producers above)
+            if conn.consumers.get(self.consumer_id) is self:
+                del conn.consumers[self.consumer_id]
+            raise ConnectError(f"consumer on {self.topic} was closed by the broker while it "
+                               "subscribed; subscribing again")
         self.sink.clear_for(self)
         self.epoch += 1
         self._permits_owed = 0
@@ -1555,7 +1616,8 @@ async def subscribe(client: ClientImpl, topic, conf: ConsumerConf, sink: _SinkBa
 async def create_reader(client: ClientImpl, topic: str, start_message_id: MessageId,
                         sink: _SinkBase, *, start_message_id_inclusive: bool = False,
                         receiver_queue_size: int = 1000, reader_name: str | None = None,
-                        subscription_role_prefix: str | None = None) -> ConsumerImpl:
+                        subscription_role_prefix: str | None = None,
+                        schema=None) -> ConsumerImpl:
     client.check_open()
     if not isinstance(start_message_id, MessageId):
         raise InvalidConfiguration("start_message_id must be a MessageId (e.g. "
@@ -1566,7 +1628,7 @@ async def create_reader(client: ClientImpl, topic: str, start_message_id: Messag
     conf = ConsumerConf(subscription, consumer_type=ConsumerType.Exclusive,
                         receiver_queue_size=receiver_queue_size, consumer_name=reader_name,
                         durable=False, start_message_id=start_message_id,
-                        start_inclusive=start_message_id_inclusive)
+                        start_inclusive=start_message_id_inclusive, schema=schema)
     reader = ConsumerImpl(client, name, conf, sink,
                           partition=TopicName.parse(name).partition_index)
     await reader._start()

@@ -178,9 +178,13 @@ class Message:
             data = self._data = bytes(self._m.payload)
         return data
 
-    def value(self) -> bytes:
-        """The payload (typed schemas are a later issue: bytes for now)."""
-        return self.data()
+    def value(self):
+        """The payload decoded with the consumer's (or reader's) schema; bytes without one."""
+        consumer = self._consumer
+        schema = None if consumer is None else getattr(consumer.conf, "schema", None)
+        if schema is None:
+            return self.data()
+        return schema.decode_message(self)
 
     def key(self) -> str | None:
         return self._m.key
