@@ -2,6 +2,13 @@
 
     .venv/bin/python bench/bench_broker.py [--seconds S] [--dir D] [--profile]
                                            [--paced-rate 5000] [--e2e-rate 2000] [--no-ceiling]
+                                           [--phases unbatched,paced] [--paced-sample-every 10]
+                                           [--broker-set key=value ...]
+
+Besides rates, each phase reports the CPU microseconds per acknowledged message of every process
+(process CPU seconds over the phase / messages): far steadier than msg/s on a shared machine.
+With PULSARLITE_LOOP_MONITOR_MS=10 in the environment the broker and bookies log event-loop
+lags and GC pauses (pulsarlite/loop_monitor.py) into the cluster's logs.
 
 Starts a fresh local cluster (3 bookies, 1 broker) and, with ``pulsar.Client`` (C++ core), runs
 in one process, one phase after the other (each bounded by --seconds):
@@ -175,8 +182,11 @@ def produce_windowed(client, topic: str, seconds: float, size: int, window: int,
             "msg_s": counter.acked / elapsed, "mb_s": counter.acked * size / elapsed / 1e6}
 
 
-def produce_paced(client, topic: str, seconds: float, size: int, rate: float, label: str) -> dict:
-    """Unbatched send_async at a fixed rate; latency = ack callback time - send time."""
+def produce_paced(client, topic: str, seconds: float, size: int, rate: float, label: str,
+                  sample_every: int = 1) -> dict:
+    """Unbatched send_async at a fixed rate; latency = ack callback time - send time, measured on
+    every ``sample_every``-th message (a Python callback per message costs the client a GIL
+    hand-off each: at 5k/s that is ~40% of a core of the 2, which itself delays everything)."""
     producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True,
                                       max_pending_messages=100_000, send_timeout_millis=60_000)
     filler = os.urandom(max(0, size - STAMP.size))
@@ -198,13 +208,14 @@ def produce_paced(client, topic: str, seconds: float, size: int, rate: float, la
             due = int((now - started) * rate)
             while sent < due:
                 t0 = time.perf_counter()
-                producer.send_async(STAMP.pack(t0) + filler, done(t0))
+                producer.send_async(STAMP.pack(t0) + filler, done(t0) if sent % sample_every == 0 else None)
                 sent += 1
             time.sleep(max(0.0, started + (sent + 1) / rate - time.perf_counter()))
         producer.flush()
         elapsed = time.perf_counter() - started
     producer.close()
-    return {"sent": sent, "acked": len(latencies), "failed": failed[0], "seconds": elapsed,
+    return {"sent": sent, "acked": len(latencies) * sample_every, "sampled": len(latencies),
+            "sample_every": sample_every, "failed": failed[0], "seconds": elapsed,
             "achieved": sent / elapsed, "p50_ms": pct(latencies, 50) * 1e3, "p99_ms": pct(latencies, 99) * 1e3,
             "max_ms": max(latencies, default=float("nan")) * 1e3}
 
@@ -384,10 +395,18 @@ def main() -> int:
     parser.add_argument("--unbatched-window", type=int, default=2_000, help="outstanding sends, unbatched")
     parser.add_argument("--paced-rate", type=float, default=5_000)
     parser.add_argument("--e2e-rate", type=float, default=2_000)
+    parser.add_argument("--paced-sample-every", type=int, default=1,
+                        help="paced phase: measure the latency of every Nth message only (a Python "
+                             "callback per message loads the client)")
     parser.add_argument("--profile", action="store_true", help="repeat the batched and unbatched phases under py-spy")
     parser.add_argument("--no-ceiling", action="store_true",
                         help="skip measuring the client against a broker that stores nothing")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--phases", default=None,
+                        help="comma-separated subset of warmup,batched,unbatched,paced,e2e,catch-up "
+                             "(default: all; catch-up needs warmup and batched)")
+    parser.add_argument("--broker-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="broker config override (TOML value), repeatable")
     parser.add_argument("--serve-null-broker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_null_broker is not None:
@@ -398,7 +417,15 @@ def main() -> int:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"== starting 3 bookies + 1 broker in {base}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    with LocalCluster.start(base / "cluster", bookies=3, brokers=1) as cluster:
+    wanted = set((args.phases or "warmup,batched,unbatched,paced,e2e,catch-up").split(","))
+    broker_overrides = {}
+    for kv in args.broker_set:
+        import tomllib
+        key, _, value = kv.partition("=")
+        broker_overrides[key] = tomllib.loads(f"v = {value}")["v"]
+    cluster = LocalCluster(base / "cluster")
+    with cluster:
+        cluster.start_processes(bookies=3, brokers=1, broker_overrides=broker_overrides or None)
         print(f"   up in {time.perf_counter() - t0:.1f}s: {cluster.service_url}", file=sys.stderr, flush=True)
         pids = {name: cluster.records[name].pid for name in cluster.broker_names + cluster.bookie_names}
         broker_pid = cluster.records[cluster.broker_names[0]].pid
@@ -407,12 +434,20 @@ def main() -> int:
                                logger=pulsar.FileLogger(pulsar.LoggerLevel.Warn, str(base / "client.log")))
         results: dict = {}
         cpu: dict = {}
+        cpu_us: dict = {}     # phase -> process -> CPU microseconds per acknowledged message
 
         def phase(name: str, fn, *fargs):
+            if name.split()[0] in ("warmup", "batched", "unbatched", "paced", "e2e", "catch-up") \
+                    and name.split()[0] not in wanted:
+                return None
             print(f"== {name}", file=sys.stderr, flush=True)
             before, started = meter.snapshot(), time.perf_counter()
             r = fn(*fargs)
-            cpu[name] = meter.percent(before, meter.snapshot(), time.perf_counter() - started)
+            after = meter.snapshot()
+            cpu[name] = meter.percent(before, after, time.perf_counter() - started)
+            messages = r.get("acked", r.get("read", 0)) if isinstance(r, dict) else 0
+            if messages:
+                cpu_us[name] = {n: (after[n] - before[n]) / messages * 1e6 for n in before if n != "machine"}
             results[name] = r
             return r
 
@@ -440,11 +475,12 @@ def main() -> int:
             phase("unbatched", produce_windowed, client, "persistent://public/default/bench-unbatched", s, size,
                   args.unbatched_window, False, "unbatched")
             phase("paced", produce_paced, client, "persistent://public/default/bench-paced", s, size,
-                  args.paced_rate, f"paced {args.paced_rate:.0f}/s")
+                  args.paced_rate, f"paced {args.paced_rate:.0f}/s", args.paced_sample_every)
             phase("e2e", end_to_end, client, "persistent://public/default/bench-e2e", s, size, args.e2e_rate,
                   f"e2e {args.e2e_rate:.0f}/s")
-            expected = results["warmup"]["acked"] + results["batched"]["acked"]
-            phase("catch-up", catch_up, client, batched_topic, expected, 2 * s, size, "catch-up")
+            expected = (results.get("warmup") or {}).get("acked", 0) + (results.get("batched") or {}).get("acked", 0)
+            if expected:
+                phase("catch-up", catch_up, client, batched_topic, expected, 2 * s, size, "catch-up")
             if args.profile:
                 phase("batched under py-spy", run_profiled, client, "persistent://public/default/bench-prof-b",
                       s, size, args.window, True, broker_pid, base / "broker-batched.py-spy.raw")
@@ -454,9 +490,9 @@ def main() -> int:
             client.close()
 
     if args.json:
-        print(json.dumps({"results": results, "cpu": cpu}, indent=2, default=str))
+        print(json.dumps({"results": results, "cpu": cpu, "cpu_us": cpu_us}, indent=2, default=str))
 
-    b, u, p, e, c = (results[k] for k in ("batched", "unbatched", "paced", "e2e", "catch-up"))
+    b, u, p, e, c = (results.get(k) for k in ("batched", "unbatched", "paced", "e2e", "catch-up"))
     for name in ("ceiling batched", "ceiling unbatched", "warmup", "batched", "unbatched"):
         if name in results and results[name]["failed"]:
             print(f"!! {name}: {results[name]['failed']} sends failed ({results[name]['error']})")
@@ -468,29 +504,42 @@ def main() -> int:
             met = ratio <= 1 if lower_is_better else ratio >= 1
             print(f"| {figure} | {value} | {goal} | {ratio:.2f} ({'met' if met else 'missed'}) |")
 
+    every = (b or u or {}).get("ack_every", 100)
     print(f"\n{when}; {size} B payloads; {s:g} s per phase; batched/unbatched acks counted by a callback "
-          f"on every {b['ack_every']}th message (receipts are in order)\n")
+          f"on every {every}th message (receipts are in order)\n")
     print("| figure | value | goal | ratio to goal |")
     print("|---|---|---|---|")
     cb, cu = results.get("ceiling batched"), results.get("ceiling unbatched")
     if cb:
         row("client ceiling: batched produce against a broker that stores nothing",
             f"{cb['msg_s']:,.0f} msg/s, {cb['mb_s']:.1f} MB/s", "(machine/client limit)")
-    row(f"batched produce (window {args.window}, delay 10 ms)", f"{b['msg_s']:,.0f} msg/s, {b['mb_s']:.1f} MB/s",
-        ">= 200k msg/s", b["msg_s"] / 200_000)
-    if cb:
+    if b:
+        row(f"batched produce (window {args.window}, delay 10 ms)", f"{b['msg_s']:,.0f} msg/s, {b['mb_s']:.1f} MB/s",
+            ">= 200k msg/s", b["msg_s"] / 200_000)
+    if cb and b:
         row("batched produce / client ceiling", f"{b['msg_s'] / cb['msg_s']:.2f}", "~1 (broker not the limit)")
+    if cu:
         row("client ceiling: unbatched produce against a broker that stores nothing",
             f"{cu['msg_s']:,.0f} msg/s", "(machine/client limit)")
-    row(f"unbatched produce (window {args.unbatched_window})", f"{u['msg_s']:,.0f} msg/s, {u['mb_s']:.1f} MB/s",
-        ">= 20k msg/s", u["msg_s"] / 20_000)
-    row(f"publish latency at {args.paced_rate:,.0f} msg/s unbatched (achieved {p['achieved']:,.0f}/s)",
-        f"p50 {p['p50_ms']:.2f} ms, p99 {p['p99_ms']:.2f} ms, max {p['max_ms']:.1f} ms",
-        "p99 <= 5 ms", p["p99_ms"] / 5.0, lower_is_better=True)
-    row(f"end-to-end latency at {args.e2e_rate:,.0f} msg/s unbatched ({e['received']}/{e['sent']} received)",
-        f"p50 {e['p50_ms']:.2f} ms, p99 {e['p99_ms']:.2f} ms, max {e['max_ms']:.1f} ms")
-    row(f"catch-up read from earliest ({c['read']:,}/{c['expected']:,} msgs, {c['seconds']:.1f} s)",
-        f"{c['msg_s']:,.0f} msg/s, {c['mb_s']:.1f} MB/s")
+    if u:
+        row(f"unbatched produce (window {args.unbatched_window})", f"{u['msg_s']:,.0f} msg/s, {u['mb_s']:.1f} MB/s",
+            ">= 20k msg/s", u["msg_s"] / 20_000)
+    if p:
+        sampled = f", 1 in {p['sample_every']} timed" if p.get("sample_every", 1) > 1 else ""
+        row(f"publish latency at {args.paced_rate:,.0f} msg/s unbatched (achieved {p['achieved']:,.0f}/s{sampled})",
+            f"p50 {p['p50_ms']:.2f} ms, p99 {p['p99_ms']:.2f} ms, max {p['max_ms']:.1f} ms",
+            "p99 <= 5 ms", p["p99_ms"] / 5.0, lower_is_better=True)
+    if e:
+        row(f"end-to-end latency at {args.e2e_rate:,.0f} msg/s unbatched ({e['received']}/{e['sent']} received)",
+            f"p50 {e['p50_ms']:.2f} ms, p99 {e['p99_ms']:.2f} ms, max {e['max_ms']:.1f} ms")
+    if c:
+        row(f"catch-up read from earliest ({c['read']:,}/{c['expected']:,} msgs, {c['seconds']:.1f} s)",
+            f"{c['msg_s']:,.0f} msg/s, {c['mb_s']:.1f} MB/s")
+    broker_name = next(iter(pids))
+    for ph in ("batched", "unbatched", "paced", "e2e"):
+        if ph in cpu_us:
+            row(f"broker CPU per message, {ph}", f"{cpu_us[ph][broker_name]:.1f} us",
+                "<= ~40 us (unbatched 20k/s)" if ph == "unbatched" else "")
 
     names = ["client"] + list(pids) + (["null-broker"] if cb else []) + ["others"]
     print("\nCPU, % of one core (2 cores = 200%), per phase:\n")
@@ -498,6 +547,13 @@ def main() -> int:
     print("|---|" + "---|" * (len(names) + 1))
     for ph, per in cpu.items():
         print(f"| {ph} | " + " | ".join(f"{per[n]:.0f}%" if n in per else "-" for n in names) + f" | {sum(per.values()):.0f}% |")
+    if cpu_us:
+        names_us = [n for n in names if n != "others"]
+        print("\nCPU microseconds per acknowledged message (process CPU delta / messages), per phase:\n")
+        print("| phase | " + " | ".join(names_us) + " |")
+        print("|---|" + "---|" * len(names_us))
+        for ph, per in cpu_us.items():
+            print(f"| {ph} | " + " | ".join(f"{per[n]:.1f}" if n in per else "-" for n in names_us) + " |")
 
     for ph in ("batched under py-spy", "unbatched under py-spy"):
         if ph not in results:

@@ -80,6 +80,8 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
         service = BookieService(store, config)
         server = BookieServer(service, config)
         await server.start()
+        from pulsarlite.loop_monitor import start_from_env
+        start_from_env()      # diagnostics, off unless PULSARLITE_LOOP_MONITOR_MS is set
 
         policy = ReadOnlyPolicy(config.disk_usage_readonly_threshold, config.disk_usage_writable_threshold)
         used, _, _ = store.disk_usage()

@@ -36,8 +36,7 @@ REFUSED_LINGER_S = 1.0
 
 
 def entry_from_pb(e: pb.Entry) -> StoredEntry:
-    return StoredEntry(ledger_id=e.ledger_id, entry_id=e.entry_id, lac=e.lac, length=e.length,
-                       payload=e.payload, checksum=e.checksum)
+    return StoredEntry(e.ledger_id, e.entry_id, e.lac, e.length, e.payload, e.checksum)
 
 
 def entry_to_pb(e: StoredEntry) -> pb.Entry:

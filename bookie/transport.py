@@ -70,6 +70,44 @@ def encode_message(frame_type: int, request_id: int, message) -> bytes:
     return encode_frame(frame_type, request_id, message.SerializeToString())
 
 
+# -- AddRequests from pre-encoded entries (the broker's hot path) ------------------------------
+# Every entry goes to write_quorum bookies, many per AddRequest: the client encodes each entry
+# once, as the bytes of one element of AddRequest.entries, and joins those per request instead
+# of copying Entry messages into an AddRequest per bookie and serializing each. The result is
+# byte for byte what protobuf writes for the whole AddRequest (tests/unit/test_transport.py).
+_U64_MASK = (1 << 64) - 1
+_SMALL_VARINTS = [bytes([i]) for i in range(0x80)]
+_ENTRY_TAG = b"\x0a"                       # AddRequest.entries: field 1, length-delimited
+
+
+def _varint(value: int) -> bytes:
+    """Base-128 varint of ``value`` as uint64 (a negative int64 takes 10 bytes, as protobuf)."""
+    value &= _U64_MASK
+    if value < 0x80:
+        return _SMALL_VARINTS[value]
+    if value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_add_entry(ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes,
+                     checksum: int) -> bytes:
+    """One ``Entry`` as an element of ``AddRequest.entries`` (tag, length, message)."""
+    message = pb.Entry(ledger_id=ledger_id, entry_id=entry_id, lac=lac, length=length, payload=payload,
+                       checksum=checksum).SerializeToString()
+    return b"".join((_ENTRY_TAG, _varint(len(message)), message))
+
+
+def encode_add_request_tail(recovery: bool, request_id: int) -> bytes:
+    """The AddRequest fields after the entries: recovery (2), request_id (3)."""
+    return (b"\x10\x01" if recovery else b"") + ((b"\x18" + _varint(request_id)) if request_id else b"")
+
+
 def encode_error(request_id: int, code: int, message: str) -> bytes:
     return encode_message(pb.FRAME_ERROR_RESPONSE, request_id, pb.ErrorResponse(code=code, message=message))
 

@@ -30,6 +30,7 @@ from pulsarlite.wire.frames import Frame, FrameDecoder, FrameError, FrameTooLarg
 log = logging.getLogger("pulsarlite.broker.connection")
 
 T = pb.BaseCommand
+_SEND = T.SEND
 SERVER_VERSION = "pulsarlite"
 # Below 12 the client refuses last-message-id; we describe up to PROTOCOL_VERSION_MAX.
 PROTOCOL_VERSION = c.PROTOCOL_VERSION_MAX
@@ -110,7 +111,10 @@ class ConnectionCore:
         return result
 
     def _on_frame(self, frame: Frame, result: CoreOutput) -> None:
-        kind = frame.type
+        kind = frame.command.type
+        if kind == _SEND and frame.entry is not None and self.state is ConnState.CONNECTED:
+            result.frames.append(frame)      # the common case, as below
+            return
         if self.state is ConnState.AWAITING_CONNECT:
             if kind != T.CONNECT:
                 self._fail(result, pb.NotAllowedError,
@@ -230,6 +234,13 @@ class ServerConnection(asyncio.Protocol):
         self._keepalive: asyncio.Task | None = None
         self._reading_paused = False
         self.closed = False
+        # Output is coalesced: frames written while handling one data_received go out in one
+        # transport write at its end; frames written from elsewhere (receipts from add
+        # confirmations, deliveries) are collected until the end of the current loop turn
+        # (one call_soon). One syscall per burst instead of one per frame; order is kept.
+        self._out: list = []
+        self._flush_scheduled = False
+        self._receiving = False
 
     # -- transport events ------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -244,18 +255,24 @@ class ServerConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_received = self._clock()
-        result = self.core.receive(data)
-        for out in result.out:
-            self.write(out)
-        for frame in result.frames:
-            if self.closed:
-                break
-            try:
-                self._handle(frame)
-            except Exception as e:   # a bug handling one command: tell the client, keep the broker
-                log.exception("error handling %s from %s", T.Type.Name(frame.type), self.peer)
-                self.write(c.error(_request_id_of(frame.command) or 0, pb.UnknownError, str(e)))
-        if result.close:
+        self._receiving = True
+        result = None
+        try:
+            result = self.core.receive(data)
+            for out in result.out:
+                self.write(out)
+            for frame in result.frames:
+                if self.closed:
+                    break
+                try:
+                    self._handle(frame)
+                except Exception as e:   # a bug handling one command: tell the client, keep the broker
+                    log.exception("error handling %s from %s", T.Type.Name(frame.type), self.peer)
+                    self.write(c.error(_request_id_of(frame.command) or 0, pb.UnknownError, str(e)))
+        finally:
+            self._receiving = False
+            self._flush()
+        if result is not None and result.close:
             self.close()
 
     def connection_lost(self, exc) -> None:
@@ -270,11 +287,31 @@ class ServerConnection(asyncio.Protocol):
     # -- output ----------------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
         if not self.closed and self.transport is not None:
-            self.transport.write(data)
+            self._out.append(data)
+            if not self._receiving and not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
 
     def write_parts(self, parts) -> None:
         if not self.closed and self.transport is not None:
-            self.transport.writelines(parts)
+            self._out.extend(parts)
+            if not self._receiving and not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Write what was collected, in order, in one transport call."""
+        self._flush_scheduled = False
+        out = self._out
+        if not out:
+            return
+        self._out = []
+        if self.closed or self.transport is None:
+            return
+        if len(out) == 1:
+            self.transport.write(out[0])
+        else:
+            self.transport.writelines(out)
 
     def pause_reading(self) -> None:
         if not self._reading_paused and not self.closed and self.transport is not None:
@@ -291,8 +328,10 @@ class ServerConnection(asyncio.Protocol):
             return
         if self.transport is not None:
             if abort:
+                self._out = []
                 self.transport.abort()
             else:
+                self._flush()            # e.g. the ERROR that explains the close
                 self.transport.close()
         self._cleanup()
 
@@ -351,8 +390,8 @@ class ServerConnection(asyncio.Protocol):
     # -- commands --------------------------------------------------------------------------------
     def _handle(self, frame: Frame) -> None:
         cmd = frame.command
-        kind = frame.type
-        if kind == T.SEND:
+        kind = cmd.type
+        if kind == _SEND:
             self._on_send(frame)
         elif kind == T.FLOW:
             ref = self._consumers.get(cmd.flow.consumer_id)
@@ -406,9 +445,11 @@ class ServerConnection(asyncio.Protocol):
             self.write(c.send_error(send.producer_id, send.sequence_id, pb.NotAllowedError,
                                     f"no producer {send.producer_id} on this connection"))
             return
-        highest = send.highest_sequence_id if send.HasField("highest_sequence_id") else send.sequence_id
+        sequence_id = send.sequence_id
+        highest = send.highest_sequence_id      # 0 when unset: then the sequence id
         try:
-            ref.topic.publish(ref.producer, send.sequence_id, max(highest, send.sequence_id), frame.entry)
+            ref.topic.publish(ref.producer, sequence_id, highest if highest > sequence_id else sequence_id,
+                              frame.entry)
         except Exception as e:
             from broker.service import server_error_of
             self.write(c.send_error(send.producer_id, send.sequence_id, server_error_of(e), f"bad entry: {e}"))

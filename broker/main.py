@@ -77,6 +77,8 @@ async def run_broker(config: BrokerConfig, *, stop_event: asyncio.Event | None =
             await server.stop_accepting()
             raise
         service.start()
+        from pulsarlite.loop_monitor import start_from_env
+        start_from_env()      # diagnostics, off unless PULSARLITE_LOOP_MONITOR_MS is set
         log.info("admin http listening on %s:%d", config.host, config.http_port)
         log.info("broker ready broker=%s service_url=%s", config.effective_broker_id, config.service_url)
         if started is not None and not started.done():

@@ -77,32 +77,70 @@ class ProducerHandle(Protocol):
 
 # -- entry cache ---------------------------------------------------------------------------------
 class EntryCache:
-    """Recent confirmed entries of every topic of the broker, bounded in bytes (oldest out)."""
+    """Recent confirmed entries of every topic of the broker, bounded in bytes (oldest out).
+
+    Holds no object the garbage collector tracks per entry: keys are ints (topic number,
+    ledger id, entry id packed) and values bytes; message counts other than 1 sit in a side
+    dict of ints. With (topic, Position) keys and (bytes, count) values, three tracked objects
+    per entry lived long enough to fill every young-generation collection: a 100k-object
+    collection (30-200 ms pause) every ~30k messages, the largest source of the publish tail
+    (BENCHMARKS.md "[perf] hot path")."""
 
     def __init__(self, bytes_max: int) -> None:
         self.bytes_max = bytes_max
         self.bytes = 0
-        self._entries: OrderedDict[tuple[str, Position], tuple[bytes, int]] = OrderedDict()
+        self._entries: OrderedDict[int, bytes] = OrderedDict()
+        self._counts: dict[int, int] = {}       # message counts != 1
+        self._topic_numbers: dict[str, int] = {}
+        self._next_topic_number = 0          # never reused (a dropped topic's keys must not alias)
+
+    def _key(self, topic: str, position: Position, create: bool) -> int | None:
+        number = self._topic_numbers.get(topic)
+        if number is None:
+            if not create:
+                return None
+            self._next_topic_number += 1
+            number = self._topic_numbers[topic] = self._next_topic_number
+        ledger_id, entry_id = position
+        if not (0 <= ledger_id < _U64_LIMIT and 0 <= entry_id < _U64_LIMIT):
+            return None                  # not a stored entry's position: never cached
+        return (number << 128) | (ledger_id << 64) | entry_id
 
     def put(self, topic: str, position: Position, data: bytes, message_count: int) -> None:
         if len(data) > self.bytes_max:
             return
-        key = (topic, position)
-        if key in self._entries:
+        key = self._key(topic, position, True)
+        if key is None or key in self._entries:
             return
-        self._entries[key] = (data, message_count)
+        self._entries[key] = data
+        if message_count != 1:
+            self._counts[key] = message_count
         self.bytes += len(data)
         while self.bytes > self.bytes_max:
-            _, (old, _) = self._entries.popitem(last=False)
+            old_key, old = self._entries.popitem(last=False)
+            self._counts.pop(old_key, None)
             self.bytes -= len(old)
 
     def get(self, topic: str, position: Position) -> tuple[bytes, int] | None:
-        return self._entries.get((topic, position))
+        key = self._key(topic, position, False)
+        if key is None:
+            return None
+        data = self._entries.get(key)
+        if data is None:
+            return None
+        return data, self._counts.get(key, 1)
 
     def drop_topic(self, topic: str) -> None:
-        for key in [k for k in self._entries if k[0] == topic]:
-            data, _ = self._entries.pop(key)
+        number = self._topic_numbers.pop(topic, None)
+        if number is None:
+            return
+        for key in [k for k in self._entries if k >> 128 == number]:
+            data = self._entries.pop(key)
+            self._counts.pop(key, None)
             self.bytes -= len(data)
+
+
+_U64_LIMIT = 1 << 64
 
 
 # -- publish buffer ------------------------------------------------------------------------------
@@ -200,6 +238,11 @@ class PersistentTopic:
         self.subscriptions: dict[str, Subscription] = {}
         self._backlog: deque = deque()       # (send, producer, data, publish_time) waiting for room
         self._closing = False
+        # a write failed: refuse SENDs and producers until the adds in flight are done, with the
+        # producers disconnected (Pulsar's PersistentTopic fence after addFailed), so that
+        # nothing a producer sent after the failed message is stored before its resend
+        self._write_fenced = False
+        self._adds_in_flight = 0
         self._tasks: set[asyncio.Task] = set()
         # counters for stats and metrics (plain ints on the hot path; the service samples them)
         self.msg_in = 0
@@ -240,6 +283,9 @@ class PersistentTopic:
         from broker.service import ProducerBusyError, ServiceNotReadyError
         if self._closing:
             raise ServiceNotReadyError(f"topic {self.key} is closing")
+        if self._write_fenced:
+            raise ServiceNotReadyError(f"topic {self.key} is fenced after a failed write until its adds in "
+                                       f"flight are done; retry")
         if name in self.producers:
             raise ProducerBusyError(f"producer {name!r} is already connected to {self.key}")
         exclusive = access_mode is not AccessMode.SHARED
@@ -466,6 +512,10 @@ class PersistentTopic:
     def _store(self, op: _Send, producer: Producer, data: bytes, publish_time: int) -> None:
         if self._closing:
             self._complete(producer, op, None, ManagedLedgerError(f"topic {self.key} is closing"))
+        elif self._write_fenced:
+            from broker.service import ServiceNotReadyError
+            self._complete(producer, op, None, ServiceNotReadyError(
+                f"topic {self.key} is fenced after a failed write: reconnect and resend"))
         elif self._backlog or self.ml.pending_count >= self.config.pending_adds_max:
             self._backlog.append((op, producer, data, publish_time))
         else:
@@ -475,25 +525,55 @@ class PersistentTopic:
         if not self._owned():
             # session suspended or lost, or the bundle released: never write; the SEND_ERROR
             # makes the client reconnect through lookup to whoever owns the topic now
-            self._complete(producer, op, None, TopicNotOwnedError(
-                f"topic {self.key} is not owned by this broker now (ZooKeeper session not trusted)"))
+            error = TopicNotOwnedError(
+                f"topic {self.key} is not owned by this broker now (ZooKeeper session not trusted)")
+            self._fence_writes(error)
+            self._complete(producer, op, None, error)
+            self._maybe_unfence()
             return
-        try:
-            fut = self.ml.add_async(data, publish_time)
+        self._adds_in_flight += 1
+        try:     # a callback rather than a Future: one per message on the hot path
+            self.ml.add_with_callback(data, publish_time,
+                                      lambda position, error: self._on_added(producer, op, data, position, error))
         except Exception as e:     # refused at once (fenced, closed, failed)
+            self._adds_in_flight -= 1
+            self._fence_writes(e)
             self._complete(producer, op, None, e)
             self._on_ml_error(e)
-            return
-        fut.add_done_callback(lambda f: self._on_added(producer, op, data, f))
+            self._maybe_unfence()
 
-    def _on_added(self, producer: Producer, op: _Send, data: bytes, fut: asyncio.Future) -> None:
-        if fut.cancelled():
-            self._complete(producer, op, None, ManagedLedgerError("add cancelled"))
-        elif fut.exception() is not None:
-            self._complete(producer, op, None, fut.exception())
-            self._on_ml_error(fut.exception())
+    def _fence_writes(self, error: BaseException) -> None:
+        """A write failed: fail what waits for room, disconnect the producers (their clients
+        reconnect and resend everything pending, in order) and refuse SENDs and producers until
+        the adds in flight are done (:meth:`_maybe_unfence`)."""
+        if self._write_fenced or self._closing:
+            return
+        self._write_fenced = True
+        log.warning("topic %s fenced after a failed write (%s): producers disconnected, %d adds in flight",
+                    self.key, error, self._adds_in_flight)
+        from broker.service import ServiceNotReadyError
+        while self._backlog:
+            op, producer, _, _ = self._backlog.popleft()
+            self._complete(producer, op, None, ServiceNotReadyError(
+                f"topic {self.key} is fenced after a failed write: reconnect and resend"))
+        for producer in list(self.producers.values()):
+            producer.handle.close_by_broker()
+            self.remove_producer(producer)
+
+    def _maybe_unfence(self) -> None:
+        if self._write_fenced and self._adds_in_flight == 0:
+            self._write_fenced = False
+            log.info("topic %s unfenced: no add in flight", self.key)
+
+    def _on_added(self, producer: Producer, op: _Send, data: bytes, position: Position | None,
+                  error: BaseException | None) -> None:
+        self._adds_in_flight -= 1
+        if error is not None:
+            self._fence_writes(error)
+            self._complete(producer, op, None, error)
+            self._maybe_unfence()
+            self._on_ml_error(error)
         else:
-            position = fut.result()
             if op.producer_name is not None and self.dedup is not None:
                 self.dedup.on_persisted(op.producer_name, op.dedup_highest, op.sequence_id, op.dedup_digest)
                 self._maybe_snapshot_dedup(position)
@@ -509,6 +589,7 @@ class PersistentTopic:
             for sub in list(self.subscriptions.values()):
                 sub.wake()
         self._drain_backlog()
+        self._maybe_unfence()
 
     def _drain_backlog(self) -> None:
         while self._backlog and self.ml.pending_count < self.config.pending_adds_max:

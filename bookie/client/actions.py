@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Union
+from typing import NamedTuple, Union
 
 from bookie.client.metadata import LedgerMetadata
 from pulsarlite.errors import PulsarliteError
@@ -54,10 +54,11 @@ class EntryData:
 
 # -- actions ------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class SendAdd:
+class SendAdd(NamedTuple):
     """Send one entry to one bookie (coalesce per bookie in the shell); answer with the core's
-    ``on_add_result(bookie, entry_id, outcome, ...)``."""
+    ``on_add_result(bookie, entry_id, outcome, ...)``. Immutable like the other actions, but a
+    NamedTuple: write_quorum of them per add on the broker's publish path, and a frozen
+    dataclass costs ~3x as much to build (docs/decisions.md, "[perf]")."""
 
     bookie: str
     entry_id: int

@@ -23,8 +23,8 @@ from typing import Callable
 from google.protobuf.message import DecodeError
 
 from bookie._proto import bookie_rpc_pb2 as pb
-from bookie.transport import (MESSAGE_TYPES, RESPONSE_TYPES, FrameDecoder, FrameError, encode_frame,
-                              encode_header)
+from bookie.transport import (MESSAGE_TYPES, RESPONSE_TYPES, FrameDecoder, FrameError,
+                              encode_add_request_tail, encode_frame, encode_header)
 from pulsarlite.config import LedgerClientConfig
 from pulsarlite.errors import BookieUnavailableError
 
@@ -93,10 +93,12 @@ class BookieClient:
         self._config = config
         self._conn: _Connection | None = None           # connected and usable
         self._connect_task: asyncio.Task | None = None
-        # adds waiting to be written: (entry, recovery, callback)
-        self._outbound: collections.deque[tuple[pb.Entry, bool, AddCallback]] = collections.deque()
-        # AddRequests written, waiting for their AddResponse: request id -> [(entry, callback)]
-        self._inflight: dict[int, list[tuple[pb.Entry, AddCallback]]] = {}
+        # adds waiting to be written: (entry id, encoded entry, recovery, callback); the encoded
+        # entry is an element of AddRequest.entries (bookie.transport.encode_add_entry), shared
+        # by the write quorum's bookies
+        self._outbound: collections.deque[tuple[int, bytes, bool, AddCallback]] = collections.deque()
+        # AddRequests written, waiting for their AddResponse: request id -> [(entry id, callback)]
+        self._inflight: dict[int, list[tuple[int, AddCallback]]] = {}
         # unary requests written, waiting for their answer: request id -> future (frame type, body)
         self._calls: dict[int, asyncio.Future] = {}
         self._next_request_id = 1
@@ -140,7 +142,7 @@ class BookieClient:
         if self._outbound:
             log.warning("bookie=%s unreachable, failing %d adds: %s", self.bookie_id, len(self._outbound), error)
         outbound, self._outbound = self._outbound, collections.deque()
-        _dispatch(self.bookie_id, [(e, cb, UNREACHABLE) for e, _, cb in outbound])
+        _dispatch(self.bookie_id, [(e, cb, UNREACHABLE) for e, _, _, cb in outbound])
 
     def _usable(self) -> _Connection | None:
         """The current connection if it can still be written to."""
@@ -176,7 +178,7 @@ class BookieClient:
         inflight, self._inflight = self._inflight, {}
         outbound, self._outbound = self._outbound, collections.deque()
         failed = [(e, cb, UNREACHABLE) for taken in inflight.values() for e, cb in taken]
-        failed += [(e, cb, UNREACHABLE) for e, _, cb in outbound]
+        failed += [(e, cb, UNREACHABLE) for e, _, _, cb in outbound]
         _dispatch(self.bookie_id, failed)
 
     def _new_request_id(self) -> int:
@@ -185,12 +187,13 @@ class BookieClient:
         return request_id
 
     # -- adds ----------------------------------------------------------------------------
-    def send_add(self, entry: pb.Entry, recovery: bool, callback: AddCallback) -> None:
-        """Queue one add; ``callback`` runs exactly once for it with the bookie's status code."""
-        if self._closed:
-            callback(self.bookie_id, [(entry.entry_id, UNREACHABLE)])
+    def send_add(self, entry_id: int, entry: bytes, recovery: bool, callback: AddCallback) -> None:
+        """Queue one add of ``entry`` (from ``bookie.transport.encode_add_entry``); ``callback``
+        runs exactly once for it with the bookie's status code."""
+        if self._closed:     # answered from the loop, never from inside this call
+            asyncio.get_running_loop().call_soon(callback, self.bookie_id, [(entry_id, UNREACHABLE)])
             return
-        self._outbound.append((entry, recovery, callback))
+        self._outbound.append((entry_id, entry, recovery, callback))
         if self._conn is None:
             self._start_connect()  # the pump runs once connected
         else:
@@ -214,30 +217,33 @@ class BookieClient:
         inflight_max = self._config.add_requests_in_flight_max
         out: list[bytes] = []
         while self._outbound and len(self._inflight) < inflight_max:
-            request, taken = self._take_batch()
-            self._inflight[request.request_id] = taken
-            body = request.SerializeToString()
-            out.append(encode_header(pb.FRAME_ADD_REQUEST, request.request_id, len(body)))
-            out.append(body)
+            request_id = self._new_request_id()
+            body, taken = self._take_batch(request_id)
+            self._inflight[request_id] = taken
+            out.append(encode_header(pb.FRAME_ADD_REQUEST, request_id, sum(map(len, body))))
+            out += body
         if out:
             conn.transport.writelines(out)
 
-    def _take_batch(self) -> tuple[pb.AddRequest, list[tuple[pb.Entry, AddCallback]]]:
-        """Up to the batch limits of pending adds that share a recovery flag."""
+    def _take_batch(self, request_id: int) -> tuple[list[bytes], list[tuple[int, AddCallback]]]:
+        """Up to the batch limits of pending adds that share a recovery flag: the AddRequest's
+        body as pieces (the encoded entries, then its other fields) and what it carries."""
         entries_max, bytes_max = self._config.add_batch_entries_max, self._config.add_batch_bytes_max
         outbound = self._outbound
-        recovery = outbound[0][1]
-        taken: list[tuple[pb.Entry, AddCallback]] = []
+        recovery = outbound[0][2]
+        taken: list[tuple[int, AddCallback]] = []
+        body: list[bytes] = []
         size = 0
         while outbound and len(taken) < entries_max:
-            entry, rec, cb = outbound[0]
-            size += entry.ByteSize() + 16
+            entry_id, entry, rec, cb = outbound[0]
+            size += len(entry)
             if rec != recovery or (taken and size > bytes_max):
                 break
             outbound.popleft()
-            taken.append((entry, cb))
-        request_id = self._new_request_id()
-        return pb.AddRequest(entries=[e for e, _ in taken], recovery=recovery, request_id=request_id), taken
+            taken.append((entry_id, cb))
+            body.append(entry)
+        body.append(encode_add_request_tail(recovery, request_id))
+        return body, taken
 
     # -- receiving -----------------------------------------------------------------------
     def _on_data(self, conn: _Connection, data: bytes) -> None:
@@ -269,6 +275,10 @@ class BookieClient:
             log.error("bookie=%s answered %d results for %d entries: failing the request",
                       self.bookie_id, len(results), len(taken))
             _dispatch(self.bookie_id, [(e, cb, UNREACHABLE) for e, cb in taken])
+            return
+        first_cb = taken[0][1] if taken else None
+        if taken and all(cb is first_cb for _, cb in taken):     # the common case: one writer, no regrouping
+            first_cb(self.bookie_id, [(e, r.code) for (e, _), r in zip(taken, results)])
             return
         _dispatch(self.bookie_id, [(e, cb, r.code) for (e, cb), r in zip(taken, results)])
 
@@ -344,17 +354,18 @@ class BookieClient:
         self._fail_all("client closed")
 
 
-def _dispatch(bookie_id: str, answers: list[tuple[pb.Entry, AddCallback, int]]) -> None:
-    """Group answers by callback (usually a single ledger writer) and call each once."""
+def _dispatch(bookie_id: str, answers: list[tuple[int, AddCallback, int]]) -> None:
+    """Group answers (entry id, callback, status) by callback (usually a single ledger writer)
+    and call each once."""
     if not answers:
         return
     first_cb = answers[0][1]
     if all(cb is first_cb for _, cb, _ in answers):  # the common case: one writer
-        first_cb(bookie_id, [(e.entry_id, code) for e, _, code in answers])
+        first_cb(bookie_id, [(e, code) for e, _, code in answers])
         return
     grouped: dict[AddCallback, list[tuple[int, int]]] = {}
     for e, cb, code in answers:
-        grouped.setdefault(cb, []).append((e.entry_id, code))
+        grouped.setdefault(cb, []).append((e, code))
     for cb, results in grouped.items():
         cb(bookie_id, results)
 

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import random
 import time
+from typing import Callable
 
 from bookie._proto import bookie_rpc_pb2 as pb
 from bookie.client.actions import (AddOutcome, CloseDone, CloseFailed, ConfirmAdds, EntryData,
@@ -23,6 +24,7 @@ from bookie.client.placement import choose_ensemble
 from bookie.client.reader import LedgerReader, read_lac, verify_entry
 from bookie.client.recovery_core import LedgerRecoveryCore
 from bookie.client.write_core import LedgerWriteCore, WriteCoreState
+from bookie.transport import encode_add_entry
 from pulsarlite.checksum import entry_checksum
 from pulsarlite.config import LedgerClientConfig
 from pulsarlite.errors import (BookieUnavailableError, InvariantViolation, LedgerClosedError,
@@ -32,6 +34,10 @@ log = logging.getLogger("pulsarlite.ledger_client")
 
 TICK_INTERVAL_S = 0.1
 
+# add_with_callback's callback: (entry_id, None) once confirmed, (entry_id, error) if failed
+AddDone = Callable[[int, "BaseException | None"], None]
+
+_OK = pb.OK
 _ADD_OUTCOMES = {pb.OK: AddOutcome.OK, pb.FENCED: AddOutcome.FENCED, pb.READ_ONLY: AddOutcome.READ_ONLY,
                  pb.NO_SUCH_LEDGER: AddOutcome.NO_SUCH_LEDGER}
 
@@ -145,9 +151,11 @@ class LedgerClient:
         log.info("ledger deleted ledger=%d", ledger_id)
 
 
-def _entry_pb(ledger_id: int, a: SendAdd) -> pb.Entry:
-    return pb.Entry(ledger_id=ledger_id, entry_id=a.entry_id, lac=a.lac, length=a.length, payload=a.payload,
-                    checksum=entry_checksum(ledger_id, a.entry_id, a.lac, a.length, a.payload))
+def _encoded_entry(ledger_id: int, a: SendAdd) -> bytes:
+    """The entry of ``a`` as an element of an AddRequest (with its checksum), encoded once for
+    every bookie of its write set."""
+    return encode_add_entry(ledger_id, a.entry_id, a.lac, a.length, a.payload,
+                            entry_checksum(ledger_id, a.entry_id, a.lac, a.length, a.payload))
 
 
 class LedgerWriter:
@@ -160,7 +168,9 @@ class LedgerWriter:
         self._core = LedgerWriteCore(metadata, add_timeout_ms=client.config.add_timeout_ms,
                                      ensemble_change_attempts_max=client.config.ensemble_change_attempts_max)
         self.ledger_id = metadata.ledger_id
-        self._futures: dict[int, asyncio.Future] = {}
+        # entry id -> what waits for it: a Future (add_async) or a callback (add_with_callback)
+        self._futures: dict[int, asyncio.Future | AddDone] = {}
+        self._drained: asyncio.Future | None = None   # close(): set once nothing waits
         self._next_to_confirm = 0
         self._capacity = asyncio.Condition()
         self._close_future: asyncio.Future | None = None
@@ -192,6 +202,15 @@ class LedgerWriter:
         self._run(actions)
         return fut
 
+    def add_with_callback(self, payload: bytes, done: "AddDone") -> int:
+        """Like :meth:`add_async` without a Future (the broker's hot path): returns the entry id;
+        ``done(entry_id, error)`` runs exactly once, from the loop, never from inside this call,
+        in entry order: ``error`` None once the entry is confirmed, else the failure."""
+        entry_id, actions = self._core.add(payload if type(payload) is bytes else bytes(payload), _now_ms())
+        self._futures[entry_id] = done
+        self._run(actions)
+        return entry_id
+
     async def add(self, payload: bytes) -> int:
         """Add and wait for confirmation; waits first while pending_adds_max adds are in flight."""
         if self._core.pending_count >= self._client.config.pending_adds_max:
@@ -202,9 +221,10 @@ class LedgerWriter:
     async def close(self) -> LedgerMetadata:
         """Wait for pending adds, then close the ledger at its LAC (CLOSED in the metadata)."""
         if self._close_future is None:
-            pending = [f for f in self._futures.values() if not f.done()]
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
+            while self._futures:              # every add confirmed or failed first
+                if self._drained is None or self._drained.done():
+                    self._drained = asyncio.get_running_loop().create_future()
+                await asyncio.shield(self._drained)
             self._close_future = asyncio.get_running_loop().create_future()
             self._run(self._core.close())
         try:
@@ -215,12 +235,13 @@ class LedgerWriter:
     # -- action execution --------------------------------------------------------------------
     def _run(self, actions) -> None:
         client = self._client
-        built: pb.Entry | None = None  # the SendAdds of one entry share one message and checksum
+        built: bytes | None = None  # the SendAdds of one entry share one encoding and checksum
+        built_for = None
         for a in actions:
             if isinstance(a, SendAdd):
-                if built is None or built.entry_id != a.entry_id or built.lac != a.lac:
-                    built = _entry_pb(self.ledger_id, a)
-                client.pool.get(a.bookie).send_add(built, a.recovery, self._add_callback)
+                if built is None or built_for != (a.entry_id, a.lac):
+                    built, built_for = _encoded_entry(self.ledger_id, a), (a.entry_id, a.lac)
+                client.pool.get(a.bookie).send_add(a.entry_id, built, a.recovery, self._add_callback)
             elif isinstance(a, ConfirmAdds):
                 self._confirm(a.last_entry_id)
             elif isinstance(a, FailAdds):
@@ -245,7 +266,7 @@ class LedgerWriter:
         core = self._core
         if core.state is WriteCoreState.CLOSED:
             return  # late answers (e.g. the third replica's) after close: nothing to decide
-        ok = [entry_id for entry_id, code in results if code == pb.OK]
+        ok = [entry_id for entry_id, code in results if code == _OK]
         if ok:
             self._run(core.on_add_acks(bookie, ok))
         if len(ok) == len(results):
@@ -263,19 +284,41 @@ class LedgerWriter:
 
     def _confirm(self, last_entry_id: int) -> None:
         futures = self._futures
-        for entry_id in range(self._next_to_confirm, last_entry_id + 1):
-            fut = futures.pop(entry_id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(entry_id)
-        self._next_to_confirm = max(self._next_to_confirm, last_entry_id + 1)
-        self._wake_capacity()
+        first = self._next_to_confirm
+        self._next_to_confirm = max(first, last_entry_id + 1)
+        for entry_id in range(first, last_entry_id + 1):
+            waiter = futures.pop(entry_id, None)
+            if waiter is None:
+                continue
+            if isinstance(waiter, asyncio.Future):
+                if not waiter.done():
+                    waiter.set_result(entry_id)
+            else:
+                self._call_done(waiter, entry_id, None)
+        self._after_completions()
 
     def _fail(self, first_entry_id: int, error: PulsarliteError) -> None:
         for entry_id in sorted(e for e in self._futures if e >= first_entry_id):
-            fut = self._futures.pop(entry_id)
-            if not fut.done():
-                fut.set_exception(error)
+            waiter = self._futures.pop(entry_id, None)
+            if waiter is None:
+                continue
+            if isinstance(waiter, asyncio.Future):
+                if not waiter.done():
+                    waiter.set_exception(error)
+            else:
+                self._call_done(waiter, entry_id, error)
         log.warning("adds failed ledger=%d from_entry=%d: %s", self.ledger_id, first_entry_id, error)
+        self._after_completions()
+
+    def _call_done(self, done: "AddDone", entry_id: int, error: BaseException | None) -> None:
+        try:
+            done(entry_id, error)
+        except Exception:        # as a Future's done callback: log, go on with the others
+            log.exception("add callback failed ledger=%d entry=%d", self.ledger_id, entry_id)
+
+    def _after_completions(self) -> None:
+        if not self._futures and self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
         self._wake_capacity()
 
     def _wake_capacity(self) -> None:
@@ -356,7 +399,8 @@ class _RecoveryRun:
             elif isinstance(a, SendRead):
                 self._spawn(self._read(a.bookie, a.entry_id, a.fence))
             elif isinstance(a, SendAdd):
-                self._client.pool.get(a.bookie).send_add(_entry_pb(ledger_id, a), True, self._add_callback)
+                self._client.pool.get(a.bookie).send_add(a.entry_id, _encoded_entry(ledger_id, a), True,
+                                                         self._add_callback)
             elif isinstance(a, WriteMetadata):
                 self._spawn(self._write_metadata(a.metadata))
             elif isinstance(a, RecoveryDone):

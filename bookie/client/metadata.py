@@ -86,6 +86,12 @@ class LedgerMetadata:
             check(len(set(bookies)) == len(bookies),
                   f"ledger {self.ledger_id}: ensemble {bookies} repeats a bookie")
             previous = first
+        # the write sets of the last fragment, by entry_id mod E (asked for every send and ack
+        # on the hot path); not a field: derived, outside eq/hash/replace
+        last_first, last_bookies = self.ensembles[-1]
+        object.__setattr__(self, "_last_fragment_first", last_first)
+        object.__setattr__(self, "_last_write_sets", tuple(
+            _write_set(last_bookies, self.write_quorum, i) for i in range(self.ensemble_size)))
 
     # -- queries -------------------------------------------------------------------------
     def ensemble_for(self, entry_id: int) -> tuple[str, ...]:
@@ -101,6 +107,8 @@ class LedgerMetadata:
         return chosen
 
     def write_set(self, entry_id: int) -> tuple[str, ...]:
+        if entry_id >= self._last_fragment_first:
+            return self._last_write_sets[entry_id % self.ensemble_size]
         return _write_set(self.ensemble_for(entry_id), self.write_quorum, entry_id % self.ensemble_size)
 
     @property

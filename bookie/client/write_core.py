@@ -29,7 +29,7 @@ from bookie.client.actions import (Action, AddOutcome, CloseDone, CloseFailed, C
                                    FailAdds, SendAdd, WriteMetadata)
 from bookie.client.metadata import LedgerMetadata, LedgerState
 from bookie.client.placement import choose_replacements
-from pulsarlite.errors import (LedgerClosedError, LedgerFencedError, MetadataError,
+from pulsarlite.errors import (InvariantViolation, LedgerClosedError, LedgerFencedError, MetadataError,
                                NotEnoughBookiesError, PulsarliteError, TimeoutError_, check)
 
 
@@ -39,7 +39,7 @@ class WriteCoreState(enum.Enum):
     CLOSED = "CLOSED"       # closed (CloseDone) or given up (CloseFailed): the core is finished
 
 
-@dataclass
+@dataclass(slots=True)
 class _PendingAdd:
     entry_id: int
     payload: bytes
@@ -134,10 +134,19 @@ class LedgerWriteCore:
             raise type(self._error)(str(self._error))
         entry_id = self._last_pushed + 1
         self._length += len(payload)
-        add = _PendingAdd(entry_id, bytes(payload), self._length, now_ms)
+        if type(payload) is not bytes:
+            payload = bytes(payload)
+        add = _PendingAdd(entry_id, payload, self._length, now_ms)
         self._pending[entry_id] = add
         self._last_pushed = entry_id
-        return entry_id, self._send_missing(add)
+        if self._unusable or self._held:
+            return entry_id, self._send_missing(add)
+        # the common case, as _send_missing for a new add with every bookie usable: all of its
+        # write set
+        bookies = self._view.write_set(entry_id)
+        add.sent.update(bookies)
+        lac, length = self._lac, add.length
+        return entry_id, [SendAdd(bookie, entry_id, lac, length, payload) for bookie in bookies]
 
     def on_add_result(self, bookie: str, entry_id: int, outcome: AddOutcome, now_ms: int,
                       writable_bookies: Sequence[str], rng: random.Random) -> list[Action]:
@@ -295,7 +304,8 @@ class LedgerWriteCore:
             lac += 1
         if lac == self._lac:
             return []
-        check(lac > self._lac, f"LAC would go backwards: {self._lac} -> {lac}")
+        if lac <= self._lac:
+            raise InvariantViolation(f"LAC would go backwards: {self._lac} -> {lac}")
         for entry_id in range(self._lac + 1, lac + 1):
             self._lac_length = self._pending.pop(entry_id).length
         self._lac = lac

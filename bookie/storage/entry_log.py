@@ -23,7 +23,6 @@ import logging
 import os
 import re
 import struct
-from dataclasses import dataclass
 from typing import Iterable, NamedTuple, Sequence
 
 from crc32c import crc32c
@@ -58,9 +57,9 @@ _LOG_NAME = re.compile(r"^(\d{12})\.log$")
 _WRITE_CHUNK_BYTES = 8 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class StoredEntry:
-    """One ledger entry, byte for byte as the writer sent it."""
+class StoredEntry(NamedTuple):
+    """One ledger entry, byte for byte as the writer sent it. (Immutable; a NamedTuple rather
+    than a frozen dataclass: one per entry on the add path, at a third of the cost.)"""
 
     ledger_id: int
     entry_id: int

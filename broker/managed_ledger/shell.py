@@ -57,6 +57,8 @@ TierReader = Callable[[LedgerInfo, int, int], Awaitable[list[tuple[int, bytes]]]
 
 
 OffloadDeleter = Callable[[int, str], Awaitable[None]]
+# add_with_callback's callback: (position, None) once confirmed, (None, error) if the add failed
+AddDone = Callable[["Position | None", "BaseException | None"], None]
 TRIMMED_PROPERTY = "pulsarlite.trimmed"     # list property: ledgers out of the list, deletion pending
 
 
@@ -99,8 +101,10 @@ class ManagedLedger:
         self._version = -1
         self._writer: LedgerWriter | None = None
         self._payloads: dict[int, bytes] = {}
-        self._futures: dict[int, asyncio.Future] = {}
+        # add id -> what waits for it: a Future (add_async) or a callback (add_with_callback)
+        self._futures: dict[int, asyncio.Future | AddDone] = {}
         self._capacity_waiters: list[asyncio.Future] = []
+        self._in_add = False
         self._rollover_task: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._ticker: asyncio.Task | None = None
@@ -248,6 +252,21 @@ class ManagedLedger:
         self._payloads[add_id] = payload
         self._run(actions)
         return fut
+
+    def add_with_callback(self, payload: bytes, publish_time_ms: int, done: "AddDone") -> None:
+        """Like :meth:`add_async` without a Future (the broker's publish path): raises at once
+        the same way; else ``done(position, None)`` once confirmed or ``done(None, error)`` runs
+        exactly once, from the loop (never from inside this call), in add order."""
+        if type(payload) is not bytes:
+            payload = bytes(payload)
+        add_id, actions = self._core.add(len(payload), publish_time_ms, self._clock())
+        self._futures[add_id] = done
+        self._payloads[add_id] = payload
+        in_add, self._in_add = self._in_add, True     # a failure found now is reported from the loop
+        try:
+            self._run(actions)
+        finally:
+            self._in_add = in_add
 
     async def add(self, payload: bytes, publish_time_ms: int) -> Position:
         """Add and wait for confirmation; waits first while pending_adds_max adds are pending."""
@@ -492,21 +511,27 @@ class ManagedLedger:
                                              f"{writer.ledger_id if writer else None}")
                 payload = self._payloads.pop(a.add_id)
                 try:
-                    fut = writer.add_async(payload)
+                    writer.add_with_callback(payload, functools.partial(self._on_entry_done, a.add_id, a.ledger_id))
                 except PulsarliteError as e:
                     self._run(core.on_add_failed(a.add_id, a.ledger_id, e))
                     continue
-                fut.add_done_callback(functools.partial(self._on_entry_done, a.add_id, a.ledger_id))
             elif isinstance(a, CompleteAdd):
-                fut = self._futures.pop(a.add_id)
-                if not fut.done():
-                    fut.set_result(a.position)
-                self._wake_capacity()
+                waiter = self._futures.pop(a.add_id)
+                if isinstance(waiter, asyncio.Future):
+                    if not waiter.done():
+                        waiter.set_result(a.position)
+                else:
+                    self._call_done(waiter, a.position, None)
+                if self._capacity_waiters:
+                    self._wake_capacity()
             elif isinstance(a, FailAdd):
                 self._payloads.pop(a.add_id, None)
-                fut = self._futures.pop(a.add_id)
-                if not fut.done():
-                    fut.set_exception(a.error)
+                waiter = self._futures.pop(a.add_id)
+                if isinstance(waiter, asyncio.Future):
+                    if not waiter.done():
+                        waiter.set_exception(a.error)
+                else:
+                    self._call_done(waiter, None, a.error)
                 self._wake_capacity()
             elif isinstance(a, StartRollover):
                 log.info("managed ledger %s: rollover of ledger=%d (%s)", self.name, a.ledger_id, a.reason.value)
@@ -514,18 +539,23 @@ class ManagedLedger:
             else:
                 raise InvariantViolation(f"{self.name}: unknown action {a!r}")
 
-    def _on_entry_done(self, add_id: int, ledger_id: int, fut: asyncio.Future) -> None:
-        if fut.cancelled():
-            error: BaseException | None = ManagedLedgerError(f"{self.name}: add to ledger {ledger_id} cancelled")
-        else:
-            error = fut.exception()
+    def _call_done(self, done: "AddDone", position: Position | None, error: BaseException | None) -> None:
+        if self._in_add:
+            asyncio.get_running_loop().call_soon(self._call_done, done, position, error)
+            return
+        try:
+            done(position, error)
+        except Exception:        # as a Future's done callback: log, go on with the others
+            log.exception("managed ledger %s: add callback failed", self.name)
+
+    def _on_entry_done(self, add_id: int, ledger_id: int, entry_id: int, error: BaseException | None) -> None:
         if error is None:
             if self._core.state in (ManagedLedgerState.FENCED, ManagedLedgerState.FAILED) \
                     and add_id not in self._futures:
                 log.warning("managed ledger %s: add %d confirmed at %d:%d after it was failed back",
-                            self.name, add_id, ledger_id, fut.result())
+                            self.name, add_id, ledger_id, entry_id)
                 return
-            self._run(self._core.on_add_confirmed(add_id, ledger_id, fut.result()))
+            self._run(self._core.on_add_confirmed(add_id, ledger_id, entry_id))
         else:
             if not isinstance(error, PulsarliteError):
                 error = ManagedLedgerError(f"{self.name}: add to ledger {ledger_id} failed: {error!r}")

@@ -9,13 +9,15 @@ import pytest
 
 from broker.config import BrokerConfig
 from broker.dedup import DedupState
-from broker.managed_ledger import Position
+from broker.managed_ledger import ManagedLedgerState, Position
 from broker.topic import AccessMode, EntryCache, PersistentTopic, ProducerFencedError, PublishBuffer
 from pulsarlite.topic_name import TopicName
 from pulsarlite.wire.entry import Message, build_batch_entry, build_entry
 
 
 class FakeML:
+    state = ManagedLedgerState.READY
+
     def __init__(self) -> None:
         self.adds: list[tuple[bytes, asyncio.Future]] = []
         self.pending_count = 0
@@ -25,6 +27,10 @@ class FakeML:
         fut = asyncio.get_running_loop().create_future()
         self.adds.append((data, fut))
         return fut
+
+    def add_with_callback(self, data, publish_time, done):   # ManagedLedger's hot-path variant
+        fut = self.add_async(data, publish_time)
+        fut.add_done_callback(lambda f: done(None, f.exception()) if f.exception() else done(f.result(), None))
 
     def confirm(self, index: int) -> Position:
         position = Position(7, self.next_entry)
@@ -127,11 +133,41 @@ async def test_in_flight_copy_is_decided_after_the_first_copys_outcome():
     assert len(ml.adds) == 2
     ml.adds[1][1].set_exception(RuntimeError("bookies down"))
     await settle()
+    assert len(ml.adds) == 2              # neither is stored after the failed first copy
+    assert h3.closed and h3.out == []     # the topic fenced: the client reconnects, resends in order
+    h4 = Handle(4)
+    p4 = topic.add_producer(h4, "p2", None)      # nothing in flight: unfenced
+    topic.publish(p4, 1, 1, entry(1))
+    topic.publish(p4, 2, 2, entry(2))
     assert [d for d, _ in ml.adds[2:]] == [entry(1), entry(2)]
     ml.confirm(2)
     ml.confirm(3)
     await settle()
-    assert h3.out == [("receipt", 1, (7, 1)), ("receipt", 2, (7, 2))]
+    assert h4.out == [("receipt", 1, (7, 1)), ("receipt", 2, (7, 2))]
+
+
+async def test_a_failed_write_fences_the_topic_until_the_adds_in_flight_are_done():
+    """Pulsar's fence after a failed add: producers are disconnected (their clients reconnect
+    and resend everything pending, in order) and no producer or SEND is taken until the adds
+    in flight are done, so nothing sent after the failed message is stored before its resend."""
+    from broker.service import ServiceNotReadyError
+    topic, ml = make_topic()
+    topic.dedup = None
+    h = Handle()
+    p = topic.add_producer(h, "p", None)
+    for seq in range(3):
+        topic.publish(p, seq, seq, entry(seq))
+    ml.adds[0][1].set_exception(RuntimeError("bookie gone"))
+    await settle()
+    assert h.closed and h.out == []
+    with pytest.raises(ServiceNotReadyError, match="fenced"):
+        topic.add_producer(Handle(1), "p", None)
+    ml.adds[1][1].set_exception(RuntimeError("bookie gone"))
+    ml.adds[2][1].set_exception(RuntimeError("bookie gone"))
+    await settle()
+    p2 = topic.add_producer(Handle(2), "p", None)       # unfenced once nothing is in flight
+    topic.publish(p2, 0, 0, entry(0))
+    assert len(ml.adds) == 4
 
 
 async def test_batched_entries_cover_their_sequence_range():

@@ -341,3 +341,39 @@ def test_encoding_an_incomplete_command_is_a_bug():
 def test_id_conversions():
     assert C.u64(-1) == 2**64 - 1 and C.signed64(2**64 - 1) == -1
     assert C.signed64(2**63 - 1) == 2**63 - 1 and C.u64(5) == 5
+
+
+# -- SEND_RECEIPT is encoded by hand (broker hot path): byte for byte what protobuf writes ---------
+def _receipt_via_protobuf(producer_id, sequence_id, ledger_id, entry_id, highest, partition) -> bytes:
+    body = pb.CommandSendReceipt(producer_id=producer_id, sequence_id=sequence_id,
+                                 message_id=C.message_id(ledger_id, entry_id, partition=partition))
+    if highest is not None:
+        body.highest_sequence_id = highest
+    return encode_command(T(type=T.SEND_RECEIPT, send_receipt=body))
+
+
+_U64 = st.one_of(st.integers(0, 300), st.integers(0, (1 << 64) - 1))
+_ID = st.one_of(st.just(-1), st.integers(0, 1 << 20), st.integers(0, (1 << 63) - 1))
+
+
+@settings(max_examples=400, deadline=None)
+@given(producer_id=_U64, sequence_id=_U64, ledger_id=_ID, entry_id=_ID,
+       highest=st.one_of(st.none(), _U64),
+       partition=st.one_of(st.just(-1), st.integers(-(1 << 31), (1 << 31) - 1)))
+def test_send_receipt_matches_protobuf_encoding(producer_id, sequence_id, ledger_id, entry_id, highest, partition):
+    got = C.send_receipt(producer_id, sequence_id, ledger_id, entry_id, highest_sequence_id=highest,
+                         partition=partition)
+    assert got == _receipt_via_protobuf(producer_id, sequence_id, ledger_id, entry_id, highest, partition)
+    r = one(got).command.send_receipt
+    assert (r.producer_id, r.sequence_id, C.signed64(r.message_id.ledgerId), C.signed64(r.message_id.entryId)) == (
+        producer_id, sequence_id, ledger_id, entry_id)
+
+
+@pytest.mark.parametrize("bad", [dict(producer_id=-1), dict(sequence_id=1 << 64),
+                                 dict(highest_sequence_id=-2), dict(partition=1 << 31)])
+def test_send_receipt_refuses_out_of_range_ids(bad):
+    args = dict(producer_id=1, sequence_id=2, ledger_id=3, entry_id=4)
+    kwargs = {k: bad.pop(k) for k in ("highest_sequence_id", "partition") if k in bad}
+    args.update(bad)
+    with pytest.raises(ValueError):
+        C.send_receipt(args["producer_id"], args["sequence_id"], args["ledger_id"], args["entry_id"], **kwargs)
