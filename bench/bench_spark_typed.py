@@ -15,14 +15,11 @@ from the tier. Spark local[2]; each scan is an aggregate over every typed column
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
-import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -31,6 +28,9 @@ import pulsar  # noqa: E402
 from pulsar.schema import Array, AvroSchema, Double, Integer, Long, Map, Record, String  # noqa: E402
 
 from pulsarlite.cluster import LocalCluster  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_spark import admin, ledgers_of, timed  # noqa: E402  (the untyped scan benchmark's helpers)
 
 
 class TimestampMillis(Long):
@@ -56,25 +56,6 @@ class Sale(Record):
     ship = Ship()
 
 
-def admin(url: str, method: str, path: str, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url + path, data=data, method=method, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        text = r.read()
-    return json.loads(text) if text.strip() else None
-
-
-def ledgers_of(cluster, local: str) -> list[dict]:
-    from kazoo.client import KazooClient
-    zk = KazooClient(hosts=cluster.zookeeper)
-    zk.start(timeout=30)
-    try:
-        return json.loads(zk.get(f"/managed-ledgers/public/default/persistent/{local}")[0])["ledgers"]
-    finally:
-        zk.stop()
-        zk.close()
-
-
 def produce(service_url: str, topic: str, n: int) -> None:
     client = pulsar.Client(service_url, operation_timeout_seconds=60)
     producer = client.create_producer(topic, schema=AvroSchema(Sale), batching_enabled=True,
@@ -90,15 +71,6 @@ def produce(service_url: str, topic: str, n: int) -> None:
     producer.flush()
     producer.close()
     client.close()
-
-
-def timed(fn, repeat: int) -> tuple[float, object]:
-    times, result = [], None
-    for _ in range(repeat):
-        t = time.monotonic()
-        result = fn()
-        times.append(time.monotonic() - t)
-    return statistics.median(times), result
 
 
 def session():
