@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
+import sys
 import threading
 import time
 
@@ -92,3 +95,30 @@ class BlockableProxy:
         self.block()
         self._thread.join(timeout=5)
         self._listener.close()
+
+
+@contextlib.contextmanager
+def spark_session(app_name: str, conf: dict[str, str] | None = None):
+    """A local[2] Spark session with the pulsarlite source registered, on 127.0.0.1 only, the
+    venv's Python for workers and filter pushdown on; stopped on exit."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+
+    import spark_source
+
+    builder = (SparkSession.builder.master("local[2]").appName(app_name)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.python.filterPushdown.enabled", "true")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.host", "127.0.0.1"))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    spark_source.register(session)
+    try:
+        yield session
+    finally:
+        session.stop()

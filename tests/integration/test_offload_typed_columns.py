@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.integration.helpers import spark_session
 from tests.integration.test_offload_broker import (broker_overrides, keep_everything, offload_everything_closed,
                                                    wait_bookie_deleted)
 
@@ -102,26 +101,8 @@ def fields(i: int) -> dict:
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession
-
-    import spark_source
-
-    session = (SparkSession.builder.master("local[2]").appName("pulsarlite-typed-tier")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.python.filterPushdown.enabled", "true")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.host", "127.0.0.1")
-               .getOrCreate())
-    spark_source.register(session)
-    try:
+    with spark_session("pulsarlite-typed-tier", {"spark.sql.session.timeZone": "UTC"}) as session:
         yield session
-    finally:
-        session.stop()
 
 
 def source_rows(spark, cluster, topic: str, metrics_dir: Path) -> tuple[list[str], dict[str, tuple]]:

@@ -7,7 +7,6 @@ import glob
 import hashlib
 import json
 import os
-import sys
 import threading
 import time
 import uuid
@@ -19,7 +18,7 @@ pulsar = pytest.importorskip("pulsar")
 pytest.importorskip("pyspark")
 
 from pulsarlite.cluster import LocalCluster  # noqa: E402
-from tests.integration.helpers import wait_for  # noqa: E402
+from tests.integration.helpers import spark_session, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -29,25 +28,8 @@ S3: dict[str, str] = {}
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession
-
-    import spark_source
-
-    session = (SparkSession.builder.master("local[2]").appName("pulsarlite-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.python.filterPushdown.enabled", "true")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.driver.host", "127.0.0.1")
-               .getOrCreate())
-    spark_source.register(session)
-    try:
+    with spark_session("pulsarlite-tests") as session:
         yield session
-    finally:
-        session.stop()
 
 
 @pytest.fixture(scope="module")
