@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import enum
 import json
-import struct
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from pulsarlite.errors import PulsarliteError
+from pulsarlite.keyvalue import split_pair
 from pulsarlite.wire import pb
 
 # -- strategies -------------------------------------------------------------------------------
@@ -155,30 +155,17 @@ def _canonical_json(data: bytes) -> str:
 
 # -- KeyValue encoding (Pulsar's KeyValueSchemaInfo) -------------------------------------------
 
-_U32 = struct.Struct(">i")
 
 
 def split_key_value(schema: SchemaDef) -> tuple[SchemaDef, SchemaDef]:
     """The key and value schemas of a KEY_VALUE schema: data is
     ``[i32 n][key schema][i32 m][value schema]``, their types in properties
     ``key.schema.type`` / ``value.schema.type``."""
-    data = schema.data
-    parts = []
-    offset = 0
-    for _ in range(2):
-        if offset + 4 > len(data):
-            raise InvalidSchemaError("KEY_VALUE schema data is truncated")
-        (n,) = _U32.unpack_from(data, offset)
-        offset += 4
-        if n < 0:           # Pulsar writes -1 for an absent part (BYTES)
-            parts.append(b"")
-            continue
-        if offset + n > len(data):
-            raise InvalidSchemaError("KEY_VALUE schema data is truncated")
-        parts.append(bytes(data[offset:offset + n]))
-        offset += n
-    if offset != len(data):
-        raise InvalidSchemaError("KEY_VALUE schema data has trailing bytes")
+    try:
+        key, value = split_pair(schema.data)
+    except ValueError as e:
+        raise InvalidSchemaError(f"KEY_VALUE schema data {e}") from None
+    parts = [key or b"", value or b""]          # Pulsar writes -1 for an absent part (BYTES)
     props = dict(schema.properties)
     key_type = props.get("key.schema.type", "BYTES")
     value_type = props.get("value.schema.type", "BYTES")

@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import fastavro
 
 from pulsarlite.errors import PulsarliteError
+from pulsarlite.keyvalue import join_pair, split_pair
 from pulsarlite.schema.definition import (Record, _RESERVED, dataclass_avro_schema, from_avro_datum,
                                           record_fields, to_avro_datum)
 
@@ -423,33 +424,17 @@ class KeyValue(tuple):
         return f"KeyValue(key={self[0]!r}, value={self[1]!r})"
 
 
-_I32 = struct.Struct(">i")
 
 
 def _kv_join(key: bytes | None, value: bytes | None) -> bytes:
-    """``[i32 n][key][i32 m][value]``, -1 for an absent part (the Java client's KeyValue)."""
-    return b"".join((_I32.pack(-1 if key is None else len(key)), key or b"",
-                     _I32.pack(-1 if value is None else len(value)), value or b""))
+    return join_pair(key, value)
 
 
 def _kv_split(data: bytes) -> tuple[bytes | None, bytes | None]:
-    parts: list[bytes | None] = []
-    offset = 0
-    for _ in range(2):
-        if offset + 4 > len(data):
-            raise SchemaSerializationError("KeyValue payload is truncated")
-        (n,) = _I32.unpack_from(data, offset)
-        offset += 4
-        if n < 0:
-            parts.append(None)
-            continue
-        if offset + n > len(data):
-            raise SchemaSerializationError("KeyValue payload is truncated")
-        parts.append(bytes(data[offset:offset + n]))
-        offset += n
-    if offset != len(data):
-        raise SchemaSerializationError("KeyValue payload has trailing bytes")
-    return parts[0], parts[1]
+    try:
+        return split_pair(data)
+    except ValueError as e:
+        raise SchemaSerializationError(f"KeyValue payload {e}") from None
 
 
 class KeyValueSchema(Schema):
