@@ -5,7 +5,10 @@ bookie/transport.py). ``BookieService`` maps each request to the store and build
 ``BookieServer`` runs the connections. Requests on one connection are processed concurrently
 (adds arriving together share group commits), at most ``CONNECTION_REQUESTS_IN_FLIGHT_MAX`` at
 once per connection; beyond it, and while the connection's write buffer is full, the server
-stops reading it (back-pressure through TCP). Every request gets exactly one response frame
+stops reading it (back-pressure through TCP). An add the store can take at once is validated
+and journaled from ``data_received`` itself and answered from the journal's commit callback
+(``BookieService.add_now``: no task, coroutine or future per request); other adds (no room in
+the journal queue, closing) and every other request run as a task. Every request gets exactly one response frame
 with its request id; responses produced in one loop iteration leave in one write. Bad
 requests get a status code and change nothing; bad framing gets an ErrorResponse and the
 connection is closed; the bookie keeps serving the others.
@@ -14,13 +17,17 @@ connection is closed; the bookie keeps serving the others.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import operator
 import socket
+import time
+from typing import Callable
 
 from bookie._proto import bookie_rpc_pb2 as pb
 from bookie.storage import BookieStore, Status, StoredEntry
-from bookie.transport import (REQUEST_TYPES, FrameDecoder, FrameError, encode_error, encode_header,
-                              parse_body)
+from bookie.transport import (REQUEST_TYPES, FrameDecoder, FrameError, encode_add_response,
+                              encode_error, encode_header, parse_body)
 from pulsarlite.config import BookieConfig
 from pulsarlite.errors import ChecksumError, PulsarliteError, check
 
@@ -35,6 +42,11 @@ WRITE_BUFFER_LOW_BYTES = 1024 * 1024
 REFUSED_LINGER_S = 1.0
 
 
+# pb.Entry -> StoredEntry without Python bytecode per field (the add path's largest per-entry cost)
+_entry_fields = operator.attrgetter("ledger_id", "entry_id", "lac", "length", "payload", "checksum")
+_new_stored_entry = functools.partial(tuple.__new__, StoredEntry)
+
+
 def entry_from_pb(e: pb.Entry) -> StoredEntry:
     return StoredEntry(e.ledger_id, e.entry_id, e.lac, e.length, e.payload, e.checksum)
 
@@ -45,12 +57,63 @@ def entry_to_pb(e: StoredEntry) -> pb.Entry:
 
 
 class BookieService:
-    """Requests to the store, answers back: one coroutine per request kind."""
+    """Requests to the store, answers back: one coroutine per request kind (and, for adds,
+    ``add_now``: the same without a coroutine when the store can take them at once)."""
 
     def __init__(self, store: BookieStore, config: BookieConfig) -> None:
         self._store = store
         self._config = config
         self.closing = False
+
+    # -- adds without a task (the hot path) -------------------------------------------------
+    def add_now(self, request_id: int, request: pb.AddRequest,
+                answer: Callable[[int, bytes], None]) -> bool:
+        """Take an AddRequest without a coroutine: validate and submit its entries now and
+        ``answer(request_id, AddResponse body)`` once their journal group is fsynced (or at
+        once when every entry was refused). Returns False, having done nothing, when the add
+        must take the awaiting path (``add``): closing, an empty request, no room in the
+        journal queue or write cache, a store that failed."""
+        entries = request.entries
+        n = len(entries)
+        store = self._store
+        if not n or self.closing or not store.can_add_now(n):
+            return False
+        stored = list(map(_new_stored_entry, map(_entry_fields, entries)))
+
+        def done(result) -> None:
+            if isinstance(result, BaseException):
+                answer(request_id, self._add_failed(request_id, stored, result))
+            else:
+                answer(request_id, self.add_answer(request_id, stored, result))
+
+        try:
+            statuses = store.add_entries_now(stored, request.recovery, done)
+        except PulsarliteError:
+            return False    # nothing was submitted: the awaiting path answers (and logs) it
+        except Exception as e:  # a bug: answer INTERNAL, keep the connection (as a task would)
+            log.exception("add failed bookie=%s", self._config.effective_bookie_id)
+            answer(request_id, self._add_failed(request_id, stored, e))
+            return True
+        if statuses is not None:
+            answer(request_id, self.add_answer(request_id, stored, statuses))
+        return True
+
+    def add_answer(self, request_id: int, stored: list[StoredEntry], statuses: list[Status]) -> bytes:
+        """The AddResponse body for these entries' statuses (refusals logged)."""
+        if any(statuses):
+            bad = [(e.ledger_id, e.entry_id, s.name) for e, s in zip(stored, statuses) if s != Status.OK]
+            log.info("adds refused bookie=%s count=%d first=%s", self._config.effective_bookie_id,
+                     len(bad), bad[0])
+        return encode_add_response(request_id, stored, statuses)
+
+    def _add_failed(self, request_id: int, stored: list[StoredEntry], error: BaseException) -> bytes:
+        if isinstance(error, PulsarliteError):   # the store failed (journal I/O error, closed)
+            log.error("add refused, store unavailable bookie=%s: %s", self._config.effective_bookie_id, error)
+            status = Status.UNAVAILABLE
+        else:
+            log.error("add failed bookie=%s: %r", self._config.effective_bookie_id, error)
+            status = Status.INTERNAL
+        return encode_add_response(request_id, stored, [status] * len(stored))
 
     # -- adds ----------------------------------------------------------------------------
     async def add(self, request: pb.AddRequest) -> pb.AddResponse:
@@ -179,9 +242,13 @@ class BookieServer:
         self.service.closing = True
         if self._server is not None:
             self._server.close()
+        deadline = time.monotonic() + grace_s
         pending = [t for c in self._connections for t in c.tasks]
         if pending:
             await asyncio.wait(pending, timeout=grace_s)
+        # adds taken without a task (add_now) answer from the store's commit callback
+        while any(c.adds_in_flight for c in self._connections) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
         for conn in list(self._connections):
             conn.close()
         if self._server is not None:
@@ -201,6 +268,8 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._peer = "?"
         self.tasks: set[asyncio.Task] = set()
+        self.adds_in_flight = 0          # taken by BookieService.add_now, not answered yet
+        self._add_now = server.service.add_now
         self._out: list[bytes] = []      # response frames waiting for the next flush
         self._flush_scheduled = False
         self._read_paused = False
@@ -241,9 +310,15 @@ class _Connection(asyncio.Protocol):
         if self._closed or self._discarding:
             return
         handlers = self._handlers
+        add_now = self._add_now
         try:
             for frame_type, request_id, body in self._decoder.feed(data):
                 request = parse_body(frame_type, request_id, body)
+                if frame_type == pb.FRAME_ADD_REQUEST:
+                    self.adds_in_flight += 1
+                    if add_now(request_id, request, self._add_answered):
+                        continue
+                    self.adds_in_flight -= 1
                 method, response_type = handlers[frame_type]
                 task = asyncio.ensure_future(self._serve(method, response_type, request_id, request))
                 self.tasks.add(task)
@@ -262,7 +337,7 @@ class _Connection(asyncio.Protocol):
         except FrameError as e:
             log.warning("connection ended inside a frame bookie=%s peer=%s: %s", self._server.bookie_id,
                         self._peer, e)
-        if not self.tasks:
+        if not self.tasks and not self.adds_in_flight:
             return False  # close the transport (after what is buffered is written)
         self._peer_done = True  # half-closed: answer what is in progress, then close
         return True
@@ -283,7 +358,16 @@ class _Connection(asyncio.Protocol):
 
     def _request_done(self, task: asyncio.Task) -> None:
         self.tasks.discard(task)
-        if self._peer_done and not self.tasks:
+        if self._peer_done and not self.tasks and not self.adds_in_flight:
+            self.close()
+        elif self._read_paused:
+            self._update_reading()
+
+    def _add_answered(self, request_id: int, body: bytes) -> None:
+        """BookieService.add_now's answer (once per add taken)."""
+        self.adds_in_flight -= 1
+        self._send(pb.FRAME_ADD_RESPONSE, request_id, body)
+        if self._peer_done and not self.tasks and not self.adds_in_flight:
             self.close()
         elif self._read_paused:
             self._update_reading()
@@ -291,7 +375,8 @@ class _Connection(asyncio.Protocol):
     def _update_reading(self) -> None:
         if self._closed or self._discarding:
             return
-        want_paused = self._write_paused or len(self.tasks) >= CONNECTION_REQUESTS_IN_FLIGHT_MAX
+        want_paused = self._write_paused or \
+            len(self.tasks) + self.adds_in_flight >= CONNECTION_REQUESTS_IN_FLIGHT_MAX
         if want_paused != self._read_paused:
             self._read_paused = want_paused
             if want_paused:

@@ -206,7 +206,7 @@ class EntryLogger:
         offset = self._sizes[self.current_id]
         start = offset
         for pieces in records:
-            size = sum(len(p) for p in pieces)
+            size = sum(map(len, pieces))
             if offset + size > self.file_bytes_max and offset > LOG_HEADER_BYTES:
                 self._write(parts, start)
                 parts = []

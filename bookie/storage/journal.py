@@ -20,10 +20,10 @@ every item it holds to ``on_error``.
 
 from __future__ import annotations
 
-import collections
 import logging
 import mmap
 import os
+import queue
 import re
 import struct
 import threading
@@ -154,8 +154,9 @@ class JournalWriter:
         self._allocated = 0
         self._new_file()
         self.start_position = self.position
-        self._queue: collections.deque[JournalItem] = collections.deque()
-        self._cond = threading.Condition()
+        # submitted items, then None once stopping (a SimpleQueue: put and get cost no Python
+        # code, and a put wakes the writer without a Condition's per-wait lock objects)
+        self._queue: queue.SimpleQueue[JournalItem | None] = queue.SimpleQueue()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
@@ -247,19 +248,16 @@ class JournalWriter:
 
     def submit(self, item: JournalItem) -> None:
         """Queue an item (thread-safe). The caller bounds what it has in flight."""
+        if self._stopping:
+            raise BookieUnavailableError("journal writer is stopped")
         item.enqueued_ms = time.monotonic() * 1000.0
-        with self._cond:
-            if self._stopping:
-                raise BookieUnavailableError("journal writer is stopped")
-            self._queue.append(item)
-            if len(self._queue) == 1:
-                self._cond.notify()
+        self._queue.put(item)
 
     def stop(self) -> None:
-        """Write what is queued, then end the thread (blocking)."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
+        """Write what is queued, then end the thread (blocking). Items submitted while it
+        stops may be left unwritten (their owner fails them: they were never acknowledged)."""
+        self._stopping = True
+        self._queue.put(None)
         if self._thread is not None:
             self._thread.join()
         self.close_file()
@@ -269,38 +267,54 @@ class JournalWriter:
         policy = self.policy
         bytes_max = policy.bytes_buffered_max
         q = self._queue
-        cond = self._cond
+        get = q.get
+        get_nowait = q.get_nowait
+        empty = q.empty
+        monotonic = time.monotonic
         group: list[JournalItem] = []
         nbytes = 0
         oldest: float | None = None
+        stopping = False
         while True:
-            with cond:
-                while True:
-                    while q and nbytes < bytes_max:
-                        item = q.popleft()
-                        group.append(item)
-                        nbytes += item.nbytes
-                        if oldest is None:
-                            oldest = item.enqueued_ms
-                    if self._stopping and group:
-                        break
-                    if self._stopping and not q:
+            # gather a group: block for the first item (zero-filling ahead while idle), take
+            # what else is queued, then obey the policy (wait for more, or flush now)
+            while True:
+                if not group:
+                    if stopping:
                         return
-                    now = time.monotonic() * 1000.0
-                    delay = policy.next_flush_delay_ms(now_ms=now, oldest_ms=oldest,
-                                                       bytes_buffered=nbytes, queue_empty=not q)
-                    if delay == 0.0:
-                        break
-                    if not group and not q and not self._stopping:
-                        # idle: extend the zero-filled look-ahead one step, outside the lock
-                        cond.release()
-                        try:
-                            filled = self.preallocate_when_idle()
-                        finally:
-                            cond.acquire()
-                        if filled:
+                    try:
+                        item = get_nowait()
+                    except queue.Empty:
+                        if self.preallocate_when_idle():
                             continue
-                    cond.wait(None if delay is None else delay / 1000.0)
+                        item = get()
+                else:
+                    delay = policy.next_flush_delay_ms(now_ms=monotonic() * 1000.0, oldest_ms=oldest,
+                                                       bytes_buffered=nbytes,
+                                                       queue_empty=stopping or empty())
+                    if delay == 0.0 or stopping or nbytes >= bytes_max:
+                        break
+                    try:
+                        item = get(timeout=delay / 1000.0)
+                    except queue.Empty:
+                        continue
+                if item is None:
+                    stopping = True          # write what is gathered and queued, then end
+                    continue
+                group.append(item)
+                nbytes += item.nbytes
+                if oldest is None:
+                    oldest = item.enqueued_ms
+                while nbytes < bytes_max and not stopping:
+                    try:
+                        item = get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is None:
+                        stopping = True
+                        break
+                    group.append(item)
+                    nbytes += item.nbytes
             try:
                 if len(group) == 1:
                     pieces = group[0].pieces
@@ -309,10 +323,15 @@ class JournalWriter:
                 pos = self.write_group(pieces)
             except BaseException as e:  # noqa: BLE001 - handed to the owner, thread ends
                 self.error = e
-                with cond:
-                    self._stopping = True
-                    rest = list(q)
-                    q.clear()
+                self._stopping = True
+                rest = []
+                while True:
+                    try:
+                        item = get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is not None:
+                        rest.append(item)
                 log.error("journal write failed file_id=%d error=%r", self.file_id, e)
                 on_error(e, group + rest)
                 return
@@ -320,4 +339,3 @@ class JournalWriter:
             group = []
             nbytes = 0
             oldest = None
-

@@ -367,17 +367,20 @@ class LedgerStorage:
     def finish_flush(self, job: FlushJob) -> None:
         """Loop thread: index the flushed entries and drop them from the write cache."""
         live = self.live_bytes
-        for (st, e, item), loc in zip(job.items, job.locations):
-            if st.deleted or st.cache.get(e) is not item:
+        uncached = 0
+        for (st, e, item), (log_id, offset, size) in zip(job.items, job.locations):
+            cache = st.cache
+            if st.deleted or cache.get(e) is not item:
                 continue          # deleted or replaced meanwhile: its bytes are garbage
-            del st.cache[e]
-            self.cache_bytes -= loc.size
-            p = (loc.log_id << LOG_OFFSET_BITS) | loc.offset
-            old = st.set_loc(e, p, loc.size)
+            del cache[e]
+            uncached += size
+            old = st.set_loc(e, (log_id << LOG_OFFSET_BITS) | offset, size)
             if old is not None:
                 self._unaccount(st, old[0] >> LOG_OFFSET_BITS, old[1])
-            st.log_bytes[loc.log_id] = st.log_bytes.get(loc.log_id, 0) + loc.size
-            live[loc.log_id] = live.get(loc.log_id, 0) + loc.size
+            log_bytes = st.log_bytes
+            log_bytes[log_id] = log_bytes.get(log_id, 0) + size
+            live[log_id] = live.get(log_id, 0) + size
+        self.cache_bytes -= uncached
 
     def _unaccount(self, st: LedgerState, log_id: int, size: int) -> None:
         left = st.log_bytes.get(log_id, 0) - size
