@@ -46,6 +46,7 @@ from broker.managed_ledger.core import LedgerInfo, ManagedLedgerMetadata  # noqa
 from broker.topic import EntryCache, PersistentTopic, PublishBuffer  # noqa: E402
 from pulsarlite.config import LedgerClientConfig  # noqa: E402
 from pulsarlite.topic_name import TopicName  # noqa: E402
+from pulsarlite.varint import uvarint  # noqa: E402
 from pulsarlite.wire import commands as c  # noqa: E402
 from pulsarlite.wire.entry import Message, build_entry  # noqa: E402
 
@@ -90,9 +91,9 @@ class FakeBookieTransport:
             if request_id in self._answered:
                 continue
             self._answered.add(request_id)
-            body = b"".join(b"\x0a" + _varint(len(r)) + r
-                            for r in (b"\x08\x01\x10" + _varint(_entry_id(t)) for t in taken))
-            body += b"\x10" + _varint(request_id)
+            body = b"".join(b"\x0a" + uvarint(len(r)) + r
+                            for r in (b"\x08\x01\x10" + uvarint(_entry_id(t)) for t in taken))
+            body += b"\x10" + uvarint(request_id)
             out.append(encode_frame(bpb.FRAME_ADD_RESPONSE, request_id, body))
             self.requests += 1
         if out:
@@ -112,15 +113,6 @@ class FakeBookieTransport:
 def _entry_id(taken_item) -> int:
     first = taken_item[0]
     return first if isinstance(first, int) else first.entry_id     # (entry id | pb.Entry, callback)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 class SinkTransport:

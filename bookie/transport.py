@@ -14,6 +14,7 @@ from typing import Iterator
 from google.protobuf.message import DecodeError
 
 from bookie._proto import bookie_rpc_pb2 as pb
+from pulsarlite.varint import SMALL_VARINTS, uvarint
 
 HEADER = struct.Struct(">IBQ")   # frame_bytes, frame_type, request_id
 LENGTH = struct.Struct(">I")
@@ -75,24 +76,7 @@ def encode_message(frame_type: int, request_id: int, message) -> bytes:
 # once, as the bytes of one element of AddRequest.entries, and joins those per request instead
 # of copying Entry messages into an AddRequest per bookie and serializing each. The result is
 # byte for byte what protobuf writes for the whole AddRequest (tests/unit/test_transport.py).
-_U64_MASK = (1 << 64) - 1
-_SMALL_VARINTS = [bytes([i]) for i in range(0x80)]
 _ENTRY_TAG = b"\x0a"                       # AddRequest.entries: field 1, length-delimited
-
-
-def _varint(value: int) -> bytes:
-    """Base-128 varint of ``value`` as uint64 (a negative int64 takes 10 bytes, as protobuf)."""
-    value &= _U64_MASK
-    if value < 0x80:
-        return _SMALL_VARINTS[value]
-    if value < 0x4000:
-        return bytes(((value & 0x7F) | 0x80, value >> 7))
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def encode_add_entry(ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes,
@@ -100,12 +84,12 @@ def encode_add_entry(ledger_id: int, entry_id: int, lac: int, length: int, paylo
     """One ``Entry`` as an element of ``AddRequest.entries`` (tag, length, message)."""
     message = pb.Entry(ledger_id=ledger_id, entry_id=entry_id, lac=lac, length=length, payload=payload,
                        checksum=checksum).SerializeToString()
-    return b"".join((_ENTRY_TAG, _varint(len(message)), message))
+    return b"".join((_ENTRY_TAG, uvarint(len(message)), message))
 
 
 def encode_add_request_tail(recovery: bool, request_id: int) -> bytes:
     """The AddRequest fields after the entries: recovery (2), request_id (3)."""
-    return (b"\x10\x01" if recovery else b"") + ((b"\x18" + _varint(request_id)) if request_id else b"")
+    return (b"\x10\x01" if recovery else b"") + ((b"\x18" + uvarint(request_id)) if request_id else b"")
 
 
 def encode_add_response(request_id: int, entries, codes) -> bytes:
@@ -116,26 +100,26 @@ def encode_add_response(request_id: int, entries, codes) -> bytes:
     more than the bytes."""
     parts = []
     append = parts.append
-    small = _SMALL_VARINTS
+    small = SMALL_VARINTS
     prefix_lid = -1
     prefix = b""
     for entry, code in zip(entries, codes):
         lid = entry.ledger_id
         if lid != prefix_lid:
             prefix_lid = lid
-            prefix = b"\x08" + _varint(lid) if lid else b""
+            prefix = b"\x08" + uvarint(lid) if lid else b""
         eid = entry.entry_id
         if 0 < eid < 0x80:
             inner = prefix + b"\x10" + small[eid]
         elif eid:
-            inner = prefix + b"\x10" + _varint(eid)
+            inner = prefix + b"\x10" + uvarint(eid)
         else:
             inner = prefix
         if code:
-            inner += b"\x18" + _varint(code)
+            inner += b"\x18" + uvarint(code)
         append(b"\x0a" + small[len(inner)] + inner)    # an AddResult is < 128 bytes
     if request_id:
-        append(b"\x10" + _varint(request_id))
+        append(b"\x10" + uvarint(request_id))
     return b"".join(parts)
 
 

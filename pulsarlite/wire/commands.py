@@ -15,6 +15,7 @@ import struct
 from typing import Iterable, Mapping, Sequence
 
 from pulsarlite._proto import pulsar_api_pb2 as pb
+from pulsarlite.varint import SMALL_VARINTS, uvarint
 from pulsarlite.wire.frames import encode_command, encode_payload_command_parts
 
 T = pb.BaseCommand
@@ -253,23 +254,6 @@ def send(producer_id: int, sequence_id: int, entry: bytes | memoryview, **kwargs
     return head + bytes(body)
 
 
-def _varint(value: int) -> bytes:
-    """Protobuf base-128 varint of an int in [0, 2^64)."""
-    if value < 0x80:
-        return _SMALL_VARINTS[value]
-    if value < 0x4000:
-        return bytes(((value & 0x7F) | 0x80, value >> 7))
-    if value < 0x200000:
-        return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_SMALL_VARINTS = [bytes([i]) for i in range(0x80)]
 _U32_PAIR = struct.Struct(">II")
 # BaseCommand{type: SEND_RECEIPT (field 1, varint 7), send_receipt: (field 7, length-delimited)}
 _RECEIPT_PREFIX = bytes([0x08, T.SEND_RECEIPT, (7 << 3) | 2])
@@ -285,19 +269,19 @@ def send_receipt(producer_id: int, sequence_id: int, ledger_id: int, entry_id: i
         raise ValueError(f"ids out of uint64 range: producer {producer_id}, sequence {sequence_id}, "
                          f"highest {highest_sequence_id}")
     # MessageIdData{ledgerId: 1, entryId: 2, partition: 3 (int32; the default -1 is left out)}
-    mid = b"".join((b"\x08", _varint(ledger_id & _U64_MASK), b"\x10", _varint(entry_id & _U64_MASK)))
+    mid = b"".join((b"\x08", uvarint(ledger_id & _U64_MASK), b"\x10", uvarint(entry_id & _U64_MASK)))
     if partition != -1:
         if not -(1 << 31) <= partition < (1 << 31):
             raise ValueError(f"partition out of int32 range: {partition}")
-        mid += b"\x18" + _varint(partition & _U64_MASK)      # a negative int32: 10-byte varint
-    parts = [b"\x08", _varint(producer_id), b"\x10", _varint(sequence_id), b"\x1a", _SMALL_VARINTS[len(mid)], mid]
+        mid += b"\x18" + uvarint(partition & _U64_MASK)      # a negative int32: 10-byte varint
+    parts = [b"\x08", uvarint(producer_id), b"\x10", uvarint(sequence_id), b"\x1a", SMALL_VARINTS[len(mid)], mid]
     if highest_sequence_id is not None:
         parts.append(b"\x20")
-        parts.append(_varint(highest_sequence_id))
+        parts.append(uvarint(highest_sequence_id))
     body = b"".join(parts)                   # at most 79 bytes: every length below fits one byte
     command_bytes = len(_RECEIPT_PREFIX) + 1 + len(body)
     return b"".join((_U32_PAIR.pack(command_bytes + 4, command_bytes), _RECEIPT_PREFIX,
-                     _SMALL_VARINTS[len(body)], body))
+                     SMALL_VARINTS[len(body)], body))
 
 
 def send_error(producer_id: int, sequence_id: int, error: int, message: str) -> bytes:
