@@ -344,18 +344,14 @@ class ManagedLedger:
         Raises ManagedLedgerClosedError if not READY/ROLLING_OVER, ManagedLedgerFencedError if
         someone else changed the list, KeyError if the ledger left the list."""
         async with self._metadata_lock:
-            if self._core.state not in (ManagedLedgerState.READY, ManagedLedgerState.ROLLING_OVER):
+            if not self._accepting():
                 raise ManagedLedgerClosedError(f"{self.name}: offload update while {self._core.state.value}")
             current = self._core.metadata.info(ledger_id)
             offload = transform(current.offload)
             if offload == current.offload:
                 return offload
             md = self._core.offload_metadata(ledger_id, offload)
-            try:
-                await self._cas(encode(md))
-            except ManagedLedgerFencedError as e:
-                self._run(self._core.on_fenced(e))
-                raise
+            await self._write_list(md)
             self._core.on_offload_written(md)
             log.info("managed ledger %s: ledger=%d offload state=%s uri=%s", self.name, ledger_id,
                      offload.state.value, offload.uri)
@@ -378,7 +374,7 @@ class ManagedLedger:
         ids = [int(i) for i in ledger_ids]
         if ids:
             async with self._metadata_lock:
-                if self._core.state not in (ManagedLedgerState.READY, ManagedLedgerState.ROLLING_OVER):
+                if not self._accepting():
                     raise ManagedLedgerClosedError(f"{self.name}: trim while {self._core.state.value}")
                 pending = self.trimmed_pending()
                 for lid in ids:
@@ -386,11 +382,7 @@ class ManagedLedger:
                 properties = dict(self._core.metadata.properties)
                 properties[TRIMMED_PROPERTY] = _encode_trimmed(pending)
                 md = self._core.trim_metadata(ids, properties)
-                try:
-                    await self._cas(encode(md))
-                except ManagedLedgerFencedError as e:
-                    self._run(self._core.on_fenced(e))
-                    raise
+                await self._write_list(md)
                 self._core.on_trim_written(md)
             log.info("managed ledger %s: trimmed ledgers=%s (out of the list; deleting)", self.name, ids)
         pending = self.trimmed_pending()
@@ -417,7 +409,7 @@ class ManagedLedger:
             log.info("managed ledger %s: ledger=%d deleted (retention)", self.name, lid)
         if deleted:
             async with self._metadata_lock:
-                if self._core.state in (ManagedLedgerState.READY, ManagedLedgerState.ROLLING_OVER):
+                if self._accepting():
                     left = {k: v for k, v in self.trimmed_pending().items() if k not in deleted}
                     properties = dict(self._core.metadata.properties)
                     if left:
@@ -425,11 +417,7 @@ class ManagedLedger:
                     else:
                         properties.pop(TRIMMED_PROPERTY, None)
                     md = self._core.trim_metadata([], properties)
-                    try:
-                        await self._cas(encode(md))
-                    except ManagedLedgerFencedError as e:
-                        self._run(self._core.on_fenced(e))
-                        raise
+                    await self._write_list(md)
                     self._core.on_trim_written(md)
         return deleted
 
@@ -657,6 +645,14 @@ class ManagedLedger:
             log.warning("managed ledger %s: could not delete ledger=%d: %s", self.name, ledger_id, e)
 
     # -- metadata CAS ----------------------------------------------------------------------------
+    async def _write_list(self, md: ManagedLedgerMetadata) -> None:
+        """CAS ``md``; a conflict (someone else wrote the list) fences us and is raised."""
+        try:
+            await self._cas(encode(md))
+        except ManagedLedgerFencedError as e:
+            self._run(self._core.on_fenced(e))
+            raise
+
     async def _cas(self, data: bytes) -> None:
         """Write the list at our version. A conflict means someone else wrote it (FENCED) unless
         it was our own write whose answer was lost (same bytes): then that is success. Retries
