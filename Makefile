@@ -22,8 +22,9 @@ proto:
 proto-check:
 	.venv/bin/python scripts/gen_proto.py --check
 # the benchmark suite (<= 15 min): every figure beside the machine's limits and NATS JetStream,
-# medians of 2 rounds; rewrites the suite block of BENCHMARKS.md
+# medians of 3 rounds (components once); rewrites the suite block of BENCHMARKS.md and keeps the
+# raw figures in bench/last-suite.json (re-render: bench/suite.py --render bench/last-suite.json)
 bench:
 	bash scripts/setup.sh
 	.venv/bin/python -m pip install -q -e ".[test,bench]"
-	.venv/bin/python bench/suite.py --runs 2 --write
+	.venv/bin/python bench/suite.py --runs 3 --write

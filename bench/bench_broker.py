@@ -25,6 +25,8 @@ in one process, one phase after the other (each bounded by --seconds):
               thread (same process) measures receive time - send time
   catch-up    a new subscription from earliest reads the batched topic back (batch_receive,
               no acks): msg/s and MB/s
+  perf        `pulsarlite perf produce` (our own client, batching on, --rate 0) in its own process
+              for --seconds: msg/s from its summary, its CPU per message from the child's rusage
 
 Also the CPU (% of one core) of the broker, each bookie and this client process over each phase:
 the machine has 2 cores shared by all of them ("others" = every other process on the machine,
@@ -180,6 +182,32 @@ def produce_windowed(client, topic: str, seconds: float, size: int, window: int,
     return {"sent": sent, "acked": counter.acked, "failed": counter.failed, "error": counter.first_error,
             "seconds": elapsed, "ack_every": ack_every,
             "msg_s": counter.acked / elapsed, "mb_s": counter.acked * size / elapsed / 1e6}
+
+
+def perf_produce(service_url: str, admin_url: str, topic: str, seconds: float, size: int, window: int) -> dict:
+    """`pulsarlite perf produce` (our own client, batching on, as fast as it goes) in its own
+    process against the same cluster: msg/s from its summary line, its CPU from the child's
+    rusage."""
+    import re
+    import resource
+    cmd = [sys.executable, "-m", "pulsarlite", "perf", "produce", topic, "--rate", "0", "--size", str(size),
+           "--time", str(seconds), "--max-pending", str(window), "--batch-max-messages", "1000",
+           "--batch-delay-ms", "10", "--service-url", service_url, "--admin-url", admin_url]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=seconds + 120)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for line in done.stdout.splitlines():
+        if line.startswith("[") or line.startswith("summary:"):
+            print(f"  [perf produce] {line}", file=sys.stderr, flush=True)
+    m = re.search(r"summary: produced (\d+) messages in ([\d.]+)s = ([\d.]+) msg/s.*failed (\d+)", done.stdout)
+    if done.returncode not in (0, 1) or m is None:
+        return {"acked": 0, "failed": -1, "error": done.stdout[-500:], "msg_s": 0.0, "mb_s": 0.0}
+    acked, elapsed = int(m.group(1)), float(m.group(2))
+    cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return {"acked": acked, "failed": int(m.group(4)), "error": None, "seconds": elapsed,
+            "msg_s": float(m.group(3)), "mb_s": acked * size / elapsed / 1e6,
+            "client_cpu_us": cpu_s / acked * 1e6 if acked else None}
 
 
 def produce_paced(client, topic: str, seconds: float, size: int, rate: float, label: str,
@@ -403,7 +431,7 @@ def main() -> int:
                         help="skip measuring the client against a broker that stores nothing")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--phases", default=None,
-                        help="comma-separated subset of warmup,batched,unbatched,paced,e2e,catch-up "
+                        help="comma-separated subset of warmup,batched,unbatched,paced,e2e,catch-up,perf "
                              "(default: all; catch-up needs warmup and batched)")
     parser.add_argument("--broker-set", action="append", default=[], metavar="KEY=VALUE",
                         help="broker config override (TOML value), repeatable")
@@ -417,7 +445,7 @@ def main() -> int:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"== starting 3 bookies + 1 broker in {base}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    wanted = set((args.phases or "warmup,batched,unbatched,paced,e2e,catch-up").split(","))
+    wanted = set((args.phases or "warmup,batched,unbatched,paced,e2e,catch-up,perf").split(","))
     broker_overrides = {}
     for kv in args.broker_set:
         import tomllib
@@ -437,7 +465,7 @@ def main() -> int:
         cpu_us: dict = {}     # phase -> process -> CPU microseconds per acknowledged message
 
         def phase(name: str, fn, *fargs):
-            if name.split()[0] in ("warmup", "batched", "unbatched", "paced", "e2e", "catch-up") \
+            if name.split()[0] in ("warmup", "batched", "unbatched", "paced", "e2e", "catch-up", "perf") \
                     and name.split()[0] not in wanted:
                 return None
             print(f"== {name}", file=sys.stderr, flush=True)
@@ -481,6 +509,8 @@ def main() -> int:
             expected = (results.get("warmup") or {}).get("acked", 0) + (results.get("batched") or {}).get("acked", 0)
             if expected:
                 phase("catch-up", catch_up, client, batched_topic, expected, 2 * s, size, "catch-up")
+            phase("perf", perf_produce, cluster.service_url, cluster.admin_url,
+                  "persistent://public/default/bench-perf", s, size, args.window)
             if args.profile:
                 phase("batched under py-spy", run_profiled, client, "persistent://public/default/bench-prof-b",
                       s, size, args.window, True, broker_pid, base / "broker-batched.py-spy.raw")
@@ -532,6 +562,11 @@ def main() -> int:
     if e:
         row(f"end-to-end latency at {args.e2e_rate:,.0f} msg/s unbatched ({e['received']}/{e['sent']} received)",
             f"p50 {e['p50_ms']:.2f} ms, p99 {e['p99_ms']:.2f} ms, max {e['max_ms']:.1f} ms")
+    pp = results.get("perf")
+    if pp and pp.get("acked"):
+        row(f"batched produce, `pulsarlite perf produce` (our client, window {args.window})",
+            f"{pp['msg_s']:,.0f} msg/s, {pp['mb_s']:.1f} MB/s, client {pp['client_cpu_us']:.1f} us CPU/msg",
+            ">= 500k msg/s", pp["msg_s"] / 500_000)
     if c:
         row(f"catch-up read from earliest ({c['read']:,}/{c['expected']:,} msgs, {c['seconds']:.1f} s)",
             f"{c['msg_s']:,.0f} msg/s, {c['mb_s']:.1f} MB/s")

@@ -11,6 +11,7 @@ the ratio is ours / official (the issue's goal: >= 0.5).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -72,6 +73,7 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--service-url", default=None)
+    parser.add_argument("--json", action="store_true", help="also print the medians as one JSON object")
     args = parser.parse_args()
 
     cluster = None
@@ -116,6 +118,10 @@ def main() -> int:
         m = statistics.median(results[("pulsarlite", what)])
         print(f"  {what:8s} official {o:10.0f} msg/s  pulsarlite {m:10.0f} msg/s  "
               f"ratio {m / o:.2f}")
+    if args.json:
+        print(json.dumps({what: {"official_msg_s": statistics.median(results[("official", what)]),
+                                 "pulsarlite_msg_s": statistics.median(results[("pulsarlite", what)])}
+                          for what in ("produce", "consume")}))
     return 0
 
 

@@ -122,7 +122,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rollover-entries", type=int, default=100)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--masters", default="local[1],local[2]", help="comma-separated Spark masters")
+    ap.add_argument("--json", action="store_true", help="print the figures as one JSON object first")
+    ap.add_argument("--user-schema", action="store_true",
+                    help="also time the tier scan with .schema('value binary') (projection) and an empty "
+                         "query (every segment pruned: the fixed per-query cost)")
     args = ap.parse_args()
+    masters = args.masters.split(",")
     base = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="bench-spark-"))
     tier_dir = base / "tier"
     tier_dir.mkdir(parents=True, exist_ok=True)
@@ -146,14 +152,18 @@ def main() -> None:
 
         opts = {"zookeeper": cluster.zookeeper, "admin_url": cluster.admin_url, "topic": topic}
 
-        def source_df(spark):
+        def source_df(spark, schema=None, **extra):
             r = spark.read.format("pulsarlite").option("minPartitions", spark.sparkContext.defaultParallelism)
+            if schema is not None:
+                r = r.schema(schema)
+            for k, v in extra.items():
+                r = r.option(k, v)
             for k, v in opts.items():
                 r = r.option(k, v)
             return r.load()
 
         bookie_times = {}
-        for master in ("local[1]", "local[2]"):
+        for master in masters:
             spark = session(master)
             t, (n, b) = timed(lambda: scan(source_df(spark)), args.repeat)
             bookie_times[master] = (t, n, b)
@@ -176,7 +186,7 @@ def main() -> None:
         print(f"offloaded: {len(files)} Parquet objects, {sum(os.path.getsize(f) for f in files):,} bytes",
               file=sys.stderr)
 
-        for master in ("local[1]", "local[2]"):
+        for master in masters:
             spark = session(master)
             t, n, b = bookie_times[master]
             results.append((master, "bookies (pulsarlite source)", t, n, b))
@@ -184,6 +194,15 @@ def main() -> None:
             results.append((master, "tier (pulsarlite source)", t, n, b))
             t, (n, b) = timed(lambda: scan(spark.read.parquet(*files)), args.repeat)
             results.append((master, "spark.read.parquet, same files", t, n, b))
+            if args.user_schema:
+                try:
+                    t, (n, b) = timed(lambda: scan(source_df(spark, "value binary")), args.repeat)
+                    results.append((master, "tier (pulsarlite source), .schema(value binary)", t, n, b))
+                except Exception as e:  # noqa: BLE001 - a source without projection: no figure
+                    print(f"{master} .schema(value binary) failed: {str(e)[:300]}", file=sys.stderr)
+                future = str(int(time.time() * 1000) + 86_400_000)
+                t, n = timed(lambda: source_df(spark, startingTime=future).count(), args.repeat)
+                results.append((master, "empty query (every segment pruned)", t, max(n, 1), 0))
             t, (n, b) = timed(lambda: full_scan(source_df(spark)), args.repeat)
             results.append((master, "tier (pulsarlite source), full-row hash", t, n, b))
             t, (n, b) = timed(lambda: full_scan(spark.read.parquet(*files)), args.repeat)
@@ -192,13 +211,28 @@ def main() -> None:
     finally:
         cluster.stop()
 
+    if args.json:
+        times = {f"{master} {what}": t for master, what, t, _n, _b in results}
+        ratios = {}
+        for master in masters:
+            for suffix in ("", ", full-row hash"):
+                tier = times.get(f"{master} tier (pulsarlite source){suffix}")
+                pq_t = times.get(f"{master} spark.read.parquet, same files{suffix}")
+                if tier and pq_t:
+                    ratios[f"{master}{suffix or ', value only'}"] = tier / pq_t
+            narrowed = times.get(f"{master} tier (pulsarlite source), .schema(value binary)")
+            pq_t = times.get(f"{master} spark.read.parquet, same files")
+            if narrowed and pq_t:
+                ratios[f"{master}, value only, .schema(value binary)"] = narrowed / pq_t
+        print(json.dumps({"messages": args.messages, "size": args.size, "repeat": args.repeat,
+                          "seconds": times, "tier_over_parquet": ratios}))
     print(f"\n{args.messages:,} messages of {args.size} B; median of {args.repeat}; "
           f"aggregates: count + sum(length(value)), and + sum(hash(every shared column))\n")
     print("| master | scan | seconds | rows/s | MB/s (values) |")
     print("|---|---|---|---|---|")
     for master, what, t, n, b in results:
         print(f"| {master} | {what} | {t:.2f} | {n / t:,.0f} | {b / t / 1e6:,.1f} |")
-    for master in ("local[1]", "local[2]"):
+    for master in masters:
         for suffix in ("", ", full-row hash"):
             tier = next(r[2] for r in results if r[0] == master and r[1] == "tier (pulsarlite source)" + suffix)
             pq_t = next(r[2] for r in results if r[0] == master and r[1] == "spark.read.parquet, same files" + suffix)

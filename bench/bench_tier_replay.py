@@ -128,6 +128,7 @@ def main() -> int:
     ap.add_argument("--entries-per-ledger", type=int, default=20)
     ap.add_argument("--tier", choices=["s3", "file"], default="s3")
     ap.add_argument("--dir", help="cluster directory (default: a temporary one)")
+    ap.add_argument("--json", action="store_true", help="print the figures as one JSON object first")
     args = ap.parse_args()
 
     work = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="bench-tier-"))
@@ -199,6 +200,11 @@ def main() -> int:
 
         replay_mb_s = rbytes / rsec / 1e6
         direct_mb_s = dbytes / dsec_best / 1e6
+        if args.json:
+            print(json.dumps({"mb": args.mb, "size": args.size, "tier": args.tier, "ledgers": len(uris),
+                              "offload_mb_s": closed_bytes / offload_s / 1e6, "replay_tier_mb_s": replay_mb_s,
+                              "replay_bookies_mb_s": bbytes / bsec / 1e6, "direct_pyarrow_mb_s": direct_mb_s,
+                              "ratio_replay_direct": replay_mb_s / direct_mb_s}))
         print(f"\n### Tier replay ({args.tier}; {args.mb} MB of {args.size}-byte messages, "
               f"{len(uris)} ledgers of {args.entries_per_ledger} entries)\n")
         print("| figure | value |")

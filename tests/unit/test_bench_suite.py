@@ -1,0 +1,88 @@
+"""bench/suite.py's table: medians over rounds, ratios taken pair by pair within a round, and
+each goal row's verdict computed from the figures (not a test of performance: of the arithmetic
+that turns the scripts' JSON into BENCHMARKS.md's table)."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def suite():
+    spec = importlib.util.spec_from_file_location("bench_suite", ROOT / "bench" / "suite.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def broker_round(suite, batched, unbatched, perf, p99, nats_durable, nats_default, nats_p99):
+    r = suite.Round()
+    r.limits = {"disk_fsync_seq_mb_s": 400.0, "disk_append_fdatasync_ops_s": 5000.0, "loopback_mb_s": 3000.0}
+    r.broker = {"results": {"batched": {"msg_s": batched}, "ceiling batched": {"msg_s": 240_000.0},
+                            "unbatched": {"msg_s": unbatched}, "perf": {"msg_s": perf, "client_cpu_us": 3.0},
+                            "paced": {"p50_ms": 2.0, "p99_ms": p99}},
+                "cpu_us": {"unbatched": {"broker-1": 50.0, "bookie-1": 8.0}}}
+    r.nats = {"durable": {"msg_s": nats_durable}, "default": {"msg_s": nats_default},
+              "paced": {"p50_ms": 1.0, "p99_ms": nats_p99}}
+    return r
+
+
+def row(rows, prefix):
+    found = [r for r in rows if r[0].startswith(prefix)]
+    assert len(found) == 1, (prefix, [r[0] for r in rows])
+    return found[0]
+
+
+def test_ratios_are_taken_within_a_round_then_the_median(suite):
+    # round 1: ours 21k vs peer 10k (2.1x); round 2: 19k vs 5k (3.8x); round 3: 30k vs 7k (4.3x)
+    rounds = [broker_round(suite, 210_000, 21_000, 600_000, 4.0, 10_000, 50_000, 3.0),
+              broker_round(suite, 190_000, 19_000, 400_000, 6.0, 5_000, 100_000, 3.0),
+              broker_round(suite, 230_000, 30_000, 550_000, 4.5, 7_000, 40_000, 3.0)]
+    rows = suite.table(rounds)
+    unbatched = row(rows, "produce, unbatched")
+    assert unbatched[1] == "21,000 msg/s"          # median of 21k, 19k, 30k
+    assert unbatched[3] == "3.80"                  # median of 2.1, 3.8, 4.3 (medians' ratio: 21k / 7k = 3.0)
+    assert unbatched[5] == "met"                   # >= 20k and >= 3x
+    assert row(rows, "produce, batched, official")[5] == "met"      # median 210k >= 200k
+    assert row(rows, "produce, batched, `pulsarlite perf")[5] == "met"  # median 550k
+    best = row(rows, "produce, batched, best")
+    # best of (official, perf) per round over the peer's default: 12.0, 4.0, 13.75 -> 12.0
+    assert best[3] == "12.00" and best[5] == "met"
+    assert row(rows, "publish latency")[5] == "met"  # median p99 4.5 ms
+    assert row(rows, "CPU per message, unbatched")[1] == "50.0 us / 8.0 us"
+
+
+def test_a_missed_goal_and_a_missing_figure_are_said_so(suite):
+    rounds = [broker_round(suite, 150_000, 25_000, 60_000, 30.0, 10_000, 50_000, 3.0)]
+    rounds[0].extra["bench_spark.py"] = {
+        "messages": 1000, "seconds": {"local[2] tier (pulsarlite source)": 2.0,
+                                      "local[2] spark.read.parquet, same files": 1.0},
+        "tier_over_parquet": {"local[2], value only": 2.0}}
+    rounds[0].extra["bench_idle_topics.py"] = {"rss_mb": 80.0}
+    rows = suite.table(rounds)
+    assert row(rows, "produce, batched, official")[5] == "**missed**"
+    assert row(rows, "produce, unbatched")[5] == "**missed**"      # 20k met, but only 2.5x the peer
+    assert row(rows, "publish latency")[5] == "**missed**"
+    spark = row(rows, "Spark scan")
+    assert spark[1] == "2.00 s" and spark[3] == "2.00" and spark[5] == "**missed**"
+    assert row(rows, "broker RSS")[5] == "met"
+    rounds[0].nats = None                                           # the peer did not run
+    assert row(suite.table(rounds), "produce, unbatched")[5] == "n/a"
+
+
+def test_the_block_replaces_only_its_own_part_of_benchmarks_md(suite, tmp_path, monkeypatch):
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text("# Benchmarks\n\nhand-written\n")
+    monkeypatch.setattr(suite, "ROOT", tmp_path)
+    rows = suite.table([broker_round(suite, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)])
+    suite.write_benchmarks(suite.render(rows, "make bench", 1))
+    first = doc.read_text()
+    assert first.startswith("# Benchmarks\n\nhand-written\n") and first.count(suite.BEGIN) == 1
+    suite.write_benchmarks(suite.render(rows, "make bench", 1).replace("make bench", "again"))
+    second = doc.read_text()
+    assert second.count(suite.BEGIN) == 1 and "Command: `again`" in second and "hand-written" in second
