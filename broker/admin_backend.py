@@ -539,6 +539,54 @@ class BrokerAdminBackend:
         finally:
             await cursor.close()
 
+    async def skip_messages(self, topic: str, subscription: str, count: int | None) -> int | None:
+        """Skip the subscription's next ``count`` unacknowledged messages (None: all of them,
+        Pulsar's skip_all / clear-backlog). Returns how many were skipped (None: skip_all of a
+        subscription not loaded here, whose backlog is not counted)."""
+        from broker.adapters import open_cursor
+        from broker.topic import skip_messages
+        tname = self._name(topic)
+        await self._require_topic(tname)
+        live = await self._load(tname)
+        ml_name = tname.managed_ledger_name
+        sub = live.subscriptions.get(subscription)
+        if sub is None and not await self.store.exists(cursor_path(ml_name, subscription)):
+            raise NotFoundError(f"Subscription {subscription} not found on {tname}")
+        if sub is not None and not sub.durable:
+            raise PreconditionFailedError(f"Subscription {subscription} is not durable")
+        if count is None:                    # everything: the cursor moves past the last entry
+            last = live.last_position()
+            end = live.next_after(last) if last.entry_id >= 0 else Position(max(last.ledger_id, 0), 0)
+            cursor_now = sub.cursor if sub is not None else None
+            before = subscription_backlog(cursor_now, live.ml.last_confirmed_position, live.ml.ledgers()) \
+                if cursor_now is not None else None
+            if sub is not None:
+                await sub.reset(end)
+            else:
+                cursor = await open_cursor(self.store, ml_name, subscription, initial=live.earliest_mark_delete(),
+                                           durable=True, ledgers_of=live.ml.ledgers)
+                try:
+                    cursor.reset(end)
+                finally:
+                    await cursor.close()
+            log.info("clear backlog topic=%s subscription=%s entries=%s", tname, subscription, before)
+            return before
+        if sub is not None:
+            return await sub.skip(count)
+        cursor = await open_cursor(self.store, ml_name, subscription, initial=live.earliest_mark_delete(),
+                                   durable=True, ledgers_of=live.ml.ledgers)
+        try:
+            skipped = await skip_messages(live, cursor, count)
+        finally:
+            await cursor.close()
+        log.info("skip topic=%s subscription=%s skipped=%d asked=%d", tname, subscription, skipped, count)
+        return skipped
+
+    async def clear_backlog(self, topic: str) -> None:
+        """Every durable subscription of the topic skips everything (Pulsar's clearBacklog)."""
+        for name in await self.list_subscriptions(topic):
+            await self.skip_messages(topic, name, None)
+
     async def _position_at_time(self, live, timestamp_ms: int) -> Position:
         """The first entry whose publish time is >= ``timestamp_ms`` (publish-time bounds pick
         the ledger; its entries' metadata decide), else the position after the last entry."""

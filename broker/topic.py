@@ -859,6 +859,38 @@ def _address_of(connection) -> str:
 
 
 # -- subscriptions -------------------------------------------------------------------------------
+async def skip_messages(topic: "PersistentTopic", cursor, count: int) -> int:
+    """Acknowledge on ``cursor`` the next ``count`` unacknowledged messages of ``topic`` after its
+    mark-delete position (admin skip): whole entries, and of a batch only as many indexes as are
+    left to skip. Returns how many were skipped (fewer when the backlog is shorter)."""
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    skipped = 0
+    last = topic.ml.last_confirmed_position
+    position = topic.next_after(cursor.mark_delete_position)
+    while skipped < count and last.entry_id >= 0 and position <= last:
+        got = await topic.read_entry(position)
+        if got is None:                      # past a ledger's end: the list moved on
+            following = topic.next_after(position)
+            if following <= position:
+                break
+            position = following
+            continue
+        batch_size = max(1, got[1])
+        left = cursor.remaining_batch_indexes(position, batch_size)
+        if left is None:
+            left = set(range(batch_size))
+        if left and len(left) <= count - skipped:
+            if cursor.ack_individual(position):
+                skipped += len(left)
+        elif left:
+            for index in sorted(left)[:count - skipped]:
+                cursor.ack_individual(position, batch_index=index, batch_size=batch_size)
+                skipped += 1
+        position = topic.next_after(position)
+    return skipped
+
+
 class Subscription:
     def __init__(self, topic: PersistentTopic, name: str, sub_type: SubType, cursor, durable: bool, *,
                  key_shared_mode: KeySharedMode = KeySharedMode.AUTO_SPLIT, allow_out_of_order: bool = False) -> None:
@@ -1131,9 +1163,9 @@ class Subscription:
             return Position(later[0], 0) if later else topic.next_after(last)
         return position
 
-    async def reset(self, position: Position) -> None:
-        """Move the subscription so that ``position`` is delivered next: its consumers are
-        disconnected first (they reconnect and receive from there), as Pulsar does."""
+    def _disconnect_for_reset(self) -> None:
+        """Disconnect the consumers (they reconnect and receive from the cursor's new state, as
+        Pulsar's do after a reset) and drop what was read ahead or handed out."""
         self._seeking = True
         try:
             for consumer in list(self.consumers.values()):
@@ -1147,6 +1179,29 @@ class Subscription:
         self._epoch += 1
         self.core.clear_pending()
         self._payloads.clear()
+
+    async def skip(self, count: int) -> int:
+        """Admin skip: acknowledge the next ``count`` unacknowledged messages after the
+        mark-delete position (whole entries; of a batch only as many indexes as are left to
+        skip). Consumers are disconnected first, as for a reset. Returns how many messages were
+        skipped (fewer than ``count`` when the backlog is shorter)."""
+        cursor, topic = self.cursor, self.topic
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        if not hasattr(cursor, "remaining_batch_indexes"):
+            raise TypeError("this subscription's cursor cannot skip (not durable)")
+        self._disconnect_for_reset()
+        skipped = await skip_messages(topic, cursor, count)
+        self.read_position = topic.next_after(cursor.mark_delete_position)
+        await _maybe_await(cursor.flush())
+        log.info("subscription %s/%s: skipped %d messages (asked %d)", topic.key, self.name, skipped, count)
+        self.wake()
+        return skipped
+
+    async def reset(self, position: Position) -> None:
+        """Move the subscription so that ``position`` is delivered next: its consumers are
+        disconnected first (they reconnect and receive from there), as Pulsar does."""
+        self._disconnect_for_reset()
         reset = getattr(self.cursor, "reset", None)
         if reset is not None:
             reset(position)

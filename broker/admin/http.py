@@ -209,6 +209,12 @@ class AdminBackend(Protocol):
     async def reset_cursor_by_time(self, topic: str, subscription: str, timestamp_ms: int) -> None:
         """Move the subscription to the first message published at or after ``timestamp_ms``."""
 
+    async def skip_messages(self, topic: str, subscription: str, count: int | None) -> int | None:
+        """Acknowledge the subscription's next ``count`` unacknowledged messages (None: all)."""
+
+    async def clear_backlog(self, topic: str) -> None:
+        """Every durable subscription of the topic skips all its backlog."""
+
     async def lookup(self, topic: str, *, authoritative: bool = False) -> LookupData:
         """The broker that owns (or will own) the topic (``authoritative``: asked because of a
         previous redirect; the broker may then take the topic's bundle itself)."""
@@ -617,6 +623,19 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
         await backend.reset_cursor_by_time(topic, name, timestamp_ms)
         return _no_content()
 
+    async def skip(request: web.Request) -> web.Response:
+        count = _int_value("numMessages", request.match_info["count"], minimum=0)
+        await backend.skip_messages(_topic(request), _subscription_name(request), count)
+        return _no_content()
+
+    async def skip_all(request: web.Request) -> web.Response:
+        await backend.skip_messages(_topic(request), _subscription_name(request), None)
+        return _no_content()
+
+    async def clear_backlog(request: web.Request) -> web.Response:
+        await backend.clear_backlog(_topic(request))
+        return _no_content()
+
     async def last_message_id(request: web.Request) -> web.Response:
         return _json(await backend.last_message_id(_topic(request)))
 
@@ -641,6 +660,9 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
     r.add_put(topic_base + "/subscription/{subscription}", at_owner(create_subscription))
     r.add_delete(topic_base + "/subscription/{subscription}", at_owner(delete_subscription))
     r.add_post(topic_base + "/subscription/{subscription}/resetcursor/{timestamp}", at_owner(reset_cursor))
+    r.add_post(topic_base + "/subscription/{subscription}/skip/{count}", at_owner(skip))
+    r.add_post(topic_base + "/subscription/{subscription}/skip_all", at_owner(skip_all))
+    r.add_post(topic_base + "/clearBacklog", at_owner(clear_backlog))
     r.add_get(topic_base + "/lastMessageId", at_owner(last_message_id))
 
     async def offload(request: web.Request) -> web.Response:

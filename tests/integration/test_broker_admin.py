@@ -285,6 +285,66 @@ def test_reset_cursor_by_time(client, admin):
     consumer.close()
 
 
+def test_skip_and_clear_backlog(client, admin):
+    """pulsar-admin's skip / clear-backlog: skipped messages count one by one inside batches,
+    messages acked out of order are not counted again, a consumer attached at the time gets
+    what was not skipped, and a subscription with no consumer (its cursor not loaded) skips too."""
+    topic = "persistent://public/default/admin-skip"
+    sub_path = topic_path(topic) + "/subscription"
+    consumer = client.subscribe(topic, "live", consumer_type=pulsar.ConsumerType.Shared,
+                                initial_position=pulsar.InitialPosition.Earliest)
+    admin.ok("PUT", sub_path + "/idle", {"entryId": -1, "ledgerId": -1})   # created at the earliest
+    producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=10,
+                                      batching_max_publish_delay_ms=60_000)
+    for i in range(30):                     # 3 batches of 10 (flushed when full)
+        producer.send_async(f"b{i}".encode(), None)
+    producer.flush()
+    plain = client.create_producer(topic, batching_enabled=False)
+    for i in range(5):
+        plain.send(f"p{i}".encode())
+    got = [consumer.receive(timeout_millis=TIMEOUT_MS) for _ in range(35)]
+    assert [m.data() for m in got] == [f"b{i}".encode() for i in range(30)] + [f"p{i}".encode() for i in range(5)]
+    consumer.acknowledge(got[31])            # p1 acked out of order: a hole the skip steps over
+
+    def backlog(name):      # entries, as Pulsar's msgBacklog (a partly acked batch counts)
+        return admin.ok("GET", topic_path(topic) + "/stats")["subscriptions"][name]["msgBacklog"]
+
+    wait_until(lambda: backlog("live") == 7, "the out-of-order ack to reach the broker (8 entries - p1)")
+    # 13 = the first batch whole + 3 of the second (batch indexes acked one by one)
+    admin.ok("POST", sub_path + "/live/skip/13")
+    assert backlog("live") == 6              # batches 2 (partly acked) and 3, p0, p2, p3, p4
+    # the consumer was disconnected and gets the rest again: b13..b29 and the single entries but p1
+    rest = []
+    while len(rest) < 21:
+        rest.append(consumer.receive(timeout_millis=TIMEOUT_MS))
+    assert sorted(m.data() for m in rest) == sorted([f"b{i}".encode() for i in range(13, 30)]
+                                                   + [b"p0", b"p2", b"p3", b"p4"])
+    # skip more than is left: everything goes, nothing more is skipped
+    admin.ok("POST", sub_path + "/live/skip/1000")
+    wait_until(lambda: backlog("live") == 0, "the live backlog to be empty")
+
+    # the idle subscription has no consumer here: its cursor is updated all the same
+    admin.ok("POST", sub_path + "/idle/skip/30")
+    wait_until(lambda: backlog("idle") == 5, "the idle subscription to have skipped 3 batches")
+    admin.ok("POST", topic_path(topic) + "/clearBacklog")
+    wait_until(lambda: backlog("idle") == 0, "clearBacklog to empty the idle subscription")
+    plain.send(b"after")
+    late = consumer.receive(timeout_millis=TIMEOUT_MS)
+    assert late.data() == b"after"          # only what came after the skip
+    consumer.acknowledge(late)
+    assert backlog("idle") == 1
+
+    admin.ok("POST", sub_path + "/idle/skip_all")
+    assert backlog("idle") == 0
+    admin.error("POST", sub_path + "/nope/skip/1", 404)
+    admin.error("POST", sub_path + "/idle/skip/many", 400)
+    admin.error("POST", sub_path + "/idle/skip/-1", 412)
+    admin.error("POST", "/admin/v2/persistent/public/default/no-such-topic/clearBacklog", 404)
+    producer.close()
+    plain.close()
+    consumer.close()
+
+
 def test_unload_keeps_acknowledged_messages(client, admin):
     topic = "persistent://public/default/admin-unload"
     consumer = client.subscribe(topic, "u", consumer_type=pulsar.ConsumerType.Shared,
