@@ -696,11 +696,14 @@ class TopicOffloader:
                                        f"offload_ledger_bytes_max {broker.config.offload_ledger_bytes_max}")
                 typed_versions = await self._typed_versions(ledger_id)
                 entries = await self._read_from_bookies(ledger_id, info.entries)
+                typed_counts: dict[str, int] = {}     # filled in the worker thread, merged here
                 stats = await broker.run(encode_and_upload, broker.tier, key, ledger_id, entries,
                                          partition=self.partition,
                                          row_group_bytes=broker.config.offload_row_group_bytes,
                                          typed_versions=typed_versions, topic=self.ml_name,
-                                         counters=broker.typed_counters)
+                                         counters=typed_counts)
+                for name, n in typed_counts.items():
+                    broker.typed_counters[name] = broker.typed_counters.get(name, 0) + n
                 del entries
                 elapsed = time.monotonic() - started
             broker.offloaded_bytes += info.size_bytes
@@ -805,6 +808,10 @@ class BrokerOffloader:
         self.offloaded_bytes = 0
         # typed columns written ([schema]): values decoded, undecodable ones, unconvertible fields
         self.typed_counters: dict[str, int] = {}
+
+    def totals(self) -> dict[str, int]:
+        """Running totals for the broker's metrics (pulsarlite_offloaded_bytes, ...typed...)."""
+        return {"offloaded_bytes": self.offloaded_bytes, **self.typed_counters}
 
     @classmethod
     def create(cls, config, ledger_client, policies, *, store=None) -> "BrokerOffloader | None":

@@ -118,6 +118,8 @@ class BrokerService:
         self.policies = PolicyStore(store, list_topics=self.namespace_topics_and_partitioned)
         from broker.offloader import BrokerOffloader
         self.offloader = BrokerOffloader.create(config, ledger_client, self.policies, store=store)  # None: no tier
+        if self.offloader is not None:
+            self.metrics.offload_totals = self.offloader.totals
         from broker.retention import RetentionService
         self.retention = RetentionService(self, interval_ms=config.retention_check_interval_ms)
         self.cache_hits = 0

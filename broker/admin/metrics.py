@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
@@ -131,6 +131,43 @@ class _BacklogCollector:
         yield storage
 
 
+class _OffloadCollector:
+    """The offloader's running totals, read at scrape time from ``metrics.offload_totals`` (a
+    callable returning ``{"offloaded_bytes": n, "typed_values": n, "typed_values_undecodable": n,
+    "typed_fields_unconvertible": n}``; nothing is exported while it is None: no tier)."""
+
+    def __init__(self, metrics: "BrokerMetrics") -> None:
+        self._metrics = metrics
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        source = self._metrics.offload_totals
+        if source is None:
+            return
+        totals = source()
+        cluster = [self._metrics.config.cluster]
+        offloaded = CounterMetricFamily("pulsarlite_offloaded_bytes", "Ledger bytes offloaded to the tier",
+                                        labels=["cluster"])
+        offloaded.add_metric(cluster, totals.get("offloaded_bytes", 0))
+        yield offloaded
+        values = CounterMetricFamily(
+            "pulsarlite_offload_typed_values",
+            "Values of AVRO/JSON topics written as typed Parquet columns by the offloader, by result "
+            "(undecodable: stored as null in the typed columns; the raw value column keeps the bytes)",
+            labels=["cluster", "result"])
+        undecodable = totals.get("typed_values_undecodable", 0)
+        values.add_metric(cluster + ["decoded"], max(0, totals.get("typed_values", 0) - undecodable))
+        values.add_metric(cluster + ["undecodable"], undecodable)
+        yield values
+        fields = CounterMetricFamily("pulsarlite_offload_typed_fields_unconvertible",
+                                     "Typed fields the offloader could not turn into a Parquet column",
+                                     labels=["cluster"])
+        fields.add_metric(cluster, totals.get("typed_fields_unconvertible", 0))
+        yield fields
+
+
 class BrokerMetrics:
     """The broker's metrics; call the helpers from the event loop (they are cheap and never
     block)."""
@@ -177,6 +214,8 @@ class BrokerMetrics:
         self.subscriptions = Gauge("pulsar_subscriptions_count", "Subscriptions of owned topics", ["cluster"],
                                    registry=r)
         r.register(_BacklogCollector(self))
+        self.offload_totals = None           # set by the broker when it has a tier (_OffloadCollector)
+        r.register(_OffloadCollector(self))
         if self.config.process_metrics:
             ProcessCollector(registry=r)
             PlatformCollector(registry=r)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -188,6 +189,16 @@ def test_offloaded_avro_topic_has_typed_columns_for_pyarrow_and_spark(cluster_fa
         doc = json.loads(kv[b"pulsarlite.typed_columns"])
         assert [v[:2] for v in doc["versions"]] == [[0, "AVRO"], [1, "AVRO"]]
         assert doc["undecodable"] == 0 and ["key", "value_key"] in doc["fields"]
+        # the broker's metrics count what the offloader decoded (every row of every object)
+        metrics = urllib.request.urlopen(cluster.admin_url + "/metrics", timeout=30).read().decode()
+        found = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                 if line.startswith("pulsarlite_offload") or line.startswith("pulsarlite_offloaded_bytes")}
+        decoded = next(v for k, v in found.items()
+                       if k.startswith("pulsarlite_offload_typed_values_total") and 'result="decoded"' in k)
+        undecodable = next(v for k, v in found.items()
+                           if k.startswith("pulsarlite_offload_typed_values_total") and 'result="undecodable"' in k)
+        assert decoded == table.num_rows and undecodable == 0, found
+        assert next(v for k, v in found.items() if k.startswith("pulsarlite_offloaded_bytes_total")) > 0
 
         # Spark's own Parquet reader takes the objects as they are
         sdf = spark.read.parquet(*[str(p) for p in objects])
