@@ -22,6 +22,7 @@ clients look the topic up again and find its (possibly new) owner; nothing ackno
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from datetime import datetime, timezone
@@ -518,68 +519,61 @@ class BrokerAdminBackend:
         except MetadataNotFoundError:
             pass
 
-    async def reset_cursor_by_time(self, topic: str, subscription: str, timestamp_ms: int) -> None:
-        from broker.adapters import open_cursor
+    async def _subscription(self, topic: str, subscription: str):
+        """(topic, its live Subscription or None) for an admin change to ``subscription`` (loaded
+        here or only a cursor znode); 404 if neither the topic nor the subscription exists."""
         tname = self._name(topic)
         await self._require_topic(tname)
         live = await self._load(tname)
-        ml_name = tname.managed_ledger_name
         sub = live.subscriptions.get(subscription)
-        if sub is None and not await self.store.exists(cursor_path(ml_name, subscription)):
+        if sub is None and not await self.store.exists(cursor_path(tname.managed_ledger_name, subscription)):
             raise NotFoundError(f"Subscription {subscription} not found on {tname}")
+        return live, sub
+
+    async def _on_stored_cursor(self, live, subscription: str, change):
+        """Open the subscription's stored cursor (no consumer here has it loaded), apply
+        ``change(cursor)`` (may be a coroutine function), close it: the change is persisted."""
+        from broker.adapters import open_cursor
+        cursor = await open_cursor(self.store, live.ml.name, subscription, initial=live.earliest_mark_delete(),
+                                   durable=True, ledgers_of=live.ml.ledgers)
+        try:
+            result = change(cursor)
+            return (await result) if inspect.isawaitable(result) else result
+        finally:
+            await cursor.close()
+
+    async def reset_cursor_by_time(self, topic: str, subscription: str, timestamp_ms: int) -> None:
+        live, _ = await self._subscription(topic, subscription)
         position = await self._position_at_time(live, timestamp_ms)
         sub = live.subscriptions.get(subscription)
         if sub is not None:
             await sub.reset(position)
-            return
-        cursor = await open_cursor(self.store, ml_name, subscription, initial=live.earliest_mark_delete(),
-                                   durable=True, ledgers_of=live.ml.ledgers)
-        try:
-            cursor.reset(position)
-        finally:
-            await cursor.close()
+        else:
+            await self._on_stored_cursor(live, subscription, lambda cursor: cursor.reset(position))
 
     async def skip_messages(self, topic: str, subscription: str, count: int | None) -> int | None:
         """Skip the subscription's next ``count`` unacknowledged messages (None: all of them,
         Pulsar's skip_all / clear-backlog). Returns how many were skipped (None: skip_all of a
         subscription not loaded here, whose backlog is not counted)."""
-        from broker.adapters import open_cursor
         from broker.topic import skip_messages
-        tname = self._name(topic)
-        await self._require_topic(tname)
-        live = await self._load(tname)
-        ml_name = tname.managed_ledger_name
-        sub = live.subscriptions.get(subscription)
-        if sub is None and not await self.store.exists(cursor_path(ml_name, subscription)):
-            raise NotFoundError(f"Subscription {subscription} not found on {tname}")
+        live, sub = await self._subscription(topic, subscription)
         if sub is not None and not sub.durable:
             raise PreconditionFailedError(f"Subscription {subscription} is not durable")
         if count is None:                    # everything: the cursor moves past the last entry
             last = live.last_position()
             end = live.next_after(last) if last.entry_id >= 0 else Position(max(last.ledger_id, 0), 0)
-            cursor_now = sub.cursor if sub is not None else None
-            before = subscription_backlog(cursor_now, live.ml.last_confirmed_position, live.ml.ledgers()) \
-                if cursor_now is not None else None
             if sub is not None:
+                before = subscription_backlog(sub.cursor, live.ml.last_confirmed_position, live.ml.ledgers())
                 await sub.reset(end)
             else:
-                cursor = await open_cursor(self.store, ml_name, subscription, initial=live.earliest_mark_delete(),
-                                           durable=True, ledgers_of=live.ml.ledgers)
-                try:
-                    cursor.reset(end)
-                finally:
-                    await cursor.close()
-            log.info("clear backlog topic=%s subscription=%s entries=%s", tname, subscription, before)
+                before = None
+                await self._on_stored_cursor(live, subscription, lambda cursor: cursor.reset(end))
+            log.info("clear backlog topic=%s subscription=%s entries=%s", live.key, subscription, before)
             return before
         if sub is not None:
             return await sub.skip(count)
-        cursor = await open_cursor(self.store, ml_name, subscription, initial=live.earliest_mark_delete(),
-                                   durable=True, ledgers_of=live.ml.ledgers)
-        try:
-            skipped = await skip_messages(live, cursor, count)
-        finally:
-            await cursor.close()
-        log.info("skip topic=%s subscription=%s skipped=%d asked=%d", tname, subscription, skipped, count)
+        skipped = await self._on_stored_cursor(live, subscription, lambda cursor: skip_messages(live, cursor, count))
+        log.info("skip topic=%s subscription=%s skipped=%d asked=%d", live.key, subscription, skipped, count)
         return skipped
 
     async def clear_backlog(self, topic: str) -> None:
