@@ -10,6 +10,7 @@ Phases (each bounded by --seconds), the same shapes as bench/bench_broker.py's:
   default     JetStream's default sync interval (2 min: durability left to the page cache):
               the same pipelined loop: the best throughput nats-py reaches
   paced       default sync, one publish every 1/--rate s, publish latency = ack time - send time
+  paced-durable  the same with `sync_interval: always` (fsync before each ack, as our bookies)
 
 Each phase runs against a fresh server and store. A live rate line goes to stderr; results are a
 markdown table on stdout, or JSON with --json. Not a test: figures only.
@@ -173,11 +174,11 @@ async def paced(url: str, size: int, seconds: float, rate: float) -> dict:
 
 def run_phase(kind: str, args) -> dict:
     with tempfile.TemporaryDirectory(prefix="nats-bench-") as d:
-        server = NatsServer(d, sync_always=(kind == "durable"))
+        server = NatsServer(d, sync_always=kind in ("durable", "paced-durable"))
         try:
             cpu0 = server.cpu_seconds()
             t0 = time.perf_counter()
-            if kind == "paced":
+            if kind in ("paced", "paced-durable"):
                 result = asyncio.run(paced(server.url, args.size, args.seconds, args.rate))
             else:
                 result = asyncio.run(pipelined(server.url, args.size, args.seconds, args.window, kind))
@@ -194,7 +195,7 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--window", type=int, default=1000, help="outstanding publishes, pipelined phases")
     parser.add_argument("--rate", type=float, default=5000, help="msg/s of the paced phase")
-    parser.add_argument("--phases", default="durable,default,paced")
+    parser.add_argument("--phases", default="durable,default,paced,paced-durable")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results = {}
@@ -206,8 +207,8 @@ def main() -> int:
     else:
         print("| phase | figure |\n|---|---|")
         for phase, r in results.items():
-            if phase == "paced":
-                print(f"| paced {r['rate']:.0f} msg/s | p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms |")
+            if phase in ("paced", "paced-durable"):
+                print(f"| {phase} {r['rate']:.0f} msg/s | p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms |")
             else:
                 print(f"| {phase} | {r['msg_s']:,.0f} msg/s ({r['mb_s']:.1f} MB/s), server CPU {r['server_cpu_pct']:.0f}% |")
     return 0
