@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
 import typing
 
@@ -26,6 +27,30 @@ def tune_gc_for_server() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+# How long a thread may hold the GIL while another waits for it (CPython's default: 5 ms). The
+# servers' event loop shares the GIL with worker threads that run Python (the offloader's
+# encoding, the bookie's write-cache flush, tier reads); at 5 ms every hand-back delays the loop
+# by up to 5 ms. PULSARLITE_GIL_SWITCH_INTERVAL_MS overrides it (benchmarks).
+GIL_SWITCH_INTERVAL_S = 0.005
+GIL_SWITCH_INTERVAL_ENV = "PULSARLITE_GIL_SWITCH_INTERVAL_MS"
+
+
+def set_gil_switch_interval(environ=os.environ) -> float:
+    """Apply GIL_SWITCH_INTERVAL_S, or the environment's override (ms, > 0); returns seconds."""
+    interval_s = GIL_SWITCH_INTERVAL_S
+    raw = environ.get(GIL_SWITCH_INTERVAL_ENV, "").strip()
+    if raw:
+        try:
+            value_ms = float(raw)
+        except ValueError:
+            value_ms = -1.0
+        if not 0 < value_ms <= 1000:
+            raise PulsarliteError(f"{GIL_SWITCH_INTERVAL_ENV}={raw!r}: expected milliseconds in (0, 1000]")
+        interval_s = value_ms / 1000
+    sys.setswitchinterval(interval_s)
+    return interval_s
+
+
 def start_server_process(name: str, config_cls: type[T], config_path: str) -> T | None:
     """What every server process does first: GC tuning, logging to stderr, the TOML config
     loaded and validated (None after printing the reason: the caller exits with 2), uvloop."""
@@ -34,6 +59,7 @@ def start_server_process(name: str, config_cls: type[T], config_path: str) -> T 
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
     try:
+        set_gil_switch_interval()
         config = load_toml(config_cls, config_path)
     except PulsarliteError as e:
         print(f"pulsarlite {name}: {e}", file=sys.stderr)
