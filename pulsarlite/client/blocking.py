@@ -161,16 +161,23 @@ class Client:
         self.close()
 
 
+class _SyncSend(concurrent.futures.Future):
+    """The callback of a blocking ``send``: a future of the MessageId (or of the error)."""
+
+    def __call__(self, result, mid) -> None:   # success: see Producer._completer
+        self.set_result(mid)
+
+
 class Producer:
     def __init__(self, client: Client, producer, max_pending: int, block: bool) -> None:
         self._client = client
         self._impl = producer
         self._io = client._io
-        # pending = submitted - completed; itertools counters are atomic under the GIL and
-        # cost far less per message than a semaphore
+        # pending = submitted - completed. ``_submitted`` comes from an itertools counter
+        # (atomic under the GIL: several application threads may send); ``_completed`` is
+        # written by the loop thread only, once per SEND (a whole batch), in _completer.
         self._max_pending = max_pending
         self._submitted_counter = itertools.count(1)
-        self._completed_counter = itertools.count(1)
         self._submitted = 0
         self._completed = 0
         self._space = threading.Event()
@@ -179,6 +186,11 @@ class Producer:
         self._inbox: collections.deque = collections.deque()
         self._drain_scheduled = False
         self._closed = False
+        self._schema = producer.conf.schema
+        producers = getattr(producer, "producers", [producer])
+        self._first = producers[0]   # its max_message_size (the broker's) bounds a message
+        for p in producers:
+            p.completer = self._completer
 
     def topic(self) -> str:
         return self._impl.topic
@@ -199,7 +211,9 @@ class Producer:
         if self._submitted - self._completed >= self._max_pending:
             self._wait_for_space()
         self._submitted = next(self._submitted_counter)
-        self._inbox.append((message, callback))
+        # one extend per pair: atomic under the GIL (other threads may send too), and no
+        # tuple per message that lives on (fewer objects for the garbage collector)
+        self._inbox.extend((message, callback))
         if not self._drain_scheduled:
             self._drain_scheduled = True
             self._io.call(self._drain)
@@ -217,22 +231,89 @@ class Producer:
                 break
             self._space.wait(0.1)
 
-    def _release(self) -> None:   # on the loop, once per message
-        self._completed = next(self._completed_counter)
+    def _completer(self, callbacks, error, ledger_id, entry_id, batched, partition,
+                   topic) -> None:
+        """On the loop, once per SEND (a batch, or one message): release the messages'
+        pending slots, then call each message's callback with (Result, MessageId)."""
+        self._completed += len(callbacks)
         if self._space_wanted:
             self._space_wanted = False
             self._space.set()
+        if error is None:
+            ok = Result.Ok
+            if batched:
+                count = len(callbacks)
+                index = 0
+                for callback in callbacks:
+                    if callback is not None:
+                        try:
+                            callback(ok, MessageId(partition, ledger_id, entry_id, index, count,
+                                                   topic))
+                        except Exception:
+                            impl.log.exception("event=callback_failed topic=%s", topic)
+                    index += 1
+            else:
+                for callback in callbacks:
+                    if callback is not None:
+                        try:
+                            callback(ok, MessageId(partition, ledger_id, entry_id, -1, 0,
+                                                   topic))
+                        except Exception:
+                            impl.log.exception("event=callback_failed topic=%s", topic)
+            return
+        result = _result_of(error)
+        for callback in callbacks:
+            if callback is None:
+                continue
+            try:
+                if type(callback) is _SyncSend:
+                    callback.set_exception(error)
+                else:
+                    callback(result, None)
+            except Exception:
+                impl.log.exception("event=callback_failed topic=%s", topic)
 
     def _drain(self) -> None:   # on the loop
         self._drain_scheduled = False
         inbox = self._inbox
+        if not inbox:
+            return
+        send_many = getattr(self._impl, "send_many", None)
+        if send_many is not None:
+            send_many(inbox, self._refused)
+            return
+        popleft = inbox.popleft
         send = self._impl.send
         while inbox:
-            message, callback = inbox.popleft()
+            message = popleft()
+            callback = popleft()
             try:
                 send(message, callback)
             except BaseException as exc:
-                callback(exc, None)
+                self._refused(callback, exc)
+
+    def _refused(self, callback, error: BaseException) -> None:
+        self._completer([callback], error, -1, -1, False, -1, self._impl.topic)
+
+    def _message(self, content, properties, partition_key, ordering_key, event_timestamp,
+                 sequence_id):
+        """What goes to the producer: the content itself (bytes) for a plain message, else a
+        WireMessage."""
+        if self._schema is not None:
+            content = self._schema.encode(content)
+        if type(content) is bytes and properties is None and partition_key is None \
+                and ordering_key is None and event_timestamp is None and sequence_id is None:
+            message = content
+            size = len(content)
+        else:
+            message = make_message(content, properties, partition_key, ordering_key,
+                                   event_timestamp, sequence_id)
+            size = len(message.payload)
+        limit = self._first.max_message_size
+        if size > limit:
+            raise MessageTooBig(f"message of {size} bytes exceeds the maximum message size of "
+                                f"{limit} bytes (topic {self._impl.topic})")
+        return message
 
     def send_async(self, content, callback, properties=None, partition_key=None,
                    ordering_key=None, sequence_id=None, replication_clusters=None,
@@ -240,45 +321,29 @@ class Producer:
                    deliver_after=None) -> None:
         """``callback(result, message_id)`` runs on the client's I/O thread; ``result`` is
         ``Result.Ok`` on success."""
-        if self._impl.conf.schema is not None:
-            content = self._impl.conf.schema.encode(content)
-        message = make_message(content, properties, partition_key, ordering_key,
-                               event_timestamp, sequence_id)
-        self._check_size(message)
-        release = self._release
-
-        def done(error, mid):
-            release()
-            if callback is not None:
-                callback(Result.Ok if error is None else _result_of(error), mid)
-        self._submit(message, done)
+        if (type(content) is bytes and properties is None and partition_key is None
+                and ordering_key is None and event_timestamp is None and sequence_id is None
+                and self._schema is None and not self._closed
+                and len(content) <= self._first.max_message_size
+                and self._submitted - self._completed < self._max_pending):
+            # the plain message with room to spare: _message and _submit, inlined
+            self._submitted = next(self._submitted_counter)
+            self._inbox.extend((content, callback))
+            if not self._drain_scheduled:
+                self._drain_scheduled = True
+                self._io.call(self._drain)
+            return
+        self._submit(self._message(content, properties, partition_key, ordering_key,
+                                   event_timestamp, sequence_id), callback)
 
     def send(self, content, properties=None, partition_key=None, ordering_key=None,
              sequence_id=None, replication_clusters=None, disable_replication=False,
              event_timestamp=None, deliver_at=None, deliver_after=None) -> MessageId:
-        if self._impl.conf.schema is not None:
-            content = self._impl.conf.schema.encode(content)
-        message = make_message(content, properties, partition_key, ordering_key,
-                               event_timestamp, sequence_id)
-        self._check_size(message)
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        release = self._release
-
-        def done(error, mid):
-            release()
-            if error is None:
-                future.set_result(mid)
-            else:
-                future.set_exception(error)
-        self._submit(message, done)
+        message = self._message(content, properties, partition_key, ordering_key,
+                                event_timestamp, sequence_id)
+        future = _SyncSend()
+        self._submit(message, future)
         return future.result()
-
-    def _check_size(self, message) -> None:
-        producers = getattr(self._impl, "producers", [self._impl])
-        limit = producers[0].max_message_size
-        if len(message.payload) > limit:
-            raise MessageTooBig(f"message of {len(message.payload)} bytes exceeds the maximum "
-                                f"message size of {limit} bytes (topic {self._impl.topic})")
 
     def flush(self) -> None:
         async def flush():

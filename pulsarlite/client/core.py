@@ -261,12 +261,17 @@ class BatchLimits:
 
 class BatchBuilder:
     """The open batch of a producer. ``add`` returns True when the batch is full and must be
-    built now (the shell also builds it when the delay runs out)."""
+    built now (the shell also builds it when the delay runs out).
+
+    A message is a WireMessage, or plain ``bytes`` (content only: no key, properties or event
+    time). The sequence ids live in ``sequence_ids`` beside the messages (the shell assigns
+    them; no per-message copy of the message to stamp it)."""
 
     def __init__(self, limits: BatchLimits) -> None:
         self.limits = limits
-        self.messages: list[WireMessage] = []
+        self.messages: list[WireMessage | bytes] = []
         self.callbacks: list = []
+        self.sequence_ids: list[int] = []
         self.payload_bytes = 0
 
     def __len__(self) -> int:
@@ -276,27 +281,42 @@ class BatchBuilder:
         """Whether a message of this size may join (an empty batch takes anything)."""
         return not self.messages or self.payload_bytes + payload_bytes <= self.limits.bytes_max
 
-    def add(self, message: WireMessage, callback) -> bool:
-        self.messages.append(message)
+    def first_key(self) -> str | None:
+        first = self.messages[0]
+        return None if type(first) is bytes else first.key
+
+    def add(self, message: WireMessage | bytes, callback, sequence_id: int | None = None) -> bool:
+        """``sequence_id``: the message's (None: the message's own ``sequence_id``)."""
+        messages = self.messages
+        messages.append(message)
         self.callbacks.append(callback)
-        self.payload_bytes += len(message.payload)
-        return (len(self.messages) >= self.limits.messages_max
-                or self.payload_bytes >= self.limits.bytes_max)
+        if type(message) is bytes:
+            self.payload_bytes += len(message)
+        else:
+            self.payload_bytes += len(message.payload)
+            if sequence_id is None:
+                sequence_id = message.sequence_id
+        self.sequence_ids.append(sequence_id)
+        limits = self.limits
+        return len(messages) >= limits.messages_max or self.payload_bytes >= limits.bytes_max
 
     def build(self, *, producer_name: str, publish_time_ms: int,
               compression: Compression | int,
               schema_version: bytes | None = None) -> tuple[bytes, list, int, int, int]:
         """(entry, callbacks, message count, first sequence id, last sequence id); the builder
-        is empty afterwards. Every message carries its own sequence id already."""
+        is empty afterwards. Every message has its sequence id already."""
         messages = self.messages
         callbacks = self.callbacks
+        seqs = self.sequence_ids
         count = len(messages)
-        first, last = messages[0].sequence_id, messages[-1].sequence_id
+        first, last = seqs[0], seqs[-1]
         entry = build_batch_entry(messages, producer_name=producer_name, sequence_id=first,
                                   publish_time_ms=publish_time_ms, compression=compression,
-                                  highest_sequence_id=last, schema_version=schema_version)
+                                  highest_sequence_id=last, schema_version=schema_version,
+                                  sequence_ids=seqs)
         self.messages = []
         self.callbacks = []
+        self.sequence_ids = []
         self.payload_bytes = 0
         return entry, callbacks, count, first, last
 

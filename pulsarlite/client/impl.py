@@ -563,6 +563,7 @@ class ProducerImpl(_Handler):
         self._batch_timer: asyncio.TimerHandle | None = None
         self._timeout_timer: asyncio.TimerHandle | None = None
         self.schema_version: bytes | None = None   # from PRODUCER_SUCCESS, on every entry
+        self.completer = None   # runs a SEND's callbacks in one call: see _deliver
 
     async def _connect(self) -> None:
         conn = await self.client.connection_for(self.topic)
@@ -608,37 +609,116 @@ class ProducerImpl(_Handler):
                   self.producer_name, len(self._pending))
 
     # sending
-    def send(self, message: WireMessage, callback: Callback) -> None:
-        """Queue ``message``; ``callback(error, message_id)`` runs on the loop."""
+    def send(self, message: WireMessage | bytes, callback: Callback) -> None:
+        """Queue ``message`` (a WireMessage, or plain content as ``bytes``: no key, properties
+        or event time); ``callback(error, message_id)`` runs on the loop (or the producer's
+        ``completer``, see _deliver)."""
         if self.closed:
             raise AlreadyClosed(f"producer on {self.topic} is closed")
-        size = len(message.payload)
+        if type(message) is bytes:
+            size = len(message)
+            seq = self._next_seq
+        else:
+            size = len(message.payload)
+            seq = message.sequence_id
+            if seq is None:
+                seq = self._next_seq
         if size > self.max_message_size:
             raise MessageTooBig(f"message of {size} bytes exceeds the maximum message size of "
                                 f"{self.max_message_size} bytes (topic {self.topic})")
-        if message.sequence_id is None:
-            seq = self._next_seq
-            message = message._replace(sequence_id=seq)
-        else:
-            seq = message.sequence_id
         self._next_seq = seq + 1
-        if not self.conf.batching_enabled:
+        conf = self.conf
+        if not conf.batching_enabled:
+            if type(message) is bytes:
+                message = WireMessage(message)
             entry = k.build_single(message, producer_name=self.producer_name,
                                    sequence_id=seq, publish_time_ms=int(time.time() * 1000),
-                                   compression=self.conf.compression,
+                                   compression=conf.compression,
                                    schema_version=self.schema_version)
             self._enqueue(_Op(seq, seq, c.send_parts(self.producer_id, seq, entry),
                               [callback], 1, self.loop.time(), False))
             return
         batch = self._batch
-        if not batch.fits(size) or (self.conf.key_based_batching and len(batch)
-                                    and batch.messages[0].key != message.key):
+        if batch.messages and (
+                batch.payload_bytes + size > conf.limits.bytes_max
+                or (conf.key_based_batching and batch.first_key() != (
+                    None if type(message) is bytes else message.key))):
             self._flush_batch()   # full, or (key-based batching) another key
-        if batch.add(message, callback):
+            batch = self._batch
+        if batch.add(message, callback, seq):
             self._flush_batch()
-        elif len(batch) == 1:
-            self._batch_timer = self.loop.call_later(self.conf.limits.delay_ms / 1000,
+        elif len(batch.messages) == 1:
+            self._batch_timer = self.loop.call_later(conf.limits.delay_ms / 1000,
                                                      self._flush_batch)
+
+    def send_many(self, inbox: collections.deque, on_error) -> None:
+        """``send(message, callback)`` for every pair in ``inbox`` (a deque, emptied, of
+        message, callback, message, callback, ...: each pair put in by one ``extend``, atomic
+        under the GIL; no tuple per message), oldest first; a pair that send refuses goes to
+        ``on_error(callback, error)``. Plain messages (``bytes``) join the open batch inline:
+        the same steps as send, without a call and the checks that cannot change between two
+        messages of one drain."""
+        popleft = inbox.popleft
+        conf = self.conf
+        if self.closed or not conf.batching_enabled or conf.key_based_batching:
+            while inbox:
+                message = popleft()
+                callback = popleft()
+                try:
+                    self.send(message, callback)
+                except BaseException as exc:
+                    on_error(callback, exc)
+            return
+        limits = conf.limits
+        messages_max = limits.messages_max
+        bytes_max = limits.bytes_max
+        size_max = self.max_message_size
+        delay_s = limits.delay_ms / 1000
+        while inbox:
+            # the open batch's state in locals until something else must happen: the batch
+            # fills up (flush it), or a message needs send() (not plain bytes, too big, or it
+            # does not fit: send flushes first)
+            batch = self._batch
+            messages = batch.messages
+            add_message = messages.append
+            add_callback = batch.callbacks.append
+            add_sequence_id = batch.sequence_ids.append
+            payload_bytes = batch.payload_bytes
+            seq = self._next_seq
+            slow = None
+            full = False
+            try:
+                while inbox:
+                    message = popleft()
+                    callback = popleft()
+                    if type(message) is not bytes:
+                        slow = (message, callback)
+                        break
+                    size = len(message)
+                    if size > size_max or (messages and payload_bytes + size > bytes_max):
+                        slow = (message, callback)
+                        break
+                    add_message(message)
+                    add_callback(callback)
+                    add_sequence_id(seq)
+                    seq += 1
+                    payload_bytes += size
+                    if len(messages) >= messages_max or payload_bytes >= bytes_max:
+                        full = True
+                        break
+                    if len(messages) == 1:
+                        self._batch_timer = self.loop.call_later(delay_s, self._flush_batch)
+            finally:
+                batch.payload_bytes = payload_bytes
+                self._next_seq = seq
+            if full:
+                self._flush_batch()
+            elif slow is not None:
+                message, callback = slow
+                try:
+                    self.send(message, callback)
+                except BaseException as exc:
+                    on_error(callback, exc)
 
     def _flush_batch(self) -> None:
         if self._batch_timer is not None:
@@ -700,41 +780,53 @@ class ProducerImpl(_Handler):
                 self._batch_timer = None
             callbacks = self._batch.callbacks
             self._batch = k.BatchBuilder(self.conf.limits)
-            for callback in callbacks:
-                try:
-                    callback(error, None)
-                except Exception:
-                    log.exception("event=callback_failed topic=%s", self.topic)
+            self._deliver(callbacks, error)
 
     def _complete(self, op: _Op, error, ledger_id: int, entry_id: int) -> None:
         if error is None:
             self.last_sequence_id = op.last_seq
-            partition = self.partition
-            topic = self.topic
-            if op.batched:
-                count = op.count
-                for i, callback in enumerate(op.callbacks):
-                    try:
-                        callback(None, MessageId(partition, ledger_id, entry_id, i,
-                                                 batch_size=count, topic=topic))
-                    except Exception:
-                        log.exception("event=callback_failed topic=%s", topic)
-            else:
-                try:
-                    op.callbacks[0](None, MessageId(partition, ledger_id, entry_id, -1,
-                                                    topic=topic))
-                except Exception:
-                    log.exception("event=callback_failed topic=%s", topic)
-        else:
-            for callback in op.callbacks:
-                try:
-                    callback(error, None)
-                except Exception:
-                    log.exception("event=callback_failed topic=%s", self.topic)
+        self._deliver(op.callbacks, error, ledger_id, entry_id, op.batched)
         if op.waiters:
             for waiter in op.waiters:
                 if not waiter.done():
                     waiter.set_result(None)
+
+    def _deliver(self, callbacks: list, error, ledger_id: int = -1, entry_id: int = -1,
+                 batched: bool = False) -> None:
+        """Run the callbacks of one SEND (or of the open batch, failing): each gets
+        ``(error, message_id)``. A ``completer`` (the blocking API's) takes the whole list in
+        one call instead: ``completer(callbacks, error, ledger_id, entry_id, batched,
+        partition, topic)``."""
+        completer = self.completer
+        if completer is not None:
+            try:
+                completer(callbacks, error, ledger_id, entry_id, batched, self.partition,
+                          self.topic)
+            except Exception:
+                log.exception("event=callback_failed topic=%s", self.topic)
+            return
+        topic = self.topic
+        if error is None:
+            partition = self.partition
+            if batched:
+                count = len(callbacks)
+                for i, callback in enumerate(callbacks):
+                    try:
+                        callback(None, MessageId(partition, ledger_id, entry_id, i, count, topic))
+                    except Exception:
+                        log.exception("event=callback_failed topic=%s", topic)
+            else:
+                try:
+                    callbacks[0](None, MessageId(partition, ledger_id, entry_id, -1,
+                                                 topic=topic))
+                except Exception:
+                    log.exception("event=callback_failed topic=%s", topic)
+        else:
+            for callback in callbacks:
+                try:
+                    callback(error, None)
+                except Exception:
+                    log.exception("event=callback_failed topic=%s", topic)
 
     def _on_receipt(self, conn: Connection, receipt: k.Receipt) -> None:
         if conn is not self.conn:
@@ -799,9 +891,9 @@ class ProducerImpl(_Handler):
             self._timeout_timer.cancel()
         error = AlreadyClosed(f"producer on {self.topic} closed before the message was sent")
         if len(self._batch):
-            for callback in self._batch.callbacks:
-                callback(error, None)
+            callbacks = self._batch.callbacks
             self._batch = k.BatchBuilder(self.conf.limits)
+            self._deliver(callbacks, error)
         for op in self._pending.take_all():
             self._complete(op, error, -1, -1)
         conn, self.conn = self.conn, None
@@ -852,8 +944,9 @@ class PartitionedProducerImpl:
     def pending_messages(self) -> int:
         return sum(p.pending_messages for p in self.producers)
 
-    def send(self, message: WireMessage, callback: Callback) -> None:
-        if message.key:   # an empty key routes like no key, as in the official client
+    def send(self, message: WireMessage | bytes, callback: Callback) -> None:
+        if type(message) is not bytes and message.key:
+            # an empty key routes like no key, as in the official client
             index = k.partition_for_key(message.key, len(self.producers), self.hashing_scheme)
         else:
             index = self.router.next()
