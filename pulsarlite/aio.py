@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 
 from pulsarlite.client import impl
-from pulsarlite.client.common import (check_client_kwargs, check_schema, check_topic_arg,
+from pulsarlite.client.common import (result_of, check_client_kwargs, check_schema, check_topic_arg,
                                       consumer_conf, make_message, mid_of, producer_conf)
 from pulsarlite.client.core import HashingScheme
 from pulsarlite.client.errors import (IncompatibleSchema, AlreadyClosed, BrokerError, ClientError, ConnectError,
@@ -48,13 +48,6 @@ async def _resolved(schema, msg: Message) -> Message:
         await prefetch(schema, msg)
     return msg
 
-
-def _result_of(error) -> Result:
-    if isinstance(error, Timeout):
-        return Result.Timeout
-    if isinstance(error, AlreadyClosed):
-        return Result.AlreadyClosed
-    return Result.UnknownError
 
 
 class Client:
@@ -179,7 +172,7 @@ class Producer:
                     future.set_exception(error)
                     future.exception()   # retrieved even when the caller ignores the future
             if callback is not None:
-                callback(Result.Ok if error is None else _result_of(error), mid)
+                callback(Result.Ok if error is None else result_of(error), mid)
         try:
             self._impl.send(message, done)
         except BaseException:

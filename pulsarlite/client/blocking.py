@@ -14,13 +14,12 @@ import collections
 import concurrent.futures
 import itertools
 import threading
-import time
 
 from pulsarlite.client import impl
-from pulsarlite.client.common import (check_client_kwargs, check_schema, check_topic_arg,
+from pulsarlite.client.common import (result_of, check_client_kwargs, check_schema, check_topic_arg,
                                       consumer_conf, make_message, mid_of, producer_conf)
 from pulsarlite.client.core import HashingScheme
-from pulsarlite.client.errors import (AlreadyClosed, ClientError, MessageTooBig,
+from pulsarlite.client.errors import (AlreadyClosed, MessageTooBig,
                                       ProducerQueueIsFull, Timeout)
 from pulsarlite.client.types import Message, MessageId, Result
 
@@ -65,15 +64,6 @@ class _LoopThread:
         if threading.current_thread() is not self.thread:
             self.thread.join(10)
 
-
-def _result_of(error: BaseException) -> Result:
-    if isinstance(error, Timeout):
-        return Result.Timeout
-    if isinstance(error, AlreadyClosed):
-        return Result.AlreadyClosed
-    if isinstance(error, MessageTooBig):
-        return Result.MessageTooBig
-    return Result.UnknownError
 
 
 class Client:
@@ -261,7 +251,7 @@ class Producer:
                         except Exception:
                             impl.log.exception("event=callback_failed topic=%s", topic)
             return
-        result = _result_of(error)
+        result = result_of(error)
         for callback in callbacks:
             if callback is None:
                 continue

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import re
 
-from pulsarlite.client.errors import InvalidConfiguration
+from pulsarlite.client.errors import AlreadyClosed, InvalidConfiguration, MessageTooBig, Timeout
 from pulsarlite.client.impl import ConsumerConf, ProducerConf
-from pulsarlite.client.types import ConsumerType, InitialPosition, Message, MessageId
+from pulsarlite.client.types import ConsumerType, InitialPosition, Message, MessageId, Result
 from pulsarlite.wire.entry import Message as WireMessage
 
 _NO_PROPERTIES: dict[str, str] = {}
+
+
+def result_of(error: BaseException) -> Result:
+    """The ``Result`` a send callback gets for a failed send (both APIs, as the official
+    client's codes)."""
+    if isinstance(error, Timeout):
+        return Result.Timeout
+    if isinstance(error, AlreadyClosed):
+        return Result.AlreadyClosed
+    if isinstance(error, MessageTooBig):
+        return Result.MessageTooBig
+    return Result.UnknownError
 
 
 def make_message(content, properties=None, partition_key=None, ordering_key=None,
