@@ -100,7 +100,8 @@ class Round:
 COMPONENTS = (
     ("bench_idle_topics.py", ["--topics", "1000"]),
     ("bench_tier_replay.py", ["--mb", "32"]),
-    ("bench_spark.py", ["--messages", "200000", "--repeat", "3", "--masters", "local[2]"]),
+    ("bench_spark.py", ["--messages", "1000000", "--rollover-entries", "200", "--repeat", "3",
+                        "--masters", "local[2]", "--user-schema"]),
     ("bench_client.py", ["--messages", "50000", "--rounds", "2"]),
 )
 
@@ -193,15 +194,27 @@ def table(rounds: list[Round]) -> list[tuple[str, str, str, str, str]]:
                      f"replay from bookies {fmt(tier['replay_bookies_mb_s'], 'MB/s', 1)}", "", ""))
     spark = extra("bench_spark.py")
     if spark:
-        for key, ratio in sorted(spark["tier_over_parquet"].items()):
-            master, _, what = key.partition(", ")
-            tier_s = spark["seconds"].get(f"{master} tier (pulsarlite source)"
-                                          + ("" if what == "value only" else f", {what}"))
-            pq_s = spark["seconds"].get(f"{master} spark.read.parquet, same files"
-                                        + ("" if what == "value only" else f", {what}"))
-            rows.append((f"Spark scan of offloaded segments ({spark['messages']:,} msgs, {master}, {what})",
-                         fmt(tier_s, "s", 2), f"spark.read.parquet, same files {fmt(pq_s, 's', 2)}",
-                         _ratio(ratio), "<= 1.3x", verdict(ratio, lambda x: x <= 1.3)))
+        seconds, interleaved = spark["seconds"], spark.get("interleaved_value_only_over_parquet", {})
+        masters = sorted({key.split(" ", 1)[0] for key in seconds})
+        for master in masters:
+            pq_s = seconds.get(f"{master} spark.read.parquet, same files")
+            pq_full_s = seconds.get(f"{master} spark.read.parquet, same files, full-row hash")
+            mixed = interleaved.get(master, {})
+            for what, key, reference, mixed_key in (
+                    ("count + sum(length(value)), the source's full schema", "tier (pulsarlite source)",
+                     pq_s, "tier"),
+                    ("count + sum(length(value)), .schema(\"value binary\")",
+                     "tier (pulsarlite source), .schema(value binary)", pq_s, "tier_schema"),
+                    ("hash of every shared column", "tier (pulsarlite source), full-row hash", pq_full_s, None)):
+                tier_s = seconds.get(f"{master} {key}")
+                if tier_s is None:
+                    continue
+                ratio = tier_s / reference if reference else None
+                note = (f"; interleaved rounds {_ratio(mixed.get(mixed_key))}"
+                        if mixed_key and mixed.get(mixed_key) is not None else "")
+                rows.append((f"Spark scan of offloaded segments ({spark['messages']:,} msgs, {master}): {what}",
+                             fmt(tier_s, "s", 2), f"spark.read.parquet, same files {fmt(reference, 's', 2)}{note}",
+                             _ratio(ratio), "<= 1.3x", verdict(ratio, lambda x: x <= 1.3)))
     idle = extra("bench_idle_topics.py")
     if idle and idle.get("rss_mb") is not None:
         rows.append(("broker RSS, 1,000 topics x 1 idle producer", fmt(idle["rss_mb"], "MB"), "", "", "<= 300 MB",

@@ -5,6 +5,10 @@ reader and writer (DESIGN.md §5 floor 4).
     spark_source.register(spark)
     df = (spark.read.format("pulsarlite").option("zookeeper", "127.0.0.1:2181")
           .option("topic", "persistent://public/default/t").load())
+
+A user-given schema selects columns (only those are read and returned; docs/spark.md):
+
+    spark.read.format("pulsarlite").schema("value binary, publish_time timestamp").option(...).load()
 """
 
 

@@ -13,11 +13,15 @@ import json
 import logging
 import re
 
-from bookie.client.ledger_client import LedgerClient
+from typing import TYPE_CHECKING
+
 from pulsarlite.errors import MetadataNotFoundError, NoSuchLedgerError, PulsarliteError
-from pulsarlite.metadata import MetadataStore
 from pulsarlite.topic_name import TopicName
 from spark_source.plan import LedgerSegment, PartitionLedgers
+
+if TYPE_CHECKING:      # imported lazily at run time: planning over closed segments needs neither
+    from bookie.client.ledger_client import LedgerClient
+    from pulsarlite.metadata import MetadataStore
 
 log = logging.getLogger("pulsarlite.spark")
 

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import Iterator
 
 import pyarrow as pa
@@ -39,6 +40,39 @@ class ReadSettings:
     chunk_entries: int = 2_000
     fail_on_data_loss: bool = True
     typed: object | None = None        # spark_source.typed.TypedValue: typed value columns
+    # a user-given schema (spark_source/projection.py): the output columns in order and their
+    # Arrow schema as Spark expects it back; None: every column, in the source's order
+    columns: tuple[str, ...] | None = None
+    output_schema: pa.Schema | None = None
+
+
+# the ROW_SCHEMA columns (offload.format) each metadata output column is built from
+METADATA_SOURCES: dict[str, tuple[str, ...]] = {
+    "key": ("key",), "value": ("value",), "topic": (), "partition": (),
+    "message_id": ("ledger_id", "entry_id", "batch_index"), "ledger_id": ("ledger_id",),
+    "entry_id": ("entry_id",), "batch_index": ("batch_index",), "publish_time": ("publish_time",),
+    "event_time": ("event_time",), "properties": ("properties",), "producer_name": ("producer_name",),
+    "sequence_id": ("sequence_id",),
+}
+FILTER_COLUMNS = ("entry_id", "batch_index", "publish_time")     # what filter_rows looks at
+
+
+def output_names(settings: "ReadSettings") -> tuple[str, ...]:
+    """The output column names of a read, in order."""
+    if settings.columns is not None:
+        return settings.columns
+    typed_names = tuple(settings.typed.names) if settings.typed is not None else ()
+    return tuple(OUTPUT_SCHEMA.names) + typed_names
+
+
+def wanted_typed(settings: "ReadSettings") -> list[int]:
+    """Indices (into ``typed.target``) of the typed fields the output has."""
+    if settings.typed is None:
+        return []
+    names = list(settings.typed.names)
+    if settings.columns is None:
+        return list(range(len(names)))
+    return [names.index(c) for c in settings.columns if c in names]
 
 
 # -- row filtering and output ------------------------------------------------------------------
@@ -68,46 +102,65 @@ def filter_rows(table: pa.Table, scan: SegmentScan) -> pa.Table:
     return table.filter(mask)
 
 
-def to_output(table: pa.Table, scan: SegmentScan, typed=None) -> pa.RecordBatch:
-    """ROW_SCHEMA rows -> the DataFrame's columns (and the typed value columns, if any)."""
+def _metadata_column(name: str, table: pa.Table, scan: SegmentScan, n: int):
+    """One metadata output column of ROW_SCHEMA rows (only the columns it needs are read)."""
+    if name == "topic":
+        return pa.repeat(pa.scalar(scan.topic, pa.string()), n)
+    if name == "partition":
+        return pa.repeat(pa.scalar(scan.partition, pa.int32()), n)
+    if name == "message_id":
+        return pc.binary_join_element_wise(
+            pc.cast(table["ledger_id"], pa.string()), pc.cast(table["entry_id"], pa.string()),
+            pa.scalar(str(scan.partition)), pc.cast(table["batch_index"], pa.string()), ":")
+    return table[name].cast(OUTPUT_SCHEMA.field(name).type)
+
+
+def output_schema(settings: "ReadSettings") -> pa.Schema:
+    if settings.output_schema is not None:
+        return settings.output_schema
+    if settings.typed is None:
+        return OUTPUT_SCHEMA
+    return pa.schema(list(OUTPUT_SCHEMA) + settings.typed.output_fields())
+
+
+def to_output(table: pa.Table, scan: SegmentScan, typed=None, *, settings: "ReadSettings | None" = None
+              ) -> pa.RecordBatch:
+    """ROW_SCHEMA rows -> the DataFrame's columns: every metadata column and the typed value
+    columns, if any; or, with a user-given schema (``settings.columns``), just those, in its
+    order. Only the ROW_SCHEMA columns the output needs have to be in ``table``."""
+    if settings is None:
+        settings = ReadSettings(zookeeper="", s3_endpoint_url=None, metrics_dir=None, typed=typed)
+    typed = settings.typed
     n = table.num_rows
-    ledger = table["ledger_id"]
-    entry = table["entry_id"]
-    batch = table["batch_index"]
-    partition = pa.repeat(pa.scalar(scan.partition, pa.int32()), n)
-    message_id = pc.binary_join_element_wise(
-        pc.cast(ledger, pa.string()), pc.cast(entry, pa.string()), pc.cast(partition, pa.string()),
-        pc.cast(batch, pa.string()), ":")
-    columns = [
-        table["key"].cast(pa.string()),
-        table["value"].cast(pa.binary()),
-        pa.repeat(pa.scalar(scan.topic, pa.string()), n),
-        partition,
-        message_id,
-        ledger.cast(pa.int64()),
-        entry.cast(pa.int64()),
-        batch.cast(pa.int32()),
-        table["publish_time"].cast(TS),
-        table["event_time"].cast(TS),
-        table["properties"].cast(pa.map_(pa.string(), pa.string())),
-        table["producer_name"].cast(pa.string()),
-        table["sequence_id"].cast(pa.int64()),
-    ]
-    columns = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
-    if typed is None:
-        return pa.RecordBatch.from_arrays(columns, schema=OUTPUT_SCHEMA)
-    from spark_source.typed import typed_arrays
-    fields = typed.output_fields()
-    schema = pa.schema(list(OUTPUT_SCHEMA) + fields)
-    if all(STORED_TYPED_PREFIX + str(i) in table.column_names for i in range(len(fields))):
+    names = output_names(settings)
+    schema = output_schema(settings)
+    values: dict[int, pa.Array] = {}
+    wanted = wanted_typed(settings)
+    if wanted:
+        values = _typed_values(table, typed, wanted)
+    typed_index = {name: i for i, name in enumerate(typed.names)} if typed is not None else {}
+    columns = []
+    for name, field in zip(names, schema):
+        if name in METADATA_SOURCES:
+            column = _as_array(_metadata_column(name, table, scan, n))
+        else:
+            column = values[typed_index[name]]
+        # to Spark's form (units, nested field names: str() shows what == ignores)
+        if not (column.type == field.type and str(column.type) == str(field.type)):
+            column = column.cast(field.type)
+        columns.append(column)
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _typed_values(table: pa.Table, typed, wanted: list[int]) -> dict[int, pa.Array]:
+    """The typed fields ``wanted`` (indices into ``typed.target``) of ROW_SCHEMA rows."""
+    if all(STORED_TYPED_PREFIX + str(i) in table.column_names for i in wanted):
         # a tier object's own typed columns (``_read_parquet`` checked they are what decoding
         # gives), or a record without fields
-        values = [_as_array(table[STORED_TYPED_PREFIX + str(i)]) for i in range(len(fields))]
-    else:
-        values = typed_arrays(table, typed)
-    # to Spark's form (units, nested field names: str() shows what == ignores)
-    values = [v if str(v.type) == str(f.type) else v.cast(f.type) for v, f in zip(values, fields)]
-    return pa.RecordBatch.from_arrays(columns + values, schema=schema)
+        return {i: _as_array(table[STORED_TYPED_PREFIX + str(i)]) for i in wanted}
+    from spark_source.typed import typed_arrays
+    arrays = typed_arrays(table, typed)
+    return {i: arrays[i] for i in wanted}
 
 
 STORED_TYPED_PREFIX = "__pulsarlite_typed_"     # the i-th typed field, read from a tier object
@@ -141,11 +194,12 @@ def read_scans(scans: tuple[SegmentScan, ...], settings: ReadSettings) -> Iterat
                                                     "location": location.value})
             log.info("segment scan started topic=%s ledger=%d entries=%d..%d location=%s", scan.topic,
                      scan.ledger_id, scan.first_entry_id, scan.last_entry_id, location.value)
-            for table in tables:
-                table = filter_rows(table, scan)
+            for table, exact in tables:
+                if not exact:
+                    table = filter_rows(table, scan)
                 if table.num_rows:
                     rows += table.num_rows
-                    yield to_output(table, scan, settings.typed)
+                    yield to_output(table, scan, settings=settings)
             log.info("segment scan done topic=%s ledger=%d rows=%d elapsed_ms=%d", scan.topic, scan.ledger_id,
                      rows, int((time.monotonic() - started) * 1000))
     finally:
@@ -191,7 +245,7 @@ def _read_bookies(scan: SegmentScan, settings: ReadSettings, loop, client) -> It
     for first in range(scan.first_entry_id, last + 1, step):
         entries = loop.run_until_complete(reader.read(first, min(first + step - 1, last)))
         yield entries_to_table(scan.ledger_id, ((e.entry_id, e.payload) for e in entries),
-                               partition=scan.partition)
+                               partition=scan.partition), False
 
 
 class DataLoss(RuntimeError):
@@ -220,9 +274,16 @@ def _stat_range(rg, column_index: int):
     return st.min, st.max
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 def _as_ms(v) -> int:
-    if hasattr(v, "timestamp"):
-        return int(v.timestamp() * 1000)
+    """A publish-time statistic in ms, exactly (``int(v.timestamp() * 1000)`` is off by one for
+    ~1% of values: float rounding)."""
+    if isinstance(v, datetime):
+        if v.tzinfo is None:
+            v = v.replace(tzinfo=timezone.utc)
+        return (v - _EPOCH) // timedelta(milliseconds=1)
     return int(v)
 
 
@@ -230,9 +291,40 @@ READ_COLUMNS = ["ledger_id", "entry_id", "batch_index", "publish_time", "event_t
                 "producer_name", "sequence_id", "value"]
 
 
-def _read_parquet(uri: str, scan: SegmentScan, settings: ReadSettings) -> Iterator[pa.Table]:
+def needed_row_columns(settings: ReadSettings) -> list[str]:
+    """The ROW_SCHEMA columns the output's metadata columns are built from, in READ_COLUMNS'
+    order (typed columns come on top: stored ones, or ``value`` + ``schema_version``)."""
+    needed = {c for name in output_names(settings) if name in METADATA_SOURCES for c in METADATA_SOURCES[name]}
+    return [c for c in READ_COLUMNS if c in needed]
+
+
+def row_group_exact(rg, entry_col: int, time_col: int, scan: SegmentScan) -> bool:
+    """True when the row group's statistics prove every row of it is wanted by ``scan`` (so
+    the rows need no filtering, and the filter columns need not be read)."""
+    er = _stat_range(rg, entry_col)
+    if er is None or er[0] < scan.first_entry_id or er[1] > scan.last_entry_id:
+        return False
+    if (scan.start.ledger_id == scan.ledger_id and scan.start.batch_index > 0
+            and er[0] <= scan.start.entry_id <= er[1]):
+        return False
+    if (scan.end is not None and scan.end.ledger_id == scan.ledger_id and scan.end.batch_index >= 0
+            and er[0] <= scan.end.entry_id <= er[1]):
+        return False
+    if scan.publish_time_min_ms is None and scan.publish_time_max_ms is None:
+        return True
+    tr = _stat_range(rg, time_col)
+    if tr is None:
+        return False
+    lo, hi = _as_ms(tr[0]), _as_ms(tr[1])
+    return ((scan.publish_time_min_ms is None or lo >= scan.publish_time_min_ms)
+            and (scan.publish_time_max_ms is None or hi <= scan.publish_time_max_ms))
+
+
+def _read_parquet(uri: str, scan: SegmentScan, settings: ReadSettings) -> Iterator[tuple[pa.Table, bool]]:
     """Row groups of the segment's Parquet object that may hold wanted rows (by entry id and
-    publish time statistics), pages checksum-verified."""
+    publish time statistics), pages checksum-verified, each with whether it is exact (every
+    row wanted: no filter needed). Only the columns the output needs are read (plus the filter
+    columns for a row group that is not exact)."""
     from offload.format import open_parquet, read_row_groups
 
     with _open_input(uri, settings) as source:
@@ -260,16 +352,26 @@ def _read_parquet(uri: str, scan: SegmentScan, settings: ReadSettings) -> Iterat
                      skipped, md.num_row_groups)
         record(settings.metrics_dir, "rowgroups", {"ledger_id": scan.ledger_id, "total": md.num_row_groups,
                                                    "read": len(wanted)})
-        stored = _stored_typed(pf, scan, settings.typed)
-        if settings.typed is not None:
+        typed_fields = wanted_typed(settings)
+        stored = _stored_typed(pf, scan, settings.typed) if typed_fields else None
+        if typed_fields:
             record(settings.metrics_dir, "typed", {"ledger_id": scan.ledger_id, "location": "tier",
                                                    "source": "decoded" if stored is None else "stored"})
-        columns = READ_COLUMNS if settings.typed is None else READ_COLUMNS + ["schema_version"]
-        if stored is not None:
-            columns = READ_COLUMNS + sorted({c for c in stored if c is not None})
+        columns = needed_row_columns(settings)
+        if typed_fields:
+            if stored is None:
+                columns += [c for c in ("value", "schema_version") if c not in columns]
+            else:
+                columns += sorted({stored[i] for i in typed_fields if stored[i] is not None} - set(columns))
+        record(settings.metrics_dir, "columns", {"ledger_id": scan.ledger_id, "columns": columns})
         for i in wanted:
-            table = read_row_groups(pf, [i], columns=columns, what=what)
-            yield table if stored is None else _with_stored_typed(table, stored, settings.typed)
+            exact = row_group_exact(md.row_group(i), entry_col, time_col, scan)
+            read = columns if exact else columns + [c for c in FILTER_COLUMNS if c not in columns]
+            # nothing to read (e.g. only topic/partition wanted): the smallest column gives the rows
+            table = read_row_groups(pf, [i], columns=read or ["batch_index"], what=what)
+            if stored is not None:
+                table = _with_stored_typed(table, stored, settings.typed, typed_fields)
+            yield table, exact
 
 
 def _stored_typed(pf, scan: SegmentScan, typed) -> list[str | None] | None:
@@ -284,9 +386,11 @@ def _stored_typed(pf, scan: SegmentScan, typed) -> list[str | None] | None:
     return stored
 
 
-def _with_stored_typed(table: pa.Table, stored: list[str | None], typed) -> pa.Table:
-    """``table`` with the stored typed columns under the names ``to_output`` looks for."""
-    for i, (column, f) in enumerate(zip(stored, typed.target)):
+def _with_stored_typed(table: pa.Table, stored: list[str | None], typed, fields: list[int]) -> pa.Table:
+    """``table`` with the stored typed columns ``fields`` (indices into ``typed.target``) under
+    the names ``to_output`` looks for."""
+    for i in fields:
+        column, f = stored[i], typed.target.field(i)
         array = table[column] if column is not None else pa.nulls(table.num_rows, f.type)
         table = table.append_column(STORED_TYPED_PREFIX + str(i), array)
     return table

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Iterator, Sequence
 
@@ -35,17 +37,43 @@ class ScanPartition(InputPartition):
 
 
 # -- metadata access (driver side) ---------------------------------------------------------------
+class _LazyLedgerClient:
+    """The ledger client planning hands to ``read_partition``: connected (bookie watch and all)
+    only when an open ledger's LAC has to be read, so that a plan over closed and offloaded
+    segments costs one ZooKeeper session and nothing more."""
+
+    def __init__(self, store, zookeeper: str) -> None:
+        self.store = store
+        self._zookeeper = zookeeper
+        self._client = None
+
+    async def _get(self):
+        if self._client is None:
+            from bookie.client.ledger_client import LedgerClient
+            from pulsarlite.config import LedgerClientConfig
+            self._client = await LedgerClient.connect(LedgerClientConfig(zookeeper=self._zookeeper), store=self.store)
+        return self._client
+
+    async def open_ledger(self, ledger_id: int, **kw):
+        return await (await self._get()).open_ledger(ledger_id, **kw)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+
 async def _with_metadata(opts: SourceOptions, fn):
-    """Run ``fn(store, ledger_client)`` with a ZooKeeper session and a ledger client."""
-    from bookie.client.ledger_client import LedgerClient
-    from pulsarlite.config import LedgerClientConfig
+    """Run ``fn(store, ledger_client)`` with a ZooKeeper session and a ledger client that
+    connects on first use."""
     from pulsarlite.metadata import MetadataStore
 
     if not opts.zookeeper:
         raise OptionError("option zookeeper is required to read (planning reads segment metadata from ZooKeeper)")
+    started = time.monotonic()
     store = await MetadataStore.connect(opts.zookeeper)
+    log.debug("zookeeper session for planning connect_ms=%d", (time.monotonic() - started) * 1000)
     try:
-        client = await LedgerClient.connect(LedgerClientConfig(zookeeper=opts.zookeeper), store=store)
+        client = _LazyLedgerClient(store, opts.zookeeper)
         try:
             return await fn(store, client)
         finally:
@@ -112,13 +140,11 @@ def plan_batch(opts: SourceOptions, partitions: list[PartitionLedgers], tmin: in
     return scans
 
 
-def _settings(opts: SourceOptions, typed=None):
+def _settings(opts: SourceOptions, typed=None, columns=None, output_schema=None):
     from spark_source.scan import ReadSettings
     return ReadSettings(zookeeper=opts.zookeeper or "", s3_endpoint_url=opts.s3_endpoint_url,
-                        metrics_dir=opts.metrics_dir, fail_on_data_loss=opts.fail_on_data_loss, typed=typed)
-
-
-_OUTPUT_FIELDS = 13          # the metadata columns of OUTPUT_DDL
+                        metrics_dir=opts.metrics_dir, fail_on_data_loss=opts.fail_on_data_loss, typed=typed,
+                        columns=columns, output_schema=output_schema)
 
 
 def _typed_value(options) -> "object | None":
@@ -153,21 +179,66 @@ def _schema_with(typed):
     return from_arrow_schema(pa.schema(list(OUTPUT_SCHEMA) + typed.output_fields()))
 
 
-def _typed_for(schema, options):
-    """Typed columns for a reader whose schema has more than the metadata columns."""
-    fields = getattr(schema, "fields", None)
-    return _typed_value(options) if fields is not None and len(fields) > _OUTPUT_FIELDS else None
+def _metadata_struct():
+    from pyspark.sql.pandas.types import from_arrow_schema
+    from spark_source.scan import OUTPUT_SCHEMA
+    return from_arrow_schema(OUTPUT_SCHEMA)
 
 
-def _log_plan(kind: str, opts: SourceOptions, report: PlanReport, groups) -> None:
+@dataclass(frozen=True)
+class ReadShape:
+    """What a reader returns: typed value columns (or None) and, for a user-given schema that
+    narrows the source's (spark_source/projection.py), the columns in order and their Arrow
+    schema as Spark expects it; ``columns`` None: every column."""
+    typed: object | None = None
+    columns: tuple[str, ...] | None = None
+    output_schema: object | None = None
+
+
+def read_shape(schema, options, typed_value=None) -> ReadShape:
+    """The shape of a reader for ``schema`` (the source's own, or one the user gave). Typed
+    columns are looked up (``typed_value()``, default: in ZooKeeper) only when the schema names a
+    column that is not a metadata column. Raises SchemaMismatchError for a schema that is not a
+    projection of the source's."""
+    from spark_source.projection import resolve_projection, source_columns
+    meta = source_columns(_metadata_struct())
+    names = [f.name for f in getattr(schema, "fields", None) or []]
+    meta_names = {c.name for c in meta}
+    if names and all(n in meta_names for n in names):
+        columns = resolve_projection(schema, meta)
+        return ReadShape() if columns is None else ReadShape(None, columns, _arrow_schema(schema))
+    typed = typed_value() if typed_value is not None else _typed_value(options)
+    if typed is None:
+        mode = str({str(k).lower(): v for k, v in options.items()}.get("valueschema") or "typed").lower()
+        note = ("; typed value columns are off (valueSchema=raw)" if mode.strip() == "raw" else
+                "; the topic(s) have no shared AVRO/JSON schema, so there are no typed value columns")
+        columns = resolve_projection(schema, meta, note=note)
+        return ReadShape() if columns is None else ReadShape(None, columns, _arrow_schema(schema))
+    from pyspark.sql.types import StructType
+    full = _schema_with(typed)
+    full = full if isinstance(full, StructType) else _metadata_struct()
+    columns = resolve_projection(schema, source_columns(full))
+    if columns is None:
+        return ReadShape(typed)
+    uses_typed = any(c in typed.names for c in columns)
+    return ReadShape(typed if uses_typed else None, columns, _arrow_schema(schema))
+
+
+def _arrow_schema(schema):
+    """The Arrow schema Spark checks a reader's batches against (plan_data_source_read)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+def _log_plan(kind: str, opts: SourceOptions, report: PlanReport, groups, elapsed_ms: int = -1) -> None:
     if report.pruned_by_time:
         log.info("segments pruned by publish time count=%d segments=%s", len(report.pruned_by_time),
                  ",".join(report.pruned_by_time[:50]))
     for msg in report.data_loss:
         log.warning("data loss: %s (failOnDataLoss=false: reading from the earliest)", msg)
     log.info("%s planned segments_total=%d segments_planned=%d pruned_by_time=%d pruned_by_position=%d "
-             "spark_partitions=%d", kind, report.segments_total, report.segments_planned,
-             len(report.pruned_by_time), report.pruned_by_position, len(groups))
+             "spark_partitions=%d elapsed_ms=%d", kind, report.segments_total, report.segments_planned,
+             len(report.pruned_by_time), report.pruned_by_position, len(groups), elapsed_ms)
     from spark_source.metrics import record
     record(opts.metrics_dir, "plan", {"kind": kind, "segments_total": report.segments_total,
                                       "segments_planned": report.segments_planned,
@@ -184,14 +255,25 @@ class PulsarliteDataSource(DataSource):
     def name(cls) -> str:
         return "pulsarlite"
 
+    def _typed(self):
+        """The typed value columns, looked up once: Spark pickles this instance after
+        ``schema()`` and unpickles it in the workers that call ``reader()``, which then need no
+        ZooKeeper session of their own for it (and see the columns the DataFrame was given)."""
+        cached = getattr(self, "_typed_cache", None)
+        if cached is None:
+            cached = self._typed_cache = (_typed_value(self.options),)
+        return cached[0]
+
     def schema(self):
-        return _schema_with(_typed_value(self.options))
+        return _schema_with(self._typed())
 
     def reader(self, schema):
-        return PulsarliteReader(parse_options(self.options, streaming=False), _typed_for(schema, self.options))
+        opts = parse_options(self.options, streaming=False)
+        return PulsarliteReader(opts, shape=read_shape(schema, self.options, self._typed))
 
     def streamReader(self, schema):
-        return PulsarliteStreamReader(parse_options(self.options, streaming=True), _typed_for(schema, self.options))
+        opts = parse_options(self.options, streaming=True)
+        return PulsarliteStreamReader(opts, shape=read_shape(schema, self.options, self._typed))
 
     def writer(self, schema, overwrite: bool):
         from spark_source.writer import PulsarliteWriter
@@ -243,9 +325,10 @@ def publish_time_bounds(filters) -> tuple[tuple[int | None, int | None], list]:
 
 
 class PulsarliteReader(DataSourceReader):
-    def __init__(self, opts: SourceOptions, typed=None) -> None:
+    def __init__(self, opts: SourceOptions, typed=None, *, shape: ReadShape | None = None) -> None:
         self.opts = opts
-        self.typed = typed
+        self.shape = shape if shape is not None else ReadShape(typed)
+        self.typed = self.shape.typed
         self.pushed_bounds: tuple[int | None, int | None] = (None, None)
 
     def pushFilters(self, filters):
@@ -261,6 +344,7 @@ class PulsarliteReader(DataSourceReader):
         opts = self.opts
         tmin, tmax = _time_bounds(opts, self.pushed_bounds)
         report = PlanReport()
+        started = time.monotonic()
 
         async def run(store, client):
             return await _load_partitions(opts, store, client)
@@ -269,14 +353,15 @@ class PulsarliteReader(DataSourceReader):
         scans = plan_batch(opts, parts, tmin, tmax, report) if tmin is None or tmax is None or tmin <= tmax else []
         groups = pack(scans, target_bytes=opts.target_partition_bytes, open_size_bytes=opts.open_segment_bytes,
                       min_partitions=opts.min_partitions)
-        _log_plan("batch", opts, report, groups)
+        _log_plan("batch", opts, report, groups, int((time.monotonic() - started) * 1000))
         return [ScanPartition(g) for g in groups] or [ScanPartition(())]
 
     def read(self, partition: ScanPartition) -> Iterator:
         self.opts.apply_aws_env()
         _worker_logging()
         from spark_source.scan import read_scans
-        yield from read_scans(partition.scans, _settings(self.opts, self.typed))
+        yield from read_scans(partition.scans, _settings(self.opts, self.typed, self.shape.columns,
+                                                         self.shape.output_schema))
 
 
 def _worker_logging() -> None:
@@ -298,9 +383,10 @@ class PulsarliteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     partitions that appear later start at the earliest. Admission control
     (``maxEntriesPerTrigger``) counts entries (a batched entry holds several messages)."""
 
-    def __init__(self, opts: SourceOptions, typed=None) -> None:
+    def __init__(self, opts: SourceOptions, typed=None, *, shape: ReadShape | None = None) -> None:
         self.opts = opts
-        self.typed = typed
+        self.shape = shape if shape is not None else ReadShape(typed)
+        self.typed = self.shape.typed
         self._target: dict[str, str] | None = None   # Trigger.AvailableNow: read up to here
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -376,7 +462,8 @@ class PulsarliteStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.opts.apply_aws_env()
         _worker_logging()
         from spark_source.scan import read_scans
-        yield from read_scans(partition.scans, _settings(self.opts, self.typed))
+        yield from read_scans(partition.scans, _settings(self.opts, self.typed, self.shape.columns,
+                                                         self.shape.output_schema))
 
     def commit(self, end: dict) -> None:
         pass

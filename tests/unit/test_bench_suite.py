@@ -63,15 +63,21 @@ def test_a_missed_goal_and_a_missing_figure_are_said_so(suite):
     rounds = [broker_round(suite, 150_000, 25_000, 60_000, 30.0, 10_000, 50_000, 3.0)]
     rounds[0].extra["bench_spark.py"] = {
         "messages": 1000, "seconds": {"local[2] tier (pulsarlite source)": 2.0,
+                                      "local[2] tier (pulsarlite source), .schema(value binary)": 1.2,
                                       "local[2] spark.read.parquet, same files": 1.0},
-        "tier_over_parquet": {"local[2], value only": 2.0}}
+        "tier_over_parquet": {"local[2], value only": 2.0},
+        "interleaved_value_only_over_parquet": {"local[2]": {"tier": 2.5, "tier_schema": 1.4}}}
     rounds[0].extra["bench_idle_topics.py"] = {"rss_mb": 80.0}
     rows = suite.table(rounds)
     assert row(rows, "produce, batched, official")[5] == "**missed**"
     assert row(rows, "produce, unbatched")[5] == "**missed**"      # 20k met, but only 2.5x the peer
     assert row(rows, "publish latency")[5] == "**missed**"
-    spark = row(rows, "Spark scan")
+    spark = row(rows, "Spark scan of offloaded segments (1,000 msgs, local[2]): count + sum(length(value)), the")
     assert spark[1] == "2.00 s" and spark[3] == "2.00" and spark[5] == "**missed**"
+    assert spark[2].endswith("interleaved rounds 2.50")
+    narrowed = row(rows, "Spark scan of offloaded segments (1,000 msgs, local[2]): count + sum(length(value)), .schema")
+    assert narrowed[3] == "1.20" and narrowed[5] == "met"
+    assert not [r for r in rows if "hash of every" in r[0]]      # not measured: no row
     assert row(rows, "broker RSS")[5] == "met"
     rounds[0].nats = None                                           # the peer did not run
     assert row(suite.table(rounds), "produce, unbatched")[5] == "n/a"
