@@ -32,6 +32,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from pulsarlite._proto import pulsar_api_pb2 as pb
 from pulsarlite.errors import PulsarliteError
+from pulsarlite.varint import uvarint
 
 _U32 = struct.Struct(">I")
 _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
@@ -490,19 +491,9 @@ def _plain_heads(size: int) -> tuple[bytes, bytes, bytes, bytes]:
     (no sequence id), and ``[u32 meta size][0x18 varint(size)][0x40]`` for a sequence id whose
     varint takes 1, 2 or 3 bytes -- SingleMessageMetadata{payload_size: 3, sequence_id: 8},
     fields in number order, as protobuf writes them."""
-    field3 = b"\x18" + _uvarint(size)
+    field3 = b"\x18" + uvarint(size)
     return (_U32.pack(len(field3)) + field3,
             *(_U32.pack(len(field3) + 1 + n) + field3 + b"\x40" for n in (1, 2, 3)))
-
-
-def _uvarint(value: int) -> bytes:
-    """A varint of 0 <= value < 2**64."""
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 _PLAIN_HEADS_CACHE: dict[int, tuple[bytes, bytes, bytes, bytes]] = {}
@@ -516,7 +507,7 @@ def _run_prefixes(size: int, varint_bytes: int) -> list[bytes]:
     key = (size, varint_bytes)
     prefixes = _RUN_PREFIXES_CACHE.get(key)
     if prefixes is None:
-        field3 = b"\x18" + _uvarint(size)
+        field3 = b"\x18" + uvarint(size)
         head = _U32.pack(len(field3) + 1 + varint_bytes) + field3 + b"\x40"
         prefixes = [head + bytes((low | 0x80,)) for low in range(0x80)]
         if len(_RUN_PREFIXES_CACHE) < _PLAIN_HEADS_CACHE_MAX:
@@ -541,7 +532,7 @@ def _uniform_run(messages: Sequence[bytes], first_sequence_id: int) -> bytes:
     while index < count:
         low = seq & 0x7F
         take = min(0x80 - low, count - index)
-        upper = _uvarint(seq >> 7)
+        upper = uvarint(seq >> 7)
         prefixes = _run_prefixes(size, 1 + len(upper))
         extend(chain(zip(prefixes[low:low + take], repeat(upper, take),
                          messages[index:index + take])))
@@ -623,7 +614,7 @@ def build_batch_payload(messages: Iterable[Message | bytes],
             parts += (heads[3], bytes(((seq & 0x7F) | 0x80, ((seq >> 7) & 0x7F) | 0x80,
                                        seq >> 14)), payload)
         elif 0x200000 <= seq < _U64_LIMIT:
-            varint = _uvarint(seq)
+            varint = uvarint(seq)
             field3 = heads[0][4:]
             parts += (_U32.pack(len(field3) + 1 + len(varint)), field3, b"\x40", varint,
                       payload)
