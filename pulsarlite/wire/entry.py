@@ -32,7 +32,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from pulsarlite._proto import pulsar_api_pb2 as pb
 from pulsarlite.errors import PulsarliteError
-from pulsarlite.varint import uvarint
+from pulsarlite.varint import SMALL_VARINTS, uvarint
 
 _U32 = struct.Struct(">I")
 _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
@@ -424,6 +424,23 @@ def _key_values(properties: Mapping[str, str] | None) -> list[pb.KeyValue]:
     return [pb.KeyValue(key=k, value=v) for k, v in properties.items()] if properties else []
 
 
+def _set_message_fields(metadata, message: Message) -> None:
+    """The per-message fields MessageMetadata and SingleMessageMetadata share (same names):
+    key, its base64 flag, null key, ordering key, event time, null value."""
+    if message.key is not None:
+        metadata.partition_key = message.key
+        if message.key_b64_encoded:
+            metadata.partition_key_b64_encoded = True
+    if message.null_key:
+        metadata.null_partition_key = True
+    if message.ordering_key is not None:
+        metadata.ordering_key = message.ordering_key
+    if message.event_time_ms:
+        metadata.event_time = message.event_time_ms
+    if message.null_value:
+        metadata.null_value = True
+
+
 def _frame_entry(metadata: pb.MessageMetadata, payload: bytes) -> bytes:
     meta = metadata.SerializeToString()
     return _U32.pack(len(meta)) + meta + payload
@@ -438,18 +455,7 @@ def build_entry(message: Message, *, producer_name: str, sequence_id: int, publi
     metadata = pb.MessageMetadata(
         producer_name=producer_name, sequence_id=sequence_id, publish_time=publish_time_ms,
         properties=_key_values(message.properties), uncompressed_size=len(raw))
-    if message.key is not None:
-        metadata.partition_key = message.key
-        if message.key_b64_encoded:
-            metadata.partition_key_b64_encoded = True
-    if message.null_key:
-        metadata.null_partition_key = True
-    if message.ordering_key is not None:
-        metadata.ordering_key = message.ordering_key
-    if message.event_time_ms:
-        metadata.event_time = message.event_time_ms
-    if message.null_value:
-        metadata.null_value = True
+    _set_message_fields(metadata, message)
     if compression:
         metadata.compression = int(compression)
     if schema_version is not None:
@@ -463,26 +469,14 @@ def _single_metadata(message: Message, payload_size: int, sequence_id: int | Non
     """A SingleMessageMetadata through protobuf: the general encoder (every field)."""
     single = pb.SingleMessageMetadata(payload_size=payload_size,
                                       properties=_key_values(message.properties))
-    if message.key is not None:
-        single.partition_key = message.key
-        if message.key_b64_encoded:
-            single.partition_key_b64_encoded = True
-    if message.null_key:
-        single.null_partition_key = True
-    if message.ordering_key is not None:
-        single.ordering_key = message.ordering_key
-    if message.event_time_ms:
-        single.event_time = message.event_time_ms
+    _set_message_fields(single, message)
     if sequence_id is not None:
         single.sequence_id = sequence_id
-    if message.null_value:
-        single.null_value = True
     if message.compacted_out:
         single.compacted_out = True
     return single.SerializeToString()
 
 
-_SMALL_VARINTS = [bytes([i]) for i in range(0x80)]
 _U64_LIMIT = 1 << 64
 
 
@@ -576,7 +570,7 @@ def build_batch_payload(messages: Iterable[Message | bytes],
         return _uniform_run(messages, sequence_ids[0])
     parts: list = []
     heads_cache = _PLAIN_HEADS_CACHE
-    small = _SMALL_VARINTS
+    small = SMALL_VARINTS
     last_size = -1
     heads = None
     for index, message in enumerate(messages):
