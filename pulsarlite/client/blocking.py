@@ -231,25 +231,17 @@ class Producer:
             self._space.set()
         if error is None:
             ok = Result.Ok
-            if batched:
-                count = len(callbacks)
-                index = 0
-                for callback in callbacks:
-                    if callback is not None:
-                        try:
-                            callback(ok, MessageId(partition, ledger_id, entry_id, index, count,
-                                                   topic))
-                        except Exception:
-                            impl.log.exception("event=callback_failed topic=%s", topic)
+            # a batch's messages are its indexes 0..count-1; a lone message has index -1, count 0
+            count = len(callbacks) if batched else 0
+            index = 0 if batched else -1
+            for callback in callbacks:
+                if callback is not None:
+                    try:
+                        callback(ok, MessageId(partition, ledger_id, entry_id, index, count, topic))
+                    except Exception:
+                        impl.log.exception("event=callback_failed topic=%s", topic)
+                if batched:
                     index += 1
-            else:
-                for callback in callbacks:
-                    if callback is not None:
-                        try:
-                            callback(ok, MessageId(partition, ledger_id, entry_id, -1, 0,
-                                                   topic))
-                        except Exception:
-                            impl.log.exception("event=callback_failed topic=%s", topic)
             return
         result = result_of(error)
         for callback in callbacks:
