@@ -445,7 +445,7 @@ class PersistentTopic:
             if meta.batched:    # a batch covers sequence_id .. + count - 1 (highest_sequence_id may be unset)
                 highest_sequence_id = max(highest_sequence_id, sequence_id + meta.message_count - 1)
             op.dedup_highest = highest_sequence_id
-            op.dedup_digest = digest = crc32c_of(data)
+            op.dedup_digest = crc32c_of(data)
             if producer.given_last_sequence_id + 1 == sequence_id <= producer.session_high:
                 # the session drops back to the id after the last_sequence_id we gave it, after
                 # sending higher ones: the official C++ client reset its counter on reconnect
@@ -859,6 +859,9 @@ def _address_of(connection) -> str:
 
 
 # -- subscriptions -------------------------------------------------------------------------------
+SKIP_READ_ENTRIES_MAX = 256      # entries read per round trip by an admin skip
+
+
 async def skip_messages(topic: "PersistentTopic", cursor, count: int) -> int:
     """Acknowledge on ``cursor`` the next ``count`` unacknowledged messages of ``topic`` after its
     mark-delete position (admin skip): whole entries, and of a batch only as many indexes as are
@@ -869,25 +872,26 @@ async def skip_messages(topic: "PersistentTopic", cursor, count: int) -> int:
     last = topic.ml.last_confirmed_position
     position = topic.next_after(cursor.mark_delete_position)
     while skipped < count and last.entry_id >= 0 and position <= last:
-        got = await topic.read_entry(position)
-        if got is None:                      # past a ledger's end: the list moved on
-            following = topic.next_after(position)
-            if following <= position:
+        # each entry holds at least one message: never more entries than messages left to skip
+        got = await topic.ml.read_entries(position, min(SKIP_READ_ENTRIES_MAX, count - skipped))
+        got = [(p, data) for p, data in got if p <= last]
+        if not got:
+            break
+        for entry_position, data in got:
+            if skipped >= count:
                 break
-            position = following
-            continue
-        batch_size = max(1, got[1])
-        left = cursor.remaining_batch_indexes(position, batch_size)
-        if left is None:
-            left = set(range(batch_size))
-        if left and len(left) <= count - skipped:
-            if cursor.ack_individual(position):
-                skipped += len(left)
-        elif left:
-            for index in sorted(left)[:count - skipped]:
-                cursor.ack_individual(position, batch_index=index, batch_size=batch_size)
-                skipped += 1
-        position = topic.next_after(position)
+            batch_size = max(1, peek_metadata(data).message_count)
+            left = cursor.remaining_batch_indexes(entry_position, batch_size)
+            if left is None:
+                left = set(range(batch_size))
+            if left and len(left) <= count - skipped:
+                if cursor.ack_individual(entry_position):
+                    skipped += len(left)
+            elif left:
+                for index in sorted(left)[:count - skipped]:
+                    cursor.ack_individual(entry_position, batch_index=index, batch_size=batch_size)
+                    skipped += 1
+        position = topic.next_after(got[-1][0])
     return skipped
 
 
