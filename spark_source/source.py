@@ -147,13 +147,18 @@ def _settings(opts: SourceOptions, typed=None, columns=None, output_schema=None)
                         columns=columns, output_schema=output_schema)
 
 
-def _typed_value(options) -> "object | None":
-    """The typed value columns of the topics ``options`` name (spark_source/typed.py), or None."""
+def _value_schema_mode(options) -> str:
+    """Option valueSchema: "typed" (the default) or "raw"; OptionError for anything else."""
     o = {str(k).lower(): v for k, v in options.items()}
     mode = str(o.get("valueschema") or "typed").strip().lower()
     if mode not in ("typed", "raw"):
         raise OptionError(f"option valueSchema: expected typed or raw, got {mode!r}")
-    if mode == "raw" or not o.get("zookeeper"):
+    return mode
+
+
+def _typed_value(options) -> "object | None":
+    """The typed value columns of the topics ``options`` name (spark_source/typed.py), or None."""
+    if _value_schema_mode(options) == "raw" or not {str(k).lower(): v for k, v in options.items()}.get("zookeeper"):
         return None
     try:
         opts = parse_options(options, streaming=False)
@@ -204,14 +209,14 @@ def read_shape(schema, options, typed_value=None) -> ReadShape:
     meta = source_columns(_metadata_struct())
     names = [f.name for f in getattr(schema, "fields", None) or []]
     meta_names = {c.name for c in meta}
-    if names and all(n in meta_names for n in names):
-        columns = resolve_projection(schema, meta)
-        return ReadShape() if columns is None else ReadShape(None, columns, _arrow_schema(schema))
-    typed = typed_value() if typed_value is not None else _typed_value(options)
-    if typed is None:
-        mode = str({str(k).lower(): v for k, v in options.items()}.get("valueschema") or "typed").lower()
-        note = ("; typed value columns are off (valueSchema=raw)" if mode.strip() == "raw" else
-                "; the topic(s) have no shared AVRO/JSON schema, so there are no typed value columns")
+    only_metadata = bool(names) and all(n in meta_names for n in names)
+    typed = None
+    if not only_metadata:
+        typed = typed_value() if typed_value is not None else _typed_value(options)
+    if typed is None:      # the metadata columns are all there is to select from
+        note = "" if only_metadata else (
+            "; typed value columns are off (valueSchema=raw)" if _value_schema_mode(options) == "raw" else
+            "; the topic(s) have no shared AVRO/JSON schema, so there are no typed value columns")
         columns = resolve_projection(schema, meta, note=note)
         return ReadShape() if columns is None else ReadShape(None, columns, _arrow_schema(schema))
     from pyspark.sql.types import StructType
