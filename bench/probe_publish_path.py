@@ -4,7 +4,8 @@
                                                  [--profile] [--top 40]
 
 Real code from the SEND bytes to the receipt bytes: ``ServerConnection.data_received`` ->
-``PersistentTopic.publish`` -> ``ManagedLedger`` -> ``LedgerWriter`` (write core, E3/Qw3/Qa2) ->
+``PersistentTopic.publish_run`` (the SENDs of one read as a run; ``publish`` one by one where a
+run is not taken) -> ``ManagedLedger`` -> ``LedgerWriter`` (write core, E3/Qw3/Qa2) ->
 ``BookieClient`` (AddRequests encoded as for the socket) -> receipts written to the connection's
 transport. Only the sockets are fakes: the client side feeds pre-encoded SEND frames
 (``--chunk`` frames per data_received, at most ``--window`` outstanding, like the official
@@ -92,7 +93,7 @@ class FakeBookieTransport:
                 continue
             self._answered.add(request_id)
             body = b"".join(b"\x0a" + uvarint(len(r)) + r
-                            for r in (b"\x08\x01\x10" + uvarint(_entry_id(t)) for t in taken))
+                            for r in (b"\x08\x01\x10" + uvarint(e) for t in taken for e in _entry_ids(t)))
             body += b"\x10" + uvarint(request_id)
             out.append(encode_frame(bpb.FRAME_ADD_RESPONSE, request_id, body))
             self.requests += 1
@@ -110,9 +111,15 @@ class FakeBookieTransport:
         pass
 
 
-def _entry_id(taken_item) -> int:
+def _entry_ids(taken_item) -> list[int]:
+    """The entry ids of one in-flight record: (entry id | pb.Entry, callback) in older trees,
+    (entry ids, callback) chunks since runs of adds."""
     first = taken_item[0]
-    return first if isinstance(first, int) else first.entry_id     # (entry id | pb.Entry, callback)
+    if isinstance(first, int):
+        return [first]
+    if hasattr(first, "entry_id"):
+        return [first.entry_id]
+    return list(first)
 
 
 class SinkTransport:

@@ -201,6 +201,12 @@ class _ProducerRef:
         self.connection.write(c.send_receipt(self.producer_id, sequence_id, position.ledger_id,
                                              position.entry_id, highest_sequence_id=highest_sequence_id))
 
+    def send_receipts(self, receipts: list) -> None:
+        """Several receipts, ``[(sequence_id, highest_sequence_id, position), ...]``, in order."""
+        self.connection.write(c.send_receipts(self.producer_id, [
+            (sequence_id, highest_sequence_id, position[0], position[1])
+            for sequence_id, highest_sequence_id, position in receipts]))
+
     def send_error(self, sequence_id: int, error: BaseException) -> None:
         from broker.service import server_error_of
         self.connection.write(c.send_error(self.producer_id, sequence_id, server_error_of(error),
@@ -261,14 +267,21 @@ class ServerConnection(asyncio.Protocol):
             result = self.core.receive(data)
             for out in result.out:
                 self.write(out)
-            for frame in result.frames:
+            frames = result.frames
+            count = len(frames)
+            i = 0
+            while i < count:
                 if self.closed:
                     break
-                try:
-                    self._handle(frame)
-                except Exception as e:   # a bug handling one command: tell the client, keep the broker
-                    log.exception("error handling %s from %s", T.Type.Name(frame.type), self.peer)
-                    self.write(c.error(_request_id_of(frame.command) or 0, pb.UnknownError, str(e)))
+                frame = frames[i]
+                if count - i > 1 and frame.command.type == _SEND:
+                    end = self._send_run_end(frames, i)
+                    if end - i > 1:
+                        self._on_send_run(frames, i, end)
+                        i = end
+                        continue
+                self._handle_guarded(frame)
+                i += 1
         finally:
             self._receiving = False
             self._flush()
@@ -277,6 +290,13 @@ class ServerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self._cleanup()
+
+    def _handle_guarded(self, frame: Frame) -> None:
+        try:
+            self._handle(frame)
+        except Exception as e:   # a bug handling one command: tell the client, keep the broker
+            log.exception("error handling %s from %s", T.Type.Name(frame.type), self.peer)
+            self.write(c.error(_request_id_of(frame.command) or 0, pb.UnknownError, str(e)))
 
     def pause_writing(self) -> None:
         # the client reads slower than we write beyond the buffer limit: drop it, it reconnects
@@ -434,6 +454,43 @@ class ServerConnection(asyncio.Protocol):
                                                  error_message="consumer stats are not supported yet"))
 
     # SEND ----------------------------------------------------------------------------------------
+    @staticmethod
+    def _send_run_end(frames: list, start: int) -> int:
+        """The end of the run of SEND frames from ``start`` (a SEND): consecutive SENDs of one
+        producer, each with a checksum that matched."""
+        producer_id = frames[start].command.send.producer_id
+        end = start
+        for frame in frames[start:]:
+            command = frame.command
+            if command.type != _SEND or not frame.checksum_ok or command.send.producer_id != producer_id:
+                break
+            end += 1
+        return end
+
+    def _on_send_run(self, frames: list, start: int, end: int) -> None:
+        """SENDs ``frames[start:end]`` of one producer: one run for the topic when it can take
+        it whole (PersistentTopic.publish_run), else SEND by SEND as usual."""
+        ref = self._producers.get(frames[start].command.send.producer_id)
+        if ref is not None and ref.producer is not None:
+            sends = []
+            for frame in frames[start:end]:
+                send = frame.command.send
+                sequence_id = send.sequence_id
+                highest = send.highest_sequence_id      # 0 when unset: then the sequence id
+                sends.append((sequence_id, highest if highest > sequence_id else sequence_id, frame.entry))
+            try:
+                if ref.topic.publish_run(ref.producer, sends):
+                    return
+            except Exception as e:    # a bug handling the SENDs: as _handle_guarded does, for each
+                log.exception("error handling a run of %d SENDs from %s", end - start, self.peer)
+                for _ in range(start, end):
+                    self.write(c.error(0, pb.UnknownError, str(e)))
+                return
+        for frame in frames[start:end]:
+            if self.closed:
+                break
+            self._handle_guarded(frame)
+
     def _on_send(self, frame: Frame) -> None:
         send = frame.command.send
         ref = self._producers.get(send.producer_id)

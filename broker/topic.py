@@ -70,6 +70,10 @@ class ProducerHandle(Protocol):
 
     def send_receipt(self, sequence_id: int, highest_sequence_id: int, position: Position) -> None: ...
 
+    # optional: several receipts at once, [(sequence_id, highest_sequence_id, position), ...] in
+    # order (else send_receipt is called for each)
+    # def send_receipts(self, receipts: list[tuple[int, int, Position]]) -> None: ...
+
     def send_error(self, sequence_id: int, error: BaseException) -> None: ...
 
     def close_by_broker(self) -> None: ...
@@ -220,6 +224,13 @@ class Producer:
     given_last_sequence_id: int = -1     # what PRODUCER_SUCCESS told this session (dedup)
     session_high: int = -1               # the highest sequence id sent in this session (dedup)
     held: deque = field(default_factory=deque)   # sends not decided yet, in order (dedup)
+
+
+def _receipts_one_by_one(handle):
+    def send_receipts(receipts: list) -> None:
+        for sequence_id, highest_sequence_id, position in receipts:
+            handle.send_receipt(sequence_id, highest_sequence_id, position)
+    return send_receipts
 
 
 async def _maybe_await(value) -> None:
@@ -464,6 +475,107 @@ class PersistentTopic:
                 self._decide_held(producer)
             return
         self._store(op, producer, data, publish_time)
+
+    def publish_run(self, producer: Producer, sends: list) -> bool:
+        """SENDs of one producer from one read, ``[(sequence_id, highest_sequence_id, entry),
+        ...]``, stored as one run when the topic is in its plain state: no deduplication, not
+        closing or fenced, no backlog, owned, every entry's metadata readable, and the managed
+        ledger takes the run whole (room for all of it under pending_adds_max, no rollover
+        inside it, its ledger writing to usable bookies). Returns False, having done nothing,
+        otherwise: the caller publishes them one by one (:meth:`publish`), which handles every
+        unusual case. Receipts go out in order once the entries are confirmed, exactly as for
+        single SENDs."""
+        count = len(sends)
+        if (self.dedup is not None or self._closing or self._write_fenced or self._backlog
+                or self.ml.pending_count + count > self.config.pending_adds_max):
+            return False
+        datas: list[bytes] = []
+        times: list[int] = []
+        ops: list[_Send] = []
+        start_s = time.monotonic()
+        size = 0
+        try:
+            for sequence_id, highest_sequence_id, entry in sends:
+                data = bytes(entry)
+                meta = peek_metadata(data)
+                datas.append(data)
+                times.append(meta.publish_time_ms)
+                ops.append(_Send(sequence_id, highest_sequence_id, len(data), meta.message_count, start_s))
+                size += len(data)
+        except Exception:         # a bad entry: SEND by SEND, which answers it with SEND_ERROR
+            return False
+        if not self._owned():     # SEND by SEND: fences the topic and answers each
+            return False
+        if not self.ml.try_add_run(datas, times, lambda first, last, position, error: self._on_run_added(
+                producer, ops, datas, first, last, position, error)):
+            return False
+        producer.pending.extend(ops)
+        self._adds_in_flight += count
+        self.service.publish_buffer.acquire(size, producer.connection)
+        return True
+
+    def _on_run_added(self, producer: Producer, ops: list, datas: list, first: int, last: int,
+                      position: Position | None, error: BaseException | None) -> None:
+        """Ops ``first..last`` of a run are confirmed from ``position`` on (entries in a row),
+        or failed: the failures one by one as single adds; a confirmation in one pass (stats,
+        cache, receipts in order, subscriptions woken once)."""
+        if error is not None or position is None:
+            for i in range(first, last + 1):
+                self._on_added(producer, ops[i], datas[i], None, error)
+            return
+        count = last - first + 1
+        self._adds_in_flight -= count
+        ledger_id, entry_id = position
+        put = self.service.entry_cache.put
+        key = self.key
+        messages = size = 0
+        for i in range(first, last + 1):
+            op = ops[i]
+            p = Position(ledger_id, entry_id)
+            entry_id += 1
+            put(key, p, datas[i], op.message_count)
+            messages += op.message_count
+            size += op.size
+            op.position = p
+            op.done = True
+        self.msg_in += messages
+        self.bytes_in += size
+        self.entries_added += count
+        producer.msg_in += messages
+        producer.bytes_in += size
+        room = LATENCY_SAMPLES_MAX - len(self.latencies_s)
+        if room > 0:
+            self.latencies_s += [time.monotonic() - ops[first].start_s] * min(room, count)
+        self._release_done(producer)
+        for sub in list(self.subscriptions.values()):
+            sub.wake()
+        self._drain_backlog()
+        self._maybe_unfence()
+
+    def _release_done(self, producer: Producer) -> None:
+        """The producer's sends done at the head of its queue: out of the publish buffer, and
+        answered in order (receipt or SEND_ERROR)."""
+        pending = producer.pending
+        released = 0
+        receipts = []
+        handle = producer.handle
+        send_receipts = getattr(handle, "send_receipts", None) or _receipts_one_by_one(handle)
+        while pending and pending[0].done:
+            done = pending.popleft()
+            released += done.size
+            if producer.closed:
+                continue
+            if done.error is not None:
+                if receipts:
+                    send_receipts(receipts)
+                    receipts = []
+                handle.send_error(done.sequence_id, done.error)
+            else:
+                receipts.append((done.sequence_id, done.highest_sequence_id, done.position))
+        if receipts:
+            send_receipts(receipts)
+        if released:
+            self.service.publish_buffer.release(released)
 
     def _decide_held(self, producer: Producer) -> None:
         """Decide a producer's held sends in order (dedup): duplicate (receipt), new (stored),

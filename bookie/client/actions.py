@@ -68,6 +68,20 @@ class SendAdd(NamedTuple):
     recovery: bool = False
 
 
+class SendAddRun(NamedTuple):
+    """A run of new entries ``first_entry_id ..`` (one per payload, ``lengths[i]`` the ledger
+    length through entry ``first_entry_id + i``), all sent with ``lac``: send to each bookie of
+    ``sends`` (``(bookie, offsets)``, offsets into the run, None for all of them) the entries it
+    stores. The same as one SendAdd per (entry, bookie of its write set), grouped per bookie so
+    that the shell encodes each entry once and hands each bookie the run in one call."""
+
+    first_entry_id: int
+    lac: int
+    lengths: tuple[int, ...]
+    payloads: tuple[bytes, ...]
+    sends: tuple[tuple[str, "tuple[int, ...] | None"], ...]
+
+
 @dataclass(frozen=True)
 class ConfirmAdds:
     """Every add with id <= last_entry_id is durable: complete them in order. The new LAC."""
@@ -137,5 +151,5 @@ class RecoveryFailed:
     error: PulsarliteError
 
 
-Action = Union[SendAdd, ConfirmAdds, FailAdds, WriteMetadata, CloseDone, CloseFailed,
+Action = Union[SendAdd, SendAddRun, ConfirmAdds, FailAdds, WriteMetadata, CloseDone, CloseFailed,
                SendReadLac, SendRead, RecoveryDone, RecoveryFailed]

@@ -18,7 +18,8 @@ import asyncio
 import collections
 import logging
 import socket
-from typing import Callable
+from itertools import chain
+from typing import Callable, Sequence
 
 from google.protobuf.message import DecodeError
 
@@ -93,12 +94,15 @@ class BookieClient:
         self._config = config
         self._conn: _Connection | None = None           # connected and usable
         self._connect_task: asyncio.Task | None = None
-        # adds waiting to be written: (entry id, encoded entry, recovery, callback); the encoded
-        # entry is an element of AddRequest.entries (bookie.transport.encode_add_entry), shared
-        # by the write quorum's bookies
-        self._outbound: collections.deque[tuple[int, bytes, bool, AddCallback]] = collections.deque()
-        # AddRequests written, waiting for their AddResponse: request id -> [(entry id, callback)]
-        self._inflight: dict[int, list[tuple[int, AddCallback]]] = {}
+        # adds waiting to be written, in chunks of consecutive adds of one caller: (entry ids,
+        # encoded entries, recovery, callback); an encoded entry is an element of
+        # AddRequest.entries (bookie.transport.encode_add_entry), shared by the write quorum's
+        # bookies. A single add is a chunk of one; a run (send_adds) one chunk.
+        self._outbound: collections.deque[tuple[Sequence[int], Sequence[bytes], bool, AddCallback]] = \
+            collections.deque()
+        # AddRequests written, waiting for their AddResponse: request id -> [(entry ids, callback)]
+        # (the chunks the request carries, in order)
+        self._inflight: dict[int, list[tuple[Sequence[int], AddCallback]]] = {}
         # unary requests written, waiting for their answer: request id -> future (frame type, body)
         self._calls: dict[int, asyncio.Future] = {}
         self._next_request_id = 1
@@ -142,7 +146,7 @@ class BookieClient:
         if self._outbound:
             log.warning("bookie=%s unreachable, failing %d adds: %s", self.bookie_id, len(self._outbound), error)
         outbound, self._outbound = self._outbound, collections.deque()
-        _dispatch(self.bookie_id, [(e, cb, UNREACHABLE) for e, _, _, cb in outbound])
+        _dispatch(self.bookie_id, [(e, cb, UNREACHABLE) for ids, _, _, cb in outbound for e in ids])
 
     def _usable(self) -> _Connection | None:
         """The current connection if it can still be written to."""
@@ -177,8 +181,8 @@ class BookieClient:
                 fut.set_exception(BookieUnavailableError(f"bookie {self.bookie_id}: {reason}"))
         inflight, self._inflight = self._inflight, {}
         outbound, self._outbound = self._outbound, collections.deque()
-        failed = [(e, cb, UNREACHABLE) for taken in inflight.values() for e, cb in taken]
-        failed += [(e, cb, UNREACHABLE) for e, _, _, cb in outbound]
+        failed = [(e, cb, UNREACHABLE) for taken in inflight.values() for ids, cb in taken for e in ids]
+        failed += [(e, cb, UNREACHABLE) for ids, _, _, cb in outbound for e in ids]
         _dispatch(self.bookie_id, failed)
 
     def _new_request_id(self) -> int:
@@ -193,7 +197,24 @@ class BookieClient:
         if self._closed:     # answered from the loop, never from inside this call
             asyncio.get_running_loop().call_soon(callback, self.bookie_id, [(entry_id, UNREACHABLE)])
             return
-        self._outbound.append((entry_id, entry, recovery, callback))
+        self._outbound.append(((entry_id,), (entry,), recovery, callback))
+        if self._conn is None:
+            self._start_connect()  # the pump runs once connected
+        else:
+            self._schedule_pump()
+
+    def send_adds(self, entry_ids: Sequence[int], entries: Sequence[bytes], recovery: bool,
+                  callback: AddCallback) -> None:
+        """Queue adds of several entries at once (``entry_ids[i]`` is encoded in ``entries[i]``),
+        as :meth:`send_add` for each in turn: ``callback`` runs exactly once per entry."""
+        if len(entry_ids) != len(entries):
+            raise ValueError(f"{len(entry_ids)} entry ids for {len(entries)} entries")
+        if not entry_ids:
+            return
+        if self._closed:     # answered from the loop, never from inside this call
+            asyncio.get_running_loop().call_soon(callback, self.bookie_id, [(e, UNREACHABLE) for e in entry_ids])
+            return
+        self._outbound.append((entry_ids, entries, recovery, callback))
         if self._conn is None:
             self._start_connect()  # the pump runs once connected
         else:
@@ -225,23 +246,44 @@ class BookieClient:
         if out:
             conn.transport.writelines(out)
 
-    def _take_batch(self, request_id: int) -> tuple[list[bytes], list[tuple[int, AddCallback]]]:
+    def _take_batch(self, request_id: int) -> tuple[list[bytes], list[tuple[Sequence[int], AddCallback]]]:
         """Up to the batch limits of pending adds that share a recovery flag: the AddRequest's
-        body as pieces (the encoded entries, then its other fields) and what it carries."""
+        body as pieces (the encoded entries, then its other fields) and the chunks it carries
+        (a chunk that does not fit whole is split: its head goes now, the rest stays first)."""
         entries_max, bytes_max = self._config.add_batch_entries_max, self._config.add_batch_bytes_max
         outbound = self._outbound
         recovery = outbound[0][2]
-        taken: list[tuple[int, AddCallback]] = []
+        taken: list[tuple[Sequence[int], AddCallback]] = []
         body: list[bytes] = []
+        count = 0
         size = 0
-        while outbound and len(taken) < entries_max:
-            entry_id, entry, rec, cb = outbound[0]
-            size += len(entry)
-            if rec != recovery or (taken and size > bytes_max):
+        while outbound and count < entries_max:
+            ids, entries, rec, cb = outbound[0]
+            if rec != recovery:
                 break
-            outbound.popleft()
-            taken.append((entry_id, cb))
-            body.append(entry)
+            n = len(ids)
+            chunk_bytes = sum(map(len, entries)) if n > 1 else len(entries[0])
+            if count + n <= entries_max and (size + chunk_bytes <= bytes_max or (not count and n == 1)):
+                outbound.popleft()
+                taken.append((ids, cb))
+                body += entries
+                count += n
+                size += chunk_bytes
+                continue
+            # the chunk does not fit whole: as many of its first entries as the limits allow
+            # (at least one entry per request, however big)
+            room = min(n, entries_max - count)
+            k = 0
+            while k < room:
+                size += len(entries[k])
+                if (count or k) and size > bytes_max:
+                    break
+                k += 1
+            if k:
+                taken.append((ids[:k], cb))
+                body += entries[:k]
+                outbound[0] = (ids[k:], entries[k:], rec, cb)
+            break
         body.append(encode_add_request_tail(recovery, request_id))
         return body, taken
 
@@ -271,16 +313,23 @@ class BookieClient:
         if taken is None:
             return
         results = response.results
-        if len(results) != len(taken):
+        if len(taken) == 1:
+            entry_ids, first_cb = taken[0]
+            count = len(entry_ids)
+        else:
+            entry_ids = list(chain.from_iterable(ids for ids, _ in taken))
+            count = len(entry_ids)
+            first_cb = taken[0][1] if all(cb is taken[0][1] for _, cb in taken) else None
+        if len(results) != count:
             log.error("bookie=%s answered %d results for %d entries: failing the request",
-                      self.bookie_id, len(results), len(taken))
-            _dispatch(self.bookie_id, [(e, cb, UNREACHABLE) for e, cb in taken])
+                      self.bookie_id, len(results), count)
+            _dispatch(self.bookie_id, [(e, cb, UNREACHABLE) for ids, cb in taken for e in ids])
             return
-        first_cb = taken[0][1] if taken else None
-        if taken and all(cb is first_cb for _, cb in taken):     # the common case: one writer, no regrouping
-            first_cb(self.bookie_id, [(e, r.code) for (e, _), r in zip(taken, results)])
+        if first_cb is not None:     # the common case: one writer, no regrouping
+            first_cb(self.bookie_id, [(e, r.code) for e, r in zip(entry_ids, results)])
             return
-        _dispatch(self.bookie_id, [(e, cb, r.code) for (e, cb), r in zip(taken, results)])
+        callbacks = [cb for ids, cb in taken for _ in ids]
+        _dispatch(self.bookie_id, [(e, cb, r.code) for e, cb, r in zip(entry_ids, callbacks, results)])
 
     def _on_error_response(self, request_id: int, error: pb.ErrorResponse) -> None:
         log.warning("bookie=%s refused request %d: %s %s", self.bookie_id, request_id,
@@ -289,7 +338,7 @@ class BookieClient:
         taken = self._inflight.pop(request_id, None)
         if taken is not None:
             code = error.code if error.code != pb.OK else UNREACHABLE
-            _dispatch(self.bookie_id, [(e, cb, code) for e, cb in taken])
+            _dispatch(self.bookie_id, [(e, cb, code) for ids, cb in taken for e in ids])
         fut = self._calls.pop(request_id, None)
         if fut is not None and not fut.done():
             fut.set_exception(BookieUnavailableError(

@@ -8,15 +8,16 @@ results back with the time and a random source, and turns confirmations into fut
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from bookie._proto import bookie_rpc_pb2 as pb
 from bookie.client.actions import (AddOutcome, CloseDone, CloseFailed, ConfirmAdds, EntryData,
                                    FailAdds, LacOutcome, ReadOutcome, RecoveryDone, RecoveryFailed,
-                                   SendAdd, SendRead, SendReadLac, WriteMetadata)
+                                   SendAdd, SendAddRun, SendRead, SendReadLac, WriteMetadata)
 from bookie.client.bookie_client import BookieClientPool
 from bookie.client.ledger_manager import LedgerManager
 from bookie.client.metadata import LedgerMetadata, LedgerState, validate_quorum
@@ -36,6 +37,21 @@ TICK_INTERVAL_S = 0.1
 
 # add_with_callback's callback: (entry_id, None) once confirmed, (entry_id, error) if failed
 AddDone = Callable[[int, "BaseException | None"], None]
+# add_run's callback: (first_entry_id, last_entry_id, None) once those entries of the run are
+# confirmed, (first_entry_id, last_entry_id, error) if they failed; ranges in order, covering
+# the run exactly once
+RunDone = Callable[[int, int, "BaseException | None"], None]
+
+
+class _RunWaiter:
+    """What waits for a run of entries: ``first`` is its first entry not completed yet."""
+
+    __slots__ = ("first", "last", "done")
+
+    def __init__(self, first: int, last: int, done: RunDone) -> None:
+        self.first = first
+        self.last = last
+        self.done = done
 
 _OK = pb.OK
 _ADD_OUTCOMES = {pb.OK: AddOutcome.OK, pb.FENCED: AddOutcome.FENCED, pb.READ_ONLY: AddOutcome.READ_ONLY,
@@ -168,10 +184,10 @@ class LedgerWriter:
         self._core = LedgerWriteCore(metadata, add_timeout_ms=client.config.add_timeout_ms,
                                      ensemble_change_attempts_max=client.config.ensemble_change_attempts_max)
         self.ledger_id = metadata.ledger_id
-        # entry id -> what waits for it: a Future (add_async) or a callback (add_with_callback)
-        self._futures: dict[int, asyncio.Future | AddDone] = {}
+        # what waits for the entries not completed yet, in entry order: (entry id, Future or
+        # AddDone callback) for a single add, a _RunWaiter for a run (add_run)
+        self._waiting: collections.deque = collections.deque()
         self._drained: asyncio.Future | None = None   # close(): set once nothing waits
-        self._next_to_confirm = 0
         self._capacity = asyncio.Condition()
         self._close_future: asyncio.Future | None = None
         self._metadata_tasks: set[asyncio.Task] = set()
@@ -198,7 +214,7 @@ class LedgerWriter:
         if the ledger already failed or is closing (nothing is queued)."""
         entry_id, actions = self._core.add(bytes(payload), _now_ms())
         fut = asyncio.get_running_loop().create_future()
-        self._futures[entry_id] = fut
+        self._waiting.append((entry_id, fut))
         self._run(actions)
         return fut
 
@@ -207,9 +223,26 @@ class LedgerWriter:
         ``done(entry_id, error)`` runs exactly once, from the loop, never from inside this call,
         in entry order: ``error`` None once the entry is confirmed, else the failure."""
         entry_id, actions = self._core.add(payload if type(payload) is bytes else bytes(payload), _now_ms())
-        self._futures[entry_id] = done
+        self._waiting.append((entry_id, done))
         self._run(actions)
         return entry_id
+
+    def can_take_run(self) -> bool:
+        """True when :meth:`add_run` would take a run as one SendAddRun now (writing, no
+        failure, every bookie usable, no ensemble change in flight)."""
+        return self._core.run_ready
+
+    def add_run(self, payloads: Sequence[bytes], done: "RunDone") -> int:
+        """Append ``payloads`` as consecutive entries in one call (the broker's publish path):
+        returns the first entry id. ``done(first_entry_id, last_entry_id, error)`` runs from
+        the loop, never from inside this call, for consecutive ranges of the run in entry order
+        (together covering it once): ``error`` None once those entries are confirmed, else the
+        failure. Each entry is encoded once and its bytes shared by the bookies that store it.
+        Raises like :meth:`add_with_callback` (nothing queued)."""
+        first, actions = self._core.add_run(payloads, _now_ms())
+        self._waiting.append(_RunWaiter(first, first + len(payloads) - 1, done))
+        self._run(actions)
+        return first
 
     async def add(self, payload: bytes) -> int:
         """Add and wait for confirmation; waits first while pending_adds_max adds are in flight."""
@@ -221,7 +254,7 @@ class LedgerWriter:
     async def close(self) -> LedgerMetadata:
         """Wait for pending adds, then close the ledger at its LAC (CLOSED in the metadata)."""
         if self._close_future is None:
-            while self._futures:              # every add confirmed or failed first
+            while self._waiting:              # every add confirmed or failed first
                 if self._drained is None or self._drained.done():
                     self._drained = asyncio.get_running_loop().create_future()
                 await asyncio.shield(self._drained)
@@ -242,6 +275,8 @@ class LedgerWriter:
                 if built is None or built_for != (a.entry_id, a.lac):
                     built, built_for = _encoded_entry(self.ledger_id, a), (a.entry_id, a.lac)
                 client.pool.get(a.bookie).send_add(a.entry_id, built, a.recovery, self._add_callback)
+            elif type(a) is SendAddRun:
+                self._send_run(a)
             elif isinstance(a, ConfirmAdds):
                 self._confirm(a.last_entry_id)
             elif isinstance(a, FailAdds):
@@ -260,6 +295,24 @@ class LedgerWriter:
                     self._close_future.set_exception(a.error)
             else:
                 raise InvariantViolation(f"write core emitted unknown action {a!r}")
+
+    def _send_run(self, a: SendAddRun) -> None:
+        """Encode each entry of the run once; each bookie gets its share in one call."""
+        ledger_id = self.ledger_id
+        lac = a.lac
+        first = a.first_entry_id
+        entry_ids = range(first, first + len(a.payloads))
+        encoded = [encode_add_entry(ledger_id, entry_id, lac, length, payload,
+                                    entry_checksum(ledger_id, entry_id, lac, length, payload))
+                   for entry_id, length, payload in zip(entry_ids, a.lengths, a.payloads)]
+        pool = self._client.pool
+        callback = self._add_callback
+        for bookie, offsets in a.sends:
+            if offsets is None:
+                pool.get(bookie).send_adds(entry_ids, encoded, False, callback)
+            else:
+                pool.get(bookie).send_adds([first + i for i in offsets], [encoded[i] for i in offsets], False,
+                                           callback)
 
     def _on_add_results(self, bookie: str, results: list[tuple[int, int]]) -> None:
         """A bookie's answers to a batch of this ledger's adds."""
@@ -283,13 +336,25 @@ class LedgerWriter:
             self._run(core.on_add_result(bookie, entry_id, outcome, _now_ms(), client.writable_bookies, client.rng))
 
     def _confirm(self, last_entry_id: int) -> None:
-        futures = self._futures
-        first = self._next_to_confirm
-        self._next_to_confirm = max(first, last_entry_id + 1)
-        for entry_id in range(first, last_entry_id + 1):
-            waiter = futures.pop(entry_id, None)
-            if waiter is None:
+        waiting = self._waiting
+        while waiting:
+            w = waiting[0]
+            if type(w) is _RunWaiter:
+                first = w.first
+                if first > last_entry_id:
+                    break
+                if w.last <= last_entry_id:
+                    waiting.popleft()
+                    self._call_run_done(w.done, first, w.last, None)
+                else:                        # part of the run: the rest waits
+                    w.first = last_entry_id + 1
+                    self._call_run_done(w.done, first, last_entry_id, None)
+                    break
                 continue
+            entry_id, waiter = w
+            if entry_id > last_entry_id:
+                break
+            waiting.popleft()
             if isinstance(waiter, asyncio.Future):
                 if not waiter.done():
                     waiter.set_result(entry_id)
@@ -298,10 +363,30 @@ class LedgerWriter:
         self._after_completions()
 
     def _fail(self, first_entry_id: int, error: PulsarliteError) -> None:
-        for entry_id in sorted(e for e in self._futures if e >= first_entry_id):
-            waiter = self._futures.pop(entry_id, None)
-            if waiter is None:
+        """Every add from ``first_entry_id`` on failed (FailAdds), in entry order."""
+        waiting = self._waiting
+        kept: list = []
+        failed: list = []
+        for w in waiting:
+            if type(w) is _RunWaiter:
+                if w.last < first_entry_id:
+                    kept.append(w)
+                elif w.first >= first_entry_id:
+                    failed.append(w)
+                else:                        # the run straddles: its head still waits
+                    kept.append(_RunWaiter(w.first, first_entry_id - 1, w.done))
+                    failed.append(_RunWaiter(first_entry_id, w.last, w.done))
+            elif w[0] < first_entry_id:
+                kept.append(w)
+            else:
+                failed.append(w)
+        waiting.clear()
+        waiting.extend(kept)
+        for w in failed:
+            if type(w) is _RunWaiter:
+                self._call_run_done(w.done, w.first, w.last, error)
                 continue
+            entry_id, waiter = w
             if isinstance(waiter, asyncio.Future):
                 if not waiter.done():
                     waiter.set_exception(error)
@@ -316,8 +401,14 @@ class LedgerWriter:
         except Exception:        # as a Future's done callback: log, go on with the others
             log.exception("add callback failed ledger=%d entry=%d", self.ledger_id, entry_id)
 
+    def _call_run_done(self, done: "RunDone", first: int, last: int, error: BaseException | None) -> None:
+        try:
+            done(first, last, error)
+        except Exception:        # as a Future's done callback: log, go on with the others
+            log.exception("add callback failed ledger=%d entries=%d..%d", self.ledger_id, first, last)
+
     def _after_completions(self) -> None:
-        if not self._futures and self._drained is not None and not self._drained.done():
+        if not self._waiting and self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
         self._wake_capacity()
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence, Union
 
 from pulsarlite.errors import InvariantViolation, LedgerFencedError, PulsarliteError, check
@@ -332,6 +333,28 @@ class CompleteAdd(NamedTuple):
     position: Position
 
 
+class WriteEntries(NamedTuple):
+    """A run: the payloads of adds ``add_id .. add_id + count - 1`` go to ledger ``ledger_id``
+    as entries ``entry_id .. entry_id + count - 1``, in one call (``ManagedLedgerCore.add_run``).
+    The same as ``count`` WriteEntry actions with consecutive ids."""
+
+    add_id: int
+    ledger_id: int
+    entry_id: int
+    count: int
+
+
+class CompleteAdds(NamedTuple):
+    """Adds ``add_id .. add_id + count - 1`` are confirmed at ``ledger_id:entry_id ..
+    entry_id + count - 1`` (``ManagedLedgerCore.on_adds_confirmed``). The same as ``count``
+    CompleteAdd actions with consecutive ids and positions."""
+
+    add_id: int
+    ledger_id: int
+    entry_id: int
+    count: int
+
+
 @dataclass(frozen=True)
 class FailAdd:
     add_id: int
@@ -347,7 +370,7 @@ class StartRollover:
     reason: RolloverReason
 
 
-Action = Union[WriteEntry, CompleteAdd, FailAdd, StartRollover]
+Action = Union[WriteEntry, CompleteAdd, FailAdd, StartRollover, WriteEntries, CompleteAdds]
 
 
 @dataclass(slots=True)
@@ -530,6 +553,39 @@ class ManagedLedgerCore:
             return add_id, []
         return add_id, self._push_queued(now_ms)
 
+    def add_run(self, sizes_bytes: Sequence[int], publish_times_ms: Sequence[int],
+                now_ms: int) -> tuple[int, list[Action]] | None:
+        """A run of adds in one call (the broker's publish path): returns the first add id (the
+        others follow it) and one WriteEntries, when the common case allows it: READY, nothing
+        queued, room for the whole run under pending_adds_max, and no rollover point inside or
+        at the end of the run. Otherwise None, and nothing changed: the caller adds them one by
+        one (``add``), which queues, refuses or rolls over exactly as usual."""
+        count = len(sizes_bytes)
+        if count != len(publish_times_ms):
+            raise ValueError(f"{count} sizes but {len(publish_times_ms)} publish times")
+        cur = self._current
+        if (count == 0 or self._state is not ManagedLedgerState.READY or self._queue or cur is None
+                or len(self._adds) + count > self._pending_adds_max):
+            return None
+        if min(sizes_bytes) < 0:
+            raise ValueError("size_bytes must be >= 0")
+        total = sum(sizes_bytes)
+        # the policy is monotone in entries and bytes (and age applies alike to every add of the
+        # run): no reason after the whole run means none after any prefix of it
+        if self.policy.reason(cur.entries_pushed + count, cur.bytes_pushed + total, cur.created_ms,
+                              now_ms) is not None:
+            return None
+        first_add_id = self._next_add_id
+        self._next_add_id += count
+        ledger_id = cur.ledger_id
+        first_entry_id = cur.entries_pushed
+        self._adds.update(zip(range(first_add_id, first_add_id + count),
+                              map(_Add, sizes_bytes, publish_times_ms, repeat(ledger_id),
+                                  range(first_entry_id, first_entry_id + count))))
+        cur.entries_pushed += count
+        cur.bytes_pushed += total
+        return first_add_id, [WriteEntries(first_add_id, ledger_id, first_entry_id, count)]
+
     def _push_queued(self, now_ms: int | None) -> list[Action]:
         """Send queued adds to the current ledger until it is full (then roll over)."""
         actions: list[Action] = []
@@ -572,6 +628,46 @@ class ManagedLedgerCore:
             raise InvariantViolation(f"{self.name}: last confirmed would go backwards: {last} -> {position}")
         self._last_confirmed = position
         return [CompleteAdd(add_id, position)]
+
+    def on_adds_confirmed(self, first_add_id: int, ledger_id: int, first_entry_id: int,
+                          count: int) -> list[Action]:
+        """Adds ``first_add_id ..`` (``count`` of them) confirmed at consecutive entries from
+        ``first_entry_id``: the same checks and outcome as ``on_add_confirmed`` for each in
+        turn, in one state change, and one CompleteAdds."""
+        if count <= 0:
+            raise InvariantViolation(f"{self.name}: confirmation of {count} adds")
+        cur = self._require_current()
+        adds = self._adds
+        if ledger_id != cur.ledger_id or first_entry_id != cur.entries_confirmed:
+            raise InvariantViolation(
+                f"{self.name}: adds {first_add_id}.. confirmed at {ledger_id}:{first_entry_id}, expected "
+                f"ledger {cur.ledger_id} entry {cur.entries_confirmed}")
+        got = [adds.get(i) for i in range(first_add_id, first_add_id + count)]
+        for offset, add in enumerate(got):
+            if add is None:
+                raise InvariantViolation(f"{self.name}: confirmation of unknown or failed add "
+                                         f"{first_add_id + offset} at {ledger_id}:{first_entry_id + offset}")
+            if add.ledger_id != ledger_id or add.entry_id != first_entry_id + offset:
+                raise InvariantViolation(
+                    f"{self.name}: add {first_add_id + offset} confirmed at {ledger_id}:{first_entry_id + offset}, "
+                    f"expected {add.ledger_id}:{add.entry_id}")
+        last = self._last_confirmed
+        position = Position(ledger_id, first_entry_id + count - 1)
+        if last is not None and Position(ledger_id, first_entry_id) <= last:
+            raise InvariantViolation(f"{self.name}: last confirmed would go backwards: {last} -> "
+                                     f"{ledger_id}:{first_entry_id}")
+        for i in range(first_add_id, first_add_id + count):
+            del adds[i]
+        cur.entries_confirmed += count
+        cur.bytes_confirmed += sum([a.size_bytes for a in got])
+        times = [a.publish_time_ms for a in got]
+        lo, hi = min(times), max(times)
+        if cur.min_publish_time_ms is None or lo < cur.min_publish_time_ms:
+            cur.min_publish_time_ms = lo
+        if cur.max_publish_time_ms is None or hi > cur.max_publish_time_ms:
+            cur.max_publish_time_ms = hi
+        self._last_confirmed = position
+        return [CompleteAdds(first_add_id, ledger_id, first_entry_id, count)]
 
     def on_add_failed(self, add_id: int, ledger_id: int, error: PulsarliteError) -> list[Action]:
         """An add to ``ledger_id`` failed. LedgerFencedError: FENCED. Otherwise the add (and the
@@ -740,9 +836,10 @@ class ManagedLedgerCore:
 
 
 __all__ = [
-    "Action", "CompleteAdd", "FailAdd", "LedgerInfo", "LedgerInfoState", "ManagedLedgerClosedError",
+    "Action", "CompleteAdd", "CompleteAdds", "FailAdd", "LedgerInfo", "LedgerInfoState", "ManagedLedgerClosedError",
     "ManagedLedgerCore", "ManagedLedgerError", "ManagedLedgerFencedError", "ManagedLedgerMetadata",
     "ManagedLedgerState", "OffloadInfo", "OffloadState", "Position", "RolloverPolicy", "RolloverReason",
-    "STATE_TRANSITIONS", "StartRollover", "WriteEntry", "iter_positions", "ledger_ranges", "next_position",
+    "STATE_TRANSITIONS", "StartRollover", "WriteEntries", "WriteEntry", "iter_positions", "ledger_ranges",
+    "next_position",
     "with_ledger_appended", "with_ledger_closed", "with_offload", "without_ledgers",
 ]

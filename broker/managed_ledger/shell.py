@@ -39,11 +39,11 @@ from bookie.client.ledger_client import LedgerClient, LedgerWriter
 from bookie.client.metadata import LedgerMetadata
 from bookie.client.reader import LedgerReader
 from broker.managed_ledger.config import ManagedLedgerConfig
-from broker.managed_ledger.core import (CompleteAdd, FailAdd, LedgerInfo, LedgerInfoState,
+from broker.managed_ledger.core import (CompleteAdd, CompleteAdds, FailAdd, LedgerInfo, LedgerInfoState,
                                         ManagedLedgerClosedError, ManagedLedgerCore, ManagedLedgerError,
                                         ManagedLedgerFencedError, ManagedLedgerMetadata, ManagedLedgerState,
                                         OffloadInfo, OffloadState, Position, RolloverPolicy, StartRollover,
-                                        WriteEntry, ledger_ranges)
+                                        WriteEntries, WriteEntry, ledger_ranges)
 from broker.managed_ledger.store import ManagedLedgerStore, check_name, encode
 from pulsarlite.errors import (InvariantViolation, LedgerFencedError, MetadataError, MetadataNotFoundError,
                                MetadataVersionConflict, PulsarliteError, check)
@@ -59,6 +59,20 @@ TierReader = Callable[[LedgerInfo, int, int], Awaitable[list[tuple[int, bytes]]]
 OffloadDeleter = Callable[[int, str], Awaitable[None]]
 # add_with_callback's callback: (position, None) once confirmed, (None, error) if the add failed
 AddDone = Callable[["Position | None", "BaseException | None"], None]
+# try_add_run's callback: (first_offset, last_offset, first_position, None) once the adds at
+# those offsets of the run are confirmed (at consecutive entries from first_position), or
+# (first_offset, last_offset, None, error) if they failed; in order, every offset exactly once
+RunAddDone = Callable[[int, int, "Position | None", "BaseException | None"], None]
+
+
+class _AddRun:
+    """What waits for the adds of a run (try_add_run): ids ``first_add_id ..``."""
+
+    __slots__ = ("first_add_id", "done")
+
+    def __init__(self, first_add_id: int, done: RunAddDone) -> None:
+        self.first_add_id = first_add_id
+        self.done = done
 TRIMMED_PROPERTY = "pulsarlite.trimmed"     # list property: ledgers out of the list, deletion pending
 
 
@@ -100,9 +114,11 @@ class ManagedLedger:
             pending_adds_max=config.pending_adds_max)
         self._version = -1
         self._writer: LedgerWriter | None = None
-        self._payloads: dict[int, bytes] = {}
-        # add id -> what waits for it: a Future (add_async) or a callback (add_with_callback)
-        self._futures: dict[int, asyncio.Future | AddDone] = {}
+        # add id -> its payload until written (a run's payloads under its first add id)
+        self._payloads: dict[int, "bytes | list[bytes]"] = {}
+        # add id -> what waits for it: a Future (add_async), a callback (add_with_callback), or
+        # the _AddRun of its run (try_add_run)
+        self._futures: dict[int, "asyncio.Future | AddDone | _AddRun"] = {}
         self._capacity_waiters: list[asyncio.Future] = []
         self._in_add = False
         self._rollover_task: asyncio.Task | None = None
@@ -267,6 +283,30 @@ class ManagedLedger:
             self._run(actions)
         finally:
             self._in_add = in_add
+
+    def try_add_run(self, payloads: list[bytes], publish_times_ms: list[int], done: RunAddDone) -> bool:
+        """Add a run of payloads in one call when the common case allows it (READY, nothing
+        queued, room under pending_adds_max, no rollover point inside the run, the current
+        ledger writing with every bookie usable): the run goes to the ledger as one add of
+        consecutive entries and True is returned; ``done`` then runs from the loop (never from
+        inside this call) for consecutive ranges of offsets, in order, covering the run once
+        (see RunAddDone). Otherwise False and nothing happened: add them one by one."""
+        writer = self._writer
+        if writer is None or writer.ledger_id != self._core.current_ledger_id or not writer.can_take_run():
+            return False
+        got = self._core.add_run([len(p) for p in payloads], publish_times_ms, self._clock())
+        if got is None:
+            return False
+        first_add_id, actions = got
+        self._futures.update(dict.fromkeys(range(first_add_id, first_add_id + len(payloads)),
+                                           _AddRun(first_add_id, done)))
+        self._payloads[first_add_id] = payloads
+        in_add, self._in_add = self._in_add, True     # a failure found now is reported from the loop
+        try:
+            self._run(actions)
+        finally:
+            self._in_add = in_add
+        return True
 
     async def add(self, payload: bytes, publish_time_ms: int) -> Position:
         """Add and wait for confirmation; waits first while pending_adds_max adds are pending."""
@@ -492,7 +532,42 @@ class ManagedLedger:
     def _run(self, actions) -> None:
         core = self._core
         for a in actions:
-            if isinstance(a, WriteEntry):
+            kind = type(a)
+            if kind is WriteEntries:
+                writer = self._writer
+                if writer is None or writer.ledger_id != a.ledger_id:
+                    raise InvariantViolation(f"{self.name}: write to ledger {a.ledger_id}, writer is "
+                                             f"{writer.ledger_id if writer else None}")
+                payloads = self._payloads.pop(a.add_id)
+                try:
+                    first = writer.add_run(payloads, functools.partial(self._on_run_done, a.add_id, a.ledger_id,
+                                                                       a.entry_id))
+                except PulsarliteError as e:       # each add of the run fails, in order, as one would
+                    for add_id in range(a.add_id, a.add_id + a.count):
+                        self._run(core.on_add_failed(add_id, a.ledger_id, e))
+                    continue
+                if first != a.entry_id:
+                    raise InvariantViolation(f"{self.name}: run of adds {a.add_id}.. got entry {first} of ledger "
+                                             f"{a.ledger_id}, expected {a.entry_id}")
+            elif kind is CompleteAdds:
+                futures = self._futures
+                waiter = futures[a.add_id]
+                if type(waiter) is _AddRun:
+                    last_add_id = a.add_id + a.count - 1
+                    if futures.get(last_add_id) is not waiter:
+                        raise InvariantViolation(f"{self.name}: adds {a.add_id}..{last_add_id} confirmed "
+                                                 f"together are not of one run")
+                    for add_id in range(a.add_id, last_add_id + 1):
+                        del futures[add_id]
+                    offset = a.add_id - waiter.first_add_id
+                    self._call_run_done(waiter.done, offset, offset + a.count - 1,
+                                        Position(a.ledger_id, a.entry_id), None)
+                else:
+                    for i in range(a.count):
+                        self._run([CompleteAdd(a.add_id + i, Position(a.ledger_id, a.entry_id + i))])
+                if self._capacity_waiters:
+                    self._wake_capacity()
+            elif kind is WriteEntry:
                 writer = self._writer
                 if writer is None or writer.ledger_id != a.ledger_id:
                     raise InvariantViolation(f"{self.name}: write to ledger {a.ledger_id}, writer is "
@@ -508,6 +583,9 @@ class ManagedLedger:
                 if isinstance(waiter, asyncio.Future):
                     if not waiter.done():
                         waiter.set_result(a.position)
+                elif type(waiter) is _AddRun:
+                    offset = a.add_id - waiter.first_add_id
+                    self._call_run_done(waiter.done, offset, offset, a.position, None)
                 else:
                     self._call_done(waiter, a.position, None)
                 if self._capacity_waiters:
@@ -518,6 +596,9 @@ class ManagedLedger:
                 if isinstance(waiter, asyncio.Future):
                     if not waiter.done():
                         waiter.set_exception(a.error)
+                elif type(waiter) is _AddRun:
+                    offset = a.add_id - waiter.first_add_id
+                    self._call_run_done(waiter.done, offset, offset, None, a.error)
                 else:
                     self._call_done(waiter, None, a.error)
                 self._wake_capacity()
@@ -535,6 +616,29 @@ class ManagedLedger:
             done(position, error)
         except Exception:        # as a Future's done callback: log, go on with the others
             log.exception("managed ledger %s: add callback failed", self.name)
+
+    def _call_run_done(self, done: RunAddDone, first: int, last: int, position: Position | None,
+                       error: BaseException | None) -> None:
+        if self._in_add:
+            asyncio.get_running_loop().call_soon(self._call_run_done, done, first, last, position, error)
+            return
+        try:
+            done(first, last, position, error)
+        except Exception:        # as a Future's done callback: log, go on with the others
+            log.exception("managed ledger %s: add callback failed", self.name)
+
+    def _on_run_done(self, first_add_id: int, ledger_id: int, run_entry_id: int, first_entry_id: int,
+                     last_entry_id: int, error: BaseException | None) -> None:
+        """The ledger writer's answer for entries first..last of the run that starts at add
+        ``first_add_id`` / entry ``run_entry_id``: confirmed as one range in the common case;
+        otherwise entry by entry, exactly as single adds are."""
+        add_id = first_add_id + (first_entry_id - run_entry_id)
+        count = last_entry_id - first_entry_id + 1
+        if error is None and self._core.state not in (ManagedLedgerState.FENCED, ManagedLedgerState.FAILED):
+            self._run(self._core.on_adds_confirmed(add_id, ledger_id, first_entry_id, count))
+            return
+        for i in range(count):
+            self._on_entry_done(add_id + i, ledger_id, first_entry_id + i, error)
 
     def _on_entry_done(self, add_id: int, ledger_id: int, entry_id: int, error: BaseException | None) -> None:
         if error is None:
