@@ -12,7 +12,8 @@ local[2] (one Spark session each, one after the other):
   parquet   spark.read.parquet of those same Parquet files
 
 Each scan runs one aggregate touching every row's value (count, sum of value lengths) and
-is timed --repeat times (median). Printed: rows/s, MB/s of values, and tier/parquet ratio.
+is timed --repeat times (median). ``--floor`` adds a trivial Python data source yielding the
+source's own output batches, pre-built: what Spark alone costs on the Python data source path. Printed: rows/s, MB/s of values, and tier/parquet ratio.
 Not a test: figures only.
 """
 
@@ -115,6 +116,76 @@ def full_scan(df):
     return row["n"], row["b"]
 
 
+def write_floor_batches(tier_dir: pathlib.Path, topic: str, out_dir: pathlib.Path) -> dict[str, str]:
+    """The source's own output batches of every tier object (full schema, and value only),
+    decoded once in this process and written as Arrow IPC files for the floor source."""
+    import pyarrow as pa
+
+    from offload.format import read_parquet
+    from spark_source import scan as S
+    from spark_source.plan import Location, Position, SegmentScan
+
+    scans = []
+    for f in sorted(tier_dir.rglob("*.parquet")):
+        ledger_id = int(f.name.split("-")[1])
+        last = read_parquet(str(f), columns=["entry_id"]).column(0)[-1].as_py()
+        scans.append(SegmentScan(topic=topic, partition=-1, ledger_id=ledger_id, first_entry_id=0,
+                                 last_entry_id=last, location=Location.TIER, uri=f"file://{f}",
+                                 start=Position(ledger_id, 0), end=None, publish_time_min_ms=None,
+                                 publish_time_max_ms=None, size_bytes_estimate=1))
+    settings = S.ReadSettings(zookeeper="", s3_endpoint_url=None, metrics_dir=None)
+    paths = {}
+    for kind in ("full", "value"):
+        path = out_dir / f"floor-{kind}.arrow"
+        writer = None
+        with pa.OSFile(str(path), "wb") as sink:
+            for batch in S.read_scans(tuple(scans), settings):
+                if kind == "value":
+                    batch = batch.select(["value"])
+                if writer is None:
+                    writer = pa.ipc.new_file(sink, batch.schema)
+                writer.write_batch(batch)
+            writer.close()
+        paths[kind] = str(path)
+    return paths
+
+
+def register_floor_source(spark) -> None:
+    """``pulsarlite_floor``: a Python data source that yields pre-built Arrow batches from a
+    memory-mapped IPC file (no decoding, no I/O to speak of): what Spark itself costs to take
+    the source's batches through the Python data source path."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from spark_source.plan import OUTPUT_DDL
+
+    class FloorReader(DataSourceReader):
+        def __init__(self, path: str, parts: int) -> None:
+            self.path, self.parts = path, parts
+
+        def partitions(self):
+            return [InputPartition(i) for i in range(self.parts)]
+
+        def read(self, partition):
+            import pyarrow as pa
+            reader = pa.ipc.open_file(pa.memory_map(self.path))
+            n = reader.num_record_batches
+            for i in range(partition.value * n // self.parts, (partition.value + 1) * n // self.parts):
+                yield reader.get_batch(i)
+
+    class FloorSource(DataSource):
+        @classmethod
+        def name(cls):
+            return "pulsarlite_floor"
+
+        def schema(self):
+            return OUTPUT_DDL if self.options["path"].endswith("floor-full.arrow") else "value binary"
+
+        def reader(self, schema):
+            return FloorReader(self.options["path"], int(self.options["parts"]))
+
+    spark.dataSource.register(FloorSource)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=500_000)
@@ -127,6 +198,10 @@ def main() -> None:
     ap.add_argument("--user-schema", action="store_true",
                     help="also time the tier scan with .schema('value binary') (projection) and an empty "
                          "query (every segment pruned: the fixed per-query cost)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also time a trivial Python data source yielding the source's own output batches, "
+                         "pre-built (full schema, and value only): Spark's own cost of the Python data source "
+                         "path, the floor of the tier scan")
     args = ap.parse_args()
     masters = args.masters.split(",")
     base = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="bench-spark-"))
@@ -195,6 +270,21 @@ def main() -> None:
             results.append((master, "tier (pulsarlite source)", t, n, b))
             t, (n, b) = timed(lambda: scan(spark.read.parquet(*files)), args.repeat)
             results.append((master, "spark.read.parquet, same files", t, n, b))
+            floor_df = None
+            floor: dict[str, str] = {}
+            if args.floor:
+                floor = write_floor_batches(tier_dir, topic, base)
+                register_floor_source(spark)
+                parts = spark.sparkContext.defaultParallelism
+
+                def floor_df(kind):
+                    return (spark.read.format("pulsarlite_floor").option("path", floor[kind])
+                            .option("parts", parts).load())
+
+                for kind, label in (("full", "floor: pre-built batches, full schema"),
+                                    ("value", "floor: pre-built batches, value only")):
+                    t, (n, b) = timed(lambda: scan(floor_df(kind)), args.repeat)
+                    results.append((master, label, t, n, b))
             if args.user_schema:
                 try:
                     t, (n, b) = timed(lambda: scan(source_df(spark, "value binary")), args.repeat)
@@ -209,22 +299,28 @@ def main() -> None:
                 rounds = []
                 for _ in range(args.repeat):
                     row = {}
-                    for label, fn in (("parquet", lambda: scan(spark.read.parquet(*files))),
-                                      ("tier", lambda: scan(source_df(spark))),
-                                      ("tier_schema", lambda: scan(source_df(spark, "value binary")))):
+                    scans = [("parquet", lambda: scan(spark.read.parquet(*files))),
+                             ("tier", lambda: scan(source_df(spark))),
+                             ("tier_schema", lambda: scan(source_df(spark, "value binary")))]
+                    if floor_df is not None:
+                        scans += [("floor", lambda: scan(floor_df("full"))),
+                                  ("floor_value", lambda: scan(floor_df("value")))]
+                    for label, fn in scans:
                         try:
                             row[label] = timed(fn, 1)[0]
                         except Exception:  # noqa: BLE001 - a source without projection
                             row[label] = float("nan")
                     rounds.append(row)
                 interleaved[master] = {k: statistics.median(r[k] / r["parquet"] for r in rounds)
-                                       for k in ("tier", "tier_schema")}
+                                       for k in rounds[0] if k != "parquet"}
                 print(f"{master} interleaved value-only rounds: {rounds}", file=sys.stderr)
             t, (n, b) = timed(lambda: full_scan(source_df(spark)), args.repeat)
             results.append((master, "tier (pulsarlite source), full-row hash", t, n, b))
             t, (n, b) = timed(lambda: full_scan(spark.read.parquet(*files)), args.repeat)
             results.append((master, "spark.read.parquet, same files, full-row hash", t, n, b))
             spark.stop()
+            for path in floor.values():     # ~250 MB per 1M rows: not left behind
+                os.remove(path)
     finally:
         cluster.stop()
 
@@ -259,6 +355,9 @@ def main() -> None:
             print(f"\n{master}, value only, interleaved rounds (median ratio): tier / parquet = "
                   f"{interleaved[master]['tier']:.2f}x, tier with .schema(value binary) / parquet = "
                   f"{interleaved[master]['tier_schema']:.2f}x", end="")
+            if "floor" in interleaved[master]:
+                print(f"; floor (pre-built batches) / parquet = {interleaved[master]['floor']:.2f}x full schema, "
+                      f"{interleaved[master]['floor_value']:.2f}x value only", end="")
     print()
 
 

@@ -207,17 +207,23 @@ def pack(scans: list[SegmentScan], *, target_bytes: int, open_size_bytes: int,
     share a partition while their estimated bytes stay within the target. A segment of unknown
     size (open ledger) counts as ``open_size_bytes``. As Spark's file sources do, the target
     shrinks to ``total / min_partitions`` (not below ``open_cost_bytes``) so that a small scan
-    still spreads over ``min_partitions`` tasks when it has that many segments."""
+    still spreads over ``min_partitions`` tasks when it has that many segments. With a target
+    shrunk so, a segment joins the group it overshoots less than leaving it short would
+    undershoot: 5 equal segments and a small one make 2 groups of 3, not 3 groups of 2 (one
+    task less, the cores busy to the end)."""
     if target_bytes <= 0 or min_partitions <= 0:
         raise ValueError("target_bytes and min_partitions must be > 0")
     total = sum(s.size_bytes_estimate or open_size_bytes for s in scans)
-    target_bytes = min(target_bytes, max(open_cost_bytes, math.ceil(total / min_partitions)))
+    shrunk = max(open_cost_bytes, math.ceil(total / min_partitions))
+    balance = shrunk < target_bytes
+    target_bytes = min(target_bytes, shrunk)
     groups: list[tuple[SegmentScan, ...]] = []
     current: list[SegmentScan] = []
     current_bytes = 0
     for s in scans:
         size = s.size_bytes_estimate or open_size_bytes
-        if current and current_bytes + size > target_bytes:
+        over = current_bytes + size - target_bytes
+        if current and over > 0 and (not balance or over > target_bytes - current_bytes):
             groups.append(tuple(current))
             current, current_bytes = [], 0
         current.append(s)
