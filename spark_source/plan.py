@@ -216,6 +216,7 @@ def pack(scans: list[SegmentScan], *, target_bytes: int, open_size_bytes: int,
     total = sum(s.size_bytes_estimate or open_size_bytes for s in scans)
     shrunk = max(open_cost_bytes, math.ceil(total / min_partitions))
     balance = shrunk < target_bytes
+    limit_bytes = target_bytes          # what a group never grows past by joining (balance or not)
     target_bytes = min(target_bytes, shrunk)
     groups: list[tuple[SegmentScan, ...]] = []
     current: list[SegmentScan] = []
@@ -223,7 +224,8 @@ def pack(scans: list[SegmentScan], *, target_bytes: int, open_size_bytes: int,
     for s in scans:
         size = s.size_bytes_estimate or open_size_bytes
         over = current_bytes + size - target_bytes
-        if current and over > 0 and (not balance or over > target_bytes - current_bytes):
+        if current and over > 0 and (not balance or over > target_bytes - current_bytes
+                                     or current_bytes + size > limit_bytes):
             groups.append(tuple(current))
             current, current_bytes = [], 0
         current.append(s)

@@ -94,6 +94,12 @@ def test_pack_balances_a_target_shrunk_by_min_partitions():
     # a target the user gave is still a bound: nothing joins a group past it
     groups = pack(scans, target_bytes=450, open_size_bytes=5, min_partitions=1, open_cost_bytes=1)
     assert [[s.ledger_id for s in g] for g in groups] == [[1, 2], [3, 4], [5, 6]]
+    # ... also when balancing a target shrunk by minPartitions would overshoot it: 10 + 100 stays
+    # within the shrunk target's balance rule (60) but not within the 100 given
+    bound = part(*[seg(i, 9, size=s) for i, s in enumerate([10, 100, 10], start=1)])
+    scans_bound = plan_partition(bound, ScanRequest(), fail_on_data_loss=True, report=PlanReport())
+    groups = pack(scans_bound, target_bytes=100, open_size_bytes=5, min_partitions=2, open_cost_bytes=1)
+    assert [[s.ledger_id for s in g] for g in groups] == [[1], [2], [3]]
     uneven = part(*[seg(i, 9, size=s) for i, s in enumerate([100, 1, 1, 1, 100], start=1)])
     scans = plan_partition(uneven, ScanRequest(), fail_on_data_loss=True, report=PlanReport())
     groups = pack(scans, target_bytes=10_000, open_size_bytes=5, min_partitions=2, open_cost_bytes=1)
