@@ -98,6 +98,11 @@ class ConnectionCore:
             return self._fail(result, pb.NotAllowedError, f"frame too large: {e}")
         except FrameError as e:
             return self._fail(result, pb.UnknownError, f"bad frame: {e}")
+        if len(frames) == 1 and self.state is ConnState.CONNECTED:
+            frame = frames[0]
+            if frame.command.type == _SEND and frame.entry is not None:
+                result.frames = frames       # one SEND (the paced case): as _on_frame gives it
+                return result
         for frame in frames:
             self._on_frame(frame, result)
             if result.close:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import inspect
 import logging
 import time
@@ -203,7 +204,7 @@ class _Send:
     producer_name: str | None = None     # set when deduplication tracks this add
     dedup_highest: int = -1              # the highest sequence id this add covers (dedup)
     dedup_digest: int | None = None      # CRC32C of the entry (dedup: a resend has the same bytes)
-    waiters: list = field(default_factory=list)     # producers whose held sends wait for this add
+    waiters: list | None = None          # producers whose held sends wait for this add (dedup)
     held: tuple | None = None            # (data, publish time) while held (dedup)
 
 
@@ -604,6 +605,8 @@ class PersistentTopic:
                                  if o.sequence_id <= op.sequence_id and op.dedup_highest <= o.dedup_highest
                                  and (o.dedup_digest == op.dedup_digest or not reused)), None)
                 if original is not None:
+                    if original.waiters is None:
+                        original.waiters = []
                     original.waiters.append(producer)
                     return
             producer.held.popleft()
@@ -645,8 +648,7 @@ class PersistentTopic:
             return
         self._adds_in_flight += 1
         try:     # a callback rather than a Future: one per message on the hot path
-            self.ml.add_with_callback(data, publish_time,
-                                      lambda position, error: self._on_added(producer, op, data, position, error))
+            self.ml.add_with_callback(data, publish_time, functools.partial(self._on_added, producer, op, data))
         except Exception as e:     # refused at once (fenced, closed, failed)
             self._adds_in_flight -= 1
             self._fence_writes(e)
@@ -698,10 +700,13 @@ class PersistentTopic:
             if len(self.latencies_s) < LATENCY_SAMPLES_MAX:
                 self.latencies_s.append(time.monotonic() - op.start_s)
             self._complete(producer, op, position, None)
-            for sub in list(self.subscriptions.values()):
-                sub.wake()
-        self._drain_backlog()
-        self._maybe_unfence()
+            if self.subscriptions:
+                for sub in list(self.subscriptions.values()):
+                    sub.wake()
+        if self._backlog:
+            self._drain_backlog()
+        if self._write_fenced:
+            self._maybe_unfence()
 
     def _drain_backlog(self) -> None:
         while self._backlog and self.ml.pending_count < self.config.pending_adds_max:
@@ -722,9 +727,11 @@ class PersistentTopic:
                     del self._dedup_inflight[op.producer_name]
             if error is not None and self.dedup is not None:
                 self.dedup.on_failed(op.producer_name, op.sequence_id)
-        waiters, op.waiters = op.waiters, []
-        for waiting in waiters:          # sends that waited for this copy's outcome (dedup)
-            self._decide_held(waiting)
+        waiters = op.waiters
+        if waiters is not None:
+            op.waiters = None
+            for waiting in waiters:      # sends that waited for this copy's outcome (dedup)
+                self._decide_held(waiting)
         while producer.pending and producer.pending[0].done:
             done = producer.pending.popleft()
             self.service.publish_buffer.release(done.size)

@@ -82,9 +82,9 @@ class SendAddRun(NamedTuple):
     sends: tuple[tuple[str, "tuple[int, ...] | None"], ...]
 
 
-@dataclass(frozen=True)
-class ConfirmAdds:
-    """Every add with id <= last_entry_id is durable: complete them in order. The new LAC."""
+class ConfirmAdds(NamedTuple):
+    """Every add with id <= last_entry_id is durable: complete them in order. The new LAC.
+    A NamedTuple like SendAdd: one per confirmation on the publish path."""
 
     last_entry_id: int
 

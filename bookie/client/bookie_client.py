@@ -24,8 +24,8 @@ from typing import Callable, Sequence
 from google.protobuf.message import DecodeError
 
 from bookie._proto import bookie_rpc_pb2 as pb
-from bookie.transport import (MESSAGE_TYPES, RESPONSE_TYPES, FrameDecoder, FrameError,
-                              encode_add_request_tail, encode_frame, encode_header)
+from bookie.transport import (HEADER, HEADER_BYTES, MESSAGE_TYPES, RESPONSE_TYPES, FrameDecoder,
+                              FrameError, encode_add_request_tail, encode_frame, encode_header)
 from pulsarlite.config import LedgerClientConfig
 from pulsarlite.errors import BookieUnavailableError
 
@@ -37,6 +37,8 @@ AddCallback = Callable[[str, list[tuple[int, int]]], None]
 
 # status reported to callbacks when the bookie could not be reached (not a bookie answer)
 UNREACHABLE = pb.UNAVAILABLE
+
+_ADD_RESPONSE = pb.FRAME_ADD_RESPONSE
 
 # pause the add pump while this many request bytes wait in the socket's write buffer
 WRITE_BUFFER_HIGH_BYTES = 1024 * 1024
@@ -88,10 +90,38 @@ class _Connection(asyncio.Protocol):
         self.client._schedule_pump()
 
 
+class PumpGroup:
+    """One loop callback pumps every bookie client of a pool that has adds to write, instead of
+    one callback per client: an entry goes to Qw bookies, so each add would otherwise schedule
+    Qw callbacks. Clients pump in the order they asked to."""
+
+    __slots__ = ("_due", "_scheduled")
+
+    def __init__(self) -> None:
+        self._due: list[BookieClient] = []
+        self._scheduled = False
+
+    def schedule(self, client: "BookieClient") -> None:
+        self._due.append(client)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._run)
+
+    def _run(self) -> None:
+        self._scheduled = False
+        due, self._due = self._due, []
+        for client in due:
+            try:
+                client._pump()
+            except Exception:    # as separate callbacks would: the others still pump
+                log.exception("bookie=%s: add pump failed", client.bookie_id)
+
+
 class BookieClient:
-    def __init__(self, bookie_id: str, config: LedgerClientConfig) -> None:
+    def __init__(self, bookie_id: str, config: LedgerClientConfig, pump_group: PumpGroup | None = None) -> None:
         self.bookie_id = bookie_id
         self._config = config
+        self._pump_group = pump_group    # None: the client schedules its own pump callback
         self._conn: _Connection | None = None           # connected and usable
         self._connect_task: asyncio.Task | None = None
         # adds waiting to be written, in chunks of consecutive adds of one caller: (entry ids,
@@ -223,7 +253,11 @@ class BookieClient:
     def _schedule_pump(self) -> None:
         if not self._pump_scheduled and self._outbound:
             self._pump_scheduled = True
-            asyncio.get_running_loop().call_soon(self._pump)
+            group = self._pump_group
+            if group is None:
+                asyncio.get_running_loop().call_soon(self._pump)
+            else:
+                group.schedule(self)
 
     def _pump(self) -> None:
         """Write pending adds as AddRequests while request slots are free (one socket write)."""
@@ -236,6 +270,18 @@ class BookieClient:
         if conn.write_paused:
             return
         inflight_max = self._config.add_requests_in_flight_max
+        outbound = self._outbound
+        if len(outbound) == 1 and len(outbound[0][0]) == 1 and len(self._inflight) < inflight_max:
+            # one add waits (the paced case): the request _take_batch would build for it
+            ids, entries, recovery, callback = outbound.popleft()
+            request_id = self._next_request_id
+            self._next_request_id = request_id + 1
+            self._inflight[request_id] = [(ids, callback)]
+            entry = entries[0]
+            tail = encode_add_request_tail(recovery, request_id)
+            conn.transport.writelines((encode_header(pb.FRAME_ADD_REQUEST, request_id, len(entry) + len(tail)),
+                                       entry, tail))
+            return
         out: list[bytes] = []
         while self._outbound and len(self._inflight) < inflight_max:
             request_id = self._new_request_id()
@@ -291,6 +337,30 @@ class BookieClient:
     def _on_data(self, conn: _Connection, data: bytes) -> None:
         if conn is not self._conn:
             return
+        decoder = conn.decoder
+        if type(data) is bytes and len(data) > HEADER_BYTES and not decoder.buffered_bytes:
+            # one whole AddResponse and nothing else (one add per request: the paced case):
+            # what the decoder would yield for it, with its checks, without the generator
+            frame_bytes, frame_type, request_id = HEADER.unpack_from(data, 0)
+            if (frame_type == _ADD_RESPONSE and frame_bytes + 4 == len(data)
+                    and frame_bytes <= decoder.frame_bytes_max and _ADD_RESPONSE in decoder.frame_types):
+                try:
+                    response = pb.AddResponse.FromString(data[HEADER_BYTES:])
+                except DecodeError as e:
+                    log.error("bookie=%s sent a bad frame, closing the connection: %r", self.bookie_id, e)
+                    self._drop_connection(conn, f"bad frame from the bookie: {e}")
+                    return
+                taken = self._inflight.get(request_id)
+                results = response.results
+                if taken is not None and len(taken) == 1 and len(taken[0][0]) == 1 and len(results) == 1:
+                    del self._inflight[request_id]           # _on_add_response's first case, inline
+                    entry_ids, callback = taken[0]
+                    callback(self.bookie_id, [(entry_ids[0], results[0].code)])
+                else:
+                    self._on_add_response(request_id, response)
+                if self._outbound:
+                    self._schedule_pump()
+                return
         try:
             for frame_type, request_id, body in conn.decoder.feed(data):
                 if frame_type == pb.FRAME_ADD_RESPONSE:
@@ -316,6 +386,9 @@ class BookieClient:
         if len(taken) == 1:
             entry_ids, first_cb = taken[0]
             count = len(entry_ids)
+            if count == 1 and len(results) == 1:     # one add per request (the paced case)
+                first_cb(self.bookie_id, [(entry_ids[0], results[0].code)])
+                return
         else:
             entry_ids = list(chain.from_iterable(ids for ids, _ in taken))
             count = len(entry_ids)
@@ -425,11 +498,12 @@ class BookieClientPool:
     def __init__(self, config: LedgerClientConfig) -> None:
         self._config = config
         self._clients: dict[str, BookieClient] = {}
+        self._pump_group = PumpGroup()
 
     def get(self, bookie_id: str) -> BookieClient:
         client = self._clients.get(bookie_id)
         if client is None:
-            client = self._clients[bookie_id] = BookieClient(bookie_id, self._config)
+            client = self._clients[bookie_id] = BookieClient(bookie_id, self._config, self._pump_group)
         return client
 
     async def close(self) -> None:

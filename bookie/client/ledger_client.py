@@ -269,11 +269,11 @@ class LedgerWriter:
     def _run(self, actions) -> None:
         client = self._client
         built: bytes | None = None  # the SendAdds of one entry share one encoding and checksum
-        built_for = None
+        built_entry = built_lac = -2
         for a in actions:
             if isinstance(a, SendAdd):
-                if built is None or built_for != (a.entry_id, a.lac):
-                    built, built_for = _encoded_entry(self.ledger_id, a), (a.entry_id, a.lac)
+                if built is None or a.entry_id != built_entry or a.lac != built_lac:
+                    built, built_entry, built_lac = _encoded_entry(self.ledger_id, a), a.entry_id, a.lac
                 client.pool.get(a.bookie).send_add(a.entry_id, built, a.recovery, self._add_callback)
             elif type(a) is SendAddRun:
                 self._send_run(a)
@@ -319,7 +319,20 @@ class LedgerWriter:
         core = self._core
         if core.state is WriteCoreState.CLOSED:
             return  # late answers (e.g. the third replica's) after close: nothing to decide
+        if len(results) == 1:            # one entry per request (the paced case)
+            entry_id, code = results[0]
+            if code == _OK:
+                # an OK for an entry already confirmed (the third replica's, past the ack
+                # quorum) changes nothing in the core: on_add_acks would find it no longer
+                # pending and _advance nothing new
+                if entry_id > core.lac:
+                    actions = core.on_add_acks(bookie, (entry_id,))
+                    if actions:
+                        self._run(actions)
+                return
         ok = [entry_id for entry_id, code in results if code == _OK]
+        if ok and len(ok) == len(results) and max(ok) <= core.lac:
+            return                       # all OK, all confirmed already: as above
         if ok:
             self._run(core.on_add_acks(bookie, ok))
         if len(ok) == len(results):
@@ -359,7 +372,10 @@ class LedgerWriter:
                 if not waiter.done():
                     waiter.set_result(entry_id)
             else:
-                self._call_done(waiter, entry_id, None)
+                try:                         # as _call_done, inline: one per add
+                    waiter(entry_id, None)
+                except Exception:
+                    log.exception("add callback failed ledger=%d entry=%d", self.ledger_id, entry_id)
         self._after_completions()
 
     def _fail(self, first_entry_id: int, error: PulsarliteError) -> None:
@@ -413,11 +429,13 @@ class LedgerWriter:
         self._wake_capacity()
 
     def _wake_capacity(self) -> None:
+        if not self._capacity._waiters:  # only when someone waits: keep the hot path cheap
+            return
+
         async def notify() -> None:
             async with self._capacity:
                 self._capacity.notify_all()
-        if self._capacity._waiters:  # only when someone waits: keep the hot path cheap
-            asyncio.ensure_future(notify())
+        asyncio.ensure_future(notify())
 
     async def _write_metadata(self, md: LedgerMetadata) -> None:
         client = self._client

@@ -143,15 +143,17 @@ class LedgerWriteCore:
         self._length += len(payload)
         if type(payload) is not bytes:
             payload = bytes(payload)
-        add = _PendingAdd(entry_id, payload, self._length, now_ms)
-        self._pending[entry_id] = add
-        self._last_pushed = entry_id
         if self._unusable or self._held:
+            add = _PendingAdd(entry_id, payload, self._length, now_ms)
+            self._pending[entry_id] = add
+            self._last_pushed = entry_id
             return entry_id, self._send_missing(add)
         # the common case, as _send_missing for a new add with every bookie usable: all of its
         # write set
         bookies = self._view.write_set(entry_id)
-        add.sent.update(bookies)
+        add = _PendingAdd(entry_id, payload, self._length, now_ms, set(), set(bookies))
+        self._pending[entry_id] = add
+        self._last_pushed = entry_id
         lac, length = self._lac, add.length
         return entry_id, [SendAdd(bookie, entry_id, lac, length, payload) for bookie in bookies]
 
@@ -350,9 +352,12 @@ class LedgerWriteCore:
         quorum = self._md.ack_quorum
         view = self._view
         lac = self._lac
+        pending = self._pending
         while True:
-            add = self._pending.get(lac + 1)
-            if add is None or len(add.acked.intersection(view.write_set(add.entry_id))) < quorum:
+            add = pending.get(lac + 1)
+            # fewer acks than the quorum in all: no need to intersect with the write set
+            if add is None or len(add.acked) < quorum \
+                    or len(add.acked.intersection(view.write_set(add.entry_id))) < quorum:
                 break
             lac += 1
         if lac == self._lac:

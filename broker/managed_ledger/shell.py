@@ -277,6 +277,20 @@ class ManagedLedger:
             payload = bytes(payload)
         add_id, actions = self._core.add(len(payload), publish_time_ms, self._clock())
         self._futures[add_id] = done
+        if len(actions) == 1 and type(actions[0]) is WriteEntry:
+            # the common case: straight to the current ledger's writer, as _run does it
+            a = actions[0]
+            writer = self._writer
+            if writer is not None and writer.ledger_id == a.ledger_id:
+                try:
+                    writer.add_with_callback(payload, functools.partial(self._on_entry_done, add_id, a.ledger_id))
+                except PulsarliteError as e:
+                    in_add, self._in_add = self._in_add, True     # reported from the loop, as below
+                    try:
+                        self._run(self._core.on_add_failed(add_id, a.ledger_id, e))
+                    finally:
+                        self._in_add = in_add
+                return
         self._payloads[add_id] = payload
         in_add, self._in_add = self._in_add, True     # a failure found now is reported from the loop
         try:
@@ -647,7 +661,17 @@ class ManagedLedger:
                 log.warning("managed ledger %s: add %d confirmed at %d:%d after it was failed back",
                             self.name, add_id, ledger_id, entry_id)
                 return
-            self._run(self._core.on_add_confirmed(add_id, ledger_id, entry_id))
+            actions = self._core.on_add_confirmed(add_id, ledger_id, entry_id)
+            if len(actions) == 1 and type(actions[0]) is CompleteAdd:
+                # the common case, as _run does it for a callback's CompleteAdd
+                waiter = self._futures.get(add_id)
+                if waiter is not None and type(waiter) is not _AddRun and not isinstance(waiter, asyncio.Future):
+                    del self._futures[add_id]
+                    self._call_done(waiter, actions[0].position, None)
+                    if self._capacity_waiters:
+                        self._wake_capacity()
+                    return
+            self._run(actions)
         else:
             if not isinstance(error, PulsarliteError):
                 error = ManagedLedgerError(f"{self.name}: add to ledger {ledger_id} failed: {error!r}")

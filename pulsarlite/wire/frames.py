@@ -126,6 +126,15 @@ class FrameDecoder:
             return []
         if type(data) is not bytes:
             data = bytes(data)   # frames keep views: they must be views of immutable bytes
+        elif not self._chunks and len(data) >= 4 and _U32.unpack_from(data, 0)[0] + 4 == len(data) \
+                and _FRAME_HEADER_BYTES < len(data) <= self.frame_bytes_max:
+            # exactly one whole frame and nothing buffered (one SEND per read: the paced case):
+            # what _decode_all gives for it
+            try:
+                return [_decode_at(data, memoryview(data), 0, len(data))]
+            except FrameError as exc:
+                self._failed = exc
+                raise
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered < self._needed:
