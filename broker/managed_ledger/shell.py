@@ -543,15 +543,20 @@ class ManagedLedger:
         log.info("managed ledger %s deleted", self.name)
 
     # -- action execution ------------------------------------------------------------------------
+    def _writer_of(self, ledger_id: int):
+        """The writer of the current ledger, which a write action must name."""
+        writer = self._writer
+        if writer is None or writer.ledger_id != ledger_id:
+            raise InvariantViolation(f"{self.name}: write to ledger {ledger_id}, writer is "
+                                     f"{writer.ledger_id if writer else None}")
+        return writer
+
     def _run(self, actions) -> None:
         core = self._core
         for a in actions:
             kind = type(a)
             if kind is WriteEntries:
-                writer = self._writer
-                if writer is None or writer.ledger_id != a.ledger_id:
-                    raise InvariantViolation(f"{self.name}: write to ledger {a.ledger_id}, writer is "
-                                             f"{writer.ledger_id if writer else None}")
+                writer = self._writer_of(a.ledger_id)
                 payloads = self._payloads.pop(a.add_id)
                 try:
                     first = writer.add_run(payloads, functools.partial(self._on_run_done, a.add_id, a.ledger_id,
@@ -582,10 +587,7 @@ class ManagedLedger:
                 if self._capacity_waiters:
                     self._wake_capacity()
             elif kind is WriteEntry:
-                writer = self._writer
-                if writer is None or writer.ledger_id != a.ledger_id:
-                    raise InvariantViolation(f"{self.name}: write to ledger {a.ledger_id}, writer is "
-                                             f"{writer.ledger_id if writer else None}")
+                writer = self._writer_of(a.ledger_id)
                 payload = self._payloads.pop(a.add_id)
                 try:
                     writer.add_with_callback(payload, functools.partial(self._on_entry_done, a.add_id, a.ledger_id))
