@@ -225,6 +225,12 @@ async def test_kill_all_bookies_then_restart_keeps_acknowledged(cluster_factory)
             fut.add_done_callback(lambda f, i=i: None if f.exception() else acked.__setitem__(f.result(), payload_for(i)))
             futures.append(fut)
             if i == 1500:
+                # some adds must be acknowledged before the bookies die, else the test proves
+                # nothing: wait (bounded) for the first acknowledgements, adds still in flight
+                for _ in range(600):
+                    if acked:
+                        break
+                    await asyncio.sleep(0.05)
                 for name in cluster.bookie_names:  # as close together as we can
                     await asyncio.to_thread(cluster.kill, name)
             if i % 100 == 0:
