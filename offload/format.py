@@ -66,7 +66,7 @@ import pyarrow.parquet as pq
 from pulsarlite._proto import pulsar_api_pb2 as pb
 from pulsarlite.errors import ChecksumError, PulsarliteError
 from pulsarlite.varint import SMALL_VARINTS, uvarint
-from pulsarlite.wire.entry import (EntryFormatError, Message, decompress, split_entry,
+from pulsarlite.wire.entry import (EntryFormatError, Message, _varint, decompress, split_entry,
                                    unpack_entry)
 
 FORMAT_VERSION = "1"
@@ -388,16 +388,9 @@ def _plain_batch(data: bytes, raw: pb.MessageMetadata
     if not 2 <= meta_size <= 22 or 4 + meta_size > size:
         return None
     # the first message's metadata: payload_size, then perhaps sequence_id, nothing else
-    pos, end = 5, 4 + meta_size
-    payload_size = shift = 0
-    while pos < end:
-        byte = data[pos]
-        pos += 1
-        payload_size |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            break
-    else:
+    end = 4 + meta_size
+    payload_size, pos = _varint(data, 5, end)
+    if payload_size is None:
         return None
     first_sequence_id = raw.sequence_id
     if pos == end:

@@ -285,14 +285,15 @@ class ManagedLedger:
                 try:
                     writer.add_with_callback(payload, functools.partial(self._on_entry_done, add_id, a.ledger_id))
                 except PulsarliteError as e:
-                    in_add, self._in_add = self._in_add, True     # reported from the loop, as below
-                    try:
-                        self._run(self._core.on_add_failed(add_id, a.ledger_id, e))
-                    finally:
-                        self._in_add = in_add
+                    self._run_in_add(self._core.on_add_failed(add_id, a.ledger_id, e))
                 return
         self._payloads[add_id] = payload
-        in_add, self._in_add = self._in_add, True     # a failure found now is reported from the loop
+        self._run_in_add(actions)
+
+    def _run_in_add(self, actions) -> None:
+        """Run actions from inside an add call: a completion or failure they produce is
+        reported from the loop, never from inside the caller's add (see _call_done)."""
+        in_add, self._in_add = self._in_add, True
         try:
             self._run(actions)
         finally:
@@ -315,11 +316,7 @@ class ManagedLedger:
         self._futures.update(dict.fromkeys(range(first_add_id, first_add_id + len(payloads)),
                                            _AddRun(first_add_id, done)))
         self._payloads[first_add_id] = payloads
-        in_add, self._in_add = self._in_add, True     # a failure found now is reported from the loop
-        try:
-            self._run(actions)
-        finally:
-            self._in_add = in_add
+        self._run_in_add(actions)
         return True
 
     async def add(self, payload: bytes, publish_time_ms: int) -> Position:
