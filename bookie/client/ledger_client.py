@@ -167,11 +167,16 @@ class LedgerClient:
         log.info("ledger deleted ledger=%d", ledger_id)
 
 
+def _encode_entry(ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes) -> bytes:
+    """One entry as an element of an AddRequest (with its checksum), encoded once for every
+    bookie of its write set."""
+    return encode_add_entry(ledger_id, entry_id, lac, length, payload,
+                            entry_checksum(ledger_id, entry_id, lac, length, payload))
+
+
 def _encoded_entry(ledger_id: int, a: SendAdd) -> bytes:
-    """The entry of ``a`` as an element of an AddRequest (with its checksum), encoded once for
-    every bookie of its write set."""
-    return encode_add_entry(ledger_id, a.entry_id, a.lac, a.length, a.payload,
-                            entry_checksum(ledger_id, a.entry_id, a.lac, a.length, a.payload))
+    """The entry of ``a`` as an element of an AddRequest."""
+    return _encode_entry(ledger_id, a.entry_id, a.lac, a.length, a.payload)
 
 
 class LedgerWriter:
@@ -302,8 +307,7 @@ class LedgerWriter:
         lac = a.lac
         first = a.first_entry_id
         entry_ids = range(first, first + len(a.payloads))
-        encoded = [encode_add_entry(ledger_id, entry_id, lac, length, payload,
-                                    entry_checksum(ledger_id, entry_id, lac, length, payload))
+        encoded = [_encode_entry(ledger_id, entry_id, lac, length, payload)
                    for entry_id, length, payload in zip(entry_ids, a.lengths, a.payloads)]
         pool = self._client.pool
         callback = self._add_callback

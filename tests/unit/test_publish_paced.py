@@ -17,7 +17,7 @@ from bookie.client.metadata import LedgerMetadata
 from bookie.client.write_core import LedgerWriteCore
 from bookie.transport import encode_frame
 from pulsarlite.config import LedgerClientConfig
-from unit.test_publish_runs import BOOKIES, FakeBookieSocket, FakeLedgerManager, drive
+from unit.test_publish_runs import BOOKIES, FakeLedgerManager, connect_fake_sockets, drive
 
 OUTCOME = {bpb.OK: AddOutcome.OK, bpb.FENCED: AddOutcome.FENCED, bpb.READ_ONLY: AddOutcome.READ_ONLY,
            bpb.NO_SUCH_LEDGER: AddOutcome.NO_SUCH_LEDGER,
@@ -36,22 +36,12 @@ def core_state(core: LedgerWriteCore):
 
 
 def connected_client():
-    from bookie.client.bookie_client import _Connection
     from bookie.client.ledger_client import LedgerClient
 
     client = LedgerClient(None, LedgerClientConfig(), owns_store=False)
     client.writable_bookies = list(BOOKIES) + [SPARE]
     client.ledger_manager = FakeLedgerManager()
-    sockets = {}
-    for bookie in BOOKIES:
-        bc = client.pool.get(bookie)
-        sock = FakeBookieSocket(bc)
-        conn = _Connection(bc, 64 << 20)
-        conn.connection_made(sock)
-        sock.conn = conn
-        bc._conn = conn
-        sockets[bookie] = sock
-    return client, sockets
+    return client, connect_fake_sockets(client)
 
 
 answers = st.lists(st.tuples(st.integers(0, 3),                      # bookie (3: not in the ensemble)

@@ -473,8 +473,23 @@ class PathService:
         return True
 
 
-async def publish_path(*, pending_adds_max: int, add_batch_entries_max: int):
+def connect_fake_sockets(client) -> dict:
+    """Each of BOOKIES' clients in ``client``'s pool connected to a FakeBookieSocket: bookie ->
+    socket."""
     from bookie.client.bookie_client import _Connection
+    sockets = {}
+    for bookie in BOOKIES:
+        bc = client.pool.get(bookie)
+        sock = FakeBookieSocket(bc)
+        conn = _Connection(bc, 64 << 20)
+        conn.connection_made(sock)
+        sock.conn = conn
+        bc._conn = conn
+        sockets[bookie] = sock
+    return sockets
+
+
+async def publish_path(*, pending_adds_max: int, add_batch_entries_max: int):
     from bookie.client.ledger_client import LedgerClient, LedgerWriter
     from broker.config import BrokerConfig
     from broker.connection import ServerConnection, _ProducerRef
@@ -488,15 +503,7 @@ async def publish_path(*, pending_adds_max: int, add_batch_entries_max: int):
     client = LedgerClient(None, LedgerClientConfig(add_batch_entries_max=add_batch_entries_max), owns_store=False)
     client.writable_bookies = list(BOOKIES)
     client.ledger_manager = FakeLedgerManager()
-    sockets = {}
-    for bookie in BOOKIES:
-        bc = client.pool.get(bookie)
-        sock = FakeBookieSocket(bc)
-        conn = _Connection(bc, 64 << 20)
-        conn.connection_made(sock)
-        sock.conn = conn
-        bc._conn = conn
-        sockets[bookie] = sock
+    sockets = connect_fake_sockets(client)
     metadata = LedgerMetadata(ledger_id=1, ensemble_size=3, write_quorum=3, ack_quorum=2,
                               ensembles=((0, BOOKIES),), ctime_ms=0, custom={})
     writer = LedgerWriter(client, metadata, 0)
