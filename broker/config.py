@@ -11,6 +11,8 @@ from pulsarlite.config import KiB, MiB, LedgerClientConfig
 from pulsarlite.errors import ConfigError
 from pulsarlite.wire.frames import FRAME_BYTES_MAX_LIMIT, FRAME_PADDING_BYTES
 
+ADD_FLUSH_INTERVAL_MS_DEFAULT = 3.0
+
 
 @dataclass(frozen=True)
 class BrokerConfig:
@@ -29,6 +31,10 @@ class BrokerConfig:
     rollover_bytes_max: int = 2048 * MiB
     rollover_age_ms_max: int = 4 * 3600 * 1000
     pending_adds_max: int = 10_000           # per managed ledger
+    # while AddRequests are outstanding, adds leave for the bookies at most this often (one
+    # request per bookie for all of them); an idle bookie's add leaves at once. 0: no pacing.
+    # (LedgerClientConfig.add_flush_interval_ms; BENCHMARKS.md "Pacing the pumps")
+    bookie_add_flush_interval_ms: float = ADD_FLUSH_INTERVAL_MS_DEFAULT
     # limits on clients
     message_bytes_max: int = 5 * MiB         # told to clients in CONNECTED; bigger frames close
     publish_buffer_bytes_max: int = 64 * MiB  # per broker: bytes from SEND to receipt
@@ -83,6 +89,9 @@ class BrokerConfig:
         for name in ("port", "http_port"):
             if getattr(self, name) > 65535:
                 raise ConfigError(f"BrokerConfig.{name} must be <= 65535")
+        if not 0.0 <= self.bookie_add_flush_interval_ms <= 1_000.0:
+            raise ConfigError(f"BrokerConfig.bookie_add_flush_interval_ms must be in [0, 1000], "
+                              f"got {self.bookie_add_flush_interval_ms!r}")
         if self.port == self.http_port:
             raise ConfigError("BrokerConfig: port and http_port must differ")
         try:
@@ -152,7 +161,8 @@ class BrokerConfig:
             rollover_age_ms_max=self.rollover_age_ms_max, pending_adds_max=self.pending_adds_max)
 
     def ledger_client_config(self) -> LedgerClientConfig:
-        return LedgerClientConfig(zookeeper=self.zookeeper, zk_session_timeout_ms=self.zk_session_timeout_ms)
+        return LedgerClientConfig(zookeeper=self.zookeeper, zk_session_timeout_ms=self.zk_session_timeout_ms,
+                                  add_flush_interval_ms=self.bookie_add_flush_interval_ms).validate()
 
 
 __all__ = ["BrokerConfig"]

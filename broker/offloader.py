@@ -229,9 +229,9 @@ def encode_and_upload(tier, key: str, ledger_id: int, entries: list[tuple[int, b
     With ``typed_versions`` (the topic's live AVRO/JSON schema versions) the object also holds
     the record's fields as typed columns (``add_typed_columns``); ``counters`` (if given) gets
     ``typed_values`` / ``typed_values_undecodable`` / ``typed_fields_unconvertible`` added."""
-    from offload.format import entries_to_table, write_parquet
+    from offload.format import entries_to_table_fast, write_parquet
     from offload.store import crc32c_hex
-    table = entries_to_table(ledger_id, entries, partition=partition)
+    table = entries_to_table_fast(ledger_id, entries, partition=partition)
     metadata = {"pulsarlite.ledger_id": str(ledger_id)}
     if typed_versions:
         table, typed_metadata, st = add_typed_columns(table, typed_versions, topic=topic, ledger_id=ledger_id)

@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 
 from offload.core import ObjectStats
 from offload.format import (REBUILD_COLUMNS, ROW_GROUP_BYTES_DEFAULT, ParquetStreamWriter, TierChecksumError,
-                            TierFormatError, entries_to_table, open_parquet, read_row_groups,
+                            TierFormatError, entries_to_table_fast, open_parquet, read_row_groups,
                             row_group_entry_ranges, summarize_table, table_to_entries)
 from offload.store import (Crc32cHasher, ObjectStore, crc32c_hex, open_object_uri)
 
@@ -140,10 +140,10 @@ def encode_ledger(ledger_id: int, entries: Iterable[tuple[int, bytes | memoryvie
             chunk.append((entry_id, entry))
             chunk_bytes += len(entry)
             if chunk_bytes >= row_group_bytes:
-                writer.write(entries_to_table(ledger_id, chunk, partition=partition))
+                writer.write(entries_to_table_fast(ledger_id, chunk, partition=partition))
                 chunk, chunk_bytes = [], 0
         if chunk:
-            writer.write(entries_to_table(ledger_id, chunk, partition=partition))
+            writer.write(entries_to_table_fast(ledger_id, chunk, partition=partition))
     finally:
         summary = writer.close()
     if summary.rows == 0:

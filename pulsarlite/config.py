@@ -99,6 +99,10 @@ class LedgerClientConfig:
     # one bigger request when a response comes back (self-clocking batches: per-message cost,
     # not bytes, is what limits throughput here)
     add_requests_in_flight_max: int = 2
+    # while AddRequests are outstanding, adds leave at most once per this interval per client
+    # pool (one request per bookie for all of them); an idle bookie's add leaves at once.
+    # 0: every loop turn (bookie/client/bookie_client.py PumpGroup)
+    add_flush_interval_ms: float = 0.0
     pending_adds_max: int = 50_000           # adds in flight per ledger; add() waits beyond
     ensemble_change_attempts_max: int = 10
     recovery_attempts_max: int = 5
@@ -111,6 +115,9 @@ class LedgerClientConfig:
                   "add_requests_in_flight_max",
                   "pending_adds_max", "ensemble_change_attempts_max", "recovery_attempts_max",
                   "read_entries_per_request_max", "request_bytes_max")
+        if not 0.0 <= self.add_flush_interval_ms <= 1_000.0:
+            raise ConfigError(f"LedgerClientConfig.add_flush_interval_ms must be in [0, 1000], "
+                              f"got {self.add_flush_interval_ms!r}")
         return self
 
 

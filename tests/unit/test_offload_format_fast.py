@@ -5,6 +5,7 @@ same errors."""
 from __future__ import annotations
 
 import random
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -224,3 +225,28 @@ def test_plain_batches_of_empty_payloads():
             for with_ids in (True, False):
                 got = assert_same([(0, plain_batch(rng, first, n, size=0, with_ids=with_ids))])
                 assert got.num_rows == n
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(entries=entry_lists(), row_group_bytes=st.sampled_from([64, 4_096, 1 << 20]))
+def test_offloaded_objects_are_byte_for_byte_those_of_the_general_path(entries, row_group_bytes):
+    """The offloaders (offload.reader.encode_ledger, broker.offloader.encode_and_upload) build
+    their tables with entries_to_table_fast: the Parquet bytes must be those the general path
+    writes (same pages, same statistics, same checksum), whatever the chunks of the table."""
+    import io
+
+    from offload.format import write_parquet
+    from offload.reader import encode_ledger
+
+    def parquet_of(table):
+        sink = io.BytesIO()
+        write_parquet(table, sink, row_group_bytes=row_group_bytes, metadata={"pulsarlite.ledger_id": "9"})
+        return sink.getvalue()
+    assert parquet_of(entries_to_table_fast(9, entries, partition=2)) == \
+        parquet_of(entries_to_table(9, entries, partition=2))
+
+    fast = encode_ledger(9, entries, partition=2, row_group_bytes=row_group_bytes)
+    with mock.patch("offload.reader.entries_to_table_fast", entries_to_table):   # what it wrote before
+        general = encode_ledger(9, entries, partition=2, row_group_bytes=row_group_bytes)
+    assert fast.data == general.data
+    assert fast.stats == general.stats

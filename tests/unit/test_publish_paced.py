@@ -35,10 +35,10 @@ def core_state(core: LedgerWriteCore):
             sorted(core._unusable), core._proposed, type(core.error).__name__, core.is_fenced)
 
 
-def connected_client():
+def connected_client(config: LedgerClientConfig | None = None):
     from bookie.client.ledger_client import LedgerClient
 
-    client = LedgerClient(None, LedgerClientConfig(), owns_store=False)
+    client = LedgerClient(None, config or LedgerClientConfig(), owns_store=False)
     client.writable_bookies = list(BOOKIES) + [SPARE]
     client.ledger_manager = FakeLedgerManager()
     return client, connect_fake_sockets(client)
@@ -191,6 +191,95 @@ async def test_a_failing_pump_does_not_stop_the_others(caplog):
     await asyncio.sleep(0)
     assert len(sockets[BOOKIES[1]].written) == 2
     await client.pool.close()
+
+
+# -- bookie clients: pumps paced by add_flush_interval_ms --------------------------------------------
+def _capture_call_later(monkeypatch, loop):
+    captured = []
+    real = loop.call_later
+
+    def capturing(delay, callback, *args, **kw):
+        handle = real(3600, callback, *args, **kw)    # never fires by itself in the test
+        captured.append((delay, callback, handle))
+        return handle
+    monkeypatch.setattr(loop, "call_later", capturing)
+    return captured
+
+
+async def test_paced_pump_idle_bookies_go_at_once_busy_ones_wait_for_the_interval(monkeypatch):
+    client, sockets = connected_client(LedgerClientConfig(add_flush_interval_ms=1000.0).validate())
+    loop = asyncio.get_running_loop()
+    captured = _capture_call_later(monkeypatch, loop)
+    results = []
+    callback = lambda b, r: results.append((b, r))        # noqa: E731
+    for bookie in BOOKIES:            # idle bookies: on the next loop turn, as without pacing
+        client.pool.get(bookie).send_add(0, b"entry0", False, callback)
+    await asyncio.sleep(0)
+    assert [len(sockets[b].written) for b in BOOKIES] == [1, 1, 1]
+    assert captured == []
+    # request 1 is outstanding at every bookie: the next adds wait for the interval, together
+    for entry_id in (1, 2, 3):
+        for bookie in BOOKIES:
+            client.pool.get(bookie).send_add(entry_id, b"entry%d" % entry_id, False, callback)
+        await asyncio.sleep(0)
+    assert [len(sockets[b].written) for b in BOOKIES] == [1, 1, 1]
+    assert len(captured) == 1
+    delay, run, handle = captured[0]
+    assert 0 < delay <= 1.0           # the interval counted from the first pump
+    handle.cancel()
+    run()
+    # one AddRequest per bookie carrying entries 1-3
+    for bookie in BOOKIES:
+        assert len(sockets[bookie].written) == 2
+        (request_id, chunks), = [(r, c) for r, c in client.pool.get(bookie)._inflight.items() if r != 1]
+        assert [e for ids, _ in chunks for e in ids] == [1, 2, 3]
+    await client.pool.close()
+
+
+async def test_paced_pump_an_idle_bookie_does_not_wait_for_a_busy_ones_interval(monkeypatch):
+    client, sockets = connected_client(LedgerClientConfig(add_flush_interval_ms=1000.0).validate())
+    loop = asyncio.get_running_loop()
+    captured = _capture_call_later(monkeypatch, loop)
+    callback = lambda b, r: None       # noqa: E731
+    for bookie in BOOKIES:
+        client.pool.get(bookie).send_add(0, b"entry0", False, callback)
+    await asyncio.sleep(0)
+    sockets[BOOKIES[1]].answer(lambda b, e: bpb.OK)   # bookie 1 is idle again, 0 and 2 are not
+    client.pool.get(BOOKIES[0]).send_add(1, b"entry1", False, callback)   # busy: waits
+    assert len(captured) == 1
+    client.pool.get(BOOKIES[1]).send_add(1, b"entry1", False, callback)   # idle: next turn, for all
+    client.pool.get(BOOKIES[2]).send_add(1, b"entry1", False, callback)
+    await asyncio.sleep(0)
+    assert [len(sockets[b].written) for b in BOOKIES] == [2, 2, 2]
+    assert captured[0][2].cancelled()
+    await client.pool.close()
+
+
+async def test_paced_pump_after_a_quiet_interval_goes_at_once(monkeypatch):
+    client, sockets = connected_client(LedgerClientConfig(add_flush_interval_ms=1000.0).validate())
+    loop = asyncio.get_running_loop()
+    captured = _capture_call_later(monkeypatch, loop)
+    for bookie in BOOKIES:
+        client.pool.get(bookie).send_add(0, b"entry0", False, lambda b, r: None)
+    await asyncio.sleep(0)
+    group = client.pool._pump_group
+    group._last_run_s -= 2.0          # the last pump was longer ago than the interval
+    client.pool.get(BOOKIES[0]).send_add(1, b"entry1", False, lambda b, r: None)   # busy, but due
+    await asyncio.sleep(0)
+    assert len(sockets[BOOKIES[0]].written) == 2
+    assert captured == []
+    await client.pool.close()
+
+
+def test_add_flush_interval_is_checked():
+    from broker.config import BrokerConfig
+    from pulsarlite.errors import ConfigError
+    for bad in (-1.0, float("nan"), 1000.5):
+        with pytest.raises(ConfigError, match="add_flush_interval_ms"):
+            LedgerClientConfig(add_flush_interval_ms=bad).validate()
+        with pytest.raises(ConfigError, match="bookie_add_flush_interval_ms"):
+            BrokerConfig(bookie_add_flush_interval_ms=bad).validate()
+    assert BrokerConfig(bookie_add_flush_interval_ms=2.5).validate().ledger_client_config().add_flush_interval_ms == 2.5
 
 
 # -- bookie clients: a read of exactly one AddResponse ------------------------------------------------
