@@ -47,7 +47,9 @@ def test_kill_owner_broker_nothing_acked_is_lost(cluster_factory):
                     time.sleep(0.02)
 
         def consume():
-            while not stop.is_set() or len(received) < len(acked):
+            # until stopped and every acknowledged message is in (not a count: messages can
+            # arrive before their own acknowledgement, so received may hold some not yet acked)
+            while not stop.is_set() or not acked <= received:
                 try:
                     m = consumer.receive(timeout_millis=500)
                 except pulsarlite.Timeout:
@@ -72,7 +74,13 @@ def test_kill_owner_broker_nothing_acked_is_lost(cluster_factory):
         stop.set()
         threads[0].join(30)
         producer.flush()
-        wait_for(lambda: acked <= received, 60, "every acknowledged message to be received")
+        try:
+            wait_for(lambda: acked <= received, 60, "every acknowledged message to be received")
+        except AssertionError:
+            missing = sorted(acked - received, key=lambda p: int(p[1:]))
+            raise AssertionError(f"{len(missing)} of {len(acked)} acknowledged messages never received "
+                                 f"(first {missing[:10]}, last {missing[-3:]}; {len(received)} received, "
+                                 f"{len(failed)} sends failed, kill at ack {at_kill})") from None
         threads[1].join(30)
         assert failed == []
         producer.close()
