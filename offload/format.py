@@ -321,6 +321,7 @@ def entries_to_table(ledger_id: int, entries: Iterable[tuple[int, bytes | memory
 # ---------------------------------------------------------------------------------------------
 
 _PLAIN_CACHE_MAX = 256
+FAST_MISSES_MAX = 16       # entries_to_table_fast: general-path entries in a row before it stops trying
 _STRIDE_INDICES: dict[tuple[int, int], pa.Array] = {}     # (count, 0|1) -> 0/1, 2/3, 4/5, ...
 _LOW_SEVEN = [bytes((low | 0x80,)) for low in range(0x80)]   # a varint's first byte, id >= 128
 
@@ -432,11 +433,13 @@ def _plain_batch(data: bytes, raw: pb.MessageMetadata
 
 
 def _plain_batch_walk(data: bytes, raw: pb.MessageMetadata
-                      ) -> tuple[pa.Array, pa.Array, int, int] | None:
-    """What :func:`_plain_batch` returns, for plain messages of any payload sizes (ids, when
-    written, still ``entry's + index``; varints in their shortest form): the batch is walked
-    message by message, but only to find the pieces (a few integer operations each, no object
-    per message); the columns are then cut by two Arrow takes. None for any other batch."""
+                      ) -> tuple[pa.Array, pa.Array, int, int, pa.Array | None] | None:
+    """What :func:`_plain_batch` returns, and the keys (None: no message has one), for
+    messages of any payload sizes that carry nothing but a payload, perhaps their id (still
+    ``entry's + index``) and perhaps a key (every message of the batch or none, under 128
+    bytes, valid UTF-8, not flagged base64); varints in their shortest form. The batch is
+    walked message by message, but only to find the pieces (a few integer operations each, no
+    object per message); the columns are then cut by Arrow takes. None for any other batch."""
     count = raw.num_messages_in_batch
     end = len(data)
     first_sequence_id = raw.sequence_id
@@ -444,16 +447,29 @@ def _plain_batch_walk(data: bytes, raw: pb.MessageMetadata
         return None
     offsets = array("i", [0])
     append = offsets.append
+    keyed = end > 4 and data[4] == 0x12      # SingleMessageMetadata.partition_key first
+    key_offsets = array("i")
+    key_append = key_offsets.append
     pos = header_bytes = 0
     sequence_id = first_sequence_id
     for _ in range(count):
-        if pos + 6 > end or data[pos] or data[pos + 1] or data[pos + 2] or data[pos + 4] != 0x18:
+        if pos + 6 > end or data[pos] or data[pos + 1] or data[pos + 2]:
             return None
         meta_end = pos + 4 + data[pos + 3]
-        if meta_end < pos + 6 or meta_end > end:
+        q = pos + 4
+        if keyed:
+            if data[q] != 0x12:
+                return None
+            key_end = q + 2 + data[q + 1]
+            if data[q + 1] >= 0x80 or key_end + 2 > meta_end:
+                return None
+            key_append(q + 2)
+            key_append(key_end)
+            q = key_end
+        if meta_end < q + 2 or meta_end > end or data[q] != 0x18:
             return None
-        payload_size = data[pos + 5]
-        p = pos + 6
+        payload_size = data[q + 1]
+        p = q + 2
         if payload_size >= 0x80:
             shift = 7
             payload_size &= 0x7F
@@ -487,34 +503,48 @@ def _plain_batch_walk(data: bytes, raw: pb.MessageMetadata
                                    [None, pa.py_buffer(offsets), pa.py_buffer(data)])
     headers = pieces.take(_stride_indices(count, 0))
     values = pieces.take(_stride_indices(count, 1))
-    return values, headers, end - header_bytes, header_bytes
+    keys = None
+    if keyed:
+        # key, gap, key, ...: 2 x count - 1 pieces, the keys at the even ones
+        key_pieces = pa.Array.from_buffers(pa.binary(), 2 * count - 1,
+                                           [None, pa.py_buffer(key_offsets), pa.py_buffer(data)])
+        try:
+            keys = key_pieces.take(_stride_indices(count, 0)).cast(pa.string())
+        except pa.ArrowInvalid:          # not UTF-8: the general path decides
+            return None
+    return values, headers, end - header_bytes, header_bytes, keys
 
 
 def entries_to_table_fast(ledger_id: int, entries: Iterable[tuple[int, bytes | memoryview]], *,
                           partition: int) -> pa.Table:
     """What :func:`entries_to_table` returns for the same entries (equal tables: same columns,
-    types and values), faster: a batch of plain messages of one payload size with consecutive
-    sequence ids (what a producer of plain messages writes) is decoded with Arrow takes over
-    the decompressed batch, no Python object per message. Any other entry goes through
-    :func:`entries_to_table` itself, as do its errors."""
+    types and values), faster: a batch of plain messages (a payload, consecutive sequence ids
+    as a producer writes them, perhaps a key on every message) is decoded with Arrow takes
+    over the decompressed batch, no Python object per message. Any other entry goes through
+    :func:`entries_to_table` itself, as do its errors. After ``FAST_MISSES_MAX`` entries in a
+    row that the fast path could not take (an unbatched topic: each would be parsed twice),
+    the rest go straight to the general path."""
     if ledger_id < 0:
         raise ValueError(f"ledger id {ledger_id} < 0")
     pieces: list[pa.Table] = []
     slow: list[tuple[int, bytes | memoryview]] = []
     fast: list[tuple] = []
     last_entry_id = -1
+    misses = 0
     for entry_id, entry in entries:
         if entry_id <= last_entry_id:
             raise TierFormatError(f"ledger {ledger_id}: entry ids not increasing "
                                   f"({last_entry_id} then {entry_id})")
         last_entry_id = entry_id
-        decoded = _fast_entry(entry)
+        decoded = _fast_entry(entry) if misses < FAST_MISSES_MAX else None
         if decoded is None:
+            misses += 1
             if fast:
                 pieces.append(_fast_table(ledger_id, partition, fast))
                 fast = []
             slow.append((entry_id, entry))
         else:
+            misses = 0
             if slow:
                 pieces.append(entries_to_table(ledger_id, slow, partition=partition))
                 slow = []
@@ -529,8 +559,8 @@ def entries_to_table_fast(ledger_id: int, entries: Iterable[tuple[int, bytes | m
 
 
 def _fast_entry(entry: bytes | memoryview):
-    """(metadata, entry header, values, message headers, their sizes) of a batched entry of
-    plain messages, or None (not such an entry, or not decodable here: the general path
+    """(metadata, entry header, values, message headers, their sizes, keys or None) of a
+    batched entry of plain messages, or None (not such an entry, or not decodable here: the general path
     decides)."""
     try:
         metadata, payload = split_entry(entry)
@@ -557,8 +587,9 @@ def _fast_entry(entry: bytes | memoryview):
         meta = plain.SerializeToString()
         header = _U32.pack(len(meta)) + meta
     decoded = _plain_batch(data, raw)
-    if decoded is None:
-        decoded = _plain_batch_walk(data, raw)
+    if decoded is not None:
+        return (raw, header) + decoded + (None,)
+    decoded = _plain_batch_walk(data, raw)
     if decoded is None:
         return None
     return (raw, header) + decoded
@@ -589,7 +620,7 @@ def _per_row(run_ends: pa.Array, values: list, arrow_type: pa.DataType) -> pa.Ar
 
 def _fast_table(ledger_id: int, partition: int, decoded: list[tuple]) -> pa.Table:
     """ROW_SCHEMA rows of decoded plain batches: (entry id, raw metadata, entry header,
-    values, message headers, values' bytes, headers' bytes) each. Python runs once per entry;
+    values, message headers, values' bytes, headers' bytes, keys or None) each. Python runs once per entry;
     the per-row columns are built by Arrow (run-end decoding, arithmetic, takes)."""
     for i in (5, 6):
         total = sum(d[i] for d in decoded)
@@ -621,7 +652,7 @@ def _fast_table(ledger_id: int, partition: int, decoded: list[tuple]) -> pa.Tabl
         pa.repeat(pa.scalar(partition, pa.int32()), rows),
         _per_row(run_ends, [r.publish_time for r in raws], pa.int64()).cast(_TS),
         pa.nulls(rows, pa.int64()).cast(_TS),
-        pa.nulls(rows, pa.string()),
+        _fast_keys(decoded, counts, rows),
         pa.nulls(rows, pa.binary()),
         pa.MapArray.from_arrays(pa.repeat(pa.scalar(0, pa.int32()), rows + 1), empty, empty,
                                 type=_PROPERTIES_TYPE),
@@ -636,6 +667,14 @@ def _fast_table(ledger_id: int, partition: int, decoded: list[tuple]) -> pa.Tabl
         pa.concat_arrays([d[4] for d in decoded]),
     ]
     return pa.Table.from_arrays(columns, schema=ROW_SCHEMA)
+
+
+def _fast_keys(decoded: list[tuple], counts: list[int], rows: int) -> pa.Array:
+    """The key column of decoded batches: each batch's keys, or nulls for a batch without."""
+    if all(d[7] is None for d in decoded):
+        return pa.nulls(rows, pa.string())
+    return pa.concat_arrays([pa.nulls(n, pa.string()) if d[7] is None else d[7]
+                             for d, n in zip(decoded, counts)])
 
 
 # ---------------------------------------------------------------------------------------------

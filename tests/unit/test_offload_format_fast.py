@@ -183,7 +183,8 @@ def entry_lists(draw):
     entries = []
     entry_id = draw(st.integers(0, 5))
     for _ in range(count):
-        kind = draw(st.sampled_from(["plain", "plain", "plain-noids", "rich", "single", "sizes"]))
+        kind = draw(st.sampled_from(["plain", "plain", "plain-noids", "rich", "single", "sizes",
+                                     "keyed", "keyed", "keyed-some"]))
         codec = draw(st.sampled_from(CODECS))
         first = draw(st.sampled_from(FIRST_IDS + [rng.randint(0, 2**40)]))
         n = draw(st.integers(1, 200))
@@ -195,6 +196,14 @@ def entry_lists(draw):
             payloads = [rng.randbytes(rng.randint(0, 40)) for _ in range(n)]
             entry = build_batch_entry(payloads, producer_name="q", sequence_id=first, publish_time_ms=3,
                                       compression=codec, sequence_ids=list(range(first, first + n)))
+        elif kind in ("keyed", "keyed-some"):
+            keys = ["", "k", "key-17", "ключ", "x" * 127, "y" * 128, "\u00e9" * 70]
+            msgs = [Message(rng.randbytes(rng.randint(0, 40)),
+                            key=(rng.choice(keys) if kind == "keyed" or rng.random() < 0.7 else None),
+                            sequence_id=rng.choice([first + j, first + j, None]))
+                    for j in range(n)]
+            entry = build_batch_entry(msgs, producer_name="k", sequence_id=first, publish_time_ms=6,
+                                      compression=codec)
         elif kind == "rich":
             msgs = [Message(rng.randbytes(rng.randint(0, 30)), key=rng.choice([None, "k"]),
                             properties=rng.choice([{}, {"a": "1"}]), event_time_ms=rng.choice([None, 7]),
@@ -250,3 +259,52 @@ def test_offloaded_objects_are_byte_for_byte_those_of_the_general_path(entries, 
         general = encode_ledger(9, entries, partition=2, row_group_bytes=row_group_bytes)
     assert fast.data == general.data
     assert fast.stats == general.stats
+
+
+def test_keyed_batches_are_walked_not_unpacked(monkeypatch):
+    """Every message with a key (under 128 bytes, UTF-8): the walk takes the batch, keys and all;
+    a key of 128 bytes or more, or a batch where some messages lack one, goes the general way."""
+    rng = random.Random(5)
+
+    def keyed(first, keys):
+        msgs = [Message(rng.randbytes(rng.randint(0, 60)), key=k, sequence_id=first + j)
+                for j, k in enumerate(keys)]
+        return build_batch_entry(msgs, producer_name="k", sequence_id=first, publish_time_ms=9,
+                                 compression=Compression.LZ4)
+    walked = [(0, keyed(0, ["a", "", "ключ", "k" * 127])), (1, keyed(4, ["key-%d" % i for i in range(300)])),
+              (2, plain_batch(rng, 304, 5))]
+    calls = []
+    real = fmt.entries_to_table
+    monkeypatch.setattr(fmt, "entries_to_table", lambda *a, **k: calls.append(a) or real(*a, **k))
+    got = entries_to_table_fast(7, walked, partition=0)
+    monkeypatch.undo()
+    assert calls == []
+    assert got.equals(entries_to_table(7, walked, partition=0))
+    assert got["key"].to_pylist()[:4] == ["a", "", "ключ", "k" * 127]
+    assert got["key"].null_count == 5        # the plain batch's rows
+    for entries in ([(0, keyed(0, ["a", "k" * 128]))], [(0, keyed(0, ["a", None, "b"]))]):
+        assert fmt._fast_entry(entries[0][1]) is None
+        assert_same(entries)
+
+
+
+def test_a_key_that_is_not_utf8_goes_the_general_way():
+    entry = build_batch_entry([Message(b"v1", key="ab", sequence_id=0), Message(b"v2", key="cd", sequence_id=1)],
+                              producer_name="k", sequence_id=0, publish_time_ms=1, compression=Compression.NONE)
+    bad = entry.replace(b"\x12\x02ab", b"\x12\x02a\xff")
+    assert bad != entry and fmt._fast_entry(entry) is not None
+    assert fmt._fast_entry(bad) is None
+
+
+def test_after_a_run_of_misses_the_rest_goes_straight_to_the_general_path(monkeypatch):
+    """An unbatched ledger: FAST_MISSES_MAX entries tried, the rest not parsed twice; the table
+    is the same."""
+    rng = random.Random(6)
+    entries = [(i, build_entry(Message(rng.randbytes(20)), producer_name="s", sequence_id=i, publish_time_ms=5))
+               for i in range(fmt.FAST_MISSES_MAX + 10)]
+    entries.append((len(entries), plain_batch(rng, 100, 4)))
+    tried = []
+    real = fmt._fast_entry
+    monkeypatch.setattr(fmt, "_fast_entry", lambda e: tried.append(e) or real(e))
+    assert_same(entries)
+    assert len(tried) == fmt.FAST_MISSES_MAX
