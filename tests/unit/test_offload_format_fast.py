@@ -31,6 +31,19 @@ def assert_same(entries, ledger_id=3, partition=-1):
     return got
 
 
+def fast_only(monkeypatch, entries, partition):
+    """entries_to_table_fast's table for entries that must all take the fast path (no call to
+    the general one), checked equal to the general path's."""
+    calls = []
+    real = fmt.entries_to_table
+    monkeypatch.setattr(fmt, "entries_to_table", lambda *a, **k: calls.append(a) or real(*a, **k))
+    got = entries_to_table_fast(7, entries, partition=partition)
+    monkeypatch.undo()
+    assert calls == []                    # no entry needed the general path
+    assert got.equals(entries_to_table(7, entries, partition=partition))
+    return got
+
+
 def plain_batch(rng, first_seq, n, *, size=None, codec=Compression.NONE, with_ids=True,
                 publish=1_700_000_000_000, schema_version=None, producer="prod-1"):
     size = rng.randint(0, 300) if size is None else size
@@ -45,13 +58,7 @@ def test_plain_batches_take_the_fast_path_and_match(monkeypatch):
     rng = random.Random(1)
     entries = [(i, plain_batch(rng, first, rng.randint(1, 300), codec=CODECS[i % len(CODECS)]))
                for i, first in enumerate(FIRST_IDS)]
-    calls = []
-    real = fmt.entries_to_table
-    monkeypatch.setattr(fmt, "entries_to_table", lambda *a, **k: calls.append(a) or real(*a, **k))
-    got = entries_to_table_fast(7, entries, partition=4)
-    monkeypatch.undo()
-    assert calls == []                    # no entry needed the general path
-    assert got.equals(entries_to_table(7, entries, partition=4))
+    got = fast_only(monkeypatch, entries, 4)
     assert got.num_rows == sum(len(fmt.unpack_entry(e)[1]) for _, e in entries)
 
 
@@ -78,13 +85,7 @@ def test_plain_batches_of_mixed_sizes_are_walked_not_unpacked(monkeypatch):
         entries.append((i, build_batch_entry(payloads, producer_name="p", sequence_id=first,
                                              publish_time_ms=9, compression=CODECS[i % len(CODECS)],
                                              sequence_ids=ids)))
-    calls = []
-    real = fmt.entries_to_table
-    monkeypatch.setattr(fmt, "entries_to_table", lambda *a, **k: calls.append(a) or real(*a, **k))
-    got = entries_to_table_fast(7, entries, partition=4)
-    monkeypatch.undo()
-    assert calls == []
-    assert got.equals(entries_to_table(7, entries, partition=4))
+    fast_only(monkeypatch, entries, 4)
 
 
 def test_non_uniform_and_rich_batches():
@@ -273,13 +274,7 @@ def test_keyed_batches_are_walked_not_unpacked(monkeypatch):
                                  compression=Compression.LZ4)
     walked = [(0, keyed(0, ["a", "", "ключ", "k" * 127])), (1, keyed(4, ["key-%d" % i for i in range(300)])),
               (2, plain_batch(rng, 304, 5))]
-    calls = []
-    real = fmt.entries_to_table
-    monkeypatch.setattr(fmt, "entries_to_table", lambda *a, **k: calls.append(a) or real(*a, **k))
-    got = entries_to_table_fast(7, walked, partition=0)
-    monkeypatch.undo()
-    assert calls == []
-    assert got.equals(entries_to_table(7, walked, partition=0))
+    got = fast_only(monkeypatch, walked, 0)
     assert got["key"].to_pylist()[:4] == ["a", "", "ключ", "k" * 127]
     assert got["key"].null_count == 5        # the plain batch's rows
     for entries in ([(0, keyed(0, ["a", "k" * 128]))], [(0, keyed(0, ["a", None, "b"]))]):
