@@ -284,36 +284,40 @@ def entries_to_table(ledger_id: int, entries: Iterable[tuple[int, bytes | memory
                                    else None)
             msgs.append(messages[0])
 
-    rows = len(msgs)
-    values = list(map(_PAYLOAD, msgs))
-    props = list(map(_PROPERTIES, msgs))
-    prop_offsets = [0]
-    prop_offsets.extend(accumulate(map(len, props)))
-    properties = pa.MapArray.from_arrays(
-        _int_array(prop_offsets, "i", pa.int32()),
-        pa.array(list(chain.from_iterable(props)), pa.string()),
-        pa.array(list(chain.from_iterable(map(_VALUES, props))), pa.string()),
-        type=_PROPERTIES_TYPE)
-    columns = [
-        pa.repeat(pa.scalar(ledger_id, pa.int64()), rows),
-        _int_array(entry_ids, "q", pa.int64()),
-        _int_array(list(map(_BATCH_INDEX, msgs)), "i", pa.int32()),
-        _int_array(batch_size, "i", pa.int32()),
-        pa.repeat(pa.scalar(partition, pa.int32()), rows),
-        _int_array(publish_time, "q", pa.int64()).cast(_TS),
-        pa.array(list(map(_EVENT_TIME, msgs)), pa.int64()).cast(_TS),
-        pa.array(list(map(_KEY, msgs)), pa.string()),
-        pa.array(list(map(_ORDERING_KEY, msgs)), pa.binary()),
-        properties,
-        pa.array(producer_names, pa.string()),
-        _int_array(list(map(_SEQUENCE_ID, msgs)), "q", pa.int64()),
-        pa.array(schema_versions, pa.binary()),
-        _binary_from_parts(values, list(map(len, values))),
-        pa.array(list(map(_NULL_VALUE, msgs)), pa.bool_()),
-        pa.array(entry_headers, pa.binary()),
-        _binary_from_parts(message_headers, message_header_lengths),
-    ]
-    return pa.Table.from_arrays(columns, schema=ROW_SCHEMA)
+    try:
+        rows = len(msgs)
+        values = list(map(_PAYLOAD, msgs))
+        props = list(map(_PROPERTIES, msgs))
+        prop_offsets = [0]
+        prop_offsets.extend(accumulate(map(len, props)))
+        properties = pa.MapArray.from_arrays(
+            _int_array(prop_offsets, "i", pa.int32()),
+            pa.array(list(chain.from_iterable(props)), pa.string()),
+            pa.array(list(chain.from_iterable(map(_VALUES, props))), pa.string()),
+            type=_PROPERTIES_TYPE)
+        columns = [
+            pa.repeat(pa.scalar(ledger_id, pa.int64()), rows),
+            _int_array(entry_ids, "q", pa.int64()),
+            _int_array(list(map(_BATCH_INDEX, msgs)), "i", pa.int32()),
+            _int_array(batch_size, "i", pa.int32()),
+            pa.repeat(pa.scalar(partition, pa.int32()), rows),
+            _int_array(publish_time, "q", pa.int64()).cast(_TS),
+            pa.array(list(map(_EVENT_TIME, msgs)), pa.int64()).cast(_TS),
+            pa.array(list(map(_KEY, msgs)), pa.string()),
+            pa.array(list(map(_ORDERING_KEY, msgs)), pa.binary()),
+            properties,
+            pa.array(producer_names, pa.string()),
+            _int_array(list(map(_SEQUENCE_ID, msgs)), "q", pa.int64()),
+            pa.array(schema_versions, pa.binary()),
+            _binary_from_parts(values, list(map(len, values))),
+            pa.array(list(map(_NULL_VALUE, msgs)), pa.bool_()),
+            pa.array(entry_headers, pa.binary()),
+            _binary_from_parts(message_headers, message_header_lengths),
+        ]
+        return pa.Table.from_arrays(columns, schema=ROW_SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:     # e.g. a key that is not UTF-8
+        raise TierFormatError(f"ledger {ledger_id} entries {entry_ids[0]}-{entry_ids[-1]}: a field "
+                              f"does not convert: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------
