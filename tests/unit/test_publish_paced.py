@@ -102,16 +102,23 @@ async def _compare(entries, answers):
             task.cancel()
 
 
-async def test_the_third_replicas_ok_after_the_confirmation_changes_nothing(monkeypatch):
-    """The shortcut is taken (the core is not called) and nothing is confirmed twice."""
+def writer_with_an_add_acked_once():
+    """A ledger writer with entry 0 added and acknowledged by the first bookie only: (writer,
+    the add's completions)."""
     from bookie.client.ledger_client import LedgerWriter
 
     client, _ = connected_client()
     writer = LedgerWriter(client, metadata(), 0)
+    done = []
+    writer.add_with_callback(b"x", lambda e, err: done.append((e, err)))
+    writer._on_add_results(BOOKIES[0], [(0, bpb.OK)])
+    return writer, done
+
+
+async def test_the_third_replicas_ok_after_the_confirmation_changes_nothing(monkeypatch):
+    """The shortcut is taken (the core is not called) and nothing is confirmed twice."""
+    writer, done = writer_with_an_add_acked_once()
     try:
-        done = []
-        writer.add_with_callback(b"x", lambda e, err: done.append((e, err)))
-        writer._on_add_results(BOOKIES[0], [(0, bpb.OK)])
         writer._on_add_results(BOOKIES[1], [(0, bpb.OK)])
         assert done == [(0, None)] and writer.last_add_confirmed == 0
         calls = []
@@ -129,21 +136,15 @@ async def test_the_third_replicas_ok_after_the_confirmation_changes_nothing(monk
 
 
 async def test_a_failure_from_the_second_bookie_still_changes_the_ensemble():
-    from bookie.client.ledger_client import LedgerWriter
-
-    client, _ = connected_client()
-    writer = LedgerWriter(client, metadata(), 0)
+    writer, done = writer_with_an_add_acked_once()
     try:
-        done = []
-        writer.add_with_callback(b"x", lambda e, err: done.append((e, err)))
-        writer._on_add_results(BOOKIES[0], [(0, bpb.OK)])
         writer._on_add_results(BOOKIES[1], [(0, bpb.READ_ONLY)])
         assert done == []
         assert BOOKIES[1] in writer._core._unusable
         assert writer._core._proposed is not None and SPARE in writer._core._proposed.current_ensemble
         for _ in range(5):
             await asyncio.sleep(0)
-        assert client.ledger_manager.written, "the ensemble change was written"
+        assert writer._client.ledger_manager.written, "the ensemble change was written"
     finally:
         writer._stop_ticker()
 
