@@ -12,10 +12,25 @@ A user-given schema selects columns (only those are read and returned; docs/spar
 """
 
 
+FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
 def register(spark) -> None:
-    """Register the data source under the name ``pulsarlite`` in ``spark``'s session."""
-    from spark_source.source import PulsarliteDataSource
-    spark.dataSource.register(PulsarliteDataSource)
+    """Register the data source under the name ``pulsarlite`` in ``spark``'s session.
+
+    Spark (4.x) refuses to plan a read of a Python data source whose reader takes filters
+    (``pushFilters``: ours prunes segments and row groups by ``publish_time``) unless
+    ``spark.sql.python.filterPushdown.enabled`` is true, and it is false by default. So: a
+    session that leaves it unset gets it turned on here; a session that set it to false keeps
+    it, and the source is registered without filter pushdown (every segment is read; Spark
+    still applies the filters). Either way reads work."""
+    from spark_source.source import PulsarliteDataSource, PulsarliteDataSourceWithoutPushdown
+    setting = spark.conf.get(FILTER_PUSHDOWN_CONF, None)
+    if setting is None:
+        spark.conf.set(FILTER_PUSHDOWN_CONF, "true")
+        setting = "true"
+    pushdown = str(setting).strip().lower() == "true"
+    spark.dataSource.register(PulsarliteDataSource if pushdown else PulsarliteDataSourceWithoutPushdown)
 
 
 def register_namespace(spark, namespace: str, **options: str) -> dict[str, str]:

@@ -369,6 +369,22 @@ class PulsarliteReader(DataSourceReader):
                                                          self.shape.output_schema))
 
 
+class PulsarliteReaderWithoutPushdown(PulsarliteReader):
+    """The batch reader for a session with ``spark.sql.python.filterPushdown.enabled`` false:
+    Spark refuses a reader that implements ``pushFilters`` there, so this one inherits the
+    base class's (no filter taken: every segment is planned)."""
+
+    pushFilters = DataSourceReader.pushFilters
+
+
+class PulsarliteDataSourceWithoutPushdown(PulsarliteDataSource):
+    """``pulsarlite`` for a session with Python filter pushdown switched off (``register``)."""
+
+    def reader(self, schema):
+        opts = parse_options(self.options, streaming=False)
+        return PulsarliteReaderWithoutPushdown(opts, shape=read_shape(schema, self.options, self._typed))
+
+
 def _worker_logging() -> None:
     root = logging.getLogger("pulsarlite")
     if not root.handlers:

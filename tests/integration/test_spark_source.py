@@ -229,6 +229,46 @@ def test_publish_time_pruning(spark, cluster, client, tmp_path):
     assert set(got) == set(first)
 
 
+def test_register_makes_reads_work_whatever_the_pushdown_setting(spark, cluster, client, tmp_path):
+    """Spark refuses a Python reader with pushFilters while spark.sql.python.filterPushdown.enabled
+    is false, its default: a session that does not set it (the README's snippet) must still read,
+    with pruning; one that set it to false reads without pruning."""
+    import spark_source
+    from pyspark.sql import functions as F
+    conf = "spark.sql.python.filterPushdown.enabled"
+    topic = f"persistent://public/default/pushconf-{uuid.uuid4().hex[:6]}"
+    produce(client, topic, ROLLOVER_ENTRIES, tag="old")             # fills (and closes) one ledger
+    time.sleep(1.5)
+    boundary_ms = int(time.time() * 1000)
+    time.sleep(1.5)
+    second = produce(client, topic, 10, tag="new")
+    old_ledgers = [lg["ledger_id"] for lg in ledger_list(cluster, topic.rsplit("/", 1)[1])
+                   if lg["state"] == "CLOSED" and lg["entries"] and lg["max_publish_time_ms"] < boundary_ms]
+    assert len(old_ledgers) == 1
+
+    def newer(m):
+        return read(spark, cluster, m, topic=topic).where(
+            F.col("publish_time") >= F.lit(boundary_ms / 1000).cast("timestamp"))
+
+    try:
+        spark.conf.unset(conf)
+        spark_source.register(spark)
+        assert spark.conf.get(conf) == "true"
+        got = collected(newer(tmp_path / "unset"))
+        assert set(got) == set(second)
+        assert old_ledgers[0] not in {o["ledger_id"] for o in opened(tmp_path / "unset")}   # pruned
+
+        spark.conf.set(conf, "false")
+        spark_source.register(spark)
+        assert spark.conf.get(conf) == "false"                      # the session's choice is kept
+        got = collected(newer(tmp_path / "off"))
+        assert set(got) == set(second)                              # Spark applies the filter
+        assert old_ledgers[0] in {o["ledger_id"] for o in opened(tmp_path / "off")}         # not pruned
+    finally:
+        spark.conf.set(conf, "true")
+        spark_source.register(spark)
+
+
 def test_bad_options_fail_clearly(spark, cluster):
     with pytest.raises(Exception, match="topic, topics or topicsPattern"):
         read(spark, cluster).collect()

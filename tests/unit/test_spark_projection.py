@@ -179,6 +179,28 @@ def test_typed_lookup_is_done_once_and_pickled_with_the_data_source(monkeypatch)
         again.reader(schema(("qty", IntegerType())))
 
 
+def test_the_source_without_pushdown_has_a_reader_spark_sees_as_taking_no_filters(monkeypatch):
+    """pyspark's plan_data_source_read refuses a reader whose pushFilters is not the base class's
+    while filter pushdown is off: the variant ``register`` uses then must pass that same test
+    (after the pickling Spark does), and the ordinary reader must not (else nothing is pruned)."""
+    from pyspark import cloudpickle
+    from pyspark.sql.datasource import DataSourceReader
+
+    import spark_source.source as source
+    monkeypatch.setattr(source, "_typed_value", lambda options: None)
+
+    def takes_filters(reader) -> bool:     # the expression pyspark 4 uses
+        return getattr(reader.pushFilters, "__func__", None) is not DataSourceReader.pushFilters
+
+    options = {"topic": "persistent://public/default/t", "zookeeper": "127.0.0.1:1"}
+    for cls, expected in ((source.PulsarliteDataSource, True), (source.PulsarliteDataSourceWithoutPushdown, False)):
+        ds = cls(options)
+        assert ds.name() == "pulsarlite" and ds.schema() == source.OUTPUT_DDL
+        reader = cloudpickle.loads(cloudpickle.dumps(ds)).reader(_metadata_struct())
+        assert isinstance(reader, source.PulsarliteReader)
+        assert takes_filters(reader) is expected, cls
+
+
 def test_publish_time_statistics_convert_to_ms_exactly():
     """Row-group pruning and the exact-row-group check compare ms bounds with the statistics:
     a float conversion is off by one for some values (and would prune a wanted row group)."""
