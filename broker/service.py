@@ -20,6 +20,7 @@ from broker.adapters import parse_topic
 from broker.admin.metrics import BrokerMetrics, MetricsConfig
 from broker.admin.policies import NotFoundError, PolicyStore
 from broker.config import BrokerConfig
+from broker.latency import LatencyBuckets
 from broker.managed_ledger import ManagedLedger, managed_ledger_path
 from broker.schemas import SchemaRegistry
 from broker.topic import EntryCache, PersistentTopic, PublishBuffer
@@ -399,11 +400,12 @@ class BrokerService:
 
     def _flush_topic(self, topic: PersistentTopic) -> None:
         mi, bi, mo, bo = topic.flushed
-        latencies, topic.latencies_s = topic.latencies_s, []
+        latencies = topic.publish_latency
         if topic.msg_in != mi or topic.bytes_in != bi:
             self.metrics.on_publish(topic.key, topic.msg_in - mi, topic.bytes_in - bi)
-        for latency in latencies:
-            self.metrics.on_publish(topic.key, 0, 0, latency)
+        if latencies.total:
+            topic.publish_latency = LatencyBuckets()
+            self.metrics.on_publish_latencies(topic.key, latencies)
         if topic.msg_out != mo or topic.bytes_out != bo:
             self.metrics.on_dispatch(topic.key, topic.msg_out - mo, topic.bytes_out - bo)
         topic.flushed = (topic.msg_in, topic.bytes_in, topic.msg_out, topic.bytes_out)

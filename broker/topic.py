@@ -29,6 +29,7 @@ from broker.adapters import open_cursor
 from broker.dedup import DedupSnapshotStore, DedupState, DupStatus, entry_sequence
 from broker.dispatch import Delivery, DispatcherCore, KeySharedMode, SubType
 from broker.key_shared import sticky_key_hash
+from broker.latency import LatencyBuckets
 from broker.managed_ledger import ManagedLedger, ManagedLedgerError, ManagedLedgerState, Position, next_position
 from pulsarlite.checksum import crc32c_of
 from pulsarlite.errors import PulsarliteError
@@ -262,7 +263,7 @@ class PersistentTopic:
         self.msg_out = 0
         self.bytes_out = 0
         self.entries_added = 0
-        self.latencies_s: list[float] = []   # publish latencies since the last metrics flush
+        self.publish_latency = LatencyBuckets()   # SEND-to-confirmation latencies since the last metrics fold
         self.flushed = (0, 0, 0, 0)          # (msg_in, bytes_in, msg_out, bytes_out) given to metrics
         self.loaded_ms = int(time.time() * 1000)
         self.quota_blocked = None            # a broker.retention.QuotaVerdict while over the backlog quota
@@ -544,9 +545,7 @@ class PersistentTopic:
         self.entries_added += count
         producer.msg_in += messages
         producer.bytes_in += size
-        room = LATENCY_SAMPLES_MAX - len(self.latencies_s)
-        if room > 0:
-            self.latencies_s += [time.monotonic() - ops[first].start_s] * min(room, count)
+        self.publish_latency.add(time.monotonic() - ops[first].start_s, count)
         self._release_done(producer)
         for sub in list(self.subscriptions.values()):
             sub.wake()
@@ -697,8 +696,7 @@ class PersistentTopic:
             self.entries_added += 1
             producer.msg_in += op.message_count
             producer.bytes_in += op.size
-            if len(self.latencies_s) < LATENCY_SAMPLES_MAX:
-                self.latencies_s.append(time.monotonic() - op.start_s)
+            self.publish_latency.add(time.monotonic() - op.start_s)
             self._complete(producer, op, position, None)
             if self.subscriptions:
                 for sub in list(self.subscriptions.values()):
@@ -955,7 +953,6 @@ class PersistentTopic:
                 log.warning("topic %s: dedup snapshot not deleted: %r", self.key, e)
 
 
-LATENCY_SAMPLES_MAX = 1024     # publish latencies kept per topic between two metrics flushes
 KEY_SHARED_LOOK_AHEAD_FACTOR = 10   # Key_Shared: pending entries bound = read_ahead_entries_max * this
 READER_SEEK_WAIT_S = 60.0      # a reader's subscription is kept this long after a seek without consumers
 

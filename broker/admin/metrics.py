@@ -31,19 +31,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.utils import floatToGoString
 
+from broker.latency import PUBLISH_LATENCY_BUCKETS_S, LatencyBuckets  # noqa: F401 (re-exported)
 from pulsarlite.errors import ConfigError
 
 OTHER = "__other__"
 ALL = "__all__"
-PUBLISH_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                             5.0, 10.0)
 
 
 @dataclass(frozen=True)
@@ -168,6 +168,29 @@ class _OffloadCollector:
         yield fields
 
 
+class _PublishLatencyCollector:
+    """``pulsarlite_publish_latency_seconds``: a histogram per namespace built at scrape time
+    from the counts the topics folded in (``BrokerMetrics.on_publish_latencies``)."""
+
+    def __init__(self, metrics: "BrokerMetrics") -> None:
+        self._metrics = metrics
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        m = self._metrics
+        family = HistogramMetricFamily(
+            "pulsarlite_publish_latency_seconds",
+            "Time from a SEND reaching the broker to its entry confirmed by the bookies (every SEND counted)",
+            labels=["cluster", "namespace"])
+        for namespace, buckets in sorted(m._publish_latency.items()):
+            family.add_metric([m.config.cluster, namespace],
+                              [(floatToGoString(bound), count) for bound, count in buckets.cumulative()],
+                              buckets.sum_s)
+        yield family
+
+
 class BrokerMetrics:
     """The broker's metrics; call the helpers from the event loop (they are cheap and never
     block)."""
@@ -188,10 +211,8 @@ class BrokerMetrics:
         self.out_messages = Counter("pulsar_out_messages", "Messages dispatched to consumers", topic_labels,
                                     registry=r)
         self.out_bytes = Counter("pulsar_out_bytes", "Bytes dispatched to consumers", topic_labels, registry=r)
-        self.publish_latency = Histogram(
-            "pulsarlite_publish_latency_seconds",
-            "Time from a SEND reaching the broker to its receipt (entry confirmed by the bookies)",
-            ["cluster", "namespace"], buckets=PUBLISH_LATENCY_BUCKETS_S, registry=r)
+        self._publish_latency: dict[str, LatencyBuckets] = {}     # namespace label -> totals
+        r.register(_PublishLatencyCollector(self))
         self.cache_size_bytes = Gauge("pulsarlite_entry_cache_size_bytes", "Bytes held by the broker's entry cache",
                                       ["cluster"], registry=r)
         self.cache_entries = Gauge("pulsarlite_entry_cache_entries", "Entries held by the broker's entry cache",
@@ -251,7 +272,18 @@ class BrokerMetrics:
         self.in_messages.labels(c, namespace, label).inc(n_msgs)
         self.in_bytes.labels(c, namespace, label).inc(n_bytes)
         if latency_s is not None:
-            self.publish_latency.labels(c, namespace).observe(latency_s)
+            self._latency_totals(namespace).add(latency_s)
+
+    def on_publish_latencies(self, topic: str, buckets: LatencyBuckets) -> None:
+        """A topic's publish latencies since its last fold (counts per bucket)."""
+        namespace, _ = self._series_key(topic)
+        self._latency_totals(namespace).merge(buckets)
+
+    def _latency_totals(self, namespace: str) -> LatencyBuckets:
+        totals = self._publish_latency.get(namespace)
+        if totals is None:
+            totals = self._publish_latency[namespace] = LatencyBuckets()
+        return totals
 
     def on_dispatch(self, topic: str, n_msgs: int, n_bytes: int) -> None:
         """Messages sent to consumers (any subscription of ``topic``)."""

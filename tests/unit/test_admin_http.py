@@ -333,6 +333,43 @@ def sample(metrics: BrokerMetrics, name: str, labels: dict) -> float | None:
     return metrics.registry.get_sample_value(name, labels)
 
 
+def test_publish_latency_histogram_counts_every_send_folded_in():
+    """Topics fold their per-bucket counts in (broker/latency.py); the histogram is cumulative
+    per namespace, every SEND counted (the old per-interval cap of 1,024 samples kept only the
+    start of each stats interval)."""
+    from broker.latency import LatencyBuckets
+    m = BrokerMetrics(MetricsConfig())
+    first = LatencyBuckets()
+    first.add(0.0025, 3000)          # a run of 3,000 SENDs confirmed together at 2.5 ms
+    first.add(0.012)
+    m.on_publish_latencies(T, first)
+    second = LatencyBuckets()
+    second.add(0.0005)               # on a bound: counted in that bucket (le = <=)
+    m.on_publish_latencies("persistent://public/default/t2", second)
+    m.on_publish(T, 1, 10, 20.0)     # beyond the last bound: +Inf only
+    labels = {"cluster": "standalone", "namespace": "public/default"}
+    name = "pulsarlite_publish_latency_seconds"
+    assert sample(m, f"{name}_count", labels) == 3003
+    assert sample(m, f"{name}_bucket", dict(labels, le="0.0005")) == 1
+    assert sample(m, f"{name}_bucket", dict(labels, le="0.002")) == 1
+    assert sample(m, f"{name}_bucket", dict(labels, le="0.003")) == 3001
+    assert sample(m, f"{name}_bucket", dict(labels, le="0.015")) == 3002
+    assert sample(m, f"{name}_bucket", dict(labels, le="10.0")) == 3002
+    assert sample(m, f"{name}_bucket", dict(labels, le="+Inf")) == 3003
+    assert abs(sample(m, f"{name}_sum", labels) - (7.5 + 0.012 + 0.0005 + 20.0)) < 1e-9
+
+
+def test_latency_buckets_refuse_what_no_clock_gives():
+    from broker.latency import LatencyBuckets
+    b = LatencyBuckets()
+    for bad in (-0.001, float("nan")):
+        with pytest.raises(ValueError):
+            b.add(bad)
+    with pytest.raises(ValueError):
+        b.add(0.001, 0)
+    assert b.total == 0 and b.sum_s == 0.0
+
+
 def test_metrics_registries_are_separate():
     a, b = BrokerMetrics(MetricsConfig(process_metrics=False)), BrokerMetrics(MetricsConfig(process_metrics=False))
     a.on_publish(T, 1, 10)

@@ -25,7 +25,7 @@ def broker_round(suite, batched, unbatched, perf, p99, nats_durable, nats_defaul
     r.limits = {"disk_fsync_seq_mb_s": 400.0, "disk_append_fdatasync_ops_s": 5000.0, "loopback_mb_s": 3000.0}
     r.broker = {"results": {"batched": {"msg_s": batched}, "ceiling batched": {"msg_s": 240_000.0},
                             "unbatched": {"msg_s": unbatched}, "perf": {"msg_s": perf, "client_cpu_us": 3.0},
-                            "paced": {"p50_ms": 2.0, "p99_ms": p99}},
+                            "paced": {"p50_ms": 2.0, "p99_ms": p99, "broker_p50_ms": 1.0, "broker_p99_ms": p99 - 1}},
                 "cpu_us": {"unbatched": {"broker-1": 50.0, "bookie-1": 8.0}}}
     r.nats = {"durable": {"msg_s": nats_durable}, "default": {"msg_s": nats_default},
               "paced": {"p50_ms": 0.5, "p99_ms": 1.0}, "paced-durable": {"p50_ms": 1.0, "p99_ms": nats_p99}}
@@ -57,6 +57,24 @@ def test_ratios_are_taken_within_a_round_then_the_median(suite):
     assert latency[5] == "met"                       # median p99 4.5 ms
     assert latency[3] == "1.50"                      # p99 over JetStream sync always: 4/3, 6/3, 4.5/3
     assert row(rows, "CPU per message, unbatched")[1] == "50.0 us / 8.0 us"
+    assert row(rows, "the same inside the broker")[1] == "<= 1.0 ms / <= 3.5 ms"   # median of 3, 5, 3.5
+
+
+def test_bucket_quantile_is_the_bound_of_the_bucket_holding_it():
+    """bench_broker's broker-side latency: the histogram's increments between two scrapes."""
+    spec = importlib.util.spec_from_file_location("bench_broker_q", ROOT / "bench" / "bench_broker.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    q = module.bucket_quantile_ms
+    inf = float("inf")
+    before = {0.001: 10.0, 0.002: 10.0, 0.005: 10.0, inf: 10.0}
+    # 100 new: 50 <= 1 ms, 49 in (1, 2] ms, 1 in (2, 5] ms
+    after = {0.001: 60.0, 0.002: 109.0, 0.005: 110.0, inf: 110.0}
+    assert q(before, after, 0.50) == 1.0
+    assert q(before, after, 0.99) == 2.0
+    assert q(before, after, 0.999) == 5.0
+    assert q(before, {0.001: 10.0, inf: 11.0}, 0.99) == inf      # beyond the last finite bound
+    assert q(before, before, 0.5) is None                          # nothing observed
 
 
 def test_a_missed_goal_and_a_missing_figure_are_said_so(suite):
