@@ -24,6 +24,7 @@ def test_kill_owner_broker_nothing_acked_is_lost(cluster_factory):
     topic = "persistent://public/default/client-failover"
     client = pulsarlite.Client(cluster.service_url, operation_timeout_seconds=60)
     stop = threading.Event()
+    flushed = threading.Event()     # every send answered: acked is final
     acked: set[bytes] = set()
     failed: list = []
     received: set[bytes] = set()
@@ -47,13 +48,14 @@ def test_kill_owner_broker_nothing_acked_is_lost(cluster_factory):
                     time.sleep(0.02)
 
         def consume():
-            # until stopped and every acknowledged message is in (not a count: messages can
-            # arrive before their own acknowledgement, so received may hold some not yet acked)
-            while not stop.is_set() or not acked <= received:
+            # until every send is answered and every acknowledged message is in (not a count:
+            # messages can arrive before their own acknowledgement; and not from `stop`: sends
+            # still pending then are acknowledged only during the flush after it)
+            while not flushed.is_set() or not acked <= received:
                 try:
                     m = consumer.receive(timeout_millis=500)
                 except pulsarlite.Timeout:
-                    if stop.is_set() and received >= acked:
+                    if flushed.is_set() and received >= acked:
                         return
                     continue
                 received.add(m.data())
@@ -74,6 +76,7 @@ def test_kill_owner_broker_nothing_acked_is_lost(cluster_factory):
         stop.set()
         threads[0].join(30)
         producer.flush()
+        flushed.set()
         try:
             wait_for(lambda: acked <= received, 60, "every acknowledged message to be received")
         except AssertionError:
@@ -87,4 +90,5 @@ def test_kill_owner_broker_nothing_acked_is_lost(cluster_factory):
         consumer.close()
     finally:
         stop.set()
+        flushed.set()
         client.close()
