@@ -96,15 +96,20 @@ class _LabelSlots:
         return False
 
 
-class _BacklogCollector:
-    """Backlog gauges computed at scrape time from the latest value per topic, with the same
-    label bounding (the overflow series is the sum of the overflowed topics)."""
+class _ScrapeCollector:
+    """A collector whose families are computed at scrape time from ``BrokerMetrics`` state
+    (``describe`` empty: nothing to declare ahead)."""
 
     def __init__(self, metrics: "BrokerMetrics") -> None:
         self._metrics = metrics
 
     def describe(self):
         return []
+
+
+class _BacklogCollector(_ScrapeCollector):
+    """Backlog gauges computed at scrape time from the latest value per topic, with the same
+    label bounding (the overflow series is the sum of the overflowed topics)."""
 
     def collect(self):
         m = self._metrics
@@ -131,16 +136,10 @@ class _BacklogCollector:
         yield storage
 
 
-class _OffloadCollector:
+class _OffloadCollector(_ScrapeCollector):
     """The offloader's running totals, read at scrape time from ``metrics.offload_totals`` (a
     callable returning ``{"offloaded_bytes": n, "typed_values": n, "typed_values_undecodable": n,
     "typed_fields_unconvertible": n}``; nothing is exported while it is None: no tier)."""
-
-    def __init__(self, metrics: "BrokerMetrics") -> None:
-        self._metrics = metrics
-
-    def describe(self):
-        return []
 
     def collect(self):
         source = self._metrics.offload_totals
@@ -168,15 +167,9 @@ class _OffloadCollector:
         yield fields
 
 
-class _PublishLatencyCollector:
+class _PublishLatencyCollector(_ScrapeCollector):
     """``pulsarlite_publish_latency_seconds``: a histogram per namespace built at scrape time
     from the counts the topics folded in (``BrokerMetrics.on_publish_latencies``)."""
-
-    def __init__(self, metrics: "BrokerMetrics") -> None:
-        self._metrics = metrics
-
-    def describe(self):
-        return []
 
     def collect(self):
         m = self._metrics
