@@ -256,6 +256,8 @@ def _log_plan(kind: str, opts: SourceOptions, report: PlanReport, groups, elapse
 class PulsarliteDataSource(DataSource):
     """``spark.read.format("pulsarlite")`` / ``readStream`` / ``write`` / ``writeStream``."""
 
+    _reader_class: type       # the batch reader: PulsarliteReader (set once it is defined, below)
+
     @classmethod
     def name(cls) -> str:
         return "pulsarlite"
@@ -274,7 +276,7 @@ class PulsarliteDataSource(DataSource):
 
     def reader(self, schema):
         opts = parse_options(self.options, streaming=False)
-        return PulsarliteReader(opts, shape=read_shape(schema, self.options, self._typed))
+        return self._reader_class(opts, shape=read_shape(schema, self.options, self._typed))
 
     def streamReader(self, schema):
         opts = parse_options(self.options, streaming=True)
@@ -369,6 +371,9 @@ class PulsarliteReader(DataSourceReader):
                                                          self.shape.output_schema))
 
 
+PulsarliteDataSource._reader_class = PulsarliteReader      # the batch reader reader() builds
+
+
 class PulsarliteReaderWithoutPushdown(PulsarliteReader):
     """The batch reader for a session with ``spark.sql.python.filterPushdown.enabled`` false:
     Spark refuses a reader that implements ``pushFilters`` there, so this one inherits the
@@ -380,9 +385,7 @@ class PulsarliteReaderWithoutPushdown(PulsarliteReader):
 class PulsarliteDataSourceWithoutPushdown(PulsarliteDataSource):
     """``pulsarlite`` for a session with Python filter pushdown switched off (``register``)."""
 
-    def reader(self, schema):
-        opts = parse_options(self.options, streaming=False)
-        return PulsarliteReaderWithoutPushdown(opts, shape=read_shape(schema, self.options, self._typed))
+    _reader_class = PulsarliteReaderWithoutPushdown
 
 
 def _worker_logging() -> None:

@@ -39,7 +39,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.utils import floatToGoString
 
-from broker.latency import PUBLISH_LATENCY_BUCKETS_S, LatencyBuckets  # noqa: F401 (re-exported)
+from broker.latency import LatencyBuckets
 from pulsarlite.errors import ConfigError
 
 OTHER = "__other__"
@@ -257,26 +257,21 @@ class BrokerMetrics:
         return key
 
     # -- helpers the broker calls ------------------------------------------------------------
-    def on_publish(self, topic: str, n_msgs: int, n_bytes: int, latency_s: float | None = None) -> None:
-        """One entry (or a group of entries) confirmed: ``n_msgs`` messages (batch members
-        counted), ``n_bytes`` payload bytes, and the SEND-to-receipt latency if known."""
+    def on_publish(self, topic: str, n_msgs: int, n_bytes: int) -> None:
+        """Entries confirmed: ``n_msgs`` messages (batch members counted), ``n_bytes`` payload
+        bytes."""
         namespace, label = self._series_key(topic)
         c = self.config.cluster
         self.in_messages.labels(c, namespace, label).inc(n_msgs)
         self.in_bytes.labels(c, namespace, label).inc(n_bytes)
-        if latency_s is not None:
-            self._latency_totals(namespace).add(latency_s)
 
     def on_publish_latencies(self, topic: str, buckets: LatencyBuckets) -> None:
         """A topic's publish latencies since its last fold (counts per bucket)."""
         namespace, _ = self._series_key(topic)
-        self._latency_totals(namespace).merge(buckets)
-
-    def _latency_totals(self, namespace: str) -> LatencyBuckets:
         totals = self._publish_latency.get(namespace)
         if totals is None:
             totals = self._publish_latency[namespace] = LatencyBuckets()
-        return totals
+        totals.merge(buckets)
 
     def on_dispatch(self, topic: str, n_msgs: int, n_bytes: int) -> None:
         """Messages sent to consumers (any subscription of ``topic``)."""

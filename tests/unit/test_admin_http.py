@@ -9,6 +9,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from broker.admin.http import AdminBackend, make_admin_app
 from broker.admin.metrics import BrokerMetrics, MetricsConfig
+from broker.latency import LatencyBuckets
 from broker.admin.policies import (AutoTopicCreation, BadRequestError, ConflictError, NamespacePolicies,
                                    NotFoundError, PreconditionFailedError, RetentionPolicy, TenantInfo)
 
@@ -310,7 +311,10 @@ async def test_backend_errors_map_to_503_and_500(client, backend):
 
 # -- metrics -----------------------------------------------------------------------------------
 async def test_metrics_endpoint(client, backend):
-    backend.metrics.on_publish(T, 5, 500, 0.003)
+    backend.metrics.on_publish(T, 5, 500)
+    latency = LatencyBuckets()
+    latency.add(0.003)
+    backend.metrics.on_publish_latencies(T, latency)
     backend.metrics.on_dispatch(T, 2, 200)
     backend.metrics.set_backlog(T, 3, 300, 1000)
     backend.metrics.on_bookie_error("bookie-1:3181", TimeoutError())
@@ -337,7 +341,6 @@ def test_publish_latency_histogram_counts_every_send_folded_in():
     """Topics fold their per-bucket counts in (broker/latency.py); the histogram is cumulative
     per namespace, every SEND counted (the old per-interval cap of 1,024 samples kept only the
     start of each stats interval)."""
-    from broker.latency import LatencyBuckets
     m = BrokerMetrics(MetricsConfig())
     first = LatencyBuckets()
     first.add(0.0025, 3000)          # a run of 3,000 SENDs confirmed together at 2.5 ms
@@ -346,7 +349,9 @@ def test_publish_latency_histogram_counts_every_send_folded_in():
     second = LatencyBuckets()
     second.add(0.0005)               # on a bound: counted in that bucket (le = <=)
     m.on_publish_latencies("persistent://public/default/t2", second)
-    m.on_publish(T, 1, 10, 20.0)     # beyond the last bound: +Inf only
+    third = LatencyBuckets()
+    third.add(20.0)                  # beyond the last bound: +Inf only
+    m.on_publish_latencies(T, third)
     labels = {"cluster": "standalone", "namespace": "public/default"}
     name = "pulsarlite_publish_latency_seconds"
     assert sample(m, f"{name}_count", labels) == 3003
@@ -360,7 +365,6 @@ def test_publish_latency_histogram_counts_every_send_folded_in():
 
 
 def test_latency_buckets_refuse_what_no_clock_gives():
-    from broker.latency import LatencyBuckets
     b = LatencyBuckets()
     for bad in (-0.001, float("nan")):
         with pytest.raises(ValueError):
