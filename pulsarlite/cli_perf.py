@@ -114,6 +114,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-batching", action="store_true")
     p.add_argument("-z", "--compression", choices=sorted(COMPRESSIONS), default="none")
     p.add_argument("--max-pending", type=int, default=5000)
+    p.add_argument("--latency-every", type=int, default=16, metavar="N",
+                   help="time 1 message in N, sent with a callback (default 16; 1: every "
+                        "message). Counts are exact for every message either way")
     add_connection_flags(p)
     p.set_defaults(func=run_produce)
 
@@ -140,9 +143,10 @@ def _client(args):
 
 
 def _live(kind: str, stats: LatencyStats, elapsed_s: float, last_count: int, interval_s: float,
-          size_hint: int | None) -> int:
+          size_hint: int | None, count: int | None = None) -> int:
+    """Print one live line; ``count`` (default: the stats' own) is the messages so far."""
     values = stats.take_interval()
-    count = stats.count
+    count = stats.count if count is None else count
     rate = (count - last_count) / interval_s if interval_s > 0 else 0.0
     mbit = rate * (size_hint or 0) * 8 / 1e6
     print(f"[{elapsed_s:7.1f}s] {kind} {rate:10.1f} msg/s {mbit:8.2f} Mbit/s "
@@ -156,11 +160,14 @@ def _cpu_per_message(cpu_s: float, messages: int) -> str:
     return f"; client cpu {cpu_s / messages * 1e6:.2f} us/msg" if messages else ""
 
 
-def _summary(kind: str, stats: LatencyStats, elapsed_s: float, extra: str = "") -> None:
+def _summary(kind: str, stats: LatencyStats, elapsed_s: float, extra: str = "",
+             count: int | None = None, nbytes: int | None = None) -> None:
     values = stats.all_sorted()
-    rate = stats.count / elapsed_s if elapsed_s > 0 else 0.0
-    print(f"summary: {kind} {stats.count} messages in {elapsed_s:.1f}s = {rate:.1f} msg/s, "
-          f"{stats.bytes / 1e6:.2f} MB; latency ms: {format_latencies(values)}{extra}",
+    count = stats.count if count is None else count
+    nbytes = stats.bytes if nbytes is None else nbytes
+    rate = count / elapsed_s if elapsed_s > 0 else 0.0
+    print(f"summary: {kind} {count} messages in {elapsed_s:.1f}s = {rate:.1f} msg/s, "
+          f"{nbytes / 1e6:.2f} MB; latency ms: {format_latencies(values)}{extra}",
           flush=True)
 
 
@@ -168,14 +175,14 @@ def run_produce(args) -> int:
     import pulsarlite.client as pl
     from pulsarlite.errors import PulsarliteError
 
-    if args.size < 0 or args.rate < 0 or args.time < 0 or args.max_pending < 1:
-        print("error: --size, --rate, --time must be >= 0 and --max-pending >= 1",
-              file=sys.stderr)
+    if args.size < 0 or args.rate < 0 or args.time < 0 or args.max_pending < 1 \
+            or args.latency_every < 1:
+        print("error: --size, --rate, --time must be >= 0, --max-pending and --latency-every "
+              ">= 1", file=sys.stderr)
         return 2
     payload = bytes(random.Random(7).getrandbits(8) for _ in range(min(args.size, 4096)))
     payload = (payload * (args.size // max(1, len(payload)) + 1))[:args.size]
     stats = LatencyStats()
-    failures = [0]
     try:
         client = _client(args)
     except PulsarliteError as exc:
@@ -190,33 +197,32 @@ def run_produce(args) -> int:
             max_pending_messages=args.max_pending, block_if_queue_full=True)
         size = len(payload)
         now = time.perf_counter
-        add = stats.add
         ok = pl.Result.Ok
+        # Counts (acked, failed) come from the producer, for every message; latency from a
+        # callback on 1 message in --latency-every (the others are sent without one). A Python
+        # callback per message costs the client's I/O thread ~0.6 us of its ~1.7 us per batched
+        # message (BENCHMARKS.md): timing every message slows what is measured.
+        every = args.latency_every
+        counts = producer.acked_and_failed
 
-        def done(t0, res, mid):   # on the client's I/O thread; partial(done, t0) per message
+        def done(t0, res, mid):   # on the client's I/O thread; partial(done, t0) per timed one
             if res is ok:
-                add((now() - t0) * 1000, size)
-            else:
-                failures[0] += 1
+                stats._interval.append((now() - t0) * 1000)
 
         # One producer (a topic of one partition) completes its sends in send order: then the
-        # send times wait in a FIFO of floats and ONE callback serves every message (no object
-        # per message for the garbage collector to trace; a send refused out of order -- a
-        # failure, counted as such -- would shift the times of the sends pending with it). A
-        # partitioned topic's producers complete in their own orders: a partial per message.
+        # send times wait in a FIFO of floats and ONE callback serves every timed message (no
+        # object per message for the garbage collector to trace; a send refused out of order
+        # -- a failure, counted as such -- would shift the times of the sends pending with it).
+        # A partitioned topic's producers complete in their own orders: a partial per message.
         in_order = len(client.get_topic_partitions(args.topic)) == 1
         sent_at: collections.deque = collections.deque()
         record = sent_at.append
         take = sent_at.popleft
 
-        def done_in_order(res, mid):   # stats.add, inlined: once per message
+        def done_in_order(res, mid):
             t0 = take()
             if res is ok:
                 stats._interval.append((now() - t0) * 1000)
-                stats.count += 1
-                stats.bytes += size
-            else:
-                failures[0] += 1
 
         start = now()
         cpu_start_s = time.process_time()
@@ -236,7 +242,7 @@ def run_produce(args) -> int:
                     break
                 if t >= next_report:
                     last_count = _live("produced", stats, t - start, last_count, t - last_report,
-                                       size)
+                                       size, counts()[0])
                     last_report = t
                     next_report += 1
                     continue   # a fresh clock reading for the next send time
@@ -245,7 +251,9 @@ def run_produce(args) -> int:
                         time.sleep(min(next_at - t, 0.05))
                         continue
                     next_at += interval
-                if in_order:
+                if sent % every:
+                    send_async(payload, None)
+                elif in_order:
                     record(t)
                     send_async(payload, done_in_order)
                 else:
@@ -256,10 +264,12 @@ def run_produce(args) -> int:
         producer.flush()
         elapsed = now() - start
         cpu_s = time.process_time() - cpu_start_s
+        acked, failed = counts()
         producer.close()
-        _summary("produced", stats, elapsed, f"; failed {failures[0]}"
-                 + _cpu_per_message(cpu_s, stats.count + failures[0]))
-        return 0 if failures[0] == 0 else 1
+        timed = f"; latency of 1 message in {every}" if every > 1 else ""
+        _summary("produced", stats, elapsed, f"; failed {failed}"
+                 + _cpu_per_message(cpu_s, acked + failed) + timed, acked, acked * size)
+        return 0 if failed == 0 else 1
     except PulsarliteError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -150,6 +150,36 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         offset += n
 
 
+# most buffers one pwritev takes (Linux: 1024)
+IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
+
+
+def pwritev_all(fd: int, pieces: Sequence[bytes | memoryview], offset: int) -> int:
+    """Write ``pieces`` back to back at ``offset`` with pwritev (no joined copy of them in
+    this process), IOV_MAX pieces per call; a short write finishes with pwrite_all. Returns the
+    bytes written (all of them)."""
+    start = offset
+    for first in range(0, len(pieces), IOV_MAX):
+        chunk = pieces[first:first + IOV_MAX]
+        wanted = sum(map(len, chunk))
+        written = os.pwritev(fd, chunk, offset) if wanted else 0
+        if written < 0 or (written == 0 and wanted):
+            raise OSError(f"pwritev wrote {written} bytes")
+        if written < wanted:              # short: skip what went out, pwrite the rest
+            skip = written
+            rest_offset = offset + written
+            for piece in chunk:
+                size = len(piece)
+                if skip >= size:
+                    skip -= size
+                    continue
+                pwrite_all(fd, memoryview(piece)[skip:], rest_offset)
+                rest_offset += size - skip
+                skip = 0
+        offset += wanted
+    return offset - start
+
+
 class Location(NamedTuple):
     log_id: int
     offset: int
@@ -225,9 +255,7 @@ class EntryLogger:
     def _write(self, parts: list[bytes | memoryview], offset: int) -> None:
         if not parts:
             return
-        data = b"".join(parts)
-        pwrite_all(self._write_fd, data, offset)
-        self._sizes[self.current_id] = offset + len(data)
+        self._sizes[self.current_id] = offset + pwritev_all(self._write_fd, parts, offset)
         self._dirty.add(self.current_id)
 
     def sync(self) -> None:

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from bookie.storage.entry_log import Record, fsync_dir, parse_record, pwrite_all
+from bookie.storage.entry_log import Record, fsync_dir, parse_record, pwrite_all, pwritev_all
 from bookie.storage.group_commit import GroupCommitPolicy
 from pulsarlite.errors import BookieUnavailableError, InvariantViolation
 
@@ -216,19 +216,19 @@ class JournalWriter:
 
     def write_group(self, pieces: list[bytes | memoryview]) -> JournalPosition:
         """Write one group and fdatasync it; returns the position after it."""
-        data = b"".join(pieces)
-        if not data:
+        nbytes = sum(map(len, pieces))
+        if not nbytes:
             return self.position
-        if self._offset > FILE_HEADER_BYTES and self._offset + len(data) > self.file_bytes_max:
+        if self._offset > FILE_HEADER_BYTES and self._offset + nbytes > self.file_bytes_max:
             self._new_file()
-        end = self._offset + len(data)
+        end = self._offset + nbytes
         if end > self._allocated and self.preallocate_bytes > 0:
             self._zero_fill_to(self._preallocation_target(end))
-        pwrite_all(self._fd, data, self._offset)
+        pwritev_all(self._fd, pieces, self._offset)
         os.fdatasync(self._fd)
         self._offset = end
         self.groups_written += 1
-        self.bytes_written += len(data)
+        self.bytes_written += nbytes
         return self.position
 
     def close_file(self) -> None:

@@ -170,6 +170,7 @@ class Producer:
         self._submitted_counter = itertools.count(1)
         self._submitted = 0
         self._completed = 0
+        self._failed = 0     # of the completed: refused or failed (loop thread only)
         self._space = threading.Event()
         self._space_wanted = False
         self._block = block
@@ -190,6 +191,14 @@ class Producer:
 
     def last_sequence_id(self) -> int:
         return self._impl.last_sequence_id
+
+    def acked_and_failed(self) -> tuple[int, int]:
+        """(messages the broker acknowledged, messages that failed) so far, whether or not
+        they were sent with a callback. An extension: the official client has no such call.
+        Any thread may read it; the counts of a batch in completion may lag by that batch."""
+        completed = self._completed   # first: _completer raises _failed before _completed,
+        failed = self._failed         # so a failed message is never counted as acked
+        return completed - failed, failed
 
     def is_connected(self) -> bool:
         producers = getattr(self._impl, "producers", [self._impl])
@@ -225,6 +234,8 @@ class Producer:
                    topic) -> None:
         """On the loop, once per SEND (a batch, or one message): release the messages'
         pending slots, then call each message's callback with (Result, MessageId)."""
+        if error is not None:
+            self._failed += len(callbacks)   # before _completed: never counted as acked
         self._completed += len(callbacks)
         if self._space_wanted:
             self._space_wanted = False

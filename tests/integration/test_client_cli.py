@@ -83,6 +83,8 @@ def test_consume_types_and_default_output(cluster):
 
 
 def test_bad_arguments_exit_2(cluster):
+    out = run(cluster, "perf", "produce", topic(), "--latency-every", "0", "-m", "1")
+    assert out.returncode == 2 and "--latency-every" in out.stderr
     out = run(cluster, "consume", topic(), "-s", "s", "-t", "bogus")
     assert out.returncode == 2
     out = run(cluster, "produce", "persistent://bad tenant/x/y", "-m", "m")
@@ -99,8 +101,17 @@ def test_perf_produce_and_consume(cluster):
     assert "p99" in live[0] and "latency ms" in live[0]
     summary = [line for line in out.stdout.splitlines() if line.startswith("summary:")]
     assert len(summary) == 1 and "failed 0" in summary[0]
+    assert "latency of 1 message in 16" in summary[0]
     produced = int(summary[0].split()[2])
     assert produced > 100
+    # every message timed (a callback on each): the counts do not depend on it
+    out = run(cluster, "perf", "produce", t, "--rate", "300", "--size", "100", "-m", "250",
+              "--latency-every", "1")
+    assert out.returncode == 0, out.stderr
+    summary = [line for line in out.stdout.splitlines() if line.startswith("summary:")]
+    assert len(summary) == 1 and "failed 0" in summary[0] and "latency of" not in summary[0]
+    assert int(summary[0].split()[2]) == 250
+    produced += 250
 
     out = run(cluster, "perf", "consume", t, "-p", "earliest", "-m", str(produced), "--time",
               "60")

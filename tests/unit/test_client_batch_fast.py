@@ -392,9 +392,14 @@ def test_blocking_callbacks_get_result_and_message_ids_once_per_message():
         assert bp._submitted - bp._completed == 7
         ops = list(producer._pending)
         assert [op.count for op in ops] == [3, 3, 1]
+        assert bp.acked_and_failed() == (0, 0)
+        acked = []
         for entry_id, op in enumerate(ops):
             producer._pending.on_receipt(op.first_seq)
             producer._complete(op, None, 9, entry_id)
+            acked.append(bp.acked_and_failed())
+        # counted per message, the one sent without a callback too
+        assert acked == [(3, 0), (6, 0), (7, 0)]
         assert bp._submitted - bp._completed == 0
         assert [(g[0], g[1]) for g in got] == [(0, Result.Ok), (1, Result.Ok), (2, Result.Ok),
                                                 (3, Result.Ok), (4, Result.Ok), ("k", Result.Ok)]
@@ -425,6 +430,7 @@ def test_blocking_failures_map_to_results_and_sync_send_raises_the_error():
         bp._drain()
         producer._fail_all([], Timeout("late"))             # the open batch fails
         assert got == [(Result.Timeout, None), (Result.Timeout, None)]
+        assert bp.acked_and_failed() == (0, 3)              # the sync send's too; none acked
         with pytest.raises(Timeout):
             sync.result(0)
         assert bp._submitted - bp._completed == 0
@@ -443,6 +449,7 @@ def test_blocking_refused_in_the_drain_reaches_the_callback():
         producer.max_message_size = 10     # the broker's limit shrank after a reconnect
         bp._drain()
         assert got == [Result.MessageTooBig] and bp._submitted == bp._completed
+        assert bp.acked_and_failed() == (0, 1)
     finally:
         loop.close()
 

@@ -213,3 +213,25 @@ def test_preallocation_fills_one_step_on_the_write_path_and_the_rest_when_idle(t
         assert not writer.preallocate_when_idle()  # enough ahead: nothing more
     finally:
         writer.close_file()
+
+
+@pytest.mark.parametrize("write_max", [None, 1, 7, 100])
+def test_pwritev_all_writes_every_piece_in_order_through_short_writes(tmp_path, monkeypatch, write_max):
+    """More pieces than one pwritev takes, empty ones, memoryviews: the file holds their join;
+    a short pwritev (the kernel may write less) is finished, not lost or repeated."""
+    from bookie.storage import entry_log
+    pieces = [bytes([i % 251]) * (i % 13) for i in range(entry_log.IOV_MAX * 2 + 5)]
+    pieces[3] = memoryview(b"view-piece")[2:]
+    expected = b"".join(pieces)
+    if write_max is not None:
+        real = os.pwritev
+        monkeypatch.setattr(entry_log.os, "pwritev",
+                            lambda fd, bufs, off: real(fd, [b"".join(bufs)[:write_max]], off))
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        os.pwrite(fd, b"HEAD", 0)
+        assert entry_log.pwritev_all(fd, pieces, 4) == len(expected)
+        assert entry_log.pwritev_all(fd, [], 4 + len(expected)) == 0
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == b"HEAD" + expected
