@@ -21,6 +21,8 @@ in one process, one phase after the other (each bounded by --seconds):
               messages: receipts come in order; see Counter)
   unbatched   the same with batching off (window --unbatched-window)
   paced       unbatched at a fixed --paced-rate: publish latency = callback time - send time
+  paced-batched  the same with the client's batching on, a --paced-batch-delay-ms window (1 ms:
+              pulsar-perf's default), so a message's latency includes its wait in the batch
   e2e         unbatched at --e2e-rate; the payload carries the send time, a consumer on another
               thread (same process) measures receive time - send time
   catch-up    a new subscription from earliest reads the batched topic back (batch_receive,
@@ -213,12 +215,17 @@ def perf_produce(service_url: str, admin_url: str, topic: str, seconds: float, s
 
 
 def produce_paced(client, topic: str, seconds: float, size: int, rate: float, label: str,
-                  sample_every: int = 1) -> dict:
-    """Unbatched send_async at a fixed rate; latency = ack callback time - send time, measured on
-    every ``sample_every``-th message (a Python callback per message costs the client a GIL
-    hand-off each: at 5k/s that is ~40% of a core of the 2, which itself delays everything)."""
-    producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True,
-                                      max_pending_messages=100_000, send_timeout_millis=60_000)
+                  sample_every: int = 1, batch_delay_ms: int | None = None) -> dict:
+    """send_async at a fixed rate; latency = ack callback time - send time, measured on every
+    ``sample_every``-th message (a Python callback per message costs the client a GIL hand-off
+    each: at 5k/s that is ~40% of a core of the 2, which itself delays everything). Unbatched, or
+    with ``batch_delay_ms`` the client's batching on with that window (a message's latency then
+    includes its wait in the open batch)."""
+    batching = {"batching_enabled": False} if batch_delay_ms is None else {
+        "batching_enabled": True, "batching_max_publish_delay_ms": batch_delay_ms,
+        "batching_max_messages": 1000}
+    producer = client.create_producer(topic, block_if_queue_full=True, max_pending_messages=100_000,
+                                      send_timeout_millis=60_000, **batching)
     filler = os.urandom(max(0, size - STAMP.size))
     latencies: list[float] = []
     failed = [0]
@@ -455,6 +462,9 @@ def main() -> int:
                              "official client's phases count acks with a callback on 1 in 100); "
                              "its counts cover every message")
     parser.add_argument("--paced-rate", type=float, default=5_000)
+    parser.add_argument("--paced-batch-delay-ms", type=int, default=1,
+                        help="paced-batched phase: the client's batching window (default 1 ms, "
+                             "pulsar-perf's default)")
     parser.add_argument("--e2e-rate", type=float, default=2_000)
     parser.add_argument("--paced-sample-every", type=int, default=1,
                         help="paced phase: measure the latency of every Nth message only (a Python "
@@ -464,7 +474,7 @@ def main() -> int:
                         help="skip measuring the client against a broker that stores nothing")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--phases", default=None,
-                        help="comma-separated subset of warmup,batched,unbatched,paced,e2e,catch-up,perf "
+                        help="comma-separated subset of warmup,batched,unbatched,paced,paced-batched,e2e,catch-up,perf "
                              "(default: all; catch-up needs warmup and batched)")
     parser.add_argument("--broker-set", action="append", default=[], metavar="KEY=VALUE",
                         help="broker config override (TOML value), repeatable")
@@ -480,7 +490,7 @@ def main() -> int:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"== starting 3 bookies + 1 broker in {base}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    wanted = set((args.phases or "warmup,batched,unbatched,paced,e2e,catch-up,perf").split(","))
+    wanted = set((args.phases or "warmup,batched,unbatched,paced,paced-batched,e2e,catch-up,perf").split(","))
     def overrides(pairs: list[str]) -> dict:
         import tomllib
         out = {}
@@ -504,7 +514,8 @@ def main() -> int:
         cpu_us: dict = {}     # phase -> process -> CPU microseconds per acknowledged message
 
         def phase(name: str, fn, *fargs):
-            if name.split()[0] in ("warmup", "batched", "unbatched", "paced", "e2e", "catch-up", "perf") \
+            if name.split()[0] in ("warmup", "batched", "unbatched", "paced", "paced-batched", "e2e", "catch-up",
+                                   "perf") \
                     and name.split()[0] not in wanted:
                 return None
             print(f"== {name}", file=sys.stderr, flush=True)
@@ -541,15 +552,17 @@ def main() -> int:
             phase("batched", produce_windowed, client, batched_topic, s, size, args.window, True, "batched")
             phase("unbatched", produce_windowed, client, "persistent://public/default/bench-unbatched", s, size,
                   args.unbatched_window, False, "unbatched")
-            buckets_before = broker_publish_buckets(cluster.admin_url)
-            paced = phase("paced", produce_paced, client, "persistent://public/default/bench-paced", s, size,
-                          args.paced_rate, f"paced {args.paced_rate:.0f}/s", args.paced_sample_every)
-            if paced:
-                # the same messages timed inside the broker (SEND read to entry confirmed): what
-                # the client's figure adds is its own time and the socket hops
-                buckets_after = broker_publish_buckets(cluster.admin_url)
-                paced["broker_p50_ms"] = bucket_quantile_ms(buckets_before, buckets_after, 0.50)
-                paced["broker_p99_ms"] = bucket_quantile_ms(buckets_before, buckets_after, 0.99)
+            for name, delay_ms in (("paced", None), ("paced-batched", args.paced_batch_delay_ms)):
+                buckets_before = broker_publish_buckets(cluster.admin_url)
+                paced = phase(name, produce_paced, client, f"persistent://public/default/bench-{name}", s,
+                              size, args.paced_rate, f"{name} {args.paced_rate:.0f}/s", args.paced_sample_every,
+                              delay_ms)
+                if paced:
+                    # the same SENDs timed inside the broker (SEND read to entry confirmed): what
+                    # the client's figure adds is its own time and the socket hops
+                    buckets_after = broker_publish_buckets(cluster.admin_url)
+                    paced["broker_p50_ms"] = bucket_quantile_ms(buckets_before, buckets_after, 0.50)
+                    paced["broker_p99_ms"] = bucket_quantile_ms(buckets_before, buckets_after, 0.99)
             phase("e2e", end_to_end, client, "persistent://public/default/bench-e2e", s, size, args.e2e_rate,
                   f"e2e {args.e2e_rate:.0f}/s")
             expected = (results.get("warmup") or {}).get("acked", 0) + (results.get("batched") or {}).get("acked", 0)
@@ -601,13 +614,16 @@ def main() -> int:
     if u:
         row(f"unbatched produce (window {args.unbatched_window})", f"{u['msg_s']:,.0f} msg/s, {u['mb_s']:.1f} MB/s",
             ">= 20k msg/s", u["msg_s"] / 20_000)
-    if p:
+    for p, how in ((p, "unbatched"),
+                   (results.get("paced-batched"), f"batched, {args.paced_batch_delay_ms} ms window")):
+        if not p:
+            continue
         sampled = f", 1 in {p['sample_every']} timed" if p.get("sample_every", 1) > 1 else ""
-        row(f"publish latency at {args.paced_rate:,.0f} msg/s unbatched (achieved {p['achieved']:,.0f}/s{sampled})",
+        row(f"publish latency at {args.paced_rate:,.0f} msg/s {how} (achieved {p['achieved']:,.0f}/s{sampled})",
             f"p50 {p['p50_ms']:.2f} ms, p99 {p['p99_ms']:.2f} ms, max {p['max_ms']:.1f} ms",
             "p99 <= 5 ms", p["p99_ms"] / 5.0, lower_is_better=True)
         if p.get("broker_p99_ms") is not None:
-            row("the same messages inside the broker, SEND read to entry confirmed (histogram bucket bounds)",
+            row("the same SENDs inside the broker, SEND read to entry confirmed (histogram bucket bounds)",
                 f"p50 <= {p['broker_p50_ms']:g} ms, p99 <= {p['broker_p99_ms']:g} ms")
     if e:
         row(f"end-to-end latency at {args.e2e_rate:,.0f} msg/s unbatched ({e['received']}/{e['sent']} received)",
@@ -622,7 +638,7 @@ def main() -> int:
         row(f"catch-up read from earliest ({c['read']:,}/{c['expected']:,} msgs, {c['seconds']:.1f} s)",
             f"{c['msg_s']:,.0f} msg/s, {c['mb_s']:.1f} MB/s")
     broker_name = next(iter(pids))
-    for ph in ("batched", "unbatched", "paced", "e2e"):
+    for ph in ("batched", "unbatched", "paced", "paced-batched", "e2e"):
         if ph in cpu_us:
             row(f"broker CPU per message, {ph}", f"{cpu_us[ph][broker_name]:.1f} us",
                 "<= ~40 us (unbatched 20k/s)" if ph == "unbatched" else "")
