@@ -186,6 +186,10 @@ def produce_windowed(client, topic: str, seconds: float, size: int, window: int,
             "msg_s": counter.acked / elapsed, "mb_s": counter.acked * size / elapsed / 1e6}
 
 
+# the phases --phases chooses from, in the order they run (the ceiling and py-spy runs are not)
+PHASES = ("warmup", "batched", "unbatched", "paced", "paced-batched", "e2e", "catch-up", "perf")
+
+
 def perf_produce(service_url: str, admin_url: str, topic: str, seconds: float, size: int, window: int,
                  latency_every: int) -> dict:
     """`pulsarlite perf produce` (our own client, batching on, as fast as it goes) in its own
@@ -474,7 +478,7 @@ def main() -> int:
                         help="skip measuring the client against a broker that stores nothing")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--phases", default=None,
-                        help="comma-separated subset of warmup,batched,unbatched,paced,paced-batched,e2e,catch-up,perf "
+                        help=f"comma-separated subset of {','.join(PHASES)} "
                              "(default: all; catch-up needs warmup and batched)")
     parser.add_argument("--broker-set", action="append", default=[], metavar="KEY=VALUE",
                         help="broker config override (TOML value), repeatable")
@@ -490,7 +494,7 @@ def main() -> int:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"== starting 3 bookies + 1 broker in {base}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    wanted = set((args.phases or "warmup,batched,unbatched,paced,paced-batched,e2e,catch-up,perf").split(","))
+    wanted = set(args.phases.split(",")) if args.phases else set(PHASES)
     def overrides(pairs: list[str]) -> dict:
         import tomllib
         out = {}
@@ -514,9 +518,7 @@ def main() -> int:
         cpu_us: dict = {}     # phase -> process -> CPU microseconds per acknowledged message
 
         def phase(name: str, fn, *fargs):
-            if name.split()[0] in ("warmup", "batched", "unbatched", "paced", "paced-batched", "e2e", "catch-up",
-                                   "perf") \
-                    and name.split()[0] not in wanted:
+            if name.split()[0] in PHASES and name.split()[0] not in wanted:
                 return None
             print(f"== {name}", file=sys.stderr, flush=True)
             before, started = meter.snapshot(), time.perf_counter()

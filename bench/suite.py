@@ -166,8 +166,12 @@ def table(rounds: list[Round]) -> list[tuple[str, str, str, str, str]]:
                  f"JetStream default {fmt(med(lambda r: n(r, 'default', 'msg_s')), 'msg/s')}",
                  _ratio(ratio_med(best, lambda r: n(r, "default", "msg_s"))), ">= 3x",
                  verdict(ratio_med(best, lambda r: n(r, "default", "msg_s")), lambda x: x >= 3)))
-    rows.append(("publish latency at 5k msg/s unbatched, p50 / p99",
-                 f"{fmt(med(lambda r: b(r, 'paced', 'p50_ms')), 'ms', 1)} / {fmt(med(lambda r: b(r, 'paced', 'p99_ms')), 'ms', 1)}",
+    def p50_p99(phase: str, kind: str = "", bound: str = "") -> str:
+        """'p50 / p99' of a bench_broker phase's medians; kind "broker_" for the broker's own."""
+        return " / ".join(f"{bound}{fmt(med(lambda r: b(r, phase, f'{kind}{q}_ms')), 'ms', 1)}"
+                          for q in ("p50", "p99"))
+
+    rows.append(("publish latency at 5k msg/s unbatched, p50 / p99", p50_p99("paced"),
                  f"JetStream sync always {fmt(med(lambda r: n(r, 'paced-durable', 'p50_ms')), 'ms', 1)} / "
                  f"{fmt(med(lambda r: n(r, 'paced-durable', 'p99_ms')), 'ms', 1)}; default "
                  f"{fmt(med(lambda r: n(r, 'paced', 'p50_ms')), 'ms', 1)} / "
@@ -175,19 +179,12 @@ def table(rounds: list[Round]) -> list[tuple[str, str, str, str, str]]:
                  _ratio(ratio_med(lambda r: b(r, "paced", "p99_ms"), lambda r: n(r, "paced-durable", "p99_ms"))),
                  "p99 <= 5 ms", verdict(med(lambda r: b(r, "paced", "p99_ms")), lambda v: v <= 5)))
     rows.append(("the same inside the broker (SEND read to entry confirmed), p50 / p99",
-                 f"<= {fmt(med(lambda r: b(r, 'paced', 'broker_p50_ms')), 'ms', 1)} / "
-                 f"<= {fmt(med(lambda r: b(r, 'paced', 'broker_p99_ms')), 'ms', 1)}",
-                 "the broker's histogram, bucket bounds", "", ""))
+                 p50_p99("paced", "broker_", "<= "), "the broker's histogram, bucket bounds", "", ""))
     rows.append(("publish latency at 5k msg/s, client batching 1 ms window (pulsar-perf's default), p50 / p99",
-                 f"{fmt(med(lambda r: b(r, 'paced-batched', 'p50_ms')), 'ms', 1)} / "
-                 f"{fmt(med(lambda r: b(r, 'paced-batched', 'p99_ms')), 'ms', 1)}",
-                 f"inside the broker <= {fmt(med(lambda r: b(r, 'paced-batched', 'broker_p50_ms')), 'ms', 1)} / "
-                 f"<= {fmt(med(lambda r: b(r, 'paced-batched', 'broker_p99_ms')), 'ms', 1)}",
+                 p50_p99("paced-batched"), "inside the broker " + p50_p99("paced-batched", "broker_", "<= "),
                  _ratio(ratio_med(lambda r: b(r, "paced-batched", "p99_ms"), lambda r: n(r, "paced-durable", "p99_ms"))),
                  "p99 <= 5 ms", verdict(med(lambda r: b(r, "paced-batched", "p99_ms")), lambda v: v <= 5)))
-    rows.append(("end-to-end latency at 2k msg/s, p50 / p99",
-                 f"{fmt(med(lambda r: b(r, 'e2e', 'p50_ms')), 'ms', 1)} / {fmt(med(lambda r: b(r, 'e2e', 'p99_ms')), 'ms', 1)}",
-                 "", "", ""))
+    rows.append(("end-to-end latency at 2k msg/s, p50 / p99", p50_p99("e2e"), "", "", ""))
     rows.append(("catch-up read from bookies", fmt(med(lambda r: b(r, "catch-up", "msg_s")), "msg/s"), "", "", ""))
     for phase in ("batched", "unbatched", "paced", "paced-batched"):
         rows.append((f"CPU per message, {phase}: broker / each bookie",

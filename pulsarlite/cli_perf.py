@@ -33,12 +33,12 @@ class LatencyStats:
     up, every other one is dropped and the stride doubles: an even sample over the whole
     run, kept by slicing arrays in C, no Python work per message).
 
-    ``add`` is the hot path (once per message) and takes no lock: each LatencyStats has ONE
-    writer thread (the produce callbacks all run on the client's I/O thread; consume adds on
-    the main thread). The reporter swaps the interval array out (one reference assignment,
-    atomic under the GIL) and folds it into the sample; an ``add`` racing with that swap
-    may land in the swapped-out array after it was read, i.e. one latency may be missing
-    from the percentiles (never from ``count`` or ``bytes``).
+    ``add`` / ``add_latency`` are the hot path (once per timed message) and take no lock: each
+    LatencyStats has ONE writer thread (the produce callbacks all run on the client's I/O
+    thread; consume adds on the main thread). The reporter swaps the interval array out (one
+    reference assignment, atomic under the GIL) and folds it into the sample; an add racing
+    with that swap may land in the swapped-out array after it was read, i.e. one latency may
+    be missing from the percentiles (never from ``count`` or ``bytes``).
     """
 
     def __init__(self) -> None:
@@ -51,9 +51,14 @@ class LatencyStats:
         self.bytes = 0
 
     def add(self, latency_ms: float, size: int) -> None:
+        """A latency, counted as one message of ``size`` bytes."""
         self._interval.append(latency_ms)
         self.count += 1
         self.bytes += size
+
+    def add_latency(self, latency_ms: float) -> None:
+        """A latency only (the caller counts messages elsewhere)."""
+        self._interval.append(latency_ms)
 
     def _fold(self, values: array.array) -> None:
         """Into the sample: the latencies whose index over the run is a multiple of the
@@ -204,10 +209,11 @@ def run_produce(args) -> int:
         # message (BENCHMARKS.md): timing every message slows what is measured.
         every = args.latency_every
         counts = producer.acked_and_failed
+        add_latency = stats.add_latency
 
         def done(t0, res, mid):   # on the client's I/O thread; partial(done, t0) per timed one
             if res is ok:
-                stats._interval.append((now() - t0) * 1000)
+                add_latency((now() - t0) * 1000)
 
         # One producer (a topic of one partition) completes its sends in send order: then the
         # send times wait in a FIFO of floats and ONE callback serves every timed message (no
@@ -222,7 +228,7 @@ def run_produce(args) -> int:
         def done_in_order(res, mid):
             t0 = take()
             if res is ok:
-                stats._interval.append((now() - t0) * 1000)
+                add_latency((now() - t0) * 1000)
 
         start = now()
         cpu_start_s = time.process_time()
