@@ -37,6 +37,9 @@ class BookieConfig:
     journal_preallocate_bytes: int = 16 * MiB  # zero-filled ahead of the writer (faster fsync)
     journal_queue_records_max: int = 100_000  # bounded queue of records waiting for a commit
     journal_flush_when_queue_empty: bool = True  # flush as soon as no record is waiting
+    # a group of at most this many bytes that finds the journal idle is written and synced by
+    # the event loop itself (no hand-off to the journal thread and back); 0 = never
+    journal_write_inline_bytes_max: int = 64 * KiB
     # ledger storage
     entry_log_file_bytes_max: int = 256 * MiB
     write_cache_bytes_max: int = 64 * MiB    # entries waiting for the next checkpoint
@@ -68,6 +71,8 @@ class BookieConfig:
             raise ConfigError(f"port must be <= 65535, got {self.port}")
         if self.journal_preallocate_bytes < 0:
             raise ConfigError("journal_preallocate_bytes must be >= 0")
+        if not 0 <= self.journal_write_inline_bytes_max <= self.journal_bytes_buffered_max:
+            raise ConfigError("journal_write_inline_bytes_max must be in [0, journal_bytes_buffered_max]")
         if self.entry_bytes_max + 1024 > self.request_bytes_max:
             raise ConfigError("entry_bytes_max must leave room for framing within request_bytes_max")
         if not 0 < self.disk_usage_writable_threshold < self.disk_usage_readonly_threshold <= 1:

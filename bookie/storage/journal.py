@@ -159,6 +159,9 @@ class JournalWriter:
         self._queue: queue.SimpleQueue[JournalItem | None] = queue.SimpleQueue()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # held by whoever writes the file: the thread (a group, or zeros while idle) or a
+        # caller of write_group_now
+        self._write_lock = threading.Lock()
         self.error: BaseException | None = None
         self.groups_written = 0
         self.bytes_written = 0
@@ -231,6 +234,23 @@ class JournalWriter:
         self.bytes_written += nbytes
         return self.position
 
+    def write_group_now(self, pieces: list[bytes | memoryview]) -> JournalPosition | None:
+        """Write and fdatasync a group on the caller's thread, if the writer thread is not
+        writing (else None: submit it instead). The caller guarantees that nothing it submitted
+        is still uncommitted (the thread holds no group), so the journal's order is the order
+        of the calls. A write error stops the writer as one in its thread does, and is raised."""
+        if self._stopping or not self._write_lock.acquire(blocking=False):
+            return None
+        try:
+            return self.write_group(pieces)
+        except BaseException as e:
+            self.error = e
+            self._stopping = True
+            log.error("journal write failed file_id=%d error=%r", self.file_id, e)
+            raise
+        finally:
+            self._write_lock.release()
+
     def close_file(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
@@ -285,7 +305,9 @@ class JournalWriter:
                     try:
                         item = get_nowait()
                     except queue.Empty:
-                        if self.preallocate_when_idle():
+                        with self._write_lock:
+                            zeroed = self.preallocate_when_idle()
+                        if zeroed:
                             continue
                         item = get()
                 else:
@@ -320,7 +342,8 @@ class JournalWriter:
                     pieces = group[0].pieces
                 else:
                     pieces = [p for item in group for p in item.pieces]
-                pos = self.write_group(pieces)
+                with self._write_lock:
+                    pos = self.write_group(pieces)
             except BaseException as e:  # noqa: BLE001 - handed to the owner, thread ends
                 self.error = e
                 self._stopping = True

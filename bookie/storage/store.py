@@ -107,6 +107,8 @@ class BookieStore:
         self._pending: set[asyncio.Future] = set()
         self._pending_done: set[_Pending] = set()     # add_entries_now's, until called
         self._inflight_records = 0
+        self._write_inline_bytes_max = (config.journal_write_inline_bytes_max
+                                        if config.journal_flush_when_queue_empty else -1)
         self._space_waiters: list[asyncio.Future] = []
         self._io_lock: asyncio.Lock | None = None
         self._checkpoint_wanted: asyncio.Event | None = None
@@ -358,7 +360,23 @@ class BookieStore:
         if not accepted:
             return statuses
         pending = _Pending(None, ADD, accepted, done, statuses)
-        self._journal.submit(JournalItem(pieces, nbytes, len(accepted), 0.0, pending))
+        item = JournalItem(pieces, nbytes, len(accepted), 0.0, pending)
+        if nbytes <= self._write_inline_bytes_max and self._inflight_records == 0:
+            # nothing of ours is waiting for the journal: write this group here instead of
+            # waking the journal thread (and being woken back by it), see write_group_now
+            try:
+                result: JournalPosition | BaseException | None = self._journal.write_group_now(pieces)
+            except Exception as e:  # noqa: BLE001 - the journal is stopped; fail like its thread
+                result = e
+            if result is not None:
+                self._pending_done.add(pending)
+                self._inflight_records += len(accepted)
+                if isinstance(result, BaseException):
+                    self._loop.call_soon(self._on_journal_error, result, [item])  # type: ignore[union-attr]
+                else:
+                    self._loop.call_soon(self._on_commit, [item], result)          # type: ignore[union-attr]
+                return None
+        self._journal.submit(item)
         self._pending_done.add(pending)
         self._inflight_records += len(accepted)
         return None

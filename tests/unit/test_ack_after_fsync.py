@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+
+import pytest
 
 
 import bookie.storage.journal as journal_mod
@@ -23,22 +26,34 @@ class PowerLossModel:
     def __init__(self, monkeypatch, *, honour_fsync: bool = True) -> None:
         self.unsynced: dict[str, list[tuple[int, int]]] = {}  # path -> [(offset, length)]
         self.fd_paths: dict[int, str] = {}
+        self.sync_threads: list[int] = []        # the thread of each journal fdatasync
         real_pwrite = journal_mod.pwrite_all
+        real_pwritev = journal_mod.pwritev_all
         real_fdatasync = os.fdatasync
 
-        def pwrite_all(fd, data, offset):
+        def record(fd, offset, length):
             path = os.readlink(f"/proc/self/fd/{fd}")
             self.fd_paths[fd] = path
-            self.unsynced.setdefault(path, []).append((offset, len(data)))
+            self.unsynced.setdefault(path, []).append((offset, length))
+
+        def pwrite_all(fd, data, offset):
+            record(fd, offset, len(data))
             return real_pwrite(fd, data, offset)
+
+        def pwritev_all(fd, pieces, offset):      # the journal's group writes
+            record(fd, offset, sum(map(len, pieces)))
+            return real_pwritev(fd, pieces, offset)
 
         def fdatasync(fd):
             real_fdatasync(fd)
             path = self.fd_paths.get(fd)
+            if path is not None and path.endswith(".journal"):
+                self.sync_threads.append(threading.get_ident())
             if path is not None and honour_fsync:
                 self.unsynced[path] = []
 
         monkeypatch.setattr(journal_mod, "pwrite_all", pwrite_all)
+        monkeypatch.setattr(journal_mod, "pwritev_all", pwritev_all)
         monkeypatch.setattr(journal_mod.os, "fdatasync", fdatasync)
 
     def lose_unsynced_writes(self) -> int:
@@ -54,15 +69,32 @@ class PowerLossModel:
         return lost
 
 
-async def write_then_power_loss(tmp_path, model: PowerLossModel) -> tuple[dict, BookieStore]:
+async def add_now(store: BookieStore, batch) -> list[Status]:
+    """The server's hot path (``add_entries_now``): with the journal idle and a small group, the
+    loop itself writes and syncs it; else the journal thread does."""
+    if not store.can_add_now(len(batch)):
+        return await store.add_entries(batch)
+    fut = asyncio.get_running_loop().create_future()
+    statuses = store.add_entries_now(batch, False, fut.set_result)
+    if statuses is not None:
+        return statuses
+    result = await fut
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+async def write_then_power_loss(tmp_path, model: PowerLossModel, *,
+                                hot_path: bool = False) -> tuple[dict, BookieStore]:
     cfg = config(tmp_path, group_wait_ms_max=5.0)
     store = await started(cfg)
     acked: dict[tuple[int, int], bytes] = {}
+    groups_before = store._journal.groups_written
 
     async def writer(ledger: int) -> None:
         for start in range(0, 200, 20):
             batch = [entry(ledger, e) for e in range(start, start + 20)]
-            statuses = await store.add_entries(batch)
+            statuses = await (add_now(store, batch) if hot_path else store.add_entries(batch))
             for e, s in zip(batch, statuses):
                 if s == Status.OK:
                     acked[(e.ledger_id, e.entry_id)] = e.payload
@@ -70,6 +102,7 @@ async def write_then_power_loss(tmp_path, model: PowerLossModel) -> tuple[dict, 
     # leave some adds in flight when the power goes
     tasks = [asyncio.ensure_future(writer(ledger)) for ledger in (1, 2, 3)]
     await asyncio.gather(*tasks)
+    assert store._journal.groups_written > groups_before
     extra = asyncio.ensure_future(store.add_entries([entry(9, e) for e in range(50)]))
     await asyncio.sleep(0)
     await crash(store)
@@ -79,10 +112,13 @@ async def write_then_power_loss(tmp_path, model: PowerLossModel) -> tuple[dict, 
     return acked, reopened
 
 
-async def test_every_acknowledged_add_survives_losing_unsynced_writes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("hot_path", [False, True], ids=["awaiting", "add_entries_now"])
+async def test_every_acknowledged_add_survives_losing_unsynced_writes(tmp_path, monkeypatch, hot_path):
     model = PowerLossModel(monkeypatch)
-    acked, reopened = await write_then_power_loss(tmp_path, model)
+    acked, reopened = await write_then_power_loss(tmp_path, model, hot_path=hot_path)
     assert len(acked) == 600
+    # the hot path's small groups were synced by the event loop's thread, the others by the journal's
+    assert (threading.get_ident() in model.sync_threads) == hot_path
     try:
         for (ledger, entry_id), payload in acked.items():
             status, entries = reopened.read(ledger, entry_id, entry_id, 1 << 20)
@@ -91,11 +127,12 @@ async def test_every_acknowledged_add_survives_losing_unsynced_writes(tmp_path, 
         await reopened.close()
 
 
-async def test_negative_control_acking_without_fsync_loses_entries(tmp_path, monkeypatch):
+@pytest.mark.parametrize("hot_path", [False, True], ids=["awaiting", "add_entries_now"])
+async def test_negative_control_acking_without_fsync_loses_entries(tmp_path, monkeypatch, hot_path):
     """If fdatasync did not make writes durable (an ack before the data is on disk), the same
     power loss loses acknowledged entries: proof that the check above can fail."""
     model = PowerLossModel(monkeypatch, honour_fsync=False)
-    acked, reopened = await write_then_power_loss(tmp_path, model)
+    acked, reopened = await write_then_power_loss(tmp_path, model, hot_path=hot_path)
     try:
         missing = [k for k in acked if reopened.read(k[0], k[1], k[1], 1 << 20)[0] != Status.OK]
         assert missing, "the power-loss model did not lose anything: the check above could never fail"

@@ -9,10 +9,13 @@ import asyncio
 import os
 import threading
 
+import pytest
+
 import bookie.storage.journal as journal_mod
 from bookie._proto import bookie_rpc_pb2 as pb
 from bookie.server import BookieServer, BookieService, _Connection
 from bookie.storage import Status
+from bookie.storage.journal import replay_journal
 from bookie.transport import (RESPONSE_TYPES, FrameDecoder, encode_add_entry, encode_add_request_tail,
                               encode_header)
 from test_bookie_store import config, entry, started
@@ -83,6 +86,11 @@ async def wait_until(predicate, timeout_s: float = 30.0) -> None:
         await asyncio.sleep(0.005)
 
 
+# the journal thread writes every group (no group is written by the event loop, which a gated
+# fsync would block): the tests of the thread's hand-off
+THREAD = {"journal_write_inline_bytes_max": 0}
+
+
 class GatedFsync:
     """Journal fdatasyncs wait for ``release``; ``entered`` counts the calls that started."""
 
@@ -104,7 +112,7 @@ class GatedFsync:
 
 async def test_add_is_answered_only_after_its_fsync(tmp_path, monkeypatch):
     gate = GatedFsync(monkeypatch)
-    store, server, conn, transport = await connect(config(tmp_path))
+    store, server, conn, transport = await connect(config(tmp_path, **THREAD))
     try:
         entries = [entry(3, i, lac=i - 1) for i in range(3)]
         conn.data_received(add_frame(11, entries))
@@ -148,7 +156,7 @@ async def test_refused_entries_are_answered_at_once_and_mixed_requests_keep_orde
 
 async def test_a_full_journal_queue_sends_adds_through_the_awaiting_path(tmp_path, monkeypatch):
     gate = GatedFsync(monkeypatch)
-    store, server, conn, transport = await connect(config(tmp_path, journal_queue_records_max=4))
+    store, server, conn, transport = await connect(config(tmp_path, journal_queue_records_max=4, **THREAD))
     try:
         conn.data_received(add_frame(1, [entry(5, i) for i in range(4)]))
         assert conn.adds_in_flight == 1 and not conn.tasks
@@ -165,11 +173,14 @@ async def test_a_full_journal_queue_sends_adds_through_the_awaiting_path(tmp_pat
         await store.close()
 
 
-async def test_a_failed_journal_fails_the_adds_in_flight_and_refuses_later_ones(tmp_path, monkeypatch):
+@pytest.mark.parametrize("inline_bytes_max", [0, 64 * 1024], ids=["journal-thread", "inline"])
+async def test_a_failed_journal_fails_the_adds_in_flight_and_refuses_later_ones(tmp_path, monkeypatch,
+                                                                              inline_bytes_max):
     def failing_fdatasync(fd):
         raise OSError(5, "injected I/O error")
 
-    store, server, conn, transport = await connect(config(tmp_path))
+    store, server, conn, transport = await connect(
+        config(tmp_path, journal_write_inline_bytes_max=inline_bytes_max))
     try:
         monkeypatch.setattr(journal_mod.os, "fdatasync", failing_fdatasync)
         conn.data_received(add_frame(7, [entry(6, 0), entry(6, 1)]))
@@ -187,7 +198,7 @@ async def test_a_failed_journal_fails_the_adds_in_flight_and_refuses_later_ones(
 
 async def test_peer_eof_waits_for_adds_in_flight(tmp_path, monkeypatch):
     gate = GatedFsync(monkeypatch)
-    store, server, conn, transport = await connect(config(tmp_path))
+    store, server, conn, transport = await connect(config(tmp_path, **THREAD))
     try:
         conn.data_received(add_frame(9, [entry(7, 0)]))
         assert conn.eof_received() is True                      # half-closed: keep answering
@@ -203,7 +214,7 @@ async def test_peer_eof_waits_for_adds_in_flight(tmp_path, monkeypatch):
 
 async def test_stop_waits_for_adds_in_flight(tmp_path, monkeypatch):
     gate = GatedFsync(monkeypatch)
-    store, server, conn, transport = await connect(config(tmp_path))
+    store, server, conn, transport = await connect(config(tmp_path, **THREAD))
     try:
         conn.data_received(add_frame(5, [entry(8, 0)]))
         stopping = asyncio.ensure_future(server.stop(grace_s=30))
@@ -219,4 +230,86 @@ async def test_stop_waits_for_adds_in_flight(tmp_path, monkeypatch):
         assert transport.closed
     finally:
         gate.release()
+        await store.close()
+
+
+async def test_an_idle_journal_is_written_by_the_loop_and_answered_after_its_fsync(tmp_path, monkeypatch):
+    """The hot path's small group finding the journal idle: written and synced on the loop's
+    thread (no hand-off), still answered and readable only after the fdatasync returned."""
+    store, server, conn, transport = await connect(config(tmp_path))
+    seen = []
+    real = os.fdatasync
+
+    def fdatasync(fd):
+        seen.append((threading.get_ident(), dict(transport.answers), store.read(3, 0, 1, 0)[0]))
+        real(fd)
+
+    monkeypatch.setattr(journal_mod.os, "fdatasync", fdatasync)
+    try:
+        entries = [entry(3, 0), entry(3, 1, lac=0)]
+        groups = store._journal.groups_written
+        conn.data_received(add_frame(11, entries))
+        assert store._journal.groups_written == groups + 1        # written before data_received returned
+        assert seen == [(threading.get_ident(), {}, Status.NO_SUCH_LEDGER)]
+        assert transport.answers == {}                            # answered from the loop, next turn
+        await wait_until(lambda: 11 in transport.answers)
+        assert [r.code for r in transport.answers[11].results] == [pb.OK, pb.OK]
+        assert conn.adds_in_flight == 0
+        assert store.read(3, 0, 1, 0) == (Status.OK, entries)
+    finally:
+        monkeypatch.undo()
+        await store.close()
+
+
+class LockGate:
+    """Stands in for the journal's write lock: once armed, the journal thread waits at it
+    (holding whatever group it gathered) until ``release``; other threads pass."""
+
+    def __init__(self, lock, loop_thread: int) -> None:
+        self.lock = lock
+        self.loop_thread = loop_thread
+        self.armed = False
+        self.waiting = threading.Event()
+        self.gate = threading.Event()
+
+    def acquire(self, blocking: bool = True) -> bool:
+        if self.armed and threading.get_ident() != self.loop_thread:
+            self.waiting.set()
+            assert self.gate.wait(30), "lock gate never opened"
+        return self.lock.acquire(blocking)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+async def test_a_small_add_behind_a_group_the_thread_holds_is_not_written_ahead_of_it(tmp_path):
+    """While the journal thread holds a group it has not written yet (nor locked the file for),
+    a small add is queued behind it instead of being written by the loop ahead of it: the
+    journal's order is the order the adds were accepted in."""
+    store, server, conn, transport = await connect(config(tmp_path, journal_write_inline_bytes_max=512))
+    journal = store._journal
+    gate = LockGate(journal._write_lock, threading.get_ident())
+    journal._write_lock = gate
+    try:
+        gate.armed = True
+        big = [entry(4, i, payload=bytes([i]) * 400) for i in range(2)]   # over 512 bytes: the thread
+        conn.data_received(add_frame(1, big))
+        await asyncio.to_thread(gate.waiting.wait, 30)
+        conn.data_received(add_frame(2, [entry(4, 2)]))          # small, and the file is not locked
+        assert conn.adds_in_flight == 2
+        gate.gate.set()
+        await wait_until(lambda: len(transport.answers) == 2)
+        assert all(r.code == pb.OK for a in transport.answers.values() for r in a.results)
+        order = [(rec.ledger_id, rec.entry_id)
+                 for rec, _pos in replay_journal(store._config.journal_dir, journal.start_position)]
+        assert order == [(4, 0), (4, 1), (4, 2)]
+    finally:
+        gate.gate.set()
         await store.close()

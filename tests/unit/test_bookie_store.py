@@ -13,7 +13,7 @@ from bookie.storage import BookieStore, LedgerInfo, Status, StoredEntry
 from bookie.storage.journal import list_journal_files
 from pulsarlite.checksum import entry_checksum
 from pulsarlite.config import BookieConfig
-from pulsarlite.errors import ChecksumError
+from pulsarlite.errors import ChecksumError, ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -357,3 +357,10 @@ async def test_flush_without_checkpoint_then_crash_keeps_everything(tmp_path):
         assert status == Status.OK and entries == [entry(4, e) for e in range(80)]
     finally:
         await reopened.close()
+
+
+@pytest.mark.parametrize("value", [-1, 512 * 1024 + 1])
+def test_journal_write_inline_bytes_max_is_validated(tmp_path, value):
+    with pytest.raises(ConfigError, match="journal_write_inline_bytes_max"):
+        config(tmp_path, journal_write_inline_bytes_max=value).validate()
+    config(tmp_path, journal_write_inline_bytes_max=0).validate()      # 0 = never: valid

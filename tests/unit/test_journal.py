@@ -12,6 +12,7 @@ from bookie.storage.journal import (FILE_HEADER_BYTES, JournalItem, JournalPosit
                                     journal_path, list_journal_files, remove_journal_files_below,
                                     replay_journal)
 from pulsarlite.checksum import entry_checksum
+from pulsarlite.errors import BookieUnavailableError
 
 POLICY = GroupCommitPolicy(1.0, 512 * 1024)
 
@@ -190,6 +191,46 @@ def test_writer_thread_reports_io_errors(tmp_path):
     assert done.wait(30)
     w.stop()
     assert isinstance(failed[0][0], OSError) and failed[0][1] == ["a"]
+
+
+def test_write_group_now_writes_on_the_callers_thread_unless_the_thread_is_writing(tmp_path, monkeypatch):
+    w = writer(tmp_path)
+    committed = []
+    entered, gate = threading.Event(), threading.Event()
+    real = os.fdatasync
+
+    def fdatasync(fd):
+        if threading.current_thread() is not threading.main_thread():
+            entered.set()
+            assert gate.wait(30), "gate never opened"
+        real(fd)
+
+    monkeypatch.setattr("bookie.storage.journal.os.fdatasync", fdatasync)
+    w.start(lambda items, pos: committed.extend(i.context for i in items),
+            lambda err, items: pytest.fail(f"journal error {err!r}"))
+    first = add_record(entry(5, 0))
+    assert w.write_group_now([first]) == JournalPosition(w.file_id, FILE_HEADER_BYTES + len(first))
+    second = add_record(entry(5, 1))
+    w.submit(JournalItem([second], len(second), 1, context="thread"))
+    assert entered.wait(30)                              # the thread is inside its write
+    assert w.write_group_now([add_record(entry(5, 2))]) is None   # not written: submit it instead
+    gate.set()
+    w.stop()
+    assert committed == ["thread"]
+    assert [r.entry_id for r in replayed(tmp_path)] == [0, 1]
+    assert w.write_group_now([add_record(entry(5, 3))]) is None   # stopped
+
+
+def test_write_group_now_raises_and_stops_the_writer_on_io_error(tmp_path):
+    w = writer(tmp_path)
+    w.start(lambda items, pos: None, lambda err, items: None)
+    w.close_file()                                      # writes now fail with EBADF
+    with pytest.raises(OSError):
+        w.write_group_now([b"x" * 100])
+    assert isinstance(w.error, OSError)
+    with pytest.raises(BookieUnavailableError):
+        w.submit(JournalItem([b"y"], 1, 1))
+    w.stop()
 
 
 def test_preallocation_fills_one_step_on_the_write_path_and_the_rest_when_idle(tmp_path):
