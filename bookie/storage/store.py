@@ -43,6 +43,12 @@ from pulsarlite.errors import BookieUnavailableError, ChecksumError, InvariantVi
 log = logging.getLogger("bookie.storage.store")
 
 _COMPACTION_CHUNK_BYTES = 1024 * 1024
+# a group written by the event loop (add_entries_now) that took this long (a slow disk, or a
+# loop thread that waited for a CPU: wall time cannot tell them apart, so the bound sits above
+# this VM's usual scheduling stalls): the journal thread takes every group for a while, so
+# reads and other requests keep moving
+_INLINE_WRITE_SLOW_S = 0.010
+_INLINE_WRITE_PAUSE_S = 1.0
 
 
 class Status(enum.IntEnum):
@@ -109,6 +115,8 @@ class BookieStore:
         self._inflight_records = 0
         self._write_inline_bytes_max = (config.journal_write_inline_bytes_max
                                         if config.journal_flush_when_queue_empty else -1)
+        self._write_inline_paused_until_s = 0.0    # monotonic; see _INLINE_WRITE_SLOW_S
+        self.inline_groups_written = 0
         self._space_waiters: list[asyncio.Future] = []
         self._io_lock: asyncio.Lock | None = None
         self._checkpoint_wanted: asyncio.Event | None = None
@@ -361,7 +369,8 @@ class BookieStore:
             return statuses
         pending = _Pending(None, ADD, accepted, done, statuses)
         item = JournalItem(pieces, nbytes, len(accepted), 0.0, pending)
-        if nbytes <= self._write_inline_bytes_max and self._inflight_records == 0:
+        if nbytes <= self._write_inline_bytes_max and self._inflight_records == 0 \
+                and (started_s := time.monotonic()) >= self._write_inline_paused_until_s:
             # nothing of ours is waiting for the journal: write this group here instead of
             # waking the journal thread (and being woken back by it), see write_group_now
             try:
@@ -369,6 +378,12 @@ class BookieStore:
             except Exception as e:  # noqa: BLE001 - the journal is stopped; fail like its thread
                 result = e
             if result is not None:
+                self.inline_groups_written += 1
+                if (elapsed_s := time.monotonic() - started_s) >= _INLINE_WRITE_SLOW_S:
+                    self._write_inline_paused_until_s = started_s + elapsed_s + _INLINE_WRITE_PAUSE_S
+                    log.info("slow journal write on the event loop: the journal thread takes "
+                             "every group for %.1f s elapsed_ms=%.1f journal_dir=%s",
+                             _INLINE_WRITE_PAUSE_S, elapsed_s * 1e3, self._config.journal_dir)
                 self._pending_done.add(pending)
                 self._inflight_records += len(accepted)
                 if isinstance(result, BaseException):

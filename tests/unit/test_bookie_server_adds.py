@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 
 import pytest
 
@@ -312,4 +313,32 @@ async def test_a_small_add_behind_a_group_the_thread_holds_is_not_written_ahead_
         assert order == [(4, 0), (4, 1), (4, 2)]
     finally:
         gate.gate.set()
+        await store.close()
+
+
+async def test_a_slow_write_on_the_loop_hands_the_next_groups_to_the_journal_thread(tmp_path, monkeypatch):
+    """One group written by the loop that took long (a slow disk): the following groups go to
+    the journal thread for a while, so the loop keeps serving reads meanwhile."""
+    store, server, conn, transport = await connect(config(tmp_path))
+    threads = []
+    real = os.fdatasync
+
+    def fdatasync(fd):
+        threads.append(threading.get_ident())
+        if len(threads) == 1:
+            time.sleep(0.03)                                    # over the 10 ms that count as slow
+        real(fd)
+
+    monkeypatch.setattr(journal_mod.os, "fdatasync", fdatasync)
+    try:
+        conn.data_received(add_frame(1, [entry(9, 0)]))
+        await wait_until(lambda: 1 in transport.answers)
+        conn.data_received(add_frame(2, [entry(9, 1)]))
+        await wait_until(lambda: 2 in transport.answers)
+        assert [r.code for a in transport.answers.values() for r in a.results] == [pb.OK, pb.OK]
+        assert threads[0] == threading.get_ident()              # the first: written by the loop
+        assert threads[1] != threading.get_ident()              # the next: by the journal thread
+        assert store.inline_groups_written == 1
+    finally:
+        monkeypatch.undo()
         await store.close()
