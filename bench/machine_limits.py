@@ -5,6 +5,9 @@
 - fsync'd sequential write: 1 MiB blocks, fdatasync after each, MB/s;
 - 4 KiB append + fdatasync, one writer: ops/s (what a journal's group commit works against);
 - loopback TCP: one sender, one receiver process, 1 MiB writes, MB/s;
+- page-cache writes, MB per CPU-second (100 KiB pwrites, no sync): into a new file (pages the
+  page cache must find: on a VM whose memory the host backs lazily, first touches) and over
+  a 16 MiB region already cached. What a bookie's journal and entry-log writes cost in CPU;
 - cores: os.cpu_count().
 Not a test: figures only.
 """
@@ -55,6 +58,30 @@ def disk_append_fdatasync_ops_s(directory: str, seconds: float = 3.0) -> float:
     return ops / elapsed
 
 
+def page_cache_write_mb_per_cpu_s(directory: str, total_mb: int = 256) -> dict:
+    """{"new": MB per CPU-second writing a new file, "cached": rewriting a cached region}."""
+    block = os.urandom(100 * 1024)
+    out = {}
+    for kind, region in (("new", 1 << 62), ("cached", 16 << 20)):
+        path = os.path.join(directory, f"page-cache-probe-{kind}.bin")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            if kind == "cached":
+                for offset in range(0, region, len(block)):
+                    os.pwrite(fd, block, offset)        # the region in the cache first
+            started = time.process_time()
+            offset = 0
+            while offset < total_mb << 20:
+                os.pwrite(fd, block, offset % region)
+                offset += len(block)
+            cpu_s = time.process_time() - started
+        finally:
+            os.close(fd)
+            os.unlink(path)
+        out[kind] = offset / max(cpu_s, 1e-6) / 1e6
+    return out
+
+
 def _sink(port_queue, seconds: float) -> None:
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
@@ -97,6 +124,7 @@ def measure(directory: str) -> dict:
         "disk_fsync_seq_mb_s": disk_fsync_seq_mb_s(directory),
         "disk_append_fdatasync_ops_s": disk_append_fdatasync_ops_s(directory),
         "loopback_mb_s": loopback_mb_s(),
+        "page_cache_write_mb_per_cpu_s": page_cache_write_mb_per_cpu_s(directory),
     }
 
 
@@ -112,7 +140,9 @@ def main() -> int:
     else:
         print(f"cores {result['cores']}; fsync'd sequential write {result['disk_fsync_seq_mb_s']:.0f} MB/s; "
               f"4 KiB append+fdatasync {result['disk_append_fdatasync_ops_s']:,.0f} ops/s; "
-              f"loopback {result['loopback_mb_s']:,.0f} MB/s")
+              f"loopback {result['loopback_mb_s']:,.0f} MB/s; page-cache writes "
+              f"{result['page_cache_write_mb_per_cpu_s']['new']:,.0f} MB per CPU-second into new pages, "
+              f"{result['page_cache_write_mb_per_cpu_s']['cached']:,.0f} over cached ones")
     return 0
 
 

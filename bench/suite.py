@@ -134,12 +134,17 @@ def table(rounds: list[Round]) -> list[tuple[str, str, str, str, str]]:
     def fmt(v: float | None, unit: str, digits: int = 0) -> str:
         return "n/a" if v is None else f"{v:,.{digits}f} {unit}"
 
-    limits = lambda r, k: get(r.limits, k)  # noqa: E731
+    limits = lambda r, *k: get(r.limits, *k)  # noqa: E731
     rows.append(("machine: fsync'd sequential write (1 MiB blocks)",
                  fmt(med(lambda r: limits(r, "disk_fsync_seq_mb_s")), "MB/s"), "", "", ""))
     rows.append(("machine: 4 KiB append + fdatasync",
                  fmt(med(lambda r: limits(r, "disk_append_fdatasync_ops_s")), "ops/s"), "", "", ""))
     rows.append(("machine: loopback TCP", fmt(med(lambda r: limits(r, "loopback_mb_s")), "MB/s"), "", "", ""))
+    rows.append(("machine: page-cache writes into new pages (a new file), per CPU-second",
+                 fmt(med(lambda r: limits(r, "page_cache_write_mb_per_cpu_s", "new")), "MB"),
+                 "over cached pages " + fmt(med(lambda r: limits(r, "page_cache_write_mb_per_cpu_s", "cached")), "MB"),
+                 _ratio(ratio_med(lambda r: limits(r, "page_cache_write_mb_per_cpu_s", "new"),
+                                     lambda r: limits(r, "page_cache_write_mb_per_cpu_s", "cached"))), ""))
 
     b = lambda r, *k: get(r.broker, "results", *k)  # noqa: E731
     n = lambda r, *k: get(r.nats, *k)  # noqa: E731

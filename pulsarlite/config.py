@@ -40,8 +40,15 @@ class BookieConfig:
     # a group of at most this many bytes that finds the journal idle is written and synced by
     # the event loop itself (no hand-off to the journal thread and back); 0 = never
     journal_write_inline_bytes_max: int = 64 * KiB
+    # drop the journal's pages from the page cache once synced (every MiB): the journal is read
+    # only at replay (BookKeeper's journalRemovePagesFromCache)
+    journal_drop_page_cache: bool = True
     # ledger storage
     entry_log_file_bytes_max: int = 256 * MiB
+    # drop entry-log pages from the page cache once synced: reads of flushed entries then come
+    # from the disk; saves the page cache's growth (costly on VMs whose memory the host backs
+    # lazily, BENCHMARKS.md "Session 9")
+    entry_log_drop_page_cache: bool = False
     write_cache_bytes_max: int = 64 * MiB    # entries waiting for the next checkpoint
     checkpoint_interval_ms: int = 5_000      # persist the index, move the mark, trim the journal
     write_cache_flush_interval_ms: int = 250  # write the cache to entry logs: small bursts (BENCHMARKS.md)

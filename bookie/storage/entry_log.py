@@ -186,6 +186,9 @@ class Location(NamedTuple):
     size: int
 
 
+_PAGE_BYTES = 4096
+
+
 class EntryLogger:
     """The entry log files of one ledger directory.
 
@@ -193,7 +196,10 @@ class EntryLogger:
     its I/O lock); ``read`` may run concurrently from another thread (separate read fds).
     """
 
-    def __init__(self, directory: str, file_bytes_max: int, min_log_id: int = 0) -> None:
+    def __init__(self, directory: str, file_bytes_max: int, min_log_id: int = 0, *,
+                 drop_page_cache: bool = False) -> None:
+        """``drop_page_cache``: once a log's bytes are synced, drop them from the page cache
+        (reads of them then come from the disk)."""
         if file_bytes_max <= LOG_HEADER_BYTES or file_bytes_max >= 1 << LOG_OFFSET_BITS:
             raise InvariantViolation(f"entry log size limit out of range: {file_bytes_max}")
         self.directory = directory
@@ -207,6 +213,8 @@ class EntryLogger:
         self._read_fds: dict[int, int] = {}
         self._write_fd = -1
         self._dirty: set[int] = set()
+        self.drop_page_cache = drop_page_cache
+        self._dropped = 0                  # the current log's bytes below this were dropped
         self.current_id = max(max(self._sizes, default=0), min_log_id)   # ids never reused
         self._new_log()
 
@@ -215,6 +223,7 @@ class EntryLogger:
         if self._write_fd >= 0:
             os.fsync(self._write_fd)
             self._dirty.discard(self.current_id)
+            self._drop_synced()
             os.close(self._write_fd)
         self.current_id += 1
         if self.current_id >= 1 << (64 - LOG_OFFSET_BITS):
@@ -225,6 +234,7 @@ class EntryLogger:
         os.fsync(fd)
         fsync_dir(self.directory)
         self._write_fd = fd
+        self._dropped = 0
         self._sizes[self.current_id] = LOG_HEADER_BYTES
         log.info("entry log created log_id=%d", self.current_id)
 
@@ -263,6 +273,15 @@ class EntryLogger:
         if self.current_id in self._dirty:
             os.fdatasync(self._write_fd)
             self._dirty.discard(self.current_id)
+            self._drop_synced()
+
+    def _drop_synced(self) -> None:
+        """With ``drop_page_cache``: drop the current log's synced bytes from the page cache."""
+        upto = self._sizes[self.current_id]
+        upto -= upto % _PAGE_BYTES        # whole pages only: the kernel keeps a partial one
+        if self.drop_page_cache and upto > self._dropped:
+            os.posix_fadvise(self._write_fd, self._dropped, upto - self._dropped, os.POSIX_FADV_DONTNEED)
+            self._dropped = upto
 
     # --- reading -------------------------------------------------------------------------
     def _read_fd(self, log_id: int) -> int:

@@ -43,6 +43,8 @@ FILE_VERSION = 1
 FILE_HEADER_BYTES = FILE_HEADER.size
 _NAME = re.compile(r"^(\d{12})\.journal$")
 _ZEROS = bytes(1024 * 1024)
+DROP_PAGE_CACHE_STEP_BYTES = 1024 * 1024   # synced journal bytes dropped from the page cache at once
+_PAGE_BYTES = 4096
 
 
 @dataclass(frozen=True, order=True)
@@ -138,7 +140,7 @@ class JournalWriter:
 
     def __init__(self, directory: str, *, file_bytes_max: int, preallocate_bytes: int,
                  policy: GroupCommitPolicy, queue_records_max: int = 1 << 30,
-                 min_file_id: int = 0) -> None:
+                 min_file_id: int = 0, drop_page_cache: bool = False) -> None:
         """Opens a new file with an id above every existing file and above ``min_file_id``
         (the checkpoint mark's file: replay skips files below it, so ids must never go back
         even if the journal directory was emptied)."""
@@ -147,6 +149,7 @@ class JournalWriter:
         self.preallocate_bytes = preallocate_bytes
         self.policy = policy
         self.queue_records_max = queue_records_max
+        self.drop_page_cache = drop_page_cache
         os.makedirs(directory, exist_ok=True)
         self.file_id = max(max(list_journal_files(directory), default=0), min_file_id)
         self._fd = -1
@@ -181,6 +184,7 @@ class JournalWriter:
         pwrite_all(fd, FILE_HEADER.pack(FILE_MAGIC, FILE_VERSION, self.file_id), 0)
         self._fd = fd
         self._offset = FILE_HEADER_BYTES
+        self._dropped = 0                  # the file's pages below this are out of the page cache
         self._allocated = FILE_HEADER_BYTES
         if self.preallocate_bytes > 0:
             self._zero_fill_to(self._preallocation_target(FILE_HEADER_BYTES))
@@ -232,7 +236,18 @@ class JournalWriter:
         self._offset = end
         self.groups_written += 1
         self.bytes_written += nbytes
+        if self.drop_page_cache and end - self._dropped >= DROP_PAGE_CACHE_STEP_BYTES:
+            self._drop_synced_pages(end)
         return self.position
+
+    def _drop_synced_pages(self, synced: int) -> None:
+        """Drop the whole pages below ``synced`` (clean: fdatasync'ed) from the page cache. Not
+        read again but at replay; the memory goes back to the free pool, where the next
+        zero-fill finds it instead of growing the page cache."""
+        upto = synced - synced % _PAGE_BYTES
+        if upto > self._dropped:
+            os.posix_fadvise(self._fd, self._dropped, upto - self._dropped, os.POSIX_FADV_DONTNEED)
+            self._dropped = upto
 
     def write_group_now(self, pieces: list[bytes | memoryview]) -> JournalPosition | None:
         """Write and fdatasync a group on the caller's thread, if the writer thread is not

@@ -204,7 +204,8 @@ class FlushJob:
 
 
 class LedgerStorage:
-    def __init__(self, directory: str, entry_log_file_bytes_max: int) -> None:
+    def __init__(self, directory: str, entry_log_file_bytes_max: int, *,
+                 drop_page_cache: bool = False) -> None:
         self.directory = directory
         os.makedirs(directory, exist_ok=True)
         self.ledgers: dict[int, LedgerState] = {}
@@ -218,7 +219,8 @@ class LedgerStorage:
         self.pending_removals: list[int] = []    # entry logs to delete after the next persist
         self._load()
         self.entry_logger = EntryLogger(directory, entry_log_file_bytes_max,
-                                        min_log_id=max(self.live_bytes, default=0))
+                                        min_log_id=max(self.live_bytes, default=0),
+                                        drop_page_cache=drop_page_cache)
 
     # --- state changes (loop thread) -----------------------------------------------------
     def get_or_create(self, ledger_id: int) -> LedgerState | None:

@@ -131,7 +131,8 @@ class BookieStore:
         started = time.monotonic()
         os.makedirs(config.journal_dir, exist_ok=True)
         os.makedirs(config.ledger_dir, exist_ok=True)
-        storage = LedgerStorage(config.ledger_dir, config.entry_log_file_bytes_max)
+        storage = LedgerStorage(config.ledger_dir, config.entry_log_file_bytes_max,
+                                drop_page_cache=config.entry_log_drop_page_cache)
         mark = storage.mark
         counts = {ADD: 0, FENCE: 0, DELETE: 0}
         adds: list = []
@@ -159,7 +160,8 @@ class BookieStore:
         journal = JournalWriter(config.journal_dir, file_bytes_max=config.journal_file_bytes_max,
                                 preallocate_bytes=config.journal_preallocate_bytes, policy=policy,
                                 queue_records_max=config.journal_queue_records_max,
-                                min_file_id=mark.file_id)
+                                min_file_id=mark.file_id,
+                                drop_page_cache=config.journal_drop_page_cache)
         mark = journal.start_position
         removed_logs = storage.checkpoint_sync(mark)
         for log_id in removed_logs:

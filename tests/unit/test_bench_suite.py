@@ -21,9 +21,10 @@ def suite():
 
 
 def broker_round(suite, batched, unbatched, perf, p99, nats_durable, nats_default, nats_p99,
-                 batched_p99=None):
+                 batched_p99=None, page_cache_new=500.0):
     r = suite.Round()
-    r.limits = {"disk_fsync_seq_mb_s": 400.0, "disk_append_fdatasync_ops_s": 5000.0, "loopback_mb_s": 3000.0}
+    r.limits = {"disk_fsync_seq_mb_s": 400.0, "disk_append_fdatasync_ops_s": 5000.0, "loopback_mb_s": 3000.0,
+                "page_cache_write_mb_per_cpu_s": {"new": page_cache_new, "cached": 8000.0}}
     r.broker = {"results": {"batched": {"msg_s": batched}, "ceiling batched": {"msg_s": 240_000.0},
                             "unbatched": {"msg_s": unbatched}, "perf": {"msg_s": perf, "client_cpu_us": 3.0},
                             "paced": {"p50_ms": 2.0, "p99_ms": p99, "broker_p50_ms": 1.0, "broker_p99_ms": p99 - 1},
@@ -43,9 +44,9 @@ def row(rows, prefix):
 
 def test_ratios_are_taken_within_a_round_then_the_median(suite):
     # round 1: ours 21k vs peer 10k (2.1x); round 2: 19k vs 5k (3.8x); round 3: 30k vs 7k (4.3x)
-    rounds = [broker_round(suite, 210_000, 21_000, 600_000, 4.0, 10_000, 50_000, 3.0, 6.0),
-              broker_round(suite, 190_000, 19_000, 400_000, 6.0, 5_000, 100_000, 3.0, 5.5),
-              broker_round(suite, 230_000, 30_000, 550_000, 4.5, 7_000, 40_000, 3.0, 4.0)]
+    rounds = [broker_round(suite, 210_000, 21_000, 600_000, 4.0, 10_000, 50_000, 3.0, 6.0, 400.0),
+              broker_round(suite, 190_000, 19_000, 400_000, 6.0, 5_000, 100_000, 3.0, 5.5, 4000.0),
+              broker_round(suite, 230_000, 30_000, 550_000, 4.5, 7_000, 40_000, 3.0, 4.0, 800.0)]
     rows = suite.table(rounds)
     unbatched = row(rows, "produce, unbatched")
     assert unbatched[1] == "21,000 msg/s"          # median of 21k, 19k, 30k
@@ -63,6 +64,9 @@ def test_ratios_are_taken_within_a_round_then_the_median(suite):
     assert batched[1] == "1.5 ms / 5.5 ms" and batched[5] == "**missed**"   # median of 6, 5.5, 4
     assert batched[2] == "inside the broker <= 0.5 ms / <= 2.0 ms"
     assert row(rows, "CPU per message, unbatched")[1] == "50.0 us / 8.0 us"
+    page_cache = row(rows, "machine: page-cache writes")
+    assert page_cache[1] == "800 MB" and page_cache[2] == "over cached pages 8,000 MB"
+    assert page_cache[3] == "0.10"                   # median of 0.05, 0.5, 0.1
     assert row(rows, "the same inside the broker")[1] == "<= 1.0 ms / <= 3.5 ms"   # median of 3, 5, 3.5
 
 

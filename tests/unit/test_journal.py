@@ -8,7 +8,7 @@ import pytest
 from bookie.storage.entry_log import (ADD, DELETE, FENCE, StoredEntry, encode_add, encode_control,
                                       parse_record)
 from bookie.storage.group_commit import GroupCommitPolicy
-from bookie.storage.journal import (FILE_HEADER_BYTES, JournalItem, JournalPosition, JournalWriter,
+from bookie.storage.journal import (DROP_PAGE_CACHE_STEP_BYTES, FILE_HEADER_BYTES, JournalItem, JournalPosition, JournalWriter,
                                     journal_path, list_journal_files, remove_journal_files_below,
                                     replay_journal)
 from pulsarlite.checksum import entry_checksum
@@ -276,3 +276,22 @@ def test_pwritev_all_writes_every_piece_in_order_through_short_writes(tmp_path, 
     finally:
         os.close(fd)
     assert (tmp_path / "f").read_bytes() == b"HEAD" + expected
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_journal_drops_synced_pages_from_the_page_cache_when_asked(tmp_path, monkeypatch, drop):
+    from test_ledger_storage import PageCacheCalls
+    calls = PageCacheCalls(monkeypatch)
+    w = writer(tmp_path, file_bytes_max=64 << 20, drop_page_cache=drop)
+    recs = [add_record(entry(5, i, payload=bytes([i % 256]) * 5000)) for i in range(600)]   # ~3 MiB
+    for i in range(0, len(recs), 7):
+        w.write_group(recs[i:i + 7])
+    w.close_file()
+    dropped = calls.check_drops_follow_syncs()
+    path = journal_path(str(tmp_path / "journal"), w.file_id)
+    if drop:
+        # every whole synced page but those of the last MiB step
+        assert w.position.offset - DROP_PAGE_CACHE_STEP_BYTES <= dropped[path] <= w.position.offset
+    else:
+        assert dropped == {}
+    assert [r.entry_id for r in replayed(tmp_path)] == list(range(600))

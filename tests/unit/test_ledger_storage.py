@@ -175,3 +175,84 @@ def test_entry_logger_new_log_per_open(tmp_path):
     assert b.current_id == a.current_id + 1
     assert os.path.getsize(log_path(d, b.current_id)) == LOG_HEADER_BYTES
     b.close()
+
+
+class PageCacheCalls:
+    """Records, in order and per file, syncs (with the end of the data written by then through
+    ``pwritev_all``, the journal's groups and the entry logs' appends; zero-fill and headers
+    are not counted) and POSIX_FADV_DONTNEED calls."""
+
+    def __init__(self, monkeypatch) -> None:
+        import bookie.storage.entry_log as entry_log_mod
+        import bookie.storage.journal as journal_mod
+        self.calls: list[tuple] = []
+        self.written: dict[str, int] = {}
+        real_fdatasync, real_fsync, real_fadvise = os.fdatasync, os.fsync, os.posix_fadvise
+        real_pwritev = entry_log_mod.pwritev_all
+
+        def path(fd):
+            return os.readlink(f"/proc/self/fd/{fd}")
+
+        def pwritev_all(fd, pieces, offset):
+            n = real_pwritev(fd, pieces, offset)
+            self.written[path(fd)] = max(self.written.get(path(fd), 0), offset + n)
+            return n
+
+        def fdatasync(fd):
+            real_fdatasync(fd)
+            self.calls.append(("sync", path(fd), self.written.get(path(fd), 0)))
+
+        def fsync(fd):
+            real_fsync(fd)
+            self.calls.append(("sync", path(fd), self.written.get(path(fd), 0)))
+
+        def posix_fadvise(fd, offset, length, advice):
+            assert advice == os.POSIX_FADV_DONTNEED
+            self.calls.append(("drop", path(fd), offset, length))
+            real_fadvise(fd, offset, length, advice)
+
+        monkeypatch.setattr(entry_log_mod, "pwritev_all", pwritev_all)
+        monkeypatch.setattr(journal_mod, "pwritev_all", pwritev_all)
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "posix_fadvise", posix_fadvise)
+
+    def check_drops_follow_syncs(self) -> dict[str, int]:
+        """Every drop covers whole pages of data its file had synced, each byte once; returns
+        the bytes dropped per file (all from offset 0 up, without gaps)."""
+        synced: dict[str, int] = {}
+        dropped: dict[str, int] = {}
+        for call in self.calls:
+            if call[0] == "sync":
+                synced[call[1]] = call[2]
+            else:
+                _, path, offset, length = call
+                assert offset == dropped.get(path, 0) and length > 0
+                assert offset % 4096 == 0 and (offset + length) % 4096 == 0
+                assert offset + length <= synced.get(path, 0), "dropped before it was synced"
+                dropped[path] = offset + length
+        return dropped
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_entry_logs_drop_synced_pages_only_when_asked(tmp_path, monkeypatch, drop):
+    calls = PageCacheCalls(monkeypatch)
+    d = str(tmp_path / "l")
+    logger = EntryLogger(d, 64 * 1024, drop_page_cache=drop)       # rolls every ~64 KiB
+    first_log = logger.current_id
+    entries = [entry(1, i, payload=bytes([i % 256]) * 3000) for i in range(60)]
+    locations = []
+    for chunk in range(0, 60, 10):
+        locations += logger.append([(h, e.payload, t) for e, h, t in map(item, entries[chunk:chunk + 10])])
+        logger.sync()
+    dropped = calls.check_drops_follow_syncs()
+    if drop:
+        assert logger.current_id > first_log + 1                    # rolled logs dropped too
+        for log_id in range(first_log, logger.current_id + 1):
+            size = os.path.getsize(log_path(d, log_id))
+            assert dropped[log_path(d, log_id)] == size - size % 4096
+    else:
+        assert dropped == {}
+    for e, (log_id, offset, size) in zip(entries, locations):      # still readable, from the disk
+        assert logger.read(1, e.entry_id, log_id, offset, size) == e
+    logger.close()
