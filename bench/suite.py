@@ -207,7 +207,8 @@ def table(rounds: list[Round]) -> list[tuple[str, str, str, str, str]]:
                      f"replay from bookies {fmt(tier['replay_bookies_mb_s'], 'MB/s', 1)}", "", ""))
     spark = extra("bench_spark.py")
     if spark:
-        seconds, interleaved = spark["seconds"], spark.get("interleaved_value_only_over_parquet", {})
+        seconds = spark["seconds"]
+        interleaved = spark.get("interleaved_over_parquet") or spark.get("interleaved_value_only_over_parquet", {})
         masters = sorted({key.split(" ", 1)[0] for key in seconds})
         for master in masters:
             pq_s = seconds.get(f"{master} spark.read.parquet, same files")
@@ -218,7 +219,8 @@ def table(rounds: list[Round]) -> list[tuple[str, str, str, str, str]]:
                      pq_s, "tier"),
                     ("count + sum(length(value)), .schema(\"value binary\")",
                      "tier (pulsarlite source), .schema(value binary)", pq_s, "tier_schema"),
-                    ("hash of every shared column", "tier (pulsarlite source), full-row hash", pq_full_s, None)):
+                    ("hash of every shared column", "tier (pulsarlite source), full-row hash", pq_full_s,
+                     "full_hash")):
                 tier_s = seconds.get(f"{master} {key}")
                 if tier_s is None:
                     continue

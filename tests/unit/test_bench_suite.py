@@ -112,6 +112,17 @@ def test_a_missed_goal_and_a_missing_figure_are_said_so(suite):
     assert row(suite.table(rounds), "produce, unbatched")[5] == "n/a"
 
 
+def test_the_full_row_hash_row_carries_its_back_to_back_ratio(suite):
+    rounds = [broker_round(suite, 210_000, 21_000, 600_000, 4.0, 10_000, 50_000, 3.0)]
+    rounds[0].extra["bench_spark.py"] = {
+        "messages": 1000, "seconds": {"local[2] tier (pulsarlite source), full-row hash": 1.5,
+                                      "local[2] spark.read.parquet, same files, full-row hash": 1.0},
+        "interleaved_over_parquet": {"local[2]": {"full_hash": 1.2}}}
+    hashed = row(suite.table(rounds), "Spark scan of offloaded segments (1,000 msgs, local[2]): hash")
+    assert hashed[1] == "1.50 s" and hashed[3] == "1.50" and hashed[5] == "**missed**"
+    assert hashed[2] == "spark.read.parquet, same files 1.00 s; interleaved rounds 1.20"
+
+
 def test_the_block_replaces_only_its_own_part_of_benchmarks_md(suite, tmp_path, monkeypatch):
     doc = tmp_path / "BENCHMARKS.md"
     doc.write_text("# Benchmarks\n\nhand-written\n")
