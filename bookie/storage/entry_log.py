@@ -140,6 +140,20 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+PAGE_BYTES = 4096
+
+
+def drop_clean_pages(fd: int, dropped: int, synced: int) -> int:
+    """Drop a file's whole pages in [dropped, synced) from the page cache (they must be
+    clean: synced); returns the new ``dropped`` (page-aligned: the kernel keeps a partial page,
+    so it stays for the next call)."""
+    upto = synced - synced % PAGE_BYTES
+    if upto > dropped:
+        os.posix_fadvise(fd, dropped, upto - dropped, os.POSIX_FADV_DONTNEED)
+        return upto
+    return dropped
+
+
 def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
     mv = memoryview(data)
     while mv:
@@ -184,9 +198,6 @@ class Location(NamedTuple):
     log_id: int
     offset: int
     size: int
-
-
-_PAGE_BYTES = 4096
 
 
 class EntryLogger:
@@ -277,11 +288,8 @@ class EntryLogger:
 
     def _drop_synced(self) -> None:
         """With ``drop_page_cache``: drop the current log's synced bytes from the page cache."""
-        upto = self._sizes[self.current_id]
-        upto -= upto % _PAGE_BYTES        # whole pages only: the kernel keeps a partial one
-        if self.drop_page_cache and upto > self._dropped:
-            os.posix_fadvise(self._write_fd, self._dropped, upto - self._dropped, os.POSIX_FADV_DONTNEED)
-            self._dropped = upto
+        if self.drop_page_cache:
+            self._dropped = drop_clean_pages(self._write_fd, self._dropped, self._sizes[self.current_id])
 
     # --- reading -------------------------------------------------------------------------
     def _read_fd(self, log_id: int) -> int:

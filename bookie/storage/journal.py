@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from bookie.storage.entry_log import Record, fsync_dir, parse_record, pwrite_all, pwritev_all
+from bookie.storage.entry_log import (Record, drop_clean_pages, fsync_dir, parse_record, pwrite_all,
+                                      pwritev_all)
 from bookie.storage.group_commit import GroupCommitPolicy
 from pulsarlite.errors import BookieUnavailableError, InvariantViolation
 
@@ -44,7 +45,6 @@ FILE_HEADER_BYTES = FILE_HEADER.size
 _NAME = re.compile(r"^(\d{12})\.journal$")
 _ZEROS = bytes(1024 * 1024)
 DROP_PAGE_CACHE_STEP_BYTES = 1024 * 1024   # synced journal bytes dropped from the page cache at once
-_PAGE_BYTES = 4096
 
 
 @dataclass(frozen=True, order=True)
@@ -237,17 +237,10 @@ class JournalWriter:
         self.groups_written += 1
         self.bytes_written += nbytes
         if self.drop_page_cache and end - self._dropped >= DROP_PAGE_CACHE_STEP_BYTES:
-            self._drop_synced_pages(end)
+            # read again only at replay; the memory goes back to the free pool, where the next
+            # zero-fill finds it instead of growing the page cache
+            self._dropped = drop_clean_pages(self._fd, self._dropped, end)
         return self.position
-
-    def _drop_synced_pages(self, synced: int) -> None:
-        """Drop the whole pages below ``synced`` (clean: fdatasync'ed) from the page cache. Not
-        read again but at replay; the memory goes back to the free pool, where the next
-        zero-fill finds it instead of growing the page cache."""
-        upto = synced - synced % _PAGE_BYTES
-        if upto > self._dropped:
-            os.posix_fadvise(self._fd, self._dropped, upto - self._dropped, os.POSIX_FADV_DONTNEED)
-            self._dropped = upto
 
     def write_group_now(self, pieces: list[bytes | memoryview]) -> JournalPosition | None:
         """Write and fdatasync a group on the caller's thread, if the writer thread is not
@@ -259,12 +252,16 @@ class JournalWriter:
         try:
             return self.write_group(pieces)
         except BaseException as e:
-            self.error = e
-            self._stopping = True
-            log.error("journal write failed file_id=%d error=%r", self.file_id, e)
+            self._stop_on_error(e)
             raise
         finally:
             self._write_lock.release()
+
+    def _stop_on_error(self, error: BaseException) -> None:
+        """A write failed (the thread's or write_group_now's): the writer takes no more."""
+        self.error = error
+        self._stopping = True
+        log.error("journal write failed file_id=%d error=%r", self.file_id, error)
 
     def close_file(self) -> None:
         if self._fd >= 0:
@@ -360,8 +357,7 @@ class JournalWriter:
                 with self._write_lock:
                     pos = self.write_group(pieces)
             except BaseException as e:  # noqa: BLE001 - handed to the owner, thread ends
-                self.error = e
-                self._stopping = True
+                self._stop_on_error(e)
                 rest = []
                 while True:
                     try:
@@ -370,7 +366,6 @@ class JournalWriter:
                         break
                     if item is not None:
                         rest.append(item)
-                log.error("journal write failed file_id=%d error=%r", self.file_id, e)
                 on_error(e, group + rest)
                 return
             on_commit(group, pos)

@@ -371,32 +371,35 @@ class BookieStore:
             return statuses
         pending = _Pending(None, ADD, accepted, done, statuses)
         item = JournalItem(pieces, nbytes, len(accepted), 0.0, pending)
-        if nbytes <= self._write_inline_bytes_max and self._inflight_records == 0 \
-                and (started_s := time.monotonic()) >= self._write_inline_paused_until_s:
-            # nothing of ours is waiting for the journal: write this group here instead of
-            # waking the journal thread (and being woken back by it), see write_group_now
-            try:
-                result: JournalPosition | BaseException | None = self._journal.write_group_now(pieces)
-            except Exception as e:  # noqa: BLE001 - the journal is stopped; fail like its thread
-                result = e
-            if result is not None:
-                self.inline_groups_written += 1
-                if (elapsed_s := time.monotonic() - started_s) >= _INLINE_WRITE_SLOW_S:
-                    self._write_inline_paused_until_s = started_s + elapsed_s + _INLINE_WRITE_PAUSE_S
-                    log.info("slow journal write on the event loop: the journal thread takes "
-                             "every group for %.1f s elapsed_ms=%.1f journal_dir=%s",
-                             _INLINE_WRITE_PAUSE_S, elapsed_s * 1e3, self._config.journal_dir)
-                self._pending_done.add(pending)
-                self._inflight_records += len(accepted)
-                if isinstance(result, BaseException):
-                    self._loop.call_soon(self._on_journal_error, result, [item])  # type: ignore[union-attr]
-                else:
-                    self._loop.call_soon(self._on_commit, [item], result)          # type: ignore[union-attr]
-                return None
-        self._journal.submit(item)
+        written = self._write_inline(pieces) if nbytes <= self._write_inline_bytes_max else None
+        if written is None:
+            self._journal.submit(item)        # raises (nothing registered) if it is stopped
         self._pending_done.add(pending)
         self._inflight_records += len(accepted)
+        if isinstance(written, BaseException):
+            self._loop.call_soon(self._on_journal_error, written, [item])  # type: ignore[union-attr]
+        elif written is not None:
+            self._loop.call_soon(self._on_commit, [item], written)         # type: ignore[union-attr]
         return None
+
+    def _write_inline(self, pieces: list) -> "JournalPosition | BaseException | None":
+        """When nothing of ours waits for the journal, write this group here instead of waking
+        the journal thread (and being woken back by it), see ``write_group_now``: its position,
+        the error that stopped the journal, or None (submit it instead)."""
+        if self._inflight_records or (started_s := time.monotonic()) < self._write_inline_paused_until_s:
+            return None
+        try:
+            written = self._journal.write_group_now(pieces)
+        except Exception as e:  # noqa: BLE001 - the journal is stopped; fail like its thread
+            return e
+        if written is not None:
+            self.inline_groups_written += 1
+            if (elapsed_s := time.monotonic() - started_s) >= _INLINE_WRITE_SLOW_S:
+                self._write_inline_paused_until_s = started_s + elapsed_s + _INLINE_WRITE_PAUSE_S
+                log.info("slow journal write on the event loop: the journal thread takes "
+                         "every group for %.1f s elapsed_ms=%.1f journal_dir=%s",
+                         _INLINE_WRITE_PAUSE_S, elapsed_s * 1e3, self._config.journal_dir)
+        return written
 
     def _accept(self, entries: Sequence[StoredEntry],
                 recovery: bool) -> tuple[list[Status], list, list, int]:
