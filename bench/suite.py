@@ -6,8 +6,10 @@ limits and a peer (NATS JetStream) measured in the same run.
 
 Each round runs, one after the other: the machine limits (bench/machine_limits.py), the broker
 figures (bench/bench_broker.py: the official client batched, unbatched, paced at 5k/s, end to
-end, catch-up, and `pulsarlite perf produce`) and the peer (bench/peer_nats.py: NATS JetStream
-with sync always, default, and paced at the same rate), each in its own process with a deadline.
+end, catch-up, and `pulsarlite perf produce`) the peer (bench/peer_nats.py: NATS JetStream
+with sync always, default, and paced at the same rate) and the latency floor (bench/latency_floor.py:
+the same paced client against a minimal Python relay and three fsync'd journals, what this
+machine allows that layout), each in its own process with a deadline.
 The first round also runs the component scripts once (COMPONENTS: idle topics' RSS, tier replay
 vs direct pyarrow, the Spark source vs spark.read.parquet on the same files, our client vs the
 official one): their ratios are taken inside one script run. --runs rounds (default 2, `make
@@ -83,16 +85,26 @@ class Round:
         self.limits: dict | None = None
         self.broker: dict | None = None
         self.nats: dict | None = None
+        self.floor: dict | None = None        # bench/latency_floor.py, the floor target alone
         self.extra: dict[str, dict | None] = {}
 
     def to_json(self) -> dict:
-        return {"limits": self.limits, "broker": self.broker, "nats": self.nats, "extra": self.extra}
+        return {"limits": self.limits, "broker": self.broker, "nats": self.nats, "floor": self.floor,
+                "extra": self.extra}
 
     @classmethod
     def from_json(cls, d: dict) -> "Round":
         r = cls()
         r.limits, r.broker, r.nats, r.extra = d.get("limits"), d.get("broker"), d.get("nats"), d.get("extra") or {}
+        r.floor = d.get("floor")
         return r
+
+    def floor_figure(self, mode: str, key: str) -> float | None:
+        """A figure of the latency floor's run in ``mode`` ("unbatched", "batched-1ms")."""
+        for result in (self.floor or {}).get("results", []):
+            if result.get("target") == "floor" and result.get("mode") == mode:
+                return get(result, key)
+        return None
 
 
 # The component scripts, run in the first round only (their figures are ratios measured inside
@@ -114,6 +126,8 @@ def one_round(args, deadline: float, first: bool) -> Round:
                            "--paced-rate", "5000", "--paced-sample-every", "10"], min(600, left()))
     r.nats = run_script(["bench/peer_nats.py", "--json", "--seconds", str(args.seconds), "--rate", "5000"],
                         min(300, left()))
+    r.floor = run_script(["bench/latency_floor.py", "--json", "--rounds", "1", "--seconds", str(args.seconds),
+                          "--rate", "5000", "--targets", "floor"], min(180, left()))
     if first and args.components:
         for script, extra_args in COMPONENTS:
             if time.monotonic() < deadline:
@@ -189,6 +203,18 @@ def table(rounds: list[Round]) -> list[tuple[str, str, str, str, str]]:
                  p50_p99("paced-batched"), "inside the broker " + p50_p99("paced-batched", "broker_", "<= "),
                  _ratio(ratio_med(lambda r: b(r, "paced-batched", "p99_ms"), lambda r: n(r, "paced-durable", "p99_ms"))),
                  "p99 <= 5 ms", verdict(med(lambda r: b(r, "paced-batched", "p99_ms")), lambda v: v <= 5)))
+    for mode, phase, what in (("unbatched", "paced", "unbatched"),
+                              ("batched-1ms", "paced-batched", "client batching 1 ms window")):
+        # the least latency this machine allows the same layout in Python (one relay, three
+        # fsync'd journals, two of three answers), measured in the same round: ours over it
+        floor = lambda r, q, m=mode: r.floor_figure(m, f"{q}_ms")  # noqa: E731
+        rows.append((f"the floor at 5k msg/s, {what}: a minimal Python relay + 3 fsync'd journals, Qa2 "
+                     "(bench/latency_floor.py), p50 / p99",
+                     " / ".join(fmt(med(lambda r, q=q: floor(r, q)), "ms", 1) for q in ("p50", "p99")),
+                     "pulsarlite's p99 over the floor's, pair by pair; the machine busy "
+                     f"{fmt(med(lambda r, m=mode: r.floor_figure(m, 'machine_busy_pct')), '%', 0)} (of 200%) "
+                     "under the floor",
+                     _ratio(ratio_med(lambda r, p=phase: b(r, p, "p99_ms"), lambda r: floor(r, "p99"))), ""))
     rows.append(("end-to-end latency at 2k msg/s, p50 / p99", p50_p99("e2e"), "", "", ""))
     rows.append(("catch-up read from bookies", fmt(med(lambda r: b(r, "catch-up", "msg_s")), "msg/s"), "", "", ""))
     for phase in ("batched", "unbatched", "paced", "paced-batched"):

@@ -21,7 +21,7 @@ def suite():
 
 
 def broker_round(suite, batched, unbatched, perf, p99, nats_durable, nats_default, nats_p99,
-                 batched_p99=None, page_cache_new=500.0):
+                 batched_p99=None, page_cache_new=500.0, floor_p99=None):
     r = suite.Round()
     r.limits = {"disk_fsync_seq_mb_s": 400.0, "disk_append_fdatasync_ops_s": 5000.0, "loopback_mb_s": 3000.0,
                 "page_cache_write_mb_per_cpu_s": {"new": page_cache_new, "cached": 8000.0}}
@@ -33,6 +33,11 @@ def broker_round(suite, batched, unbatched, perf, p99, nats_durable, nats_defaul
                 "cpu_us": {"unbatched": {"broker-1": 50.0, "bookie-1": 8.0}}}
     r.nats = {"durable": {"msg_s": nats_durable}, "default": {"msg_s": nats_default},
               "paced": {"p50_ms": 0.5, "p99_ms": 1.0}, "paced-durable": {"p50_ms": 1.0, "p99_ms": nats_p99}}
+    if floor_p99 is not None:
+        r.floor = {"results": [
+            {"target": "floor", "mode": "unbatched", "p50_ms": 0.9, "p99_ms": floor_p99, "machine_busy_pct": 150.0},
+            {"target": "floor", "mode": "batched-1ms", "p50_ms": 1.2, "p99_ms": floor_p99 / 2,
+             "machine_busy_pct": 80.0}]}
     return r
 
 
@@ -68,6 +73,25 @@ def test_ratios_are_taken_within_a_round_then_the_median(suite):
     assert page_cache[1] == "800 MB" and page_cache[2] == "over cached pages 8,000 MB"
     assert page_cache[3] == "0.10"                   # median of 0.05, 0.5, 0.1
     assert row(rows, "the same inside the broker")[1] == "<= 1.0 ms / <= 3.5 ms"   # median of 3, 5, 3.5
+
+
+def test_the_latency_floor_rows_compare_our_p99_to_the_floors_of_the_same_round(suite):
+    # ours unbatched p99 4 / 6 / 4.5 over the floor's 2 / 4 / 1.5: 2.0, 1.5, 3.0 -> 2.0 (the
+    # medians' ratio would be 4.5 / 2 = 2.25); batched 6 / 5.5 / 4 over 1 / 2 / 0.75
+    rounds = [broker_round(suite, 210_000, 21_000, 600_000, 4.0, 10_000, 50_000, 3.0, 6.0, floor_p99=2.0),
+              broker_round(suite, 190_000, 19_000, 400_000, 6.0, 5_000, 100_000, 3.0, 5.5, floor_p99=4.0),
+              broker_round(suite, 230_000, 30_000, 550_000, 4.5, 7_000, 40_000, 3.0, 4.0, floor_p99=1.5)]
+    rows = suite.table(rounds)
+    unbatched = row(rows, "the floor at 5k msg/s, unbatched")
+    assert unbatched[1] == "0.9 ms / 2.0 ms" and unbatched[3] == "2.00"
+    assert "the machine busy 150 % (of 200%)" in unbatched[2]
+    batched = row(rows, "the floor at 5k msg/s, client batching")
+    assert batched[1] == "1.2 ms / 1.0 ms"
+    assert batched[3] == "5.33"                      # median of 6/1, 5.5/2, 4/0.75
+    # a round without the floor (an older saved run) gives n/a, not an error
+    rows = suite.table([broker_round(suite, 210_000, 21_000, 600_000, 4.0, 10_000, 50_000, 3.0)])
+    assert row(rows, "the floor at 5k msg/s, unbatched")[1] == "n/a / n/a"
+    assert row(rows, "the floor at 5k msg/s, unbatched")[3] == "n/a"
 
 
 def test_bucket_quantile_is_the_bound_of_the_bucket_holding_it():
