@@ -389,8 +389,8 @@ def main() -> int:
             rs = [r for r in results if r["mode"] == mode and r["target"] == name]
             if not rs:
                 continue
-            servers = " + ".join(f"{statistics.median(r['cpu_us'][p] for r in rs):.0f}"
-                                 for p in pids[name])
+            servers = ", ".join(f"{p} {statistics.median(r['cpu_us'][p] for r in rs):.0f}"
+                                for p in pids[name])
             p50s = " / ".join(f"{r['p50_ms']:.2f}" for r in rs)
             p99s = " / ".join(f"{r['p99_ms']:.2f}" for r in rs)
             print(f"| {mode} | {name} | {p50s} | {p99s} | {statistics.median(r['p99_ms'] for r in rs):.2f} | "

@@ -12,6 +12,7 @@ from pulsarlite.errors import ConfigError
 from pulsarlite.wire.frames import FRAME_BYTES_MAX_LIMIT, FRAME_PADDING_BYTES
 
 ADD_FLUSH_INTERVAL_MS_DEFAULT = 3.0
+ADD_FLUSH_ON_IDLE_ADDS_MAX_DEFAULT = 2
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,10 @@ class BrokerConfig:
     # request per bookie for all of them); an idle bookie's add leaves at once. 0: no pacing.
     # (LedgerClientConfig.add_flush_interval_ms; BENCHMARKS.md "Pacing the pumps")
     bookie_add_flush_interval_ms: float = ADD_FLUSH_INTERVAL_MS_DEFAULT
+    # ... unless a bookie's last outstanding request was just answered and at most this many
+    # adds wait for it: then they leave at once (LedgerClientConfig.add_flush_on_idle_adds_max;
+    # BENCHMARKS.md "[perf] Session 10"). 0: they wait for the interval.
+    bookie_add_flush_on_idle_adds_max: int = ADD_FLUSH_ON_IDLE_ADDS_MAX_DEFAULT
     # limits on clients
     message_bytes_max: int = 5 * MiB         # told to clients in CONNECTED; bigger frames close
     publish_buffer_bytes_max: int = 64 * MiB  # per broker: bytes from SEND to receipt
@@ -92,6 +97,10 @@ class BrokerConfig:
         if not 0.0 <= self.bookie_add_flush_interval_ms <= 1_000.0:
             raise ConfigError(f"BrokerConfig.bookie_add_flush_interval_ms must be in [0, 1000], "
                               f"got {self.bookie_add_flush_interval_ms!r}")
+        if not (type(self.bookie_add_flush_on_idle_adds_max) is int
+                and 0 <= self.bookie_add_flush_on_idle_adds_max <= 1_000_000):
+            raise ConfigError(f"BrokerConfig.bookie_add_flush_on_idle_adds_max must be an integer in [0, 1000000], "
+                              f"got {self.bookie_add_flush_on_idle_adds_max!r}")
         if self.port == self.http_port:
             raise ConfigError("BrokerConfig: port and http_port must differ")
         try:
@@ -162,7 +171,8 @@ class BrokerConfig:
 
     def ledger_client_config(self) -> LedgerClientConfig:
         return LedgerClientConfig(zookeeper=self.zookeeper, zk_session_timeout_ms=self.zk_session_timeout_ms,
-                                  add_flush_interval_ms=self.bookie_add_flush_interval_ms).validate()
+                                  add_flush_interval_ms=self.bookie_add_flush_interval_ms,
+                                  add_flush_on_idle_adds_max=self.bookie_add_flush_on_idle_adds_max).validate()
 
 
 __all__ = ["BrokerConfig"]

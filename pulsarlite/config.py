@@ -115,6 +115,9 @@ class LedgerClientConfig:
     # pool (one request per bookie for all of them); an idle bookie's add leaves at once.
     # 0: every loop turn (bookie/client/bookie_client.py PumpGroup)
     add_flush_interval_ms: float = 0.0
+    # an answer that leaves a bookie with no request outstanding and at most this many adds
+    # waiting (chunks: a run of adds counts once) ends the interval at once. 0: never.
+    add_flush_on_idle_adds_max: int = 0
     pending_adds_max: int = 50_000           # adds in flight per ledger; add() waits beyond
     ensemble_change_attempts_max: int = 10
     recovery_attempts_max: int = 5
@@ -130,6 +133,9 @@ class LedgerClientConfig:
         if not 0.0 <= self.add_flush_interval_ms <= 1_000.0:
             raise ConfigError(f"LedgerClientConfig.add_flush_interval_ms must be in [0, 1000], "
                               f"got {self.add_flush_interval_ms!r}")
+        if not (type(self.add_flush_on_idle_adds_max) is int and 0 <= self.add_flush_on_idle_adds_max <= 1_000_000):
+            raise ConfigError(f"LedgerClientConfig.add_flush_on_idle_adds_max must be an integer in [0, 1000000], "
+                              f"got {self.add_flush_on_idle_adds_max!r}")
         return self
 
 

@@ -103,11 +103,18 @@ class PumpGroup:
     instead of one each. At a few thousand single-message adds per second this is what the
     bookies' CPU goes to (BENCHMARKS.md, "Pacing the pumps")."""
 
-    __slots__ = ("_due", "_scheduled", "_timer", "_last_run_s", "_flush_interval_s")
+    __slots__ = ("_due", "_scheduled", "_timer", "_last_run_s", "_flush_interval_s", "flush_on_idle_adds_max")
 
-    def __init__(self, flush_interval_s: float = 0.0) -> None:
+    def __init__(self, flush_interval_s: float = 0.0, flush_on_idle_adds_max: int = 0) -> None:
         if not flush_interval_s >= 0.0:
             raise ValueError(f"flush interval {flush_interval_s!r} s must be >= 0")
+        if flush_on_idle_adds_max < 0:
+            raise ValueError(f"flush_on_idle_adds_max {flush_on_idle_adds_max!r} must be >= 0")
+        # a client whose last outstanding request was just answered, with at most this many
+        # adds waiting, ends the pacing interval: at a light load the wait would only add
+        # latency (the bookie is idle), while under load many adds wait and the interval still
+        # gathers them into one request. 0: off.
+        self.flush_on_idle_adds_max = flush_on_idle_adds_max
         self._due: list[BookieClient] = []
         self._scheduled = False
         self._timer: asyncio.TimerHandle | None = None   # the pending delayed run, if any
@@ -131,6 +138,15 @@ class PumpGroup:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._run)
         elif self._timer is not None:    # an idle client does not wait for the busy ones' pacing
+            self._timer.cancel()
+            self._timer = None
+            asyncio.get_running_loop().call_soon(self._run)
+
+    def client_went_idle(self) -> None:
+        """A due client's last outstanding request was answered and few adds wait (the caller
+        checked ``flush_on_idle_adds_max``): the paced pump runs on the next loop turn instead
+        of at the end of its interval."""
+        if self._timer is not None:
             self._timer.cancel()
             self._timer = None
             asyncio.get_running_loop().call_soon(self._run)
@@ -390,7 +406,7 @@ class BookieClient:
                 else:
                     self._on_add_response(request_id, response)
                 if self._outbound:
-                    self._schedule_pump()
+                    self._after_responses()
                 return
         try:
             for frame_type, request_id, body in conn.decoder.feed(data):
@@ -407,7 +423,16 @@ class BookieClient:
             self._drop_connection(conn, f"bad frame from the bookie: {e}")
             return
         if self._outbound:
-            self._schedule_pump()  # slots freed: what queued meanwhile goes out as one batch
+            self._after_responses()  # slots freed: what queued meanwhile goes out as one batch
+
+    def _after_responses(self) -> None:
+        if not self._pump_scheduled:
+            self._schedule_pump()
+            return
+        group = self._pump_group
+        if (group is not None and not self._inflight
+                and len(self._outbound) <= group.flush_on_idle_adds_max):
+            group.client_went_idle()
 
     def _on_add_response(self, request_id: int, response: pb.AddResponse) -> None:
         taken = self._inflight.pop(request_id, None)
@@ -529,7 +554,7 @@ class BookieClientPool:
     def __init__(self, config: LedgerClientConfig) -> None:
         self._config = config
         self._clients: dict[str, BookieClient] = {}
-        self._pump_group = PumpGroup(config.add_flush_interval_ms / 1000)
+        self._pump_group = PumpGroup(config.add_flush_interval_ms / 1000, config.add_flush_on_idle_adds_max)
 
     def get(self, bookie_id: str) -> BookieClient:
         client = self._clients.get(bookie_id)

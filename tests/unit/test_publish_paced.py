@@ -272,6 +272,62 @@ async def test_paced_pump_after_a_quiet_interval_goes_at_once(monkeypatch):
     await client.pool.close()
 
 
+@pytest.mark.parametrize("adds_max, waiting, released", [(0, 1, False), (2, 1, True), (2, 2, True), (2, 3, False)])
+async def test_paced_pump_a_bookie_gone_idle_with_few_adds_waiting_ends_the_interval(
+        monkeypatch, adds_max, waiting, released):
+    """Adds wait for the interval while every bookie has a request outstanding. The answer that
+    leaves a bookie with none outstanding pumps the group on the next loop turn (every bookie's
+    waiting adds go) when at most add_flush_on_idle_adds_max adds wait there; with more (a load
+    the interval gathers into one request) or with the option off, they wait for the timer."""
+    config = LedgerClientConfig(add_flush_interval_ms=1000.0, add_flush_on_idle_adds_max=adds_max).validate()
+    client, sockets = connected_client(config)
+    loop = asyncio.get_running_loop()
+    captured = _capture_call_later(monkeypatch, loop)
+    callback = lambda b, r: None       # noqa: E731
+    for bookie in BOOKIES:
+        client.pool.get(bookie).send_add(0, b"entry0", False, callback)
+    await asyncio.sleep(0)
+    for entry_id in range(1, 1 + waiting):    # busy everywhere: these wait for the interval
+        for bookie in BOOKIES:
+            client.pool.get(bookie).send_add(entry_id, b"entry%d" % entry_id, False, callback)
+    await asyncio.sleep(0)
+    assert [len(sockets[b].written) for b in BOOKIES] == [1, 1, 1]
+    assert len(captured) == 1
+    sockets[BOOKIES[2]].answer(lambda b, e: bpb.OK)   # bookie 2 answers entry 0: idle again
+    await asyncio.sleep(0)
+    assert captured[0][2].cancelled() is released
+    assert [len(sockets[b].written) for b in BOOKIES] == ([2, 2, 2] if released else [1, 1, 1])
+    if released:      # one request per bookie with every waiting add
+        for bookie in BOOKIES:
+            (chunks,) = [c for r, c in client.pool.get(bookie)._inflight.items() if r != 1]
+            assert [e for ids, _ in chunks for e in ids] == list(range(1, 1 + waiting))
+    await client.pool.close()
+
+
+async def test_paced_pump_an_answer_that_leaves_a_request_outstanding_does_not_end_the_interval(monkeypatch):
+    config = LedgerClientConfig(add_flush_interval_ms=1000.0, add_flush_on_idle_adds_max=2,
+                                add_requests_in_flight_max=2).validate()
+    client, sockets = connected_client(config)
+    loop = asyncio.get_running_loop()
+    captured = _capture_call_later(monkeypatch, loop)
+    callback = lambda b, r: None       # noqa: E731
+    bc = client.pool.get(BOOKIES[0])
+    bc.send_add(0, b"entry0", False, callback)
+    await asyncio.sleep(0)
+    group = client.pool._pump_group
+    group._last_run_s -= 2.0                     # due at once: request 2 leaves
+    bc.send_add(1, b"entry1", False, callback)
+    await asyncio.sleep(0)
+    assert len(bc._inflight) == 2
+    bc.send_add(2, b"entry2", False, callback)   # waits for the interval
+    await asyncio.sleep(0)
+    assert len(captured) == 1
+    sockets[BOOKIES[0]].answer(lambda b, e: bpb.OK, requests_max=1)   # request 2 still out
+    await asyncio.sleep(0)
+    assert not captured[0][2].cancelled() and len(sockets[BOOKIES[0]].written) == 2
+    await client.pool.close()
+
+
 def test_add_flush_interval_is_checked():
     from broker.config import BrokerConfig
     from pulsarlite.errors import ConfigError
@@ -281,6 +337,12 @@ def test_add_flush_interval_is_checked():
         with pytest.raises(ConfigError, match="bookie_add_flush_interval_ms"):
             BrokerConfig(bookie_add_flush_interval_ms=bad).validate()
     assert BrokerConfig(bookie_add_flush_interval_ms=2.5).validate().ledger_client_config().add_flush_interval_ms == 2.5
+    for bad in (-1, 1.5, True, 1_000_001):
+        with pytest.raises(ConfigError, match="add_flush_on_idle_adds_max"):
+            LedgerClientConfig(add_flush_on_idle_adds_max=bad).validate()
+        with pytest.raises(ConfigError, match="bookie_add_flush_on_idle_adds_max"):
+            BrokerConfig(bookie_add_flush_on_idle_adds_max=bad).validate()
+    assert BrokerConfig(bookie_add_flush_on_idle_adds_max=3).validate().ledger_client_config().add_flush_on_idle_adds_max == 3
 
 
 # -- bookie clients: a read of exactly one AddResponse ------------------------------------------------
