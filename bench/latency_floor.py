@@ -15,6 +15,8 @@ turn, alternated per round, each already running:
               preallocated file with one pwrite and one fdatasync and answers the highest
               record it synced; the relay answers each SEND once two of three have synced it
               (E3/Qw3/Qa2). No ledgers, no metadata, no checksums, no pacing, no ZooKeeper.
+  floor-unix  the same with the relay and the journals on Unix sockets instead of TCP loopback
+              (what that transport would buy our broker and bookies on one host)
   relay-bookies  the floor's relay in front of the cluster's three pulsarlite bookies: each
               read's SENDs go to each bookie as one AddRequest (the broker's own encoding),
               answered at two of three: our bookies without our broker
@@ -59,9 +61,10 @@ def install_uvloop() -> None:
 
 
 # -- the floor's journal -----------------------------------------------------------------------
-def serve_floor_journal(port: int, path: str) -> None:
+def serve_floor_journal(address: str, path: str) -> None:
     """Append whole records to a zero-filled, synced file: one pwrite + one fdatasync per read
-    from the relay, then answer the highest record id synced."""
+    from the relay, then answer the highest record id synced. ``address``: a TCP port on
+    loopback, or a Unix socket's path (starting with "/")."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     zeros = bytes(1 << 20)
     for offset in range(0, JOURNAL_PREALLOCATE_BYTES, len(zeros)):
@@ -96,7 +99,11 @@ def serve_floor_journal(port: int, path: str) -> None:
             self.transport.write(SYNCED.pack(last_id))
 
     async def serve() -> None:
-        server = await asyncio.get_running_loop().create_server(Journal, "127.0.0.1", port)
+        loop = asyncio.get_running_loop()
+        if address.startswith("/"):
+            server = await loop.create_unix_server(Journal, address)
+        else:
+            server = await loop.create_server(Journal, "127.0.0.1", int(address))
         async with server:
             await server.serve_forever()
 
@@ -105,7 +112,7 @@ def serve_floor_journal(port: int, path: str) -> None:
 
 
 # -- the floor's relay -------------------------------------------------------------------------
-def serve_floor_relay(port: int, journal_ports: list[int], quorum: int, bookie_protocol: bool) -> None:
+def serve_floor_relay(port: int, journal_addresses: list[str], quorum: int, bookie_protocol: bool) -> None:
     """A Pulsar-protocol front (CONNECT, lookups, PRODUCER as the null broker) whose SEND goes
     to every journal and is answered once ``quorum`` of them synced it. With
     ``bookie_protocol`` the journals are pulsarlite bookies: each read's SENDs go to each as one
@@ -116,7 +123,7 @@ def serve_floor_relay(port: int, journal_ports: list[int], quorum: int, bookie_p
     T = pb.BaseCommand
     url = f"pulsar://127.0.0.1:{port}"
     journals: list[asyncio.Transport] = []
-    synced = [0] * len(journal_ports)
+    synced = [0] * len(journal_addresses)
     pending: list = []           # (record id, client transport, producer id, sequence id, highest)
     head = [0]                   # index of the first unanswered entry in pending
     next_id = [1]
@@ -230,8 +237,11 @@ def serve_floor_relay(port: int, journal_ports: list[int], quorum: int, bookie_p
     async def serve() -> None:
         loop = asyncio.get_running_loop()
         link = BookieLink if bookie_protocol else JournalLink
-        for index, jport in enumerate(journal_ports):
-            transport, _ = await loop.create_connection(lambda i=index: link(i), "127.0.0.1", jport)
+        for index, address in enumerate(journal_addresses):
+            if address.startswith("/"):
+                transport, _ = await loop.create_unix_connection(lambda i=index: link(i), address)
+            else:
+                transport, _ = await loop.create_connection(lambda i=index: link(i), "127.0.0.1", int(address))
             journals.append(transport)
         server = await loop.create_server(Front, "127.0.0.1", port)
         async with server:
@@ -251,7 +261,7 @@ def wait_for_port(proc: subprocess.Popen, port: int, what: str, timeout_s: float
         time.sleep(0.05)
 
 
-def start_relay(journal_ports: list[int], bookie_protocol: bool, procs: list[subprocess.Popen]) -> tuple[str, int]:
+def start_relay(journal_ports: list, bookie_protocol: bool, procs: list[subprocess.Popen]) -> tuple[str, int]:
     from pulsarlite.zk_server import find_free_port
     port = find_free_port()
     proc = subprocess.Popen([sys.executable, __file__, "--serve-floor-relay", str(port),
@@ -262,17 +272,27 @@ def start_relay(journal_ports: list[int], bookie_protocol: bool, procs: list[sub
     return f"pulsar://127.0.0.1:{port}", proc.pid
 
 
-def start_floor(base: pathlib.Path, procs: list[subprocess.Popen]) -> tuple[str, dict[str, int]]:
+def start_floor(base: pathlib.Path, procs: list[subprocess.Popen], unix: bool = False,
+                name: str = "floor") -> tuple[str, dict[str, int]]:
+    """Three journals and the relay; with ``unix`` the relay reaches the journals over Unix
+    sockets instead of TCP loopback."""
     from pulsarlite.zk_server import find_free_port
     pids: dict[str, int] = {}
     journal_ports = []
     for i in range(3):
-        jport = find_free_port()
-        proc = subprocess.Popen([sys.executable, __file__, "--serve-floor-journal", str(jport),
-                                 str(base / f"floor-journal-{i}")], stdin=subprocess.DEVNULL)
+        address = str(base / f"{name}-journal-{i}.sock") if unix else str(find_free_port())
+        proc = subprocess.Popen([sys.executable, __file__, "--serve-floor-journal", address,
+                                 str(base / f"{name}-journal-{i}")], stdin=subprocess.DEVNULL)
         procs.append(proc)
-        wait_for_port(proc, jport, f"floor journal {i}")
-        journal_ports.append(jport)
+        if unix:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(address):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"floor journal {i} did not start (exit {proc.poll()})")
+                time.sleep(0.05)
+        else:
+            wait_for_port(proc, int(address), f"floor journal {i}")
+        journal_ports.append(address)
         pids[f"floor-journal-{i}"] = proc.pid
     url, pids["floor-relay"] = start_relay(journal_ports, False, procs)
     return url, pids
@@ -295,11 +315,11 @@ def main() -> int:
     parser.add_argument("--bookie-protocol", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_floor_journal:
-        serve_floor_journal(int(args.serve_floor_journal[0]), args.serve_floor_journal[1])
+        serve_floor_journal(args.serve_floor_journal[0], args.serve_floor_journal[1])
         return 0
     if args.serve_floor_relay:
         serve_floor_relay(int(args.serve_floor_relay[0]),
-                          [int(p) for p in args.serve_floor_relay[1].split(",")], quorum=2,
+                          args.serve_floor_relay[1].split(","), quorum=2,
                           bookie_protocol=args.bookie_protocol)
         return 0
 
@@ -331,8 +351,8 @@ def main() -> int:
                 proc, urls[name] = start_null_broker()
                 procs.append(proc)
                 pids[name] = {"null-broker": proc.pid}
-            elif name == "floor":
-                urls[name], pids[name] = start_floor(base, procs)
+            elif name in ("floor", "floor-unix"):
+                urls[name], pids[name] = start_floor(base, procs, unix=name == "floor-unix", name=name)
             elif name == "relay-bookies":
                 cluster = start_cluster(name, 0, None)
                 bookie_ports = [int(cluster.records[b].bookie_id.rsplit(":", 1)[1]) for b in cluster.bookie_names]

@@ -15,6 +15,7 @@ import threading
 import time
 
 import pulsar
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "latency_floor.py"
@@ -44,12 +45,13 @@ def records_in(path: pathlib.Path, head: struct.Struct) -> list[bytes]:
     return out
 
 
-def test_the_floor_answers_a_send_only_once_two_journals_synced_it(tmp_path):
+@pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix-sockets"])
+def test_the_floor_answers_a_send_only_once_two_journals_synced_it(tmp_path, unix):
     floor = load_floor()
     procs: list[subprocess.Popen] = []
     client = None
     try:
-        url, pids = floor.start_floor(tmp_path, procs)
+        url, pids = floor.start_floor(tmp_path, procs, unix=unix)
         journals = [pids[f"floor-journal-{i}"] for i in range(3)]
         client = pulsar.Client(url, operation_timeout_seconds=30)
         producer = client.create_producer("persistent://public/default/floor-test", batching_enabled=False,
