@@ -366,24 +366,14 @@ def serve_null_broker(port: int) -> None:
             out = []
             for frame in self.decoder.feed(data):
                 c = frame.command
-                kind = c.type
-                if kind == T.SEND:
+                if c.type == T.SEND:
                     s = c.send
                     out.append(cmd.send_receipt(s.producer_id, s.sequence_id, 1, s.sequence_id,
                                                 highest_sequence_id=s.highest_sequence_id or None))
-                elif kind == T.CONNECT:
-                    out.append(cmd.connected("null-broker", cmd.negotiate_protocol_version(
-                        c.connect.protocol_version)))
-                elif kind == T.PARTITIONED_METADATA:
-                    out.append(cmd.partitioned_metadata_response(c.partitionMetadata.request_id, 0))
-                elif kind == T.LOOKUP:
-                    out.append(cmd.lookup_response(c.lookupTopic.request_id, url, authoritative=True))
-                elif kind == T.PRODUCER:
-                    out.append(cmd.producer_success(c.producer.request_id, f"null-{c.producer.producer_id}"))
-                elif kind == T.CLOSE_PRODUCER:
-                    out.append(cmd.success(c.close_producer.request_id))
-                elif kind == T.PING:
-                    out.append(cmd.pong())
+                else:
+                    answer = stand_in_answer(c, url, "null")
+                    if answer is not None:
+                        out.append(answer)
             if out:
                 self.transport.write(b"".join(out))
 
@@ -399,6 +389,29 @@ def serve_null_broker(port: int) -> None:
             await server.serve_forever()
 
     asyncio.run(serve())
+
+
+def stand_in_answer(c, url: str, name: str) -> bytes | None:
+    """What a Pulsar-protocol stand-in (the null broker, latency_floor's relay) answers to a
+    command other than SEND: CONNECT, lookups, PRODUCER, CLOSE_PRODUCER and PING; None for the
+    rest. ``url`` is where lookups point, ``name`` goes into the server and producer names."""
+    from pulsarlite._proto import pulsar_api_pb2 as pb
+    from pulsarlite.wire import commands as cmd
+    T = pb.BaseCommand
+    kind = c.type
+    if kind == T.CONNECT:
+        return cmd.connected(f"{name}-broker", cmd.negotiate_protocol_version(c.connect.protocol_version))
+    if kind == T.PARTITIONED_METADATA:
+        return cmd.partitioned_metadata_response(c.partitionMetadata.request_id, 0)
+    if kind == T.LOOKUP:
+        return cmd.lookup_response(c.lookupTopic.request_id, url, authoritative=True)
+    if kind == T.PRODUCER:
+        return cmd.producer_success(c.producer.request_id, f"{name}-{c.producer.producer_id}")
+    if kind == T.CLOSE_PRODUCER:
+        return cmd.success(c.close_producer.request_id)
+    if kind == T.PING:
+        return cmd.pong()
+    return None
 
 
 def start_null_broker() -> tuple[subprocess.Popen, str]:

@@ -120,6 +120,7 @@ def serve_floor_relay(port: int, journal_addresses: list[str], quorum: int, book
     from pulsarlite._proto import pulsar_api_pb2 as pb
     from pulsarlite.wire import commands as cmd
     from pulsarlite.wire.frames import FrameDecoder
+    from bench_broker import stand_in_answer
     T = pb.BaseCommand
     url = f"pulsar://127.0.0.1:{port}"
     journals: list[asyncio.Transport] = []
@@ -214,19 +215,10 @@ def serve_floor_relay(port: int, journal_addresses: list[str], quorum: int, book
                         records.append(RECORD_HEAD.pack(len(entry), rid))
                         records.append(entry)
                     pending.append((rid, self.transport, s.producer_id, s.sequence_id, s.highest_sequence_id))
-                elif kind == T.CONNECT:
-                    out.append(cmd.connected("floor-relay", cmd.negotiate_protocol_version(
-                        c.connect.protocol_version)))
-                elif kind == T.PARTITIONED_METADATA:
-                    out.append(cmd.partitioned_metadata_response(c.partitionMetadata.request_id, 0))
-                elif kind == T.LOOKUP:
-                    out.append(cmd.lookup_response(c.lookupTopic.request_id, url, authoritative=True))
-                elif kind == T.PRODUCER:
-                    out.append(cmd.producer_success(c.producer.request_id, f"floor-{c.producer.producer_id}"))
-                elif kind == T.CLOSE_PRODUCER:
-                    out.append(cmd.success(c.close_producer.request_id))
-                elif kind == T.PING:
-                    out.append(cmd.pong())
+                else:
+                    answer = stand_in_answer(c, url, "floor")
+                    if answer is not None:
+                        out.append(answer)
             if records:
                 blob = add_request(records) if bookie_protocol else b"".join(records)
                 for journal in journals:

@@ -237,14 +237,21 @@ async def test_paced_pump_idle_bookies_go_at_once_busy_ones_wait_for_the_interva
     await client.pool.close()
 
 
-async def test_paced_pump_an_idle_bookie_does_not_wait_for_a_busy_ones_interval(monkeypatch):
-    client, sockets = connected_client(LedgerClientConfig(add_flush_interval_ms=1000.0).validate())
-    loop = asyncio.get_running_loop()
-    captured = _capture_call_later(monkeypatch, loop)
+async def _entry0_out_at_every_bookie(monkeypatch, config: LedgerClientConfig):
+    """A paced client whose three bookies each have entry 0's request outstanding: (client,
+    fake sockets, the captured call_later timers, an add callback)."""
+    client, sockets = connected_client(config)
+    captured = _capture_call_later(monkeypatch, asyncio.get_running_loop())
     callback = lambda b, r: None       # noqa: E731
     for bookie in BOOKIES:
         client.pool.get(bookie).send_add(0, b"entry0", False, callback)
     await asyncio.sleep(0)
+    return client, sockets, captured, callback
+
+
+async def test_paced_pump_an_idle_bookie_does_not_wait_for_a_busy_ones_interval(monkeypatch):
+    client, sockets, captured, callback = await _entry0_out_at_every_bookie(
+        monkeypatch, LedgerClientConfig(add_flush_interval_ms=1000.0).validate())
     sockets[BOOKIES[1]].answer(lambda b, e: bpb.OK)   # bookie 1 is idle again, 0 and 2 are not
     client.pool.get(BOOKIES[0]).send_add(1, b"entry1", False, callback)   # busy: waits
     assert len(captured) == 1
@@ -280,13 +287,7 @@ async def test_paced_pump_a_bookie_gone_idle_with_few_adds_waiting_ends_the_inte
     waiting adds go) when at most add_flush_on_idle_adds_max adds wait there; with more (a load
     the interval gathers into one request) or with the option off, they wait for the timer."""
     config = LedgerClientConfig(add_flush_interval_ms=1000.0, add_flush_on_idle_adds_max=adds_max).validate()
-    client, sockets = connected_client(config)
-    loop = asyncio.get_running_loop()
-    captured = _capture_call_later(monkeypatch, loop)
-    callback = lambda b, r: None       # noqa: E731
-    for bookie in BOOKIES:
-        client.pool.get(bookie).send_add(0, b"entry0", False, callback)
-    await asyncio.sleep(0)
+    client, sockets, captured, callback = await _entry0_out_at_every_bookie(monkeypatch, config)
     for entry_id in range(1, 1 + waiting):    # busy everywhere: these wait for the interval
         for bookie in BOOKIES:
             client.pool.get(bookie).send_add(entry_id, b"entry%d" % entry_id, False, callback)
