@@ -414,17 +414,35 @@ def stand_in_answer(c, url: str, name: str) -> bytes | None:
     return None
 
 
+def wait_started(proc: subprocess.Popen, ready, what: str, timeout_s: float = 60.0) -> None:
+    """Wait until ``ready()`` (e.g. its port accepts); a child that exits or overstays is
+    killed and the wait raises."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"{what} did not start (exit {proc.returncode})")
+        time.sleep(0.05)
+
+
 def start_null_broker() -> tuple[subprocess.Popen, str]:
     from pulsarlite.zk_server import find_free_port, port_accepts
     port = find_free_port()
     proc = subprocess.Popen([sys.executable, __file__, "--serve-null-broker", str(port)],
                             stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while not port_accepts("127.0.0.1", port):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("null broker did not start")
-        time.sleep(0.05)
+    wait_started(proc, lambda: port_accepts("127.0.0.1", port), "null broker", timeout_s=20)
     return proc, f"pulsar://127.0.0.1:{port}"
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """``KEY=VALUE`` strings (VALUE a TOML value) as a dict of config overrides."""
+    import tomllib
+    out = {}
+    for kv in pairs:
+        key, _, value = kv.partition("=")
+        out[key] = tomllib.loads(f"v = {value}")["v"]
+    return out
 
 
 # -- profile -------------------------------------------------------------------------------------
@@ -508,14 +526,7 @@ def main() -> int:
     print(f"== starting 3 bookies + 1 broker in {base}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     wanted = set(args.phases.split(",")) if args.phases else set(PHASES)
-    def overrides(pairs: list[str]) -> dict:
-        import tomllib
-        out = {}
-        for kv in pairs:
-            key, _, value = kv.partition("=")
-            out[key] = tomllib.loads(f"v = {value}")["v"]
-        return out
-    broker_overrides, bookie_overrides = overrides(args.broker_set), overrides(args.bookie_set)
+    broker_overrides, bookie_overrides = parse_overrides(args.broker_set), parse_overrides(args.bookie_set)
     cluster = LocalCluster(base / "cluster")
     with cluster:
         cluster.start_processes(bookies=3, brokers=1, broker_overrides=broker_overrides or None,

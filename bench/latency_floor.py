@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import contextlib
 import datetime
 import json
 import os
@@ -125,23 +127,21 @@ def serve_floor_relay(port: int, journal_addresses: list[str], quorum: int, book
     url = f"pulsar://127.0.0.1:{port}"
     journals: list[asyncio.Transport] = []
     synced = [0] * len(journal_addresses)
-    pending: list = []           # (record id, client transport, producer id, sequence id, highest)
-    head = [0]                   # index of the first unanswered entry in pending
+    # unanswered SENDs: (record id, client transport, producer id, sequence id, highest)
+    pending: collections.deque = collections.deque()
     next_id = [1]
 
+    def quorum_synced() -> int:
+        """The highest record id that ``quorum`` journals have synced."""
+        return sorted(synced, reverse=True)[quorum - 1]
+
     def answer() -> None:
-        acked = sorted(synced, reverse=True)[quorum - 1]
+        acked = quorum_synced()
         out: dict = {}
-        i = head[0]
-        while i < len(pending) and pending[i][0] <= acked:
-            _rid, transport, producer_id, sequence_id, highest = pending[i]
+        while pending and pending[0][0] <= acked:
+            _rid, transport, producer_id, sequence_id, highest = pending.popleft()
             out.setdefault(transport, []).append(
                 cmd.send_receipt(producer_id, sequence_id, 1, sequence_id, highest_sequence_id=highest or None))
-            i += 1
-        head[0] = i
-        if i > 4096:
-            del pending[:i]
-            head[0] = 0
         for transport, frames in out.items():
             transport.write(b"".join(frames))
 
@@ -153,7 +153,7 @@ def serve_floor_relay(port: int, journal_addresses: list[str], quorum: int, book
     def add_request(entries: list) -> bytes:
         """One AddRequest frame for ``entries`` [(entry id, payload)], built as the broker does."""
         parts = []
-        lid, lac = ledger["id"], sorted(synced, reverse=True)[quorum - 1] - 1   # record id - 1 = entry id
+        lid, lac = ledger["id"], quorum_synced() - 1   # record id - 1 = entry id
         for entry_id, payload in entries:
             ledger["length"] += len(payload)
             length = ledger["length"]
@@ -244,13 +244,10 @@ def serve_floor_relay(port: int, journal_addresses: list[str], quorum: int, book
 
 
 # -- running the targets -------------------------------------------------------------------------
-def wait_for_port(proc: subprocess.Popen, port: int, what: str, timeout_s: float = 60.0) -> None:
+def wait_for_port(proc: subprocess.Popen, port: int, what: str) -> None:
+    from bench_broker import wait_started
     from pulsarlite.zk_server import port_accepts
-    deadline = time.monotonic() + timeout_s
-    while not port_accepts("127.0.0.1", port):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not start (exit {proc.poll()})")
-        time.sleep(0.05)
+    wait_started(proc, lambda: port_accepts("127.0.0.1", port), what)
 
 
 def start_relay(journal_ports: list, bookie_protocol: bool, procs: list[subprocess.Popen]) -> tuple[str, int]:
@@ -277,11 +274,8 @@ def start_floor(base: pathlib.Path, procs: list[subprocess.Popen], unix: bool = 
                                  str(base / f"{name}-journal-{i}")], stdin=subprocess.DEVNULL)
         procs.append(proc)
         if unix:
-            deadline = time.monotonic() + 60
-            while not os.path.exists(address):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"floor journal {i} did not start (exit {proc.poll()})")
-                time.sleep(0.05)
+            from bench_broker import wait_started
+            wait_started(proc, lambda a=address: os.path.exists(a), f"floor journal {i}")
         else:
             wait_for_port(proc, int(address), f"floor journal {i}")
         journal_ports.append(address)
@@ -316,7 +310,7 @@ def main() -> int:
         return 0
 
     import pulsar
-    from bench_broker import CpuMeter, produce_paced, start_null_broker
+    from bench_broker import CpuMeter, parse_overrides, produce_paced, start_null_broker
     from pulsarlite.cluster import LocalCluster
 
     targets = args.targets.split(",")
@@ -326,14 +320,12 @@ def main() -> int:
     procs: list[subprocess.Popen] = []
     urls: dict[str, str] = {}
     pids: dict[str, dict[str, int]] = {}
-    clusters: list = []
+    clusters = contextlib.ExitStack()       # every cluster stops at the end, also on failure
     clients: dict = {}
     results: list[dict] = []
 
-    def start_cluster(name: str, brokers: int, broker_overrides: dict | None) -> LocalCluster:
-        cluster = LocalCluster(base / f"cluster-{len(clusters)}")
-        cluster.__enter__()
-        clusters.append(cluster)
+    def start_cluster(brokers: int, broker_overrides: dict | None) -> LocalCluster:
+        cluster = clusters.enter_context(LocalCluster(base / f"cluster-{len(urls)}"))
         cluster.start_processes(bookies=3, brokers=brokers, broker_overrides=broker_overrides)
         return cluster
 
@@ -346,16 +338,14 @@ def main() -> int:
             elif name in ("floor", "floor-unix"):
                 urls[name], pids[name] = start_floor(base, procs, unix=name == "floor-unix", name=name)
             elif name == "relay-bookies":
-                cluster = start_cluster(name, 0, None)
+                cluster = start_cluster(0, None)
                 bookie_ports = [int(cluster.records[b].bookie_id.rsplit(":", 1)[1]) for b in cluster.bookie_names]
                 urls[name], relay_pid = start_relay(bookie_ports, True, procs)
                 pids[name] = {"floor-relay": relay_pid} | {b: cluster.records[b].pid for b in cluster.bookie_names}
             elif name.startswith("pulsarlite"):
                 # "pulsarlite" or "pulsarlite[key=value;key=value]": broker config overrides
-                overrides = dict(kv.split("=", 1) for kv in name.removeprefix("pulsarlite").strip("[]").split(";") if kv)
-                import tomllib
-                overrides = {k: tomllib.loads(f"v = {v}")["v"] for k, v in overrides.items()}
-                cluster = start_cluster(name, 1, overrides or None)
+                overrides = parse_overrides([kv for kv in name.removeprefix("pulsarlite").strip("[]").split(";") if kv])
+                cluster = start_cluster(1, overrides or None)
                 urls[name] = cluster.service_url
                 pids[name] = {n: cluster.records[n].pid for n in cluster.broker_names + cluster.bookie_names}
             else:
@@ -384,8 +374,7 @@ def main() -> int:
     finally:
         for client in clients.values():
             client.close()
-        for cluster in clusters:
-            cluster.__exit__(None, None, None)
+        clusters.close()
         for proc in procs:
             proc.kill()
             proc.wait()

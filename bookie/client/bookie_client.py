@@ -103,7 +103,7 @@ class PumpGroup:
     instead of one each. At a few thousand single-message adds per second this is what the
     bookies' CPU goes to (BENCHMARKS.md, "Pacing the pumps")."""
 
-    __slots__ = ("_due", "_scheduled", "_timer", "_last_run_s", "_flush_interval_s", "flush_on_idle_adds_max")
+    __slots__ = ("_due", "_scheduled", "_timer", "_last_run_s", "_flush_interval_s", "_flush_on_idle_adds_max")
 
     def __init__(self, flush_interval_s: float = 0.0, flush_on_idle_adds_max: int = 0) -> None:
         if not flush_interval_s >= 0.0:
@@ -114,7 +114,7 @@ class PumpGroup:
         # adds waiting, ends the pacing interval: at a light load the wait would only add
         # latency (the bookie is idle), while under load many adds wait and the interval still
         # gathers them into one request. 0: off.
-        self.flush_on_idle_adds_max = flush_on_idle_adds_max
+        self._flush_on_idle_adds_max = flush_on_idle_adds_max
         self._due: list[BookieClient] = []
         self._scheduled = False
         self._timer: asyncio.TimerHandle | None = None   # the pending delayed run, if any
@@ -137,15 +137,18 @@ class PumpGroup:
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._run)
-        elif self._timer is not None:    # an idle client does not wait for the busy ones' pacing
-            self._timer.cancel()
-            self._timer = None
-            asyncio.get_running_loop().call_soon(self._run)
+        else:                            # an idle client does not wait for the busy ones' pacing
+            self._end_interval()
 
-    def client_went_idle(self) -> None:
-        """A due client's last outstanding request was answered and few adds wait (the caller
-        checked ``flush_on_idle_adds_max``): the paced pump runs on the next loop turn instead
-        of at the end of its interval."""
+    def client_went_idle(self, adds_waiting: int) -> None:
+        """A due client's last outstanding request was answered with ``adds_waiting`` adds
+        (chunks) queued for it: with at most ``flush_on_idle_adds_max`` of them the paced pump
+        runs on the next loop turn instead of at the end of its interval."""
+        if adds_waiting <= self._flush_on_idle_adds_max:
+            self._end_interval()
+
+    def _end_interval(self) -> None:
+        """A delayed run, if one is pending, runs on the next loop turn instead."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -429,10 +432,8 @@ class BookieClient:
         if not self._pump_scheduled:
             self._schedule_pump()
             return
-        group = self._pump_group
-        if (group is not None and not self._inflight
-                and len(self._outbound) <= group.flush_on_idle_adds_max):
-            group.client_went_idle()
+        if self._pump_group is not None and not self._inflight:
+            self._pump_group.client_went_idle(len(self._outbound))
 
     def _on_add_response(self, request_id: int, response: pb.AddResponse) -> None:
         taken = self._inflight.pop(request_id, None)
