@@ -216,9 +216,9 @@ def serve_floor_relay(port: int, journal_addresses: list[str], quorum: int, book
                         records.append(entry)
                     pending.append((rid, self.transport, s.producer_id, s.sequence_id, s.highest_sequence_id))
                 else:
-                    answer = stand_in_answer(c, url, "floor")
-                    if answer is not None:
-                        out.append(answer)
+                    reply = stand_in_answer(c, url, "floor")
+                    if reply is not None:
+                        out.append(reply)
             if records:
                 blob = add_request(records) if bookie_protocol else b"".join(records)
                 for journal in journals:
