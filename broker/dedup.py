@@ -7,19 +7,24 @@ without being stored.
   already: receipt at once) or IN_FLIGHT (an earlier copy is still being written: the receipt
   follows that copy's outcome). Bounded: at most ``producers_max`` names (the least recently
   used name is forgotten; a duplicate from it would be stored again).
-- Sequence ids reused for other messages: the official C++ client (pulsar-client 3.x, so the
-  Python one) resets its sequence-id counter to PRODUCER_SUCCESS's ``last_sequence_id + 1``
-  whenever it reconnects before it has had any receipt, although messages with higher ids are
-  still pending: after resending those it numbers NEW messages with ids already used (the Java
-  client had the same bug, fixed in apache/pulsar#2047). Deciding by id alone, Pulsar answers
-  them as duplicates: lost although acknowledged (our chaos suite found it: seed 17,
-  restart_zookeeper). The topic sees the reset (a producer session drops back to exactly the
-  ``last_sequence_id + 1`` it was given after sending higher ids; in the log on replay: ids going
-  back) and calls :meth:`DedupState.mark_reused`: within that *reused* range a send is a
-  duplicate only if a stored entry has the same ids and the same bytes (CRC32C; clients resend
-  the bytes they sent), else it is stored. Elsewhere duplicates are decided by id, as Pulsar
-  does (an application resending with its own sequence ids sends new bytes). Each producer's
-  last ``digests_max`` stored entries ``(first id, highest id, crc)`` are kept for this, packed.
+- Sequence ids reused for other messages: the official C++ client (pulsar-client 3.x, C++ 4.x, so
+  the Python one) resets its sequence-id counter to PRODUCER_SUCCESS's ``last_sequence_id + 1`` on
+  every (re)connect until a receipt has reached it, although sends with higher ids are still
+  pending, sealed while disconnected, or in its open batch (one batch may hold old ids followed
+  by smaller new ones); a send timeout fails its pending sends without resetting anything, so
+  the next reconnect may reset again. Deciding by id alone, Pulsar answers the new messages as
+  duplicates: lost although acknowledged (our chaos suite found it: seed 17, restart_zookeeper;
+  again under load, seed 14). Which ids a reset reuses cannot be seen from the broker: the
+  reset may happen in one session and the reused ids arrive in a later one, inside batches that
+  start with old ids. So every producer session opens a *content range*: the ids above the
+  ``last_sequence_id`` it was given (:meth:`DedupState.on_session_start`), and a new owner opens
+  one above what its snapshot knew for every producer (:meth:`DedupState.open_after_load`).
+  Within a content range a send is a duplicate only if a stored entry has the same ids and the
+  same bytes (CRC32C; clients resend the bytes they sent), else it is stored. Below it
+  duplicates are decided by id, as Pulsar does (an application resuming from
+  ``last_sequence_id`` resends ids at or below it). Each producer's last ``digests_max`` stored
+  entries ``(first id, highest id, crc)`` are kept for this, packed: a resend of an entry older
+  than that window is stored again (a duplicate, never a loss).
 - Persistence (survives broker failover): a snapshot ``{"version": 1, "position": [ledger,
   entry], "producers": {name: highest persisted sequence id}}`` at
   ``/pulsarlite/dedup/<managed ledger name>``, written by the topic's owner (compare-and-set)
@@ -44,7 +49,8 @@ log = logging.getLogger("pulsarlite.broker.dedup")
 
 DEDUP_ROOT = "/pulsarlite/dedup"
 FORMAT_VERSION = 1
-DIGESTS_MAX_DEFAULT = 1024                # stored entries remembered per producer (first, highest, crc)
+DIGESTS_MAX_DEFAULT = 4096                # stored entries remembered per producer (first, highest, crc)
+RANGE_OPEN = (1 << 63) - 1                # the top of a content range: every id above its low
 SNAPSHOT_DIGEST_BYTES_MAX = 256 * 1024    # windows written into the snapshot znode, at most
 _DIGEST = struct.Struct(">qqI")
 
@@ -61,28 +67,37 @@ def dedup_path(managed_ledger_name: str) -> str:
 
 class DigestWindow:
     """The last ``capacity`` stored entries of one producer as packed (first id, highest id,
-    crc32c) records in a ring: 20 bytes each, scanned only for sends in a reused range."""
+    crc32c) records in a ring: 20 bytes each, scanned only for sends in a content range. The
+    ring grows as records arrive (a producer with few entries costs few bytes)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._ring = bytearray(capacity * _DIGEST.size)
+        self._ring = bytearray()
         self._next = 0          # records appended so far
 
     def __len__(self) -> int:
         return min(self._next, self.capacity)
 
     def append(self, first: int, highest: int, digest: int) -> None:
-        _DIGEST.pack_into(self._ring, (self._next % self.capacity) * _DIGEST.size, first, highest, digest & 0xFFFFFFFF)
+        if self._next < self.capacity:
+            self._ring += _DIGEST.pack(first, highest, digest & 0xFFFFFFFF)
+        else:
+            _DIGEST.pack_into(self._ring, (self._next % self.capacity) * _DIGEST.size, first, highest,
+                              digest & 0xFFFFFFFF)
         self._next += 1
 
     def contains(self, first: int, highest: int, digest: int) -> bool:
         record = (first, highest, digest & 0xFFFFFFFF)
-        return any(r == record for r in _DIGEST.iter_unpack(memoryview(self._ring)[:len(self) * _DIGEST.size]))
+        return any(r == record for r in _DIGEST.iter_unpack(self._ring))
+
+    def records(self):
+        """(first id, highest id, crc32c) of every record, in no particular order."""
+        return _DIGEST.iter_unpack(self._ring)
 
     def packed(self) -> bytes:
         """Oldest first."""
         if self._next <= self.capacity:
-            return bytes(self._ring[:self._next * _DIGEST.size])
+            return bytes(self._ring)
         cut = (self._next % self.capacity) * _DIGEST.size
         return bytes(self._ring[cut:] + self._ring[:cut])
 
@@ -97,7 +112,8 @@ class DedupState:
         self.digests_max = digests_max
         # producer name -> its last stored entries (first id, highest id, crc32c)
         self.digests: OrderedDict[str, DigestWindow] = OrderedDict()
-        # producer name -> [low, high]: ids that name two messages (a client reset its counter)
+        # producer name -> [low, high]: its content range, where ids may name two messages (a
+        # client reset its counter): decided by ids and bytes there (module docstring)
         self.reused: OrderedDict[str, list[int]] = OrderedDict()
         self.pushed: OrderedDict[str, int] = OrderedDict()
         self.persisted: OrderedDict[str, int] = OrderedDict()
@@ -139,8 +155,23 @@ class DedupState:
         window = self.digests.get(name)
         return window is not None and window.contains(first, highest, digest)
 
+    def on_session_start(self, name: str) -> int:
+        """A producer session starts: the ``last_sequence_id`` to give it (PRODUCER_SUCCESS).
+        The client may reset its counter to just above it, reusing ids it has already sent:
+        from there on this producer's sends are decided by content (module docstring)."""
+        given = self.last_sequence_id(name)
+        self.mark_reused(name, given + 1, RANGE_OPEN)
+        return given
+
+    def open_after_load(self, known: dict[str, int]) -> None:
+        """A new owner loaded the state (``known``: each producer's effective high in the
+        snapshot, before the replay). Sessions on the old owner may have opened content ranges
+        that no snapshot recorded: open one above what the snapshot knew, for every producer."""
+        for name in list(self.persisted):
+            self.mark_reused(name, known.get(name, -1) + 1, RANGE_OPEN)
+
     def mark_reused(self, name: str, low: int, high: int) -> None:
-        """Ids low..high of this producer now name two different messages (module docstring)."""
+        """Ids low..high of this producer may name two different messages (module docstring)."""
         if high < low:
             return
         span = self.reused.get(name)
@@ -172,6 +203,11 @@ class DedupState:
                      highest_sequence_id)
         self.entries_since_snapshot += 1
 
+    def on_duplicate(self, name: str, first_sequence_id: int, highest_sequence_id: int) -> None:
+        """A send was answered as a duplicate: its ids are in the log (by id, or a stored entry
+        with its bytes), so they refill a hole as a stored resend would."""
+        self._refill(name, first_sequence_id, highest_sequence_id)
+
     def on_failed(self, name: str, first_sequence_id: int | None = None) -> None:
         """An add failed: what was pushed but not persisted may be sent again (the client
         resends after the error). Adds pushed after the failed one may still be stored, above
@@ -193,11 +229,23 @@ class DedupState:
         self.pushed.move_to_end(name)
 
     def _refill(self, name: str, first: int, highest: int) -> None:
+        """Ids first..highest are in the log: move the hole's refill point over them and over
+        every stored entry it now reaches (resends are decided in order, but a duplicate above
+        the refill point may be answered before the resend below it is confirmed)."""
         hole = self.holes.get(name)
-        if hole is not None and first <= hole[2] + 1:
-            hole[2] = max(hole[2], highest)
-            if hole[2] >= hole[1]:
-                del self.holes[name]
+        if hole is None or first > hole[2] + 1:
+            return
+        hole[2] = max(hole[2], highest)
+        window = self.digests.get(name)
+        grown = window is not None
+        while grown and hole[2] < hole[1]:
+            grown = False
+            for f, h, _ in window.records():
+                if f <= hole[2] + 1 and h > hole[2]:
+                    hole[2] = h
+                    grown = True
+        if hole[2] >= hole[1]:
+            del self.holes[name]
 
     def _bound(self, table) -> None:
         while len(table) > self.producers_max:

@@ -224,7 +224,6 @@ class Producer:
     access_mode: AccessMode = AccessMode.SHARED
     duplicates: int = 0                  # SENDs answered as duplicates (dedup)
     given_last_sequence_id: int = -1     # what PRODUCER_SUCCESS told this session (dedup)
-    session_high: int = -1               # the highest sequence id sent in this session (dedup)
     held: deque = field(default_factory=deque)   # sends not decided yet, in order (dedup)
 
 
@@ -388,13 +387,15 @@ class PersistentTopic:
         producers_max = getattr(self.config, "dedup_producers_max", 10_000)
         data = await self._dedup_store.load()
         state, start = DedupState(producers_max=producers_max), None
+        known: dict[str, int] = {}
         if data is not None:
             try:
                 state, (ledger, entry) = DedupState.from_snapshot(data, producers_max=producers_max)
                 start = self.next_after(Position(ledger, entry))
+                known = {name: state.effective(name) for name in state.persisted}
             except ValueError as e:
                 log.warning("topic %s: dedup snapshot unreadable (%s): replaying the whole log", self.key, e)
-                state = DedupState(producers_max=producers_max)
+                state, known = DedupState(producers_max=producers_max), {}
         if start is None:
             start = self.next_after(self.earliest_mark_delete())
         last = self.ml.last_confirmed_position
@@ -413,12 +414,21 @@ class PersistentTopic:
                     state.replay(seq[0], seq[2], seq[1], crc32c_of(data))
                 replayed += 1
             position = self.next_after(got[-1][0])
+        state.open_after_load(known)
         log.info("topic %s: deduplication on: snapshot %s, %d entries replayed, %d producers",
                  self.key, "found" if data is not None else "none", replayed, len(state.persisted))
         return state
 
     def last_sequence_id(self, name: str) -> int:
         return self.dedup.last_sequence_id(name) if self.dedup is not None else -1
+
+    def start_producer_session(self, producer: Producer) -> int:
+        """The ``last_sequence_id`` for this producer's PRODUCER_SUCCESS; with deduplication on,
+        its sends above it are decided by content from now on (broker/dedup.py: the official
+        client may reset its counter to just above it)."""
+        given = self.dedup.on_session_start(producer.name) if self.dedup is not None else -1
+        producer.given_last_sequence_id = given
+        return given
 
     def _maybe_snapshot_dedup(self, position: Position) -> None:
         interval = getattr(self.config, "dedup_snapshot_interval_entries", 1000)
@@ -459,15 +469,6 @@ class PersistentTopic:
                 highest_sequence_id = max(highest_sequence_id, sequence_id + meta.message_count - 1)
             op.dedup_highest = highest_sequence_id
             op.dedup_digest = crc32c_of(data)
-            if producer.given_last_sequence_id + 1 == sequence_id <= producer.session_high:
-                # the session drops back to the id after the last_sequence_id we gave it, after
-                # sending higher ones: the official C++ client reset its counter on reconnect
-                # (broker/dedup.py); ids up to the session's high now name two messages
-                dedup.mark_reused(producer.name, sequence_id, producer.session_high)
-                log.warning("sequence ids reused topic=%s producer=%s from=%d to=%d (client reset its "
-                            "counter on reconnect): deciding duplicates there by content",
-                            self.key, producer.name, sequence_id, producer.session_high)
-            producer.session_high = max(producer.session_high, highest_sequence_id)
             # decided in order, per producer: a send whose first copy is still being written
             # waits for that copy's outcome, and the producer's later sends wait behind it, so
             # that a failed first copy is re-sent before anything sent after it (order kept)
@@ -611,6 +612,7 @@ class PersistentTopic:
             producer.held.popleft()
             op.held = None
             if status is DupStatus.DUP:
+                dedup.on_duplicate(producer.name, op.sequence_id, op.dedup_highest)
                 producer.duplicates += 1
                 if producer.duplicates & (producer.duplicates - 1) == 0:     # 1, 2, 4, 8, ...: bounded
                     log.info("duplicate send topic=%s producer=%s sequence_id=%d highest=%d effective=%d "

@@ -1,7 +1,7 @@
 """Run (or replay) one chaos run from the command line:
 
     .venv/bin/python -m tests.chaos.run --seed N --duration-s S [--bookies 4] [--brokers 2]
-        [--topics 3] [--kinds kill_bookie,kill_broker,...] [--spark] [--dir D] [--results FILE.jsonl]
+        [--topics 3] [--rate 50] [--load N] [--kinds kill_bookie,kill_broker,...] [--spark] [--dir D] [--results FILE.jsonl]
 
 Prints progress, the fault log and the verdict; exit status 0 when every acknowledged message
 was read back in producer order (duplicates are reported, not failed), 1 otherwise. The same
@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-ours", action="store_true", help="only the official client produces")
     p.add_argument("--spark", action="store_true", help="also read everything back with a Spark scan")
     p.add_argument("--no-dedup", action="store_true", help="broker deduplication off (duplicates then only counted)")
+    p.add_argument("--load", type=int, default=0, metavar="N",
+                   help="load the machine with N CPU-bound busy processes for the whole run (ended with it)")
     p.add_argument("--dir", default=None, help="run directory (default: a new temporary one, removed if OK)")
     p.add_argument("--results", default=None, help="append the run's JSON summary to this file")
     return p.parse_args(argv)
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     config = ChaosConfig(seed=args.seed, duration_s=args.duration_s, directory=directory, bookies=args.bookies,
                          brokers=args.brokers, topics=args.topics, rate_per_producer=args.rate, kinds=kinds,
                          ours=not args.no_ours, spark=args.spark,
-                         dedup=not args.no_dedup)
+                         dedup=not args.no_dedup, load_procs=args.load)
     report = run_chaos(config, out=lambda line: print(line, flush=True))
     print(report.text(), flush=True)
     if args.results:

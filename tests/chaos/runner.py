@@ -14,6 +14,8 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -49,6 +51,7 @@ class ChaosConfig:
     offload: bool = True        # file:// tier, offload threshold 0 (when the broker has a tier)
     spark: bool = False         # also read back with a Spark scan (spark_source, local mode)
     dedup: bool = True          # broker deduplication on (when the broker has it): stored duplicates fail
+    load_procs: int = 0         # CPU-bound busy processes beside the cluster for the whole run (a loaded machine)
     heal_timeout_s: float = 180.0
     flush_timeout_s: float = 90.0
     read_timeout_s: float = 180.0
@@ -61,6 +64,8 @@ class ChaosConfig:
         kinds = "" if self.kinds == FAULT_KINDS else f" --kinds {','.join(self.kinds)}"
         kinds += " --spark" if self.spark else ""
         kinds += "" if self.dedup else " --no-dedup"
+        kinds += f" --load {self.load_procs}" if self.load_procs else ""
+        kinds += f" --rate {self.rate_per_producer:g}" if self.rate_per_producer != 50.0 else ""
         return (f".venv/bin/python -m tests.chaos.run --seed {self.seed} --duration-s {self.duration_s:g} "
                 f"--bookies {self.bookies} --brokers {self.brokers} --topics {self.topics}{kinds}")
 
@@ -210,6 +215,43 @@ class SequencedProducer:
         with self._lock:
             return ProducerLog(self.topic, self.name, frozenset(self.acked), frozenset(self.failed),
                                self.client_kind)
+
+
+# -- load --------------------------------------------------------------------------------------
+
+_BUSY_LOOP = "import time\nend = time.monotonic() + {bound_s}\nwhile time.monotonic() < end:\n    sum(range(10000))\n"
+
+
+class MachineLoad:
+    """``count`` CPU-bound busy processes beside the cluster (a loaded machine, as when other
+    work shares it). Each one stops by itself after ``bound_s`` even if nobody ends it; ``stop``
+    ends them by pid (started here, so ours to end)."""
+
+    def __init__(self, count: int, bound_s: float = 3600.0) -> None:
+        if not isinstance(count, int) or count < 0 or count > 64:
+            raise ValueError(f"load processes must be an int in [0, 64], got {count!r}")
+        self.count = count
+        self.bound_s = bound_s
+        self._procs: list[subprocess.Popen] = []
+
+    def start(self) -> None:
+        for _ in range(self.count):
+            self._procs.append(subprocess.Popen([sys.executable, "-c", _BUSY_LOOP.format(bound_s=self.bound_s)],
+                                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def stop(self) -> None:
+        for p in self._procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self._procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self._procs.clear()
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -567,7 +609,11 @@ class ChaosRun:
         producers: list[SequencedProducer] = []
         clients = []
         logs: list[ProducerLog] = []
+        load = MachineLoad(c.load_procs)
         try:
+            load.start()
+            if c.load_procs:
+                self.say(f"machine loaded by {c.load_procs} busy process(es): pids {load.pids()}")
             self.start_cluster()
             self.say(f"cluster up: {c.bookies} bookies, {c.brokers} brokers at {self.cluster.service_url}; "
                      f"offload {self.offload}; dedup {self.dedup}; {len(schedule)} faults planned: "
@@ -648,6 +694,7 @@ class ChaosRun:
             self.failures.append(f"run aborted: {type(e).__name__}: {e}")
             logs = logs or [p.log() for p in producers]
         finally:
+            load.stop()
             for p in producers:
                 p.request_stop()
             for client in clients:

@@ -265,8 +265,7 @@ async def test_a_client_that_resets_its_sequence_ids_on_reconnect_loses_nothing(
     topic.remove_producer(p1)
     h2 = Handle(1)
     p2 = topic.add_producer(h2, "p", None)
-    p2.given_last_sequence_id = topic.last_sequence_id("p")
-    assert p2.given_last_sequence_id == 0
+    assert topic.start_producer_session(p2) == 0       # PRODUCER_SUCCESS's last_sequence_id
     for seq in range(0, 6):                       # the client resends m0..m5 (queued meanwhile)
         topic.publish(p2, seq, seq, cpp_entry(seq, f"m{seq}"))
     for i, seq in enumerate(range(1, 4)):         # counter reset to 1: m6, m7, m8 as ids 1, 2, 3
@@ -287,3 +286,60 @@ async def test_a_client_that_resets_its_sequence_ids_on_reconnect_loses_nothing(
     assert len(ml.adds) == before
     topic.publish(p2, 2, 2, cpp_entry(2, "yet another message under id 2"))
     assert len(ml.adds) == before + 1
+
+
+def cpp_batch(first: int, ids: list[int], texts: list[str]) -> bytes:
+    """A batch as the C++ client builds it: the entry's sequence id is the first message's, no
+    highest_sequence_id, each message carries its own id (which need not be contiguous)."""
+    return build_batch_entry([Message(t.encode(), sequence_id=i) for i, t in zip(ids, texts)],
+                             producer_name="p", sequence_id=first, publish_time_ms=1, sequence_ids=ids)
+
+
+async def test_ids_reused_after_a_reset_arrive_in_a_later_session_inside_a_mixed_batch():
+    """The chaos loss under load (CHAOS.md, finding 7): the C++ client's counter reset happens in
+    one session, while old ids are still in its open batch; the batch sent next holds old ids
+    followed by smaller new ones, and the reused ids reach the broker in a LATER session, not
+    starting at last_sequence_id + 1. Deciding by id, the later batch was answered as a
+    duplicate of stored ids: acknowledged, never stored. Every session now opens a content range
+    above the last_sequence_id it was given."""
+    topic, ml = make_topic()
+    h1 = Handle(0)
+    p1 = topic.add_producer(h1, "p", None)
+    assert topic.start_producer_session(p1) == -1
+    for seq in range(4):                               # ids 0..3: 0, 2, 3 stored, 1 failed (a hole)
+        topic.publish(p1, seq, seq, cpp_entry(seq, f"old{seq}"))
+    ml.confirm(0)
+    ml.adds[1][1].set_exception(RuntimeError("bookie gone"))
+    await settle()
+    ml.confirm(2)
+    ml.confirm(3)
+    await settle()
+    topic.remove_producer(p1)                          # no receipt reached the client
+    # session 2: given 0 (below the hole); the client resets its counter to 1, resends 1..3, and
+    # its open batch [old4, new1, new2] goes out with sequence id 4; then the connection is cut
+    h2 = Handle(1)
+    p2 = topic.add_producer(h2, "p", None)
+    assert topic.start_producer_session(p2) == 0
+    for seq in (1, 2, 3):
+        topic.publish(p2, seq, seq, cpp_entry(seq, f"old{seq}"))
+    topic.publish(p2, 4, 4, cpp_batch(4, [4, 1, 2], ["old4", "new1", "new2"]))
+    for i in range(4, len(ml.adds)):
+        ml.confirm(i)
+    await settle()
+    topic.remove_producer(p2)
+    # session 3: the receipts reached the client this time (no reset); it sends new3 and new4
+    # with ids 3 and 4: below the stored high (the mixed batch counted as 4..6)
+    h3 = Handle(2)
+    p3 = topic.add_producer(h3, "p", None)
+    topic.start_producer_session(p3)
+    before = len(ml.adds)
+    topic.publish(p3, 3, 3, cpp_batch(3, [3, 4], ["new3", "new4"]))
+    assert len(ml.adds) == before + 1, "a batch of new messages under reused ids was answered as a duplicate"
+    ml.confirm(before)
+    await settle()
+    assert h3.out[-1][0] == "receipt" and h3.out[-1][2] != (-1, -1)
+    # a true resend (the same bytes) is still a duplicate: the resends of session 2 that were
+    # answered as duplicates refilled the hole
+    topic.publish(p3, 3, 3, cpp_batch(3, [3, 4], ["new3", "new4"]))
+    assert len(ml.adds) == before + 1
+    assert topic.dedup.holes == {}
