@@ -67,28 +67,49 @@ def dedup_path(managed_ledger_name: str) -> str:
 
 class DigestWindow:
     """The last ``capacity`` stored entries of one producer as packed (first id, highest id,
-    crc32c) records in a ring: 20 bytes each, scanned only for sends in a content range. The
-    ring grows as records arrive (a producer with few entries costs few bytes)."""
+    crc32c) records in a ring: 20 bytes each. The ring grows as records arrive (a producer with
+    few entries costs few bytes). Lookups (resends in a content range) go through an index of
+    the records, built on the first lookup and dropped after ``capacity`` appends without one,
+    so a burst of resends costs one pass, and a producer that never resends holds no index."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._ring = bytearray()
         self._next = 0          # records appended so far
+        self._index: dict[tuple[int, int, int], int] | None = None    # record -> copies in the ring
+        self._appends_since_lookup = 0
 
     def __len__(self) -> int:
         return min(self._next, self.capacity)
 
     def append(self, first: int, highest: int, digest: int) -> None:
+        record = (first, highest, digest & 0xFFFFFFFF)
         if self._next < self.capacity:
-            self._ring += _DIGEST.pack(first, highest, digest & 0xFFFFFFFF)
+            self._ring += _DIGEST.pack(*record)
         else:
-            _DIGEST.pack_into(self._ring, (self._next % self.capacity) * _DIGEST.size, first, highest,
-                              digest & 0xFFFFFFFF)
+            offset = (self._next % self.capacity) * _DIGEST.size
+            if self._index is not None:
+                old = _DIGEST.unpack_from(self._ring, offset)
+                left = self._index[old] - 1
+                if left:
+                    self._index[old] = left
+                else:
+                    del self._index[old]
+            _DIGEST.pack_into(self._ring, offset, *record)
         self._next += 1
+        if self._index is not None:
+            self._index[record] = self._index.get(record, 0) + 1
+            self._appends_since_lookup += 1
+            if self._appends_since_lookup > self.capacity:
+                self._index = None
 
     def contains(self, first: int, highest: int, digest: int) -> bool:
-        record = (first, highest, digest & 0xFFFFFFFF)
-        return any(r == record for r in _DIGEST.iter_unpack(self._ring))
+        if self._index is None:
+            self._index = {}
+            for record in _DIGEST.iter_unpack(self._ring):
+                self._index[record] = self._index.get(record, 0) + 1
+        self._appends_since_lookup = 0
+        return (first, highest, digest & 0xFFFFFFFF) in self._index
 
     def records(self):
         """(first id, highest id, crc32c) of every record, in no particular order."""
@@ -133,11 +154,11 @@ class DedupState:
         """``sequence_id``: the highest id the send covers; ``first_sequence_id`` and ``digest``
         (CRC32C of the entry) tell a resend from another message inside a reused range."""
         first = sequence_id if first_sequence_id is None else first_sequence_id
+        by_content = digest is not None and self.in_reused(name, first, sequence_id)
+        if by_content and first <= self.persisted.get(name, -1) and self.is_stored(name, first, sequence_id, digest):
+            return DupStatus.DUP       # a stored entry, byte for byte (wherever the refill point is)
         if sequence_id <= self.effective(name):
-            if digest is not None and self.in_reused(name, first, sequence_id) \
-                    and not self.is_stored(name, first, sequence_id, digest):
-                return DupStatus.NEW
-            return DupStatus.DUP
+            return DupStatus.NEW if by_content else DupStatus.DUP
         hole = self.holes.get(name)
         if digest is not None and hole is not None and sequence_id <= hole[1] \
                 and self.is_stored(name, first, sequence_id, digest):

@@ -227,6 +227,15 @@ class Producer:
     held: deque = field(default_factory=deque)   # sends not decided yet, in order (dedup)
 
 
+def _first_copy_of(inflight: _Send, op: _Send, by_content: bool) -> bool:
+    """Whether ``inflight`` (pushed, not done) is a copy of ``op`` (dedup): the same ids and bytes
+    in a content range, else any add whose ids cover op's."""
+    if by_content:
+        return (inflight.sequence_id == op.sequence_id and inflight.dedup_highest == op.dedup_highest
+                and inflight.dedup_digest == op.dedup_digest)
+    return inflight.sequence_id <= op.sequence_id and op.dedup_highest <= inflight.dedup_highest
+
+
 def _receipts_one_by_one(handle):
     def send_receipts(receipts: list) -> None:
         for sequence_id, highest_sequence_id, position in receipts:
@@ -599,16 +608,19 @@ class PersistentTopic:
             # byte for byte (broker/dedup.py)
             status = dedup.check(producer.name, op.dedup_highest, first_sequence_id=op.sequence_id,
                                  digest=op.dedup_digest)
-            if status is DupStatus.IN_FLIGHT:
+            if status is not DupStatus.DUP:
+                # a copy still being written: its outcome decides this one. In a content range
+                # only an identical copy counts (the same ids may name another message), and it
+                # counts even below the stored high (a resend of a send in flight)
                 reused = dedup.in_reused(producer.name, op.sequence_id, op.dedup_highest)
-                original = next((o for o in self._dedup_inflight.get(producer.name, ())
-                                 if o.sequence_id <= op.sequence_id and op.dedup_highest <= o.dedup_highest
-                                 and (o.dedup_digest == op.dedup_digest or not reused)), None)
-                if original is not None:
-                    if original.waiters is None:
-                        original.waiters = []
-                    original.waiters.append(producer)
-                    return
+                if reused or status is DupStatus.IN_FLIGHT:
+                    original = next((o for o in self._dedup_inflight.get(producer.name, ())
+                                     if _first_copy_of(o, op, reused)), None)
+                    if original is not None:
+                        if original.waiters is None:
+                            original.waiters = []
+                        original.waiters.append(producer)
+                        return
             producer.held.popleft()
             op.held = None
             if status is DupStatus.DUP:

@@ -115,8 +115,9 @@ class SimManagedLedger:
 
     state = ManagedLedgerState.READY
 
-    def __init__(self, log: SimLog) -> None:
+    def __init__(self, log: SimLog, trace: list[str]) -> None:
         self.log = log
+        self.trace = trace
         self.pending: deque[_Add] = deque()
 
     @property
@@ -138,12 +139,22 @@ class SimManagedLedger:
     def add_with_callback(self, data, publish_time, done) -> None:
         self.pending.append(_Add(data, done))
 
-    def complete_head(self, stored: bool) -> None:
-        add = self.pending.popleft()
+    def complete_head(self, stored: bool, kept_max: int = 0) -> None:
+        """Confirm the oldest add, or fail it and every add after it (the ledger's error is
+        sticky: our managed ledger fails them all and rolls over); recovery of the failed
+        ledger may still keep up to ``kept_max`` of the failed adds (written to a quorum before
+        the error): failed to the topic, yet in the log."""
         if stored:
+            add = self.pending.popleft()
+            self.trace.append(f"add stored: {messages_of(add.data)}")
             self.log.entries.append(add.data)
             add.done(Position(LEDGER_ID, len(self.log.entries) - 1), None)
-        else:
+            return
+        failed, self.pending = list(self.pending), deque()
+        for add in failed[:kept_max]:
+            self.log.entries.append(add.data)
+        self.trace.append(f"adds failed: {[messages_of(a.data) for a in failed]}, {min(kept_max, len(failed))} kept")
+        for add in failed:
             add.done(None, SimAddError("simulated add failure"))
 
     async def read_entries(self, position: Position, count: int):
@@ -357,6 +368,10 @@ class CppProducer:
         return True
 
 
+def messages_of(data: bytes) -> list[str]:
+    return [bytes(m.payload).decode() for m in unpack_entry(data)[1]]
+
+
 def payload(name: str, number: int) -> bytes:
     return f"{name}|{number}".encode()
 
@@ -379,8 +394,9 @@ class SimResult:
 
 
 class PublishSimulation:
-    def __init__(self, seed: int, *, steps: int = 400, producers: int = 2) -> None:
+    def __init__(self, seed: int, *, steps: int = 400, producers: int = 2, kept_failed: bool = False) -> None:
         self.seed = seed
+        self.kept_failed = kept_failed
         self.rng = random.Random(seed)
         self.steps = steps
         self.log = SimLog()
@@ -395,7 +411,7 @@ class PublishSimulation:
 
     async def load_topic(self) -> None:
         self.service = SimService(self.log, self.config)
-        self.ml = SimManagedLedger(self.log)
+        self.ml = SimManagedLedger(self.log, self.trace)
         self.topic = PersistentTopic(self.service, TOPIC, self.ml)
         self.topic.dedup = await self.topic._load_dedup()
         self.trace.append(f"topic loaded: {len(self.log.entries)} entries in the log")
@@ -436,7 +452,7 @@ class PublishSimulation:
                 for _ in range(rng.randint(1, 4)):
                     if self.ml.pending:
                         stored = rng.random() >= p_fail
-                        self.ml.complete_head(stored)
+                        self.ml.complete_head(stored, kept_max=rng.choice([0, 0, 1, 2]) if self.kept_failed else 0)
             elif r < 0.86:
                 for _ in range(rng.randint(1, 6)):
                     client.deliver_one()
@@ -490,6 +506,8 @@ class PublishSimulation:
                 name, number = bytes(m.payload).decode().split("|")
                 stored[name].append(int(number))
                 where.setdefault((name, int(number)), []).append(index)
+        for index, data in enumerate(self.log.entries):
+            self.trace.append(f"log {index}: {[bytes(m.payload).decode() for m in unpack_entry(data)[1]]}")
         violations = []
         for client in self.clients:
             seen = stored[client.name]
