@@ -1,4 +1,4 @@
-.PHONY: setup test run standalone chaos chaos-quick compose-check proto proto-check bench
+.PHONY: setup test run standalone chaos chaos-quick sim compose-check proto proto-check bench
 setup:
 	bash scripts/setup.sh
 test:
@@ -11,6 +11,9 @@ standalone:
 # longer, time-bounded chaos runs (CHAOS_BUDGET_S, CHAOS_RUN_S, CHAOS_SEED)
 chaos:
 	bash scripts/chaos.sh
+# the publish path's simulation beyond the suite's 10,000 seeds (SIM_SEEDS, default 0-99999; ~15 min)
+sim:
+	.venv/bin/python -m tests.sim.publish_sim --seeds $${SIM_SEEDS:-0-99999}
 # only the bounded chaos runs of the test suite
 chaos-quick:
 	.venv/bin/python -m pytest -q -p no:cacheprovider tests/chaos
