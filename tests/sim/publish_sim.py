@@ -582,8 +582,10 @@ def main(argv: list[str] | None = None) -> int:
         a, b = (int(x) for x in args.seeds.split("-"))
         seeds = range(a, b + 1)
     failed = 0
-    for seed in seeds:
+    for done, seed in enumerate(seeds, 1):
         result = run_seed(seed)
+        if done % 1000 == 0:
+            print(f"progress: {done}/{len(seeds)} seeds, {failed} failed", flush=True)
         if args.trace:
             print("\n".join(result.trace))
         if not result.ok:
