@@ -255,6 +255,8 @@ class PersistentTopic:
         self.key = str(name)
         self.ml = ml
         self._owned = service.ownership.write_guard(name)  # checked before every add
+        ml.kept_listeners.append(self._on_kept)
+        ml.rollover_listeners.append(lambda ledger_id: self._maybe_unfence())
         self.producers: dict[str, Producer] = {}
         self.subscriptions: dict[str, Subscription] = {}
         self._backlog: deque = deque()       # (send, producer, data, publish_time) waiting for room
@@ -305,8 +307,15 @@ class PersistentTopic:
         if self._closing:
             raise ServiceNotReadyError(f"topic {self.key} is closing")
         if self._write_fenced:
+            self._maybe_unfence()
+        if self._write_fenced:
+            if self.ml.state is ManagedLedgerState.FENCED:       # another owner: unload
+                from broker.managed_ledger import ManagedLedgerFencedError
+                self._on_ml_error(ManagedLedgerFencedError(f"topic {self.key}: managed ledger fenced"))
+            elif self.ml.state is ManagedLedgerState.FAILED:     # its rollover gave up: reopen
+                self._on_ml_error(ServiceNotReadyError(f"topic {self.key}: managed ledger failed"))
             raise ServiceNotReadyError(f"topic {self.key} is fenced after a failed write until its adds in "
-                                       f"flight are done; retry")
+                                       f"flight are done and its ledger rolled over; retry")
         if name in self.producers:
             raise ProducerBusyError(f"producer {name!r} is already connected to {self.key}")
         exclusive = access_mode is not AccessMode.SHARED
@@ -688,9 +697,32 @@ class PersistentTopic:
             self.remove_producer(producer)
 
     def _maybe_unfence(self) -> None:
-        if self._write_fenced and self._adds_in_flight == 0:
+        """Lift the write block once no add is in flight and the managed ledger has finished the
+        rollover its failure started: that rollover reports the failed adds its recovery kept
+        (:meth:`_on_kept`), which deduplication must know before the producers' resends."""
+        if self._write_fenced and self._adds_in_flight == 0 \
+                and self.ml.state is not ManagedLedgerState.ROLLING_OVER:
             self._write_fenced = False
             log.info("topic %s unfenced: no add in flight", self.key)
+
+    def _on_kept(self, kept: list) -> None:
+        """Entries a rollover found beyond the confirmed ones: adds that failed back to us but
+        that the recovery of their ledger kept. They are in the log: deduplication learns them
+        (a producer's resend of one is then a duplicate, not a second copy)."""
+        dedup = self.dedup
+        learned = 0
+        for _, data in kept:
+            if dedup is None:
+                break
+            try:
+                seq = entry_sequence(peek_metadata(data))
+            except Exception:     # not a producer's entry we can read: nothing to learn
+                seq = None
+            if seq is not None:
+                dedup.on_persisted(seq[0], seq[2], seq[1], crc32c_of(data))
+                learned += 1
+        log.warning("topic %s: %d failed adds were kept by the recovery of their ledger (%d known to "
+                    "deduplication)", self.key, len(kept), learned)
 
     def _on_added(self, producer: Producer, op: _Send, data: bytes, position: Position | None,
                   error: BaseException | None) -> None:

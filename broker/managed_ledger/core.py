@@ -717,6 +717,11 @@ class ManagedLedgerCore:
         return [StartRollover(cur.ledger_id, reason)]
 
     # -- rollover ----------------------------------------------------------------------------
+    def entries_confirmed_current(self) -> int:
+        """Entries of the current ledger confirmed so far (a rollover compares them with where
+        the ledger closed: more means a recovery kept adds that had failed)."""
+        return self._require_current().entries_confirmed
+
     def closed_info(self, last_entry_id: int, length: int) -> LedgerInfo:
         """The current ledger's final info, given where its ledger closed. More entries than
         confirmed (a recovery kept adds that had failed) leaves publish times unknown; fewer

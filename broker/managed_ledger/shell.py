@@ -133,6 +133,11 @@ class ManagedLedger:
         self.tier_reader: TierReader | None = None
         # called with the id of the ledger just closed by a rollover (offload trigger)
         self.rollover_listeners: list[Callable[[int], None]] = []
+        # called, before any queued add goes to the next ledger, with the entries a rollover
+        # found in the closed ledger beyond those confirmed: adds that failed back to their
+        # callers, kept by the recovery that closed the ledger (``[(Position, bytes)]``; the
+        # topic's deduplication learns them, else the producers' resends are stored twice)
+        self.kept_listeners: list[Callable[[list[tuple[Position, bytes]]], None]] = []
         # awaited by delete() once closed as the owner, before any ledger goes (tier objects)
         self.before_delete: list[Callable[[], Awaitable[object]]] = []
 
@@ -690,8 +695,10 @@ class ManagedLedger:
             raise InvariantViolation(f"{self.name}: rollover of {action.ledger_id}, writer is {old}")
         creating = asyncio.ensure_future(self._create_ledger())
         try:
+            confirmed = self._core.entries_confirmed_current()
             closed_md = await self._close_old_ledger(old)
             closed = self._core.closed_info(closed_md.last_entry_id, closed_md.length)
+            kept = await self._read_kept(closed.ledger_id, confirmed, closed.entries - 1)
             new = await creating
             async with self._metadata_lock:   # no await between this CAS and on_rolled_over below
                 md = self._core.rollover_metadata(closed, new.ledger_id, self._clock())
@@ -711,12 +718,33 @@ class ManagedLedger:
         self._writer = new
         log.info("managed ledger %s rolled over: closed ledger=%d entries=%d bytes=%d, current=%d",
                  self.name, closed.ledger_id, closed.entries, closed.size_bytes, new.ledger_id)
+        if kept:
+            for listener in list(self.kept_listeners):
+                try:
+                    listener(kept)
+                except Exception:
+                    log.exception("managed ledger %s: kept-entries listener failed", self.name)
         self._run(self._core.on_rolled_over(md, self._clock()))
         for listener in list(self.rollover_listeners):
             try:
                 listener(closed.ledger_id)
             except Exception:
                 log.exception("managed ledger %s: rollover listener failed", self.name)
+
+    async def _read_kept(self, ledger_id: int, first: int, last: int) -> list[tuple[Position, bytes]]:
+        """Entries first..last of a closed ledger: adds that failed back, kept by its recovery.
+        Read only when someone listens; a failed read costs duplicates (the resends), not data."""
+        if last < first or not self.kept_listeners:
+            return []
+        log.warning("managed ledger %s: ledger=%d closed with %d entries beyond the %d confirmed "
+                    "(adds failed back, kept by recovery)", self.name, ledger_id, last - first + 1, first)
+        try:
+            reader = await self._client.open_ledger(ledger_id, recovery=False)
+            return [(Position(ledger_id, e.entry_id), e.payload) for e in await reader.read(first, last)]
+        except PulsarliteError as e:
+            log.warning("managed ledger %s: entries %d..%d of ledger=%d not read (%s): resends of "
+                        "them may be stored twice", self.name, first, last, ledger_id, e)
+            return []
 
     async def _close_old_ledger(self, writer: LedgerWriter) -> LedgerMetadata:
         """Drain and close at the LAC. If the close itself fails (not fenced), recover the

@@ -15,9 +15,10 @@ What the C++ producer does, and is modelled here:
   connection; a SEND_ERROR closes the connection; a send timeout fails everything pending and
   keeps the counter.
 
-Faults: adds that fail (later ones may still be stored: holes), adds confirmed late, connections
+Faults: adds that fail (with every add after them; the recovery of the failed ledger may keep
+some of them in the log), adds confirmed late, connections
 cut (frames in flight lost), the topic losing ownership for a while (writes refused), send
-timeouts, and broker crashes: the adds in flight are stored or not at random, every connection
+timeouts, and broker crashes: the a prefix of the adds in flight is stored (recovery), every connection
 is cut, and a new topic instance rebuilds its dedup state from the snapshot and the log, as a
 new owner does.
 
@@ -110,15 +111,19 @@ class _Add:
 
 
 class SimManagedLedger:
-    """Adds complete in order (the simulation decides when, and whether each is stored); a
-    failed add does not stop later ones from being stored (a hole for dedup)."""
-
-    state = ManagedLedgerState.READY
+    """Adds complete in order (the simulation decides when). A failed add fails every add after
+    it (the ledger's error is sticky, as in ours) and starts a rollover: the recovery that closes
+    the failed ledger may keep some of the failed adds (in the log although failed back), and
+    reports them to the kept-entries listeners when the rollover ends; adds queue meanwhile."""
 
     def __init__(self, log: SimLog, trace: list[str]) -> None:
         self.log = log
         self.trace = trace
         self.pending: deque[_Add] = deque()
+        self.state = ManagedLedgerState.READY
+        self.kept_listeners: list = []
+        self.rollover_listeners: list = []
+        self._kept: list[tuple[Position, bytes]] = []
 
     @property
     def pending_count(self) -> int:
@@ -140,10 +145,10 @@ class SimManagedLedger:
         self.pending.append(_Add(data, done))
 
     def complete_head(self, stored: bool, kept_max: int = 0) -> None:
-        """Confirm the oldest add, or fail it and every add after it (the ledger's error is
-        sticky: our managed ledger fails them all and rolls over); recovery of the failed
-        ledger may still keep up to ``kept_max`` of the failed adds (written to a quorum before
-        the error): failed to the topic, yet in the log."""
+        """Confirm the oldest add, or fail it and every add after it, keeping up to
+        ``kept_max`` of the failed ones in the log (written to a quorum before the error)."""
+        if self.state is not ManagedLedgerState.READY:
+            return
         if stored:
             add = self.pending.popleft()
             self.trace.append(f"add stored: {messages_of(add.data)}")
@@ -153,9 +158,23 @@ class SimManagedLedger:
         failed, self.pending = list(self.pending), deque()
         for add in failed[:kept_max]:
             self.log.entries.append(add.data)
+            self._kept.append((Position(LEDGER_ID, len(self.log.entries) - 1), add.data))
         self.trace.append(f"adds failed: {[messages_of(a.data) for a in failed]}, {min(kept_max, len(failed))} kept")
+        self.state = ManagedLedgerState.ROLLING_OVER
         for add in failed:
             add.done(None, SimAddError("simulated add failure"))
+
+    def finish_rollover(self) -> None:
+        if self.state is not ManagedLedgerState.ROLLING_OVER:
+            return
+        kept, self._kept = self._kept, []
+        if kept:
+            for listener in list(self.kept_listeners):
+                listener(kept)
+        self.state = ManagedLedgerState.READY
+        self.trace.append(f"rolled over ({len(kept)} failed adds kept)")
+        for listener in list(self.rollover_listeners):
+            listener(LEDGER_ID)
 
     async def read_entries(self, position: Position, count: int):
         start = position.entry_id
@@ -394,7 +413,7 @@ class SimResult:
 
 
 class PublishSimulation:
-    def __init__(self, seed: int, *, steps: int = 400, producers: int = 2, kept_failed: bool = False) -> None:
+    def __init__(self, seed: int, *, steps: int = 400, producers: int = 2, kept_failed: bool = True) -> None:
         self.seed = seed
         self.kept_failed = kept_failed
         self.rng = random.Random(seed)
@@ -421,7 +440,8 @@ class PublishSimulation:
         connection is cut; a new owner loads the topic."""
         self.crashes += 1
         # recovery closes the ledger somewhere among the adds in flight: a prefix of them is stored
-        for add in list(self.ml.pending)[:self.rng.randint(0, len(self.ml.pending))]:
+        writing = [] if self.ml.state is ManagedLedgerState.ROLLING_OVER else list(self.ml.pending)  # else queued
+        for add in writing[:self.rng.randint(0, len(writing))]:
             self.log.entries.append(add.data)
         self.ml.pending.clear()
         for client in self.clients:
@@ -449,6 +469,10 @@ class PublishSimulation:
             elif r < 0.38:
                 client.seal()              # the batch timer
             elif r < 0.62:
+                if self.ml.state is ManagedLedgerState.ROLLING_OVER:
+                    if rng.random() < 0.5:
+                        self.ml.finish_rollover()
+                    continue
                 for _ in range(rng.randint(1, 4)):
                     if self.ml.pending:
                         stored = rng.random() >= p_fail
@@ -479,6 +503,7 @@ class PublishSimulation:
                 client.seal()
                 if client.connection is None:
                     client.connect()
+            self.ml.finish_rollover()
             while self.ml.pending:
                 self.ml.complete_head(True)
             progressed = True
@@ -487,6 +512,7 @@ class PublishSimulation:
                 for client in self.clients:
                     while client.deliver_one():
                         progressed = True
+                self.ml.finish_rollover()
                 while self.ml.pending:
                     self.ml.complete_head(True)
                     progressed = True

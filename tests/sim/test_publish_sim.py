@@ -106,3 +106,22 @@ def test_the_simulation_exercises_every_fault():
     assert "at (-1, -1)" in text                         # duplicates answered
     assert "connection cut" in text and "closed by the broker" in text
     assert sum(r.acked for r in traces) > 1000
+
+
+def test_without_learning_the_failed_adds_recovery_kept_resends_are_stored_twice(monkeypatch):
+    """An add failed back to the topic may still be in the log (the recovery that closed its
+    ledger kept it): unless deduplication learns it, the producer's resend is a second copy."""
+    monkeypatch.setattr(PersistentTopic, "_on_kept", lambda self, kept: None)
+    seed, result = _first_violation("stored twice")
+    assert seed is not None, f"no duplicate in {DEFECT_SEED_BUDGET} seeds without learning kept adds"
+
+
+def test_lifting_the_write_block_before_the_rollover_ends_stores_resends_twice(monkeypatch):
+    """The kept adds are known only once the rollover that the failure started has closed the
+    ledger: resends decided before that are stored again."""
+    def lift_when_no_add_in_flight(self):
+        if self._write_fenced and self._adds_in_flight == 0:
+            self._write_fenced = False
+    monkeypatch.setattr(PersistentTopic, "_maybe_unfence", lift_when_no_add_in_flight)
+    seed, result = _first_violation("stored twice")
+    assert seed is not None, f"no duplicate in {DEFECT_SEED_BUDGET} seeds lifting the block early"

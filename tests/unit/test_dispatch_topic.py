@@ -19,6 +19,8 @@ class FakeML:
     state = ManagedLedgerState.READY
 
     def __init__(self) -> None:
+        self.kept_listeners = []
+        self.rollover_listeners = []
         self.adds: list[tuple[bytes, asyncio.Future]] = []
         self.pending_count = 0
         self.next_entry = 0
