@@ -1142,6 +1142,11 @@ class Subscription:
     def _ack_one(self, consumer, mid, *, cumulative: bool) -> None:
         cursor = self.cursor
         position = Position(mid.ledgerId, mid.entryId)
+        if position.ledger_id < 0 or position.entry_id < 0 or position > self.topic.ml.last_confirmed_position:
+            # a message id the topic never delivered: a cumulative ack of (2^63, 2^63) would move
+            # the subscription past every existing and future message
+            raise ValueError(f"no such message in the topic (last entry "
+                             f"{tuple(self.topic.ml.last_confirmed_position)})")
         partial = bool(mid.ack_set) and any(mid.ack_set)
         if cumulative:
             if partial:

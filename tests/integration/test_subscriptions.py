@@ -119,6 +119,27 @@ def test_cumulative_ack_refused_on_shared(client):
     producer.close()
 
 
+def test_a_cumulative_ack_of_a_message_that_does_not_exist_changes_nothing(client):
+    """[hardening] finding 4: a cumulative ack of an id past the topic's end (here INT64_MAX,
+    INT64_MAX) moved the subscription there, silently dropping every existing and future
+    message. It is refused (logged) and the backlog stays."""
+    topic = fresh("poison-ack")
+    c = client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Exclusive)
+    producer = client.create_producer(topic, batching_enabled=False)
+    for i in range(3):
+        producer.send(f"m{i}".encode())
+    first = c.receive(timeout_millis=TIMEOUT_MS)
+    c.acknowledge_cumulative(pulsar.MessageId(-1, (1 << 63) - 1, (1 << 63) - 1, -1))
+    time.sleep(0.5)                    # the client groups acks (~100 ms)
+    c.close()
+    c = client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Exclusive)
+    producer.send(b"m3")
+    got = [m.data() for m in drain(c)]
+    assert got == [b"m0", b"m1", b"m2", b"m3"], (first.data(), got)
+    c.close()
+    producer.close()
+
+
 def _key_shared_consumer(client, topic, name):
     return client.subscribe(topic, "ks", consumer_type=pulsar.ConsumerType.KeyShared, consumer_name=name,
                             receiver_queue_size=50, initial_position=pulsar.InitialPosition.Earliest)
