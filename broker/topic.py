@@ -34,7 +34,7 @@ from broker.managed_ledger import ManagedLedger, ManagedLedgerError, ManagedLedg
 from pulsarlite.checksum import crc32c_of
 from pulsarlite.errors import PulsarliteError
 from pulsarlite.wire import pb
-from pulsarlite.wire.entry import peek_metadata
+from pulsarlite.wire.entry import check_sendable, peek_metadata
 
 log = logging.getLogger("pulsarlite.broker")
 
@@ -477,6 +477,7 @@ class PersistentTopic:
     def publish(self, producer: Producer, sequence_id: int, highest_sequence_id: int, entry) -> None:
         data = bytes(entry)
         meta = peek_metadata(data)          # EntryFormatError: the caller answers SEND_ERROR
+        check_sendable(data, meta)
         op = _Send(sequence_id, highest_sequence_id, len(data), meta.message_count, time.monotonic())
         producer.pending.append(op)
         self.service.publish_buffer.acquire(op.size, producer.connection)
@@ -519,6 +520,7 @@ class PersistentTopic:
             for sequence_id, highest_sequence_id, entry in sends:
                 data = bytes(entry)
                 meta = peek_metadata(data)
+                check_sendable(data, meta)
                 datas.append(data)
                 times.append(meta.publish_time_ms)
                 ops.append(_Send(sequence_id, highest_sequence_id, len(data), meta.message_count, start_s))

@@ -263,6 +263,32 @@ def split_entry(entry: bytes | memoryview) -> tuple[EntryMetadata, memoryview]:
     return EntryMetadata(raw, offset), view[offset:]
 
 
+SINGLE_MESSAGE_BYTES_MIN = 6     # in a batch: u32 size + SingleMessageMetadata's payload_size (2 bytes)
+
+
+def check_sendable(entry: bytes | memoryview, meta: EntryMetadata, *,
+                   uncompressed_bytes_max: int = UNCOMPRESSED_BYTES_MAX_DEFAULT) -> None:
+    """EntryFormatError unless what a producer's metadata declares is possible for its bytes:
+    a batch holds 1 .. (uncompressed payload / 6) messages (a count of 2^31 wraps negative in
+    counters, one of 2^31 - 1 crashes the official C++ consumer), and a compressed payload
+    declares an uncompressed size within the limit. Checked where a SEND enters the broker;
+    readers of stored entries bound their own work."""
+    raw = meta.raw
+    payload_bytes = len(entry) - meta.payload_offset
+    if raw.compression:
+        size = raw.uncompressed_size
+        if not 0 <= size <= uncompressed_bytes_max:
+            raise EntryFormatError(f"declared uncompressed size {size} is outside [0, {uncompressed_bytes_max}]")
+    else:
+        size = payload_bytes
+    if raw.HasField("num_messages_in_batch"):
+        count = raw.num_messages_in_batch
+        count_max = max(1, size // SINGLE_MESSAGE_BYTES_MIN)
+        if not 1 <= count <= count_max:
+            raise EntryFormatError(f"batch message count {count} is impossible for {size} payload bytes "
+                                   f"(1..{count_max})")
+
+
 def peek_metadata(entry: bytes | memoryview) -> EntryMetadata:
     """The entry's metadata; never touches (or decompresses) the payload."""
     raw, offset = _parse_metadata(entry)

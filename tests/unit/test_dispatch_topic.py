@@ -345,3 +345,26 @@ async def test_ids_reused_after_a_reset_arrive_in_a_later_session_inside_a_mixed
     topic.publish(p3, 3, 3, cpp_batch(3, [3, 4], ["new3", "new4"]))
     assert len(ml.adds) == before + 1
     assert topic.dedup.holes == {}
+
+
+async def test_a_send_declaring_an_impossible_batch_count_is_refused_and_changes_nothing():
+    """[hardening] finding 2: a batch count of 2^31 wrapped negative in the stats; 2^31-1
+    crashed official C++ consumers. Refused at the edge (SEND_ERROR); nothing stored."""
+    from pulsarlite.wire.entry import EntryFormatError, check_sendable, peek_metadata
+    topic, ml = make_topic()
+    topic.dedup = None
+    p = topic.add_producer(Handle(), "p", None)
+    good = build_batch_entry([Message(b"a"), Message(b"b")], producer_name="p", sequence_id=0, publish_time_ms=1)
+    check_sendable(good, peek_metadata(good))
+    for count in ((1 << 31) - 1, 0, 1000):
+        meta = peek_metadata(good).raw
+        meta.num_messages_in_batch = count
+        body = meta.SerializeToString()
+        payload = good[peek_metadata(good).payload_offset:]
+        bad = len(body).to_bytes(4, "big") + body + payload
+        with pytest.raises(EntryFormatError, match="batch message count"):
+            topic.publish(p, 1, 1, bad)
+        assert topic.publish_run(p, [(1, 1, bad)]) is False
+    assert ml.adds == [] and topic.msg_in == 0
+    topic.publish(p, 0, 0, good)
+    assert len(ml.adds) == 1
