@@ -76,10 +76,16 @@ def _request_id_of(command: pb.BaseCommand) -> int | None:
     return None
 
 
+UNSUPPORTED_COMMANDS_MAX_DEFAULT = 1_000
+
+
 class ConnectionCore:
     def __init__(self, *, frame_bytes_max: int, message_bytes_max: int,
-                 server_version: str = SERVER_VERSION, protocol_version: int = PROTOCOL_VERSION) -> None:
+                 server_version: str = SERVER_VERSION, protocol_version: int = PROTOCOL_VERSION,
+                 unsupported_commands_max: int = UNSUPPORTED_COMMANDS_MAX_DEFAULT) -> None:
         self.state = ConnState.AWAITING_CONNECT
+        self.unsupported_commands_max = unsupported_commands_max
+        self.unsupported_commands = 0
         self._decoder = FrameDecoder(frame_bytes_max)
         self.message_bytes_max = message_bytes_max
         self.server_version = server_version
@@ -151,10 +157,17 @@ class ConnectionCore:
         else:
             request_id = _request_id_of(frame.command)
             name = T.Type.Name(kind) if kind in T.Type.values() else str(kind)
+            self.unsupported_commands += 1
+            count = self.unsupported_commands
+            if count > self.unsupported_commands_max:
+                log.warning("closing a connection after %d unsupported commands (last: %s)", count, name)
+                self._fail(result, pb.NotAllowedError, f"too many unsupported commands ({count})",
+                           request_id or 0)
+                return
+            if count & (count - 1) == 0:       # 1, 2, 4, 8, ...: a bounded number of lines
+                log.info("unsupported command %s (%d from this connection so far)", name, count)
             if request_id is not None:
                 result.out.append(c.error(request_id, pb.NotAllowedError, f"{name} is not supported"))
-            else:
-                log.info("ignoring unsupported command %s", name)
 
 
 # -- the shell ------------------------------------------------------------------------------------
@@ -232,7 +245,8 @@ class ServerConnection(asyncio.Protocol):
     def __init__(self, service, *, clock=time.monotonic) -> None:
         self.service = service
         cfg = service.config
-        self.core = ConnectionCore(frame_bytes_max=cfg.frame_bytes_max, message_bytes_max=cfg.message_bytes_max)
+        self.core = ConnectionCore(frame_bytes_max=cfg.frame_bytes_max, message_bytes_max=cfg.message_bytes_max,
+                                   unsupported_commands_max=cfg.connection_unsupported_commands_max)
         self.transport: asyncio.Transport | None = None
         self.peer = None
         self._clock = clock

@@ -183,3 +183,21 @@ async def test_shell_lookup_and_checksum_error():
         assert err.type == T.SEND_ERROR
     finally:
         conn.connection_lost(None)
+
+
+def test_a_flood_of_unsupported_commands_is_logged_at_a_bounded_rate_and_closes_the_connection(caplog):
+    """[hardening] finding 1: 200,000 unsupported commands wrote a log line each and held the
+    event loop for 5 s. Now: log lines grow with the log of the count, and the connection is
+    closed (with an ERROR) past the limit; a client's other commands before that still work."""
+    core = ConnectionCore(frame_bytes_max=64 * 1024, message_bytes_max=60 * 1024, unsupported_commands_max=100)
+    core.receive(c.connect("x", 19))
+    bad = encode_command(T(type=T.NEW_TXN))
+    caplog.set_level("INFO", logger="pulsarlite.broker.connection")
+    out = core.receive(bad * 100 + c.ping())
+    assert not out.close and [f.type for f in decode(out.out)] == [T.PONG]
+    assert len(caplog.records) == 7                        # counts 1, 2, 4, ..., 64
+    out = core.receive(bad * 5000)
+    assert out.close and core.state is ConnState.CLOSED
+    [frame] = decode(out.out)
+    assert frame.type == T.ERROR and "too many unsupported commands" in frame.command.error.message
+    assert len(caplog.records) == 8
