@@ -642,7 +642,7 @@ class ServerConnection(asyncio.Protocol):
             log.info("producer created topic=%s producer=%s producer_id=%d last_sequence_id=%d",
                      topic.key, name, body.producer_id, last_sequence_id)
         except Exception as e:
-            log.info("producer on %s refused: %r", body.topic, e)
+            log.info("producer on %r refused: %r", body.topic, e)
             self.write(c.error(body.request_id, server_error_of(e), str(e) or type(e).__name__))
         finally:
             if self._producer_loading.get(body.producer_id) is task:
@@ -709,7 +709,7 @@ class ServerConnection(asyncio.Protocol):
         except ConsumerBusyError as e:
             self.write(c.error(body.request_id, pb.ConsumerBusy, str(e)))
         except Exception as e:
-            log.info("subscribe to %s refused: %r", body.topic, e)
+            log.info("subscribe to %r refused: %r", body.topic, e)
             self.write(c.error(body.request_id, server_error_of(e), str(e) or type(e).__name__))
         finally:
             if self._consumer_loading.get(body.consumer_id) is task:

@@ -25,7 +25,7 @@ from typing import Any, Awaitable, Callable, Literal, Protocol, TypedDict, Union
 from aiohttp import web
 
 from broker.admin.metrics import BrokerMetrics
-from broker.admin.policies import (BACKLOG_QUOTA_TYPES, AdminError, AutoTopicCreation, BacklogQuota,
+from broker.admin.policies import (BACKLOG_QUOTA_TYPES, PARTITIONS_MAX, AdminError, AutoTopicCreation, BacklogQuota,
                                    BadRequestError, ClusterData, NamespacePolicies, PolicyStore,
                                    PreconditionFailedError, RetentionPolicy, RolloverPolicy, TenantInfo,
                                    check_name)
@@ -35,7 +35,6 @@ from pulsarlite.topic_name import PARTITION_SUFFIX, InvalidTopicNameError, Topic
 log = logging.getLogger(__name__)
 
 BODY_BYTES_MAX = 1024 * 1024
-PARTITIONS_MAX = 4096
 _INT64_MAX = 2 ** 63 - 1
 
 

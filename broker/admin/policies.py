@@ -120,13 +120,15 @@ def namespace_path(namespace: str) -> str:
 
 
 # -- value checks --------------------------------------------------------------------------
-def _int(what: str, value: object, *, minimum: int, allow_none: bool = False) -> int | None:
+def _int(what: str, value: object, *, minimum: int, allow_none: bool = False,
+         maximum: int = None) -> int | None:
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise BadRequestError(f"{what} must be an integer, got {value!r}")
-    if value < minimum or value > _INT64_MAX:
-        raise PreconditionFailedError(f"invalid value for {what}: {value} (must be >= {minimum})")
+    top = _INT64_MAX if maximum is None else maximum
+    if value < minimum or value > top:
+        raise PreconditionFailedError(f"invalid value for {what}: {value} (must be in [{minimum}, {top}])")
     return value
 
 
@@ -287,6 +289,9 @@ class RolloverPolicy:
 TOPIC_TYPES = ("non-partitioned", "partitioned")
 
 
+PARTITIONS_MAX = 4096     # partitions of a topic, explicit or auto-created
+
+
 @dataclass(frozen=True)
 class AutoTopicCreation:
     """Pulsar's AutoTopicCreationOverride."""
@@ -302,7 +307,9 @@ class AutoTopicCreation:
         topic_type = raw.get("topicType", "non-partitioned")
         if topic_type not in TOPIC_TYPES:
             raise PreconditionFailedError(f"invalid topicType {topic_type!r}: one of {TOPIC_TYPES}")
-        partitions = _int("defaultNumPartitions", raw.get("defaultNumPartitions"), minimum=1, allow_none=True)
+        # as many as an explicit partitioned topic may have: one lookup creates them all
+        partitions = _int("defaultNumPartitions", raw.get("defaultNumPartitions"), minimum=1, allow_none=True,
+                          maximum=PARTITIONS_MAX)
         if topic_type == "partitioned" and allow and partitions is None:
             raise PreconditionFailedError("defaultNumPartitions is required when topicType is partitioned")
         return cls(allow=allow, topic_type=topic_type,

@@ -461,6 +461,11 @@ def test_policies_round_trip_in_pulsar_shape():
     ({"backlog_quota_map": {"destination_storage": {"policy": "drop_all"}}}, PreconditionFailedError),
     ({"autoTopicCreationOverride": {"allowAutoTopicCreation": True, "topicType": "partitioned"}},
      PreconditionFailedError),
+    # [hardening] finding 6: one lookup would create 2^31 partitions
+    ({"autoTopicCreationOverride": {"allowAutoTopicCreation": True, "topicType": "partitioned",
+                                    "defaultNumPartitions": 2**31}}, PreconditionFailedError),
+    ({"autoTopicCreationOverride": {"allowAutoTopicCreation": True, "topicType": "partitioned",
+                                    "defaultNumPartitions": 4097}}, PreconditionFailedError),
     ({"replication_clusters": ["bad name"]}, BadRequestError),
     ([], BadRequestError),
 ])
