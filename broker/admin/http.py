@@ -224,13 +224,30 @@ class AdminBackend(Protocol):
 
 # -- request helpers ---------------------------------------------------------------------------
 async def _json_body(request: web.Request, *, required: bool = True) -> Any:
-    text = await request.text()
+    """The request's JSON body; BadRequestError (400) for anything a client got wrong: an
+    unreadable body (a bad Content-Encoding such as broken gzip), an unknown charset, bytes that
+    are not in the charset, malformed or too deeply nested JSON."""
+    try:
+        raw = await request.read()
+    except web.HTTPException:
+        raise                              # 413: too large (client_max_size)
+    except Exception as e:
+        raise BadRequestError(f"request body unreadable: {type(e).__name__}: {e}") from None
+    charset = request.charset or "utf-8"
+    try:
+        text = raw.decode(charset)
+    except LookupError:
+        raise BadRequestError(f"unknown charset {charset!r}") from None
+    except UnicodeDecodeError as e:
+        raise BadRequestError(f"request body is not valid {charset}: {e.reason} at byte {e.start}") from None
     if not text.strip():
         if required:
             raise BadRequestError("request body is empty: a JSON value is required")
         return None
     try:
         return json.loads(text)
+    except RecursionError:
+        raise BadRequestError("JSON body nested too deeply") from None
     except ValueError as e:
         raise BadRequestError(f"malformed JSON body: {e}") from None
 

@@ -294,6 +294,24 @@ async def test_body_too_large_is_rejected(client, backend):
     assert backend.partitioned == {}
 
 
+async def test_bodies_a_client_got_wrong_are_400s_that_change_nothing(client, backend):
+    """[hardening] finding 6: these got a 500 with a traceback."""
+    url = f"{P}/pt/partitions"
+    bodies = [
+        ({}, b"[" * 30_000 + b"]" * 30_000),                                     # nested too deeply
+        ({"Content-Type": "application/json; charset=utf-8"}, b'"\xff"'),         # not UTF-8
+        ({"Content-Type": "application/json; charset=no-such-charset"}, b"4"),    # unknown charset
+        ({"Content-Encoding": "gzip"}, b"this is not gzip"),                       # bad gzip
+    ]
+    for headers, body in bodies:       # each on its own connection (aiohttp drops one after bad gzip)
+        resp = await client.put(url, data=body, headers={**headers, "Connection": "close"})
+        text = await expect_error(resp, 400)
+        assert "Traceback" not in text
+    assert backend.partitioned == {}
+    await client.put(url, data=b"4", headers={"Content-Type": "application/json"})
+    assert backend.partitioned
+
+
 async def test_backend_errors_map_to_503_and_500(client, backend):
     from pulsarlite.errors import MetadataError
 
