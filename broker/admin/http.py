@@ -379,6 +379,8 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
     async def post_cluster(request: web.Request) -> web.Response:
         cluster = check_name("cluster", request.match_info["cluster"])
         data = ClusterData.from_json(await _json_body(request))
+        if data.empty:
+            raise BadRequestError("cluster data: an update must set at least one URL (it replaces them all)")
         await policies().update_cluster(cluster, data)
         return _no_content()
 

@@ -194,11 +194,30 @@ class ClusterData:
                 continue
             if not isinstance(value, str) or len(value) > 1024:
                 raise BadRequestError(f"cluster data: {key} must be a string (at most 1024 characters)")
+            if value:
+                _check_service_url(key, value, cls._SCHEMES[key])
             kwargs[attr] = value
         return cls(**kwargs)
 
+    _SCHEMES = {"serviceUrl": ("http",), "serviceUrlTls": ("https",),
+                "brokerServiceUrl": ("pulsar",), "brokerServiceUrlTls": ("pulsar+ssl",)}
+
+    @property
+    def empty(self) -> bool:
+        return not any(getattr(self, attr) for _, attr in self._KEYS)
+
     def to_json(self) -> dict[str, Any]:
         return {key: getattr(self, attr) for key, attr in self._KEYS}
+
+
+def _check_service_url(key: str, value: str, schemes: tuple[str, ...]) -> None:
+    """``scheme://host[:port][,host[:port]...]`` with the scheme Pulsar uses for that key (a
+    ``javascript:`` or schemeless URL would be handed to clients and consoles)."""
+    scheme, sep, rest = value.partition("://")
+    hosts = rest.split("/", 1)[0]
+    if not sep or scheme.lower() not in schemes or not hosts or any(
+            not h or h.startswith(":") or any(ch.isspace() or ch in "<>\"'`" for ch in h) for h in hosts.split(",")):
+        raise BadRequestError(f"cluster data: {key} must look like {schemes[0]}://host:port, got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,13 @@ async def test_clusters(client):
     await ok(await client.post("/admin/v2/clusters/c2", json={"brokerServiceUrl": "pulsar://h:6650"}))
     got = await ok(await client.get("/admin/v2/clusters/c2"), 200)
     assert got["brokerServiceUrl"] == "pulsar://h:6650" and got["serviceUrl"] == ""
-    await err(await client.post("/admin/v2/clusters/nope", json={}), 404)
+    await err(await client.post("/admin/v2/clusters/nope", json={"serviceUrl": "http://h:8080"}), 404)
+    # [hardening] finding 6: an update that blanks every URL, and URLs of the wrong scheme
+    await err(await client.post("/admin/v2/clusters/c2", json={}), 400)
+    await err(await client.post("/admin/v2/clusters/c2", json={"serviceUrl": "javascript:alert(1)"}), 400)
+    await err(await client.post("/admin/v2/clusters/c2", json={"brokerServiceUrl": "http://h:6650"}), 400)
+    got = await ok(await client.get("/admin/v2/clusters/c2"), 200)
+    assert got["brokerServiceUrl"] == "pulsar://h:6650"              # unchanged
     await err(await client.get("/admin/v2/clusters/nope"), 404)
     await err(await client.put("/admin/v2/clusters/c3", data=b"{not json"), 400)
     await err(await client.put("/admin/v2/clusters/c3", json={"serviceUrl": 5}), 400)

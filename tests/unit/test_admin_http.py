@@ -492,6 +492,26 @@ def test_policies_validation(raw, error):
         NamespacePolicies.from_json(raw)
 
 
+@pytest.mark.parametrize("raw", [
+    {"serviceUrl": "javascript:alert(1)"}, {"serviceUrl": "h:8080"}, {"serviceUrlTls": "http://h:8443"},
+    {"brokerServiceUrl": "pulsar://"}, {"brokerServiceUrl": "pulsar://h:1,,h2:2"},
+    {"brokerServiceUrlTls": "pulsar://h:6651"}, {"serviceUrl": "http://<script>"},
+])
+def test_cluster_urls_must_have_their_scheme_and_a_host(raw):
+    from broker.admin.policies import ClusterData
+    with pytest.raises(BadRequestError):
+        ClusterData.from_json(raw)
+
+
+def test_cluster_urls_pulsar_accepts():
+    from broker.admin.policies import ClusterData
+    data = ClusterData.from_json({"serviceUrl": "http://h:8080", "serviceUrlTls": "https://h:8443",
+                                  "brokerServiceUrl": "pulsar://h1:6650,h2:6650",
+                                  "brokerServiceUrlTls": "pulsar+ssl://h:6651", "unknown": 1})
+    assert data.broker_service_url == "pulsar://h1:6650,h2:6650" and not data.empty
+    assert ClusterData.from_json({}).empty
+
+
 def test_tenant_info_validation():
     assert TenantInfo.from_json({"adminRoles": ["a", "a"], "allowedClusters": ["c"]}).admin_roles == ("a",)
     with pytest.raises(BadRequestError):
