@@ -25,6 +25,7 @@ from broker.dispatch import ConsumerBusyError, SubType
 from broker.managed_ledger import Position
 from pulsarlite.wire import commands as c
 from pulsarlite.wire import pb
+from pulsarlite.topic_name import subscription_name_problem
 from pulsarlite.wire.frames import Frame, FrameDecoder, FrameError, FrameTooLargeError
 
 log = logging.getLogger("pulsarlite.broker.connection")
@@ -676,6 +677,9 @@ class ServerConnection(asyncio.Protocol):
         task = asyncio.current_task()
         self._consumer_loading[body.consumer_id] = task
         try:
+            problem = subscription_name_problem(body.subscription)
+            if problem is not None:            # the admin API could never delete it
+                raise NotAllowedError(f"invalid subscription name: {problem}")
             sub_type = _SUB_TYPES.get(body.subType)
             if sub_type is None:
                 raise NotAllowedError(f"subscription type {pb.CommandSubscribe.SubType.Name(body.subType)} "

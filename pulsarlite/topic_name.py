@@ -50,6 +50,22 @@ class InvalidTopicNameError(PulsarliteError, ValueError):
     retriable = False
 
 
+SUBSCRIPTION_NAME_CHARS_MAX = 1024
+
+
+def subscription_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a subscription's name (None if it can): non-empty, at most
+    SUBSCRIPTION_NAME_CHARS_MAX characters, no whitespace or unprintable characters. One rule for
+    the binary protocol and the admin API, so every subscription created can be deleted."""
+    if not name:
+        return "empty subscription name"
+    if len(name) > SUBSCRIPTION_NAME_CHARS_MAX:
+        return f"subscription name of {len(name)} characters (at most {SUBSCRIPTION_NAME_CHARS_MAX})"
+    if any(ch.isspace() or not ch.isprintable() for ch in name):
+        return f"subscription name {name[:64]!r} holds whitespace or unprintable characters"
+    return None
+
+
 class TopicDomain(str, enum.Enum):
     PERSISTENT = "persistent"
     NON_PERSISTENT = "non-persistent"

@@ -30,7 +30,8 @@ from broker.admin.policies import (BACKLOG_QUOTA_TYPES, PARTITIONS_MAX, AdminErr
                                    PreconditionFailedError, RetentionPolicy, RolloverPolicy, TenantInfo,
                                    check_name)
 from pulsarlite.errors import PulsarliteError
-from pulsarlite.topic_name import PARTITION_SUFFIX, InvalidTopicNameError, TopicDomain, TopicName
+from pulsarlite.topic_name import (PARTITION_SUFFIX, InvalidTopicNameError, TopicDomain, TopicName,
+                                   subscription_name_problem)
 
 log = logging.getLogger(__name__)
 
@@ -302,8 +303,9 @@ def _topic(request: web.Request) -> str:
 
 def _subscription_name(request: web.Request) -> str:
     name = request.match_info["subscription"]
-    if not name or len(name) > 1024 or any(ch.isspace() or not ch.isprintable() for ch in name):
-        raise BadRequestError(f"invalid subscription name {name!r}")
+    problem = subscription_name_problem(name)
+    if problem is not None:
+        raise BadRequestError(f"invalid subscription name: {problem}")
     return name
 
 

@@ -140,6 +140,17 @@ def test_a_cumulative_ack_of_a_message_that_does_not_exist_changes_nothing(clien
     producer.close()
 
 
+def test_a_subscription_name_the_admin_api_could_not_delete_is_refused(client):
+    """[hardening] finding 6: names with a newline or of 10 KB were accepted on the wire, and
+    no admin request could delete them. One rule now (pulsarlite.topic_name)."""
+    topic = fresh("sub-names")
+    for name in ("a\nb", "x" * 10_000, "tab\there"):
+        with pytest.raises(Exception):
+            client.subscribe(topic, name)
+    c = client.subscribe(topic, "fine-name:1")
+    c.close()
+
+
 def _key_shared_consumer(client, topic, name):
     return client.subscribe(topic, "ks", consumer_type=pulsar.ConsumerType.KeyShared, consumer_name=name,
                             receiver_queue_size=50, initial_position=pulsar.InitialPosition.Earliest)
