@@ -50,6 +50,12 @@ class BrokerConfig:
     # commands a connection may send that we do not support before it is closed ([hardening]:
     # 200,000 of them cost 5 s of event loop in log lines); logged at a bounded rate with a count
     connection_unsupported_commands_max: int = 1_000
+    # budgets against clients that hold resources without using them ([hardening])
+    connect_frame_bytes_max: int = 64 * KiB  # frames before CONNECT (a CONNECT with a token is a few KiB)
+    connect_timeout_ms: int = 10_000         # a connection that has not sent CONNECT by then is closed
+    frame_complete_timeout_ms: int = 30_000  # a frame started must be complete by then (slow senders)
+    connections_max: int = 10_000            # connections to this broker; more are closed at once
+    connections_per_address_max: int = 1_000  # ... from one client address
     topic_auto_creation: bool = True
     # producer deduplication (broker/dedup.py); a namespace's deduplicationEnabled overrides the default
     broker_deduplication_enabled: bool = False
@@ -87,7 +93,9 @@ class BrokerConfig:
                      "rollover_bytes_max", "rollover_age_ms_max", "pending_adds_max",
                      "message_bytes_max", "publish_buffer_bytes_max", "entry_cache_bytes_max",
                      "read_ahead_entries_max", "connection_write_buffer_bytes_max",
-                     "keepalive_interval_ms", "connection_unsupported_commands_max", "topic_load_timeout_ms", "shutdown_grace_ms",
+                     "keepalive_interval_ms", "connection_unsupported_commands_max", "connect_frame_bytes_max",
+                     "connect_timeout_ms", "frame_complete_timeout_ms", "connections_max",
+                     "connections_per_address_max", "topic_load_timeout_ms", "shutdown_grace_ms",
                      "stats_interval_ms", "retention_check_interval_ms", "offload_concurrent_max", "offload_check_interval_ms",
                      "offload_row_group_bytes", "offload_ledger_bytes_max", "tier_read_cache_bytes_max",
                      "tier_read_ahead_ledgers"):
@@ -112,6 +120,9 @@ class BrokerConfig:
             raise ConfigError(f"BrokerConfig: {e}") from None
         if self.message_bytes_max < 1 * KiB or self.frame_bytes_max >= FRAME_BYTES_MAX_LIMIT:
             raise ConfigError(f"BrokerConfig.message_bytes_max out of range: {self.message_bytes_max}")
+        if not 16 <= self.connect_frame_bytes_max <= self.frame_bytes_max:
+            raise ConfigError(f"BrokerConfig.connect_frame_bytes_max must be in [16, frame size "
+                              f"{self.frame_bytes_max}], got {self.connect_frame_bytes_max}")
         if self.publish_buffer_bytes_max < self.frame_bytes_max:
             raise ConfigError("BrokerConfig.publish_buffer_bytes_max must hold at least one message")
         if not self.host or not self.zookeeper:

@@ -83,11 +83,14 @@ UNSUPPORTED_COMMANDS_MAX_DEFAULT = 1_000
 class ConnectionCore:
     def __init__(self, *, frame_bytes_max: int, message_bytes_max: int,
                  server_version: str = SERVER_VERSION, protocol_version: int = PROTOCOL_VERSION,
-                 unsupported_commands_max: int = UNSUPPORTED_COMMANDS_MAX_DEFAULT) -> None:
+                 unsupported_commands_max: int = UNSUPPORTED_COMMANDS_MAX_DEFAULT,
+                 connect_frame_bytes_max: int | None = None) -> None:
         self.state = ConnState.AWAITING_CONNECT
         self.unsupported_commands_max = unsupported_commands_max
         self.unsupported_commands = 0
-        self._decoder = FrameDecoder(frame_bytes_max)
+        # before CONNECT only small frames: an unauthenticated peer holds little memory
+        self.frame_bytes_max = frame_bytes_max
+        self._decoder = FrameDecoder(min(frame_bytes_max, connect_frame_bytes_max or frame_bytes_max))
         self.message_bytes_max = message_bytes_max
         self.server_version = server_version
         self.protocol_version = protocol_version
@@ -116,6 +119,11 @@ class ConnectionCore:
                 break
         return result
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of a frame started and not complete yet."""
+        return self._decoder.buffered_bytes
+
     def _fail(self, result: CoreOutput, error: int, message: str, request_id: int = 0) -> CoreOutput:
         result.out.append(c.error(request_id, error, message))
         result.close = True
@@ -140,6 +148,7 @@ class ConnectionCore:
             result.out.append(c.connected(self.server_version, self.negotiated_protocol_version,
                                           max_message_size=self.message_bytes_max))
             self.state = ConnState.CONNECTED
+            self._decoder.frame_bytes_max = self.frame_bytes_max
             return
         if kind == T.CONNECT:
             self._fail(result, pb.NotAllowedError, "CONNECT sent twice")
@@ -242,12 +251,48 @@ _SUB_TYPES = {pb.CommandSubscribe.Exclusive: SubType.EXCLUSIVE, pb.CommandSubscr
               pb.CommandSubscribe.Failover: SubType.FAILOVER, pb.CommandSubscribe.Key_Shared: SubType.KEY_SHARED}
 
 
+class ConnectionAdmission:
+    """Counts a broker's connections, in total and per client address, against their limits."""
+
+    def __init__(self, connections_max: int, per_address_max: int) -> None:
+        self.connections_max = connections_max
+        self.per_address_max = per_address_max
+        self.total = 0
+        self.by_address: dict[str, int] = {}
+        self.refused = 0
+
+    def admit(self, address: str) -> str | None:
+        """Count a new connection from ``address``; the reason to refuse it (then not counted)."""
+        if self.total >= self.connections_max:
+            self.refused += 1
+            return f"too many connections ({self.total})"
+        if self.by_address.get(address, 0) >= self.per_address_max:
+            self.refused += 1
+            return f"too many connections from {address} ({self.by_address[address]})"
+        self.total += 1
+        self.by_address[address] = self.by_address.get(address, 0) + 1
+        return None
+
+    def release(self, address: str) -> None:
+        self.total -= 1
+        left = self.by_address.get(address, 0) - 1
+        if left > 0:
+            self.by_address[address] = left
+        else:
+            self.by_address.pop(address, None)
+
+
 class ServerConnection(asyncio.Protocol):
-    def __init__(self, service, *, clock=time.monotonic) -> None:
+    def __init__(self, service, *, clock=time.monotonic, admission: ConnectionAdmission | None = None) -> None:
         self.service = service
         cfg = service.config
         self.core = ConnectionCore(frame_bytes_max=cfg.frame_bytes_max, message_bytes_max=cfg.message_bytes_max,
-                                   unsupported_commands_max=cfg.connection_unsupported_commands_max)
+                                   unsupported_commands_max=cfg.connection_unsupported_commands_max,
+                                   connect_frame_bytes_max=cfg.connect_frame_bytes_max)
+        self._admission = admission
+        self._admitted_address: str | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._frame_started_s: float | None = None
         self.transport: asyncio.Transport | None = None
         self.peer = None
         self._clock = clock
@@ -272,12 +317,49 @@ class ServerConnection(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.peer = transport.get_extra_info("peername")
-        limit = self.service.config.connection_write_buffer_bytes_max
+        cfg = self.service.config
+        if self._admission is not None:
+            address = self.peer[0] if isinstance(self.peer, tuple) else str(self.peer)
+            refusal = self._admission.admit(address)
+            if refusal is not None:
+                if self._admission.refused & (self._admission.refused - 1) == 0:   # 1, 2, 4, ...
+                    log.warning("connection from %s refused: %s (%d refused so far)", address, refusal,
+                                self._admission.refused)
+                self.closed = True
+                transport.abort()
+                return
+            self._admitted_address = address
         try:
-            transport.set_write_buffer_limits(high=limit)
+            transport.set_write_buffer_limits(high=cfg.connection_write_buffer_bytes_max)
         except (AttributeError, NotImplementedError):
             pass
         self._keepalive = asyncio.ensure_future(self._keepalive_loop())
+        self._deadline = asyncio.get_running_loop().call_later(cfg.connect_timeout_ms / 1000,
+                                                               self._on_connect_deadline)
+
+    def _on_connect_deadline(self) -> None:
+        self._deadline = None
+        if not self.closed and self.core.state is ConnState.AWAITING_CONNECT:
+            log.info("closing %s: no CONNECT within %d ms", self.peer, self.service.config.connect_timeout_ms)
+            self.close(abort=True)
+
+    def _watch_partial_frame(self) -> None:
+        """A frame started must be complete within frame_complete_timeout_ms: a peer that
+        trickles bytes holds a buffer (up to a frame) and a connection forever otherwise."""
+        if self.core.buffered_bytes == 0:
+            self._frame_started_s = None
+            return
+        if self._frame_started_s is not None:
+            return
+        self._frame_started_s = started = self._clock()
+        timeout_s = self.service.config.frame_complete_timeout_ms / 1000
+        asyncio.get_running_loop().call_later(timeout_s, self._on_frame_deadline, started)
+
+    def _on_frame_deadline(self, started: float) -> None:
+        if not self.closed and self._frame_started_s == started:
+            log.info("closing %s: a frame of which %d bytes arrived was not complete within %d ms", self.peer,
+                     self.core.buffered_bytes, self.service.config.frame_complete_timeout_ms)
+            self.close(abort=True)
 
     def data_received(self, data: bytes) -> None:
         self._last_received = self._clock()
@@ -307,6 +389,8 @@ class ServerConnection(asyncio.Protocol):
             self._flush()
         if result is not None and result.close:
             self.close()
+        elif self._frame_started_s is not None or self.core.buffered_bytes:
+            self._watch_partial_frame()
 
     def connection_lost(self, exc) -> None:
         self._cleanup()
@@ -379,6 +463,12 @@ class ServerConnection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        if self._admitted_address is not None:
+            self._admission.release(self._admitted_address)
+            self._admitted_address = None
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         self.service.publish_buffer.forget(self)
         if self._keepalive is not None:
             self._keepalive.cancel()

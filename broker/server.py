@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from broker.connection import ServerConnection
+from broker.connection import ConnectionAdmission, ServerConnection
 
 log = logging.getLogger("pulsarlite.broker")
 
@@ -15,6 +15,8 @@ class BrokerServer:
         self.service = service
         self._server: asyncio.AbstractServer | None = None
         self.connections: set[ServerConnection] = set()
+        self.admission = ConnectionAdmission(service.config.connections_max,
+                                             service.config.connections_per_address_max)
 
     @property
     def port(self) -> int:
@@ -23,7 +25,7 @@ class BrokerServer:
         return self._server.sockets[0].getsockname()[1]
 
     def _make_connection(self) -> ServerConnection:
-        connection = ServerConnection(self.service)
+        connection = ServerConnection(self.service, admission=self.admission)
         self.connections.add(connection)
         original = connection.connection_lost
 

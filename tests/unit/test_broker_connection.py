@@ -201,3 +201,27 @@ def test_a_flood_of_unsupported_commands_is_logged_at_a_bounded_rate_and_closes_
     [frame] = decode(out.out)
     assert frame.type == T.ERROR and "too many unsupported commands" in frame.command.error.message
     assert len(caplog.records) == 8
+
+
+def test_before_connect_only_small_frames_are_taken():
+    """[hardening] finding 3: each connection could hold a 5 MiB unfinished frame before CONNECT."""
+    core = ConnectionCore(frame_bytes_max=64 * 1024, message_bytes_max=60 * 1024, connect_frame_bytes_max=1024)
+    out = core.receive(struct.pack(">I", 5000))          # announces a 5,000-byte frame
+    assert out.close and "too large" in decode(out.out)[0].command.error.message
+    core = ConnectionCore(frame_bytes_max=64 * 1024, message_bytes_max=60 * 1024, connect_frame_bytes_max=1024)
+    core.receive(c.connect("x", 19))
+    assert core.state is ConnState.CONNECTED
+    out = core.receive(struct.pack(">I", 5000))           # after CONNECT the full limit applies
+    assert not out.close and core.buffered_bytes == 4
+
+
+def test_connection_admission_counts_per_address_and_in_total():
+    from broker.connection import ConnectionAdmission
+    a = ConnectionAdmission(connections_max=3, per_address_max=2)
+    assert a.admit("1.1.1.1") is None and a.admit("1.1.1.1") is None
+    assert "from 1.1.1.1" in a.admit("1.1.1.1")
+    assert a.admit("2.2.2.2") is None
+    assert "too many connections (3)" in a.admit("3.3.3.3")
+    a.release("1.1.1.1")
+    assert a.admit("3.3.3.3") is None and a.refused == 2
+    assert a.by_address == {"1.1.1.1": 1, "2.2.2.2": 1, "3.3.3.3": 1} and a.total == 3
