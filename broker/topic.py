@@ -1024,6 +1024,7 @@ def _address_of(connection) -> str:
 
 # -- subscriptions -------------------------------------------------------------------------------
 SKIP_READ_ENTRIES_MAX = 256      # entries read per round trip by an admin skip
+SKIP_INDEXES_PER_TURN = 4096     # batch indexes an admin skip acks before it lets the loop run
 
 
 async def skip_messages(topic: "PersistentTopic", cursor, count: int) -> int:
@@ -1045,16 +1046,20 @@ async def skip_messages(topic: "PersistentTopic", cursor, count: int) -> int:
             if skipped >= count:
                 break
             batch_size = max(1, peek_metadata(data).message_count)
-            left = cursor.remaining_batch_indexes(entry_position, batch_size)
-            if left is None:
-                left = set(range(batch_size))
-            if left and len(left) <= count - skipped:
+            left = cursor.remaining_batch_indexes(entry_position, batch_size)   # None: all of them
+            left_count = batch_size if left is None else len(left)
+            if left_count and left_count <= count - skipped:
                 if cursor.ack_individual(entry_position):
-                    skipped += len(left)
-            elif left:
-                for index in sorted(left)[:count - skipped]:
+                    skipped += left_count
+            elif left_count:
+                # part of a batch: one ack per index, never a set the size of what an entry's
+                # metadata claims, and the loop yields now and then (a client chose the count)
+                indexes = range(count - skipped) if left is None else sorted(left)[:count - skipped]
+                for n, index in enumerate(indexes, 1):
                     cursor.ack_individual(entry_position, batch_index=index, batch_size=batch_size)
                     skipped += 1
+                    if n % SKIP_INDEXES_PER_TURN == 0:
+                        await asyncio.sleep(0)
         position = topic.next_after(got[-1][0])
     return skipped
 
