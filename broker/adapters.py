@@ -16,7 +16,7 @@ from typing import Any, Callable
 from sortedcontainers import SortedSet
 
 from broker.cursor import ManagedCursor
-from broker.managed_ledger import Position
+from broker.managed_ledger import Position, next_position
 from pulsarlite.topic_name import InvalidTopicNameError, TopicName
 
 log = logging.getLogger("pulsarlite.broker")
@@ -114,7 +114,6 @@ class MemoryCursor:
             self._advance()
 
     def _advance(self) -> None:
-        from broker.managed_ledger import next_position
         ledgers = self._ledgers_of()
         while self._acked:
             try:

@@ -27,13 +27,16 @@ import json
 import logging
 from datetime import datetime, timezone
 
+from broker.adapters import open_cursor
 from broker.admin.http import (ConsumerStats, CursorStats, InternalStats, LedgerInfoStats, LookupData,
                                MessageIdData, PublisherStats, SubscriptionPosition, SubscriptionStats, TopicStats)
 from broker.admin.policies import BadRequestError, ConflictError, NotFoundError, PreconditionFailedError
 from broker.cursor import CursorState, cursor_path, list_cursors
 from broker.managed_ledger import LedgerInfo, ManagedLedgerMetadata, ManagedLedgerStore, OffloadState, Position
 from broker.managed_ledger.store import encode as encode_ledger_list
+from broker.offloader import TopicOffloadPolicies, read_topic_offload_policies, topic_policies_path
 from broker.service import (PARTITIONED_TOPICS_ROOT, BrokerService, TopicNotFoundError, subscription_backlog)
+from broker.topic import skip_messages
 from pulsarlite.errors import MetadataNotFoundError, PulsarliteError
 from pulsarlite.metadata import MetadataExistsError
 from pulsarlite.topic_name import InvalidTopicNameError, TopicName
@@ -388,14 +391,12 @@ class BrokerAdminBackend:
         topic_offloader.request(Position(ledger_id, entry_id))
 
     async def get_topic_offload_policies(self, topic: str) -> dict | None:
-        from broker.offloader import read_topic_offload_policies
         name = self._name(topic)
         await self._require_topic(name)
         policies = await read_topic_offload_policies(self.store, name)
         return None if policies is None else policies.to_json()
 
     async def set_topic_offload_policies(self, topic: str, raw: dict | None) -> None:
-        from broker.offloader import TopicOffloadPolicies, topic_policies_path
         name = self._name(topic)
         policies = None
         if raw is not None:
@@ -477,7 +478,6 @@ class BrokerAdminBackend:
         return sorted(names)
 
     async def create_subscription(self, topic: str, name: str, position: SubscriptionPosition) -> None:
-        from broker.adapters import open_cursor
         tname = self._name(topic)
         await self._require_topic(tname)
         live = await self._load(tname)
@@ -533,7 +533,6 @@ class BrokerAdminBackend:
     async def _on_stored_cursor(self, live, subscription: str, change):
         """Open the subscription's stored cursor (no consumer here has it loaded), apply
         ``change(cursor)`` (may be a coroutine function), close it: the change is persisted."""
-        from broker.adapters import open_cursor
         cursor = await open_cursor(self.store, live.ml.name, subscription, initial=live.earliest_mark_delete(),
                                    durable=True, ledgers_of=live.ml.ledgers)
         try:
@@ -555,7 +554,6 @@ class BrokerAdminBackend:
         """Skip the subscription's next ``count`` unacknowledged messages (None: all of them,
         Pulsar's skip_all / clear-backlog). Returns how many were skipped (None: skip_all of a
         subscription not loaded here, whose backlog is not counted)."""
-        from broker.topic import skip_messages
         live, sub = await self._subscription(topic, subscription)
         if sub is not None and not sub.durable:
             raise PreconditionFailedError(f"Subscription {subscription} is not durable")

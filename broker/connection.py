@@ -21,8 +21,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from broker.dispatch import ConsumerBusyError, SubType
+from broker.adapters import parse_topic
+from broker.dispatch import ConsumerBusyError, KeySharedMode, SubType
+from broker.errors import CumulativeAckNotAllowedError, NotAllowedError, server_error_of
 from broker.managed_ledger import Position
+from broker.schemas import decode_version, encode_version
+from broker.topic import AccessMode
 from pulsarlite.wire import commands as c
 from pulsarlite.wire import pb
 from pulsarlite.topic_name import subscription_name_problem
@@ -236,7 +240,6 @@ class _ProducerRef:
             for sequence_id, highest_sequence_id, position in receipts]))
 
     def send_error(self, sequence_id: int, error: BaseException) -> None:
-        from broker.service import server_error_of
         self.connection.write(c.send_error(self.producer_id, sequence_id, server_error_of(error),
                                            str(error) or type(error).__name__))
 
@@ -618,7 +621,6 @@ class ServerConnection(asyncio.Protocol):
             ref.topic.publish(ref.producer, sequence_id, highest if highest > sequence_id else sequence_id,
                               frame.entry)
         except Exception as e:
-            from broker.service import server_error_of
             self.write(c.send_error(send.producer_id, send.sequence_id, server_error_of(e), f"bad entry: {e}"))
 
     # ACK -----------------------------------------------------------------------------------------
@@ -628,7 +630,6 @@ class ServerConnection(asyncio.Protocol):
         if ref is None or ref.subscription is None:
             error = (pb.ConsumerNotFound, f"no consumer {ack.consumer_id}")
         else:
-            from broker.dispatch import CumulativeAckNotAllowedError
             try:
                 ref.subscription.ack(ref, list(ack.message_id),
                                      cumulative=ack.ack_type == pb.CommandAck.Cumulative)
@@ -643,7 +644,6 @@ class ServerConnection(asyncio.Protocol):
 
     # discovery -----------------------------------------------------------------------------------
     async def _on_lookup(self, body: pb.CommandLookupTopic) -> None:
-        from broker.service import server_error_of
         try:
             url, ours, authoritative = await self.service.lookup(body.topic, authoritative=body.authoritative)
         except Exception as e:
@@ -653,7 +653,6 @@ class ServerConnection(asyncio.Protocol):
                                      authoritative=authoritative or ours, proxy_through_service_url=False))
 
     async def _on_partitioned_metadata(self, body) -> None:
-        from broker.service import server_error_of
         try:
             count = getattr(self.service, "partitions_or_create", None) or self.service.partitions
             n = await count(body.topic)         # may auto-create a partitioned topic
@@ -663,7 +662,6 @@ class ServerConnection(asyncio.Protocol):
         self.write(c.partitioned_metadata_response(body.request_id, n))
 
     async def _on_topics_of_namespace(self, body) -> None:
-        from broker.service import server_error_of
         try:
             topics = await self.service.topics_of_namespace(body.namespace)
             if body.HasField("mode") and body.mode == pb.CommandGetTopicsOfNamespace.NON_PERSISTENT:
@@ -675,8 +673,6 @@ class ServerConnection(asyncio.Protocol):
 
     # producers -----------------------------------------------------------------------------------
     async def _on_producer(self, body: pb.CommandProducer) -> None:
-        from broker.schemas import encode_version
-        from broker.service import server_error_of
         existing = self._producers.get(body.producer_id)
         if existing is not None and existing.producer is not None:      # a retry: same answer
             self.write(c.producer_success(
@@ -710,7 +706,6 @@ class ServerConnection(asyncio.Protocol):
             # sends the name a broker assigned it earlier, and deduplication is keyed by it
             named = body.HasField("producer_name") and body.producer_name
             name = body.producer_name if named else self.service.next_producer_name()
-            from broker.topic import AccessMode
             try:
                 mode = AccessMode(body.producer_access_mode)
             except ValueError:
@@ -750,7 +745,6 @@ class ServerConnection(asyncio.Protocol):
 
     # consumers -----------------------------------------------------------------------------------
     async def _on_subscribe(self, body: pb.CommandSubscribe) -> None:
-        from broker.service import NotAllowedError, server_error_of
         existing = self._consumers.get(body.consumer_id)
         if existing is not None and existing.subscription is not None:
             self.write(c.success(body.request_id))
@@ -782,7 +776,6 @@ class ServerConnection(asyncio.Protocol):
             ref = _ConsumerRef(self, body.consumer_id, topic.key)
             ref.consumer_name = body.consumer_name
             start = body.start_message_id if body.HasField("start_message_id") else None
-            from broker.dispatch import KeySharedMode
             key_mode, hash_ranges, out_of_order = KeySharedMode.AUTO_SPLIT, None, False
             if body.HasField("keySharedMeta"):
                 meta = body.keySharedMeta
@@ -831,7 +824,6 @@ class ServerConnection(asyncio.Protocol):
         try:
             await sub.topic.remove_subscription(sub, delete_cursor=True)
         except Exception as e:
-            from broker.service import server_error_of
             self.write(c.error(body.request_id, server_error_of(e), str(e)))
             return
         self.write(c.success(body.request_id))
@@ -839,7 +831,6 @@ class ServerConnection(asyncio.Protocol):
     async def _on_seek(self, body) -> None:
         """SEEK: CLOSE_CONSUMER to the subscription's consumers first, then SUCCESS (what the
         official client expects); they reconnect and receive from the seek position."""
-        from broker.service import server_error_of
         ref = self._consumers.get(body.consumer_id)
         if ref is None or ref.subscription is None:
             self.write(c.error(body.request_id, pb.ConsumerNotFound, f"no consumer {body.consumer_id}"))
@@ -859,7 +850,6 @@ class ServerConnection(asyncio.Protocol):
         self.write(c.success(body.request_id))
 
     async def _on_get_last_message_id(self, body) -> None:
-        from broker.service import server_error_of
         ref = self._consumers.get(body.consumer_id)
         if ref is None or ref.subscription is None:
             self.write(c.error(body.request_id, pb.ConsumerNotFound, f"no consumer {body.consumer_id}"))
@@ -875,9 +865,6 @@ class ServerConnection(asyncio.Protocol):
 
     # schemas -------------------------------------------------------------------------------------
     async def _on_get_schema(self, body) -> None:
-        from broker.adapters import parse_topic
-        from broker.schemas import decode_version, encode_version
-        from broker.service import server_error_of
         try:
             version = decode_version(body.schema_version) if body.HasField("schema_version") else None
             got = await self.service.schemas.get(parse_topic(body.topic), version)
@@ -892,9 +879,6 @@ class ServerConnection(asyncio.Protocol):
         self.write(c.get_schema_response(body.request_id, schema=schema, schema_version=encode_version(v)))
 
     async def _on_get_or_create_schema(self, body) -> None:
-        from broker.adapters import parse_topic
-        from broker.schemas import encode_version
-        from broker.service import server_error_of
         try:
             v = await self.service.schemas.add(parse_topic(body.topic), body.schema)
         except Exception as e:

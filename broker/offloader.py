@@ -57,6 +57,7 @@ from typing import Any, Callable, Sequence
 
 from broker.managed_ledger import (LedgerInfo, LedgerInfoState, ManagedLedgerClosedError, ManagedLedgerFencedError,
                                    OffloadInfo, OffloadState, Position)
+from broker.schemas import SchemaRegistry
 from offload.core import (BookiesDeleted, CasConflict, DeleteFromBookies, DeleteObject, Done, LedgerOffload,
                           LedgerView, ListedObject, ObjectDeleted, ObjectStats, ObjectVerified, ObjectWritten,
                           Offload, OffloadPolicy, OffloadRecord, Recorded, RecordOffload, StepFailed, Tick,
@@ -744,7 +745,6 @@ class TopicOffloader:
         if registry is None:
             if self.broker.store is None:
                 return None
-            from broker.schemas import SchemaRegistry
             registry = SchemaRegistry(self.broker.store)
         stored = await registry.all_versions(self.topic.name)
         if not stored or any(s.definition.type not in ("AVRO", "JSON") for s in stored):

@@ -36,11 +36,23 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Mapping, Sequence
 
+from broker.admin.policies import NotFoundError
+from broker.cursor import CursorState, cursor_path, list_cursors
+from broker.dedup import DedupState, dedup_path
 from broker.managed_ledger import LedgerInfo, LedgerInfoState, Position
 from pulsarlite.errors import PulsarliteError
 from pulsarlite.wire import pb
+from pulsarlite.wire.entry import peek_metadata
 
 log = logging.getLogger("pulsarlite.broker.retention")
+
+
+def publish_time_of(entry: bytes) -> int | None:
+    """An entry's publish time; None if its metadata does not parse."""
+    try:
+        return peek_metadata(entry).publish_time_ms
+    except Exception:
+        return None
 
 MiB = 1024 * 1024
 TTL_SEARCH_READS_MAX = 64          # entry reads per binary search (2**64 entries: plenty)
@@ -337,7 +349,6 @@ class RetentionService:
         now = time.monotonic()
         if now - self._rechecked.get(topic.key, 0.0) >= QUOTA_RECHECK_INTERVAL_S:
             self._rechecked[topic.key] = now
-            from broker.admin.policies import NotFoundError
             try:
                 policies = await self.service.policies.get_namespace_policies(
                     f"{topic.name.tenant}/{topic.name.namespace_local_name}")
@@ -350,7 +361,6 @@ class RetentionService:
 
     # -- one topic -------------------------------------------------------------------------------
     async def run_topic(self, topic) -> None:
-        from broker.admin.policies import NotFoundError
         namespace = f"{topic.name.tenant}/{topic.name.namespace_local_name}"
         try:
             policies = await self.service.policies.get_namespace_policies(namespace)
@@ -370,7 +380,6 @@ class RetentionService:
     async def _marks(self, topic) -> dict[str, Position]:
         """Mark-delete positions of every durable subscription: live ones from their cursor,
         idle ones from their znode."""
-        from broker.cursor import CursorState, cursor_path, list_cursors
         marks: dict[str, Position] = {}
         for sub in list(topic.subscriptions.values()):
             if sub.durable:
@@ -397,10 +406,6 @@ class RetentionService:
         marks = dict(marks)
         if not dedup_enabled:
             return marks
-        try:
-            from broker.dedup import DedupState, dedup_path
-        except ImportError:
-            return marks
         got = await self.service.store.get_or_none(dedup_path(topic.name.managed_ledger_name))
         if got is not None:
             try:
@@ -412,7 +417,6 @@ class RetentionService:
 
     async def _advance(self, topic, name: str, position: Position, why: str) -> bool:
         """Move subscription ``name``'s mark-delete forward to ``position`` (never back)."""
-        from broker.cursor import CursorState, cursor_path
         from pulsarlite.errors import MetadataError
         sub = topic.subscriptions.get(name)
         if sub is not None:
@@ -454,9 +458,8 @@ class RetentionService:
         through, partial = ttl_expired_through(ledgers, ttl_ms, now_ms)
         if partial is not None:
             async def publish_time_at(entry_id: int) -> int | None:
-                from broker.service import _publish_time_of
                 got = await topic.read_entry(Position(partial.ledger_id, entry_id))
-                return None if got is None else _publish_time_of(got[0])
+                return None if got is None else publish_time_of(got[0])
             found = await search_last_expired(partial, publish_time_at, ttl_ms, now_ms)
             if found is not None:
                 through = found

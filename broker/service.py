@@ -20,44 +20,22 @@ from broker.adapters import parse_topic
 from broker.admin.metrics import BrokerMetrics, MetricsConfig
 from broker.admin.policies import NotFoundError, PolicyStore
 from broker.config import BrokerConfig
+from broker.errors import (BrokerError, NotAllowedError, ProducerBusyError, ServiceNotReadyError,  # noqa: F401
+                           SubscriptionBusyError, TopicNotFoundError, server_error_of)
 from broker.latency import LatencyBuckets
-from broker.managed_ledger import ManagedLedger, managed_ledger_path
+from broker.managed_ledger import ManagedLedger, ManagedLedgerClosedError, managed_ledger_path
+from broker.offloader import BrokerOffloader
+from broker.retention import RetentionService, publish_time_of
+from broker.schema_compat import CompatibilityStrategy
 from broker.schemas import SchemaRegistry
 from broker.topic import EntryCache, PersistentTopic, PublishBuffer
 from pulsarlite.errors import PulsarliteError
 from pulsarlite.wire import pb
-from pulsarlite.wire.entry import peek_metadata
 
 log = logging.getLogger("pulsarlite.broker")
 
 BROKERS_PATH = "/loadbalance/brokers"
 PARTITIONED_TOPICS_ROOT = "/admin/partitioned-topics"
-
-
-# -- errors a client is told about (each maps to one ServerError) ------------------------------
-class BrokerError(PulsarliteError):
-    server_error = pb.UnknownError
-
-
-class ServiceNotReadyError(BrokerError):
-    server_error = pb.ServiceNotReady
-    retriable = True
-
-
-class TopicNotFoundError(BrokerError):
-    server_error = pb.TopicNotFound
-
-
-class ProducerBusyError(BrokerError):
-    server_error = pb.ProducerBusy
-
-
-class SubscriptionBusyError(BrokerError):
-    server_error = pb.ConsumerBusy
-
-
-class NotAllowedError(BrokerError):
-    server_error = pb.NotAllowedError
 
 
 class ServiceMetrics(BrokerMetrics):
@@ -78,27 +56,6 @@ class ServiceMetrics(BrokerMetrics):
 _BOOKIE_IN_MESSAGE = re.compile(r"bookie ([^\s:]+:\d+)")
 
 
-def server_error_of(error: BaseException) -> int:
-    from broker.adapters import InvalidTopicNameError
-    from broker.dispatch import ConsumerBusyError
-    from broker.managed_ledger import ManagedLedgerError
-    from pulsarlite.errors import MetadataError
-    code = getattr(error, "server_error", None)   # BrokerError and other errors that name theirs
-    if code is not None:
-        return code
-    if isinstance(error, ConsumerBusyError):
-        return pb.ConsumerBusy
-    if isinstance(error, InvalidTopicNameError):
-        return pb.InvalidTopicName
-    if isinstance(error, ManagedLedgerError):
-        return pb.ServiceNotReady if error.retriable else pb.PersistenceError
-    if isinstance(error, MetadataError):
-        return pb.MetadataError
-    if isinstance(error, PulsarliteError):
-        return pb.PersistenceError if error.retriable else pb.UnknownError
-    return pb.UnknownError
-
-
 class BrokerService:
     def __init__(self, config: BrokerConfig, *, store, ledger_client, ownership) -> None:
         self.config = config
@@ -117,11 +74,9 @@ class BrokerService:
         self._unloading: dict[str, asyncio.Future] = {}
         self.metrics = ServiceMetrics(MetricsConfig(cluster=config.cluster_name), self.flush_metrics)
         self.policies = PolicyStore(store, list_topics=self.namespace_topics_and_partitioned)
-        from broker.offloader import BrokerOffloader
         self.offloader = BrokerOffloader.create(config, ledger_client, self.policies, store=store)  # None: no tier
         if self.offloader is not None:
             self.metrics.offload_totals = self.offloader.totals
-        from broker.retention import RetentionService
         self.retention = RetentionService(self, interval_ms=config.retention_check_interval_ms)
         self.cache_hits = 0
         self.cache_misses = 0
@@ -234,7 +189,6 @@ class BrokerService:
     async def _schema_policy(self, namespace: str):
         """(compatibility strategy, allow auto update) of a namespace, for the schema registry;
         a namespace without policies gets the defaults."""
-        from broker.schema_compat import CompatibilityStrategy
         try:
             p = await self.policies.get_namespace_policies(namespace)
         except NotFoundError:
@@ -277,7 +231,7 @@ class BrokerService:
             await self.check_auto_creation(topic)
         ml = await ManagedLedger.open(name, ledger_client=self.ledger_client, store=self.store,
                                       config=self.config.managed_ledger_config(),
-                                      publish_time_of=_publish_time_of)
+                                      publish_time_of=publish_time_of)
         log.info("topic loaded %s", topic)
         persistent = PersistentTopic(self, topic, ml)
         if self.offloader is not None:
@@ -434,7 +388,6 @@ class BrokerService:
 
     def on_add_error(self, error: BaseException) -> None:
         """An add to the bookies failed (counted per bookie when the error names one)."""
-        from broker.managed_ledger import ManagedLedgerClosedError
         if isinstance(error, ManagedLedgerClosedError):
             return
         found = _BOOKIE_IN_MESSAGE.search(str(error))
@@ -468,13 +421,6 @@ def subscription_backlog(cursor, last_confirmed, ledgers) -> int:
 
 def _is_persistent(topic) -> bool:
     return not str(topic).startswith("non-persistent")
-
-
-def _publish_time_of(entry: bytes) -> int | None:
-    try:
-        return peek_metadata(entry).publish_time_ms
-    except Exception:
-        return None
 
 
 __all__ = ["BROKERS_PATH", "BrokerError", "BrokerService", "NotAllowedError", "ProducerBusyError",

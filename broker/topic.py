@@ -26,11 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker.adapters import open_cursor
+from broker.admin.policies import NotFoundError
 from broker.dedup import DedupSnapshotStore, DedupState, DupStatus, entry_sequence
 from broker.dispatch import Delivery, DispatcherCore, KeySharedMode, SubType
+from broker.errors import (ConsumerAssignError, ProducerBusyError, ProducerFencedError, ServiceNotReadyError,
+                           SubscriptionBusyError, TopicNotOwnedError)
 from broker.key_shared import sticky_key_hash
 from broker.latency import LatencyBuckets
-from broker.managed_ledger import ManagedLedger, ManagedLedgerError, ManagedLedgerState, Position, next_position
+from broker.managed_ledger import (ManagedLedger, ManagedLedgerError, ManagedLedgerFencedError, ManagedLedgerState,
+                                   Position, next_position)
 from pulsarlite.checksum import crc32c_of
 from pulsarlite.errors import PulsarliteError
 from pulsarlite.wire import pb
@@ -40,18 +44,6 @@ log = logging.getLogger("pulsarlite.broker")
 
 INT64_MAX = (1 << 63) - 1
 
-
-
-class TopicNotOwnedError(PulsarliteError):
-    """This broker may no longer own the topic; the client must look it up again."""
-
-    retriable = True
-    server_error = pb.ServiceNotReady
-
-class ProducerFencedError(PulsarliteError):
-    """An exclusive producer cannot get access: the topic has other producers."""
-
-    server_error = pb.ProducerFenced
 
 
 class ConsumerHandle(Protocol):
@@ -303,14 +295,12 @@ class PersistentTopic:
         """ProducerBusyError if the name is taken or the access mode conflicts (an exclusive
         producer exists, or Exclusive while others exist); ExclusiveWithFencing closes the others
         first. WaitForExclusive: call :meth:`wait_exclusive` first."""
-        from broker.service import ProducerBusyError, ServiceNotReadyError
         if self._closing:
             raise ServiceNotReadyError(f"topic {self.key} is closing")
         if self._write_fenced:
             self._maybe_unfence()
         if self._write_fenced:
             if self.ml.state is ManagedLedgerState.FENCED:       # another owner: unload
-                from broker.managed_ledger import ManagedLedgerFencedError
                 self._on_ml_error(ManagedLedgerFencedError(f"topic {self.key}: managed ledger fenced"))
             elif self.ml.state is ManagedLedgerState.FAILED:     # its rollover gave up: reopen
                 self._on_ml_error(ServiceNotReadyError(f"topic {self.key}: managed ledger failed"))
@@ -345,7 +335,6 @@ class PersistentTopic:
     async def wait_exclusive(self) -> None:
         """WaitForExclusive: return once no producer is connected (FIFO among waiters); the
         caller then adds its producer at once (same loop turn)."""
-        from broker.service import ServiceNotReadyError
         while not self.exclusive_available() or self._exclusive_waiters:
             if self._closing:
                 raise ServiceNotReadyError(f"topic {self.key} is closing")
@@ -377,7 +366,6 @@ class PersistentTopic:
 
     # -- deduplication ---------------------------------------------------------------------------
     async def dedup_enabled_by_policy(self) -> bool:
-        from broker.admin.policies import NotFoundError
         default = bool(getattr(self.config, "broker_deduplication_enabled", False))
         policies = getattr(self.service, "policies", None)
         if policies is None:
@@ -652,8 +640,7 @@ class PersistentTopic:
         if self._closing:
             self._complete(producer, op, None, ManagedLedgerError(f"topic {self.key} is closing"))
         elif self._write_fenced:
-            from broker.service import ServiceNotReadyError
-            self._complete(producer, op, None, ServiceNotReadyError(
+                self._complete(producer, op, None, ServiceNotReadyError(
                 f"topic {self.key} is fenced after a failed write: reconnect and resend"))
         elif self._backlog or self.ml.pending_count >= self.config.pending_adds_max:
             self._backlog.append((op, producer, data, publish_time))
@@ -689,7 +676,6 @@ class PersistentTopic:
         self._write_fenced = True
         log.warning("topic %s fenced after a failed write (%s): producers disconnected, %d adds in flight",
                     self.key, error, self._adds_in_flight)
-        from broker.service import ServiceNotReadyError
         while self._backlog:
             op, producer, _, _ = self._backlog.popleft()
             self._complete(producer, op, None, ServiceNotReadyError(
@@ -789,7 +775,6 @@ class PersistentTopic:
                 producer.handle.send_receipt(done.sequence_id, done.highest_sequence_id, done.position)
 
     def _on_ml_error(self, error: BaseException) -> None:
-        from broker.managed_ledger import ManagedLedgerFencedError
         self.service.on_add_error(error)
         if isinstance(error, ManagedLedgerFencedError) and not self._closing:
             log.warning("topic %s fenced: another broker owns it now; unloading", self.key)
@@ -806,7 +791,6 @@ class PersistentTopic:
                         initial_earliest: bool, start_message_id=None, priority: int = 0,
                         consumer_name: str = "", key_shared_mode: KeySharedMode = KeySharedMode.AUTO_SPLIT,
                         hash_ranges=None, allow_out_of_order: bool = False) -> "Subscription":
-        from broker.service import ServiceNotReadyError
         if self._closing:
             raise ServiceNotReadyError(f"topic {self.key} is closing")
         sub = self.subscriptions.get(subscription)
@@ -823,11 +807,9 @@ class PersistentTopic:
                                    key_shared_mode=key_shared_mode, allow_out_of_order=allow_out_of_order)
                 self.subscriptions[subscription] = sub
         if sub.sub_type is not sub_type:
-            from broker.service import SubscriptionBusyError
             raise SubscriptionBusyError(f"subscription {subscription} is {sub.sub_type.value}, "
                                         f"not {sub_type.value}")
         if sub_type is SubType.KEY_SHARED and sub.core.key_shared_mode is not key_shared_mode:
-            from broker.dispatch import ConsumerAssignError
             raise ConsumerAssignError(f"subscription {subscription} is Key_Shared "
                                       f"{sub.core.key_shared_mode.value}, not {key_shared_mode.value}")
         try:

@@ -29,6 +29,7 @@ from broker.admin.policies import (BACKLOG_QUOTA_TYPES, PARTITIONS_MAX, AdminErr
                                    BadRequestError, ClusterData, NamespacePolicies, PolicyStore,
                                    PreconditionFailedError, RetentionPolicy, RolloverPolicy, TenantInfo,
                                    check_name)
+from broker.schema_compat import CompatibilityStrategy
 from pulsarlite.errors import PulsarliteError
 from pulsarlite.topic_name import (PARTITION_SUFFIX, InvalidTopicNameError, TopicDomain, TopicName,
                                    subscription_name_problem)
@@ -508,7 +509,6 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
                   apply=lambda p, v: replace(p, rollover=v), clear=None)
 
     def parse_strategy(value: Any) -> str:
-        from broker.schema_compat import CompatibilityStrategy
         try:
             return CompatibilityStrategy.parse(value).value
         except ValueError as e:

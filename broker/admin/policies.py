@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Iterable
 from urllib.parse import unquote_plus
 
+from broker.schema_compat import CompatibilityStrategy
 from pulsarlite.errors import MetadataNotFoundError, PulsarliteError
 from pulsarlite.metadata import MetadataExistsError, MetadataNotEmptyError, MetadataStore
 
@@ -416,7 +417,6 @@ class NamespacePolicies:
 
 
 def _strategy(value: object) -> str:
-    from broker.schema_compat import CompatibilityStrategy
     try:
         return CompatibilityStrategy.parse(value).value
     except ValueError as e:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from broker.admin.policies import BadRequestError, ConflictError, NotFoundError
-from broker.schema_compat import CompatibilityStrategy, IncompatibleSchemaError, InvalidSchemaError
+from broker.schema_compat import CompatibilityStrategy, DEFAULT_STRATEGY, IncompatibleSchemaError, InvalidSchemaError
 from broker.schemas import SchemaRegistry, schema_def_from_admin
 
 PATH = "/admin/v2/schemas/{tenant}/{namespace}/{topic}"
@@ -84,7 +84,6 @@ def add_schema_routes(app: web.Application, registry: Callable[[], SchemaRegistr
         ok, reason = await registry().test_compatibility(topic, definition)
         strategy, _ = await registry().policy_lookup(str(topic).split("://", 1)[1].rsplit("/", 1)[0])
         if strategy is CompatibilityStrategy.UNDEFINED:
-            from broker.schema_compat import DEFAULT_STRATEGY
             strategy = DEFAULT_STRATEGY
         return json_response({"isCompatible": ok, "schemaCompatibilityStrategy": strategy.value, "reason": reason})
 
