@@ -722,7 +722,7 @@ class ServerConnection(asyncio.Protocol):
             ref.topic = topic
             ref.producer = topic.add_producer(ref, name, self, access_mode=mode)
             self._producers[body.producer_id] = ref
-            last_sequence_id = topic.start_producer_session(ref.producer)
+            last_sequence_id = topic.start_producer_session(ref.producer, body.epoch)
             self.write(c.producer_success(body.request_id, name, last_sequence_id=last_sequence_id,
                                           schema_version=schema_version))
             log.info("producer created topic=%s producer=%s producer_id=%d last_sequence_id=%d",

@@ -16,13 +16,16 @@ without being stored.
   duplicates: lost although acknowledged (our chaos suite found it: seed 17, restart_zookeeper;
   again under load, seed 14). Which ids a reset reuses cannot be seen from the broker: the
   reset may happen in one session and the reused ids arrive in a later one, inside batches that
-  start with old ids. So every producer session opens a *content range*: the ids above the
+  start with old ids. So every session of a reconnecting producer (CommandProducer.epoch > 0:
+  the official clients count their reconnects there) opens a *content range*: the ids above the
   ``last_sequence_id`` it was given (:meth:`DedupState.on_session_start`), and a new owner opens
   one above what its snapshot knew for every producer (:meth:`DedupState.open_after_load`).
   Within a content range a send is a duplicate only if a stored entry has the same ids and the
-  same bytes (CRC32C; clients resend the bytes they sent), else it is stored. Below it
-  duplicates are decided by id, as Pulsar does (an application resuming from
-  ``last_sequence_id`` resends ids at or below it). Each producer's last ``digests_max`` stored
+  same bytes (CRC32C; clients resend the bytes they sent), else it is stored. Elsewhere
+  duplicates are decided by id, as Pulsar does: below the range (an application resuming from
+  ``last_sequence_id`` resends ids at or below it), and for a new producer instance (epoch 0,
+  e.g. a retried Spark task resending its rows under the same ids with new publish times),
+  which closes its name's range: it resends nothing of an earlier instance. Each producer's last ``digests_max`` stored
   entries ``(first id, highest id, crc)`` are kept for this, packed: a resend of an entry older
   than that window is stored again (a duplicate, never a loss).
 - Persistence (survives broker failover): a snapshot ``{"version": 1, "position": [ledger,
@@ -176,12 +179,19 @@ class DedupState:
         window = self.digests.get(name)
         return window is not None and window.contains(first, highest, digest)
 
-    def on_session_start(self, name: str) -> int:
+    def on_session_start(self, name: str, *, reconnect: bool) -> int:
         """A producer session starts: the ``last_sequence_id`` to give it (PRODUCER_SUCCESS).
-        The client may reset its counter to just above it, reusing ids it has already sent:
-        from there on this producer's sends are decided by content (module docstring)."""
+        ``reconnect``: the client says this producer reconnects (CommandProducer.epoch > 0; the
+        official clients count their reconnects there). Such a client may reset its counter to
+        just above the id given, reusing ids it has already sent: from there on this producer's
+        sends are decided by content. A new producer instance (epoch 0: a process or task that
+        starts again, e.g. a retried Spark task resending its rows under the same ids) resends
+        nothing of an earlier instance, and is decided by id, as Pulsar does (module docstring)."""
         given = self.last_sequence_id(name)
-        self.mark_reused(name, given + 1, RANGE_OPEN)
+        if reconnect:
+            self.mark_reused(name, given + 1, RANGE_OPEN)
+        else:
+            self.reused.pop(name, None)
         return given
 
     def open_after_load(self, known: dict[str, int]) -> None:

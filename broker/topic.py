@@ -428,11 +428,12 @@ class PersistentTopic:
     def last_sequence_id(self, name: str) -> int:
         return self.dedup.last_sequence_id(name) if self.dedup is not None else -1
 
-    def start_producer_session(self, producer: Producer) -> int:
-        """The ``last_sequence_id`` for this producer's PRODUCER_SUCCESS; with deduplication on,
-        its sends above it are decided by content from now on (broker/dedup.py: the official
-        client may reset its counter to just above it)."""
-        given = self.dedup.on_session_start(producer.name) if self.dedup is not None else -1
+    def start_producer_session(self, producer: Producer, epoch: int) -> int:
+        """The ``last_sequence_id`` for this producer's PRODUCER_SUCCESS. With deduplication on
+        and ``epoch`` > 0 (the client reconnects), its sends above it are decided by content
+        from now on (broker/dedup.py: the official client may reset its counter to just above
+        it); epoch 0 is a new producer instance, decided by id."""
+        given = self.dedup.on_session_start(producer.name, reconnect=epoch > 0) if self.dedup is not None else -1
         producer.given_last_sequence_id = given
         return given
 

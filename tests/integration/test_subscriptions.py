@@ -467,7 +467,9 @@ def test_dedup_drops_resent_sequence_ids(client, cluster):
 class RawProducer:
     """A producer speaking raw frames, to play the official C++ client's reconnect exactly."""
 
-    def __init__(self, cluster, topic: str, name: str) -> None:
+    def __init__(self, cluster, topic: str, name: str, epoch: int = 0) -> None:
+        """``epoch``: CommandProducer.epoch, as the C++ client counts its reconnects (0: a new
+        producer)."""
         import socket
 
         from pulsarlite.wire import commands as c
@@ -478,7 +480,7 @@ class RawProducer:
         self.decoder = FrameDecoder(8 << 20)
         self.frames: list = []
         self.sock.sendall(c.connect("raw-cpp", 19))
-        self.sock.sendall(c.producer(topic, 1, 1, producer_name=name))
+        self.sock.sendall(c.producer(topic, 1, 1, producer_name=name, epoch=epoch))
         success = self.wait_for(lambda f: f.type == f.command.PRODUCER_SUCCESS or f.type == f.command.ERROR)
         assert success.type == success.command.PRODUCER_SUCCESS, success.command
         self.last_sequence_id = success.command.producer_success.last_sequence_id
@@ -525,7 +527,7 @@ def test_dedup_keeps_messages_of_a_client_that_reuses_sequence_ids(client, clust
     first.send(0, "m0")
     first.receipt()                                   # stored; the client never sees this receipt
     first.close()
-    again = RawProducer(cluster, topic, "cpp-p")
+    again = RawProducer(cluster, topic, "cpp-p", epoch=1)       # the same client reconnecting
     assert again.last_sequence_id == 0
     for seq in range(6):
         again.send(seq, f"m{seq}")
@@ -540,7 +542,7 @@ def test_dedup_keeps_messages_of_a_client_that_reuses_sequence_ids(client, clust
                                     method="PUT")
     with urllib.request.urlopen(unload, timeout=30) as resp:
         assert resp.status in (200, 204)
-    third = RawProducer(cluster, topic, "cpp-p")
+    third = RawProducer(cluster, topic, "cpp-p", epoch=2)
     third.send(2, "m2")                               # true resends: duplicates
     third.send(2, "m7")
     third.send(3, "m9")                               # another message under a reused id: stored

@@ -5,8 +5,10 @@ as the official C++ client does (pulsar-client 3.x / C++ 4.x, read from its sour
 
 What the C++ producer does, and is modelled here:
 
+- the application gets the producer once it is registered (epoch 0) and sends from then on;
 - a sequence id is assigned when the application sends, from a counter; a batch's id is its first
   message's, ``highest_sequence_id`` is never set, each message of a batch carries its own id;
+- every reconnect attempt counts up CommandProducer.epoch;
 - on every (re)connect before any receipt reached it, the counter is reset to PRODUCER_SUCCESS's
   ``last_sequence_id + 1``, while sends with higher ids are still pending or in the open batch,
   so one batch may hold old ids followed by smaller new ones;
@@ -265,9 +267,12 @@ class CppProducer:
         self.failed: set[int] = set()
         self.misattributed: set[int] = set()   # completed by a receipt meant for another send
         self.sessions = 0
+        self.attempts = 0                       # connect attempts (CommandProducer.epoch)
 
     # the application
     def send(self) -> None:
+        if not self.sessions:
+            return       # create_producer returns once the producer is registered: no send before
         number = self.next_message
         self.next_message += 1
         sequence_id = self.generator
@@ -321,6 +326,8 @@ class CppProducer:
     def connect(self) -> None:
         topic = self.sim.topic
         conn = SimConnection(self, self.sessions)
+        epoch = self.attempts              # the C++ client counts every reconnect attempt
+        self.attempts += 1
         try:
             producer = topic.add_producer(conn, self.name, None)
         except Exception as e:
@@ -329,7 +336,7 @@ class CppProducer:
         self.sessions += 1
         conn.producer = producer
         # as broker/connection.py does for PRODUCER_SUCCESS
-        given = topic.start_producer_session(producer)
+        given = topic.start_producer_session(producer, epoch)
         self.connection = conn
         self.sim.trace.append(f"{self.name} connected given={given} last_published={self.last_published}")
         if self.last_published == -1:     # no receipt yet: the C++ client's reset

@@ -47,7 +47,7 @@ def _first_violation(kind: str = "", budget: int = DEFECT_SEED_BUDGET):
 def test_without_content_ranges_acknowledged_messages_are_lost(monkeypatch):
     """The chaos loss under load: decided by id alone, the C++ client's reused ids are answered
     as duplicates of stored ones."""
-    monkeypatch.setattr(DedupState, "on_session_start", lambda self, name: self.last_sequence_id(name))
+    monkeypatch.setattr(DedupState, "on_session_start", lambda self, name, reconnect: self.last_sequence_id(name))
     monkeypatch.setattr(DedupState, "open_after_load", lambda self, known: None)
     seed, result = _first_violation("acknowledged messages lost")
     assert seed is not None, f"no loss in {DEFECT_SEED_BUDGET} seeds without content ranges"
@@ -76,13 +76,13 @@ def test_without_hole_tracking_or_content_ranges_acknowledged_messages_are_lost(
     def on_failed_without_holes(self, name, first_sequence_id=None):
         self.pushed[name] = self.persisted.get(name, -1)
     monkeypatch.setattr(DedupState, "on_failed", on_failed_without_holes)
-    monkeypatch.setattr(DedupState, "on_session_start", lambda self, name: self.last_sequence_id(name))
+    monkeypatch.setattr(DedupState, "on_session_start", lambda self, name, reconnect: self.last_sequence_id(name))
     seed, result = _first_violation("acknowledged messages lost")
     assert seed is not None, f"no loss in {DEFECT_SEED_BUDGET} seeds without hole tracking"
 
 
 def test_a_failing_seed_is_reported_with_its_replay_command(monkeypatch):
-    monkeypatch.setattr(DedupState, "on_session_start", lambda self, name: self.last_sequence_id(name))
+    monkeypatch.setattr(DedupState, "on_session_start", lambda self, name, reconnect: self.last_sequence_id(name))
     monkeypatch.setattr(DedupState, "open_after_load", lambda self, known: None)
     seed, _ = _first_violation()
     assert seed is not None

@@ -267,7 +267,7 @@ async def test_a_client_that_resets_its_sequence_ids_on_reconnect_loses_nothing(
     topic.remove_producer(p1)
     h2 = Handle(1)
     p2 = topic.add_producer(h2, "p", None)
-    assert topic.start_producer_session(p2) == 0       # PRODUCER_SUCCESS's last_sequence_id
+    assert topic.start_producer_session(p2, epoch=1) == 0       # PRODUCER_SUCCESS's last_sequence_id
     for seq in range(0, 6):                       # the client resends m0..m5 (queued meanwhile)
         topic.publish(p2, seq, seq, cpp_entry(seq, f"m{seq}"))
     for i, seq in enumerate(range(1, 4)):         # counter reset to 1: m6, m7, m8 as ids 1, 2, 3
@@ -307,7 +307,7 @@ async def test_ids_reused_after_a_reset_arrive_in_a_later_session_inside_a_mixed
     topic, ml = make_topic()
     h1 = Handle(0)
     p1 = topic.add_producer(h1, "p", None)
-    assert topic.start_producer_session(p1) == -1
+    assert topic.start_producer_session(p1, epoch=0) == -1
     for seq in range(4):                               # ids 0..3: 0, 2, 3 stored, 1 failed (a hole)
         topic.publish(p1, seq, seq, cpp_entry(seq, f"old{seq}"))
     ml.confirm(0)
@@ -321,7 +321,7 @@ async def test_ids_reused_after_a_reset_arrive_in_a_later_session_inside_a_mixed
     # its open batch [old4, new1, new2] goes out with sequence id 4; then the connection is cut
     h2 = Handle(1)
     p2 = topic.add_producer(h2, "p", None)
-    assert topic.start_producer_session(p2) == 0
+    assert topic.start_producer_session(p2, epoch=1) == 0
     for seq in (1, 2, 3):
         topic.publish(p2, seq, seq, cpp_entry(seq, f"old{seq}"))
     topic.publish(p2, 4, 4, cpp_batch(4, [4, 1, 2], ["old4", "new1", "new2"]))
@@ -333,7 +333,7 @@ async def test_ids_reused_after_a_reset_arrive_in_a_later_session_inside_a_mixed
     # with ids 3 and 4: below the stored high (the mixed batch counted as 4..6)
     h3 = Handle(2)
     p3 = topic.add_producer(h3, "p", None)
-    topic.start_producer_session(p3)
+    topic.start_producer_session(p3, epoch=1)
     before = len(ml.adds)
     topic.publish(p3, 3, 3, cpp_batch(3, [3, 4], ["new3", "new4"]))
     assert len(ml.adds) == before + 1, "a batch of new messages under reused ids was answered as a duplicate"
@@ -411,3 +411,35 @@ async def test_an_admin_skip_into_a_huge_batch_does_work_for_what_it_skips_only(
     tracemalloc.stop()
     assert skipped == 10 and cursor.acked == list(range(10))
     assert peak < 8 * 1024 * 1024, peak
+
+
+async def test_a_new_producer_instance_is_deduplicated_by_id_a_reconnect_by_content():
+    """A retried Spark task (a new producer, epoch 0) resends its rows under the same name and
+    sequence ids with new publish times: duplicates by id, as Pulsar decides. The same ids with
+    new bytes from a reconnecting producer (epoch > 0) are new messages (the C++ client's reset)."""
+    topic, ml = make_topic()
+    first = topic.add_producer(Handle(0), "p", None)
+    assert topic.start_producer_session(first, epoch=0) == -1
+    for seq in range(3):
+        topic.publish(first, seq, seq, cpp_entry(seq, f"attempt1-{seq}"))
+        ml.confirm(seq)
+    await settle()
+    topic.remove_producer(first)
+    retry = topic.add_producer(Handle(1), "p", None)
+    assert topic.start_producer_session(retry, epoch=0) == 2
+    for seq in range(3):
+        topic.publish(retry, seq, seq, cpp_entry(seq, f"attempt2-{seq}"))
+    assert len(ml.adds) == 3, "a retried task's rows were stored again"
+    topic.remove_producer(retry)
+    again = topic.add_producer(Handle(2), "p", None)
+    assert topic.start_producer_session(again, epoch=3) == 2
+    topic.publish(again, 3, 3, cpp_entry(3, "new-3"))       # above: new either way
+    topic.publish(again, 4, 4, cpp_entry(4, "new-4"))
+    ml.confirm(3)
+    ml.confirm(4)
+    await settle()
+    topic.remove_producer(again)
+    reconnect = topic.add_producer(Handle(3), "p", None)
+    assert topic.start_producer_session(reconnect, epoch=4) == 4
+    topic.publish(reconnect, 4, 4, cpp_entry(4, "new-4"))    # a resend: the same bytes
+    assert len(ml.adds) == 5
