@@ -3,13 +3,30 @@
 Budget: SIM_SEEDS seeds per configuration (default 2500; override with the environment
 variable PULSARLITE_SIM_SEEDS for a longer soak). A failing seed is printed with the command
 that replays it.
+
+Planted defects (each test plants one, in the real code or the simulation, and shows the
+simulation finds it within DEFECT_SEED_BUDGET seeds, then that the same seed is clean without
+it): recovery reads without the fence flag (TLA+ defect 1); the writer reporting its own
+close after losing the close CAS to another close; a recovery reporting its own close after
+losing; the batched add path (add_run) sending a LAC one too high; coalesced acks counted as
+cumulative; a non-recovery reader readable up to LAC + 1; a non-recovery open sending the
+fence flag; a wiped bookie rejoining under its old id (no cookie check).
 """
 
 from __future__ import annotations
 
+import collections
 import os
 
 import pytest
+
+from bookie.client import ledger_client as ledger_client_module
+from bookie.client import reader as reader_module
+from bookie.client.actions import CloseDone, CloseFailed, RecoveryDone, SendAddRun
+from bookie.client.metadata import LedgerState
+from bookie.client.reader import LedgerReader
+from bookie.client.recovery_core import LedgerRecoveryCore
+from bookie.client.write_core import LedgerWriteCore
 
 from .simulator import CONFIGS, SimulationViolation, check_seed, run_seed
 
@@ -18,11 +35,42 @@ DEFECT_SEED_BUDGET = 1500
 
 pytestmark = pytest.mark.sim
 
+# What the seeds of each configuration must have exercised (summed SimResult.stats): else a
+# check could pass because its path never ran.
+COVERAGE = ("runs", "tailer_entries", "no_takeover", "duplicates", "metadata_unknown", "writer_cuts",
+            "writer_stalls", "writer_close_lost_elsewhere")
+COVERAGE_IF = {"lost": "lost_for_good_probability", "wiped": "wiped_probability"}
+
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_invariants_hold_with_both_fixes(config):
+    totals: collections.Counter = collections.Counter()
     for seed in range(SIM_SEEDS):
-        check_seed(seed, config)                 # raises SimulationViolation naming the seed
+        result = check_seed(seed, config)      # raises SimulationViolation naming the seed
+        totals.update(result.stats)
+    print(f"{config}: {dict(totals)}")
+    c = CONFIGS[config]
+    expected = [k for k in COVERAGE if k != "writer_close_lost_elsewhere" or c.name != "e3w3a2n5-chaos"]
+    expected += [k for k, knob in COVERAGE_IF.items() if getattr(c, knob) > 0]
+    missing = [k for k in expected if not totals[k]]
+    assert not missing, f"{config}: {SIM_SEEDS} seeds never exercised {missing}: {dict(totals)}"
+
+
+def find_defect(config: str, match: str, budget: int = DEFECT_SEED_BUDGET, **overrides):
+    """The first seed whose run has a violation containing ``match`` (fails the test if none
+    within ``budget`` seeds): (seed, result)."""
+    for seed in range(budget):
+        result = run_seed(seed, config, **overrides)
+        if any(match in v for v in result.violations):
+            print(f"{config}: found at seed {seed} ({seed + 1} seeds tried): {result.violations[:3]}")
+            return seed, result
+    pytest.fail(f"{config}: planted defect not found in {budget} seeds (looking for {match!r})")
+
+
+# With Qw = 3, Qa = 2 the schedule is rare (~1 seed in 500-1500: besides the lost fence, the
+# bookie that acknowledged the entry answers recovery's read late and the third one lacks it),
+# hence the larger budget there; with Qw = Qa = 2 one unfenced bookie is enough.
+TLA_DEFECT_BUDGET = {"e3w2a2n4": DEFECT_SEED_BUDGET, "e3w3a2n3": 4000}
 
 
 @pytest.mark.parametrize("config", ["e3w2a2n4", "e3w3a2n3"])
@@ -30,12 +78,13 @@ def test_without_fenced_recovery_reads_an_acknowledged_entry_is_lost(config):
     """TLA+ defect 1 (NOTES.md): fencing only through ReadLac is not enough. With one fence
     message lost, recovery reads NO_SUCH_ENTRY on the unfenced bookie, closes short, and the
     old writer then completes that entry on it: an acknowledged entry is lost."""
-    for seed in range(DEFECT_SEED_BUDGET):
+    budget = TLA_DEFECT_BUDGET[config]
+    for seed in range(budget):
         result = run_seed(seed, config, fence_recovery_reads=False)
         if result.violations:
             break
     else:
-        pytest.fail(f"{config}: no violation in {DEFECT_SEED_BUDGET} seeds without fenced reads")
+        pytest.fail(f"{config}: no violation in {budget} seeds without fenced reads")
     assert any("acknowledged entry" in v and "beyond the closed ledger" in v
                for v in result.violations), result.violations
     assert result.closed is not None and result.confirmed_last > result.closed.last_entry_id
@@ -67,3 +116,128 @@ def test_defect_replays_identically():
     a = run_seed(seed, "e3w2a2n4", fence_recovery_reads=False)
     b = run_seed(seed, "e3w2a2n4", fence_recovery_reads=False)
     assert a.violations == b.violations and a.trace == b.trace
+
+
+# -- planted defects ------------------------------------------------------------------------
+
+def _writer_reports_its_own_close(original):
+    def mutant(self, current):
+        actions = original(self, current)
+        if current.is_closed and any(isinstance(a, CloseFailed) for a in actions):
+            return [CloseDone(self._closing_md)]        # "closed", at its own last entry
+        return actions
+    return mutant
+
+
+@pytest.mark.parametrize("config", ["e3w3a2n3", "e3w3a2n5", "e3w2a2n3-chaos"])
+def test_planted_writer_reporting_its_own_close_after_a_lost_cas_is_caught(config, monkeypatch):
+    """The write core's close CAS loses to a recovery that closed the ledger at another last
+    entry (the writer's adds had failed, recovery kept some of them); the mutant reports
+    CloseDone at its own last entry instead of CloseFailed. Caught: what every client reports
+    after a close must equal the stored metadata."""
+    monkeypatch.setattr(LedgerWriteCore, "_close_conflict",
+                        _writer_reports_its_own_close(LedgerWriteCore._close_conflict))
+    seed, result = find_defect(config, "writer (CloseDone) reports the ledger closed at")
+    assert result.closed is not None
+    monkeypatch.undo()
+    assert run_seed(seed, config).ok
+
+
+def test_planted_recovery_reporting_its_own_close_after_a_lost_cas_is_caught(monkeypatch):
+    """Two recoveries; the one that loses the close CAS reports its own close point."""
+    original = LedgerRecoveryCore.on_metadata_conflict
+
+    def mutant(self, current):
+        return [RecoveryDone(self._closing_md) if isinstance(a, RecoveryDone) else a
+                for a in original(self, current)]
+    monkeypatch.setattr(LedgerRecoveryCore, "on_metadata_conflict", mutant)
+    seed, _ = find_defect("e3w3a2n3", "(RecoveryDone) reports the ledger closed at")
+    monkeypatch.undo()
+    assert run_seed(seed, "e3w3a2n3").ok
+
+
+def _run_lac_one_too_high(original):
+    def mutant(self, payloads, now_ms):
+        first, actions = original(self, payloads, now_ms)
+        return first, [a._replace(lac=a.lac + 1) if type(a) is SendAddRun else a for a in actions]
+    return mutant
+
+
+@pytest.mark.parametrize("config", ["e3w3a2n3", "e3w2a2n4", "e4w3a2n5"])
+def test_planted_wrong_lac_on_the_batched_add_path_is_caught(config, monkeypatch):
+    """add_run (the broker's publish path) sends its run carrying LAC + 1: the entry at that
+    LAC is not confirmed, yet readers may read it and recovery starts past it. Caught at once
+    by the check of the LAC every sent entry carries, and, without that check, by the final
+    invariants (an entry of the closed ledger on fewer than Qa bookies, a tailing reader
+    reading past the writer's LAC)."""
+    monkeypatch.setattr(LedgerWriteCore, "add_run", _run_lac_one_too_high(LedgerWriteCore.add_run))
+    seed, _ = find_defect(config, "but only")          # "writer sends entry E with LAC L, but only ..."
+    # the deeper checks find it too
+    deeper = ("durable on", "beyond the writer's LAC", "acknowledged entry", "unreadable")
+    for seed in range(DEFECT_SEED_BUDGET):
+        result = run_seed(seed, config)
+        if any(d in v for v in result.violations for d in deeper):
+            print(f"{config}: found by the final invariants at seed {seed}: {result.violations[-2:]}")
+            break
+    else:
+        pytest.fail(f"{config}: the final invariants never saw the batched LAC defect")
+    monkeypatch.undo()
+    assert run_seed(seed, config).ok
+
+
+def test_planted_coalesced_acks_taken_as_cumulative_are_caught(monkeypatch):
+    """on_add_acks (the shell's path for OK answers, and the only one for runs) counting an
+    ack for entry e as an ack for every pending entry below it."""
+    original = LedgerWriteCore.on_add_acks
+
+    def mutant(self, bookie, entry_ids):
+        if entry_ids:
+            entry_ids = [e for e in self._pending if e <= max(entry_ids)]
+        return original(self, bookie, entry_ids)
+    monkeypatch.setattr(LedgerWriteCore, "on_add_acks", mutant)
+    seed, _ = find_defect("e3w3a2n3", "durable on")
+    monkeypatch.undo()
+    assert run_seed(seed, "e3w3a2n3").ok
+
+
+def _readable_through_lac_plus_one(self) -> int:
+    if self.metadata.state is LedgerState.CLOSED:
+        return self.metadata.last_entry_id
+    return self.last_add_confirmed + 1
+
+
+@pytest.mark.parametrize("config", ["e3w3a2n3", "e3w2a2n4"])
+def test_planted_reader_beyond_the_lac_of_an_open_ledger_is_caught(config, monkeypatch):
+    """LedgerReader lets a non-recovery reader of an open ledger read through LAC + 1 (the
+    tailing readers run the real reader code)."""
+    monkeypatch.setattr(LedgerReader, "last_readable_entry_id", property(_readable_through_lac_plus_one))
+    seed, _ = find_defect(config, "beyond the writer's LAC")
+    monkeypatch.undo()
+    assert run_seed(seed, config).ok
+
+
+@pytest.mark.parametrize("where", ["open", "refresh"])
+def test_planted_non_recovery_open_sending_the_fence_flag_is_caught(where, monkeypatch):
+    """LedgerClient.open_ledger(recovery=False) (or LedgerReader.refresh_lac) reads the LAC with
+    the fence flag. Caught by the check of what a non-recovery client sends and, in seeds with
+    no takeover, by its effect: the writer is fenced though nobody recovered its ledger."""
+    real_read_lac = reader_module.read_lac
+
+    async def fencing_read_lac(metadata, pool, *, fence):
+        return await real_read_lac(metadata, pool, fence=True)
+    monkeypatch.setattr(ledger_client_module if where == "open" else reader_module, "read_lac", fencing_read_lac)
+    seed, _ = find_defect("e3w3a2n3", "sent the fence flag")
+    find_defect("e3w3a2n3", "no takeover, yet the writer's ledger was fenced")
+    monkeypatch.undo()
+    assert run_seed(seed, "e3w3a2n3").ok
+
+
+def test_a_wiped_bookie_rejoining_without_the_cookie_check_is_caught():
+    """The simulation's own fault model, planted: a bookie whose disk was wiped rejoins under
+    its old id (the real bookie refuses to start: tests/integration/test_ledgers.py,
+    test_bookie_with_wiped_disk_refuses_to_start). Its entries and its fence flag are gone:
+    entries of the closed ledger lose copies nobody knows about, and acknowledged entries are
+    lost."""
+    find_defect("e3w3a2n5", "Qa bookies", wiped_probability=1.0, wiped_rejoins=True)
+    seed, _ = find_defect("e3w3a2n5", "acknowledged entry", wiped_probability=1.0, wiped_rejoins=True)
+    assert run_seed(seed, "e3w3a2n5", wiped_probability=1.0).ok     # with the cookie check: fine
