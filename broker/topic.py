@@ -36,7 +36,7 @@ from broker.latency import LatencyBuckets
 from broker.managed_ledger import (ManagedLedger, ManagedLedgerError, ManagedLedgerFencedError, ManagedLedgerState,
                                    Position, next_position)
 from pulsarlite.checksum import crc32c_of
-from pulsarlite.errors import PulsarliteError
+from pulsarlite.errors import InvariantViolation, PulsarliteError
 from pulsarlite.wire import pb
 from pulsarlite.wire.entry import check_sendable, peek_metadata
 
@@ -184,6 +184,23 @@ class AccessMode(enum.Enum):
 DUP_POSITION = Position(-1, -1)          # the receipt of a duplicate (as Pulsar's -1:-1)
 
 
+class WriteState(enum.Enum):
+    """Whether the topic takes SENDs and producers. ("Fence" keeps its BookKeeper meaning: a
+    ledger another writer can no longer add to; the topic's own temporary refusal is a block.)"""
+
+    OPEN = "open"            # SENDs stored, producers added
+    BLOCKED = "blocked"      # a write failed: producers disconnected, SENDs and producers refused
+                             # until the adds in flight are done and the ledger rolled over
+    CLOSING = "closing"      # close/unload/delete: refused for good (clients look the topic up again)
+
+
+WRITE_STATE_TRANSITIONS = {
+    WriteState.OPEN: frozenset({WriteState.BLOCKED, WriteState.CLOSING}),
+    WriteState.BLOCKED: frozenset({WriteState.OPEN, WriteState.CLOSING}),
+    WriteState.CLOSING: frozenset(),
+}
+
+
 @dataclass
 class _Send:
     sequence_id: int
@@ -248,15 +265,13 @@ class PersistentTopic:
         self.ml = ml
         self._owned = service.ownership.write_guard(name)  # checked before every add
         ml.kept_listeners.append(self._on_kept)
-        ml.rollover_listeners.append(lambda ledger_id: self._maybe_unfence())
+        ml.rollover_listeners.append(lambda ledger_id: self._maybe_unblock())
         self.producers: dict[str, Producer] = {}
         self.subscriptions: dict[str, Subscription] = {}
         self._backlog: deque = deque()       # (send, producer, data, publish_time) waiting for room
-        self._closing = False
-        # a write failed: refuse SENDs and producers until the adds in flight are done, with the
-        # producers disconnected (Pulsar's PersistentTopic fence after addFailed), so that
+        # BLOCKED after a failed write (Pulsar's PersistentTopic fences itself after addFailed):
         # nothing a producer sent after the failed message is stored before its resend
-        self._write_fenced = False
+        self.write_state = WriteState.OPEN
         self._adds_in_flight = 0
         self._tasks: set[asyncio.Task] = set()
         # counters for stats and metrics (plain ints on the hot path; the service samples them)
@@ -283,7 +298,12 @@ class PersistentTopic:
 
     @property
     def closing(self) -> bool:
-        return self._closing
+        return self.write_state is WriteState.CLOSING
+
+    def _to(self, state: WriteState) -> None:
+        if state not in WRITE_STATE_TRANSITIONS[self.write_state]:
+            raise InvariantViolation(f"topic {self.key}: write state {self.write_state.value} -> {state.value}")
+        self.write_state = state
 
     @property
     def config(self):
@@ -295,16 +315,16 @@ class PersistentTopic:
         """ProducerBusyError if the name is taken or the access mode conflicts (an exclusive
         producer exists, or Exclusive while others exist); ExclusiveWithFencing closes the others
         first. WaitForExclusive: call :meth:`wait_exclusive` first."""
-        if self._closing:
+        if self.write_state is WriteState.CLOSING:
             raise ServiceNotReadyError(f"topic {self.key} is closing")
-        if self._write_fenced:
-            self._maybe_unfence()
-        if self._write_fenced:
+        if self.write_state is WriteState.BLOCKED:
+            self._maybe_unblock()
+        if self.write_state is WriteState.BLOCKED:
             if self.ml.state is ManagedLedgerState.FENCED:       # another owner: unload
                 self._on_ml_error(ManagedLedgerFencedError(f"topic {self.key}: managed ledger fenced"))
             elif self.ml.state is ManagedLedgerState.FAILED:     # its rollover gave up: reopen
                 self._on_ml_error(ServiceNotReadyError(f"topic {self.key}: managed ledger failed"))
-            raise ServiceNotReadyError(f"topic {self.key} is fenced after a failed write until its adds in "
+            raise ServiceNotReadyError(f"topic {self.key} is blocked after a failed write until its adds in "
                                        f"flight are done and its ledger rolled over; retry")
         if name in self.producers:
             raise ProducerBusyError(f"producer {name!r} is already connected to {self.key}")
@@ -336,7 +356,7 @@ class PersistentTopic:
         """WaitForExclusive: return once no producer is connected (FIFO among waiters); the
         caller then adds its producer at once (same loop turn)."""
         while not self.exclusive_available() or self._exclusive_waiters:
-            if self._closing:
+            if self.write_state is WriteState.CLOSING:
                 raise ServiceNotReadyError(f"topic {self.key} is closing")
             fut = asyncio.get_running_loop().create_future()
             self._exclusive_waiters.append(fut)
@@ -472,7 +492,7 @@ class PersistentTopic:
         self.service.publish_buffer.acquire(op.size, producer.connection)
         publish_time = meta.publish_time_ms
         dedup = self.dedup
-        if dedup is not None and not self._closing:
+        if dedup is not None and self.write_state is not WriteState.CLOSING:
             if meta.batched:    # a batch covers sequence_id .. + count - 1 (highest_sequence_id may be unset)
                 highest_sequence_id = max(highest_sequence_id, sequence_id + meta.message_count - 1)
             op.dedup_highest = highest_sequence_id
@@ -490,14 +510,14 @@ class PersistentTopic:
     def publish_run(self, producer: Producer, sends: list) -> bool:
         """SENDs of one producer from one read, ``[(sequence_id, highest_sequence_id, entry),
         ...]``, stored as one run when the topic is in its plain state: no deduplication, not
-        closing or fenced, no backlog, owned, every entry's metadata readable, and the managed
+        closing or blocked, no backlog, owned, every entry's metadata readable, and the managed
         ledger takes the run whole (room for all of it under pending_adds_max, no rollover
         inside it, its ledger writing to usable bookies). Returns False, having done nothing,
         otherwise: the caller publishes them one by one (:meth:`publish`), which handles every
         unusual case. Receipts go out in order once the entries are confirmed, exactly as for
         single SENDs."""
         count = len(sends)
-        if (self.dedup is not None or self._closing or self._write_fenced or self._backlog
+        if (self.dedup is not None or self.write_state is not WriteState.OPEN or self._backlog
                 or self.ml.pending_count + count > self.config.pending_adds_max):
             return False
         datas: list[bytes] = []
@@ -516,7 +536,7 @@ class PersistentTopic:
                 size += len(data)
         except Exception:         # a bad entry: SEND by SEND, which answers it with SEND_ERROR
             return False
-        if not self._owned():     # SEND by SEND: fences the topic and answers each
+        if not self._owned():     # SEND by SEND: blocks the topic and answers each
             return False
         if not self.ml.try_add_run(datas, times, lambda first, last, position, error: self._on_run_added(
                 producer, ops, datas, first, last, position, error)):
@@ -560,7 +580,7 @@ class PersistentTopic:
         for sub in list(self.subscriptions.values()):
             sub.wake()
         self._drain_backlog()
-        self._maybe_unfence()
+        self._maybe_unblock()
 
     def _release_done(self, producer: Producer) -> None:
         """The producer's sends done at the head of its queue: out of the publish buffer, and
@@ -594,10 +614,10 @@ class PersistentTopic:
         while producer.held:
             op = producer.held[0]
             data, publish_time = op.held
-            if dedup is None or self._closing or producer.closed:
+            if dedup is None or self.write_state is WriteState.CLOSING or producer.closed:
                 producer.held.popleft()
                 op.held = None
-                if producer.closed and not self._closing:
+                if producer.closed and self.write_state is not WriteState.CLOSING:
                     self._complete(producer, op, None, ManagedLedgerError(f"producer {producer.name} closed"))
                 else:
                     self._store(op, producer, data, publish_time)
@@ -638,11 +658,11 @@ class PersistentTopic:
             self._store(op, producer, data, publish_time)
 
     def _store(self, op: _Send, producer: Producer, data: bytes, publish_time: int) -> None:
-        if self._closing:
+        if self.write_state is WriteState.CLOSING:
             self._complete(producer, op, None, ManagedLedgerError(f"topic {self.key} is closing"))
-        elif self._write_fenced:
+        elif self.write_state is WriteState.BLOCKED:
                 self._complete(producer, op, None, ServiceNotReadyError(
-                f"topic {self.key} is fenced after a failed write: reconnect and resend"))
+                f"topic {self.key} is blocked after a failed write: reconnect and resend"))
         elif self._backlog or self.ml.pending_count >= self.config.pending_adds_max:
             self._backlog.append((op, producer, data, publish_time))
         else:
@@ -654,45 +674,45 @@ class PersistentTopic:
             # makes the client reconnect through lookup to whoever owns the topic now
             error = TopicNotOwnedError(
                 f"topic {self.key} is not owned by this broker now (ZooKeeper session not trusted)")
-            self._fence_writes(error)
+            self._block_writes(error)
             self._complete(producer, op, None, error)
-            self._maybe_unfence()
+            self._maybe_unblock()
             return
         self._adds_in_flight += 1
         try:     # a callback rather than a Future: one per message on the hot path
             self.ml.add_with_callback(data, publish_time, functools.partial(self._on_added, producer, op, data))
         except Exception as e:     # refused at once (fenced, closed, failed)
             self._adds_in_flight -= 1
-            self._fence_writes(e)
+            self._block_writes(e)
             self._complete(producer, op, None, e)
             self._on_ml_error(e)
-            self._maybe_unfence()
+            self._maybe_unblock()
 
-    def _fence_writes(self, error: BaseException) -> None:
+    def _block_writes(self, error: BaseException) -> None:
         """A write failed: fail what waits for room, disconnect the producers (their clients
         reconnect and resend everything pending, in order) and refuse SENDs and producers until
-        the adds in flight are done (:meth:`_maybe_unfence`)."""
-        if self._write_fenced or self._closing:
+        the adds in flight are done (:meth:`_maybe_unblock`)."""
+        if self.write_state is not WriteState.OPEN:
             return
-        self._write_fenced = True
-        log.warning("topic %s fenced after a failed write (%s): producers disconnected, %d adds in flight",
+        self._to(WriteState.BLOCKED)
+        log.warning("topic %s blocked after a failed write (%s): producers disconnected, %d adds in flight",
                     self.key, error, self._adds_in_flight)
         while self._backlog:
             op, producer, _, _ = self._backlog.popleft()
             self._complete(producer, op, None, ServiceNotReadyError(
-                f"topic {self.key} is fenced after a failed write: reconnect and resend"))
+                f"topic {self.key} is blocked after a failed write: reconnect and resend"))
         for producer in list(self.producers.values()):
             producer.handle.close_by_broker()
             self.remove_producer(producer)
 
-    def _maybe_unfence(self) -> None:
+    def _maybe_unblock(self) -> None:
         """Lift the write block once no add is in flight and the managed ledger has finished the
         rollover its failure started: that rollover reports the failed adds its recovery kept
         (:meth:`_on_kept`), which deduplication must know before the producers' resends."""
-        if self._write_fenced and self._adds_in_flight == 0 \
+        if self.write_state is WriteState.BLOCKED and self._adds_in_flight == 0 \
                 and self.ml.state is not ManagedLedgerState.ROLLING_OVER:
-            self._write_fenced = False
-            log.info("topic %s unfenced: no add in flight", self.key)
+            self._to(WriteState.OPEN)
+            log.info("topic %s unblocked: no add in flight, ledger rolled over", self.key)
 
     def _on_kept(self, kept: list) -> None:
         """Entries a rollover found beyond the confirmed ones: adds that failed back to us but
@@ -717,9 +737,9 @@ class PersistentTopic:
                   error: BaseException | None) -> None:
         self._adds_in_flight -= 1
         if error is not None:
-            self._fence_writes(error)
+            self._block_writes(error)
             self._complete(producer, op, None, error)
-            self._maybe_unfence()
+            self._maybe_unblock()
             self._on_ml_error(error)
         else:
             if op.producer_name is not None and self.dedup is not None:
@@ -738,8 +758,8 @@ class PersistentTopic:
                     sub.wake()
         if self._backlog:
             self._drain_backlog()
-        if self._write_fenced:
-            self._maybe_unfence()
+        if self.write_state is WriteState.BLOCKED:
+            self._maybe_unblock()
 
     def _drain_backlog(self) -> None:
         while self._backlog and self.ml.pending_count < self.config.pending_adds_max:
@@ -777,10 +797,10 @@ class PersistentTopic:
 
     def _on_ml_error(self, error: BaseException) -> None:
         self.service.on_add_error(error)
-        if isinstance(error, ManagedLedgerFencedError) and not self._closing:
+        if isinstance(error, ManagedLedgerFencedError) and self.write_state is not WriteState.CLOSING:
             log.warning("topic %s fenced: another broker owns it now; unloading", self.key)
             self._spawn(self.service.unload_topic(self.key))
-        elif self.ml.state is ManagedLedgerState.FAILED and not self._closing:
+        elif self.ml.state is ManagedLedgerState.FAILED and self.write_state is not WriteState.CLOSING:
             # a rollover gave up (ZooKeeper or bookies gone past the retry bounds): the managed
             # ledger never writes again; unload so that the next lookup reopens it (recovering
             # its last ledger) once the cluster is back (found by the chaos suite)
@@ -792,7 +812,7 @@ class PersistentTopic:
                         initial_earliest: bool, start_message_id=None, priority: int = 0,
                         consumer_name: str = "", key_shared_mode: KeySharedMode = KeySharedMode.AUTO_SPLIT,
                         hash_ranges=None, allow_out_of_order: bool = False) -> "Subscription":
-        if self._closing:
+        if self.write_state is WriteState.CLOSING:
             raise ServiceNotReadyError(f"topic {self.key} is closing")
         sub = self.subscriptions.get(subscription)
         if sub is None:
@@ -918,9 +938,9 @@ class PersistentTopic:
 
     async def close(self, *, disconnect_clients: bool = True) -> None:
         """Stop accepting, let adds in flight finish, close subscriptions and the managed ledger."""
-        if self._closing:
+        if self.write_state is WriteState.CLOSING:
             return
-        self._closing = True                 # new SENDs are refused from here on (clients resend)
+        self._to(WriteState.CLOSING)         # new SENDs are refused from here on (clients resend)
         for fut in self._exclusive_waiters:
             if not fut.done():
                 fut.set_result(None)
@@ -966,8 +986,8 @@ class PersistentTopic:
 
     async def delete(self) -> None:
         """Close (clients disconnected) and delete the managed ledger with its cursors."""
-        if not self._closing:
-            self._closing = True
+        if self.write_state is not WriteState.CLOSING:
+            self._to(WriteState.CLOSING)
             self.disconnect_clients()
             while self._backlog:
                 op, producer, _, _ = self._backlog.popleft()

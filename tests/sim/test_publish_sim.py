@@ -17,7 +17,7 @@ import pytest
 
 import broker.topic
 from broker.dedup import DedupState
-from broker.topic import PersistentTopic
+from broker.topic import PersistentTopic, WriteState
 
 from .publish_sim import SimulationViolation, check_seed, run_seed
 
@@ -64,7 +64,7 @@ def test_without_holding_a_resend_behind_its_first_copy_messages_are_stored_twic
 def test_without_the_write_block_after_a_failed_add_order_breaks(monkeypatch):
     """After a failed add the topic refuses the producer's SENDs until its adds in flight are
     done (producers disconnected): else a later send is stored before the failed one's resend."""
-    monkeypatch.setattr(PersistentTopic, "_fence_writes", lambda self, error: None)
+    monkeypatch.setattr(PersistentTopic, "_block_writes", lambda self, error: None)
     seed, result = _first_violation("out of order")
     assert seed is not None, f"no order violation in {DEFECT_SEED_BUDGET} seeds without the write block"
 
@@ -120,8 +120,8 @@ def test_lifting_the_write_block_before_the_rollover_ends_stores_resends_twice(m
     """The kept adds are known only once the rollover that the failure started has closed the
     ledger: resends decided before that are stored again."""
     def lift_when_no_add_in_flight(self):
-        if self._write_fenced and self._adds_in_flight == 0:
-            self._write_fenced = False
-    monkeypatch.setattr(PersistentTopic, "_maybe_unfence", lift_when_no_add_in_flight)
+        if self.write_state is WriteState.BLOCKED and self._adds_in_flight == 0:
+            self.write_state = WriteState.OPEN
+    monkeypatch.setattr(PersistentTopic, "_maybe_unblock", lift_when_no_add_in_flight)
     seed, result = _first_violation("stored twice")
     assert seed is not None, f"no duplicate in {DEFECT_SEED_BUDGET} seeds lifting the block early"

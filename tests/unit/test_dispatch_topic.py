@@ -136,9 +136,9 @@ async def test_in_flight_copy_is_decided_after_the_first_copys_outcome():
     ml.adds[1][1].set_exception(RuntimeError("bookies down"))
     await settle()
     assert len(ml.adds) == 2              # neither is stored after the failed first copy
-    assert h3.closed and h3.out == []     # the topic fenced: the client reconnects, resends in order
+    assert h3.closed and h3.out == []     # the topic blocked: the client reconnects, resends in order
     h4 = Handle(4)
-    p4 = topic.add_producer(h4, "p2", None)      # nothing in flight: unfenced
+    p4 = topic.add_producer(h4, "p2", None)      # nothing in flight: unblocked
     topic.publish(p4, 1, 1, entry(1))
     topic.publish(p4, 2, 2, entry(2))
     assert [d for d, _ in ml.adds[2:]] == [entry(1), entry(2)]
@@ -148,7 +148,7 @@ async def test_in_flight_copy_is_decided_after_the_first_copys_outcome():
     assert h4.out == [("receipt", 1, (7, 1)), ("receipt", 2, (7, 2))]
 
 
-async def test_a_failed_write_fences_the_topic_until_the_adds_in_flight_are_done():
+async def test_a_failed_write_blocks_the_topic_until_the_adds_in_flight_are_done():
     """Pulsar's fence after a failed add: producers are disconnected (their clients reconnect
     and resend everything pending, in order) and no producer or SEND is taken until the adds
     in flight are done, so nothing sent after the failed message is stored before its resend."""
@@ -162,12 +162,12 @@ async def test_a_failed_write_fences_the_topic_until_the_adds_in_flight_are_done
     ml.adds[0][1].set_exception(RuntimeError("bookie gone"))
     await settle()
     assert h.closed and h.out == []
-    with pytest.raises(ServiceNotReadyError, match="fenced"):
+    with pytest.raises(ServiceNotReadyError, match="blocked"):
         topic.add_producer(Handle(1), "p", None)
     ml.adds[1][1].set_exception(RuntimeError("bookie gone"))
     ml.adds[2][1].set_exception(RuntimeError("bookie gone"))
     await settle()
-    p2 = topic.add_producer(Handle(2), "p", None)       # unfenced once nothing is in flight
+    p2 = topic.add_producer(Handle(2), "p", None)       # unblocked once nothing is in flight
     topic.publish(p2, 0, 0, entry(0))
     assert len(ml.adds) == 4
 
