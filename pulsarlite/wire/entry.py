@@ -274,14 +274,17 @@ def check_sendable(entry: bytes | memoryview, meta: EntryMetadata, *,
     declares an uncompressed size within the limit. Checked where a SEND enters the broker;
     readers of stored entries bound their own work."""
     raw = meta.raw
-    payload_bytes = len(entry) - meta.payload_offset
-    if raw.compression:
+    batched = raw.HasField("num_messages_in_batch")
+    compression = raw.compression
+    if not compression:
+        if not batched:
+            return                             # one plain message: nothing declared to check
+        size = len(entry) - meta.payload_offset
+    else:
         size = raw.uncompressed_size
         if not 0 <= size <= uncompressed_bytes_max:
             raise EntryFormatError(f"declared uncompressed size {size} is outside [0, {uncompressed_bytes_max}]")
-    else:
-        size = payload_bytes
-    if raw.HasField("num_messages_in_batch"):
+    if batched:
         count = raw.num_messages_in_batch
         count_max = max(1, size // SINGLE_MESSAGE_BYTES_MIN)
         if not 1 <= count <= count_max:

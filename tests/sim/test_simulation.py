@@ -49,11 +49,10 @@ def test_invariants_hold_with_both_fixes(config):
         result = check_seed(seed, config)      # raises SimulationViolation naming the seed
         totals.update(result.stats)
     print(f"{config}: {dict(totals)}")
-    c = CONFIGS[config]
-    expected = [k for k in COVERAGE if k != "writer_close_lost_elsewhere" or c.name != "e3w3a2n5-chaos"]
-    expected += [k for k, knob in COVERAGE_IF.items() if getattr(c, knob) > 0]
-    missing = [k for k in expected if not totals[k]]
-    assert not missing, f"{config}: {SIM_SEEDS} seeds never exercised {missing}: {dict(totals)}"
+    if SIM_SEEDS >= 2500:                      # fewer seeds (a quick run) may miss rare paths
+        expected = list(COVERAGE) + [k for k, knob in COVERAGE_IF.items() if getattr(CONFIGS[config], knob) > 0]
+        missing = [k for k in expected if not totals[k]]
+        assert not missing, f"{config}: {SIM_SEEDS} seeds never exercised {missing}: {dict(totals)}"
 
 
 def find_defect(config: str, match: str, budget: int = DEFECT_SEED_BUDGET, **overrides):
