@@ -122,3 +122,12 @@ def spark_session(app_name: str, conf: dict[str, str] | None = None):
         yield session
     finally:
         session.stop()
+
+
+def rss_bytes(pid: int) -> int:
+    """A process's resident set size (VmRSS), in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")

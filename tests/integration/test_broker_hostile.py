@@ -12,19 +12,11 @@ import time
 
 import pytest
 
-from integration.helpers import wait_for
+from integration.helpers import rss_bytes, wait_for
 
 pulsar = pytest.importorskip("pulsar")
 
 pytestmark = pytest.mark.integration
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 def closed_by_peer(sock: socket.socket) -> bool:

@@ -20,7 +20,7 @@ import urllib.request
 
 import pytest
 
-from integration.helpers import wait_for
+from integration.helpers import rss_bytes, wait_for
 
 pulsar = pytest.importorskip("pulsar")
 
@@ -62,14 +62,6 @@ def broker_pid(cluster) -> int:
     record = cluster.records[cluster.broker_names[0]]
     assert record.alive(), "the broker is not running"
     return record.pid
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 class RssSampler:
