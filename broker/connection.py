@@ -29,6 +29,7 @@ from broker.schemas import decode_version, encode_version
 from broker.topic import AccessMode
 from pulsarlite.wire import commands as c
 from pulsarlite.wire import pb
+from pulsarlite.counted_log import CountedCause
 from pulsarlite.topic_name import subscription_name_problem
 from pulsarlite.wire.frames import Frame, FrameDecoder, FrameError, FrameTooLargeError
 
@@ -91,7 +92,7 @@ class ConnectionCore:
                  connect_frame_bytes_max: int | None = None) -> None:
         self.state = ConnState.AWAITING_CONNECT
         self.unsupported_commands_max = unsupported_commands_max
-        self.unsupported_commands = 0
+        self.unsupported_commands = CountedCause()
         # before CONNECT only small frames: an unauthenticated peer holds little memory
         self.frame_bytes_max = frame_bytes_max
         self._decoder = FrameDecoder(min(frame_bytes_max, connect_frame_bytes_max or frame_bytes_max))
@@ -171,14 +172,14 @@ class ConnectionCore:
         else:
             request_id = _request_id_of(frame.command)
             name = T.Type.Name(kind) if kind in T.Type.values() else str(kind)
-            self.unsupported_commands += 1
-            count = self.unsupported_commands
+            due = self.unsupported_commands.due()
+            count = self.unsupported_commands.count
             if count > self.unsupported_commands_max:
                 log.warning("closing a connection after %d unsupported commands (last: %s)", count, name)
                 self._fail(result, pb.NotAllowedError, f"too many unsupported commands ({count})",
                            request_id or 0)
                 return
-            if count & (count - 1) == 0:       # 1, 2, 4, 8, ...: a bounded number of lines
+            if due:
                 log.info("unsupported command %s (%d from this connection so far)", name, count)
             if request_id is not None:
                 result.out.append(c.error(request_id, pb.NotAllowedError, f"{name} is not supported"))
@@ -262,16 +263,20 @@ class ConnectionAdmission:
         self.per_address_max = per_address_max
         self.total = 0
         self.by_address: dict[str, int] = {}
-        self.refused = 0
+        self.refused = CountedCause()
 
     def admit(self, address: str) -> str | None:
         """Count a new connection from ``address``; the reason to refuse it (then not counted)."""
+        refusal = None
         if self.total >= self.connections_max:
-            self.refused += 1
-            return f"too many connections ({self.total})"
-        if self.by_address.get(address, 0) >= self.per_address_max:
-            self.refused += 1
-            return f"too many connections from {address} ({self.by_address[address]})"
+            refusal = f"too many connections ({self.total})"
+        elif self.by_address.get(address, 0) >= self.per_address_max:
+            refusal = f"too many connections from {address} ({self.by_address[address]})"
+        if refusal is not None:
+            if self.refused.due():
+                log.warning("connection from %s refused: %s (%d refused so far)", address, refusal,
+                            self.refused.count)
+            return refusal
         self.total += 1
         self.by_address[address] = self.by_address.get(address, 0) + 1
         return None
@@ -296,6 +301,7 @@ class ServerConnection(asyncio.Protocol):
         self._admitted_address: str | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._frame_started_s: float | None = None
+        self._acks_refused = CountedCause()
         self.transport: asyncio.Transport | None = None
         self.peer = None
         self._clock = clock
@@ -324,10 +330,7 @@ class ServerConnection(asyncio.Protocol):
         if self._admission is not None:
             address = self.peer[0] if isinstance(self.peer, tuple) else str(self.peer)
             refusal = self._admission.admit(address)
-            if refusal is not None:
-                if self._admission.refused & (self._admission.refused - 1) == 0:   # 1, 2, 4, ...
-                    log.warning("connection from %s refused: %s (%d refused so far)", address, refusal,
-                                self._admission.refused)
+            if refusal is not None:           # logged by the admission, at a bounded rate
                 self.closed = True
                 transport.abort()
                 return
@@ -634,7 +637,9 @@ class ServerConnection(asyncio.Protocol):
                 ref.subscription.ack(ref, list(ack.message_id),
                                      cumulative=ack.ack_type == pb.CommandAck.Cumulative)
             except CumulativeAckNotAllowedError as e:
-                log.info("ack refused from %s: %s", self.peer, e)
+                if self._acks_refused.due():
+                    log.info("ack refused from %s: %s (%d refused on this connection)", self.peer, e,
+                             self._acks_refused.count)
                 error = (pb.NotAllowedError, str(e))
         if ack.HasField("request_id"):
             if error is None:

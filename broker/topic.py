@@ -36,6 +36,7 @@ from broker.latency import LatencyBuckets
 from broker.managed_ledger import (ManagedLedger, ManagedLedgerError, ManagedLedgerFencedError, ManagedLedgerState,
                                    Position, next_position)
 from pulsarlite.checksum import crc32c_of
+from pulsarlite.counted_log import CountedCause
 from pulsarlite.errors import InvariantViolation, PulsarliteError
 from pulsarlite.wire import pb
 from pulsarlite.wire.entry import check_sendable, peek_metadata
@@ -646,7 +647,7 @@ class PersistentTopic:
             if status is DupStatus.DUP:
                 dedup.on_duplicate(producer.name, op.sequence_id, op.dedup_highest)
                 producer.duplicates += 1
-                if producer.duplicates & (producer.duplicates - 1) == 0:     # 1, 2, 4, 8, ...: bounded
+                if producer.duplicates & (producer.duplicates - 1) == 0:     # 1, 2, 4, 8, ... (CountedCause's rule)
                     log.info("duplicate send topic=%s producer=%s sequence_id=%d highest=%d effective=%d "
                              "duplicates=%d", self.key, producer.name, op.sequence_id, op.dedup_highest,
                              dedup.effective(producer.name), producer.duplicates)
@@ -1075,6 +1076,7 @@ class Subscription:
         self.sub_type = sub_type
         self.cursor = cursor
         self.durable = durable
+        self._acks_refused = CountedCause()      # bad ack ids from clients: logged at a bounded rate
         partition = getattr(topic.name, "partition_index", -1)
         read_ahead = topic.config.read_ahead_entries_max
         if sub_type is SubType.KEY_SHARED:
@@ -1144,8 +1146,9 @@ class Subscription:
             try:
                 self._ack_one(consumer, mid, cumulative=cumulative)
             except ValueError as e:  # InvalidAckError: a bad id from the client changes nothing
-                log.warning("subscription %s/%s: ack of %s:%s refused: %s", self.topic.key, self.name,
-                            mid.ledgerId, mid.entryId, e)
+                if self._acks_refused.due():
+                    log.warning("subscription %s/%s: ack of %s:%s refused: %s (%d refused so far)", self.topic.key,
+                                self.name, mid.ledgerId, mid.entryId, e, self._acks_refused.count)
         if self.sub_type is SubType.KEY_SHARED and self.core.pending_count:
             self.wake()       # an ack may free a key held by another consumer (order after a join)
 

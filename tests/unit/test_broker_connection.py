@@ -223,5 +223,5 @@ def test_connection_admission_counts_per_address_and_in_total():
     assert a.admit("2.2.2.2") is None
     assert "too many connections (3)" in a.admit("3.3.3.3")
     a.release("1.1.1.1")
-    assert a.admit("3.3.3.3") is None and a.refused == 2
+    assert a.admit("3.3.3.3") is None and a.refused.count == 2
     assert a.by_address == {"1.1.1.1": 1, "2.2.2.2": 1, "3.3.3.3": 1} and a.total == 3
