@@ -29,8 +29,6 @@ from broker.retention import RetentionService, publish_time_of
 from broker.schema_compat import CompatibilityStrategy
 from broker.schemas import SchemaRegistry
 from broker.topic import EntryCache, PersistentTopic, PublishBuffer
-from pulsarlite.errors import PulsarliteError
-from pulsarlite.wire import pb
 
 log = logging.getLogger("pulsarlite.broker")
 

@@ -1,11 +1,13 @@
 """A persistent topic on its owner broker: producers, the publish path, subscriptions and their
-dispatch (asyncio shell around :mod:`broker.dispatch`; DESIGN.md §2).
+dispatch (asyncio shell around :mod:`broker.publish_core` and :mod:`broker.dispatch`; DESIGN.md §2).
 
 Publish: SEND -> the entry ``[meta_size][meta][payload]`` goes verbatim to the managed ledger
 (publish time from its metadata) -> on confirmation it enters the broker's entry cache, the
 producer's receipts go out in order, and the subscriptions are woken. Adds beyond the managed
 ledger's pending limit wait in a FIFO backlog (order kept); bytes in flight count against the
-broker's publish buffer, which pauses reading from producers' connections when full.
+broker's publish buffer, which pauses reading from producers' connections when full. What is
+stored, answered, held or refused is decided by the topic's :class:`PublishCore` (sans I/O); this
+shell executes its actions (:meth:`PersistentTopic._run`).
 
 Dispatch: each subscription has a reader task. It reads new entries from its read position --
 from the cache when tailing, from the managed ledger (read-ahead) when catching up -- offers
@@ -16,29 +18,27 @@ again (cache, else the managed ledger), so nothing but read-ahead is held per su
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import inspect
 import logging
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker.adapters import open_cursor
 from broker.admin.policies import NotFoundError
-from broker.dedup import DedupSnapshotStore, DedupState, DupStatus, entry_sequence
+from broker.dedup import DedupSnapshotStore, DedupState, entry_sequence
 from broker.dispatch import Delivery, DispatcherCore, KeySharedMode, SubType
 from broker.errors import (ConsumerAssignError, ProducerBusyError, ProducerFencedError, ServiceNotReadyError,
-                           SubscriptionBusyError, TopicNotOwnedError)
+                           SubscriptionBusyError)
 from broker.key_shared import sticky_key_hash
 from broker.latency import LatencyBuckets
-from broker.managed_ledger import (ManagedLedger, ManagedLedgerError, ManagedLedgerFencedError, ManagedLedgerState,
-                                   Position, next_position)
+from broker.managed_ledger import ManagedLedger, Position, next_position
+from broker.publish_core import (AccessMode, Answer, Confirmed, CountAddError, DisconnectProducer, Producer,
+                                 PublishCore, Send, StoreEntry, Unload, WriteState)
 from pulsarlite.checksum import crc32c_of
 from pulsarlite.counted_log import CountedCause
-from pulsarlite.errors import InvariantViolation, PulsarliteError
-from pulsarlite.wire import pb
+from pulsarlite.errors import InvariantViolation
 from pulsarlite.wire.entry import check_sendable, peek_metadata
 
 log = logging.getLogger("pulsarlite.broker")
@@ -172,80 +172,7 @@ class PublishBuffer:
         self._paused.discard(connection)
 
 
-# -- producers -----------------------------------------------------------------------------------
-class AccessMode(enum.Enum):
-    """Producer access modes (CommandProducer.producer_access_mode)."""
-
-    SHARED = 0
-    EXCLUSIVE = 1
-    WAIT_FOR_EXCLUSIVE = 2
-    EXCLUSIVE_WITH_FENCING = 3
-
-
-DUP_POSITION = Position(-1, -1)          # the receipt of a duplicate (as Pulsar's -1:-1)
-
-
-class WriteState(enum.Enum):
-    """Whether the topic takes SENDs and producers. ("Fence" keeps its BookKeeper meaning: a
-    ledger another writer can no longer add to; the topic's own temporary refusal is a block.)"""
-
-    OPEN = "open"            # SENDs stored, producers added
-    BLOCKED = "blocked"      # a write failed: producers disconnected, SENDs and producers refused
-                             # until the adds in flight are done and the ledger rolled over
-    CLOSING = "closing"      # close/unload/delete: refused for good (clients look the topic up again)
-
-
-WRITE_STATE_TRANSITIONS = {
-    WriteState.OPEN: frozenset({WriteState.BLOCKED, WriteState.CLOSING}),
-    WriteState.BLOCKED: frozenset({WriteState.OPEN, WriteState.CLOSING}),
-    WriteState.CLOSING: frozenset(),
-}
-
-
-@dataclass
-class _Send:
-    sequence_id: int
-    highest_sequence_id: int
-    size: int
-    message_count: int
-    start_s: float = 0.0                 # monotonic time the SEND reached us (publish latency)
-    position: Position | None = None
-    error: BaseException | None = None
-    done: bool = False
-    producer_name: str | None = None     # set when deduplication tracks this add
-    dedup_highest: int = -1              # the highest sequence id this add covers (dedup)
-    dedup_digest: int | None = None      # CRC32C of the entry (dedup: a resend has the same bytes)
-    waiters: list | None = None          # producers whose held sends wait for this add (dedup)
-    held: tuple | None = None            # (data, publish time) while held (dedup)
-
-
-@dataclass
-class Producer:
-    handle: Any
-    name: str
-    connection: Any
-    pending: deque = field(default_factory=deque)
-    closed: bool = False
-    producer_id: int = -1
-    address: str = ""
-    connected_since_ms: int = 0
-    msg_in: int = 0                      # counters (stats); rates are derived by sampling
-    bytes_in: int = 0
-    access_mode: AccessMode = AccessMode.SHARED
-    duplicates: int = 0                  # SENDs answered as duplicates (dedup)
-    given_last_sequence_id: int = -1     # what PRODUCER_SUCCESS told this session (dedup)
-    held: deque = field(default_factory=deque)   # sends not decided yet, in order (dedup)
-
-
-def _first_copy_of(inflight: _Send, op: _Send, by_content: bool) -> bool:
-    """Whether ``inflight`` (pushed, not done) is a copy of ``op`` (dedup): the same ids and bytes
-    in a content range, else any add whose ids cover op's."""
-    if by_content:
-        return (inflight.sequence_id == op.sequence_id and inflight.dedup_highest == op.dedup_highest
-                and inflight.dedup_digest == op.dedup_digest)
-    return inflight.sequence_id <= op.sequence_id and op.dedup_highest <= inflight.dedup_highest
-
-
+# -- producers: broker/publish_core.py holds them and the publish path's decisions -------------
 def _receipts_one_by_one(handle):
     def send_receipts(receipts: list) -> None:
         for sequence_id, highest_sequence_id, position in receipts:
@@ -265,15 +192,14 @@ class PersistentTopic:
         self.key = str(name)
         self.ml = ml
         self._owned = service.ownership.write_guard(name)  # checked before every add
+        # the publish path's decisions (producers, write state, dedup holds, backlog); this shell
+        # executes its actions (:meth:`_run`)
+        self.core = PublishCore(self.key, pending_adds_max=service.config.pending_adds_max)
+        self._actions: deque = deque()
+        self._running = False
         ml.kept_listeners.append(self._on_kept)
-        ml.rollover_listeners.append(lambda ledger_id: self._maybe_unblock())
-        self.producers: dict[str, Producer] = {}
+        ml.rollover_listeners.append(self._on_rolled_over)
         self.subscriptions: dict[str, Subscription] = {}
-        self._backlog: deque = deque()       # (send, producer, data, publish_time) waiting for room
-        # BLOCKED after a failed write (Pulsar's PersistentTopic fences itself after addFailed):
-        # nothing a producer sent after the failed message is stored before its resend
-        self.write_state = WriteState.OPEN
-        self._adds_in_flight = 0
         self._tasks: set[asyncio.Task] = set()
         # counters for stats and metrics (plain ints on the hot path; the service samples them)
         self.msg_in = 0
@@ -289,22 +215,32 @@ class PersistentTopic:
         self._exclusive: Producer | None = None
         self._exclusive_waiters: deque[asyncio.Future] = deque()
         # deduplication (None: disabled); see broker/dedup.py
-        self.dedup: DedupState | None = None
         self._dedup_store = DedupSnapshotStore(service.store, name.managed_ledger_name) \
             if getattr(service, "store", None) is not None else None
         self._dedup_lock = asyncio.Lock()
-        self._dedup_inflight: dict[str, deque] = {}     # producer name -> ops pushed, not done
         self._dedup_snapshot_task: asyncio.Task | None = None
         self._dedup_snapshot_position: Position | None = None
 
     @property
     def closing(self) -> bool:
-        return self.write_state is WriteState.CLOSING
+        return self.core.closing
 
-    def _to(self, state: WriteState) -> None:
-        if state not in WRITE_STATE_TRANSITIONS[self.write_state]:
-            raise InvariantViolation(f"topic {self.key}: write state {self.write_state.value} -> {state.value}")
-        self.write_state = state
+    @property
+    def write_state(self) -> WriteState:
+        return self.core.write_state
+
+    @property
+    def producers(self) -> dict[str, Producer]:
+        return self.core.producers
+
+    @property
+    def dedup(self) -> DedupState | None:
+        """Deduplication's state (None: off); the core decides with it."""
+        return self.core.dedup
+
+    @dedup.setter
+    def dedup(self, state: DedupState | None) -> None:
+        self.core.dedup = state
 
     @property
     def config(self):
@@ -319,12 +255,8 @@ class PersistentTopic:
         if self.write_state is WriteState.CLOSING:
             raise ServiceNotReadyError(f"topic {self.key} is closing")
         if self.write_state is WriteState.BLOCKED:
-            self._maybe_unblock()
+            self._run(self.core.producer_wants_in(owned=self._owned(), ml_state=self.ml.state))
         if self.write_state is WriteState.BLOCKED:
-            if self.ml.state is ManagedLedgerState.FENCED:       # another owner: unload
-                self._on_ml_error(ManagedLedgerFencedError(f"topic {self.key}: managed ledger fenced"))
-            elif self.ml.state is ManagedLedgerState.FAILED:     # its rollover gave up: reopen
-                self._on_ml_error(ServiceNotReadyError(f"topic {self.key}: managed ledger failed"))
             raise ServiceNotReadyError(f"topic {self.key} is blocked after a failed write until its adds in "
                                        f"flight are done and its ledger rolled over; retry")
         if name in self.producers:
@@ -345,7 +277,7 @@ class PersistentTopic:
         producer = Producer(handle, name, connection, producer_id=getattr(handle, "producer_id", -1),
                             address=_address_of(connection), connected_since_ms=int(time.time() * 1000),
                             access_mode=access_mode)
-        self.producers[name] = producer
+        self.core.producer_added(producer)
         if exclusive:
             self._exclusive = producer
         return producer
@@ -378,9 +310,7 @@ class PersistentTopic:
                     return
 
     def remove_producer(self, producer: Producer) -> None:
-        producer.closed = True
-        if self.producers.get(producer.name) is producer:
-            del self.producers[producer.name]
+        self.core.producer_removed(producer)
         if self._exclusive is producer:
             self._exclusive = None
         self._wake_exclusive_waiter()
@@ -488,42 +418,26 @@ class PersistentTopic:
         data = bytes(entry)
         meta = peek_metadata(data)          # EntryFormatError: the caller answers SEND_ERROR
         check_sendable(data, meta)
-        op = _Send(sequence_id, highest_sequence_id, len(data), meta.message_count, time.monotonic())
-        producer.pending.append(op)
+        op = Send(sequence_id, highest_sequence_id, len(data), meta.message_count, time.monotonic())
         self.service.publish_buffer.acquire(op.size, producer.connection)
-        publish_time = meta.publish_time_ms
-        dedup = self.dedup
-        if dedup is not None and self.write_state is not WriteState.CLOSING:
-            if meta.batched:    # a batch covers sequence_id .. + count - 1 (highest_sequence_id may be unset)
-                highest_sequence_id = max(highest_sequence_id, sequence_id + meta.message_count - 1)
-            op.dedup_highest = highest_sequence_id
-            op.dedup_digest = crc32c_of(data)
-            # decided in order, per producer: a send whose first copy is still being written
-            # waits for that copy's outcome, and the producer's later sends wait behind it, so
-            # that a failed first copy is re-sent before anything sent after it (order kept)
-            op.held = (data, publish_time)
-            producer.held.append(op)
-            if len(producer.held) == 1:
-                self._decide_held(producer)
-            return
-        self._store(op, producer, data, publish_time)
+        digest = crc32c_of(data) if self.core.dedup is not None and not self.core.closing else None
+        self._run(self.core.send(producer, op, data, meta.publish_time_ms, batched=meta.batched, digest=digest,
+                                 owned=self._owned(), ml_state=self.ml.state))
 
     def publish_run(self, producer: Producer, sends: list) -> bool:
         """SENDs of one producer from one read, ``[(sequence_id, highest_sequence_id, entry),
-        ...]``, stored as one run when the topic is in its plain state: no deduplication, not
-        closing or blocked, no backlog, owned, every entry's metadata readable, and the managed
-        ledger takes the run whole (room for all of it under pending_adds_max, no rollover
-        inside it, its ledger writing to usable bookies). Returns False, having done nothing,
-        otherwise: the caller publishes them one by one (:meth:`publish`), which handles every
-        unusual case. Receipts go out in order once the entries are confirmed, exactly as for
-        single SENDs."""
+        ...]``, stored as one run when the topic is in its plain state (PublishCore.accepts_run:
+        no deduplication, OPEN, no backlog, room for all of them), owned, every entry's metadata
+        readable, and the managed ledger takes the run whole (no rollover inside it, its ledger
+        writing to usable bookies). Returns False, having done nothing, otherwise: the caller
+        publishes them one by one (:meth:`publish`), which handles every unusual case. Receipts
+        go out in order once the entries are confirmed, exactly as for single SENDs."""
         count = len(sends)
-        if (self.dedup is not None or self.write_state is not WriteState.OPEN or self._backlog
-                or self.ml.pending_count + count > self.config.pending_adds_max):
+        if not self.core.accepts_run(count):
             return False
         datas: list[bytes] = []
         times: list[int] = []
-        ops: list[_Send] = []
+        ops: list[Send] = []
         start_s = time.monotonic()
         size = 0
         try:
@@ -533,7 +447,7 @@ class PersistentTopic:
                 check_sendable(data, meta)
                 datas.append(data)
                 times.append(meta.publish_time_ms)
-                ops.append(_Send(sequence_id, highest_sequence_id, len(data), meta.message_count, start_s))
+                ops.append(Send(sequence_id, highest_sequence_id, len(data), meta.message_count, start_s))
                 size += len(data)
         except Exception:         # a bad entry: SEND by SEND, which answers it with SEND_ERROR
             return False
@@ -542,8 +456,7 @@ class PersistentTopic:
         if not self.ml.try_add_run(datas, times, lambda first, last, position, error: self._on_run_added(
                 producer, ops, datas, first, last, position, error)):
             return False
-        producer.pending.extend(ops)
-        self._adds_in_flight += count
+        self.core.run_stored(producer, ops)
         self.service.publish_buffer.acquire(size, producer.connection)
         return True
 
@@ -557,7 +470,6 @@ class PersistentTopic:
                 self._on_added(producer, ops[i], datas[i], None, error)
             return
         count = last - first + 1
-        self._adds_in_flight -= count
         ledger_id, entry_id = position
         put = self.service.entry_cache.put
         key = self.key
@@ -570,18 +482,81 @@ class PersistentTopic:
             messages += op.message_count
             size += op.size
             op.position = p
-            op.done = True
         self.msg_in += messages
         self.bytes_in += size
         self.entries_added += count
         producer.msg_in += messages
         producer.bytes_in += size
         self.publish_latency.add(time.monotonic() - ops[first].start_s, count)
-        self._release_done(producer)
+        self._run(self.core.run_confirmed(producer, ops, first, last, owned=self._owned(), ml_state=self.ml.state))
         for sub in list(self.subscriptions.values()):
             sub.wake()
-        self._drain_backlog()
-        self._maybe_unblock()
+
+    def _on_added(self, producer: Producer, op: Send, data: bytes, position: Position | None,
+                  error: BaseException | None) -> None:
+        self._run(self.core.add_done(producer, op, data, position, error, owned=self._owned(),
+                                     ml_state=self.ml.state))
+
+    def _on_rolled_over(self, ledger_id: int) -> None:
+        self._run(self.core.rolled_over(owned=self._owned(), ml_state=self.ml.state))
+
+    def _on_kept(self, kept: list) -> None:
+        """Entries a rollover found beyond the confirmed ones: adds that failed back to us but
+        that the recovery of their ledger kept (deduplication learns them)."""
+        learned = self.core.kept([(data, crc32c_of(data)) for _, data in kept])
+        log.warning("topic %s: %d failed adds were kept by the recovery of their ledger (%d known to "
+                    "deduplication)", self.key, len(kept), learned)
+
+    # -- executing the publish core's actions ----------------------------------------------------
+    def _run(self, actions: list) -> None:
+        """Execute the core's actions in order; actions of events that arrive meanwhile (an
+        add refused at once) queue behind them."""
+        if not actions:
+            return
+        self._actions.extend(actions)
+        if self._running:
+            return
+        self._running = True
+        try:
+            while self._actions:
+                self._execute(self._actions.popleft())
+        finally:
+            self._running = False
+
+    def _execute(self, action) -> None:
+        kind = type(action)
+        if kind is StoreEntry:
+            producer, op, data = action.producer, action.op, action.data
+            try:     # a callback rather than a Future: one per message on the hot path
+                self.ml.add_with_callback(data, action.publish_time_ms,
+                                          functools.partial(self._on_added, producer, op, data))
+            except Exception as e:     # refused at once (fenced, closed, failed)
+                self._on_added(producer, op, data, None, e)
+        elif kind is Answer:
+            self._release_done(action.producer)
+        elif kind is Confirmed:
+            producer, op, position = action.producer, action.op, action.position
+            if op.producer_name is not None and self.core.dedup is not None:
+                self._maybe_snapshot_dedup(position)
+            self.service.entry_cache.put(self.key, position, action.data, op.message_count)
+            self.msg_in += op.message_count
+            self.bytes_in += op.size
+            self.entries_added += 1
+            producer.msg_in += op.message_count
+            producer.bytes_in += op.size
+            self.publish_latency.add(time.monotonic() - op.start_s)
+            if self.subscriptions:
+                for sub in list(self.subscriptions.values()):
+                    sub.wake()
+        elif kind is DisconnectProducer:
+            action.producer.handle.close_by_broker()
+            self.remove_producer(action.producer)
+        elif kind is CountAddError:
+            self.service.on_add_error(action.error)
+        elif kind is Unload:
+            self._spawn(self.service.unload_topic(self.key))
+        else:
+            raise InvariantViolation(f"topic {self.key}: unknown action {action!r}")
 
     def _release_done(self, producer: Producer) -> None:
         """The producer's sends done at the head of its queue: out of the publish buffer, and
@@ -607,206 +582,6 @@ class PersistentTopic:
             send_receipts(receipts)
         if released:
             self.service.publish_buffer.release(released)
-
-    def _decide_held(self, producer: Producer) -> None:
-        """Decide a producer's held sends in order (dedup): duplicate (receipt), new (stored),
-        or, if an identical copy is still in flight, wait for it (decided again when it is done)."""
-        dedup = self.dedup
-        while producer.held:
-            op = producer.held[0]
-            data, publish_time = op.held
-            if dedup is None or self.write_state is WriteState.CLOSING or producer.closed:
-                producer.held.popleft()
-                op.held = None
-                if producer.closed and self.write_state is not WriteState.CLOSING:
-                    self._complete(producer, op, None, ManagedLedgerError(f"producer {producer.name} closed"))
-                else:
-                    self._store(op, producer, data, publish_time)
-                continue
-            # a duplicate only if every id the send covers is stored (a resent batch may straddle
-            # the stored high: storing it again makes duplicates, answering it would lose some)
-            # and, where ids name two messages or a hole is being refilled, it is a stored entry
-            # byte for byte (broker/dedup.py)
-            status = dedup.check(producer.name, op.dedup_highest, first_sequence_id=op.sequence_id,
-                                 digest=op.dedup_digest)
-            if status is not DupStatus.DUP:
-                # a copy still being written: its outcome decides this one. In a content range
-                # only an identical copy counts (the same ids may name another message), and it
-                # counts even below the stored high (a resend of a send in flight)
-                reused = dedup.in_reused(producer.name, op.sequence_id, op.dedup_highest)
-                if reused or status is DupStatus.IN_FLIGHT:
-                    original = next((o for o in self._dedup_inflight.get(producer.name, ())
-                                     if _first_copy_of(o, op, reused)), None)
-                    if original is not None:
-                        if original.waiters is None:
-                            original.waiters = []
-                        original.waiters.append(producer)
-                        return
-            producer.held.popleft()
-            op.held = None
-            if status is DupStatus.DUP:
-                dedup.on_duplicate(producer.name, op.sequence_id, op.dedup_highest)
-                producer.duplicates += 1
-                if producer.duplicates & (producer.duplicates - 1) == 0:     # 1, 2, 4, 8, ... (CountedCause's rule)
-                    log.info("duplicate send topic=%s producer=%s sequence_id=%d highest=%d effective=%d "
-                             "duplicates=%d", self.key, producer.name, op.sequence_id, op.dedup_highest,
-                             dedup.effective(producer.name), producer.duplicates)
-                self._complete(producer, op, DUP_POSITION, None)
-                continue
-            op.producer_name = producer.name
-            dedup.on_pushed(producer.name, op.dedup_highest)
-            self._dedup_inflight.setdefault(producer.name, deque()).append(op)
-            self._store(op, producer, data, publish_time)
-
-    def _store(self, op: _Send, producer: Producer, data: bytes, publish_time: int) -> None:
-        if self.write_state is WriteState.CLOSING:
-            self._complete(producer, op, None, ManagedLedgerError(f"topic {self.key} is closing"))
-        elif self.write_state is WriteState.BLOCKED:
-                self._complete(producer, op, None, ServiceNotReadyError(
-                f"topic {self.key} is blocked after a failed write: reconnect and resend"))
-        elif self._backlog or self.ml.pending_count >= self.config.pending_adds_max:
-            self._backlog.append((op, producer, data, publish_time))
-        else:
-            self._add(op, producer, data, publish_time)
-
-    def _add(self, op: _Send, producer: Producer, data: bytes, publish_time: int) -> None:
-        if not self._owned():
-            # session suspended or lost, or the bundle released: never write; the SEND_ERROR
-            # makes the client reconnect through lookup to whoever owns the topic now
-            error = TopicNotOwnedError(
-                f"topic {self.key} is not owned by this broker now (ZooKeeper session not trusted)")
-            self._block_writes(error)
-            self._complete(producer, op, None, error)
-            self._maybe_unblock()
-            return
-        self._adds_in_flight += 1
-        try:     # a callback rather than a Future: one per message on the hot path
-            self.ml.add_with_callback(data, publish_time, functools.partial(self._on_added, producer, op, data))
-        except Exception as e:     # refused at once (fenced, closed, failed)
-            self._adds_in_flight -= 1
-            self._block_writes(e)
-            self._complete(producer, op, None, e)
-            self._on_ml_error(e)
-            self._maybe_unblock()
-
-    def _block_writes(self, error: BaseException) -> None:
-        """A write failed: fail what waits for room, disconnect the producers (their clients
-        reconnect and resend everything pending, in order) and refuse SENDs and producers until
-        the adds in flight are done (:meth:`_maybe_unblock`)."""
-        if self.write_state is not WriteState.OPEN:
-            return
-        self._to(WriteState.BLOCKED)
-        log.warning("topic %s blocked after a failed write (%s): producers disconnected, %d adds in flight",
-                    self.key, error, self._adds_in_flight)
-        while self._backlog:
-            op, producer, _, _ = self._backlog.popleft()
-            self._complete(producer, op, None, ServiceNotReadyError(
-                f"topic {self.key} is blocked after a failed write: reconnect and resend"))
-        for producer in list(self.producers.values()):
-            producer.handle.close_by_broker()
-            self.remove_producer(producer)
-
-    def _maybe_unblock(self) -> None:
-        """Lift the write block once no add is in flight and the managed ledger has finished the
-        rollover its failure started: that rollover reports the failed adds its recovery kept
-        (:meth:`_on_kept`), which deduplication must know before the producers' resends."""
-        if self.write_state is WriteState.BLOCKED and self._adds_in_flight == 0 \
-                and self.ml.state is not ManagedLedgerState.ROLLING_OVER:
-            self._to(WriteState.OPEN)
-            log.info("topic %s unblocked: no add in flight, ledger rolled over", self.key)
-
-    def _on_kept(self, kept: list) -> None:
-        """Entries a rollover found beyond the confirmed ones: adds that failed back to us but
-        that the recovery of their ledger kept. They are in the log: deduplication learns them
-        (a producer's resend of one is then a duplicate, not a second copy)."""
-        dedup = self.dedup
-        learned = 0
-        for _, data in kept:
-            if dedup is None:
-                break
-            try:
-                seq = entry_sequence(peek_metadata(data))
-            except Exception:     # not a producer's entry we can read: nothing to learn
-                seq = None
-            if seq is not None:
-                dedup.on_persisted(seq[0], seq[2], seq[1], crc32c_of(data))
-                learned += 1
-        log.warning("topic %s: %d failed adds were kept by the recovery of their ledger (%d known to "
-                    "deduplication)", self.key, len(kept), learned)
-
-    def _on_added(self, producer: Producer, op: _Send, data: bytes, position: Position | None,
-                  error: BaseException | None) -> None:
-        self._adds_in_flight -= 1
-        if error is not None:
-            self._block_writes(error)
-            self._complete(producer, op, None, error)
-            self._maybe_unblock()
-            self._on_ml_error(error)
-        else:
-            if op.producer_name is not None and self.dedup is not None:
-                self.dedup.on_persisted(op.producer_name, op.dedup_highest, op.sequence_id, op.dedup_digest)
-                self._maybe_snapshot_dedup(position)
-            self.service.entry_cache.put(self.key, position, data, op.message_count)
-            self.msg_in += op.message_count
-            self.bytes_in += op.size
-            self.entries_added += 1
-            producer.msg_in += op.message_count
-            producer.bytes_in += op.size
-            self.publish_latency.add(time.monotonic() - op.start_s)
-            self._complete(producer, op, position, None)
-            if self.subscriptions:
-                for sub in list(self.subscriptions.values()):
-                    sub.wake()
-        if self._backlog:
-            self._drain_backlog()
-        if self.write_state is WriteState.BLOCKED:
-            self._maybe_unblock()
-
-    def _drain_backlog(self) -> None:
-        while self._backlog and self.ml.pending_count < self.config.pending_adds_max:
-            op, producer, data, publish_time = self._backlog.popleft()
-            self._add(op, producer, data, publish_time)
-
-    def _complete(self, producer: Producer, op: _Send, position: Position | None,
-                  error: BaseException | None) -> None:
-        op.position, op.error, op.done = position, error, True
-        if op.producer_name is not None:
-            inflight = self._dedup_inflight.get(op.producer_name)
-            if inflight is not None:
-                try:
-                    inflight.remove(op)
-                except ValueError:
-                    pass
-                if not inflight:
-                    del self._dedup_inflight[op.producer_name]
-            if error is not None and self.dedup is not None:
-                self.dedup.on_failed(op.producer_name, op.sequence_id)
-        waiters = op.waiters
-        if waiters is not None:
-            op.waiters = None
-            for waiting in waiters:      # sends that waited for this copy's outcome (dedup)
-                self._decide_held(waiting)
-        while producer.pending and producer.pending[0].done:
-            done = producer.pending.popleft()
-            self.service.publish_buffer.release(done.size)
-            if producer.closed:
-                continue
-            if done.error is not None:
-                producer.handle.send_error(done.sequence_id, done.error)
-            else:
-                producer.handle.send_receipt(done.sequence_id, done.highest_sequence_id, done.position)
-
-    def _on_ml_error(self, error: BaseException) -> None:
-        self.service.on_add_error(error)
-        if isinstance(error, ManagedLedgerFencedError) and self.write_state is not WriteState.CLOSING:
-            log.warning("topic %s fenced: another broker owns it now; unloading", self.key)
-            self._spawn(self.service.unload_topic(self.key))
-        elif self.ml.state is ManagedLedgerState.FAILED and self.write_state is not WriteState.CLOSING:
-            # a rollover gave up (ZooKeeper or bookies gone past the retry bounds): the managed
-            # ledger never writes again; unload so that the next lookup reopens it (recovering
-            # its last ledger) once the cluster is back (found by the chaos suite)
-            log.warning("topic %s: managed ledger failed (%s); unloading to reopen", self.key, error)
-            self._spawn(self.service.unload_topic(self.key))
 
     # -- subscriptions ---------------------------------------------------------------------------
     async def subscribe(self, consumer, subscription: str, sub_type: SubType, *, durable: bool,
@@ -941,7 +716,7 @@ class PersistentTopic:
         """Stop accepting, let adds in flight finish, close subscriptions and the managed ledger."""
         if self.write_state is WriteState.CLOSING:
             return
-        self._to(WriteState.CLOSING)         # new SENDs are refused from here on (clients resend)
+        self.core.begin_closing()            # new SENDs are refused from here on (clients resend)
         for fut in self._exclusive_waiters:
             if not fut.done():
                 fut.set_result(None)
@@ -953,9 +728,7 @@ class PersistentTopic:
             await self._final_dedup_snapshot()
         except Exception as e:
             log.warning("topic %s: final dedup snapshot failed: %r", self.key, e)
-        while self._backlog:
-            op, producer, _, _ = self._backlog.popleft()
-            self._complete(producer, op, None, ManagedLedgerError(f"topic {self.key} is closing"))
+        self._run(self.core.fail_backlog("closing"))
         for sub in list(self.subscriptions.values()):
             if disconnect_clients:
                 for consumer in list(sub.consumers.values()):
@@ -988,11 +761,9 @@ class PersistentTopic:
     async def delete(self) -> None:
         """Close (clients disconnected) and delete the managed ledger with its cursors."""
         if self.write_state is not WriteState.CLOSING:
-            self._to(WriteState.CLOSING)
+            self.core.begin_closing()
             self.disconnect_clients()
-            while self._backlog:
-                op, producer, _, _ = self._backlog.popleft()
-                self._complete(producer, op, None, ManagedLedgerError(f"topic {self.key} is being deleted"))
+            self._run(self.core.fail_backlog("being deleted"))
             for sub in list(self.subscriptions.values()):
                 await sub.close(delete_cursor=False)
             self.subscriptions.clear()

@@ -15,9 +15,9 @@ import os
 
 import pytest
 
-import broker.topic
+import broker.publish_core
 from broker.dedup import DedupState
-from broker.topic import PersistentTopic, WriteState
+from broker.publish_core import PublishCore, WriteState
 
 from .publish_sim import SimulationViolation, check_seed, run_seed
 
@@ -56,7 +56,7 @@ def test_without_content_ranges_acknowledged_messages_are_lost(monkeypatch):
 
 def test_without_holding_a_resend_behind_its_first_copy_messages_are_stored_twice(monkeypatch):
     """A resend whose first copy is still being written must wait for that copy's outcome."""
-    monkeypatch.setattr(broker.topic, "_first_copy_of", lambda inflight, op, by_content: False)
+    monkeypatch.setattr(broker.publish_core, "_first_copy_of", lambda inflight, op, by_content: False)
     seed, result = _first_violation("stored twice")
     assert seed is not None, f"no duplicate in {DEFECT_SEED_BUDGET} seeds without holding resends"
 
@@ -64,7 +64,7 @@ def test_without_holding_a_resend_behind_its_first_copy_messages_are_stored_twic
 def test_without_the_write_block_after_a_failed_add_order_breaks(monkeypatch):
     """After a failed add the topic refuses the producer's SENDs until its adds in flight are
     done (producers disconnected): else a later send is stored before the failed one's resend."""
-    monkeypatch.setattr(PersistentTopic, "_block_writes", lambda self, error: None)
+    monkeypatch.setattr(PublishCore, "_block_writes", lambda self, error: None)
     seed, result = _first_violation("out of order")
     assert seed is not None, f"no order violation in {DEFECT_SEED_BUDGET} seeds without the write block"
 
@@ -111,7 +111,7 @@ def test_the_simulation_exercises_every_fault():
 def test_without_learning_the_failed_adds_recovery_kept_resends_are_stored_twice(monkeypatch):
     """An add failed back to the topic may still be in the log (the recovery that closed its
     ledger kept it): unless deduplication learns it, the producer's resend is a second copy."""
-    monkeypatch.setattr(PersistentTopic, "_on_kept", lambda self, kept: None)
+    monkeypatch.setattr(PublishCore, "kept", lambda self, entries: 0)
     seed, result = _first_violation("stored twice")
     assert seed is not None, f"no duplicate in {DEFECT_SEED_BUDGET} seeds without learning kept adds"
 
@@ -120,8 +120,8 @@ def test_lifting_the_write_block_before_the_rollover_ends_stores_resends_twice(m
     """The kept adds are known only once the rollover that the failure started has closed the
     ledger: resends decided before that are stored again."""
     def lift_when_no_add_in_flight(self):
-        if self.write_state is WriteState.BLOCKED and self._adds_in_flight == 0:
+        if self.write_state is WriteState.BLOCKED and self.adds_in_flight == 0:
             self.write_state = WriteState.OPEN
-    monkeypatch.setattr(PersistentTopic, "_maybe_unblock", lift_when_no_add_in_flight)
+    monkeypatch.setattr(PublishCore, "_maybe_unblock", lift_when_no_add_in_flight)
     seed, result = _first_violation("stored twice")
     assert seed is not None, f"no duplicate in {DEFECT_SEED_BUDGET} seeds lifting the block early"

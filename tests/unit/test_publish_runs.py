@@ -594,7 +594,7 @@ async def drive(chunks, *, fail_at=None, pending_adds_max=10_000, add_batch_entr
                 "add_errors": service.add_errors, "unloads": service.unloads,
                 "cache": [service.entry_cache.get(topic.key, Position(1, e)) for e in range(seq + 1)],
                 "msg_in": topic.msg_in, "bytes_in": topic.bytes_in, "entries_added": topic.entries_added,
-                "publish_buffer": service.publish_buffer.bytes, "in_flight": topic._adds_in_flight,
+                "publish_buffer": service.publish_buffer.bytes, "in_flight": topic.core.adds_in_flight,
                 "latencies_counted": topic.publish_latency.total}, taken_runs
     finally:
         writer._stop_ticker()

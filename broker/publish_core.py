@@ -1,0 +1,459 @@
+"""A topic's publish path, sans I/O (DESIGN.md §5 "pure core, thin shell"; models: h11, Dask's
+worker_state_machine): producers' SENDs and the managed ledger's outcomes come in as events,
+what the shell must do comes out as actions, in order. It holds
+
+- the write state (:class:`WriteState`, a transition table drives it): OPEN; BLOCKED after a
+  failed write until the adds in flight are done and the rollover the failure started has
+  ended (producers disconnected, SENDs and new producers refused: nothing a producer sent after
+  the failed message is stored before its resend); CLOSING for good;
+- the producers' registry and each producer's sends in order (receipts go out in order);
+- deduplication's decisions (:class:`broker.dedup.DedupState` and the per-producer hold of
+  sends whose first copy is still being written);
+- the backlog of adds waiting for room under ``pending_adds_max``.
+
+The shell (:class:`broker.topic.PersistentTopic`) executes the actions: :class:`StoreEntry`
+(an add to the managed ledger, whose outcome comes back as :meth:`PublishCore.add_done`),
+:class:`Answer` (the producer's finished sends at the head of its queue: receipts and
+SEND_ERRORs, publish buffer released), :class:`Confirmed` (cache, stats, subscriptions woken),
+:class:`DisconnectProducer`, :class:`CountAddError` and :class:`Unload`. Whether the broker
+still owns the topic and the managed ledger's state are given with the events that need them.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.dedup import DedupState, DupStatus, entry_sequence
+from broker.errors import ServiceNotReadyError, TopicNotOwnedError
+from broker.managed_ledger import (ManagedLedgerError, ManagedLedgerFencedError, ManagedLedgerState,
+                                   Position)
+from pulsarlite.errors import InvariantViolation
+
+log = logging.getLogger("pulsarlite.broker")
+
+DUP_POSITION = Position(-1, -1)          # the receipt of a duplicate (as Pulsar's -1:-1)
+
+
+class WriteState(enum.Enum):
+    """Whether the topic takes SENDs and producers. ("Fence" keeps its BookKeeper meaning: a
+    ledger another writer can no longer add to; the topic's own temporary refusal is a block.)"""
+
+    OPEN = "open"            # SENDs stored, producers added
+    BLOCKED = "blocked"      # a write failed: producers disconnected, SENDs and producers refused
+                             # until the adds in flight are done and the ledger rolled over
+    CLOSING = "closing"      # close/unload/delete: refused for good (clients look the topic up again)
+
+
+WRITE_STATE_TRANSITIONS = {
+    WriteState.OPEN: frozenset({WriteState.BLOCKED, WriteState.CLOSING}),
+    WriteState.BLOCKED: frozenset({WriteState.OPEN, WriteState.CLOSING}),
+    WriteState.CLOSING: frozenset(),
+}
+
+
+class AccessMode(enum.Enum):
+    """Producer access modes (CommandProducer.producer_access_mode)."""
+
+    SHARED = 0
+    EXCLUSIVE = 1
+    WAIT_FOR_EXCLUSIVE = 2
+    EXCLUSIVE_WITH_FENCING = 3
+
+
+@dataclass
+class Send:
+    """One SEND, from its arrival to its answer."""
+
+    sequence_id: int
+    highest_sequence_id: int
+    size: int
+    message_count: int
+    start_s: float = 0.0                 # monotonic time the SEND reached us (publish latency)
+    position: Position | None = None
+    error: BaseException | None = None
+    done: bool = False
+    producer_name: str | None = None     # set when deduplication tracks this add
+    dedup_highest: int = -1              # the highest sequence id this add covers (dedup)
+    dedup_digest: int | None = None      # CRC32C of the entry (dedup: a resend has the same bytes)
+    waiters: list | None = None          # producers whose held sends wait for this add (dedup)
+    held: tuple | None = None            # (data, publish time) while held (dedup)
+
+
+@dataclass
+class Producer:
+    handle: Any
+    name: str
+    connection: Any
+    pending: deque = field(default_factory=deque)
+    closed: bool = False
+    producer_id: int = -1
+    address: str = ""
+    connected_since_ms: int = 0
+    msg_in: int = 0                      # counters (stats); rates are derived by sampling
+    bytes_in: int = 0
+    access_mode: AccessMode = AccessMode.SHARED
+    duplicates: int = 0                  # SENDs answered as duplicates (dedup)
+    given_last_sequence_id: int = -1     # what PRODUCER_SUCCESS told this session (dedup)
+    held: deque = field(default_factory=deque)   # sends not decided yet, in order (dedup)
+
+
+# -- actions --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StoreEntry:
+    producer: Producer
+    op: Send
+    data: bytes
+    publish_time_ms: int
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The producer's finished sends at the head of its queue go out, in order."""
+
+    producer: Producer
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    producer: Producer
+    op: Send
+    data: bytes
+    position: Position
+
+
+@dataclass(frozen=True)
+class DisconnectProducer:
+    producer: Producer
+
+
+@dataclass(frozen=True)
+class CountAddError:
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class Unload:
+    reason: str
+
+
+def _first_copy_of(inflight: Send, op: Send, by_content: bool) -> bool:
+    """Whether ``inflight`` (pushed, not done) is a copy of ``op`` (dedup): the same ids and bytes
+    in a content range, else any add whose ids cover op's."""
+    if by_content:
+        return (inflight.sequence_id == op.sequence_id and inflight.dedup_highest == op.dedup_highest
+                and inflight.dedup_digest == op.dedup_digest)
+    return inflight.sequence_id <= op.sequence_id and op.dedup_highest <= inflight.dedup_highest
+
+
+class PublishCore:
+    def __init__(self, key: str, *, pending_adds_max: int) -> None:
+        self.key = key
+        self.pending_adds_max = pending_adds_max
+        self.write_state = WriteState.OPEN
+        self.producers: dict[str, Producer] = {}
+        self.dedup: DedupState | None = None
+        self.adds_in_flight = 0              # stored and not done: the managed ledger's pending adds
+        self._backlog: deque = deque()       # (op, producer, data, publish time) waiting for room
+        self._dedup_inflight: dict[str, deque] = {}     # producer name -> ops pushed, not done
+        self._out: list = []
+        # given with each event: whether this broker still owns the topic (ZooKeeper session
+        # trusted), and the managed ledger's state
+        self._owned = True
+        self._ml_state = ManagedLedgerState.READY
+
+    def _event(self, owned: bool, ml_state: ManagedLedgerState) -> None:
+        self._owned = owned
+        self._ml_state = ml_state
+
+    # -- queries -----------------------------------------------------------------------------
+    @property
+    def closing(self) -> bool:
+        return self.write_state is WriteState.CLOSING
+
+    @property
+    def backlog_count(self) -> int:
+        return len(self._backlog)
+
+    def accepts_run(self, count: int) -> bool:
+        """Whether ``count`` sends may be stored as one run at once: the plain state (no
+        deduplication, OPEN, no backlog, room for all of them)."""
+        return (self.dedup is None and self.write_state is WriteState.OPEN and not self._backlog
+                and self.adds_in_flight + count <= self.pending_adds_max)
+
+    # -- events --------------------------------------------------------------------------------
+    def producer_added(self, producer: Producer) -> None:
+        self.producers[producer.name] = producer
+
+    def producer_removed(self, producer: Producer) -> None:
+        producer.closed = True
+        if self.producers.get(producer.name) is producer:
+            del self.producers[producer.name]
+
+    def producer_wants_in(self, *, owned: bool, ml_state: ManagedLedgerState) -> list:
+        """A producer asks to register while the topic is BLOCKED: the block may have ended (an
+        event the shell did not see), or the managed ledger may be gone for good (unload)."""
+        self._event(owned, ml_state)
+        self._maybe_unblock()
+        if self.write_state is WriteState.BLOCKED:
+            if ml_state is ManagedLedgerState.FENCED:       # another owner: unload
+                self._ml_error(ManagedLedgerFencedError(f"topic {self.key}: managed ledger fenced"))
+            elif ml_state is ManagedLedgerState.FAILED:     # its rollover gave up: reopen
+                self._ml_error(ServiceNotReadyError(f"topic {self.key}: managed ledger failed"))
+        return self._take()
+
+    def send(self, producer: Producer, op: Send, data: bytes, publish_time_ms: int, *, batched: bool,
+             digest: int | None, owned: bool, ml_state: ManagedLedgerState) -> list:
+        """A SEND (its size in the publish buffer already). ``digest``: the entry's CRC32C when
+        deduplication is on (else None)."""
+        self._event(owned, ml_state)
+        producer.pending.append(op)
+        dedup = self.dedup
+        if dedup is not None and self.write_state is not WriteState.CLOSING:
+            highest = op.highest_sequence_id
+            if batched:    # a batch covers sequence_id .. + count - 1 (highest_sequence_id may be unset)
+                highest = max(highest, op.sequence_id + op.message_count - 1)
+            op.dedup_highest = highest
+            op.dedup_digest = digest
+            # decided in order, per producer: a send whose first copy is still being written
+            # waits for that copy's outcome, and the producer's later sends wait behind it, so
+            # that a failed first copy is re-sent before anything sent after it (order kept)
+            op.held = (data, publish_time_ms)
+            producer.held.append(op)
+            if len(producer.held) == 1:
+                self._decide_held(producer)
+            return self._take()
+        self._store(op, producer, data, publish_time_ms)
+        return self._take()
+
+    def run_stored(self, producer: Producer, ops: list) -> None:
+        """The shell stored ``ops`` as one run (:meth:`accepts_run` said yes)."""
+        producer.pending.extend(ops)
+        self.adds_in_flight += len(ops)
+
+    def add_done(self, producer: Producer, op: Send, data: bytes, position: Position | None,
+                 error: BaseException | None, *, owned: bool, ml_state: ManagedLedgerState) -> list:
+        """The outcome of a :class:`StoreEntry` (or of one entry of a run)."""
+        self._event(owned, ml_state)
+        self.adds_in_flight -= 1
+        if error is not None:
+            self._block_writes(error)
+            self._complete(producer, op, None, error)
+            self._maybe_unblock()
+            self._ml_error(error)
+        else:
+            if op.producer_name is not None and self.dedup is not None:
+                self.dedup.on_persisted(op.producer_name, op.dedup_highest, op.sequence_id, op.dedup_digest)
+            self._out.append(Confirmed(producer, op, data, position))
+            self._complete(producer, op, position, None)
+        if self._backlog:
+            self._drain_backlog()
+        if self.write_state is WriteState.BLOCKED:
+            self._maybe_unblock()
+        return self._take()
+
+    def run_confirmed(self, producer: Producer, ops: list, first: int, last: int, *, owned: bool,
+                      ml_state: ManagedLedgerState) -> list:
+        """Ops ``first..last`` of a run are confirmed (positions set by the shell)."""
+        self._event(owned, ml_state)
+        self.adds_in_flight -= last - first + 1
+        for i in range(first, last + 1):
+            ops[i].done = True
+        self._out.append(Answer(producer))
+        self._drain_backlog()
+        self._maybe_unblock()
+        return self._take()
+
+    def rolled_over(self, *, owned: bool, ml_state: ManagedLedgerState) -> list:
+        self._event(owned, ml_state)
+        self._maybe_unblock()
+        return self._take()
+
+    def kept(self, entries: list[tuple[bytes, int]]) -> int:
+        """Entries a rollover found beyond the confirmed ones, as ``(data, crc32c)``: adds that
+        failed back but that the recovery of their ledger kept. Deduplication learns them (a
+        producer's resend of one is then a duplicate, not a second copy). Returns how many."""
+        learned = 0
+        for data, digest in entries:
+            if self.dedup is None:
+                break
+            try:
+                from pulsarlite.wire.entry import peek_metadata
+                seq = entry_sequence(peek_metadata(data))
+            except Exception:     # not a producer's entry we can read: nothing to learn
+                seq = None
+            if seq is not None:
+                self.dedup.on_persisted(seq[0], seq[2], seq[1], digest)
+                learned += 1
+        return learned
+
+    def begin_closing(self) -> None:
+        """CLOSING: SENDs and producers refused for good (adds in flight still finish, and what
+        waits for room may still go as they do, until :meth:`fail_backlog`)."""
+        if self.write_state is not WriteState.CLOSING:
+            self._to(WriteState.CLOSING)
+
+    def fail_backlog(self, why: str) -> list:
+        """What still waits for room fails (the topic is ``why``: closing, being deleted)."""
+        while self._backlog:
+            op, producer, _, _ = self._backlog.popleft()
+            self._complete(producer, op, None, ManagedLedgerError(f"topic {self.key} is {why}"))
+        return self._take()
+
+    # -- decisions -----------------------------------------------------------------------------
+    def _take(self) -> list:
+        out, self._out = self._out, []
+        return out
+
+    def _to(self, state: WriteState) -> None:
+        if state not in WRITE_STATE_TRANSITIONS[self.write_state]:
+            raise InvariantViolation(f"topic {self.key}: write state {self.write_state.value} -> {state.value}")
+        self.write_state = state
+
+    def _decide_held(self, producer: Producer) -> None:
+        """Decide a producer's held sends in order (dedup): duplicate (receipt), new (stored),
+        or, if an identical copy is still in flight, wait for it (decided again when it is done)."""
+        dedup = self.dedup
+        while producer.held:
+            op = producer.held[0]
+            data, publish_time = op.held
+            if dedup is None or self.write_state is WriteState.CLOSING or producer.closed:
+                producer.held.popleft()
+                op.held = None
+                if producer.closed and self.write_state is not WriteState.CLOSING:
+                    self._complete(producer, op, None, ManagedLedgerError(f"producer {producer.name} closed"))
+                else:
+                    self._store(op, producer, data, publish_time)
+                continue
+            # a duplicate only if every id the send covers is stored (a resent batch may straddle
+            # the stored high: storing it again makes duplicates, answering it would lose some)
+            # and, where ids name two messages or a hole is being refilled, it is a stored entry
+            # byte for byte (broker/dedup.py)
+            status = dedup.check(producer.name, op.dedup_highest, first_sequence_id=op.sequence_id,
+                                 digest=op.dedup_digest)
+            if status is not DupStatus.DUP:
+                # a copy still being written: its outcome decides this one. In a content range
+                # only an identical copy counts (the same ids may name another message), and it
+                # counts even below the stored high (a resend of a send in flight)
+                reused = dedup.in_reused(producer.name, op.sequence_id, op.dedup_highest)
+                if reused or status is DupStatus.IN_FLIGHT:
+                    original = next((o for o in self._dedup_inflight.get(producer.name, ())
+                                     if _first_copy_of(o, op, reused)), None)
+                    if original is not None:
+                        if original.waiters is None:
+                            original.waiters = []
+                        original.waiters.append(producer)
+                        return
+            producer.held.popleft()
+            op.held = None
+            if status is DupStatus.DUP:
+                dedup.on_duplicate(producer.name, op.sequence_id, op.dedup_highest)
+                producer.duplicates += 1
+                if producer.duplicates & (producer.duplicates - 1) == 0:     # 1, 2, 4, 8, ... (bounded)
+                    log.info("duplicate send topic=%s producer=%s sequence_id=%d highest=%d effective=%d "
+                             "duplicates=%d", self.key, producer.name, op.sequence_id, op.dedup_highest,
+                             dedup.effective(producer.name), producer.duplicates)
+                self._complete(producer, op, DUP_POSITION, None)
+                continue
+            op.producer_name = producer.name
+            dedup.on_pushed(producer.name, op.dedup_highest)
+            self._dedup_inflight.setdefault(producer.name, deque()).append(op)
+            self._store(op, producer, data, publish_time)
+
+    def _store(self, op: Send, producer: Producer, data: bytes, publish_time: int) -> None:
+        if self.write_state is WriteState.CLOSING:
+            self._complete(producer, op, None, ManagedLedgerError(f"topic {self.key} is closing"))
+        elif self.write_state is WriteState.BLOCKED:
+            self._complete(producer, op, None, ServiceNotReadyError(
+                f"topic {self.key} is blocked after a failed write: reconnect and resend"))
+        elif self._backlog or self.adds_in_flight >= self.pending_adds_max:
+            self._backlog.append((op, producer, data, publish_time))
+        else:
+            self._add(op, producer, data, publish_time)
+
+    def _add(self, op: Send, producer: Producer, data: bytes, publish_time: int) -> None:
+        if not self._owned:
+            # session suspended or lost, or the bundle released: never write; the SEND_ERROR
+            # makes the client reconnect through lookup to whoever owns the topic now
+            error = TopicNotOwnedError(
+                f"topic {self.key} is not owned by this broker now (ZooKeeper session not trusted)")
+            self._block_writes(error)
+            self._complete(producer, op, None, error)
+            self._maybe_unblock()
+            return
+        self.adds_in_flight += 1
+        self._out.append(StoreEntry(producer, op, data, publish_time))
+
+    def _block_writes(self, error: BaseException) -> None:
+        """A write failed: fail what waits for room, disconnect the producers (their clients
+        reconnect and resend everything pending, in order) and refuse SENDs and producers until
+        the adds in flight are done and the ledger rolled over (:meth:`_maybe_unblock`)."""
+        if self.write_state is not WriteState.OPEN:
+            return
+        self._to(WriteState.BLOCKED)
+        log.warning("topic %s blocked after a failed write (%s): producers disconnected, %d adds in flight",
+                    self.key, error, self.adds_in_flight)
+        while self._backlog:
+            op, producer, _, _ = self._backlog.popleft()
+            self._complete(producer, op, None, ServiceNotReadyError(
+                f"topic {self.key} is blocked after a failed write: reconnect and resend"))
+        for producer in list(self.producers.values()):
+            del self.producers[producer.name]             # closed by the shell (DisconnectProducer)
+            self._out.append(DisconnectProducer(producer))
+
+    def _maybe_unblock(self) -> None:
+        """Lift the write block once no add is in flight and the managed ledger has finished the
+        rollover its failure started: that rollover reports the failed adds its recovery kept
+        (:meth:`kept`), which deduplication must know before the producers' resends."""
+        if self.write_state is WriteState.BLOCKED and self.adds_in_flight == 0 \
+                and self._ml_state is not ManagedLedgerState.ROLLING_OVER:
+            self._to(WriteState.OPEN)
+            log.info("topic %s unblocked: no add in flight, ledger rolled over", self.key)
+
+    def _drain_backlog(self) -> None:
+        while self._backlog and self.adds_in_flight < self.pending_adds_max:
+            op, producer, data, publish_time = self._backlog.popleft()
+            self._add(op, producer, data, publish_time)
+
+    def _complete(self, producer: Producer, op: Send, position: Position | None,
+                  error: BaseException | None) -> None:
+        op.position, op.error, op.done = position, error, True
+        if op.producer_name is not None:
+            inflight = self._dedup_inflight.get(op.producer_name)
+            if inflight is not None:
+                try:
+                    inflight.remove(op)
+                except ValueError:
+                    pass
+                if not inflight:
+                    del self._dedup_inflight[op.producer_name]
+            if error is not None and self.dedup is not None:
+                self.dedup.on_failed(op.producer_name, op.sequence_id)
+        waiters = op.waiters
+        if waiters is not None:
+            op.waiters = None
+            for waiting in waiters:      # sends that waited for this copy's outcome (dedup)
+                self._decide_held(waiting)
+        if producer.pending and producer.pending[0].done:
+            self._out.append(Answer(producer))
+
+    def _ml_error(self, error: BaseException) -> None:
+        self._out.append(CountAddError(error))
+        if self.write_state is WriteState.CLOSING:
+            return
+        if isinstance(error, ManagedLedgerFencedError):
+            log.warning("topic %s fenced: another broker owns it now; unloading", self.key)
+            self._out.append(Unload("managed ledger fenced"))
+        elif self._ml_state is ManagedLedgerState.FAILED:
+            # a rollover gave up (ZooKeeper or bookies gone past the retry bounds): the managed
+            # ledger never writes again; unload so that the next lookup reopens it (recovering
+            # its last ledger) once the cluster is back (found by the chaos suite)
+            log.warning("topic %s: managed ledger failed (%s); unloading to reopen", self.key, error)
+            self._out.append(Unload("managed ledger failed"))
+
+
+__all__ = ["AccessMode", "Answer", "Confirmed", "CountAddError", "DUP_POSITION", "DisconnectProducer", "Producer",
+           "PublishCore", "Send", "StoreEntry", "Unload", "WRITE_STATE_TRANSITIONS", "WriteState"]
