@@ -88,7 +88,10 @@ def make_ownership(store, broker_id: str, service_url: str, web_service_url: str
 # -- cursors ------------------------------------------------------------------------------------
 class MemoryCursor:
     """The cursor of a non-durable subscription (a reader): mark-delete position + individually
-    acked positions above it, in memory only."""
+    acked positions above it, in memory only. The durable cursor's interface (what a
+    subscription calls), without batch-index tracking: a partly acked batch stays unacked."""
+
+    durable = False
 
     def __init__(self, initial: Position, ledgers_of: Callable[[], tuple]) -> None:
         self.mark_delete_position = initial
@@ -123,6 +126,19 @@ class MemoryCursor:
             if self._acked[0] != nxt:
                 return
             self.mark_delete_position = self._acked.pop(0)
+
+    def ack_set(self, position: Position, words, batch_size: int | None = None) -> bool:
+        """A partial batch ack: not tracked here (the entry stays unacked)."""
+        return False
+
+    def remaining_ack_set(self, position: Position, batch_size: int) -> list[int] | None:
+        """The indexes still to deliver: all of them unless the entry is acked."""
+        return [] if self.is_acked(position) else None
+
+    def reset(self, position: Position) -> None:
+        """Seek: ``position`` is delivered next."""
+        self.mark_delete_position = Position(position.ledger_id, position.entry_id - 1)
+        self._acked.clear()
 
     async def flush(self) -> None:
         pass

@@ -216,7 +216,7 @@ class PersistentTopic:
         self._exclusive_waiters: deque[asyncio.Future] = deque()
         # deduplication (None: disabled); see broker/dedup.py
         self._dedup_store = DedupSnapshotStore(service.store, name.managed_ledger_name) \
-            if getattr(service, "store", None) is not None else None
+            if service.store is not None else None
         self._dedup_lock = asyncio.Lock()
         self._dedup_snapshot_task: asyncio.Task | None = None
         self._dedup_snapshot_position: Position | None = None
@@ -274,7 +274,7 @@ class PersistentTopic:
         elif exclusive and self.producers:
             raise ProducerFencedError(f"topic {self.key} has {len(self.producers)} producer(s): "
                                       f"{access_mode.name} access refused")
-        producer = Producer(handle, name, connection, producer_id=getattr(handle, "producer_id", -1),
+        producer = Producer(handle, name, connection, producer_id=handle.producer_id,
                             address=_address_of(connection), connected_since_ms=int(time.time() * 1000),
                             access_mode=access_mode)
         self.core.producer_added(producer)
@@ -317,8 +317,8 @@ class PersistentTopic:
 
     # -- deduplication ---------------------------------------------------------------------------
     async def dedup_enabled_by_policy(self) -> bool:
-        default = bool(getattr(self.config, "broker_deduplication_enabled", False))
-        policies = getattr(self.service, "policies", None)
+        default = self.config.broker_deduplication_enabled
+        policies = self.service.policies
         if policies is None:
             return default
         try:
@@ -341,7 +341,7 @@ class PersistentTopic:
                 self.dedup = await self._load_dedup()
 
     async def _load_dedup(self) -> DedupState:
-        producers_max = getattr(self.config, "dedup_producers_max", 10_000)
+        producers_max = self.config.dedup_producers_max
         data = await self._dedup_store.load()
         state, start = DedupState(producers_max=producers_max), None
         known: dict[str, int] = {}
@@ -389,7 +389,7 @@ class PersistentTopic:
         return given
 
     def _maybe_snapshot_dedup(self, position: Position) -> None:
-        interval = getattr(self.config, "dedup_snapshot_interval_entries", 1000)
+        interval = self.config.dedup_snapshot_interval_entries
         if self.dedup is None or self.dedup.entries_since_snapshot < interval:
             return
         if self._dedup_snapshot_task is not None and not self._dedup_snapshot_task.done():
@@ -848,7 +848,7 @@ class Subscription:
         self.cursor = cursor
         self.durable = durable
         self._acks_refused = CountedCause()      # bad ack ids from clients: logged at a bounded rate
-        partition = getattr(topic.name, "partition_index", -1)
+        partition = topic.name.partition_index
         read_ahead = topic.config.read_ahead_entries_max
         if sub_type is SubType.KEY_SHARED:
             # entries of a consumer out of permits wait in the pending set while the others'
@@ -901,9 +901,7 @@ class Subscription:
         active = self.core.active_consumer()
         targets = list(self.consumers.values()) if active != before else ([new] if new is not None else [])
         for handle in targets:
-            notify = getattr(handle, "send_active_change", None)
-            if notify is not None:
-                notify(id(handle) == active)
+            handle.send_active_change(id(handle) == active)
 
     def flow(self, consumer, permits: int) -> None:
         self.core.flow(id(consumer), permits)
@@ -940,11 +938,8 @@ class Subscription:
             for p in [p for p in self._payloads if p <= position]:
                 del self._payloads[p]
         elif partial:
-            ack_set = getattr(cursor, "ack_set", None)
-            if ack_set is None:
-                return        # the in-memory cursor of a reader does not track batch indexes
             size = mid.batch_size if mid.HasField("batch_size") else None
-            self._track(ack_set(position, list(mid.ack_set), size))
+            self._track(cursor.ack_set(position, list(mid.ack_set), size))   # a reader's: not tracked
             if cursor.is_acked(position):   # the last unacked index of the batch: entry done
                 self.core.ack([position])
                 self._payloads.pop(position, None)
@@ -1058,13 +1053,12 @@ class Subscription:
                 data = got[0]
             resolved.append((d, data))
         msgs = size = 0
-        remaining = getattr(self.cursor, "remaining_ack_set", None)
+        remaining = self.cursor.remaining_ack_set
         for d, data in resolved:
             consumer = self.consumers.get(d.consumer)
             if consumer is not None:
                 # a partly acked batch goes with the indexes still to deliver (set bits)
-                ack_set = remaining(d.position, d.message_count) if remaining is not None and \
-                    d.message_count > 1 else None
+                ack_set = remaining(d.position, d.message_count) if d.message_count > 1 else None
                 if ack_set is not None and not ack_set:
                     self.core.ack([d.position])     # acked meanwhile: nothing to deliver
                     continue
@@ -1143,7 +1137,7 @@ class Subscription:
         cursor, topic = self.cursor, self.topic
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
-        if not hasattr(cursor, "remaining_batch_indexes"):
+        if not self.durable:
             raise TypeError("this subscription's cursor cannot skip (not durable)")
         self._disconnect_for_reset()
         skipped = await skip_messages(topic, cursor, count)
@@ -1157,12 +1151,7 @@ class Subscription:
         """Move the subscription so that ``position`` is delivered next: its consumers are
         disconnected first (they reconnect and receive from there), as Pulsar does."""
         self._disconnect_for_reset()
-        reset = getattr(self.cursor, "reset", None)
-        if reset is not None:
-            reset(position)
-        else:      # the in-memory stand-in
-            self.cursor.mark_delete_position = Position(position.ledger_id, position.entry_id - 1)
-            getattr(self.cursor, "_acked", set()).clear()
+        self.cursor.reset(position)
         self.read_position = position
         await _maybe_await(self.cursor.flush())
         self.wake()
@@ -1208,9 +1197,7 @@ class Subscription:
                 await _maybe_await(self.cursor.delete())
             else:
                 await _maybe_await(self.cursor.flush())
-                close = getattr(self.cursor, "close", None)
-                if close is not None:
-                    await _maybe_await(close())
+                await _maybe_await(self.cursor.close())
         except Exception as e:
             log.warning("subscription %s/%s: cursor close failed: %s", self.topic.key, self.name, e)
 
