@@ -3,8 +3,9 @@
 Start order: config validated -> cookies checked (ZooKeeper vs disks) -> storage opened (the
 journal replayed) -> serving (bookie/server.py) -> registered under /ledgers/available/. A monitor task
 watches disk usage (read-only mode above the threshold, writable again below the lower one)
-and the ZooKeeper session (re-registers after a session loss). SIGTERM/SIGINT stop it cleanly;
-kill -9 is survived by journal replay.
+and the ZooKeeper session (re-registers after a session loss); another deletes orphan ledgers
+(stored here, unknown to the metadata for longer than a grace period: bookie/orphan_gc.py).
+SIGTERM/SIGINT stop it cleanly; kill -9 is survived by journal replay.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import signal
 import sys
 
-from bookie.cookie import CookieError, check_and_write_cookies
+from bookie.cookie import COOKIES_PATH, CookieError, check_and_write_cookies
 from bookie.server import BookieServer, BookieService
 from bookie.storage import BookieStore
 from pulsarlite.config import BookieConfig
@@ -43,6 +44,12 @@ def run_from_args(args) -> int:
     return 0
 
 
+def _report_death(task: asyncio.Task) -> None:
+    """A background task that should run until cancelled ended: say so (nothing waits on it)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task died task=%s error=%r", task.get_coro().__name__, task.exception())
+
+
 class ReadOnlyPolicy:
     """Pure: read-only above ``readonly_threshold`` of disk used, writable again only below
     ``writable_threshold`` (hysteresis, so the mode does not flap at the edge)."""
@@ -60,7 +67,8 @@ class ReadOnlyPolicy:
 
 
 async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None = None) -> None:
-    from bookie.client.ledger_manager import register_bookie, unregister_bookie
+    from bookie.client.ledger_manager import LedgerManager, register_bookie, unregister_bookie
+    from bookie.orphan_gc import run_orphan_gc
     from pulsarlite.metadata import MetadataStore, SessionState
 
     bookie_id = config.effective_bookie_id
@@ -121,9 +129,19 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
                     pass
 
         monitor_task = asyncio.ensure_future(monitor())
+        tasks = [monitor_task]
+        if config.orphan_gc_enabled:
+            cookie_path = f"{COOKIES_PATH}/{bookie_id}"
+            orphan_task = asyncio.ensure_future(run_orphan_gc(
+                store, LedgerManager(zk).exists, lambda: zk.exists(cookie_path), bookie_id=bookie_id,
+                interval_ms=config.orphan_gc_interval_ms, grace_ms=config.orphan_ledger_grace_ms,
+                lookups_per_pass_max=config.orphan_ledgers_per_pass_max))
+            orphan_task.add_done_callback(_report_death)
+            tasks.append(orphan_task)
         await stop_event.wait()
         log.info("bookie stopping bookie=%s", bookie_id)
-        monitor_task.cancel()
+        for task in tasks:
+            task.cancel()
         service.closing = True
         try:
             await unregister_bookie(zk, bookie_id)

@@ -12,6 +12,20 @@ the journal queue, closing) and every other request run as a task. Every request
 with its request id; responses produced in one loop iteration leave in one write. Bad
 requests get a status code and change nothing; bad framing gets an ErrorResponse and the
 connection is closed; the bookie keeps serving the others.
+
+Connection budgets ([hardening], BookieConfig): at most ``connections_max`` connections (one
+more gets an ErrorResponse(UNAVAILABLE) and is closed); a frame is at most ``request_bytes_max``
+and, once started, must be whole within ``frame_complete_timeout_ms`` (the time the bookie
+itself stops reading the connection does not count); a connection that has not sent one valid
+request within ``connection_first_request_timeout_ms`` of opening is closed; a peer that leaves
+``WRITE_BUFFER_HIGH_BYTES`` of answers unread for ``connection_write_stall_timeout_ms`` is
+closed. A connection that did send a valid request is never closed for being idle: the ledger
+client (bookie/client/bookie_client.py) keeps its connection to a bookie open and silent for
+as long as its broker has nothing to write, sends no keepalives, and would see an idle close
+racing its next add as a failed bookie (an ensemble change). Closing a connection loses no
+acknowledged add: acks leave only after the fsync, and requests in progress still complete
+in the store; only their answers are dropped, and the client retries. Closes and refusals are
+logged at a bounded rate per cause (CountedCause).
 """
 
 from __future__ import annotations
@@ -22,13 +36,14 @@ import logging
 import operator
 import socket
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from bookie._proto import bookie_rpc_pb2 as pb
 from bookie.storage import BookieStore, Status, StoredEntry
 from bookie.transport import (REQUEST_TYPES, FrameDecoder, FrameError, encode_add_response,
                               encode_error, encode_header, parse_body)
 from pulsarlite.config import BookieConfig
+from pulsarlite.counted_log import CountedCause
 from pulsarlite.errors import ChecksumError, PulsarliteError, check
 
 log = logging.getLogger("pulsarlite.bookie.server")
@@ -40,6 +55,12 @@ WRITE_BUFFER_HIGH_BYTES = 4 * 1024 * 1024
 WRITE_BUFFER_LOW_BYTES = 1024 * 1024
 # After refusing a connection's bad frame: how long it may keep sending (discarded) before closing.
 REFUSED_LINGER_S = 1.0
+# causes of closing (or refusing) a connection, logged at a bounded rate each
+CLOSE_TOO_MANY = "too many connections"
+CLOSE_NO_REQUEST = "no request"
+CLOSE_SLOW_FRAME = "frame not whole in time"
+CLOSE_WRITE_STALL = "answers not read"
+CLOSE_BAD_FRAME = "bad frame"
 
 
 # pb.Entry -> StoredEntry without Python bytecode per field (the add path's largest per-entry cost)
@@ -64,6 +85,9 @@ class BookieService:
         self._store = store
         self._config = config
         self.closing = False
+        # refused adds, per status: a client can repeat them at will, so they are logged at a
+        # bounded rate (the 1st, 2nd, 4th, ... request with a refusal of that status)
+        self._adds_refused: dict[Status, CountedCause] = {}
 
     # -- adds without a task (the hot path) -------------------------------------------------
     def add_now(self, request_id: int, request: pb.AddRequest,
@@ -101,10 +125,22 @@ class BookieService:
     def add_answer(self, request_id: int, stored: list[StoredEntry], statuses: list[Status]) -> bytes:
         """The AddResponse body for these entries' statuses (refusals logged)."""
         if any(statuses):
-            bad = [(e.ledger_id, e.entry_id, s.name) for e, s in zip(stored, statuses) if s != Status.OK]
-            log.info("adds refused bookie=%s count=%d first=%s", self._config.effective_bookie_id,
-                     len(bad), bad[0])
+            self.log_refused(stored, statuses)
         return encode_add_response(request_id, stored, statuses)
+
+    def log_refused(self, stored: Sequence[StoredEntry], statuses: Sequence[Status]) -> None:
+        """Log a request's refused adds, at a bounded rate per status (CountedCause)."""
+        bad = [(e.ledger_id, e.entry_id, Status(s)) for e, s in zip(stored, statuses) if s != Status.OK]
+        if not bad:
+            return
+        status = bad[0][2]
+        counted = self._adds_refused.get(status)
+        if counted is None:
+            counted = self._adds_refused[status] = CountedCause()
+        if counted.due():
+            log.info("adds refused bookie=%s status=%s count=%d first=(ledger=%d, entry=%d) "
+                     "(requests with %s refusals so far: %d)", self._config.effective_bookie_id,
+                     status.name, len(bad), bad[0][0], bad[0][1], status.name, counted.count)
 
     def _add_failed(self, request_id: int, stored: list[StoredEntry], error: BaseException) -> bytes:
         if isinstance(error, PulsarliteError):   # the store failed (journal I/O error, closed)
@@ -128,10 +164,8 @@ class BookieService:
         except PulsarliteError as e:  # the store failed (journal I/O error): refuse, do not crash
             log.error("add refused, store unavailable bookie=%s: %s", self._config.effective_bookie_id, e)
             return add_response(request, Status.UNAVAILABLE)
-        bad = [(e.ledger_id, e.entry_id, s.name) for e, s in zip(stored, statuses) if s != Status.OK]
-        if bad:
-            log.info("adds refused bookie=%s count=%d first=%s", self._config.effective_bookie_id,
-                     len(bad), bad[0])
+        if any(statuses):
+            self.log_refused(stored, statuses)
         return pb.AddResponse(request_id=request.request_id,
                               results=[pb.AddResult(ledger_id=e.ledger_id, entry_id=e.entry_id, code=int(s))
                                        for e, s in zip(stored, statuses)])
@@ -213,6 +247,9 @@ class BookieServer:
         self._config = config
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[_Connection] = set()
+        # connections closed or refused, per cause: logged at a bounded rate (a client can
+        # repeat any of them at will)
+        self._closes_counted: dict[str, CountedCause] = {}
         # frame type -> (service method, response frame type)
         self.handlers = {
             pb.FRAME_ADD_REQUEST: (service.add, pb.FRAME_ADD_RESPONSE),
@@ -226,6 +263,24 @@ class BookieServer:
     @property
     def bookie_id(self) -> str:
         return self._config.effective_bookie_id
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    def log_close(self, cause: str, peer: str, detail: str) -> None:
+        """Log that a connection is closed (or refused) for ``cause``, at a bounded rate."""
+        counted = self._closes_counted.get(cause)
+        if counted is None:
+            counted = self._closes_counted[cause] = CountedCause()
+        if counted.due():
+            log.warning("closing a connection bookie=%s peer=%s cause=%s: %s (%d so far)",
+                        self.bookie_id, peer, cause, detail, counted.count)
+
+    def closes_of(self, cause: str) -> int:
+        """How many connections were closed (or refused) for ``cause`` so far."""
+        counted = self._closes_counted.get(cause)
+        return counted.count if counted is not None else 0
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -264,7 +319,15 @@ class _Connection(asyncio.Protocol):
     def __init__(self, server: BookieServer) -> None:
         self._server = server
         self._handlers = server.handlers
-        self._decoder = FrameDecoder(server._config.request_bytes_max, REQUEST_TYPES)
+        config = server._config
+        self._decoder = FrameDecoder(config.request_bytes_max, REQUEST_TYPES)
+        self._frame_timeout_s = config.frame_complete_timeout_ms / 1000
+        # loop time the unfinished frame started (None: no frame started, or the bookie paused
+        # reading: the peer cannot finish it then), and the timer that checks it
+        self._frame_started_s: float | None = None
+        self._frame_timer: asyncio.TimerHandle | None = None
+        self._first_request_timer: asyncio.TimerHandle | None = None   # until a valid request
+        self._write_stall_timer: asyncio.TimerHandle | None = None     # while writing is paused
         self._transport: asyncio.Transport | None = None
         self._peer = "?"
         self.tasks: set[asyncio.Task] = set()
@@ -283,6 +346,16 @@ class _Connection(asyncio.Protocol):
         self._transport = transport
         peer = transport.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        server = self._server
+        config = server._config
+        if len(server._connections) >= config.connections_max:
+            server.log_close(CLOSE_TOO_MANY, self._peer, f"{len(server._connections)} connections open, "
+                             f"connections_max={config.connections_max}")
+            self._closed = True      # not counted; told why, then closed (nothing was read)
+            transport.write(encode_error(0, pb.UNAVAILABLE, f"bookie {server.bookie_id}: too many "
+                                         f"connections ({config.connections_max})"))
+            transport.close()
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -290,30 +363,94 @@ class _Connection(asyncio.Protocol):
             except OSError:
                 pass
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES, low=WRITE_BUFFER_LOW_BYTES)
-        self._server._connections.add(self)
+        server._connections.add(self)
+        self._first_request_timer = asyncio.get_running_loop().call_later(
+            config.connection_first_request_timeout_ms / 1000, self._on_first_request_deadline)
 
     def connection_lost(self, exc) -> None:
         self._closed = True
         self._out.clear()
         self._server._connections.discard(self)
+        self._cancel_timers()
         # requests in progress finish (their store work is not interrupted); answers are dropped
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._frame_timer, self._first_request_timer, self._write_stall_timer):
+            if timer is not None:
+                timer.cancel()
+        self._frame_timer = self._first_request_timer = self._write_stall_timer = None
+        self._frame_started_s = None
 
     def pause_writing(self) -> None:
         self._write_paused = True
         self._update_reading()
+        if self._write_stall_timer is None:
+            self._write_stall_timer = asyncio.get_running_loop().call_later(
+                self._server._config.connection_write_stall_timeout_ms / 1000, self._on_write_stall)
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        if self._write_stall_timer is not None:
+            self._write_stall_timer.cancel()
+            self._write_stall_timer = None
         self._update_reading()
+
+    # -- budgets -------------------------------------------------------------------------
+    def _on_first_request_deadline(self) -> None:
+        self._first_request_timer = None
+        if self._closed or self._discarding:
+            return
+        ms = self._server._config.connection_first_request_timeout_ms
+        self._server.log_close(CLOSE_NO_REQUEST, self._peer, f"no valid request within {ms} ms "
+                               f"({self._decoder.buffered_bytes} bytes of a frame received)")
+        self.close(abort=True)
+
+    def _watch_frame(self, completed: bool) -> None:
+        """A frame started must be whole within frame_complete_timeout_ms: a peer trickling
+        bytes would hold a frame buffer (up to request_bytes_max) and a connection forever.
+        ``completed``: a frame ended since the last call (what is buffered started since)."""
+        if not self._decoder.buffered_bytes or self._read_paused or self._closed or self._discarding:
+            self._frame_started_s = None
+            return
+        loop = asyncio.get_running_loop()
+        if completed or self._frame_started_s is None:
+            self._frame_started_s = loop.time()
+        if self._frame_timer is None:
+            self._frame_timer = loop.call_later(self._frame_timeout_s, self._on_frame_deadline)
+
+    def _on_frame_deadline(self) -> None:
+        self._frame_timer = None
+        started = self._frame_started_s
+        if started is None or self._closed or self._discarding:
+            return
+        loop = asyncio.get_running_loop()
+        left_s = started + self._frame_timeout_s - loop.time()
+        if left_s > 0:       # a newer frame started since the timer was set
+            self._frame_timer = loop.call_later(left_s, self._on_frame_deadline)
+            return
+        self._server.log_close(CLOSE_SLOW_FRAME, self._peer, f"{self._decoder.buffered_bytes} bytes of a "
+                               f"frame received, not whole within {self._frame_timeout_s * 1000:.0f} ms")
+        self.close(abort=True)
+
+    def _on_write_stall(self) -> None:
+        self._write_stall_timer = None
+        if not self._write_paused:
+            return
+        ms = self._server._config.connection_write_stall_timeout_ms
+        self._server.log_close(CLOSE_WRITE_STALL, self._peer, f"answers above {WRITE_BUFFER_HIGH_BYTES} "
+                               f"bytes left unread for {ms} ms")
+        self.close(abort=True)
 
     def data_received(self, data: bytes) -> None:
         if self._closed or self._discarding:
             return
         handlers = self._handlers
         add_now = self._add_now
+        completed = False
         try:
             for frame_type, request_id, body in self._decoder.feed(data):
                 request = parse_body(frame_type, request_id, body)
+                completed = True
                 if frame_type == pb.FRAME_ADD_REQUEST:
                     self.adds_in_flight += 1
                     if add_now(request_id, request, self._add_answered):
@@ -326,7 +463,12 @@ class _Connection(asyncio.Protocol):
         except FrameError as e:
             self._refuse(e)
             return
+        if completed and self._first_request_timer is not None:
+            self._first_request_timer.cancel()
+            self._first_request_timer = None
         self._update_reading()
+        if completed or self._frame_started_s is not None or self._decoder.buffered_bytes:
+            self._watch_frame(completed)
 
     def eof_received(self):
         if self._discarding:
@@ -383,6 +525,7 @@ class _Connection(asyncio.Protocol):
                 self._transport.pause_reading()
             else:
                 self._transport.resume_reading()
+            self._watch_frame(True)    # the frame's clock stops while the bookie does not read
 
     # -- output --------------------------------------------------------------------------
     def _send(self, frame_type: int, request_id: int, body: bytes) -> None:
@@ -415,8 +558,11 @@ class _Connection(asyncio.Protocol):
         """Bad framing or body: answer an ErrorResponse, then close. The connection half-closes
         and discards what still arrives for up to REFUSED_LINGER_S before closing, so that the
         peer reads the error instead of a reset (closing with unread input sends a TCP RST)."""
-        log.warning("bad frame from peer=%s bookie=%s, closing the connection: %s", self._peer,
-                    self._server.bookie_id, error)
+        self._server.log_close(CLOSE_BAD_FRAME, self._peer, str(error))
+        self._frame_started_s = None
+        if self._first_request_timer is not None:
+            self._first_request_timer.cancel()
+            self._first_request_timer = None
         self._out.append(encode_error(error.request_id, error.code, str(error)))
         self._flush()
         self._discarding = True
@@ -429,12 +575,20 @@ class _Connection(asyncio.Protocol):
         else:
             self.close()
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
+        """Close after the answers already produced (``abort``: drop them and reset, for a peer
+        that may not read them: a graceful close would wait for it forever)."""
         if not self._closed:
-            self._flush()  # answers already produced still go out
+            if not abort:
+                self._flush()  # answers already produced still go out
             self._closed = True
             self._out.clear()
-            self._transport.close()
+            if abort:
+                self._transport.abort()
+            else:
+                self._transport.close()
+        elif abort:          # closing gracefully, stuck behind answers the peer does not read
+            self._transport.abort()
 
 
 __all__ = ["BookieServer", "BookieService", "add_response", "entry_from_pb", "entry_to_pb"]

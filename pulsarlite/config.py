@@ -54,8 +54,20 @@ class BookieConfig:
     write_cache_flush_interval_ms: int = 250  # write the cache to entry logs: small bursts (BENCHMARKS.md)
     # limits on requests
     entry_bytes_max: int = 5 * MiB
-    request_bytes_max: int = 16 * MiB        # largest frame accepted (bookie protocol), both ways
+    # largest frame accepted (bookie protocol), both ways: what one unfinished frame may hold.
+    # The ledger client's largest AddRequest is max(add_batch_bytes_max, one entry of at most
+    # entry_bytes_max) plus framing; 16 MiB leaves room for clients configured with bigger batches
+    request_bytes_max: int = 16 * MiB
     read_bytes_max: int = 4 * MiB            # per read reply
+    # connection budgets (bookie protocol port) [hardening]; see bookie/server.py
+    connections_max: int = 1_000             # open connections; one more is told UNAVAILABLE and closed
+    frame_complete_timeout_ms: int = 30_000  # a frame started must be whole by then (slow senders);
+    #                                          the time the bookie itself stops reading does not count
+    # a connection that sent no valid request this long after opening is closed. Never applies
+    # after its first request: ledger clients keep idle connections open without keepalives
+    connection_first_request_timeout_ms: int = 120_000
+    # a peer that leaves the answers above the write buffer's high mark unread this long is closed
+    connection_write_stall_timeout_ms: int = 60_000
     # disk usage and garbage collection
     disk_usage_readonly_threshold: float = 0.95
     disk_usage_writable_threshold: float = 0.90
@@ -63,6 +75,13 @@ class BookieConfig:
     gc_interval_ms: int = 30_000
     compaction_live_ratio_max: float = 0.5   # compact entry logs less live than this
     compaction_bytes_per_s_max: int = 32 * MiB
+    # orphan ledgers: stored here, unknown to the metadata (a delete this bookie missed, or a
+    # client that wrote without creating the ledger); deleted after a grace period (bookie/orphan_gc.py)
+    orphan_gc_enabled: bool = True
+    orphan_gc_interval_ms: int = 600_000     # one pass every 10 minutes
+    # a ledger is looked up in the metadata only this long after this process first saw it
+    orphan_ledger_grace_ms: int = 3_600_000
+    orphan_ledgers_per_pass_max: int = 1_000  # metadata lookups (so deletions) per pass
     # test hook: pretend the disk has this many bytes free (read-only mode tests); 0 = real
     disk_free_bytes_override: int = 0
 
@@ -71,7 +90,10 @@ class BookieConfig:
                   "journal_file_bytes_max", "journal_queue_records_max", "entry_log_file_bytes_max",
                   "write_cache_bytes_max", "checkpoint_interval_ms", "write_cache_flush_interval_ms", "entry_bytes_max",
                   "request_bytes_max", "read_bytes_max", "disk_check_interval_ms",
-                  "gc_interval_ms", "compaction_bytes_per_s_max")
+                  "gc_interval_ms", "compaction_bytes_per_s_max", "connections_max",
+                  "frame_complete_timeout_ms", "connection_first_request_timeout_ms",
+                  "connection_write_stall_timeout_ms", "orphan_gc_interval_ms",
+                  "orphan_ledger_grace_ms", "orphan_ledgers_per_pass_max")
         if not 0 < self.group_wait_ms_max <= 1000:
             raise ConfigError(f"group_wait_ms_max must be in (0, 1000], got {self.group_wait_ms_max}")
         if self.port > 65535:

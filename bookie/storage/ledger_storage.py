@@ -232,13 +232,21 @@ class LedgerStorage:
             st = self.ledgers[ledger_id] = LedgerState(ledger_id)
         return st
 
-    def apply_adds(self, items: Iterable[CacheItem]) -> None:
-        """Put journaled entries in the write cache (they become readable)."""
+    def apply_adds(self, items: Iterable[CacheItem]) -> list[int] | None:
+        """Put journaled entries in the write cache (they become readable).
+
+        The first write of an entry id wins: an item whose entry this ledger already stores
+        (write cache or index) changes nothing, not even the LAC. Returns the positions (in
+        ``items``) of the items skipped so, or None when there were none. The same rule applies
+        live and at journal replay, in journal order, so a re-write the bookie refused (two
+        adds of one entry id with different bytes in flight at once: the later one is answered
+        ENTRY_EXISTS, bookie.storage.store) never replaces the stored entry after a restart."""
         ledgers = self.ledgers
         flush_list = self._flush_list
         added = 0
+        skipped: list[int] | None = None
         cur: LedgerState | None = None
-        for item in items:
+        for position, item in enumerate(items):
             entry = item[0]
             lid = entry.ledger_id
             if cur is None or cur.ledger_id != lid:
@@ -249,13 +257,14 @@ class LedgerStorage:
                         continue          # deleted after the add was accepted
             e = entry.entry_id
             cache = cur.cache
+            if e <= cur.last_entry_id and (e in cache or cur.loc(e) is not None):
+                if skipped is None:
+                    skipped = []
+                skipped.append(position)
+                continue
             size = len(entry.payload) + RECORD_OVERHEAD_BYTES
-            old = cache.get(e)
-            if old is not None:
-                self.cache_bytes -= len(old[0].payload) + RECORD_OVERHEAD_BYTES
-            elif cur.loc(e) is None:
-                cur.count += 1
-                self.entry_total += 1
+            cur.count += 1
+            self.entry_total += 1
             cache[e] = item
             flush_list.append((cur, e, item))
             added += size
@@ -265,6 +274,7 @@ class LedgerStorage:
                 cur.last_entry_id = e
         self.cache_bytes += added
         self.unflushed_bytes += added
+        return skipped
 
     def apply_fence(self, ledger_id: int) -> LedgerState | None:
         st = self.get_or_create(ledger_id)

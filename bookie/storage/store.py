@@ -12,6 +12,11 @@ Decisions beyond the brief (see the module's report):
   fenced=True, ...)``; fencing works while read-only (it only makes things safer).
 - Recovery adds are refused when read-only, like any add.
 - ``read`` with ``max_bytes <= 0`` uses ``read_bytes_max``; ``max_bytes`` counts payload bytes.
+- The first write of an entry id wins ([hardening]): an add of an entry the bookie already
+  stores (or has in flight) is answered OK only with the same entry (payload and length; the LAC
+  it carries may differ, see ``_same_entry``: a client's retry, a re-send after an ensemble
+  change, a recovery re-write; nothing new is journaled when it is stored already), else
+  ENTRY_EXISTS, and the stored entry, the LAC and the journal replay's result stay as they were.
 - A journal write/fsync error or a crashed background task fails every pending add/fence/delete
   with that error; later calls raise :class:`BookieUnavailableError` (the store must be
   reopened: after a failed fsync the page cache can no longer be trusted).
@@ -64,6 +69,7 @@ class Status(enum.IntEnum):
     TOO_LARGE = 7
     UNAVAILABLE = 8
     INTERNAL = 9
+    ENTRY_EXISTS = 10
 
 
 @dataclass(frozen=True)
@@ -80,22 +86,51 @@ _DELETED_LEDGER = LedgerInfo(False, True, -1, -1)
 
 class _Pending:
     """What the store attaches to a journal item: what to apply, and whom to tell once it is
-    fsynced: a waiting future, or (``add_entries_now``) a callback and the statuses it gets."""
+    fsynced: a waiting future, or (``add_entries_now``) a callback; for adds, the request's
+    entries and their statuses (one each, answered once the item is applied: a re-write found
+    to conflict at that point turns from OK to ENTRY_EXISTS, see ``_refuse_rewrites``)."""
 
-    __slots__ = ("future", "kind", "adds", "done", "statuses")
+    __slots__ = ("future", "kind", "adds", "done", "statuses", "entries")
 
     def __init__(self, future: asyncio.Future | None, kind: int, adds: list | None,
-                 done: "AddDone | None" = None, statuses: list | None = None) -> None:
+                 done: "AddDone | None" = None, statuses: list | None = None,
+                 entries: "Sequence[StoredEntry] | None" = None) -> None:
         self.future = future
         self.kind = kind
         self.adds = adds
         self.done = done
         self.statuses = statuses
+        self.entries = entries
 
 
 # add_entries_now's completion: the statuses once the accepted entries are fsynced, or the
 # error that failed the store (the entries may or may not be durable)
 AddDone = Callable[["list[Status] | BaseException"], None]
+
+
+def _same_entry(a: StoredEntry, b: StoredEntry) -> bool:
+    """The same entry: payload and length (ledger and entry ids aside). Not the LAC it carries
+    (nor so the checksum, which covers it): the ledger client re-sends a pending entry after an
+    ensemble change with the LAC it has then (bookie/client/write_core.py ``_send_missing``), so
+    the replicas of one entry may differ there, and recovery re-writes the copy it read to the
+    others. Such a re-write is answered OK and changes nothing (the stored LAC stays)."""
+    return a.length == b.length and a.payload == b.payload
+
+
+def _accepted_positions(entries: Sequence[StoredEntry], statuses: list, adds: list) -> list[int] | None:
+    """The request position of each accepted item (``adds``, in order): the OK statuses in
+    order, less those of re-writes answered OK without being journaled (an entry equal to the
+    next accepted one cannot be such a re-write: ``_accept`` would have found it stored too).
+    None if they do not line up (a bug)."""
+    out = []
+    k = 0
+    n = len(adds)
+    ok = Status.OK
+    for i, status in enumerate(statuses):
+        if k < n and status == ok and entries[i] == adds[k][0]:
+            out.append(i)
+            k += 1
+    return out if k == n else None
 
 
 class BookieStore:
@@ -136,6 +171,12 @@ class BookieStore:
         mark = storage.mark
         counts = {ADD: 0, FENCE: 0, DELETE: 0}
         adds: list = []
+        rewrites_kept_out = 0     # journaled re-writes of stored entries: the first write won
+
+        def apply(adds: list) -> int:
+            skipped = storage.apply_adds(adds)
+            return len(skipped) if skipped else 0
+
         for rec, _pos in replay_journal(config.journal_dir, mark):
             counts[rec.kind] += 1
             if rec.kind == ADD:
@@ -143,18 +184,18 @@ class BookieStore:
                 head, trailer = encode_add(entry)
                 adds.append((entry, head, trailer))
                 if len(adds) >= 4096:
-                    storage.apply_adds(adds)
+                    rewrites_kept_out += apply(adds)
                     adds = []
                 continue
             if adds:
-                storage.apply_adds(adds)
+                rewrites_kept_out += apply(adds)
                 adds = []
             if rec.kind == FENCE:
                 storage.apply_fence(rec.ledger_id)
             else:
                 storage.apply_delete(rec.ledger_id)
         if adds:
-            storage.apply_adds(adds)
+            rewrites_kept_out += apply(adds)
         policy = GroupCommitPolicy(config.group_wait_ms_max, config.journal_bytes_buffered_max,
                                    config.journal_flush_when_queue_empty)
         journal = JournalWriter(config.journal_dir, file_bytes_max=config.journal_file_bytes_max,
@@ -168,9 +209,10 @@ class BookieStore:
             storage.live_bytes.pop(log_id, None)
         remove_journal_files_below(config.journal_dir, mark.file_id)
         log.info("bookie store opened journal_dir=%s ledger_dir=%s replayed_adds=%d "
-                 "replayed_fences=%d replayed_deletes=%d ledgers=%d entries=%d seconds=%.3f",
-                 config.journal_dir, config.ledger_dir, counts[ADD], counts[FENCE],
-                 counts[DELETE], len(storage.ledgers), storage.entry_total,
+                 "replayed_rewrites_kept_out=%d replayed_fences=%d replayed_deletes=%d ledgers=%d "
+                 "entries=%d seconds=%.3f",
+                 config.journal_dir, config.ledger_dir, counts[ADD], rewrites_kept_out,
+                 counts[FENCE], counts[DELETE], len(storage.ledgers), storage.entry_total,
                  time.monotonic() - started)
         return cls(config, storage, journal)
 
@@ -243,7 +285,9 @@ class BookieStore:
         for item in items:
             pending: _Pending = item.context
             if pending.kind == ADD:
-                storage.apply_adds(pending.adds)
+                skipped = storage.apply_adds(pending.adds)
+                if skipped is not None:
+                    self._refuse_rewrites(pending, skipped)
             records += item.records
         self._applied_mark = pos
         self._inflight_records -= records
@@ -318,9 +362,11 @@ class BookieStore:
             self._check_usable()
 
     def _submit(self, kind: int, pieces: list, nbytes: int, records: int,
-                adds: list | None) -> asyncio.Future:
+                adds: list | None, statuses: list | None = None,
+                entries: Sequence[StoredEntry] | None = None) -> asyncio.Future:
         fut = self._loop.create_future()           # type: ignore[union-attr]
-        self._journal.submit(JournalItem(pieces, nbytes, records, context=_Pending(fut, kind, adds)))
+        self._journal.submit(JournalItem(pieces, nbytes, records,
+                                         context=_Pending(fut, kind, adds, None, statuses, entries)))
         self._pending.add(fut)
         self._inflight_records += records
         return fut
@@ -343,7 +389,7 @@ class BookieStore:
         # journal order agree (an add validated before a fence is journaled before the FENCE).
         statuses, accepted, pieces, nbytes = self._accept(entries, recovery)
         if accepted:
-            await self._submit(ADD, pieces, nbytes, len(accepted), accepted)
+            await self._submit(ADD, pieces, nbytes, len(accepted), accepted, statuses, entries)
         return statuses
 
     def can_add_now(self, count: int) -> bool:
@@ -369,7 +415,7 @@ class BookieStore:
         statuses, accepted, pieces, nbytes = self._accept(entries, recovery)
         if not accepted:
             return statuses
-        pending = _Pending(None, ADD, accepted, done, statuses)
+        pending = _Pending(None, ADD, accepted, done, statuses, entries)
         item = JournalItem(pieces, nbytes, len(accepted), 0.0, pending)
         written = self._write_inline(pieces) if nbytes <= self._write_inline_bytes_max else None
         if written is None:
@@ -446,10 +492,16 @@ class BookieStore:
             if lid in deleted:
                 append_status(Status.NO_SUCH_LEDGER)
                 continue
-            if not recovery:
-                st = ledgers.get(lid)
-                if st is not None and st.fenced:
+            st = ledgers.get(lid)
+            if st is not None:
+                if st.fenced and not recovery:
                     append_status(Status.FENCED)
+                    continue
+                if eid <= st.last_entry_id and st.has(eid):
+                    # stored already (a client's retry, a re-send, a recovery re-write, or
+                    # hostile): the same entry is durable already, nothing to journal; another
+                    # one is refused
+                    append_status(self._rewrite_status(st, entry))
                     continue
             append_status(ok)
             accepted.append((entry, head, trailer))
@@ -458,6 +510,46 @@ class BookieStore:
             pieces.append(trailer)
             nbytes += plen + RECORD_OVERHEAD_BYTES
         return statuses, accepted, pieces, nbytes
+
+    def _rewrite_status(self, st, entry: StoredEntry) -> Status:
+        """An add of an entry id the ledger stores (applied: durable): OK if it is the stored
+        entry (``_same_entry``), else ENTRY_EXISTS (the first write of an entry id wins, see
+        ``LedgerStorage.apply_adds``). Reads the stored entry (from the entry log once flushed);
+        a stored copy that fails its checksum is not replaced either."""
+        try:
+            stored = self._storage.get_entry(st, entry.entry_id)
+        except ChecksumError as e:
+            log.error("re-write of a corrupt stored entry refused ledger_id=%d entry_id=%d error=%s",
+                      entry.ledger_id, entry.entry_id, e)
+            return Status.ENTRY_EXISTS
+        if stored is not None and _same_entry(stored, entry):
+            return Status.OK
+        return Status.ENTRY_EXISTS
+
+    def _refuse_rewrites(self, pending: _Pending, skipped: list[int]) -> None:
+        """``apply_adds`` skipped these accepted items of ``pending``: an earlier write of their
+        entry id (in flight when they were accepted) was applied first. The same entry stays OK
+        (that write is durable: it was in this group or an earlier one); another one turns to
+        ENTRY_EXISTS before anyone is answered, and the journal replay skips them the same way."""
+        adds = pending.adds
+        statuses = pending.statuses
+        entries = pending.entries
+        assert adds is not None
+        ledgers = self._storage.ledgers
+        positions: list[int] | None = None
+        for k in skipped:
+            entry = adds[k][0]
+            st = ledgers.get(entry.ledger_id)
+            if st is not None and self._rewrite_status(st, entry) == Status.OK:
+                continue
+            if statuses is None or entries is None:
+                continue                        # nobody to answer (not an add request)
+            if positions is None:
+                positions = _accepted_positions(entries, statuses, adds)
+                if positions is None:
+                    self._fail(InvariantViolation("accepted adds do not match their request's statuses"))
+                    return
+            statuses[positions[k]] = Status.ENTRY_EXISTS
 
     # --- fence and delete ----------------------------------------------------------------
     async def fence(self, ledger_id: int) -> LedgerInfo:

@@ -65,20 +65,25 @@ def test_read_range_stops_at_gap_and_max_bytes(tmp_path):
     s.close()
 
 
-def test_overwrite_and_deleted_ledgers_survive_checkpoint(tmp_path):
+def test_first_write_wins_and_deleted_ledgers_survive_checkpoint(tmp_path):
     s = storage(tmp_path)
     s.apply_adds(item(entry(1, i)) for i in range(3))
     s.apply_adds(item(entry(2, i)) for i in range(3))
     s.checkpoint_sync(JournalPosition(1, 0))
-    s.apply_adds([item(entry(1, 1, b"rewritten"))])       # recovery re-write of an entry
+    # re-writes of stored entries (indexed, then cached) change nothing, other bytes included;
+    # their positions are reported so the store can refuse them
+    assert s.apply_adds([item(entry(1, 1, b"rewritten", lac=0)), item(entry(1, 3)),
+                         item(entry(1, 3, b"other")), item(entry(1, 0))]) == [0, 2, 3]
+    assert s.ledgers[1].lac == -1 and s.entry_total == 7
+    assert s.apply_adds([item(entry(1, 4))]) is None
     assert s.apply_delete(2)
     assert s.get_or_create(2) is None                     # never recreated
     s.checkpoint_sync(JournalPosition(2, 0))
     s.close()
     s2 = storage(tmp_path)
-    assert read_all(s2, 1, 1, 1)[0].payload == b"rewritten"
+    assert read_all(s2, 1, 0, 4) == [entry(1, i) for i in range(5)]
     assert 2 not in s2.ledgers and 2 in s2.deleted
-    assert s2.entry_total == 3
+    assert s2.entry_total == 5
     assert sum(s2.live_bytes.values()) == sum(st.size[i] for st in s2.ledgers.values()
                                               for i in range(len(st.size)))
     s2.close()
