@@ -417,7 +417,7 @@ class PersistentTopic:
     def publish(self, producer: Producer, sequence_id: int, highest_sequence_id: int, entry) -> None:
         data = bytes(entry)
         meta = peek_metadata(data)          # EntryFormatError: the caller answers SEND_ERROR
-        check_sendable(data, meta)
+        check_sendable(data, meta, uncompressed_bytes_max=self.config.message_bytes_max)
         op = Send(sequence_id, highest_sequence_id, len(data), meta.message_count, time.monotonic())
         self.service.publish_buffer.acquire(op.size, producer.connection)
         digest = crc32c_of(data) if self.core.dedup is not None and not self.core.closing else None
@@ -444,7 +444,7 @@ class PersistentTopic:
             for sequence_id, highest_sequence_id, entry in sends:
                 data = bytes(entry)
                 meta = peek_metadata(data)
-                check_sendable(data, meta)
+                check_sendable(data, meta, uncompressed_bytes_max=self.config.message_bytes_max)
                 datas.append(data)
                 times.append(meta.publish_time_ms)
                 ops.append(Send(sequence_id, highest_sequence_id, len(data), meta.message_count, start_s))

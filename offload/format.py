@@ -52,6 +52,7 @@ statistics are kept on ledger_id, entry_id, publish_time and event_time (pruning
 
 from __future__ import annotations
 
+import logging
 import struct
 from array import array
 from dataclasses import dataclass
@@ -107,6 +108,14 @@ ROW_SCHEMA = pa.schema([
 CONTRACT_COLUMNS = ROW_SCHEMA.names[:14]
 REBUILD_COLUMNS = ["entry_id", "batch_index", "batch_size", "value", "entry_header",
                    "message_header"]
+
+
+log = logging.getLogger("pulsarlite.offload.format")
+
+# an entry's payload decompresses to at most this (a producer's message is at most the broker's
+# message_bytes_max, 5 MiB by default, and SENDs declaring more are refused); larger or broken
+# payloads are kept opaque (see _opaque) instead of failing their ledger's offload
+ENTRY_UNCOMPRESSED_BYTES_MAX = 8 * 1024 * 1024
 
 
 class TierFormatError(PulsarliteError):
@@ -166,15 +175,16 @@ def _ints(arr: pa.Array) -> memoryview:
     return view[arr.offset:arr.offset + len(arr)]
 
 
-def _opaque_encrypted(entry: bytes | memoryview) -> tuple | None:
-    """An encrypted entry (which pulsarlite cannot decrypt) as one opaque row: metadata and
-    payload (still compressed and encrypted) verbatim, so the rebuilt entry is the original
-    byte for byte. None when the entry is not encrypted (or does not decode at all)."""
+def _opaque(entry: bytes | memoryview) -> tuple | None:
+    """An entry whose messages we cannot read, as one opaque row: metadata and payload (still
+    compressed, perhaps encrypted) verbatim, so the rebuilt entry is the original byte for byte.
+    That is an encrypted entry (pulsarlite does not decrypt), or one whose payload does not
+    decompress within ENTRY_UNCOMPRESSED_BYTES_MAX ([hardening]: one entry declaring 2^31-1
+    bytes failed its ledger's offload on every pass, forever; ten small compressed entries
+    took the broker past 1.3 GB). None when even the metadata does not parse."""
     try:
         metadata, payload = split_entry(entry)
     except EntryFormatError:
-        return None
-    if not metadata.encrypted:
         return None
     raw = metadata.raw
     return metadata, Message(payload, metadata.key, raw.partition_key_b64_encoded,
@@ -189,7 +199,8 @@ def _batch_buffer(entry: bytes | memoryview, messages: list, raw: pb.MessageMeta
     if type(obj) is bytes and len(obj) == raw.uncompressed_size:
         return obj
     _, payload = split_entry(entry)
-    data = decompress(payload, raw.compression, raw.uncompressed_size)
+    data = decompress(payload, raw.compression, raw.uncompressed_size,
+                      uncompressed_bytes_max=ENTRY_UNCOMPRESSED_BYTES_MAX)
     return bytes(data)
 
 
@@ -213,6 +224,7 @@ def entries_to_table(ledger_id: int, entries: Iterable[tuple[int, bytes | memory
     msgs: list = []
     last_entry_id = -1
     u32 = _U32.unpack_from
+    undecodable: list[int] = []            # entries kept opaque because they do not decode
 
     for entry_id, entry in entries:
         if entry_id <= last_entry_id:
@@ -220,11 +232,18 @@ def entries_to_table(ledger_id: int, entries: Iterable[tuple[int, bytes | memory
                                   f"({last_entry_id} then {entry_id})")
         last_entry_id = entry_id
         try:
-            metadata, messages = unpack_entry(entry)
+            metadata, messages = unpack_entry(entry, uncompressed_bytes_max=ENTRY_UNCOMPRESSED_BYTES_MAX)
+            if not messages:
+                raise EntryFormatError("a batch of 0 messages")
         except EntryFormatError as exc:
-            opaque = _opaque_encrypted(entry)
+            opaque = _opaque(entry)
             if opaque is None:
                 raise TierFormatError(f"ledger {ledger_id} entry {entry_id}: {exc}") from None
+            if not opaque[0].encrypted:
+                undecodable.append(entry_id)
+                if len(undecodable) == 1:
+                    log.warning("ledger %d entry %d kept opaque in the tier (its payload does not decode: %s)",
+                                ledger_id, entry_id, exc)
             metadata, message = opaque
             raw = metadata.raw
             entry_headers.append(bytes(entry[:metadata.payload_offset]))
@@ -581,7 +600,8 @@ def _fast_entry(entry: bytes | memoryview):
         header = bytes(entry[:metadata.payload_offset])
     else:
         try:
-            data = decompress(payload, compression, raw.uncompressed_size)
+            data = decompress(payload, compression, raw.uncompressed_size,
+                              uncompressed_bytes_max=ENTRY_UNCOMPRESSED_BYTES_MAX)
         except EntryFormatError:
             return None
         data = data if type(data) is bytes else bytes(data)

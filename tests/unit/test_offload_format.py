@@ -323,3 +323,36 @@ def test_stream_writer_combines_tables_and_refuses_disorder():
     assert pf.num_row_groups == summary.row_groups >= 3
     assert pf.schema_arrow.metadata[b"pulsarlite.entries"] == b"90"
     assert_same_entries(entries, list(table_to_entries(read_parquet(io.BytesIO(buf.getvalue())))))
+
+
+def test_an_entry_that_does_not_decompress_within_the_bound_is_kept_opaque_not_failing_its_ledger():
+    """[hardening] finding 3: one entry declaring 2^31-1 uncompressed bytes failed its ledger's
+    offload on every pass, forever; small compressed entries of tens of MB each took the broker
+    past 1.3 GB. They are kept as opaque rows (batch_size 0) that rebuild byte for byte, and the
+    ledger's other entries are stored as usual."""
+    import zlib
+
+    from offload.format import ENTRY_UNCOMPRESSED_BYTES_MAX, entries_to_table, table_to_entries
+    from pulsarlite.wire import pb as wire_pb
+    from pulsarlite.wire.entry import Message, build_entry, peek_metadata
+
+    def with_payload(meta_fields: dict, payload: bytes) -> bytes:
+        meta = peek_metadata(build_entry(Message(b"x"), producer_name="p", sequence_id=1,
+                                         publish_time_ms=1)).raw
+        for k, v in meta_fields.items():
+            setattr(meta, k, v)
+        body = meta.SerializeToString()
+        return len(body).to_bytes(4, "big") + body + payload
+
+    bomb = zlib.compress(b"\0" * (ENTRY_UNCOMPRESSED_BYTES_MAX + 1024 * 1024))     # ~9 MiB of zeros, ~9 KB
+    entries = [
+        (0, build_entry(Message(b"before"), producer_name="p", sequence_id=0, publish_time_ms=1)),
+        (1, with_payload({"compression": wire_pb.ZLIB, "uncompressed_size": (1 << 31) - 1}, b"junk")),
+        (2, with_payload({"compression": wire_pb.ZLIB,
+                          "uncompressed_size": ENTRY_UNCOMPRESSED_BYTES_MAX + 1024 * 1024}, bomb)),
+        (3, build_entry(Message(b"after"), producer_name="p", sequence_id=2, publish_time_ms=1)),
+    ]
+    table = entries_to_table(9, iter(entries), partition=-1)
+    assert dict(table_to_entries(table)) == {i: bytes(e) for i, e in entries}
+    values = table.column("value").to_pylist()
+    assert values == [b"before", b"junk", bomb, b"after"]      # the two kept as stored, compressed
