@@ -29,8 +29,8 @@ from broker.adapters import open_cursor
 from broker.admin.policies import NotFoundError
 from broker.dedup import DedupSnapshotStore, DedupState, entry_sequence
 from broker.dispatch import Delivery, DispatcherCore, KeySharedMode, SubType
-from broker.errors import (ConsumerAssignError, ProducerBusyError, ProducerFencedError, ServiceNotReadyError,
-                           SubscriptionBusyError)
+from broker.errors import (ConsumerAssignError, NotAllowedError, ProducerBusyError, ProducerFencedError,
+                           ServiceNotReadyError, SubscriptionBusyError)
 from broker.key_shared import sticky_key_hash
 from broker.latency import LatencyBuckets
 from broker.managed_ledger import ManagedLedger, Position, next_position
@@ -44,6 +44,7 @@ from pulsarlite.wire.entry import check_sendable, peek_metadata
 log = logging.getLogger("pulsarlite.broker")
 
 INT64_MAX = (1 << 63) - 1
+SEQUENCE_ID_MAX = INT64_MAX          # a producer's sequence ids, as the official clients count them
 
 
 
@@ -418,6 +419,11 @@ class PersistentTopic:
         data = bytes(entry)
         meta = peek_metadata(data)          # EntryFormatError: the caller answers SEND_ERROR
         check_sendable(data, meta, uncompressed_bytes_max=self.config.message_bytes_max)
+        if self.core.dedup is not None:
+            top = max(highest_sequence_id, sequence_id + meta.message_count - 1 if meta.batched else sequence_id)
+            if top > SEQUENCE_ID_MAX:
+                # the official clients count in int64; deduplication keeps ids as int64 too
+                raise NotAllowedError(f"sequence id {top} beyond {SEQUENCE_ID_MAX} with deduplication on")
         op = Send(sequence_id, highest_sequence_id, len(data), meta.message_count, time.monotonic())
         self.service.publish_buffer.acquire(op.size, producer.connection)
         digest = crc32c_of(data) if self.core.dedup is not None and not self.core.closing else None

@@ -443,3 +443,25 @@ async def test_a_new_producer_instance_is_deduplicated_by_id_a_reconnect_by_cont
     assert topic.start_producer_session(reconnect, epoch=4) == 4
     topic.publish(reconnect, 4, 4, cpp_entry(4, "new-4"))    # a resend: the same bytes
     assert len(ml.adds) == 5
+
+
+async def test_with_dedup_a_sequence_id_beyond_int64_is_refused_and_the_producer_goes_on():
+    """Found by the fuzz suite (dedup-u64): a SEND with a sequence id >= 2^63 was stored but its
+    add callback failed (the dedup window packs ids as int64), so it was never answered and
+    the producer's later SENDs waited behind it for ever. It is refused at the edge now."""
+    from broker.errors import NotAllowedError
+    topic, ml = make_topic()
+    h = Handle()
+    p = topic.add_producer(h, "p", None)
+    topic.start_producer_session(p, epoch=0)
+    for seq in (1 << 63, (1 << 64) - 1):
+        with pytest.raises(NotAllowedError, match="beyond"):
+            topic.publish(p, seq, seq, entry(5))
+    batch = build_batch_entry([Message(b"a"), Message(b"b")], producer_name="p", sequence_id=(1 << 63) - 1,
+                              publish_time_ms=1)
+    with pytest.raises(NotAllowedError):
+        topic.publish(p, (1 << 63) - 1, (1 << 63) - 1, batch)      # covers 2^63 - 1 and 2^63
+    topic.publish(p, 6, 6, entry(6))
+    ml.confirm(0)
+    await settle()
+    assert ml.adds and h.out == [("receipt", 6, (7, 0))]
