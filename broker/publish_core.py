@@ -32,6 +32,7 @@ from broker.errors import ServiceNotReadyError, TopicNotOwnedError
 from broker.managed_ledger import (ManagedLedgerError, ManagedLedgerFencedError, ManagedLedgerState,
                                    Position)
 from pulsarlite.errors import InvariantViolation
+from pulsarlite.wire.entry import peek_metadata
 
 log = logging.getLogger("pulsarlite.broker")
 
@@ -281,7 +282,6 @@ class PublishCore:
             if self.dedup is None:
                 break
             try:
-                from pulsarlite.wire.entry import peek_metadata
                 seq = entry_sequence(peek_metadata(data))
             except Exception:     # not a producer's entry we can read: nothing to learn
                 seq = None
