@@ -54,9 +54,8 @@ class NotAllowedError(BrokerError):
 
 def server_error_of(error: BaseException) -> int:
     """The ServerError a client is told for ``error``."""
-    code = getattr(error, "server_error", None)   # BrokerError and other errors that name theirs
-    if code is not None:
-        return code
+    if isinstance(error, PulsarliteError) and error.server_error is not None:
+        return error.server_error          # BrokerError and the other errors that name theirs
     if isinstance(error, ConsumerBusyError):
         return pb.ConsumerBusy
     if isinstance(error, InvalidTopicNameError):

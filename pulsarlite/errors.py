@@ -19,9 +19,12 @@ def check(condition: bool, message: str) -> None:
 
 
 class PulsarliteError(Exception):
-    """Base of every operating error."""
+    """Base of every operating error. ``server_error``: the Pulsar ``ServerError`` a client is
+    told, for the errors that name theirs (None: the broker maps the class,
+    ``broker.errors.server_error_of``)."""
 
     retriable: bool = False
+    server_error: int | None = None
 
 
 class ConfigError(PulsarliteError):
