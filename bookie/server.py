@@ -5,10 +5,10 @@ bookie/transport.py). ``BookieService`` maps each request to the store and build
 ``BookieServer`` runs the connections. Requests on one connection are processed concurrently
 (adds arriving together share group commits), at most ``CONNECTION_REQUESTS_IN_FLIGHT_MAX`` at
 once per connection; beyond it, and while the connection's write buffer is full, the server
-stops reading it (back-pressure through TCP). An add the store can take at once is validated
-and journaled from ``data_received`` itself and answered from the journal's commit callback
-(``BookieService.add_now``: no task, coroutine or future per request); other adds (no room in
-the journal queue, closing) and every other request run as a task. Every request gets exactly one response frame
+stops reading it (back-pressure through TCP). An add is handed to the store from
+``data_received`` itself and answered from the journal's commit callback (``BookieService.add``:
+no task, coroutine or future per request; without room in the journal queue it waits in the
+store); every other request runs as a task. Every request gets exactly one response frame
 with its request id; responses produced in one loop iteration leave in one write. Bad
 requests get a status code and change nothing; bad framing gets an ErrorResponse and the
 connection is closed; the bookie keeps serving the others.
@@ -78,8 +78,8 @@ def entry_to_pb(e: StoredEntry) -> pb.Entry:
 
 
 class BookieService:
-    """Requests to the store, answers back: one coroutine per request kind (and, for adds,
-    ``add_now``: the same without a coroutine when the store can take them at once)."""
+    """Requests to the store, answers back: ``add`` without a coroutine (answered from the
+    store's commit callback), one coroutine per other request kind."""
 
     def __init__(self, store: BookieStore, config: BookieConfig) -> None:
         self._store = store
@@ -89,20 +89,17 @@ class BookieService:
         # bounded rate (the 1st, 2nd, 4th, ... request with a refusal of that status)
         self._adds_refused: dict[Status, CountedCause] = {}
 
-    # -- adds without a task (the hot path) -------------------------------------------------
-    def add_now(self, request_id: int, request: pb.AddRequest,
-                answer: Callable[[int, bytes], None]) -> bool:
-        """Take an AddRequest without a coroutine: validate and submit its entries now and
-        ``answer(request_id, AddResponse body)`` once their journal group is fsynced (or at
-        once when every entry was refused). Returns False, having done nothing, when the add
-        must take the awaiting path (``add``): closing, an empty request, no room in the
-        journal queue or write cache, a store that failed."""
-        entries = request.entries
-        n = len(entries)
-        store = self._store
-        if not n or self.closing or not store.can_add_now(n):
-            return False
-        stored = list(map(_new_stored_entry, map(_entry_fields, entries)))
+    # -- adds (no task, coroutine or future per request) ------------------------------------
+    def add(self, request_id: int, request: pb.AddRequest, answer: Callable[[int, bytes], None]) -> None:
+        """Take an AddRequest: its entries go to the store (``submit_adds``) now, or wait there
+        for room in the journal queue or write cache, in arrival order;
+        ``answer(request_id, AddResponse body)`` runs exactly once: after their journal group
+        is fsynced, or, when every entry was refused, the store failed or the bookie is
+        closing, with the refusals."""
+        stored = list(map(_new_stored_entry, map(_entry_fields, request.entries)))
+        if self.closing:
+            answer(request_id, encode_add_response(request_id, stored, [Status.UNAVAILABLE] * len(stored)))
+            return
 
         def done(result) -> None:
             if isinstance(result, BaseException):
@@ -111,16 +108,11 @@ class BookieService:
                 answer(request_id, self.add_answer(request_id, stored, result))
 
         try:
-            statuses = store.add_entries_now(stored, request.recovery, done)
-        except PulsarliteError:
-            return False    # nothing was submitted: the awaiting path answers (and logs) it
-        except Exception as e:  # a bug: answer INTERNAL, keep the connection (as a task would)
-            log.exception("add failed bookie=%s", self._config.effective_bookie_id)
+            self._store.submit_adds(stored, request.recovery, done)
+        except Exception as e:  # noqa: BLE001 - the store failed (or a bug): refuse, keep serving
+            if not isinstance(e, PulsarliteError):
+                log.exception("add failed bookie=%s", self._config.effective_bookie_id)
             answer(request_id, self._add_failed(request_id, stored, e))
-            return True
-        if statuses is not None:
-            answer(request_id, self.add_answer(request_id, stored, statuses))
-        return True
 
     def add_answer(self, request_id: int, stored: list[StoredEntry], statuses: list[Status]) -> bytes:
         """The AddResponse body for these entries' statuses (refusals logged)."""
@@ -150,25 +142,6 @@ class BookieService:
             log.error("add failed bookie=%s: %r", self._config.effective_bookie_id, error)
             status = Status.INTERNAL
         return encode_add_response(request_id, stored, [status] * len(stored))
-
-    # -- adds ----------------------------------------------------------------------------
-    async def add(self, request: pb.AddRequest) -> pb.AddResponse:
-        entries = request.entries
-        if self.closing:
-            return add_response(request, Status.UNAVAILABLE)
-        if not entries:
-            return pb.AddResponse(request_id=request.request_id)
-        stored = [entry_from_pb(e) for e in entries]
-        try:
-            statuses = await self._store.add_entries(stored, recovery=request.recovery)
-        except PulsarliteError as e:  # the store failed (journal I/O error): refuse, do not crash
-            log.error("add refused, store unavailable bookie=%s: %s", self._config.effective_bookie_id, e)
-            return add_response(request, Status.UNAVAILABLE)
-        if any(statuses):
-            self.log_refused(stored, statuses)
-        return pb.AddResponse(request_id=request.request_id,
-                              results=[pb.AddResult(ledger_id=e.ledger_id, entry_id=e.entry_id, code=int(s))
-                                       for e, s in zip(stored, statuses)])
 
     # -- reads ---------------------------------------------------------------------------
     async def read(self, request: pb.ReadRequest) -> pb.ReadResponse:
@@ -252,13 +225,14 @@ class BookieServer:
         self._closes_counted: dict[str, CountedCause] = {}
         # frame type -> (service method, response frame type)
         self.handlers = {
-            pb.FRAME_ADD_REQUEST: (service.add, pb.FRAME_ADD_RESPONSE),
             pb.FRAME_READ_REQUEST: (service.read, pb.FRAME_READ_RESPONSE),
             pb.FRAME_READ_LAC_REQUEST: (service.read_lac, pb.FRAME_READ_LAC_RESPONSE),
             pb.FRAME_DELETE_LEDGER_REQUEST: (service.delete_ledger, pb.FRAME_DELETE_LEDGER_RESPONSE),
             pb.FRAME_BOOKIE_INFO_REQUEST: (service.info, pb.FRAME_BOOKIE_INFO_RESPONSE),
         }
-        check(set(self.handlers) == REQUEST_TYPES, "every request frame type needs a handler")
+        # adds are taken by BookieService.add, without a task (_Connection.data_received)
+        check(set(self.handlers) | {pb.FRAME_ADD_REQUEST} == REQUEST_TYPES,
+              "every request frame type needs a handler")
 
     @property
     def bookie_id(self) -> str:
@@ -301,7 +275,7 @@ class BookieServer:
         pending = [t for c in self._connections for t in c.tasks]
         if pending:
             await asyncio.wait(pending, timeout=grace_s)
-        # adds taken without a task (add_now) answer from the store's commit callback
+        # adds (BookieService.add, no task) answer from the store's commit callback
         while any(c.adds_in_flight for c in self._connections) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
         for conn in list(self._connections):
@@ -331,8 +305,8 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._peer = "?"
         self.tasks: set[asyncio.Task] = set()
-        self.adds_in_flight = 0          # taken by BookieService.add_now, not answered yet
-        self._add_now = server.service.add_now
+        self.adds_in_flight = 0          # taken by BookieService.add, not answered yet
+        self._add = server.service.add
         self._out: list[bytes] = []      # response frames waiting for the next flush
         self._flush_scheduled = False
         self._read_paused = False
@@ -445,7 +419,7 @@ class _Connection(asyncio.Protocol):
         if self._closed or self._discarding:
             return
         handlers = self._handlers
-        add_now = self._add_now
+        add = self._add
         completed = False
         try:
             for frame_type, request_id, body in self._decoder.feed(data):
@@ -453,9 +427,8 @@ class _Connection(asyncio.Protocol):
                 completed = True
                 if frame_type == pb.FRAME_ADD_REQUEST:
                     self.adds_in_flight += 1
-                    if add_now(request_id, request, self._add_answered):
-                        continue
-                    self.adds_in_flight -= 1
+                    add(request_id, request, self._add_answered)
+                    continue
                 method, response_type = handlers[frame_type]
                 task = asyncio.ensure_future(self._serve(method, response_type, request_id, request))
                 self.tasks.add(task)
@@ -491,10 +464,7 @@ class _Connection(asyncio.Protocol):
         except Exception as e:  # a bug or a dead store: answer INTERNAL, keep the connection
             log.exception("request failed bookie=%s answer=%s", self._server.bookie_id,
                           pb.FrameType.Name(response_type))
-            if response_type == pb.FRAME_ADD_RESPONSE:
-                self._send(response_type, request_id, add_response(request, Status.INTERNAL).SerializeToString())
-            else:
-                self._send_raw(encode_error(request_id, pb.INTERNAL, f"internal error: {e!r}"))
+            self._send_raw(encode_error(request_id, pb.INTERNAL, f"internal error: {e!r}"))
             return
         self._send(response_type, request_id, response.SerializeToString())
 
@@ -506,7 +476,7 @@ class _Connection(asyncio.Protocol):
             self._update_reading()
 
     def _add_answered(self, request_id: int, body: bytes) -> None:
-        """BookieService.add_now's answer (once per add taken)."""
+        """BookieService.add's answer (once per add taken)."""
         self.adds_in_flight -= 1
         self._send(pb.FRAME_ADD_RESPONSE, request_id, body)
         if self._peer_done and not self.tasks and not self.adds_in_flight:

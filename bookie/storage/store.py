@@ -29,6 +29,7 @@ import enum
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -48,7 +49,7 @@ from pulsarlite.errors import BookieUnavailableError, ChecksumError, InvariantVi
 log = logging.getLogger("bookie.storage.store")
 
 _COMPACTION_CHUNK_BYTES = 1024 * 1024
-# a group written by the event loop (add_entries_now) that took this long (a slow disk, or a
+# a group written by the event loop (submit_adds) that took this long (a slow disk, or a
 # loop thread that waited for a CPU: wall time cannot tell them apart, so the bound sits above
 # this VM's usual scheduling stalls): the journal thread takes every group for a while, so
 # reads and other requests keep moving
@@ -86,7 +87,7 @@ _DELETED_LEDGER = LedgerInfo(False, True, -1, -1)
 
 class _Pending:
     """What the store attaches to a journal item: what to apply, and whom to tell once it is
-    fsynced: a waiting future, or (``add_entries_now``) a callback; for adds, the request's
+    fsynced: a waiting future (fences, deletes), or (``submit_adds``) a callback; for adds, the request's
     entries and their statuses (one each, answered once the item is applied: a re-write found
     to conflict at that point turns from OK to ENTRY_EXISTS, see ``_refuse_rewrites``)."""
 
@@ -103,9 +104,16 @@ class _Pending:
         self.entries = entries
 
 
-# add_entries_now's completion: the statuses once the accepted entries are fsynced, or the
+# submit_adds' completion: the statuses once the accepted entries are fsynced, or the
 # error that failed the store (the entries may or may not be durable)
 AddDone = Callable[["list[Status] | BaseException"], None]
+
+
+def _call_done(done: AddDone, result: "list[Status] | BaseException") -> None:
+    try:
+        done(result)
+    except Exception:                              # noqa: BLE001 - like a Future's callback
+        log.exception("add completion callback failed")
 
 
 def _same_entry(a: StoredEntry, b: StoredEntry) -> bool:
@@ -146,16 +154,22 @@ class BookieStore:
         self._failed: BaseException | None = None
         self._tasks: set[asyncio.Task] = set()
         self._pending: set[asyncio.Future] = set()
-        self._pending_done: set[_Pending] = set()     # add_entries_now's, until called
+        self._pending_adds: set[_Pending] = set()     # submit_adds' journaled, until done is called
         self._inflight_records = 0
         self._write_inline_bytes_max = (config.journal_write_inline_bytes_max
                                         if config.journal_flush_when_queue_empty else -1)
         self._write_inline_paused_until_s = 0.0    # monotonic; see _INLINE_WRITE_SLOW_S
         self.inline_groups_written = 0
-        self._space_waiters: list[asyncio.Future] = []
+        # submit_adds' requests waiting for room in the journal queue or the write cache
+        self._adds_waiting: deque[tuple[Sequence[StoredEntry], bool, AddDone]] = deque()
         self._io_lock: asyncio.Lock | None = None
         self._checkpoint_wanted: asyncio.Event | None = None
         self.checkpoints_done = 0
+
+    @property
+    def journal_records_in_flight(self) -> int:
+        """Records handed to the journal and not yet committed."""
+        return self._inflight_records
 
     # --- lifecycle -----------------------------------------------------------------------
     @classmethod
@@ -295,15 +309,15 @@ class BookieStore:
             pending = item.context
             fut = pending.future
             if fut is None:
-                if pending in self._pending_done:      # not already failed (exactly once)
-                    self._pending_done.remove(pending)
-                    self._call_done(pending, pending.statuses)
+                if pending in self._pending_adds:      # not already failed (exactly once)
+                    self._pending_adds.remove(pending)
+                    _call_done(pending.done, pending.statuses)
                 continue
             self._pending.discard(fut)
             if not fut.done():
                 fut.set_result(None)
-        if self._space_waiters:
-            self._wake_space_waiters()
+        if self._adds_waiting:
+            self._take_waiting_adds()
         if storage.unflushed_bytes >= self._config.write_cache_bytes_max and self._checkpoint_wanted:
             self._checkpoint_wanted.set()
 
@@ -316,33 +330,18 @@ class BookieStore:
             log.error("bookie store failed error=%r", err)
         self._fail_pending(err)
 
-    @staticmethod
-    def _call_done(pending: _Pending, result: "list[Status] | BaseException") -> None:
-        try:
-            pending.done(result)                   # type: ignore[misc]
-        except Exception:                          # noqa: BLE001 - like a Future's callback
-            log.exception("add completion callback failed")
-
     def _fail_pending(self, err: BaseException) -> None:
-        waiting, self._pending_done = self._pending_done, set()
-        for pending in waiting:
-            self._call_done(pending, err)
+        journaled, self._pending_adds = self._pending_adds, set()
+        for pending in journaled:
+            _call_done(pending.done, err)
+        waiting, self._adds_waiting = self._adds_waiting, deque()
+        for _, _, done in waiting:
+            _call_done(done, err)
         for fut in list(self._pending):
             if not fut.done():
                 fut.set_exception(err)
                 fut.exception()          # retrieved: no "never retrieved" noise if unawaited
         self._pending.clear()
-        for fut in self._space_waiters:
-            if not fut.done():
-                fut.set_exception(err)
-                fut.exception()
-        self._space_waiters.clear()
-
-    def _wake_space_waiters(self) -> None:
-        waiters, self._space_waiters = self._space_waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
 
     def _has_space(self, records: int) -> bool:
         cfg = self._config
@@ -350,16 +349,6 @@ class BookieStore:
             return False
         return self._inflight_records == 0 or \
             self._inflight_records + records <= cfg.journal_queue_records_max
-
-    async def _wait_for_space(self, records: int) -> None:
-        """Backpressure: the journal queue and the write cache are bounded."""
-        while not self._has_space(records):
-            if self._storage.cache_bytes >= 2 * self._config.write_cache_bytes_max:
-                self._checkpoint_wanted.set()      # type: ignore[union-attr]
-            fut = self._loop.create_future()       # type: ignore[union-attr]
-            self._space_waiters.append(fut)
-            await fut
-            self._check_usable()
 
     def _submit(self, kind: int, pieces: list, nbytes: int, records: int,
                 adds: list | None, statuses: list | None = None,
@@ -372,61 +361,74 @@ class BookieStore:
         return fut
 
     # --- adds ----------------------------------------------------------------------------
+    def submit_adds(self, entries: Sequence[StoredEntry], recovery: bool, done: AddDone) -> None:
+        """The one add path (the server's, and ``add_entries``'s): validate ``entries`` and
+        journal the accepted ones. ``done(statuses)`` (one per entry, in order) runs exactly
+        once, from the loop, never from inside this call: after the accepted entries' group
+        commit is fsynced (they are readable from then on), or at once when none was accepted;
+        ``done(error)`` if the journal fails or the store closes first (the entries may or may
+        not be durable). Without room in the journal queue or the write cache, the request waits
+        in the store, in arrival order, and is validated when room comes: the fence and delete
+        checks and the journal order always agree (an add validated before a fence is journaled
+        before the FENCE). Raises BookieUnavailableError (nothing taken) if the store failed."""
+        self._check_usable()
+        if self._adds_waiting or not self._has_space(len(entries)):
+            self._adds_waiting.append((entries, recovery, done))
+            if self._storage.cache_bytes >= 2 * self._config.write_cache_bytes_max:
+                self._checkpoint_wanted.set()      # type: ignore[union-attr]
+            return
+        self._take_adds(entries, recovery, done)
+
     async def add_entries(self, entries: Sequence[StoredEntry], *, recovery: bool = False) -> list[Status]:
-        """One status per entry, in order. Returns after the accepted entries' group commit
-        is fsynced; they are readable from then on."""
-        self._check_usable()
-        n = len(entries)
-        if n == 0:
-            return []
-        if self.read_only:
-            return [Status.READ_ONLY] * n
-        if not self._has_space(n):
-            await self._wait_for_space(n)
-            if self.read_only:
-                return [Status.READ_ONLY] * n
-        # From the checks to the submit there is no await: the fence/delete checks and the
-        # journal order agree (an add validated before a fence is journaled before the FENCE).
-        statuses, accepted, pieces, nbytes = self._accept(entries, recovery)
-        if accepted:
-            await self._submit(ADD, pieces, nbytes, len(accepted), accepted, statuses, entries)
-        return statuses
+        """``submit_adds`` awaited: the statuses, or the store's error raised."""
+        fut = self._loop.create_future()           # type: ignore[union-attr]
 
-    def can_add_now(self, count: int) -> bool:
-        """Whether ``add_entries_now`` may take ``count`` entries: the store runs, and the
-        journal queue and write cache have room with nobody waiting for it (else use the
-        awaiting ``add_entries``, which waits for room in turn)."""
-        return self._running and self._failed is None and not self._space_waiters \
-            and self._has_space(count)
+        def done(result: "list[Status] | BaseException") -> None:
+            if fut.done():
+                return
+            if isinstance(result, BaseException):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
+        self.submit_adds(entries, recovery, done)
+        return await fut
 
-    def add_entries_now(self, entries: Sequence[StoredEntry], recovery: bool,
-                        done: AddDone) -> list[Status] | None:
-        """``add_entries`` without a coroutine, for the server's hot path (call only when
-        ``can_add_now``). Returns the statuses at once when no entry was accepted (``done`` is
-        never called); else returns None and calls ``done(statuses)`` from the loop after the
-        accepted entries' group commit is fsynced (exactly once; ``done(error)`` if the journal
-        fails or the store closes first). Raises BookieUnavailableError if the store failed."""
-        self._check_usable()
+    def _take_adds(self, entries: Sequence[StoredEntry], recovery: bool, done: AddDone) -> None:
+        """Validate and journal a request now (room checked by the caller)."""
         n = len(entries)
-        if n == 0:
-            return []
-        if self.read_only:
-            return [Status.READ_ONLY] * n
+        if n == 0 or self.read_only:
+            self._loop.call_soon(_call_done, done, [Status.READ_ONLY] * n)  # type: ignore[union-attr]
+            return
         statuses, accepted, pieces, nbytes = self._accept(entries, recovery)
         if not accepted:
-            return statuses
+            self._loop.call_soon(_call_done, done, statuses)                # type: ignore[union-attr]
+            return
         pending = _Pending(None, ADD, accepted, done, statuses, entries)
         item = JournalItem(pieces, nbytes, len(accepted), 0.0, pending)
         written = self._write_inline(pieces) if nbytes <= self._write_inline_bytes_max else None
         if written is None:
             self._journal.submit(item)        # raises (nothing registered) if it is stopped
-        self._pending_done.add(pending)
+        self._pending_adds.add(pending)
         self._inflight_records += len(accepted)
         if isinstance(written, BaseException):
             self._loop.call_soon(self._on_journal_error, written, [item])  # type: ignore[union-attr]
         elif written is not None:
             self._loop.call_soon(self._on_commit, [item], written)         # type: ignore[union-attr]
-        return None
+
+    def _take_waiting_adds(self) -> None:
+        """Room came (a commit, a flush): take the waiting requests, in order, while it lasts."""
+        waiting = self._adds_waiting
+        while waiting and self._running and self._failed is None:
+            entries, recovery, done = waiting[0]
+            if not self._has_space(len(entries)):
+                if self._storage.cache_bytes >= 2 * self._config.write_cache_bytes_max:
+                    self._checkpoint_wanted.set()  # type: ignore[union-attr]
+                return
+            waiting.popleft()
+            try:
+                self._take_adds(entries, recovery, done)
+            except Exception as e:  # noqa: BLE001 - the journal stopped: fail it like its thread
+                self._loop.call_soon(_call_done, done, e)  # type: ignore[union-attr]
 
     def _write_inline(self, pieces: list) -> "JournalPosition | BaseException | None":
         """When nothing of ours waits for the journal, write this group here instead of waking
@@ -665,8 +667,8 @@ class BookieStore:
             await asyncio.to_thread(remove_journal_files_below, self._config.journal_dir,
                                     mark.file_id)
             self.checkpoints_done += 1
-            if self._space_waiters:
-                self._wake_space_waiters()
+            if self._adds_waiting:
+                self._take_waiting_adds()
             log.debug("checkpoint done mark=%s entries_flushed=%d index_bytes=%d seconds=%.3f",
                       mark, len(job.items), len(blob), time.monotonic() - started)
 
@@ -685,8 +687,8 @@ class BookieStore:
                     if job.items:
                         await asyncio.to_thread(storage.write_flush, job)
                         storage.finish_flush(job)
-                        if self._space_waiters:
-                            self._wake_space_waiters()
+                        if self._adds_waiting:
+                            self._take_waiting_adds()
             except BaseException as e:
                 if not isinstance(e, asyncio.CancelledError):
                     self._fail(e)

@@ -69,24 +69,13 @@ class PowerLossModel:
         return lost
 
 
-async def add_now(store: BookieStore, batch) -> list[Status]:
-    """The server's hot path (``add_entries_now``): with the journal idle and a small group, the
-    loop itself writes and syncs it; else the journal thread does."""
-    if not store.can_add_now(len(batch)):
-        return await store.add_entries(batch)
-    fut = asyncio.get_running_loop().create_future()
-    statuses = store.add_entries_now(batch, False, fut.set_result)
-    if statuses is not None:
-        return statuses
-    result = await fut
-    if isinstance(result, BaseException):
-        raise result
-    return result
-
-
 async def write_then_power_loss(tmp_path, model: PowerLossModel, *,
-                                hot_path: bool = False) -> tuple[dict, BookieStore]:
-    cfg = config(tmp_path, group_wait_ms_max=5.0)
+                                inline_writes: bool) -> tuple[dict, BookieStore]:
+    """With ``inline_writes`` the store may write and sync a small group on the event loop
+    when the journal is idle (BookieStore._write_inline); without, the journal thread does
+    every write and sync."""
+    cfg = config(tmp_path, group_wait_ms_max=5.0,
+                 journal_write_inline_bytes_max=64 * 1024 if inline_writes else 0)
     store = await started(cfg)
     acked: dict[tuple[int, int], bytes] = {}
     groups_before = store._journal.groups_written
@@ -94,7 +83,7 @@ async def write_then_power_loss(tmp_path, model: PowerLossModel, *,
     async def writer(ledger: int) -> None:
         for start in range(0, 200, 20):
             batch = [entry(ledger, e) for e in range(start, start + 20)]
-            statuses = await (add_now(store, batch) if hot_path else store.add_entries(batch))
+            statuses = await store.add_entries(batch)
             for e, s in zip(batch, statuses):
                 if s == Status.OK:
                     acked[(e.ledger_id, e.entry_id)] = e.payload
@@ -112,13 +101,13 @@ async def write_then_power_loss(tmp_path, model: PowerLossModel, *,
     return acked, reopened
 
 
-@pytest.mark.parametrize("hot_path", [False, True], ids=["awaiting", "add_entries_now"])
-async def test_every_acknowledged_add_survives_losing_unsynced_writes(tmp_path, monkeypatch, hot_path):
+@pytest.mark.parametrize("inline_writes", [False, True], ids=["journal-thread", "inline-writes"])
+async def test_every_acknowledged_add_survives_losing_unsynced_writes(tmp_path, monkeypatch, inline_writes):
     model = PowerLossModel(monkeypatch)
-    acked, reopened = await write_then_power_loss(tmp_path, model, hot_path=hot_path)
+    acked, reopened = await write_then_power_loss(tmp_path, model, inline_writes=inline_writes)
     assert len(acked) == 600
-    # the hot path's small groups were synced by the event loop's thread, the others by the journal's
-    assert (threading.get_ident() in model.sync_threads) == hot_path
+    # with inline writes, small groups on an idle journal were synced by the event loop's thread
+    assert (threading.get_ident() in model.sync_threads) == inline_writes
     try:
         for (ledger, entry_id), payload in acked.items():
             status, entries = reopened.read(ledger, entry_id, entry_id, 1 << 20)
@@ -127,12 +116,12 @@ async def test_every_acknowledged_add_survives_losing_unsynced_writes(tmp_path, 
         await reopened.close()
 
 
-@pytest.mark.parametrize("hot_path", [False, True], ids=["awaiting", "add_entries_now"])
-async def test_negative_control_acking_without_fsync_loses_entries(tmp_path, monkeypatch, hot_path):
+@pytest.mark.parametrize("inline_writes", [False, True], ids=["journal-thread", "inline-writes"])
+async def test_negative_control_acking_without_fsync_loses_entries(tmp_path, monkeypatch, inline_writes):
     """If fdatasync did not make writes durable (an ack before the data is on disk), the same
     power loss loses acknowledged entries: proof that the check above can fail."""
     model = PowerLossModel(monkeypatch, honour_fsync=False)
-    acked, reopened = await write_then_power_loss(tmp_path, model, hot_path=hot_path)
+    acked, reopened = await write_then_power_loss(tmp_path, model, inline_writes=inline_writes)
     try:
         missing = [k for k in acked if reopened.read(k[0], k[1], k[1], 1 << 20)[0] != Status.OK]
         assert missing, "the power-loss model did not lose anything: the check above could never fail"

@@ -5,8 +5,8 @@ Re-writes: the first write of an entry id wins. An add of an entry the bookie st
 flight, is answered OK only if it is the same entry (payload and length; the LAC it carries may
 differ: a client's retry, a re-send after an ensemble change, a recovery re-write), else
 ENTRY_EXISTS, and the stored entry, the LAC and what the journal replay rebuilds after a crash
-stay as they were; on both add paths of the server (``add_now`` without a task, the awaiting
-``add``) and whether the stored entry sits in the write cache or in an entry log.
+stay as they were; whether the add is taken at once or waits in the store for room in the
+journal queue, and whether the stored entry sits in the write cache or in an entry log.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ async def reopened(cfg) -> BookieStore:
     return await started(cfg)
 
 
-# -- the store's awaiting path ------------------------------------------------------------------
+# -- the store's add path (awaited) ------------------------------------------------------------------
 @pytest.mark.parametrize("where", ["write-cache", "entry-log"])
 async def test_a_rewrite_with_other_bytes_is_refused_and_the_same_bytes_are_ok(tmp_path, where):
     cfg = config(tmp_path)
@@ -113,8 +113,8 @@ async def test_rewrites_in_flight_together_keep_the_first_and_so_does_the_replay
         await store.close()
 
 
-# -- the server's add paths ---------------------------------------------------------------------
-async def test_the_hot_path_refuses_a_rewrite_with_other_bytes(tmp_path):
+# -- the server's add path ----------------------------------------------------------------------
+async def test_the_server_refuses_a_rewrite_with_other_bytes(tmp_path):
     cfg = config(tmp_path)
     store, server, conn, transport = await connect(cfg)
     try:
@@ -124,13 +124,14 @@ async def test_the_hot_path_refuses_a_rewrite_with_other_bytes(tmp_path):
         assert codes(transport.answers[1]) == [(0, pb.OK), (1, pb.OK)]
         other = entry(LEDGER, 1, b"overwrite")
         conn.data_received(add_frame(2, [other]))
-        assert conn.adds_in_flight == 0                          # refused at once, no journal
+        await wait_until(lambda: 2 in transport.answers)
+        assert conn.adds_in_flight == 0 and store.journal_records_in_flight == 0  # refused, no journal
         conn.data_received(add_frame(3, [first[1], entry(LEDGER, 2, lac=1)]))
         await wait_until(lambda: {2, 3} <= set(transport.answers))
         assert codes(transport.answers[2]) == [(1, pb.ENTRY_EXISTS)]
         assert codes(transport.answers[3]) == [(1, pb.OK), (2, pb.OK)]
         # two versions in flight at once (one data_received: neither applied when the other
-        # is accepted), through the hot path
+        # is accepted)
         conn.data_received(add_frame(4, [entry(LEDGER, 3, b"mine")]) + add_frame(5, [entry(LEDGER, 3, b"yours")]))
         await wait_until(lambda: {4, 5} <= set(transport.answers))
         assert codes(transport.answers[4]) == [(3, pb.OK)]
@@ -151,16 +152,16 @@ async def crash_free_reopen_check(cfg, expected) -> None:
         await store.close()
 
 
-async def test_the_awaiting_path_refuses_a_rewrite_in_flight_and_the_replay_agrees(tmp_path, monkeypatch):
-    """Adds that wait for room in the journal queue take the server's awaiting path (a task per
-    request): a conflicting version queued behind the first is refused there too."""
+async def test_an_add_waiting_for_room_refuses_a_rewrite_in_flight_and_the_replay_agrees(tmp_path, monkeypatch):
+    """An add that waits in the store for room in the journal queue is validated when it is
+    taken: a conflicting version queued behind the first is refused too."""
     gate = GatedFsync(monkeypatch)
     cfg = config(tmp_path, journal_queue_records_max=1, **THREAD)
     store, server, conn, transport = await connect(cfg)
     try:
         conn.data_received(add_frame(1, [entry(LEDGER, 0, b"first")]))
         conn.data_received(add_frame(2, [entry(LEDGER, 0, b"second")]))
-        assert conn.adds_in_flight == 1 and len(conn.tasks) == 1     # the second waits in a task
+        assert conn.adds_in_flight == 2 and not conn.tasks     # the second waits in the store
         gate.release()
         await wait_until(lambda: {1, 2} <= set(transport.answers))
         assert codes(transport.answers[1]) == [(0, pb.OK)]

@@ -1,6 +1,6 @@
-"""The bookie server's add path without a task per request (BookieService.add_now): an add is
-answered only after its journal group is fsynced, refusals are answered at once, a full journal
-queue sends adds through the awaiting path, a failed journal fails them, and a peer's
+"""The bookie server's one add path, without a task per request (BookieService.add): an add is
+answered only after its journal group is fsynced, refusals are answered at once, adds beyond a
+full journal queue wait in the store, in order, a failed journal fails them, and a peer's
 EOF and a stop wait for the adds in flight. A real store and server connection; only the socket is fake."""
 
 from __future__ import annotations
@@ -135,15 +135,16 @@ async def test_add_is_answered_only_after_its_fsync(tmp_path, monkeypatch):
         await store.close()
 
 
-async def test_refused_entries_are_answered_at_once_and_mixed_requests_keep_order(tmp_path):
+async def test_refused_entries_are_answered_without_the_journal_and_mixed_requests_keep_order(tmp_path):
     store, server, conn, transport = await connect(config(tmp_path))
     try:
         good = entry(4, 0)
         bad = good._replace(entry_id=1)                          # checksum over entry 0
         groups = store._journal.groups_written
         conn.data_received(add_frame(1, [bad]))
-        assert conn.adds_in_flight == 0                           # answered without the journal
-        await wait_until(lambda: 1 in transport.answers)          # (written on the next turn)
+        assert store.journal_records_in_flight == 0               # answered without the journal
+        await wait_until(lambda: 1 in transport.answers)          # (on the loop's next turn)
+        assert conn.adds_in_flight == 0
         assert [r.code for r in transport.answers[1].results] == [pb.CHECKSUM_MISMATCH]
         assert store._journal.groups_written == groups           # nothing journaled
         conn.data_received(add_frame(2, [good, bad, entry(4, 2)]))
@@ -155,14 +156,14 @@ async def test_refused_entries_are_answered_at_once_and_mixed_requests_keep_orde
         await store.close()
 
 
-async def test_a_full_journal_queue_sends_adds_through_the_awaiting_path(tmp_path, monkeypatch):
+async def test_adds_beyond_a_full_journal_queue_wait_in_the_store(tmp_path, monkeypatch):
     gate = GatedFsync(monkeypatch)
     store, server, conn, transport = await connect(config(tmp_path, journal_queue_records_max=4, **THREAD))
     try:
         conn.data_received(add_frame(1, [entry(5, i) for i in range(4)]))
         assert conn.adds_in_flight == 1 and not conn.tasks
         conn.data_received(add_frame(2, [entry(5, i) for i in range(4, 6)]))
-        assert conn.adds_in_flight == 1 and len(conn.tasks) == 1  # no room: it waits in a task
+        assert conn.adds_in_flight == 2 and not conn.tasks  # no room: it waits in the store
         await asyncio.sleep(0.05)
         assert transport.answers == {}
         gate.release()
