@@ -19,6 +19,8 @@ from pulsarlite.wire.entry import (
     build_batch_entry,
     build_batch_payload,
     build_entry,
+    check_batch_framing,
+    check_sendable,
     compress,
     decompress,
     peek_metadata,
@@ -282,3 +284,152 @@ def test_unknown_compression_is_refused_on_unpack_only():
     assert peek_metadata(odd).message_count == 1
     with pytest.raises(EntryFormatError, match="unknown compression type 9"):
         unpack_entry(odd)
+
+
+# --- the SEND check: what the official clients can read (poison-entry, tests/fuzz/NOTES.md) ----
+
+def _sendable(entry: bytes) -> None:
+    check_sendable(entry, peek_metadata(entry))
+
+
+def _bad_property_meta(**fields) -> pb.MessageMetadata:
+    meta = _meta(**fields)
+    meta.properties.add(key="k")                              # KeyValue.value is required
+    return meta
+
+
+def _batch_entry(singles, count=None, codec=Compression.NONE, **fields) -> bytes:
+    raw = hand_batch(singles)
+    meta = _meta(num_messages_in_batch=len(singles) if count is None else count, **fields)
+    if codec:
+        meta.compression = int(codec)
+        meta.uncompressed_size = len(raw)
+    return hand_entry(meta, compress(raw, codec))
+
+
+def _unset_property_single() -> pb.SingleMessageMetadata:
+    single = pb.SingleMessageMetadata(payload_size=1)
+    single.properties.add(value="v")                          # KeyValue.key is required
+    return single
+
+
+POISON = {
+    "metadata property without value": hand_entry(_bad_property_meta(), b"poison"),
+    "batch metadata property without value": hand_entry(
+        _bad_property_meta(num_messages_in_batch=1), hand_batch([(pb.SingleMessageMetadata(payload_size=1), b"a")])),
+    "encryption key without value": hand_entry(_meta(encryption_keys=[pb.EncryptionKeys(key="k")]), b"x"),
+    "payload_size past the end": _batch_entry([(pb.SingleMessageMetadata(payload_size=1000), b"hello")]),
+    "no payload_size": _batch_entry([(pb.SingleMessageMetadata(sequence_id=4), b"hello")]),
+    "single metadata property without key": _batch_entry([(_unset_property_single(), b"a")]),
+    "metadata size past the end": hand_entry(_meta(num_messages_in_batch=1), struct.pack(">I", 50) + b"\x18\x01a" * 3),
+    "single metadata does not parse": hand_entry(_meta(num_messages_in_batch=1), struct.pack(">I", 3) + b"\xff\xff\xffabcdef"),
+    "fewer messages than declared": _batch_entry([(pb.SingleMessageMetadata(payload_size=20), b"a" * 20)], count=2),
+    "bytes left over": hand_entry(_meta(num_messages_in_batch=1),
+                                  hand_batch([(pb.SingleMessageMetadata(payload_size=1), b"a")]) + b"extra"),
+    "sequence id varint cut short": hand_entry(_meta(num_messages_in_batch=1), struct.pack(">I", 4) + b"\x18\x01\x40\x80a"),
+    "payload_size given twice, the last past the end": hand_entry(
+        _meta(num_messages_in_batch=1), struct.pack(">I", 4) + b"\x18\x01\x18\x7fa"),
+    "uniform batch, one payload_size differs": _batch_entry(
+        [(pb.SingleMessageMetadata(payload_size=3, sequence_id=200 + i), b"abc") for i in range(9)]
+        + [(pb.SingleMessageMetadata(payload_size=4, sequence_id=209), b"ab")]),
+    "chunked batch": _batch_entry([(pb.SingleMessageMetadata(payload_size=1), b"a")], num_chunks_from_msg=2),
+    **{f"{codec.name} batch, payload_size past the end": _batch_entry(
+        [(pb.SingleMessageMetadata(payload_size=1000), b"hello")], codec=codec) for codec in CODECS if codec},
+    "LZ4 batch that does not decompress": hand_entry(
+        _meta(num_messages_in_batch=1, compression=pb.LZ4, uncompressed_size=30), b"\xff" * 20),
+}
+
+
+@pytest.mark.parametrize("name", list(POISON))
+def test_send_check_refuses_entries_the_official_clients_cannot_read(name):
+    """poison-entry (tests/fuzz/NOTES.md): a nested required field missing in the metadata made
+    every official consumer reconnect for ever on the entry; an inconsistent batch made the
+    C++ client read out of bounds or crash. Both are refused where a SEND enters the broker."""
+    entry = POISON[name]
+    peek_metadata(entry)                                     # the top-level metadata parses
+    with pytest.raises(EntryFormatError):
+        _sendable(entry)
+
+
+def test_send_check_takes_what_the_clients_build():
+    _sendable(build_entry(Message(b"x", key="k", properties={"a": "b"}), **HEADER))
+    _sendable(hand_entry(_meta(encryption_keys=[pb.EncryptionKeys(key="k", value=b"v")]), b"secret"))
+    # an encrypted batch is ciphertext: only its declared count is checked
+    _sendable(hand_entry(_meta(num_messages_in_batch=2, encryption_keys=[pb.EncryptionKeys(key="k", value=b"v")]),
+                         b"\xff" * 40))
+    messages = [Message(b"a" * n, key=f"k{n}" if n % 3 else None, properties={"p": "q"} if n % 2 else {},
+                        event_time_ms=n or None, sequence_id=n) for n in range(20)]
+    for codec in CODECS:
+        _sendable(build_batch_entry(messages, compression=codec, **HEADER))
+        _sendable(build_batch_entry([b"x" * 100] * 100, compression=codec, sequence_ids=list(range(16_380, 16_480)),
+                                    **HEADER))
+        _sendable(build_batch_entry([b"y"] * 3, compression=codec, **HEADER))
+    _sendable(build_batch_entry([b"a"], **HEADER))
+    _sendable(build_batch_entry([b""] * 5, sequence_ids=[2**63 + i for i in range(5)], **HEADER))
+
+
+def _reference_framing_ok(data: bytes, count: int) -> bool:
+    """check_batch_framing's answer, the slow way: protobuf parses every SingleMessageMetadata."""
+    pos = 0
+    for _ in range(count):
+        if len(data) - pos < 4:
+            return False
+        (size,) = struct.unpack_from(">I", data, pos)
+        pos += 4
+        if size > len(data) - pos:
+            return False
+        try:
+            single = pb.SingleMessageMetadata.FromString(data[pos:pos + size])
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError
+            return False
+        if not single.IsInitialized():
+            return False
+        pos += size
+        if not 0 <= single.payload_size <= len(data) - pos:
+            return False
+        pos += single.payload_size
+    return pos == len(data)
+
+
+_batch_message = st.one_of(
+    st.binary(max_size=300),
+    st.builds(lambda payload, key, properties, sequence_id: Message(payload, key=key, properties=properties,
+                                                                    sequence_id=sequence_id),
+              st.binary(max_size=200), st.none() | st.text(max_size=5),
+              st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+              st.none() | st.integers(0, 2**64 - 1)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_batch_framing_check_agrees_with_protobuf_on_batches_and_their_mutations(data):
+    uniform = data.draw(st.booleans())
+    if uniform:
+        count = data.draw(st.integers(1, 40))
+        messages = [data.draw(st.binary(min_size=3, max_size=3))] * count
+        first = data.draw(st.sampled_from([0, 100, 127, 16_300, 2**21 - 20, 2**40]))
+        raw = build_batch_payload(messages, data.draw(st.sampled_from([None, list(range(first, first + count))])))
+    else:
+        messages = data.draw(st.lists(_batch_message, min_size=1, max_size=12))
+        count = len(messages)
+        raw = build_batch_payload(messages)
+    check_batch_framing(raw, count)                          # what the builder writes is sendable
+    assert _reference_framing_ok(raw, count)
+    mutated = bytearray(raw)
+    for _ in range(data.draw(st.integers(1, 3))):
+        kind = data.draw(st.sampled_from(["byte", "cut", "extend", "count"]))
+        if kind == "byte" and mutated:
+            mutated[data.draw(st.integers(0, len(mutated) - 1))] = data.draw(st.integers(0, 255))
+        elif kind == "cut" and mutated:
+            del mutated[data.draw(st.integers(0, len(mutated) - 1)):]
+        elif kind == "extend":
+            mutated += data.draw(st.binary(min_size=1, max_size=4))
+        else:
+            count = data.draw(st.integers(1, count + 2))
+    mutated = bytes(mutated)
+    try:
+        check_batch_framing(mutated, count)
+        ours = True
+    except EntryFormatError:
+        ours = False
+    assert ours == _reference_framing_ok(mutated, count), (mutated, count)
