@@ -5,13 +5,14 @@
   ``lookup``, ``owns``, ``write_guard`` (the cheap check on the publish path), ``ensure_owned``,
   ``add_lost_listener``.
 - :func:`open_cursor`: a durable subscription's ``broker.cursor.ManagedCursor`` (state in
-  ZooKeeper), or, for non-durable subscriptions (readers), an in-memory :class:`MemoryCursor`.
+  ZooKeeper), or, for non-durable subscriptions (readers), an in-memory :class:`MemoryCursor`;
+  both are :class:`SubscriptionCursor`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from sortedcontainers import SortedSet
 
@@ -86,6 +87,36 @@ def make_ownership(store, broker_id: str, service_url: str, web_service_url: str
 
 
 # -- cursors ------------------------------------------------------------------------------------
+class SubscriptionCursor(Protocol):
+    """What subscriptions, stats and retention call on a cursor: ``broker.cursor.ManagedCursor``
+    (durable) and :class:`MemoryCursor` (a reader's)."""
+
+    @property
+    def mark_delete_position(self) -> Position: ...
+
+    def is_acked(self, position: Position) -> bool: ...
+
+    def ack_individual(self, position: Position, *, batch_index: int | None = None,
+                       batch_size: int | None = None) -> object: ...
+
+    def ack_cumulative(self, position: Position) -> object: ...
+
+    def ack_set(self, position: Position, words, batch_size: int | None = None) -> bool: ...
+
+    def remaining_ack_set(self, position: Position, batch_size: int) -> list[int] | None: ...
+
+    def backlog(self, last_confirmed: Position, ledgers) -> int:
+        """Entries after mark-delete up to ``last_confirmed`` not acked (``ledgers``: the list)."""
+
+    def reset(self, position: Position) -> None: ...
+
+    async def flush(self) -> None: ...
+
+    async def delete(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class MemoryCursor:
     """The cursor of a non-durable subscription (a reader): mark-delete position + individually
     acked positions above it, in memory only. The durable cursor's interface (what a
@@ -135,6 +166,17 @@ class MemoryCursor:
         """The indexes still to deliver: all of them unless the entry is acked."""
         return [] if self.is_acked(position) else None
 
+    def backlog(self, last_confirmed: Position, ledgers) -> int:
+        """Entries after mark_delete by the ledger list (acks above it are not counted off)."""
+        md = self.mark_delete_position
+        total = 0
+        for info in ledgers:
+            if info.ledger_id > md.ledger_id:
+                total += info.entries
+            elif info.ledger_id == md.ledger_id:
+                total += max(0, info.entries - md.entry_id - 1)
+        return total
+
     def reset(self, position: Position) -> None:
         """Seek: ``position`` is delivered next."""
         self.mark_delete_position = Position(position.ledger_id, position.entry_id - 1)
@@ -151,7 +193,7 @@ class MemoryCursor:
 
 
 async def open_cursor(store, ml_name: str, cursor_name: str, *, initial: Position, durable: bool,
-                      ledgers_of: Callable[[], tuple]):
+                      ledgers_of: Callable[[], tuple]) -> SubscriptionCursor:
     """Open (or create at ``initial``, the mark-delete position) a subscription's cursor."""
     if durable:
         # the function, not a snapshot: mark-delete must follow the list into new ledgers
@@ -160,5 +202,5 @@ async def open_cursor(store, ml_name: str, cursor_name: str, *, initial: Positio
     return MemoryCursor(initial, ledgers_of)
 
 
-__all__ = ["InvalidTopicNameError", "MemoryCursor", "make_ownership",
+__all__ = ["InvalidTopicNameError", "ManagedOwnership", "MemoryCursor", "SubscriptionCursor", "make_ownership",
            "open_cursor", "parse_topic"]

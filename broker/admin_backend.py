@@ -31,11 +31,11 @@ from broker.adapters import open_cursor
 from broker.admin.http import (ConsumerStats, CursorStats, InternalStats, LedgerInfoStats, LookupData,
                                MessageIdData, PublisherStats, SubscriptionPosition, SubscriptionStats, TopicStats)
 from broker.admin.policies import BadRequestError, ConflictError, NotFoundError, PreconditionFailedError
-from broker.cursor import CursorState, cursor_path, list_cursors
+from broker.cursor import CursorState, ManagedCursor, cursor_path, list_cursors
 from broker.managed_ledger import LedgerInfo, ManagedLedgerMetadata, ManagedLedgerStore, OffloadState, Position
 from broker.managed_ledger.store import encode as encode_ledger_list
 from broker.offloader import TopicOffloadPolicies, read_topic_offload_policies, topic_policies_path
-from broker.service import (PARTITIONED_TOPICS_ROOT, BrokerService, TopicNotFoundError, subscription_backlog)
+from broker.service import PARTITIONED_TOPICS_ROOT, BrokerService, TopicNotFoundError
 from broker.topic import skip_messages
 from pulsarlite.errors import MetadataNotFoundError, PulsarliteError
 from pulsarlite.metadata import MetadataExistsError
@@ -68,8 +68,8 @@ def _last_position(ledgers: tuple[LedgerInfo, ...] | list[LedgerInfo]) -> Positi
     return Position(ledgers[-1].ledger_id, -1) if ledgers else Position(-1, -1)
 
 
-def _acked_ranges(cursor) -> str:
-    ranges = getattr(cursor, "individually_acked", None)
+def _acked_ranges(cursor: ManagedCursor | CursorState) -> str:
+    ranges = cursor.individually_acked
     if not ranges:
         return "[]"
     return "[" + ", ".join(f"({lid}:{a - 1}..{lid}:{b}]" for lid, a, b in ranges) + "]"
@@ -263,13 +263,13 @@ class BrokerAdminBackend:
                 consumers: list[ConsumerStats] = []
                 for handle in sub.consumers.values():
                     consumers.append({
-                        "consumerName": getattr(handle, "consumer_name", ""),
+                        "consumerName": handle.consumer_name,
                         "msgRateOut": 0.0, "msgThroughputOut": 0.0,
                         "availablePermits": sub.core.permits(id(handle)),
                         "unackedMessages": len(sub.core.outstanding(id(handle))),
                         "priorityLevel": sub.core.priority(id(handle)),
-                        "address": getattr(handle, "address", ""),
-                        "connectedSince": _iso(getattr(handle, "connected_since_ms", 0)),
+                        "address": handle.address,
+                        "connectedSince": _iso(handle.connected_since_ms),
                     })
                 ranges = sub.core.hash_ranges()      # Key_Shared: each consumer's hash ranges
                 if ranges:
@@ -278,7 +278,7 @@ class BrokerAdminBackend:
                 if len(consumers) == 1:
                     consumers[0]["msgRateOut"], consumers[0]["msgThroughputOut"] = rate, throughput
                 subscriptions[sub.name] = {
-                    "msgBacklog": subscription_backlog(sub.cursor, last, ledgers),
+                    "msgBacklog": sub.cursor.backlog(last, ledgers),
                     "type": sub.sub_type.value, "msgRateOut": rate, "msgThroughputOut": throughput,
                     "consumers": consumers, "isDurable": sub.durable,
                 }
@@ -456,9 +456,7 @@ class BrokerAdminBackend:
 
     async def _release_bundle(self, name: TopicName) -> None:
         """Let go of the topic's bundle unless another topic of it is still served here."""
-        manager = getattr(self.service.ownership, "manager", None)
-        if manager is None:
-            return
+        manager = self.service.ownership.manager
         bundle = manager.bundle_of(name)
         if any(manager.bundle_of(key) == bundle for key in list(self.service.topics)):
             return       # another topic of the bundle is served (or loading) here: keep it
@@ -493,9 +491,7 @@ class BrokerAdminBackend:
             initial = Position(ledger_id, entry_id - 1)
         cursor = await open_cursor(self.store, ml_name, name, initial=initial, durable=True,
                                    ledgers_of=live.ml.ledgers)
-        close = getattr(cursor, "close", None)
-        if close is not None:
-            await close()
+        await cursor.close()
 
     async def delete_subscription(self, topic: str, name: str, force: bool) -> None:
         tname = self._name(topic)
@@ -561,7 +557,7 @@ class BrokerAdminBackend:
             last = live.last_position()
             end = live.next_after(last) if last.entry_id >= 0 else Position(max(last.ledger_id, 0), 0)
             if sub is not None:
-                before = subscription_backlog(sub.cursor, live.ml.last_confirmed_position, live.ml.ledgers())
+                before = sub.cursor.backlog(live.ml.last_confirmed_position, live.ml.ledgers())
                 await sub.reset(end)
             else:
                 before = None
@@ -611,20 +607,16 @@ class BrokerAdminBackend:
     async def lookup(self, topic: str, *, authoritative: bool = False) -> LookupData:
         name = self._name(topic)
         await self._check_namespace(name)
-        manager = getattr(self.service.ownership, "manager", None)
-        if manager is not None:
-            result = await manager.lookup(name, authoritative=authoritative)
-            return {"brokerUrl": result.pulsar_url, "httpUrl": result.http_url}
-        url, _, _ = await self.service.lookup(str(name), authoritative=authoritative)
-        return {"brokerUrl": url, "httpUrl": self.service.config.web_service_url}
+        result = await self.service.ownership.manager.lookup(name, authoritative=authoritative)
+        return {"brokerUrl": result.pulsar_url, "httpUrl": result.http_url}
 
     async def admin_redirect_url(self, topic: str) -> str | None:
         """The admin base URL (``http://host:port``) of the broker that owns ``topic`` when it is
         another broker (the admin call is redirected there, 307, as Pulsar does); None when this
         broker owns it or will (a lookup with nobody owning it may acquire it here)."""
         name = self._name(topic)
-        manager = getattr(self.service.ownership, "manager", None)
-        if manager is None or manager.owns(name):
+        manager = self.service.ownership.manager
+        if manager.owns(name):
             return None
         await self._check_namespace(name)
         if not name.is_partition and await self.service.partitions(str(name)) > 0:

@@ -16,7 +16,7 @@ import re
 import time
 from urllib.parse import unquote_plus
 
-from broker.adapters import parse_topic
+from broker.adapters import ManagedOwnership, parse_topic
 from broker.admin.metrics import BrokerMetrics, MetricsConfig
 from broker.admin.policies import NotFoundError, PolicyStore
 from broker.config import BrokerConfig
@@ -29,6 +29,7 @@ from broker.retention import RetentionService, publish_time_of
 from broker.schema_compat import CompatibilityStrategy
 from broker.schemas import SchemaRegistry
 from broker.topic import EntryCache, PersistentTopic, PublishBuffer
+from pulsarlite.topic_name import TopicName
 
 log = logging.getLogger("pulsarlite.broker")
 
@@ -55,7 +56,7 @@ _BOOKIE_IN_MESSAGE = re.compile(r"bookie ([^\s:]+:\d+)")
 
 
 class BrokerService:
-    def __init__(self, config: BrokerConfig, *, store, ledger_client, ownership) -> None:
+    def __init__(self, config: BrokerConfig, *, store, ledger_client, ownership: ManagedOwnership) -> None:
         self.config = config
         self.store = store
         self.ledger_client = ledger_client
@@ -237,11 +238,10 @@ class BrokerService:
         self.retention.watch(persistent)      # retention / TTL / backlog quota passes
         return persistent
 
-    async def check_auto_creation(self, topic) -> None:
+    async def check_auto_creation(self, topic: TopicName) -> None:
         """A topic may be created on first use only in a namespace that exists (and is not being
         deleted) and whose policies (else the broker's config) allow auto-creation."""
-        namespace = f"{topic.tenant}/{topic.namespace_local_name}" if hasattr(topic, "namespace_local_name") \
-            else f"{topic.tenant}/{topic.namespace}"
+        namespace = topic.namespace
         try:
             policies = await self.policies.get_namespace_policies(namespace)
         except NotFoundError as e:
@@ -345,7 +345,7 @@ class BrokerService:
         total = slowest = 0
         last = topic.ml.last_confirmed_position
         for sub in topic.subscriptions.values():
-            n = subscription_backlog(sub.cursor, last, ledgers)
+            n = sub.cursor.backlog(last, ledgers)
             total += n
             slowest = max(slowest, n)
         return total, int(slowest * avg), storage
@@ -401,20 +401,6 @@ class BrokerService:
         await asyncio.gather(*(self.unload_topic(k) for k in keys), return_exceptions=True)
         if self.offloader is not None:
             await self.offloader.close()
-
-
-def subscription_backlog(cursor, last_confirmed, ledgers) -> int:
-    backlog = getattr(cursor, "backlog", None)
-    if backlog is not None:
-        return backlog(last_confirmed, ledgers)
-    md = cursor.mark_delete_position        # the in-memory stand-in: count by ledger list
-    total = 0
-    for info in ledgers:
-        if info.ledger_id > md.ledger_id:
-            total += info.entries
-        elif info.ledger_id == md.ledger_id:
-            total += max(0, info.entries - md.entry_id - 1)
-    return total
 
 
 def _is_persistent(topic) -> bool:

@@ -49,9 +49,13 @@ SEQUENCE_ID_MAX = INT64_MAX          # a producer's sequence ids, as the officia
 
 
 class ConsumerHandle(Protocol):
-    """What a subscription needs of a consumer (implemented by the connection)."""
+    """What a subscription and the admin stats need of a consumer (implemented by the
+    connection's ``_ConsumerRef``)."""
 
     consumer_id: int
+    consumer_name: str
+    address: str                  # the client's "/host:port"
+    connected_since_ms: int
 
     def send_message(self, position: Position, entry: bytes, redelivery_count: int,
                      ack_set: list[int] | None = None) -> None: ...
