@@ -34,13 +34,18 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Mapping, Sequence
+from typing import Awaitable, Callable, Mapping, Protocol, Sequence
 
-from broker.admin.policies import NotFoundError
+from broker.adapters import SubscriptionCursor
+from broker.admin.policies import NotFoundError, PolicyStore
+from broker.config import BrokerConfig
 from broker.cursor import CursorState, cursor_path, list_cursors
 from broker.dedup import DedupState, dedup_path
-from broker.managed_ledger import LedgerInfo, LedgerInfoState, Position
-from pulsarlite.errors import PulsarliteError
+from broker.managed_ledger import LedgerInfo, LedgerInfoState, ManagedLedger, Position
+from broker.offloader import BrokerOffloader
+from pulsarlite.errors import MetadataError, PulsarliteError
+from pulsarlite.metadata import MetadataStore
+from pulsarlite.topic_name import TopicName
 from pulsarlite.wire import pb
 from pulsarlite.wire.entry import peek_metadata
 
@@ -263,10 +268,56 @@ def eviction_target(ledgers: Sequence[LedgerInfo], verdict: QuotaVerdict, quotas
 
 
 # -- the shell ----------------------------------------------------------------------------------
+class RetainedSubscription(Protocol):
+    """What a pass needs of a live subscription (``broker.topic.Subscription``)."""
+
+    name: str
+    durable: bool
+    cursor: SubscriptionCursor
+    read_position: Position
+
+    def forget_payloads_through(self, position: Position) -> None: ...
+
+    def wake(self) -> None: ...
+
+
+class RetainedTopic(Protocol):
+    """What a pass needs of a loaded topic (``broker.topic.PersistentTopic``)."""
+
+    name: TopicName
+    key: str
+    ml: ManagedLedger
+    subscriptions: dict[str, RetainedSubscription]
+    quota_blocked: QuotaVerdict | None      # set by the passes; producers are refused while set
+
+    @property
+    def closing(self) -> bool: ...
+
+    @property
+    def producers(self) -> Mapping[str, object]: ...
+
+    def next_after(self, position: Position) -> Position: ...
+
+    async def read_entry(self, position: Position) -> tuple[bytes, int] | None: ...
+
+
+class RetentionHost(Protocol):
+    """What the shell needs of the broker (``broker.service.BrokerService``)."""
+
+    config: BrokerConfig
+    store: MetadataStore
+    policies: PolicyStore
+    offloader: BrokerOffloader | None       # None: no tier
+
+    def loaded_topics(self) -> Sequence[RetainedTopic]: ...
+
+    def loaded_topic(self, key: str) -> RetainedTopic | None: ...
+
+
 class RetentionService:
     """Runs the policy passes of a broker's loaded topics (see the module docstring)."""
 
-    def __init__(self, service, *, interval_ms: int, clock: Callable[[], int] | None = None) -> None:
+    def __init__(self, service: RetentionHost, *, interval_ms: int, clock: Callable[[], int] | None = None) -> None:
         if interval_ms <= 0:
             raise ValueError("interval_ms must be > 0")
         self.service = service
@@ -281,9 +332,9 @@ class RetentionService:
     # -- lifecycle -------------------------------------------------------------------------------
     def _default_limits(self) -> RetentionLimits:
         """The broker's retention for namespaces without a policy (BrokerConfig)."""
-        config = getattr(self.service, "config", None)
-        minutes = getattr(config, "retention_time_default_minutes", 0)
-        size_mb = getattr(config, "retention_size_default_mb", 0)
+        config = self.service.config
+        minutes = config.retention_time_default_minutes
+        size_mb = config.retention_size_default_mb
         return RetentionLimits(-1 if minutes < 0 else minutes * 60_000, -1 if size_mb < 0 else size_mb * MiB)
 
     def start(self) -> None:
@@ -299,13 +350,11 @@ class RetentionService:
                 pass
             self._task = None
 
-    def watch(self, topic) -> None:
+    def watch(self, topic: RetainedTopic) -> None:
         """A topic was loaded: a pass soon after each of its rollovers."""
-        listeners = getattr(topic.ml, "rollover_listeners", None)
-        if listeners is not None:
-            key = topic.key
-            listeners.append(lambda _ledger_id: self.request(key))
-        self.request(topic.key)
+        key = topic.key
+        topic.ml.rollover_listeners.append(lambda _ledger_id: self.request(key))
+        self.request(key)
 
     def request(self, key: str) -> None:
         self._due.add(key)
@@ -340,11 +389,11 @@ class RetentionService:
                     log.warning("retention pass failed topic=%s: %r", key, e)
             self.passes += 1
 
-    async def producer_refusal(self, topic) -> PulsarliteError | None:
+    async def producer_refusal(self, topic: RetainedTopic) -> PulsarliteError | None:
         """For a PRODUCER: None, or the error while the topic is over its backlog quota. A topic
         found over it by the last pass is checked again first (at most once per
         QUOTA_RECHECK_INTERVAL_S), so producers are let in as soon as the backlog shrank."""
-        if getattr(topic, "quota_blocked", None) is None:
+        if topic.quota_blocked is None:
             return None
         now = time.monotonic()
         if now - self._rechecked.get(topic.key, 0.0) >= QUOTA_RECHECK_INTERVAL_S:
@@ -360,7 +409,7 @@ class RetentionService:
         return producer_refusal(topic)
 
     # -- one topic -------------------------------------------------------------------------------
-    async def run_topic(self, topic) -> None:
+    async def run_topic(self, topic: RetainedTopic) -> None:
         namespace = f"{topic.name.tenant}/{topic.name.namespace_local_name}"
         try:
             policies = await self.service.policies.get_namespace_policies(namespace)
@@ -373,11 +422,11 @@ class RetentionService:
         await self._backlog_quota(topic, policies.backlog_quotas, now_ms, marks)
         dedup = policies.deduplication_enabled
         if dedup is None:
-            dedup = bool(getattr(getattr(self.service, "config", None), "broker_deduplication_enabled", False))
+            dedup = self.service.config.broker_deduplication_enabled
         await self._retention(topic, RetentionLimits.from_policy(policies.retention, self._default_limits()), now_ms, marks,
                               dedup_enabled=dedup)
 
-    async def _marks(self, topic) -> dict[str, Position]:
+    async def _marks(self, topic: RetainedTopic) -> dict[str, Position]:
         """Mark-delete positions of every durable subscription: live ones from their cursor,
         idle ones from their znode."""
         marks: dict[str, Position] = {}
@@ -398,7 +447,7 @@ class RetentionService:
                 marks[name] = Position(-1, -1)       # keeps everything: never delete on a doubt
         return marks
 
-    async def _retention_marks(self, topic, marks: dict[str, Position], dedup_enabled: bool) -> dict[str, Position]:
+    async def _retention_marks(self, topic: RetainedTopic, marks: dict[str, Position], dedup_enabled: bool) -> dict[str, Position]:
         """The subscriptions' marks plus, while deduplication is enabled, the dedup snapshot's
         position: the entries after it are replayed by the next owner to rebuild the producers'
         last sequence ids, so they stay (Pulsar keeps them with its dedup cursor). Not a
@@ -415,9 +464,8 @@ class RetentionService:
                 marks["\x00dedup"] = Position(-1, -1)
         return marks
 
-    async def _advance(self, topic, name: str, position: Position, why: str) -> bool:
+    async def _advance(self, topic: RetainedTopic, name: str, position: Position, why: str) -> bool:
         """Move subscription ``name``'s mark-delete forward to ``position`` (never back)."""
-        from pulsarlite.errors import MetadataError
         sub = topic.subscriptions.get(name)
         if sub is not None:
             if not sub.durable or sub.cursor.mark_delete_position >= position:
@@ -427,10 +475,7 @@ class RetentionService:
                 await result
             if sub.read_position <= position:
                 sub.read_position = topic.next_after(position)
-            drop = getattr(sub, "_payloads", None)
-            if isinstance(drop, dict):
-                for p in [p for p in drop if p <= position]:
-                    del drop[p]
+            sub.forget_payloads_through(position)
             sub.wake()
             log.info("%s: topic=%s subscription=%s mark-delete -> %s", why, topic.key, name, position)
             return True
@@ -453,7 +498,7 @@ class RetentionService:
         log.info("%s: topic=%s idle subscription=%s mark-delete -> %s", why, topic.key, name, position)
         return True
 
-    async def _expire(self, topic, ttl_ms: int, now_ms: int, marks: dict[str, Position]) -> None:
+    async def _expire(self, topic: RetainedTopic, ttl_ms: int, now_ms: int, marks: dict[str, Position]) -> None:
         ledgers = topic.ml.ledgers()
         through, partial = ttl_expired_through(ledgers, ttl_ms, now_ms)
         if partial is not None:
@@ -469,7 +514,7 @@ class RetentionService:
             if mark < through and await self._advance(topic, name, through, "message TTL"):
                 marks[name] = through
 
-    async def _backlog_quota(self, topic, quotas: Mapping[str, object], now_ms: int,
+    async def _backlog_quota(self, topic: RetainedTopic, quotas: Mapping[str, object], now_ms: int,
                              marks: dict[str, Position] | None = None) -> None:
         ledgers = topic.ml.ledgers()
         if marks is None:
@@ -482,7 +527,7 @@ class RetentionService:
                     if mark < target and await self._advance(topic, name, target, "backlog quota eviction"):
                         marks[name] = target
             verdict = QuotaVerdict(False)
-        was = getattr(topic, "quota_blocked", None)
+        was = topic.quota_blocked
         blocked = verdict if verdict.exceeded else None
         topic.quota_blocked = blocked
         if blocked is not None and was is None:
@@ -493,25 +538,23 @@ class RetentionService:
         elif blocked is None and was is not None:
             log.info("backlog quota back under the limit topic=%s", topic.key)
 
-    async def _retention(self, topic, limits: RetentionLimits, now_ms: int, marks: dict[str, Position], *,
+    async def _retention(self, topic: RetainedTopic, limits: RetentionLimits, now_ms: int, marks: dict[str, Position], *,
                          dedup_enabled: bool = False) -> None:
         ml = topic.ml
         marks = await self._retention_marks(topic, marks, dedup_enabled)
         ids = ledgers_to_delete(ml.ledgers(), slowest_position(marks), limits, now_ms)
         if not ids and not ml.trimmed_pending():
             return
-        deleter = None
-        offloader = getattr(self.service, "offloader", None)
-        if offloader is not None:
-            deleter = getattr(offloader, "delete_object", None)
+        offloader = self.service.offloader
+        deleter = offloader.delete_object if offloader is not None else None
         deleted = await ml.trim_ledgers(ids, delete_offloaded=deleter)
         if deleted:
             log.info("retention topic=%s deleted ledgers=%s", topic.key, deleted)
 
 
-def producer_refusal(topic) -> PulsarliteError | None:
+def producer_refusal(topic: RetainedTopic) -> PulsarliteError | None:
     """The error a new producer of ``topic`` gets while its backlog quota is exceeded."""
-    blocked = getattr(topic, "quota_blocked", None)
+    blocked = topic.quota_blocked
     if blocked is None:
         return None
     message = f"Cannot create producer on topic with backlog quota exceeded: {blocked.reason}"
@@ -521,7 +564,7 @@ def producer_refusal(topic) -> PulsarliteError | None:
 
 
 __all__ = ["ProducerBlockedQuotaExceededError", "ProducerBlockedQuotaExceededException", "QuotaVerdict",
-           "RetentionLimits", "RetentionService", "backlog_bytes_after", "check_backlog_quota",
+           "RetainedSubscription", "RetainedTopic", "RetentionHost", "RetentionLimits", "RetentionService", "backlog_bytes_after", "check_backlog_quota",
            "closed_time_ms", "consumed_by_all", "eviction_target", "ledgers_to_delete",
            "oldest_unacked_publish_ms", "producer_refusal", "search_last_expired", "slowest_position",
            "ttl_expired_through"]

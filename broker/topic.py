@@ -885,6 +885,11 @@ class Subscription:
     def wake(self) -> None:
         self._wake.set()
 
+    def forget_payloads_through(self, position: Position) -> None:
+        """Drop the read-ahead entries at or before ``position`` (acked up to it: never sent)."""
+        for p in [p for p in self._payloads if p <= position]:
+            del self._payloads[p]
+
     def add_consumer(self, consumer, *, priority: int = 0, name: str = "", hash_ranges=None) -> None:
         # ConsumerBusyError for a 2nd exclusive consumer, ConsumerAssignError for bad sticky ranges
         before = self.core.active_consumer()
@@ -945,8 +950,7 @@ class Subscription:
                 return        # part of a batch: the entry before it is acked by a later ack
             self.core.ack_cumulative(id(consumer), position)
             self._track(cursor.ack_cumulative(position))
-            for p in [p for p in self._payloads if p <= position]:
-                del self._payloads[p]
+            self.forget_payloads_through(position)
         elif partial:
             size = mid.batch_size if mid.HasField("batch_size") else None
             self._track(cursor.ack_set(position, list(mid.ack_set), size))   # a reader's: not tracked

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from broker.admin.policies import BacklogQuota, NamespacePolicies, NotFoundError, RetentionPolicy
+from broker.config import BrokerConfig
 from broker.cursor import CursorState, cursor_path
 from broker.managed_ledger import LedgerInfo, LedgerInfoState, Position, managed_ledger_path
 from broker.retention import RetentionService, producer_refusal
@@ -89,6 +90,9 @@ class FakeSub:
     def wake(self):
         self.woken += 1
 
+    def forget_payloads_through(self, position):
+        pass
+
 
 class FakeHandle:
     def __init__(self) -> None:
@@ -122,6 +126,8 @@ class FakeTopic:
 
 class FakeService:
     def __init__(self, policies) -> None:
+        # no retention unless a namespace sets one (the broker's default keeps everything: -1)
+        self.config = BrokerConfig(retention_time_default_minutes=0, retention_size_default_mb=0)
         self.store = FakeStore()
         self.policies = FakePolicies(policies)
         self.offloader = None
