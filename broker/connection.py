@@ -659,8 +659,7 @@ class ServerConnection(asyncio.Protocol):
 
     async def _on_partitioned_metadata(self, body) -> None:
         try:
-            count = getattr(self.service, "partitions_or_create", None) or self.service.partitions
-            n = await count(body.topic)         # may auto-create a partitioned topic
+            n = await self.service.partitions_or_create(body.topic)     # may auto-create a partitioned topic
         except Exception as e:
             self.write(c.partitioned_metadata_failed(body.request_id, server_error_of(e), str(e)))
             return
@@ -698,8 +697,7 @@ class ServerConnection(asyncio.Protocol):
         self._producer_loading[body.producer_id] = task
         try:
             topic = await self.service.get_topic(body.topic)
-            retention = getattr(self.service, "retention", None)
-            refusal = None if retention is None else await retention.producer_refusal(topic)
+            refusal = await self.service.retention.producer_refusal(topic)
             if refusal is not None:                  # backlog quota exceeded: hold or refuse
                 raise refusal
             schema_version = None

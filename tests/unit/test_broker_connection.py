@@ -147,7 +147,7 @@ class FakeService:
     async def lookup(self, topic, *, authoritative=False):
         return "pulsar://127.0.0.1:6650", True, True
 
-    async def partitions(self, topic):
+    async def partitions_or_create(self, topic):
         return 0
 
 
