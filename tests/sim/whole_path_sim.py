@@ -55,6 +55,7 @@ managed ledger's or the ledger's add methods.
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
 import contextlib
 import dataclasses
@@ -65,6 +66,7 @@ import inspect
 import logging
 import random
 import selectors
+import shlex
 import sys
 import time as _real_time
 import types
@@ -218,9 +220,11 @@ class WholePathConfig:
     metadata_delay_ms: tuple[float, float] = (0.2, 2.0)
     metadata_unknown_probability: float = 0.02
     metadata_timeout_ms: float = 50.0
-    # unknown outcomes also for the create of the managed ledger's list (off by default: a
-    # product defect, pinned by test_whole_path_sim.py's strict xfail; see the module's notes)
-    unknown_list_create: bool = False
+    # the first create of the managed ledger's list is applied but its answer is lost (the
+    # opener gets a connection-loss error). Outcomes of list creates are otherwise always
+    # known: an unknown one is a product defect (the opener deletes the ledger the list now
+    # names; no open succeeds again), pinned by a strict xfail in test_whole_path_sim.py
+    list_create_reply_lost: bool = False
     # a broker that learned it lost the topic sends no new entry to the bookies, not even adds
     # its managed ledger had queued before (off by default: a product defect, pinned by a strict
     # xfail); the default checks that its topic hands no new add to the managed ledger then
@@ -236,10 +240,18 @@ class WholePathConfig:
     suspend_ms: tuple[float, float] = (1.0, 100.0)
     stale_lookup_probability: float = 0.2      # a producer connects to a zombie that still has the topic
     heal_ms_max: float = 120_000.0
+    report_known_defects: bool = False
 
 
-class SimViolation(Exception):
-    pass
+# Product defects this simulation found, pinned by strict xfails in test_whole_path_sim.py: a
+# violation matching one of them is listed under ``WholePathResult.known`` instead of
+# ``violations`` (so the sweep stays meaningful for everything else) unless
+# ``WholePathConfig.report_known_defects``. Each entry: (name, text the violation contains).
+KNOWN_DEFECTS: tuple[tuple[str, str], ...] = (
+    # LedgerWriter._write_metadata: a version conflict, then the re-read finds the ledger deleted
+    # (the new owner recovered it empty and deleted it): the task dies, close() never returns
+    ("writer-metadata-task-dies", "Task exception was never retrieved: MetadataNotFoundError('ledger"),
+)
 
 
 class _Trace(list):
@@ -359,9 +371,12 @@ class SimSession:
         if broken is not None:
             await asyncio.sleep(c.metadata_timeout_ms / 1000)
             raise MetadataError(f"{what} {path}: {broken}")
-        unknown_allowed = c.unknown_list_create or not (what == "create" and path.startswith("/managed-ledgers/"))
-        if mutating and w.faults_on and unknown_allowed and self.rng.random() < c.metadata_unknown_probability:
-            fate = self.rng.choice(["request lost", "reply lost"])
+        list_create = what == "create" and path.startswith("/managed-ledgers/")
+        forced = list_create and c.list_create_reply_lost and not w.list_create_lost
+        if forced or (mutating and w.faults_on and not list_create
+                      and self.rng.random() < c.metadata_unknown_probability):
+            fate = "reply lost" if forced else self.rng.choice(["request lost", "reply lost"])
+            w.list_create_lost |= forced
             if fate == "reply lost":
                 try:
                     result = apply()
@@ -376,6 +391,13 @@ class SimSession:
             result = apply()
         finally:
             await asyncio.sleep(self.rng.uniform(*c.metadata_delay_ms) / 1000)
+        if mutating and path.startswith("/managed-ledgers/"):
+            w.log(f"zk {self.name} {what} {path} -> {result!r}")
+            owner = self.owner
+            if c.strict_stop_check and owner is not None and owner.lost_at is not None:
+                w.violation(f"{owner.name} writes the managed ledger's list ({what} {path}) at "
+                            f"{w.loop.now * 1000:.3f} ms, after it learned it lost the topic "
+                            f"(at {owner.lost_at * 1000:.3f} ms)")
         return result
 
     async def get(self, path: str) -> tuple[bytes, int]:
@@ -661,7 +683,7 @@ class SimBroker:
 
     # loading --------------------------------------------------------------------------------------
     def ensure_loaded(self) -> None:
-        if (self.dead or not self.trusts or self.suspended or self.stopped or self.topic is not None
+        if (self.dead or not self.trusts or self.suspended or self.lost_at is not None or self.topic is not None
                 or self.loading is not None):
             return
         self.loading = self.world.spawn(self._load(), f"{self.name} load")
@@ -684,11 +706,12 @@ class SimBroker:
                 w.log(f"{self.name} dedup load failed: {e!r}")
                 await topic.close()
                 return
-            if self.dead or not self.trusts or self.stopped:
+            if self.dead or not self.trusts or self.lost_at is not None:
                 w.log(f"{self.name} loaded the topic but no longer owns it: closing")
                 await topic.close()
                 return
             self.topic = topic
+            self.fenced_at = None     # a new managed ledger, which fenced the others: it may write
             w.log(f"{self.name} topic loaded: ledgers {[i.ledger_id for i in ml.ledgers()]}, "
                   f"dedup {'on' if topic.dedup is not None else 'off'}")
         finally:
@@ -868,6 +891,7 @@ class WholePathResult:
     violations: list[str]
     trace: list[str]
     stats: dict[str, int] = field(default_factory=dict)
+    known: list[str] = field(default_factory=list)      # violations of KNOWN_DEFECTS
 
     @property
     def ok(self) -> bool:
@@ -884,6 +908,8 @@ class WholePathSimulation:
         self.loop = SimLoop()
         self.trace: list[str] = _Trace(self.loop)
         self.violations: list[str] = []
+        self.known: list[str] = []
+        self.list_create_lost = False
         self.stats: dict[str, int] = {}
         self.rng = random.Random(f"{seed}/driver")
         self.fault_rng = random.Random(f"{seed}/faults")
@@ -918,8 +944,14 @@ class WholePathSimulation:
         self.stats[stat] = self.stats.get(stat, 0) + n
 
     def violation(self, text: str) -> None:
-        if text in self.violations:
+        if text in self.violations or text in self.known:
             return
+        if not self.config.report_known_defects:
+            for name, signature in KNOWN_DEFECTS:
+                if signature in text:
+                    self.log(f"KNOWN DEFECT {name}: {text}")
+                    self.known.append(text)
+                    return
         self.log(f"VIOLATION {text}")
         self.violations.append(text)
 
@@ -948,6 +980,9 @@ class WholePathSimulation:
         if isinstance(error, PulsarliteError) and error.retriable:
             self.log(f"loop: {message}: {error!r}")     # a retriable failure nobody waited for
             return
+        if error is not None:
+            import traceback
+            self.log("".join(traceback.format_exception(error)).rstrip())
         self.violation(f"unhandled in the event loop: {message}: {error!r}")
 
     def writable_bookies(self) -> list[str]:
@@ -1134,7 +1169,8 @@ class WholePathSimulation:
             asyncio.set_event_loop(None)
             loop.close()
         self.stats["acked"] = sum(len(c.acked) for c in self.clients)
-        return WholePathResult(self.seed, self.violations, list(self.trace), dict(sorted(self.stats.items())))
+        return WholePathResult(self.seed, self.violations, list(self.trace), dict(sorted(self.stats.items())),
+                               self.known)
 
     def _shutdown(self) -> None:
         loop = self.loop
@@ -1222,6 +1258,9 @@ class WholePathSimulation:
             if all(not cl.pending and not cl.container for cl in self.clients) and self.owner.topic is not None:
                 return
             await asyncio.sleep(0.02)
+        if self.owner is None or self.owner.topic is None:
+            self.violation(f"liveness: the topic is not loaded {self.config.heal_ms_max / 1000:.0f} s after "
+                           f"the faults healed")
         for client in self.clients:
             if client.pending:
                 self.violation(f"liveness: {client.name}: {len(client.pending)} sends unanswered "
@@ -1338,15 +1377,24 @@ def run_seed(seed: int, config: WholePathConfig | None = None, **overrides: Any)
             lg.setLevel(level)
 
 
-def replay_command(seed: int) -> str:
-    return f".venv/bin/python -m tests.sim.whole_path_sim --seed {seed} --trace"
+def replay_command(seed: int, config: WholePathConfig | None = None) -> str:
+    flags = ""
+    if config is not None:
+        default = WholePathConfig()
+        for name in WholePathConfig.__dataclass_fields__:
+            value = getattr(config, name)
+            if value != getattr(default, name):
+                flags += f" --set {shlex.quote(f'{name}={value!r}')}"
+    return f".venv/bin/python -m tests.sim.whole_path_sim --seed {seed}{flags} --trace"
 
 
 def check_seed(seed: int, config: WholePathConfig | None = None, **overrides: Any) -> WholePathResult:
-    result = run_seed(seed, config, **overrides)
+    """run_seed, raising SimulationViolation (naming the seed and its replay command)."""
+    config = dataclasses.replace(config or WholePathConfig(), **overrides)
+    result = run_seed(seed, config)
     if not result.ok:
         raise SimulationViolation(f"seed {seed}: {'; '.join(result.violations[:10])}\n"
-                                  f"replay: {replay_command(seed)}")
+                                  f"replay: {replay_command(seed, config)}")
     return result
 
 
@@ -1354,9 +1402,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.sim.whole_path_sim", description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int)
     p.add_argument("--seeds", default="0-99", help="a range A-B (inclusive)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="change a WholePathConfig field (a Python literal), e.g. strict_stop_check=True")
     p.add_argument("--trace", action="store_true", help="print each seed's trace")
     p.add_argument("--stats", action="store_true", help="print each seed's counters")
     args = p.parse_args(argv)
+    overrides = {}
+    for item in args.set:
+        name, _, value = item.partition("=")
+        if name not in WholePathConfig.__dataclass_fields__:
+            p.error(f"no WholePathConfig field {name!r}")
+        overrides[name] = ast.literal_eval(value)
+    config = dataclasses.replace(WholePathConfig(), **overrides)
     if args.seed is not None:
         seeds = [args.seed]
     else:
@@ -1365,7 +1422,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     start = _real_time.monotonic()
     for done, seed in enumerate(seeds, 1):
-        result = run_seed(seed)
+        result = run_seed(seed, config)
         if args.trace:
             print("\n".join(result.trace))
         if args.stats or args.seed is not None:
@@ -1373,9 +1430,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"trace={result.trace_digest()[:12]}")
         if not result.ok:
             failed += 1
-            print(f"seed {seed}: FAILED: {'; '.join(result.violations[:10])}  replay: {replay_command(seed)}",
-                  flush=True)
-        if done % 100 == 0:
+            print(f"seed {seed}: FAILED: {'; '.join(result.violations[:10])}  replay: "
+                  f"{replay_command(seed, config)}", flush=True)
+        if done % 500 == 0:
             print(f"progress: {done}/{len(seeds)} seeds, {failed} failed, "
                   f"{_real_time.monotonic() - start:.1f} s", flush=True)
     print(f"{len(seeds) - failed} passed, {failed} failed in {_real_time.monotonic() - start:.1f} s")
