@@ -1,4 +1,4 @@
-.PHONY: setup test run standalone chaos chaos-quick sim fuzz compose-check proto proto-check bench
+.PHONY: setup test run standalone chaos chaos-quick sim sim-whole fuzz compose-check proto proto-check bench
 setup:
 	bash scripts/setup.sh
 test:
@@ -14,6 +14,10 @@ chaos:
 # the publish path's simulation beyond the suite's 10,000 seeds (SIM_SEEDS, default 0-99999; ~15 min)
 sim:
 	.venv/bin/python -m tests.sim.publish_sim --seeds $${SIM_SEEDS:-0-99999}
+# the whole publish path's simulation (topic, managed ledger, ledger client over simulated bookies,
+# network and ZooKeeper) beyond the suite's ~55 s: make sim-whole SEEDS=0-9999 (~5 min)
+sim-whole:
+	.venv/bin/python -m tests.sim.whole_path_sim --seeds $(or $(SEEDS),0-9999)
 # the fuzz suite: malformed input to the broker port, the admin API and the bookie port with a
 # canary producer (tests/fuzz; not yet in the README's test command); longer: PULSARLITE_FUZZ_SECONDS=600
 fuzz:
