@@ -41,6 +41,7 @@ async def run_broker(config: BrokerConfig, *, stop_event: asyncio.Event | None =
     from bookie.client.ledger_client import LedgerClient
     from broker.adapters import make_ownership
     from broker.admin.http import make_admin_app
+    from broker.admin.serving import make_admin_runner
     from broker.admin_backend import BrokerAdminBackend
     from broker.server import BrokerServer
     from broker.service import BrokerService
@@ -66,8 +67,7 @@ async def run_broker(config: BrokerConfig, *, stop_event: asyncio.Event | None =
                                                broker_service_url=config.service_url)
         server = BrokerServer(service)
         await server.start(config.host, config.port)
-        runner = web.AppRunner(make_admin_app(BrokerAdminBackend(service)), access_log=None,
-                               handle_signals=False)
+        runner = make_admin_runner(make_admin_app(BrokerAdminBackend(service)))
         await runner.setup()
         site = web.TCPSite(runner, config.host, config.http_port, reuse_address=True)
         try:

@@ -25,6 +25,7 @@ from typing import Any, Awaitable, Callable, Literal, Protocol, TypedDict, Union
 from aiohttp import web
 
 from broker.admin.metrics import BrokerMetrics
+from broker.admin.serving import release_request_body
 from broker.admin.policies import (BACKLOG_QUOTA_TYPES, PARTITIONS_MAX, AdminError, AutoTopicCreation, BacklogQuota,
                                    BadRequestError, ClusterData, NamespacePolicies, PolicyStore,
                                    PreconditionFailedError, RetentionPolicy, RolloverPolicy, TenantInfo,
@@ -338,6 +339,13 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await _answer(request, handler)
+    finally:
+        release_request_body(request)    # a body cut off: no cyclic garbage holding it (serving.py)
+
+
+async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except AdminError as e:
