@@ -171,6 +171,20 @@ def test_without_fencing_in_recovery_the_old_owner_keeps_acknowledging(monkeypat
     print(f"found at seed {seed}: {result.violations[0]}")
 
 
+def test_without_the_ownership_guard_a_broker_that_lost_the_topic_keeps_storing(monkeypatch):
+    """The publish core checks, before every add, that the broker still owns the topic (the
+    write guard given with each event): without it a zombie's topic hands new adds to its
+    managed ledger after it learned it lost the topic."""
+    event = PublishCore._event
+
+    def event_always_owned(self, owned, ml_state):
+        event(self, True, ml_state)
+    monkeypatch.setattr(PublishCore, "_event", event_always_owned)
+    seed, result = _first_violation("after it learned it lost the topic")
+    assert seed is not None, f"no violation in {DEFECT_SEED_BUDGET} seeds without the ownership guard"
+    print(f"found at seed {seed}: {result.violations[0]}")
+
+
 def test_a_failing_seed_is_reported_with_its_replay_command(monkeypatch):
     monkeypatch.setattr(broker.publish_core, "_first_copy_of", lambda inflight, op, by_content: False)
     seed, _ = _first_violation("stored twice")
