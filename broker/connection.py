@@ -200,8 +200,7 @@ class _ConsumerRef:
 
     @property
     def address(self) -> str:
-        peer = self.connection.peer
-        return f"/{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
+        return self.connection.address
 
     def send_message(self, position: Position, entry: bytes, redelivery_count: int,
                      ack_set: list[int] | None = None) -> None:
@@ -321,6 +320,12 @@ class ServerConnection(asyncio.Protocol):
         self._out: list = []
         self._flush_scheduled = False
         self._receiving = False
+
+    @property
+    def address(self) -> str:
+        """The client's address as Pulsar's stats show it (``/host:port``; "" before connection_made)."""
+        peer = self.peer
+        return f"/{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
 
     # -- transport events ------------------------------------------------------------------------
     def connection_made(self, transport) -> None:

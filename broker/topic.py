@@ -79,6 +79,18 @@ class ProducerHandle(Protocol):
     def close_by_broker(self) -> None: ...
 
 
+class ProducerConnection(Protocol):
+    """What a topic needs of a producer's connection (``broker.connection.ServerConnection``):
+    its address for stats, and back-pressure from the publish buffer."""
+
+    @property
+    def address(self) -> str: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+
 # -- entry cache ---------------------------------------------------------------------------------
 class EntryCache:
     """Recent confirmed entries of every topic of the broker, bounded in bytes (oldest out).
@@ -252,7 +264,7 @@ class PersistentTopic:
         return self.service.config
 
     # -- producers -------------------------------------------------------------------------------
-    def add_producer(self, handle, name: str, connection, *,
+    def add_producer(self, handle: ProducerHandle, name: str, connection: ProducerConnection | None, *,
                      access_mode: AccessMode = AccessMode.SHARED) -> Producer:
         """ProducerBusyError if the name is taken or the access mode conflicts (an exclusive
         producer exists, or Exclusive while others exist); ExclusiveWithFencing closes the others
@@ -280,7 +292,8 @@ class PersistentTopic:
             raise ProducerFencedError(f"topic {self.key} has {len(self.producers)} producer(s): "
                                       f"{access_mode.name} access refused")
         producer = Producer(handle, name, connection, producer_id=handle.producer_id,
-                            address=_address_of(connection), connected_since_ms=int(time.time() * 1000),
+                            address=connection.address if connection is not None else "",
+                            connected_since_ms=int(time.time() * 1000),
                             access_mode=access_mode)
         self.core.producer_added(producer)
         if exclusive:
@@ -798,13 +811,6 @@ def _slot_of(data: bytes) -> int:
     if raw.partition_key:
         return sticky_key_hash(raw.partition_key)
     return sticky_key_hash(None)
-
-
-def _address_of(connection) -> str:
-    peer = getattr(connection, "peer", None)
-    if isinstance(peer, tuple) and len(peer) >= 2:
-        return f"/{peer[0]}:{peer[1]}"
-    return "" if peer is None else str(peer)
 
 
 # -- subscriptions -------------------------------------------------------------------------------
