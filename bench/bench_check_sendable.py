@@ -55,6 +55,8 @@ def cases() -> dict[str, bytes]:
         "single 100 B, 2 properties": build_entry(Message(b"x" * 100, properties={"a": "1", "b": "2"}),
                                                   sequence_id=12_345, **HEADER),
         "batch 100 x 100 B": build_batch_entry(payloads, sequence_id=12_345, sequence_ids=seqs, **HEADER),
+        "batch 100 x 90-109 B": build_batch_entry([b"v" * (90 + i % 20) for i in range(100)], sequence_id=12_345,
+                                                  sequence_ids=seqs, **HEADER),
         "batch 100 x 100 B, keys+props": build_batch_entry(keyed, sequence_id=12_345, sequence_ids=seqs, **HEADER),
         "batch 1000 x 10 B": build_batch_entry([b"0123456789"] * 1000, sequence_id=12_345,
                                                sequence_ids=list(range(12_345, 13_345)), **HEADER),

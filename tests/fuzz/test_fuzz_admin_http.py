@@ -44,7 +44,7 @@ TARGET = "admin"
 ANSWER_TIMEOUT_S = 10.0
 BODY_BYTES_MAX = 1024 * 1024        # broker/admin/http.py BODY_BYTES_MAX
 
-# Known defects (reported; each pinned by a deterministic xfail test at the end of this module):
+# Defects found here, fixed (tests/fuzz/NOTES.md; each pinned by a deterministic test at the end of this module):
 # - aiohttp-error-log: every malformed HTTP request (a bad header, a duplicate Content-Length, a
 #   bad Content-Encoding...) is logged by aiohttp.server at ERROR with a full traceback and
 #   excerpts of the request, at no bounded rate (broker/main.py runs the admin app with aiohttp's
@@ -433,15 +433,14 @@ class TestAdminHttpFuzz(FuzzChecks):
     known_tracebacks = KNOWN_TRACEBACKS
 
 
-# -- known defects, each pinned by a deterministic test (run after the fuzzing, same cluster) ------
+# -- defects found by the fuzzing (fixed), each pinned by a deterministic test (same cluster) ------
 def _http(port: int, request: bytes) -> Answer:
     with Sockets() as sockets:
         return exchange(sockets, port, request, ANSWER_TIMEOUT_S)
 
 
-@pytest.mark.xfail(strict=True, reason="known defect aiohttp-error-log: every malformed HTTP request to the admin "
-                   "port is logged at ERROR with a traceback (aiohttp.server), at no bounded rate")
-def test_known_defect_malformed_http_is_logged_as_an_error_with_a_traceback(cluster) -> None:
+def test_malformed_http_is_logged_without_a_traceback(cluster) -> None:
+    """aiohttp-error-log (fixed: broker/admin/serving.py)."""
     name = cluster.broker_names[0]
     port = cluster.records[name].ports["http"]
     scan = LogScan(cluster, [name])
@@ -458,10 +457,8 @@ def test_known_defect_malformed_http_is_logged_as_an_error_with_a_traceback(clus
     assert not records, f"{len(records)} log records with a traceback for 3 malformed requests, first:\n{records[0]}"
 
 
-@pytest.mark.xfail(strict=True, reason="known defect aborted-body-memory: admin requests cut off while sending their "
-                   "body keep it (up to 1 MiB each) in reference cycles until a full GC: broker RSS grows ~1 MiB "
-                   "per aborted request")
-def test_known_defect_aborted_admin_requests_hold_their_bodies(cluster) -> None:
+def test_aborted_admin_requests_do_not_hold_their_bodies(cluster) -> None:
+    """aborted-body-memory (fixed: broker/admin/serving.py release_request_body)."""
     record = cluster.records[cluster.broker_names[0]]
     port = record.ports["http"]
     body = b"[" + b"0," * (BODY_BYTES_MAX // 2 - 2) + b"0]"

@@ -57,7 +57,7 @@ READ_BACK_TOPICS_MAX = 12
 READ_BACK_PARALLEL = 6
 READ_BACK_S = 10.0            # per topic: a reader stuck behind a poison entry waits this long
 
-# Known defect (reported; the two test_known_defect_poison_entry_* tests pin it): on a SEND the
+# Defect poison-entry (fixed: check_sendable, tests/fuzz/NOTES.md; the two test_poison_entry_* tests pin it): on a SEND the
 # broker checks only the MessageMetadata's three top-level required fields and a batch's declared
 # count (pulsarlite/wire/entry.py _parse_metadata, check_sendable), and stores entries the official
 # C++ client cannot read: a required field missing inside the metadata (e.g. a property without
@@ -960,7 +960,7 @@ class TestBrokerPortFuzz(FuzzChecks):
     pass
 
 
-# -- known defects, each pinned by a deterministic test (run after the fuzzing, same cluster) ------
+# -- defects found by the fuzzing (fixed), each pinned by a deterministic test (same cluster) ------
 def test_sends_with_sequence_ids_above_int64_max_are_answered(cluster) -> None:
     """The fuzz suite's first finding (fixed in 99cbf41): with deduplication on, a SEND with a
     sequence id >= 2**63 was stored but never answered (struct.error in broker/dedup.py), and the
@@ -1017,10 +1017,8 @@ def _position(answer) -> tuple[int, int]:
     return mid.ledgerId, mid.entryId
 
 
-@pytest.mark.xfail(strict=True, reason="known defect poison-entry: the broker stores a batch whose inner framing is "
-                   "inconsistent (payload_size beyond the batch); the official C++ reader then hands out bytes of its "
-                   "own heap (or crashes)")
-def test_known_defect_poison_entry_inconsistent_batch(cluster, fuzz_dir) -> None:
+def test_poison_entry_inconsistent_batch_is_refused(cluster, fuzz_dir) -> None:
+    """poison-entry (fixed): a batch whose payload_size passes its end is refused at the SEND."""
     topic = "persistent://public/default/fz-known-poison-batch"
     single = pb.SingleMessageMetadata(payload_size=1000).SerializeToString()    # 1000 bytes announced, 5 follow
     payload = struct.pack(">I", len(single)) + single + b"hello"
@@ -1029,6 +1027,7 @@ def test_known_defect_poison_entry_inconsistent_batch(cluster, fuzz_dir) -> None
     entry = struct.pack(">I", len(meta)) + meta + payload
     assert is_poison(entry)
     (got,) = _store_raw_entries(cluster, topic, [entry], "poison-entry batch probe")
+    assert got.type == T.SEND_ERROR, f"stored: {got.command}"
     if got.type != T.SEND_RECEIPT:
         return      # refused: nothing stored that a reader could trip on
     outcome, report, stderr = read_back(cluster.service_url, topic, {_position(got): len(entry)}, 20,
@@ -1038,10 +1037,8 @@ def test_known_defect_poison_entry_inconsistent_batch(cluster, fuzz_dir) -> None
                                     f"(ledger, entry, message bytes, entry bytes): {report['oversize']}")
 
 
-@pytest.mark.xfail(strict=True, reason="known defect poison-entry: the broker stores an entry whose metadata lacks a "
-                   "nested required field (a property without its value); every official reader of the topic then "
-                   "reconnects forever on it and never gets the next message")
-def test_known_defect_poison_entry_metadata_missing_a_required_field(cluster, fuzz_dir) -> None:
+def test_poison_entry_metadata_missing_a_required_field_is_refused(cluster, fuzz_dir) -> None:
+    """poison-entry (fixed): a property without its value is refused at the SEND; the next one is stored."""
     topic = "persistent://public/default/fz-known-poison-metadata"
     meta = pb.MessageMetadata(producer_name="probe", sequence_id=0, publish_time=int(time.time() * 1000))
     meta.properties.add(key="k")                 # KeyValue.value is required
@@ -1052,6 +1049,7 @@ def test_known_defect_poison_entry_metadata_missing_a_required_field(cluster, fu
                         publish_time_ms=int(time.time() * 1000))
     got, got_after = _store_raw_entries(cluster, topic, [entry, after], "poison-entry metadata probe")
     assert got_after.type == T.SEND_RECEIPT, f"the valid entry after it was not stored: {got_after.command}"
+    assert got.type == T.SEND_ERROR, f"stored: {got.command}"
     sizes = {_position(got_after): len(after)}
     if got.type == T.SEND_RECEIPT:
         sizes[_position(got)] = len(entry)
