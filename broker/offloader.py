@@ -53,10 +53,10 @@ import uuid
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Protocol, Sequence
 
-from broker.managed_ledger import (LedgerInfo, LedgerInfoState, ManagedLedgerClosedError, ManagedLedgerFencedError,
-                                   OffloadInfo, OffloadState, Position)
+from broker.managed_ledger import (LedgerInfo, LedgerInfoState, ManagedLedger, ManagedLedgerClosedError,
+                                   ManagedLedgerFencedError, OffloadInfo, OffloadState, Position)
 from broker.schemas import SchemaRegistry
 from offload.core import (BookiesDeleted, CasConflict, DeleteFromBookies, DeleteObject, Done, LedgerOffload,
                           LedgerView, ListedObject, ObjectDeleted, ObjectStats, ObjectVerified, ObjectWritten,
@@ -64,6 +64,7 @@ from offload.core import (BookiesDeleted, CasConflict, DeleteFromBookies, Delete
                           VerifyObject, WriteObject, orphan_objects, plan_offload)
 from offload.core import OffloadState as CoreState
 from pulsarlite.errors import InvariantViolation, MetadataNotFoundError, PulsarliteError, check
+from pulsarlite.topic_name import TopicName
 
 log = logging.getLogger("pulsarlite.broker.offload")
 
@@ -480,6 +481,26 @@ class TierReadCache:
 
 
 # -- per topic -----------------------------------------------------------------------------------
+class OffloadHost(Protocol):
+    """What a topic's offloader needs of the broker (``broker.service.BrokerService``)."""
+
+    schemas: SchemaRegistry
+
+    def unload_topic(self, key: str) -> Awaitable[object]: ...
+
+
+class OffloadedTopic(Protocol):
+    """What an offloader needs of its topic (``broker.topic.PersistentTopic``)."""
+
+    name: TopicName
+    key: str
+    ml: ManagedLedger
+    service: OffloadHost
+
+    @property
+    def closing(self) -> bool: ...
+
+
 @dataclass
 class _Demand:
     ledgers: tuple[int, ...]
@@ -501,7 +522,7 @@ class TopicOffloader:
 
     ORPHAN_SWEEP_EVERY_PASSES = 10
 
-    def __init__(self, broker: "BrokerOffloader", topic) -> None:
+    def __init__(self, broker: "BrokerOffloader", topic: OffloadedTopic) -> None:
         self.broker = broker
         self.topic = topic
         self.ml = topic.ml
@@ -559,9 +580,8 @@ class TopicOffloader:
             except ManagedLedgerFencedError as e:
                 log.warning("offload topic=%s stops: another owner took the topic: %s", self.ml_name, e)
                 self._fail_demand(str(e))
-                service = getattr(self.topic, "service", None)
-                if service is not None and not self.topic.closing:
-                    task = asyncio.ensure_future(service.unload_topic(self.topic.key))
+                if not self.topic.closing:
+                    task = asyncio.ensure_future(self.topic.service.unload_topic(self.topic.key))
                     task.add_done_callback(lambda t: t.cancelled() or t.exception())
                 return
             except ManagedLedgerClosedError as e:
@@ -738,15 +758,9 @@ class TopicOffloader:
         """The topic's live schema versions when every one is AVRO or JSON (typed columns), else
         None; read before the ledger's entries, so every row of this closed ledger was written
         under one of them. A registry that cannot be read fails the step (retried)."""
-        if not getattr(self.broker.config, "offload_typed_columns", True):
+        if not self.broker.config.offload_typed_columns:
             return None
-        service = getattr(self.topic, "service", None)
-        registry = getattr(service, "schemas", None)
-        if registry is None:
-            if self.broker.store is None:
-                return None
-            registry = SchemaRegistry(self.broker.store)
-        stored = await registry.all_versions(self.topic.name)
+        stored = await self.topic.service.schemas.all_versions(self.topic.name)
         if not stored or any(s.definition.type not in ("AVRO", "JSON") for s in stored):
             return None
         try:
@@ -857,7 +871,7 @@ class BrokerOffloader:
         return policy
 
     # -- topics --------------------------------------------------------------------------------
-    def attach(self, topic) -> TopicOffloader:
+    def attach(self, topic: OffloadedTopic) -> TopicOffloader:
         """A topic was loaded here: tier reads and the offload worker (which resumes what a
         previous owner left half done)."""
         ml = topic.ml
