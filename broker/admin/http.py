@@ -31,6 +31,7 @@ from broker.admin.policies import (BACKLOG_QUOTA_TYPES, PARTITIONS_MAX, AdminErr
                                    PreconditionFailedError, RetentionPolicy, RolloverPolicy, TenantInfo,
                                    check_name)
 from broker.schema_compat import CompatibilityStrategy
+from broker.schemas import SchemaRegistry
 from pulsarlite.errors import PulsarliteError
 from pulsarlite.topic_name import (PARTITION_SUFFIX, InvalidTopicNameError, TopicDomain, TopicName,
                                    subscription_name_problem)
@@ -147,6 +148,11 @@ class AdminBackend(Protocol):
 
     policies: PolicyStore
     metrics: BrokerMetrics
+    schemas: SchemaRegistry | None           # None: no schema routes
+
+    async def admin_redirect_url(self, topic: str) -> str | None:
+        """The admin base URL (``http://host:port``) of another broker that owns ``topic``: the
+        call is redirected there (307); None: served here."""
 
     async def list_topics(self, namespace: str) -> list[str]:
         """Every persistent topic of the namespace, partitions included (full names)."""
@@ -582,10 +588,9 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
         """Like Pulsar's topic-ownership check: a call about a topic another broker owns is
         answered 307 with that broker's admin URL (``authoritative=true`` added, so the owner
         serves it rather than redirecting again)."""
-        find = getattr(backend, "admin_redirect_url", None)
-        if find is None or _bool_query(request, "authoritative"):
+        if _bool_query(request, "authoritative"):
             return
-        url = await find(_topic(request))
+        url = await backend.admin_redirect_url(_topic(request))
         if url is not None:
             raise web.HTTPTemporaryRedirect(url + str(request.rel_url.update_query(authoritative="true")))
 
@@ -738,7 +743,7 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
 
     r.add_get("/metrics", metrics)
     # -- schemas (routes in schemas_http.py) -------------------------------------------------
-    if getattr(backend, "schemas", None) is not None:
+    if backend.schemas is not None:
         from broker.admin.schemas_http import add_schema_routes
         add_schema_routes(app, lambda: backend.schemas, topic_of=_topic, json_body=_json_body,
                           json_response=_json)

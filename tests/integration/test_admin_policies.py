@@ -24,6 +24,10 @@ class PolicyBackend:
     def __init__(self, policies: PolicyStore) -> None:
         self.policies = policies
         self.metrics = BrokerMetrics(MetricsConfig(process_metrics=False))
+        self.schemas = None
+
+    async def admin_redirect_url(self, topic: str) -> str | None:
+        return None
 
 
 @pytest.fixture

@@ -23,10 +23,14 @@ class DictBackend:
     def __init__(self) -> None:
         self.policies = None  # policy routes are tested against ZooKeeper
         self.metrics = BrokerMetrics(MetricsConfig(process_metrics=False))
+        self.schemas = None   # no schema routes (tested against a broker)
         self.topics: dict[str, dict] = {}
         self.partitioned: dict[str, int] = {}
         self.calls: list[tuple] = []
         self.producers: dict[str, int] = {}
+
+    async def admin_redirect_url(self, topic: str) -> str | None:
+        return None
 
     def _get(self, topic: str) -> dict:
         if topic not in self.topics:
