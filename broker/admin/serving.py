@@ -47,7 +47,7 @@ class AdminServerLog:
         if cause is None:
             cause = self.refused[kind] = CountedCause()
         if cause.due():
-            reason = getattr(exc, "message", None) or str(exc)
+            reason = (exc.message if isinstance(exc, HttpProcessingError) else None) or str(exc)
             if not isinstance(reason, str):
                 reason = repr(reason)
             log.warning("admin http: malformed request refused (%s: %r; %d of this kind so far)",
