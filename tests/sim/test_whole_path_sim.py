@@ -6,8 +6,9 @@ reordered and duplicated messages, metadata writes with unknown outcomes.
 
 Budget: WHOLE_PATH_SEEDS seeds (default 10,000) AND WHOLE_PATH_BUDGET_S seconds (default 45),
 whichever ends first (PULSARLITE_WHOLE_PATH_SEEDS / PULSARLITE_WHOLE_PATH_BUDGET_S); a seed
-takes ~30-70 ms on this shared 2-core machine, so the budget ends it (~650-1,300 seeds; the module with its other tests ~60 s). `make
-sim-whole` runs longer sweeps. A failing seed is reported with the command that replays it.
+takes ~30-70 ms on this shared 2-core machine, so the budget ends it (~650-1,300 seeds; the
+module with its other tests ~60 s). `make sim-whole SEEDS=A-B` runs longer sweeps. A failing
+seed is reported with the command that replays it.
 
 Planted defects: each test switches one protection off and the simulation must find a
 violation within DEFECT_SEED_BUDGET seeds. Product defects the simulation found are pinned as
