@@ -38,12 +38,15 @@ ledger list and the ledgers after the last owner closed the topic):
 - per producer, first occurrences in send order;
 - a receipt's position holds the message it acknowledges (no receipt for a position that is
   not confirmed);
-- a broker that learned it lost the topic, or whose managed ledger was fenced, sends no new
-  entry to any bookie from then on;
+- a broker that learned it lost the topic hands no new add to its managed ledger from then on
+  (seen through :class:`_WatchedLedger`), and one whose topic learned its managed ledger was
+  fenced sends no new entry to any bookie; with ``strict_stop_check`` (a known product defect,
+  pinned) one that learned it lost the topic sends no new entry and writes no list either;
 - every entry of every ledger of the final list is durable on ack_quorum bookies of its write
   set (DESIGN.md §4, 1), and the list's entry counts match the closed ledgers;
-- no unexpected exception in the product's tasks and callbacks; every send answered after the
-  faults heal (liveness, bounded).
+- no unexpected exception in the product's tasks and callbacks (those of KNOWN_DEFECTS are
+  listed apart); the topic loads and every send is answered after the faults heal (liveness,
+  bounded).
 
     .venv/bin/python -m tests.sim.whole_path_sim --seeds 0-99          # a range of seeds
     .venv/bin/python -m tests.sim.whole_path_sim --seed 17 --trace     # replay one, with its trace
