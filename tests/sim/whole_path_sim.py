@@ -81,7 +81,7 @@ from bookie._proto import bookie_rpc_pb2 as pb
 from bookie.client.ledger_client import LedgerClient
 from bookie.client.metadata import LedgerState
 from broker.config import BrokerConfig
-from broker.managed_ledger import ManagedLedger, ManagedLedgerFencedError, ManagedLedgerState, Position
+from broker.managed_ledger import ManagedLedger, ManagedLedgerFencedError, Position
 from broker.managed_ledger.store import ManagedLedgerStore
 from broker.retention import publish_time_of
 from broker.topic import EntryCache, PersistentTopic, PublishBuffer
@@ -696,7 +696,8 @@ class SimBroker:
         w.log(f"{self.name} loads the topic")
         try:
             try:
-                ml = await ManagedLedger.open(ML_NAME, ledger_client=self.client, store=ManagedLedgerStore(self.session),
+                ml = await ManagedLedger.open(ML_NAME, ledger_client=self.client,
+                                              store=ManagedLedgerStore(self.session),
                                               config=self.config.managed_ledger_config(), clock=w.wall_ms,
                                               publish_time_of=publish_time_of)
             except PulsarliteError as e:
