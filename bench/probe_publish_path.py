@@ -4,8 +4,7 @@
                                                  [--profile] [--top 40]
 
 Real code from the SEND bytes to the receipt bytes: ``ServerConnection.data_received`` ->
-``PersistentTopic.publish_run`` (the SENDs of one read as a run; ``publish`` one by one where a
-run is not taken) -> ``ManagedLedger`` -> ``LedgerWriter`` (write core, E3/Qw3/Qa2) ->
+``PersistentTopic.publish`` (the SENDs of one producer from one read as a run) -> ``ManagedLedger`` -> ``LedgerWriter`` (write core, E3/Qw3/Qa2) ->
 ``BookieClient`` (AddRequests encoded as for the socket) -> receipts written to the connection's
 transport. Only the sockets are fakes: the client side feeds pre-encoded SEND frames
 (``--chunk`` frames per data_received, at most ``--window`` outstanding, like the official

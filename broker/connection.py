@@ -387,12 +387,11 @@ class ServerConnection(asyncio.Protocol):
                 if self.closed:
                     break
                 frame = frames[i]
-                if count - i > 1 and frame.command.type == _SEND:
+                if frame.command.type == _SEND:
                     end = self._send_run_end(frames, i)
-                    if end - i > 1:
-                        self._on_send_run(frames, i, end)
-                        i = end
-                        continue
+                    self._on_sends(frames, i, end)
+                    i = end
+                    continue
                 self._handle_guarded(frame)
                 i += 1
         finally:
@@ -533,7 +532,7 @@ class ServerConnection(asyncio.Protocol):
         cmd = frame.command
         kind = cmd.type
         if kind == _SEND:
-            self._on_send(frame)
+            self._on_sends([frame], 0, 1)
         elif kind == T.FLOW:
             ref = self._consumers.get(cmd.flow.consumer_id)
             if ref is not None and ref.subscription is not None:
@@ -578,58 +577,56 @@ class ServerConnection(asyncio.Protocol):
     @staticmethod
     def _send_run_end(frames: list, start: int) -> int:
         """The end of the run of SEND frames from ``start`` (a SEND): consecutive SENDs of one
-        producer, each with a checksum that matched."""
+        producer."""
         producer_id = frames[start].command.send.producer_id
-        end = start
-        for frame in frames[start:]:
-            command = frame.command
-            if command.type != _SEND or not frame.checksum_ok or command.send.producer_id != producer_id:
+        end = start + 1
+        count = len(frames)
+        while end < count:
+            command = frames[end].command
+            if command.type != _SEND or command.send.producer_id != producer_id:
                 break
             end += 1
         return end
 
-    def _on_send_run(self, frames: list, start: int, end: int) -> None:
-        """SENDs ``frames[start:end]`` of one producer: one run for the topic when it can take
-        it whole (PersistentTopic.publish_run), else SEND by SEND as usual."""
+    def _on_sends(self, frames: list, start: int, end: int) -> None:
+        """SENDs ``frames[start:end]`` of one producer (the one SEND path: a single SEND is a
+        run of one): those with a checksum that matched go to the topic together
+        (PersistentTopic.publish, answered in order once stored); a checksum mismatch, an
+        unknown producer or an entry the topic refuses at the edge is answered with SEND_ERROR
+        at once."""
         ref = self._producers.get(frames[start].command.send.producer_id)
-        if ref is not None and ref.producer is not None:
-            sends = []
-            for frame in frames[start:end]:
-                send = frame.command.send
+        if ref is not None and ref.producer is None:
+            ref = None
+        sends: list = []
+        for frame in frames[start:end]:
+            send = frame.command.send
+            if not frame.checksum_ok:
+                self._publish(ref, sends)
+                sends = []
+                self.write(c.send_error(send.producer_id, send.sequence_id, pb.ChecksumError,
+                                        "checksum mismatch"))
+            elif ref is None:
+                self.write(c.send_error(send.producer_id, send.sequence_id, pb.NotAllowedError,
+                                        f"no producer {send.producer_id} on this connection"))
+            else:
                 sequence_id = send.sequence_id
                 highest = send.highest_sequence_id      # 0 when unset: then the sequence id
                 sends.append((sequence_id, highest if highest > sequence_id else sequence_id, frame.entry))
-            try:
-                if ref.topic.publish_run(ref.producer, sends):
-                    return
-            except Exception as e:    # a bug handling the SENDs: as _handle_guarded does, for each
-                log.exception("error handling a run of %d SENDs from %s", end - start, self.peer)
-                for _ in range(start, end):
-                    self.write(c.error(0, pb.UnknownError, str(e)))
-                return
-        for frame in frames[start:end]:
-            if self.closed:
-                break
-            self._handle_guarded(frame)
+        self._publish(ref, sends)
 
-    def _on_send(self, frame: Frame) -> None:
-        send = frame.command.send
-        ref = self._producers.get(send.producer_id)
-        if not frame.checksum_ok:
-            self.write(c.send_error(send.producer_id, send.sequence_id, pb.ChecksumError,
-                                    "checksum mismatch"))
+    def _publish(self, ref: "_ProducerRef | None", sends: list) -> None:
+        if not sends or ref is None or self.closed:
             return
-        if ref is None or ref.producer is None:
-            self.write(c.send_error(send.producer_id, send.sequence_id, pb.NotAllowedError,
-                                    f"no producer {send.producer_id} on this connection"))
-            return
-        sequence_id = send.sequence_id
-        highest = send.highest_sequence_id      # 0 when unset: then the sequence id
+        producer_id = ref.producer_id
         try:
-            ref.topic.publish(ref.producer, sequence_id, highest if highest > sequence_id else sequence_id,
-                              frame.entry)
-        except Exception as e:
-            self.write(c.send_error(send.producer_id, send.sequence_id, server_error_of(e), f"bad entry: {e}"))
+            refused = ref.topic.publish(ref.producer, sends)
+        except Exception as e:    # a bug handling the SENDs: tell the client, keep the broker
+            log.exception("error handling %d SENDs from %s", len(sends), self.peer)
+            for _ in sends:
+                self.write(c.error(0, pb.UnknownError, str(e)))
+            return
+        for sequence_id, error in refused:
+            self.write(c.send_error(producer_id, sequence_id, server_error_of(error), f"bad entry: {error}"))
 
     # ACK -----------------------------------------------------------------------------------------
     def _on_ack(self, ack: pb.CommandAck) -> None:

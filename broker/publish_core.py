@@ -11,8 +11,13 @@ what the shell must do comes out as actions, in order. It holds
   sends whose first copy is still being written);
 - the backlog of adds waiting for room under ``pending_adds_max``.
 
-The shell (:class:`broker.topic.PersistentTopic`) executes the actions: :class:`StoreEntry`
-(an add to the managed ledger, whose outcome comes back as :meth:`PublishCore.add_done`),
+One path per operation: SENDs come in as runs (:meth:`PublishCore.send`, the SENDs of one
+producer from one read; a single SEND is a run of one), go out as runs of adds
+(:class:`StoreEntries`: one managed-ledger call for consecutive stores of one producer), and
+come back as ranges (:meth:`PublishCore.entries_stored`).
+
+The shell (:class:`broker.topic.PersistentTopic`) executes the actions: :class:`StoreEntries`
+(adds to the managed ledger, whose outcomes come back as :meth:`PublishCore.entries_stored`),
 :class:`Answer` (the producer's finished sends at the head of its queue: receipts and
 SEND_ERRORs, publish buffer released), :class:`Confirmed` (cache, stats, subscriptions woken),
 :class:`DisconnectProducer`, :class:`CountAddError` and :class:`Unload`. Whether the broker
@@ -104,11 +109,15 @@ class Producer:
 
 # -- actions --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class StoreEntry:
+class StoreEntries:
+    """Add ``datas`` (the entries of ``ops``, in order) to the managed ledger in one call; each
+    outcome comes back as :meth:`PublishCore.entries_stored` for a range of offsets. Consecutive
+    stores of one producer join the last StoreEntries while the core builds its actions."""
+
     producer: Producer
-    op: Send
-    data: bytes
-    publish_time_ms: int
+    ops: list
+    datas: list
+    publish_times_ms: list
 
 
 @dataclass(frozen=True)
@@ -120,10 +129,11 @@ class Answer:
 
 @dataclass(frozen=True)
 class Confirmed:
-    producer: Producer
-    op: Send
-    data: bytes
-    position: Position
+    """Entries ``first..last`` of a StoreEntries are stored (each op's position is set)."""
+
+    store: StoreEntries
+    first: int
+    last: int
 
 
 @dataclass(frozen=True)
@@ -179,12 +189,6 @@ class PublishCore:
     def backlog_count(self) -> int:
         return len(self._backlog)
 
-    def accepts_run(self, count: int) -> bool:
-        """Whether ``count`` sends may be stored as one run at once: the plain state (no
-        deduplication, OPEN, no backlog, room for all of them)."""
-        return (self.dedup is None and self.write_state is WriteState.OPEN and not self._backlog
-                and self.adds_in_flight + count <= self.pending_adds_max)
-
     # -- events --------------------------------------------------------------------------------
     def producer_added(self, producer: Producer) -> None:
         self.producers[producer.name] = producer
@@ -206,66 +210,66 @@ class PublishCore:
                 self._ml_error(ServiceNotReadyError(f"topic {self.key}: managed ledger failed"))
         return self._take()
 
-    def send(self, producer: Producer, op: Send, data: bytes, publish_time_ms: int, *, batched: bool,
-             digest: int | None, owned: bool, ml_state: ManagedLedgerState) -> list:
-        """A SEND (its size in the publish buffer already). ``digest``: the entry's CRC32C when
-        deduplication is on (else None)."""
+    def send(self, producer: Producer, ops: list, datas: list, publish_times_ms: list, batched: list,
+             digests: list | None, *, owned: bool, ml_state: ManagedLedgerState) -> list:
+        """SENDs of one producer, in order (their sizes in the publish buffer already): ``ops``
+        with their entries, publish times and whether each is a batch. ``digests``: each
+        entry's CRC32C when deduplication is on (else None)."""
         self._event(owned, ml_state)
-        producer.pending.append(op)
+        producer.pending.extend(ops)
         dedup = self.dedup
         if dedup is not None and self.write_state is not WriteState.CLOSING:
-            highest = op.highest_sequence_id
-            if batched:    # a batch covers sequence_id .. + count - 1 (highest_sequence_id may be unset)
-                highest = max(highest, op.sequence_id + op.message_count - 1)
-            op.dedup_highest = highest
-            op.dedup_digest = digest
-            # decided in order, per producer: a send whose first copy is still being written
-            # waits for that copy's outcome, and the producer's later sends wait behind it, so
-            # that a failed first copy is re-sent before anything sent after it (order kept)
-            op.held = (data, publish_time_ms)
-            producer.held.append(op)
-            if len(producer.held) == 1:
+            was_idle = not producer.held
+            for op, data, publish_time_ms, is_batch, digest in zip(ops, datas, publish_times_ms, batched,
+                                                                  digests or [None] * len(ops)):
+                highest = op.highest_sequence_id
+                if is_batch:   # a batch covers sequence_id .. + count - 1 (highest_sequence_id may be unset)
+                    highest = max(highest, op.sequence_id + op.message_count - 1)
+                op.dedup_highest = highest
+                op.dedup_digest = digest
+                # decided in order, per producer: a send whose first copy is still being written
+                # waits for that copy's outcome, and the producer's later sends wait behind it,
+                # so that a failed first copy is re-sent before anything sent after it (order kept)
+                op.held = (data, publish_time_ms)
+                producer.held.append(op)
+            if was_idle:
                 self._decide_held(producer)
             return self._take()
-        self._store(op, producer, data, publish_time_ms)
+        for op, data, publish_time_ms in zip(ops, datas, publish_times_ms):
+            self._store(op, producer, data, publish_time_ms)
         return self._take()
 
-    def run_stored(self, producer: Producer, ops: list) -> None:
-        """The shell stored ``ops`` as one run (:meth:`accepts_run` said yes)."""
-        producer.pending.extend(ops)
-        self.adds_in_flight += len(ops)
-
-    def add_done(self, producer: Producer, op: Send, data: bytes, position: Position | None,
-                 error: BaseException | None, *, owned: bool, ml_state: ManagedLedgerState) -> list:
-        """The outcome of a :class:`StoreEntry` (or of one entry of a run)."""
+    def entries_stored(self, store: StoreEntries, first: int, last: int, position: Position | None,
+                       error: BaseException | None, *, owned: bool, ml_state: ManagedLedgerState) -> list:
+        """The outcome of entries ``first..last`` of ``store``: stored at consecutive positions
+        from ``position``, or failed with ``error``."""
         self._event(owned, ml_state)
-        self.adds_in_flight -= 1
+        self.adds_in_flight -= last - first + 1
+        producer = store.producer
+        ops = store.ops
         if error is not None:
-            self._block_writes(error)
-            self._complete(producer, op, None, error)
-            self._maybe_unblock()
-            self._ml_error(error)
+            for i in range(first, last + 1):
+                self._block_writes(error)
+                self._complete(producer, ops[i], None, error)
+                self._maybe_unblock()
+                self._ml_error(error)
         else:
-            if op.producer_name is not None and self.dedup is not None:
-                self.dedup.on_persisted(op.producer_name, op.dedup_highest, op.sequence_id, op.dedup_digest)
-            self._out.append(Confirmed(producer, op, data, position))
-            self._complete(producer, op, position, None)
+            ledger_id, entry_id = position
+            dedup = self.dedup
+            for i in range(first, last + 1):
+                op = ops[i]
+                op.position = Position(ledger_id, entry_id)
+                entry_id += 1
+                if op.producer_name is not None and dedup is not None:
+                    dedup.on_persisted(op.producer_name, op.dedup_highest, op.sequence_id, op.dedup_digest)
+            self._out.append(Confirmed(store, first, last))
+            for i in range(first, last + 1):
+                op = ops[i]
+                self._complete(producer, op, op.position, None)
         if self._backlog:
             self._drain_backlog()
         if self.write_state is WriteState.BLOCKED:
             self._maybe_unblock()
-        return self._take()
-
-    def run_confirmed(self, producer: Producer, ops: list, first: int, last: int, *, owned: bool,
-                      ml_state: ManagedLedgerState) -> list:
-        """Ops ``first..last`` of a run are confirmed (positions set by the shell)."""
-        self._event(owned, ml_state)
-        self.adds_in_flight -= last - first + 1
-        for i in range(first, last + 1):
-            ops[i].done = True
-        self._out.append(Answer(producer))
-        self._drain_backlog()
-        self._maybe_unblock()
         return self._take()
 
     def rolled_over(self, *, owned: bool, ml_state: ManagedLedgerState) -> list:
@@ -385,7 +389,14 @@ class PublishCore:
             self._maybe_unblock()
             return
         self.adds_in_flight += 1
-        self._out.append(StoreEntry(producer, op, data, publish_time))
+        out = self._out
+        last = out[-1] if out else None
+        if type(last) is StoreEntries and last.producer is producer:
+            last.ops.append(op)
+            last.datas.append(data)
+            last.publish_times_ms.append(publish_time)
+        else:
+            out.append(StoreEntries(producer, [op], [data], [publish_time]))
 
     def _block_writes(self, error: BaseException) -> None:
         """A write failed: fail what waits for room, disconnect the producers (their clients
@@ -438,7 +449,10 @@ class PublishCore:
             for waiting in waiters:      # sends that waited for this copy's outcome (dedup)
                 self._decide_held(waiting)
         if producer.pending and producer.pending[0].done:
-            self._out.append(Answer(producer))
+            out = self._out
+            last = out[-1] if out else None
+            if type(last) is not Answer or last.producer is not producer:
+                out.append(Answer(producer))
 
     def _ml_error(self, error: BaseException) -> None:
         self._out.append(CountAddError(error))
@@ -456,4 +470,4 @@ class PublishCore:
 
 
 __all__ = ["AccessMode", "Answer", "Confirmed", "CountAddError", "DUP_POSITION", "DisconnectProducer", "Producer",
-           "PublishCore", "Send", "StoreEntry", "Unload", "WRITE_STATE_TRANSITIONS", "WriteState"]
+           "PublishCore", "Send", "StoreEntries", "Unload", "WRITE_STATE_TRANSITIONS", "WriteState"]

@@ -35,7 +35,7 @@ from broker.key_shared import sticky_key_hash
 from broker.latency import LatencyBuckets
 from broker.managed_ledger import ManagedLedger, Position, next_position
 from broker.publish_core import (AccessMode, Answer, Confirmed, CountAddError, DisconnectProducer, Producer,
-                                 PublishCore, Send, StoreEntry, Unload, WriteState)
+                                 PublishCore, Send, StoreEntries, Unload, WriteState)
 from pulsarlite.checksum import crc32c_of
 from pulsarlite.counted_log import CountedCause
 from pulsarlite.errors import InvariantViolation
@@ -432,93 +432,54 @@ class PersistentTopic:
             return
         await self._write_dedup_snapshot(self.dedup.snapshot((last.ledger_id, last.entry_id)))
 
-    def publish(self, producer: Producer, sequence_id: int, highest_sequence_id: int, entry) -> None:
-        data = bytes(entry)
-        meta = peek_metadata(data)          # EntryFormatError: the caller answers SEND_ERROR
-        check_sendable(data, meta, uncompressed_bytes_max=self.config.message_bytes_max)
-        if self.core.dedup is not None:
-            top = max(highest_sequence_id, sequence_id + meta.message_count - 1 if meta.batched else sequence_id)
-            if top > SEQUENCE_ID_MAX:
-                # the official clients count in int64; deduplication keeps ids as int64 too
-                raise NotAllowedError(f"sequence id {top} beyond {SEQUENCE_ID_MAX} with deduplication on")
-        op = Send(sequence_id, highest_sequence_id, len(data), meta.message_count, time.monotonic())
-        self.service.publish_buffer.acquire(op.size, producer.connection)
-        digest = crc32c_of(data) if self.core.dedup is not None and not self.core.closing else None
-        self._run(self.core.send(producer, op, data, meta.publish_time_ms, batched=meta.batched, digest=digest,
-                                 owned=self._owned(), ml_state=self.ml.state))
-
-    def publish_run(self, producer: Producer, sends: list) -> bool:
-        """SENDs of one producer from one read, ``[(sequence_id, highest_sequence_id, entry),
-        ...]``, stored as one run when the topic is in its plain state (PublishCore.accepts_run:
-        no deduplication, OPEN, no backlog, room for all of them), owned, every entry's metadata
-        readable, and the managed ledger takes the run whole (no rollover inside it, its ledger
-        writing to usable bookies). Returns False, having done nothing, otherwise: the caller
-        publishes them one by one (:meth:`publish`), which handles every unusual case. Receipts
-        go out in order once the entries are confirmed, exactly as for single SENDs."""
-        count = len(sends)
-        if not self.core.accepts_run(count):
-            return False
+    def publish(self, producer: Producer, sends: list) -> list:
+        """SENDs of one producer from one read, in order, ``[(sequence_id, highest_sequence_id,
+        entry), ...]`` (a single SEND is a run of one): the ones that can be stored go to the
+        publish core as one event, and are answered in order once stored (receipts) or failed
+        (SEND_ERROR). Returns the ones refused at the edge, ``[(sequence_id, error), ...]``: an
+        entry the broker must not store (unreadable metadata, too large, sequence ids past
+        int64 with deduplication on); nothing of them was taken, the caller answers each."""
+        dedup = self.core.dedup is not None
+        digesting = dedup and not self.core.closing
+        message_bytes_max = self.config.message_bytes_max
+        start_s = time.monotonic()
+        ops: list[Send] = []
         datas: list[bytes] = []
         times: list[int] = []
-        ops: list[Send] = []
-        start_s = time.monotonic()
+        batched: list[bool] = []
+        refused: list = []
         size = 0
-        try:
-            for sequence_id, highest_sequence_id, entry in sends:
-                data = bytes(entry)
+        for sequence_id, highest_sequence_id, entry in sends:
+            data = bytes(entry)
+            try:
                 meta = peek_metadata(data)
-                check_sendable(data, meta, uncompressed_bytes_max=self.config.message_bytes_max)
-                datas.append(data)
-                times.append(meta.publish_time_ms)
-                ops.append(Send(sequence_id, highest_sequence_id, len(data), meta.message_count, start_s))
-                size += len(data)
-        except Exception:         # a bad entry: SEND by SEND, which answers it with SEND_ERROR
-            return False
-        if not self._owned():     # SEND by SEND: blocks the topic and answers each
-            return False
-        if not self.ml.try_add_run(datas, times, lambda first, last, position, error: self._on_run_added(
-                producer, ops, datas, first, last, position, error)):
-            return False
-        self.core.run_stored(producer, ops)
-        self.service.publish_buffer.acquire(size, producer.connection)
-        return True
-
-    def _on_run_added(self, producer: Producer, ops: list, datas: list, first: int, last: int,
-                      position: Position | None, error: BaseException | None) -> None:
-        """Ops ``first..last`` of a run are confirmed from ``position`` on (entries in a row),
-        or failed: the failures one by one as single adds; a confirmation in one pass (stats,
-        cache, receipts in order, subscriptions woken once)."""
-        if error is not None or position is None:
-            for i in range(first, last + 1):
-                self._on_added(producer, ops[i], datas[i], None, error)
-            return
-        count = last - first + 1
-        ledger_id, entry_id = position
-        put = self.service.entry_cache.put
-        key = self.key
-        messages = size = 0
-        for i in range(first, last + 1):
-            op = ops[i]
-            p = Position(ledger_id, entry_id)
-            entry_id += 1
-            put(key, p, datas[i], op.message_count)
-            messages += op.message_count
-            size += op.size
-            op.position = p
-        self.msg_in += messages
-        self.bytes_in += size
-        self.entries_added += count
-        producer.msg_in += messages
-        producer.bytes_in += size
-        self.publish_latency.add(time.monotonic() - ops[first].start_s, count)
-        self._run(self.core.run_confirmed(producer, ops, first, last, owned=self._owned(), ml_state=self.ml.state))
-        for sub in list(self.subscriptions.values()):
-            sub.wake()
-
-    def _on_added(self, producer: Producer, op: Send, data: bytes, position: Position | None,
-                  error: BaseException | None) -> None:
-        self._run(self.core.add_done(producer, op, data, position, error, owned=self._owned(),
+                check_sendable(data, meta, uncompressed_bytes_max=message_bytes_max)
+                if dedup:
+                    top = max(highest_sequence_id,
+                              sequence_id + meta.message_count - 1 if meta.batched else sequence_id)
+                    if top > SEQUENCE_ID_MAX:
+                        # the official clients count in int64; deduplication keeps ids as int64 too
+                        raise NotAllowedError(f"sequence id {top} beyond {SEQUENCE_ID_MAX} with deduplication on")
+            except Exception as e:     # noqa: BLE001 - whatever the entry is, answer it, keep serving
+                refused.append((sequence_id, e))
+                continue
+            ops.append(Send(sequence_id, highest_sequence_id, len(data), meta.message_count, start_s))
+            datas.append(data)
+            times.append(meta.publish_time_ms)
+            batched.append(meta.batched)
+            size += len(data)
+        if ops:
+            self.service.publish_buffer.acquire(size, producer.connection)
+            digests = [crc32c_of(data) for data in datas] if digesting else None
+            self._run(self.core.send(producer, ops, datas, times, batched, digests, owned=self._owned(),
                                      ml_state=self.ml.state))
+        return refused
+
+    def _on_stored(self, store: StoreEntries, first: int, last: int, position: Position | None,
+                   error: BaseException | None) -> None:
+        """The managed ledger's answer for entries ``first..last`` of ``store``."""
+        self._run(self.core.entries_stored(store, first, last, position, error, owned=self._owned(),
+                                           ml_state=self.ml.state))
 
     def _on_rolled_over(self, ledger_id: int) -> None:
         self._run(self.core.rolled_over(owned=self._owned(), ml_state=self.ml.state))
@@ -548,29 +509,15 @@ class PersistentTopic:
 
     def _execute(self, action) -> None:
         kind = type(action)
-        if kind is StoreEntry:
-            producer, op, data = action.producer, action.op, action.data
-            try:     # a callback rather than a Future: one per message on the hot path
-                self.ml.add_with_callback(data, action.publish_time_ms,
-                                          functools.partial(self._on_added, producer, op, data))
+        if kind is StoreEntries:
+            try:     # a callback rather than a Future: one per run on the hot path
+                self.ml.add_entries(action.datas, action.publish_times_ms, functools.partial(self._on_stored, action))
             except Exception as e:     # refused at once (fenced, closed, failed)
-                self._on_added(producer, op, data, None, e)
+                self._on_stored(action, 0, len(action.ops) - 1, None, e)
         elif kind is Answer:
             self._release_done(action.producer)
         elif kind is Confirmed:
-            producer, op, position = action.producer, action.op, action.position
-            if op.producer_name is not None and self.core.dedup is not None:
-                self._maybe_snapshot_dedup(position)
-            self.service.entry_cache.put(self.key, position, action.data, op.message_count)
-            self.msg_in += op.message_count
-            self.bytes_in += op.size
-            self.entries_added += 1
-            producer.msg_in += op.message_count
-            producer.bytes_in += op.size
-            self.publish_latency.add(time.monotonic() - op.start_s)
-            if self.subscriptions:
-                for sub in list(self.subscriptions.values()):
-                    sub.wake()
+            self._confirmed(action.store, action.first, action.last)
         elif kind is DisconnectProducer:
             action.producer.handle.close_by_broker()
             self.remove_producer(action.producer)
@@ -580,6 +527,32 @@ class PersistentTopic:
             self._spawn(self.service.unload_topic(self.key))
         else:
             raise InvariantViolation(f"topic {self.key}: unknown action {action!r}")
+
+    def _confirmed(self, store: StoreEntries, first: int, last: int) -> None:
+        """Entries ``first..last`` of ``store`` are stored: cache, stats, subscriptions woken
+        once, and deduplication's snapshot when it is due."""
+        ops, datas = store.ops, store.datas
+        put = self.service.entry_cache.put
+        key = self.key
+        messages = size = 0
+        for i in range(first, last + 1):
+            op = ops[i]
+            put(key, op.position, datas[i], op.message_count)
+            messages += op.message_count
+            size += op.size
+        count = last - first + 1
+        self.msg_in += messages
+        self.bytes_in += size
+        self.entries_added += count
+        producer = store.producer
+        producer.msg_in += messages
+        producer.bytes_in += size
+        self.publish_latency.add(time.monotonic() - ops[first].start_s, count)
+        if ops[last].producer_name is not None and self.core.dedup is not None:
+            self._maybe_snapshot_dedup(ops[last].position)
+        if self.subscriptions:
+            for sub in list(self.subscriptions.values()):
+                sub.wake()
 
     def _release_done(self, producer: Producer) -> None:
         """The producer's sends done at the head of its queue: out of the publish buffer, and

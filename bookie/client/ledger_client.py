@@ -35,11 +35,9 @@ log = logging.getLogger("pulsarlite.ledger_client")
 
 TICK_INTERVAL_S = 0.1
 
-# add_with_callback's callback: (entry_id, None) once confirmed, (entry_id, error) if failed
-AddDone = Callable[[int, "BaseException | None"], None]
-# add_run's callback: (first_entry_id, last_entry_id, None) once those entries of the run are
-# confirmed, (first_entry_id, last_entry_id, error) if they failed; ranges in order, covering
-# the run exactly once
+# add_entries' callback: (first_entry_id, last_entry_id, None) once those entries of the run
+# are confirmed, (first_entry_id, last_entry_id, error) if they failed; ranges in order,
+# covering the run exactly once
 RunDone = Callable[[int, int, "BaseException | None"], None]
 
 
@@ -189,8 +187,8 @@ class LedgerWriter:
         self._core = LedgerWriteCore(metadata, add_timeout_ms=client.config.add_timeout_ms,
                                      ensemble_change_attempts_max=client.config.ensemble_change_attempts_max)
         self.ledger_id = metadata.ledger_id
-        # what waits for the entries not completed yet, in entry order: (entry id, Future or
-        # AddDone callback) for a single add, a _RunWaiter for a run (add_run)
+        # what waits for the entries not completed yet, in entry order: a _RunWaiter per
+        # add_entries call
         self._waiting: collections.deque = collections.deque()
         self._drained: asyncio.Future | None = None   # close(): set once nothing waits
         self._capacity = asyncio.Condition()
@@ -214,40 +212,33 @@ class LedgerWriter:
         return self._core.pending_count
 
     # -- API -------------------------------------------------------------------------------
-    def add_async(self, payload: bytes) -> asyncio.Future:
-        """Queue an add now; the future resolves with its entry id once confirmed. Raises at once
-        if the ledger already failed or is closing (nothing is queued)."""
-        entry_id, actions = self._core.add(bytes(payload), _now_ms())
-        fut = asyncio.get_running_loop().create_future()
-        self._waiting.append((entry_id, fut))
-        self._run(actions)
-        return fut
-
-    def add_with_callback(self, payload: bytes, done: "AddDone") -> int:
-        """Like :meth:`add_async` without a Future (the broker's hot path): returns the entry id;
-        ``done(entry_id, error)`` runs exactly once, from the loop, never from inside this call,
-        in entry order: ``error`` None once the entry is confirmed, else the failure."""
-        entry_id, actions = self._core.add(payload if type(payload) is bytes else bytes(payload), _now_ms())
-        self._waiting.append((entry_id, done))
-        self._run(actions)
-        return entry_id
-
-    def can_take_run(self) -> bool:
-        """True when :meth:`add_run` would take a run as one SendAddRun now (writing, no
-        failure, every bookie usable, no ensemble change in flight)."""
-        return self._core.run_ready
-
-    def add_run(self, payloads: Sequence[bytes], done: "RunDone") -> int:
-        """Append ``payloads`` as consecutive entries in one call (the broker's publish path):
-        returns the first entry id. ``done(first_entry_id, last_entry_id, error)`` runs from
-        the loop, never from inside this call, for consecutive ranges of the run in entry order
-        (together covering it once): ``error`` None once those entries are confirmed, else the
-        failure. Each entry is encoded once and its bytes shared by the bookies that store it.
-        Raises like :meth:`add_with_callback` (nothing queued)."""
-        first, actions = self._core.add_run(payloads, _now_ms())
+    def add_entries(self, payloads: Sequence[bytes], done: "RunDone") -> int:
+        """The one add path: append ``payloads`` as consecutive entries (a single add is a run
+        of one) and return the first entry id. ``done(first_entry_id, last_entry_id, error)``
+        runs from the loop, never from inside this call, for consecutive ranges of the run in
+        entry order (together covering it once): ``error`` None once those entries are
+        confirmed, else the failure. Each entry is encoded once and its bytes shared by the
+        bookies that store it. Raises at once (nothing queued) if the ledger already failed or
+        is closing."""
+        first, actions = self._core.add(payloads, _now_ms())
         self._waiting.append(_RunWaiter(first, first + len(payloads) - 1, done))
         self._run(actions)
         return first
+
+    def add_async(self, payload: bytes) -> asyncio.Future:
+        """``add_entries`` of one payload, as a future of its entry id (resolved once it is
+        confirmed). Raises at once like ``add_entries``."""
+        fut = asyncio.get_running_loop().create_future()
+
+        def done(first: int, last: int, error: BaseException | None) -> None:
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(first)
+        self.add_entries((payload,), done)
+        return fut
 
     async def add(self, payload: bytes) -> int:
         """Add and wait for confirmation; waits first while pending_adds_max adds are in flight."""
@@ -302,7 +293,8 @@ class LedgerWriter:
                 raise InvariantViolation(f"write core emitted unknown action {a!r}")
 
     def _send_run(self, a: SendAddRun) -> None:
-        """Encode each entry of the run once; each bookie gets its share in one call."""
+        """Encode each entry of the run once; each bookie gets its share in one call (one
+        AddRequest, or a few for a long run: the bookie client's chunking)."""
         ledger_id = self.ledger_id
         lac = a.lac
         first = a.first_entry_id
@@ -356,30 +348,16 @@ class LedgerWriter:
         waiting = self._waiting
         while waiting:
             w = waiting[0]
-            if type(w) is _RunWaiter:
-                first = w.first
-                if first > last_entry_id:
-                    break
-                if w.last <= last_entry_id:
-                    waiting.popleft()
-                    self._call_run_done(w.done, first, w.last, None)
-                else:                        # part of the run: the rest waits
-                    w.first = last_entry_id + 1
-                    self._call_run_done(w.done, first, last_entry_id, None)
-                    break
-                continue
-            entry_id, waiter = w
-            if entry_id > last_entry_id:
+            first = w.first
+            if first > last_entry_id:
                 break
-            waiting.popleft()
-            if isinstance(waiter, asyncio.Future):
-                if not waiter.done():
-                    waiter.set_result(entry_id)
-            else:
-                try:                         # as _call_done, inline: one per add
-                    waiter(entry_id, None)
-                except Exception:
-                    log.exception("add callback failed ledger=%d entry=%d", self.ledger_id, entry_id)
+            if w.last <= last_entry_id:
+                waiting.popleft()
+                self._call_run_done(w.done, first, w.last, None)
+            else:                        # part of the run: the rest waits
+                w.first = last_entry_id + 1
+                self._call_run_done(w.done, first, last_entry_id, None)
+                break
         self._after_completions()
 
     def _fail(self, first_entry_id: int, error: PulsarliteError) -> None:
@@ -388,38 +366,19 @@ class LedgerWriter:
         kept: list = []
         failed: list = []
         for w in waiting:
-            if type(w) is _RunWaiter:
-                if w.last < first_entry_id:
-                    kept.append(w)
-                elif w.first >= first_entry_id:
-                    failed.append(w)
-                else:                        # the run straddles: its head still waits
-                    kept.append(_RunWaiter(w.first, first_entry_id - 1, w.done))
-                    failed.append(_RunWaiter(first_entry_id, w.last, w.done))
-            elif w[0] < first_entry_id:
+            if w.last < first_entry_id:
                 kept.append(w)
-            else:
+            elif w.first >= first_entry_id:
                 failed.append(w)
+            else:                        # the run straddles: its head still waits
+                kept.append(_RunWaiter(w.first, first_entry_id - 1, w.done))
+                failed.append(_RunWaiter(first_entry_id, w.last, w.done))
         waiting.clear()
         waiting.extend(kept)
         for w in failed:
-            if type(w) is _RunWaiter:
-                self._call_run_done(w.done, w.first, w.last, error)
-                continue
-            entry_id, waiter = w
-            if isinstance(waiter, asyncio.Future):
-                if not waiter.done():
-                    waiter.set_exception(error)
-            else:
-                self._call_done(waiter, entry_id, error)
+            self._call_run_done(w.done, w.first, w.last, error)
         log.warning("adds failed ledger=%d from_entry=%d: %s", self.ledger_id, first_entry_id, error)
         self._after_completions()
-
-    def _call_done(self, done: "AddDone", entry_id: int, error: BaseException | None) -> None:
-        try:
-            done(entry_id, error)
-        except Exception:        # as a Future's done callback: log, go on with the others
-            log.exception("add callback failed ledger=%d entry=%d", self.ledger_id, entry_id)
 
     def _call_run_done(self, done: "RunDone", first: int, last: int, error: BaseException | None) -> None:
         try:

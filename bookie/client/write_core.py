@@ -121,48 +121,17 @@ class LedgerWriteCore:
         return self._state
 
     @property
-    def run_ready(self) -> bool:
-        """True when ``add_run`` takes a run as one SendAddRun now: writing, no failure, every
-        bookie usable and no ensemble change in flight."""
-        return (self._state is WriteCoreState.WRITING and not self._close_requested and self._error is None
-                and not self._unusable and not self._held)
-
-    @property
     def _view(self) -> LedgerMetadata:
         return self._proposed if self._proposed is not None else self._md
 
     # -- events --------------------------------------------------------------------------
-    def add(self, payload: bytes, now_ms: int) -> tuple[int, list[Action]]:
-        """Append ``payload``: returns its entry id and the sends. Raises the sticky error if an
-        earlier add failed (nothing changes), LedgerClosedError once close() was called."""
-        if self._state is not WriteCoreState.WRITING or self._close_requested:
-            raise LedgerClosedError(f"ledger {self._md.ledger_id} is closed")
-        if self._error is not None:
-            raise type(self._error)(str(self._error))
-        entry_id = self._last_pushed + 1
-        self._length += len(payload)
-        if type(payload) is not bytes:
-            payload = bytes(payload)
-        if self._unusable or self._held:
-            add = _PendingAdd(entry_id, payload, self._length, now_ms)
-            self._pending[entry_id] = add
-            self._last_pushed = entry_id
-            return entry_id, self._send_missing(add)
-        # the common case, as _send_missing for a new add with every bookie usable: all of its
-        # write set
-        bookies = self._view.write_set(entry_id)
-        add = _PendingAdd(entry_id, payload, self._length, now_ms, set(), set(bookies))
-        self._pending[entry_id] = add
-        self._last_pushed = entry_id
-        lac, length = self._lac, add.length
-        return entry_id, [SendAdd(bookie, entry_id, lac, length, payload) for bookie in bookies]
-
-    def add_run(self, payloads: Sequence[bytes], now_ms: int) -> tuple[int, list[Action]]:
-        """Append every payload of ``payloads`` in order, in one call: returns the first entry id
-        (the others follow it) and the sends. With every bookie usable and no ensemble change in
-        flight (the common case) the sends are one SendAddRun (each bookie's share of the run);
-        otherwise what ``add`` gives for each payload in turn. Raises like ``add`` (nothing
-        changes)."""
+    def add(self, payloads: Sequence[bytes], now_ms: int) -> tuple[int, list[Action]]:
+        """Append every payload of ``payloads`` as consecutive entries (a single add is a run of
+        one): returns the first entry id (the others follow it) and one SendAddRun, which hands
+        each usable bookie its share of the run (an entry goes to the bookies of its write set,
+        less those failed or waiting for an ensemble change: ``_send_missing`` sends it there
+        once they are replaced). Raises the sticky error if an earlier add failed (nothing
+        changes), LedgerClosedError once close() was called, ValueError for an empty run."""
         if self._state is not WriteCoreState.WRITING or self._close_requested:
             raise LedgerClosedError(f"ledger {self._md.ledger_id} is closed")
         if self._error is not None:
@@ -170,37 +139,40 @@ class LedgerWriteCore:
         count = len(payloads)
         if count == 0:
             raise ValueError("an empty run")
-        first = self._last_pushed + 1
-        if self._unusable or self._held:
-            actions: list[Action] = []
-            for payload in payloads:
-                actions += self.add(payload, now_ms)[1]
-            return first, actions
         payloads = tuple(p if type(p) is bytes else bytes(p) for p in payloads)
+        first = self._last_pushed + 1
         view = self._view
         pending = self._pending
         length = self._length
         lengths = []
         entry_id = first
         write_set = view.write_set
-        for payload in payloads:
+        skipped = self._unusable | self._held if self._unusable or self._held else None
+        ensemble = view.current_ensemble
+        every_bookie = view.write_quorum == view.ensemble_size   # every bookie stores every entry
+        offsets: dict[str, list[int]] | None = None if every_bookie and skipped is None else \
+            {bookie: [] for bookie in ensemble}
+        for offset, payload in enumerate(payloads):
             length += len(payload)
             add = _PendingAdd(entry_id, payload, length, now_ms)
-            add.sent.update(write_set(entry_id))
+            bookies = write_set(entry_id)
+            if skipped is not None:
+                bookies = [b for b in bookies if b not in skipped]
+            add.sent.update(bookies)
+            if offsets is not None:
+                for bookie in bookies:
+                    offsets[bookie].append(offset)
             pending[entry_id] = add
             lengths.append(length)
             entry_id += 1
         self._length = length
         self._last_pushed = entry_id - 1
-        ensemble = view.current_ensemble
-        if view.write_quorum == view.ensemble_size:       # every bookie stores every entry
-            sends = tuple((bookie, None) for bookie in ensemble)
+        if offsets is None:
+            sends: tuple = tuple((bookie, None) for bookie in ensemble)
         else:
-            offsets: dict[str, list[int]] = {bookie: [] for bookie in ensemble}
-            for offset in range(count):
-                for bookie in write_set(first + offset):
-                    offsets[bookie].append(offset)
             sends = tuple((bookie, tuple(got)) for bookie, got in offsets.items() if got)
+        if not sends:
+            return first, []
         return first, [SendAddRun(first, self._lac, tuple(lengths), payloads, sends)]
 
     def on_add_result(self, bookie: str, entry_id: int, outcome: AddOutcome, now_ms: int,

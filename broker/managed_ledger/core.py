@@ -319,24 +319,10 @@ STATE_TRANSITIONS: Mapping[ManagedLedgerState, frozenset[ManagedLedgerState]] = 
 
 
 # -- actions ---------------------------------------------------------------------------------
-class WriteEntry(NamedTuple):
-    """Add the payload of ``add_id`` to ledger ``ledger_id``; it must get ``entry_id``.
-    (WriteEntry and CompleteAdd, one each per add, are immutable NamedTuples for speed.)"""
-
-    add_id: int
-    ledger_id: int
-    entry_id: int
-
-
-class CompleteAdd(NamedTuple):
-    add_id: int
-    position: Position
-
-
 class WriteEntries(NamedTuple):
-    """A run: the payloads of adds ``add_id .. add_id + count - 1`` go to ledger ``ledger_id``
-    as entries ``entry_id .. entry_id + count - 1``, in one call (``ManagedLedgerCore.add_run``).
-    The same as ``count`` WriteEntry actions with consecutive ids."""
+    """The payloads of adds ``add_id .. add_id + count - 1`` go to ledger ``ledger_id`` as
+    entries ``entry_id .. entry_id + count - 1``, in one call to its writer. (WriteEntries and
+    CompleteAdds are immutable NamedTuples for speed: one each per run of adds.)"""
 
     add_id: int
     ledger_id: int
@@ -346,8 +332,7 @@ class WriteEntries(NamedTuple):
 
 class CompleteAdds(NamedTuple):
     """Adds ``add_id .. add_id + count - 1`` are confirmed at ``ledger_id:entry_id ..
-    entry_id + count - 1`` (``ManagedLedgerCore.on_adds_confirmed``). The same as ``count``
-    CompleteAdd actions with consecutive ids and positions."""
+    entry_id + count - 1`` (``ManagedLedgerCore.on_adds_confirmed``)."""
 
     add_id: int
     ledger_id: int
@@ -370,7 +355,7 @@ class StartRollover:
     reason: RolloverReason
 
 
-Action = Union[WriteEntry, CompleteAdd, FailAdd, StartRollover, WriteEntries, CompleteAdds]
+Action = Union[WriteEntries, CompleteAdds, FailAdd, StartRollover]
 
 
 @dataclass(slots=True)
@@ -513,127 +498,116 @@ class ManagedLedgerCore:
         return self._push_queued(now_ms=None)
 
     # -- adds --------------------------------------------------------------------------------
-    def check_can_add(self) -> None:
-        """Raise the error an add would fail with now (nothing changes)."""
+    def check_can_add(self, count: int = 1) -> None:
+        """Raise the error an add of ``count`` entries would fail with now (nothing changes)."""
         state = self._state
         if state in (ManagedLedgerState.FENCED, ManagedLedgerState.FAILED):
             raise type(self._error)(str(self._error)) if self._error else ManagedLedgerError(state.value)
         if state in (ManagedLedgerState.CLOSING, ManagedLedgerState.CLOSED, ManagedLedgerState.DELETED):
             raise ManagedLedgerClosedError(f"{self.name}: managed ledger is {state.value}")
-        if len(self._adds) >= self._pending_adds_max:
-            raise ManagedLedgerError(f"{self.name}: {len(self._adds)} adds pending (max {self._pending_adds_max})")
+        if len(self._adds) + count > self._pending_adds_max:
+            raise ManagedLedgerError(f"{self.name}: {len(self._adds)} adds pending, {count} more would pass "
+                                     f"the limit ({self._pending_adds_max})")
 
-    def add(self, size_bytes: int, publish_time_ms: int, now_ms: int) -> tuple[int, list[Action]]:
-        """A new add: returns its id and the actions (WriteEntry now, or nothing while it is
-        queued behind a rollover). Raises if adds are refused (nothing changes)."""
-        if size_bytes < 0:
-            raise ValueError("size_bytes must be >= 0")
-        cur = self._current
-        if self._state is ManagedLedgerState.READY and not self._queue and cur is not None \
-                and len(self._adds) < self._pending_adds_max:
-            # the common case, as below with the queue empty: straight to the current ledger
-            add_id = self._next_add_id
-            self._next_add_id += 1
-            entry_id = cur.entries_pushed
-            self._adds[add_id] = _Add(size_bytes, publish_time_ms, cur.ledger_id, entry_id)
-            cur.entries_pushed += 1
-            cur.bytes_pushed += size_bytes
-            actions: list[Action] = [WriteEntry(add_id, cur.ledger_id, entry_id)]
-            reason = self.policy.reason(cur.entries_pushed, cur.bytes_pushed, cur.created_ms, now_ms)
-            if reason is not None:
-                self._to(ManagedLedgerState.ROLLING_OVER)
-                actions.append(StartRollover(cur.ledger_id, reason))
-            return add_id, actions
-        self.check_can_add()
-        add_id = self._next_add_id
-        self._next_add_id += 1
-        self._adds[add_id] = _Add(size_bytes, publish_time_ms)
-        self._queue.append(add_id)
-        if self._state is not ManagedLedgerState.READY:
-            return add_id, []
-        return add_id, self._push_queued(now_ms)
-
-    def add_run(self, sizes_bytes: Sequence[int], publish_times_ms: Sequence[int],
-                now_ms: int) -> tuple[int, list[Action]] | None:
-        """A run of adds in one call (the broker's publish path): returns the first add id (the
-        others follow it) and one WriteEntries, when the common case allows it: READY, nothing
-        queued, room for the whole run under pending_adds_max, and no rollover point inside or
-        at the end of the run. Otherwise None, and nothing changed: the caller adds them one by
-        one (``add``), which queues, refuses or rolls over exactly as usual."""
+    def add(self, sizes_bytes: Sequence[int], publish_times_ms: Sequence[int],
+            now_ms: int) -> tuple[int, list[Action]]:
+        """The one add event: a run of adds, in order (a single add is a run of one). Returns
+        the first add id (the others follow it) and the actions: a WriteEntries for the adds
+        that go to the current ledger now, then a StartRollover where the rollover policy finds
+        the ledger full (the rest of the run queues behind it, as adds do during a rollover);
+        nothing while adds queue (OPENING, ROLLING_OVER). Raises if adds are refused, or the
+        whole run does not fit under pending_adds_max (nothing changes)."""
         count = len(sizes_bytes)
         if count != len(publish_times_ms):
             raise ValueError(f"{count} sizes but {len(publish_times_ms)} publish times")
-        cur = self._current
-        if (count == 0 or self._state is not ManagedLedgerState.READY or self._queue or cur is None
-                or len(self._adds) + count > self._pending_adds_max):
-            return None
+        if count == 0:
+            raise ValueError("an empty run of adds")
         if min(sizes_bytes) < 0:
             raise ValueError("size_bytes must be >= 0")
-        total = sum(sizes_bytes)
-        # the policy is monotone in entries and bytes (and age applies alike to every add of the
-        # run): no reason after the whole run means none after any prefix of it
-        if self.policy.reason(cur.entries_pushed + count, cur.bytes_pushed + total, cur.created_ms,
-                              now_ms) is not None:
-            return None
+        self.check_can_add(count)
         first_add_id = self._next_add_id
         self._next_add_id += count
+        adds = self._adds
+        cur = self._current
+        if self._state is not ManagedLedgerState.READY or self._queue or cur is None:
+            for add_id, size, publish_time_ms in zip(range(first_add_id, first_add_id + count), sizes_bytes,
+                                                     publish_times_ms):
+                adds[add_id] = _Add(size, publish_time_ms)
+                self._queue.append(add_id)
+            if self._state is not ManagedLedgerState.READY:
+                return first_add_id, []
+            return first_add_id, self._push_queued(now_ms)
+        # straight to the current ledger, up to where it is full
+        policy = self.policy
+        taken = count
+        taken_bytes = sum(sizes_bytes)
+        reason = policy.reason(cur.entries_pushed + count, cur.bytes_pushed + taken_bytes, cur.created_ms, now_ms)
+        if reason is not None and count > 1:
+            # the policy is monotone in entries and bytes (and age applies alike to every add
+            # of the run): the ledger is full after the shortest prefix it names a reason for
+            taken_bytes = 0
+            for taken, size in enumerate(sizes_bytes, 1):
+                taken_bytes += size
+                reason = policy.reason(cur.entries_pushed + taken, cur.bytes_pushed + taken_bytes,
+                                       cur.created_ms, now_ms)
+                if reason is not None:
+                    break
         ledger_id = cur.ledger_id
         first_entry_id = cur.entries_pushed
-        self._adds.update(zip(range(first_add_id, first_add_id + count),
-                              map(_Add, sizes_bytes, publish_times_ms, repeat(ledger_id),
-                                  range(first_entry_id, first_entry_id + count))))
-        cur.entries_pushed += count
-        cur.bytes_pushed += total
-        return first_add_id, [WriteEntries(first_add_id, ledger_id, first_entry_id, count)]
+        adds.update(zip(range(first_add_id, first_add_id + taken),
+                        map(_Add, sizes_bytes[:taken] if taken < count else sizes_bytes,
+                            publish_times_ms[:taken] if taken < count else publish_times_ms,
+                            repeat(ledger_id), range(first_entry_id, first_entry_id + taken))))
+        cur.entries_pushed += taken
+        cur.bytes_pushed += taken_bytes
+        actions: list[Action] = [WriteEntries(first_add_id, ledger_id, first_entry_id, taken)]
+        if reason is not None:
+            self._to(ManagedLedgerState.ROLLING_OVER)
+            actions.append(StartRollover(ledger_id, reason))
+            for offset in range(taken, count):
+                add_id = first_add_id + offset
+                adds[add_id] = _Add(sizes_bytes[offset], publish_times_ms[offset])
+                self._queue.append(add_id)
+        return first_add_id, actions
 
     def _push_queued(self, now_ms: int | None) -> list[Action]:
-        """Send queued adds to the current ledger until it is full (then roll over)."""
+        """Send queued adds to the current ledger (one WriteEntries per run of consecutive add
+        ids) until it is full (then roll over)."""
         actions: list[Action] = []
         cur = self._require_current()
-        while self._queue and self._state is ManagedLedgerState.READY:
-            add_id = self._queue.popleft()
-            add = self._adds[add_id]
+        queue = self._queue
+        adds = self._adds
+        run_add_id = run_entry_id = -1
+        run_count = 0
+        while queue and self._state is ManagedLedgerState.READY:
+            add_id = queue.popleft()
+            add = adds[add_id]
             add.ledger_id, add.entry_id = cur.ledger_id, cur.entries_pushed
+            if run_count and add_id == run_add_id + run_count:
+                run_count += 1
+            else:
+                if run_count:
+                    actions.append(WriteEntries(run_add_id, cur.ledger_id, run_entry_id, run_count))
+                run_add_id, run_entry_id, run_count = add_id, add.entry_id, 1
             cur.entries_pushed += 1
             cur.bytes_pushed += add.size_bytes
-            actions.append(WriteEntry(add_id, cur.ledger_id, add.entry_id))
             reason = self.policy.reason(cur.entries_pushed, cur.bytes_pushed, cur.created_ms,
                                         now_ms if now_ms is not None else cur.created_ms)
             if reason is not None:
+                actions.append(WriteEntries(run_add_id, cur.ledger_id, run_entry_id, run_count))
+                run_count = 0
                 self._to(ManagedLedgerState.ROLLING_OVER)
                 actions.append(StartRollover(cur.ledger_id, reason))
+        if run_count:
+            actions.append(WriteEntries(run_add_id, cur.ledger_id, run_entry_id, run_count))
         return actions
-
-    def on_add_confirmed(self, add_id: int, ledger_id: int, entry_id: int) -> list[Action]:
-        add = self._adds.pop(add_id, None)
-        if add is None:
-            raise InvariantViolation(f"{self.name}: confirmation of unknown or failed add {add_id} "
-                                     f"at {ledger_id}:{entry_id}")
-        cur = self._require_current()
-        if not (add.ledger_id == ledger_id == cur.ledger_id and add.entry_id == entry_id == cur.entries_confirmed):
-            raise InvariantViolation(
-                f"{self.name}: add {add_id} confirmed at {ledger_id}:{entry_id}, expected "
-                f"{add.ledger_id}:{add.entry_id} (current {cur.ledger_id}, next {cur.entries_confirmed})")
-        cur.entries_confirmed += 1
-        cur.bytes_confirmed += add.size_bytes
-        pt = add.publish_time_ms
-        lo, hi = cur.min_publish_time_ms, cur.max_publish_time_ms
-        if lo is None or pt < lo:
-            cur.min_publish_time_ms = pt
-        if hi is None or pt > hi:
-            cur.max_publish_time_ms = pt
-        position = Position(ledger_id, entry_id)
-        last = self._last_confirmed      # (the message is built only on failure)
-        if last is not None and position <= last:
-            raise InvariantViolation(f"{self.name}: last confirmed would go backwards: {last} -> {position}")
-        self._last_confirmed = position
-        return [CompleteAdd(add_id, position)]
 
     def on_adds_confirmed(self, first_add_id: int, ledger_id: int, first_entry_id: int,
                           count: int) -> list[Action]:
         """Adds ``first_add_id ..`` (``count`` of them) confirmed at consecutive entries from
-        ``first_entry_id``: the same checks and outcome as ``on_add_confirmed`` for each in
-        turn, in one state change, and one CompleteAdds."""
+        ``first_entry_id``, the next ones of the current ledger: one state change and one
+        CompleteAdds. Raises InvariantViolation (nothing changes) for an add that is unknown,
+        failed, sent elsewhere, or out of order."""
         if count <= 0:
             raise InvariantViolation(f"{self.name}: confirmation of {count} adds")
         cur = self._require_current()
@@ -841,10 +815,10 @@ class ManagedLedgerCore:
 
 
 __all__ = [
-    "Action", "CompleteAdd", "CompleteAdds", "FailAdd", "LedgerInfo", "LedgerInfoState", "ManagedLedgerClosedError",
+    "Action", "CompleteAdds", "FailAdd", "LedgerInfo", "LedgerInfoState", "ManagedLedgerClosedError",
     "ManagedLedgerCore", "ManagedLedgerError", "ManagedLedgerFencedError", "ManagedLedgerMetadata",
     "ManagedLedgerState", "OffloadInfo", "OffloadState", "Position", "RolloverPolicy", "RolloverReason",
-    "STATE_TRANSITIONS", "StartRollover", "WriteEntries", "WriteEntry", "iter_positions", "ledger_ranges",
+    "STATE_TRANSITIONS", "StartRollover", "WriteEntries", "iter_positions", "ledger_ranges",
     "next_position",
     "with_ledger_appended", "with_ledger_closed", "with_offload", "without_ledgers",
 ]

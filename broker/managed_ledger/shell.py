@@ -33,17 +33,17 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence
 
 from bookie.client.ledger_client import LedgerClient, LedgerWriter
 from bookie.client.metadata import LedgerMetadata
 from bookie.client.reader import LedgerReader
 from broker.managed_ledger.config import ManagedLedgerConfig
-from broker.managed_ledger.core import (CompleteAdd, CompleteAdds, FailAdd, LedgerInfo, LedgerInfoState,
+from broker.managed_ledger.core import (CompleteAdds, FailAdd, LedgerInfo, LedgerInfoState,
                                         ManagedLedgerClosedError, ManagedLedgerCore, ManagedLedgerError,
                                         ManagedLedgerFencedError, ManagedLedgerMetadata, ManagedLedgerState,
                                         OffloadInfo, OffloadState, Position, RolloverPolicy, StartRollover,
-                                        WriteEntries, WriteEntry, ledger_ranges)
+                                        WriteEntries, ledger_ranges)
 from broker.managed_ledger.store import ManagedLedgerStore, check_name, encode
 from pulsarlite.errors import (InvariantViolation, LedgerFencedError, MetadataError, MetadataNotFoundError,
                                MetadataVersionConflict, PulsarliteError, check)
@@ -57,22 +57,23 @@ TierReader = Callable[[LedgerInfo, int, int], Awaitable[list[tuple[int, bytes]]]
 
 
 OffloadDeleter = Callable[[int, str], Awaitable[None]]
-# add_with_callback's callback: (position, None) once confirmed, (None, error) if the add failed
-AddDone = Callable[["Position | None", "BaseException | None"], None]
-# try_add_run's callback: (first_offset, last_offset, first_position, None) once the adds at
+# add_entries' callback: (first_offset, last_offset, first_position, None) once the adds at
 # those offsets of the run are confirmed (at consecutive entries from first_position), or
 # (first_offset, last_offset, None, error) if they failed; in order, every offset exactly once
 RunAddDone = Callable[[int, int, "Position | None", "BaseException | None"], None]
 
 
 class _AddRun:
-    """What waits for the adds of a run (try_add_run): ids ``first_add_id ..``."""
+    """One add_entries call: its adds (ids ``first_add_id ..``), their payloads until they are
+    completed or failed, and whom to tell."""
 
-    __slots__ = ("first_add_id", "done")
+    __slots__ = ("first_add_id", "payloads", "done")
 
-    def __init__(self, first_add_id: int, done: RunAddDone) -> None:
+    def __init__(self, first_add_id: int, payloads: Sequence[bytes], done: RunAddDone) -> None:
         self.first_add_id = first_add_id
+        self.payloads = payloads
         self.done = done
+
 TRIMMED_PROPERTY = "pulsarlite.trimmed"     # list property: ledgers out of the list, deletion pending
 
 
@@ -114,11 +115,8 @@ class ManagedLedger:
             pending_adds_max=config.pending_adds_max)
         self._version = -1
         self._writer: LedgerWriter | None = None
-        # add id -> its payload until written (a run's payloads under its first add id)
-        self._payloads: dict[int, "bytes | list[bytes]"] = {}
-        # add id -> what waits for it: a Future (add_async), a callback (add_with_callback), or
-        # the _AddRun of its run (try_add_run)
-        self._futures: dict[int, "asyncio.Future | AddDone | _AddRun"] = {}
+        # add id -> the _AddRun it belongs to, until it is completed or failed
+        self._runs: dict[int, _AddRun] = {}
         self._capacity_waiters: list[asyncio.Future] = []
         self._in_add = False
         self._rollover_task: asyncio.Task | None = None
@@ -262,67 +260,42 @@ class ManagedLedger:
         return self._core.metadata
 
     # -- adds ------------------------------------------------------------------------------------
-    def add_async(self, payload: bytes, publish_time_ms: int) -> asyncio.Future:
-        """Queue an add; the future resolves with its Position once confirmed (in order). Raises
-        at once (nothing queued) if adds are refused: ManagedLedgerFencedError, -ClosedError, or
-        a retriable ManagedLedgerError (FAILED, or pending_adds_max adds pending)."""
-        payload = bytes(payload)
-        add_id, actions = self._core.add(len(payload), publish_time_ms, self._clock())
-        fut = asyncio.get_running_loop().create_future()
-        self._futures[add_id] = fut
-        self._payloads[add_id] = payload
-        self._run(actions)
-        return fut
-
-    def add_with_callback(self, payload: bytes, publish_time_ms: int, done: "AddDone") -> None:
-        """Like :meth:`add_async` without a Future (the broker's publish path): raises at once
-        the same way; else ``done(position, None)`` once confirmed or ``done(None, error)`` runs
-        exactly once, from the loop (never from inside this call), in add order."""
-        if type(payload) is not bytes:
-            payload = bytes(payload)
-        add_id, actions = self._core.add(len(payload), publish_time_ms, self._clock())
-        self._futures[add_id] = done
-        if len(actions) == 1 and type(actions[0]) is WriteEntry:
-            # the common case: straight to the current ledger's writer, as _run does it
-            a = actions[0]
-            writer = self._writer
-            if writer is not None and writer.ledger_id == a.ledger_id:
-                try:
-                    writer.add_with_callback(payload, functools.partial(self._on_entry_done, add_id, a.ledger_id))
-                except PulsarliteError as e:
-                    self._run_in_add(self._core.on_add_failed(add_id, a.ledger_id, e))
-                return
-        self._payloads[add_id] = payload
+    def add_entries(self, payloads: Sequence[bytes], publish_times_ms: Sequence[int], done: RunAddDone) -> None:
+        """The one add path: append ``payloads`` (``publish_times_ms`` for the ledger stats), in
+        order (a single add is a run of one). ``done`` runs from the loop, never from inside this
+        call, for consecutive ranges of offsets into the run, in order, covering it once (see
+        RunAddDone): confirmed (at consecutive positions: a rollover inside the run splits it
+        into ranges) or failed. Raises at once (nothing queued) if adds are refused:
+        ManagedLedgerFencedError, -ClosedError, or a retriable ManagedLedgerError (FAILED, or
+        the run does not fit under pending_adds_max)."""
+        first_add_id, actions = self._core.add([len(p) for p in payloads], publish_times_ms, self._clock())
+        run = _AddRun(first_add_id, payloads, done)
+        self._runs.update(dict.fromkeys(range(first_add_id, first_add_id + len(payloads)), run))
         self._run_in_add(actions)
+
+    def add_async(self, payload: bytes, publish_time_ms: int) -> asyncio.Future:
+        """``add_entries`` of one payload, as a future of its Position (resolved once it is
+        confirmed, in order). Raises at once like ``add_entries``."""
+        fut = asyncio.get_running_loop().create_future()
+
+        def done(first: int, last: int, position: Position | None, error: BaseException | None) -> None:
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(position)
+        self.add_entries((bytes(payload),), (publish_time_ms,), done)
+        return fut
 
     def _run_in_add(self, actions) -> None:
         """Run actions from inside an add call: a completion or failure they produce is
-        reported from the loop, never from inside the caller's add (see _call_done)."""
+        reported from the loop, never from inside the caller's add (see _call_run_done)."""
         in_add, self._in_add = self._in_add, True
         try:
             self._run(actions)
         finally:
             self._in_add = in_add
-
-    def try_add_run(self, payloads: list[bytes], publish_times_ms: list[int], done: RunAddDone) -> bool:
-        """Add a run of payloads in one call when the common case allows it (READY, nothing
-        queued, room under pending_adds_max, no rollover point inside the run, the current
-        ledger writing with every bookie usable): the run goes to the ledger as one add of
-        consecutive entries and True is returned; ``done`` then runs from the loop (never from
-        inside this call) for consecutive ranges of offsets, in order, covering the run once
-        (see RunAddDone). Otherwise False and nothing happened: add them one by one."""
-        writer = self._writer
-        if writer is None or writer.ledger_id != self._core.current_ledger_id or not writer.can_take_run():
-            return False
-        got = self._core.add_run([len(p) for p in payloads], publish_times_ms, self._clock())
-        if got is None:
-            return False
-        first_add_id, actions = got
-        self._futures.update(dict.fromkeys(range(first_add_id, first_add_id + len(payloads)),
-                                           _AddRun(first_add_id, done)))
-        self._payloads[first_add_id] = payloads
-        self._run_in_add(actions)
-        return True
 
     async def add(self, payload: bytes, publish_time_ms: int) -> Position:
         """Add and wait for confirmation; waits first while pending_adds_max adds are pending."""
@@ -559,81 +532,66 @@ class ManagedLedger:
             kind = type(a)
             if kind is WriteEntries:
                 writer = self._writer_of(a.ledger_id)
-                payloads = self._payloads.pop(a.add_id)
+                payloads = self._payloads_of(a.add_id, a.count)
                 try:
-                    first = writer.add_run(payloads, functools.partial(self._on_run_done, a.add_id, a.ledger_id,
-                                                                       a.entry_id))
-                except PulsarliteError as e:       # each add of the run fails, in order, as one would
+                    first = writer.add_entries(payloads, functools.partial(self._on_entries_done, a.add_id,
+                                                                           a.ledger_id, a.entry_id))
+                except PulsarliteError as e:       # each add fails, in order, as the writer would fail them
                     for add_id in range(a.add_id, a.add_id + a.count):
                         self._run(core.on_add_failed(add_id, a.ledger_id, e))
                     continue
                 if first != a.entry_id:
-                    raise InvariantViolation(f"{self.name}: run of adds {a.add_id}.. got entry {first} of ledger "
+                    raise InvariantViolation(f"{self.name}: adds {a.add_id}.. got entry {first} of ledger "
                                              f"{a.ledger_id}, expected {a.entry_id}")
             elif kind is CompleteAdds:
-                futures = self._futures
-                waiter = futures[a.add_id]
-                if type(waiter) is _AddRun:
-                    last_add_id = a.add_id + a.count - 1
-                    if futures.get(last_add_id) is not waiter:
-                        raise InvariantViolation(f"{self.name}: adds {a.add_id}..{last_add_id} confirmed "
-                                                 f"together are not of one run")
-                    for add_id in range(a.add_id, last_add_id + 1):
-                        del futures[add_id]
-                    offset = a.add_id - waiter.first_add_id
-                    self._call_run_done(waiter.done, offset, offset + a.count - 1,
-                                        Position(a.ledger_id, a.entry_id), None)
-                else:
-                    for i in range(a.count):
-                        self._run([CompleteAdd(a.add_id + i, Position(a.ledger_id, a.entry_id + i))])
-                if self._capacity_waiters:
-                    self._wake_capacity()
-            elif kind is WriteEntry:
-                writer = self._writer_of(a.ledger_id)
-                payload = self._payloads.pop(a.add_id)
-                try:
-                    writer.add_with_callback(payload, functools.partial(self._on_entry_done, a.add_id, a.ledger_id))
-                except PulsarliteError as e:
-                    self._run(core.on_add_failed(a.add_id, a.ledger_id, e))
-                    continue
-            elif isinstance(a, CompleteAdd):
-                waiter = self._futures.pop(a.add_id)
-                if isinstance(waiter, asyncio.Future):
-                    if not waiter.done():
-                        waiter.set_result(a.position)
-                elif type(waiter) is _AddRun:
-                    offset = a.add_id - waiter.first_add_id
-                    self._call_run_done(waiter.done, offset, offset, a.position, None)
-                else:
-                    self._call_done(waiter, a.position, None)
-                if self._capacity_waiters:
-                    self._wake_capacity()
-            elif isinstance(a, FailAdd):
-                self._payloads.pop(a.add_id, None)
-                waiter = self._futures.pop(a.add_id)
-                if isinstance(waiter, asyncio.Future):
-                    if not waiter.done():
-                        waiter.set_exception(a.error)
-                elif type(waiter) is _AddRun:
-                    offset = a.add_id - waiter.first_add_id
-                    self._call_run_done(waiter.done, offset, offset, None, a.error)
-                else:
-                    self._call_done(waiter, None, a.error)
+                self._complete(a)
+            elif kind is FailAdd:
+                run = self._runs.pop(a.add_id)
+                offset = a.add_id - run.first_add_id
+                self._call_run_done(run.done, offset, offset, None, a.error)
                 self._wake_capacity()
-            elif isinstance(a, StartRollover):
+            elif kind is StartRollover:
                 log.info("managed ledger %s: rollover of ledger=%d (%s)", self.name, a.ledger_id, a.reason.value)
                 self._rollover_task = self._spawn(self._rollover(a), f"rollover {a.ledger_id}")
             else:
                 raise InvariantViolation(f"{self.name}: unknown action {a!r}")
 
-    def _call_done(self, done: "AddDone", position: Position | None, error: BaseException | None) -> None:
-        if self._in_add:
-            asyncio.get_running_loop().call_soon(self._call_done, done, position, error)
-            return
-        try:
-            done(position, error)
-        except Exception:        # as a Future's done callback: log, go on with the others
-            log.exception("managed ledger %s: add callback failed", self.name)
+    def _payloads_of(self, add_id: int, count: int) -> Sequence[bytes]:
+        """The payloads of adds ``add_id .. add_id + count - 1`` (one run, or parts of several
+        when queued adds go out together)."""
+        runs = self._runs
+        run = runs[add_id]
+        offset = add_id - run.first_add_id
+        if offset == 0 and count == len(run.payloads):
+            return run.payloads
+        out: list[bytes] = []
+        while count:
+            run = runs[add_id]
+            offset = add_id - run.first_add_id
+            taken = min(count, len(run.payloads) - offset)
+            out += run.payloads[offset:offset + taken]
+            add_id += taken
+            count -= taken
+        return out
+
+    def _complete(self, a: CompleteAdds) -> None:
+        """Tell the runs of adds ``a.add_id ..`` they are confirmed, a range per run."""
+        runs = self._runs
+        add_id = a.add_id
+        entry_id = a.entry_id
+        count = a.count
+        while count:
+            run = runs[add_id]
+            offset = add_id - run.first_add_id
+            taken = min(count, len(run.payloads) - offset)
+            for i in range(add_id, add_id + taken):
+                del runs[i]
+            self._call_run_done(run.done, offset, offset + taken - 1, Position(a.ledger_id, entry_id), None)
+            add_id += taken
+            entry_id += taken
+            count -= taken
+        if self._capacity_waiters:
+            self._wake_capacity()
 
     def _call_run_done(self, done: RunAddDone, first: int, last: int, position: Position | None,
                        error: BaseException | None) -> None:
@@ -645,41 +603,30 @@ class ManagedLedger:
         except Exception:        # as a Future's done callback: log, go on with the others
             log.exception("managed ledger %s: add callback failed", self.name)
 
-    def _on_run_done(self, first_add_id: int, ledger_id: int, run_entry_id: int, first_entry_id: int,
-                     last_entry_id: int, error: BaseException | None) -> None:
-        """The ledger writer's answer for entries first..last of the run that starts at add
-        ``first_add_id`` / entry ``run_entry_id``: confirmed as one range in the common case;
-        otherwise entry by entry, exactly as single adds are."""
-        add_id = first_add_id + (first_entry_id - run_entry_id)
+    def _on_entries_done(self, first_add_id: int, ledger_id: int, write_entry_id: int, first_entry_id: int,
+                         last_entry_id: int, error: BaseException | None) -> None:
+        """The ledger writer's answer for entries first..last of the WriteEntries that starts at
+        add ``first_add_id`` / entry ``write_entry_id``."""
+        add_id = first_add_id + (first_entry_id - write_entry_id)
         count = last_entry_id - first_entry_id + 1
-        if error is None and self._core.state not in (ManagedLedgerState.FENCED, ManagedLedgerState.FAILED):
-            self._run(self._core.on_adds_confirmed(add_id, ledger_id, first_entry_id, count))
-            return
-        for i in range(count):
-            self._on_entry_done(add_id + i, ledger_id, first_entry_id + i, error)
-
-    def _on_entry_done(self, add_id: int, ledger_id: int, entry_id: int, error: BaseException | None) -> None:
+        core = self._core
         if error is None:
-            if self._core.state in (ManagedLedgerState.FENCED, ManagedLedgerState.FAILED) \
-                    and add_id not in self._futures:
-                log.warning("managed ledger %s: add %d confirmed at %d:%d after it was failed back",
-                            self.name, add_id, ledger_id, entry_id)
+            if core.state not in (ManagedLedgerState.FENCED, ManagedLedgerState.FAILED):
+                self._run(core.on_adds_confirmed(add_id, ledger_id, first_entry_id, count))
                 return
-            actions = self._core.on_add_confirmed(add_id, ledger_id, entry_id)
-            if len(actions) == 1 and type(actions[0]) is CompleteAdd:
-                # the common case, as _run does it for a callback's CompleteAdd
-                waiter = self._futures.get(add_id)
-                if waiter is not None and type(waiter) is not _AddRun and not isinstance(waiter, asyncio.Future):
-                    del self._futures[add_id]
-                    self._call_done(waiter, actions[0].position, None)
-                    if self._capacity_waiters:
-                        self._wake_capacity()
-                    return
-            self._run(actions)
-        else:
-            if not isinstance(error, PulsarliteError):
-                error = ManagedLedgerError(f"{self.name}: add to ledger {ledger_id} failed: {error!r}")
-            self._run(self._core.on_add_failed(add_id, ledger_id, error))
+            # failed back already (fenced, a failed rollover): a late confirmation changes nothing
+            late = [i for i in range(count) if add_id + i not in self._runs]
+            if late:
+                log.warning("managed ledger %s: %d adds confirmed at %d:%d.. after they were failed back",
+                            self.name, len(late), ledger_id, first_entry_id + late[0])
+            for i in range(count):
+                if add_id + i in self._runs:
+                    self._run(core.on_adds_confirmed(add_id + i, ledger_id, first_entry_id + i, 1))
+            return
+        if not isinstance(error, PulsarliteError):
+            error = ManagedLedgerError(f"{self.name}: add to ledger {ledger_id} failed: {error!r}")
+        for i in range(count):
+            self._run(core.on_add_failed(add_id + i, ledger_id, error))
 
     def _wake_capacity(self) -> None:
         if self._capacity_waiters:

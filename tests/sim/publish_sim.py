@@ -143,8 +143,11 @@ class SimManagedLedger:
         from broker.managed_ledger.core import LedgerInfo
         return [LedgerInfo(LEDGER_ID, entries=len(self.log.entries), size_bytes=0)]
 
-    def add_with_callback(self, data, publish_time, done) -> None:
-        self.pending.append(_Add(data, done))
+    def add_entries(self, datas, publish_times, done) -> None:
+        """The managed ledger's one add path; each entry completes on its own (a range of one)."""
+        for offset, data in enumerate(datas):
+            self.pending.append(_Add(data, lambda position, error, offset=offset: done(offset, offset, position,
+                                                                                       error)))
 
     def complete_head(self, stored: bool, kept_max: int = 0) -> None:
         """Confirm the oldest add, or fail it and every add after it, keeping up to
@@ -301,15 +304,14 @@ class CppProducer:
     def _send_op(self, op: _Op) -> None:
         conn = self.connection
         self.sim.trace.append(f"{self.name} send {op.first}+{op.count} {[n for _, n in op.messages]}")
-        try:
-            # CommandSend: sequence_id = first; highest_sequence_id unset (0: the connection
-            # passes the sequence id)
-            conn.sent.append(op)
-            self.sim.topic.publish(conn.producer, op.first, op.first, op.data)
-        except Exception as e:
+        # CommandSend: sequence_id = first; highest_sequence_id unset (0: the connection passes
+        # the sequence id)
+        conn.sent.append(op)
+        refused = self.sim.topic.publish(conn.producer, [(op.first, op.first, op.data)])
+        if refused:
             conn.sent.remove(op)      # refused at once: the connection answers SEND_ERROR
             conn.inbox.append(("error", op.first))
-            self.sim.trace.append(f"{self.name} send refused: {e!r}")
+            self.sim.trace.append(f"{self.name} send refused: {refused[0][1]!r}")
 
     def timeout(self) -> None:
         """The send timeout: every pending send and the open batch fail; the counter stays."""

@@ -10,8 +10,9 @@ LedgerRecoveryCore (sometimes a third one concurrently); the old writer keeps tr
 message may be lost or delayed past its timeout. After a fault phase the network and bookies
 heal, everything runs to quiescence and the invariants are checked (DESIGN.md §4, 1 and 3-5).
 
-The writer adds single entries (``add``) and runs of entries (``add_run``: one request per
-bookie with its share of the run, acks back per bookie as the asyncio shell gets them); OK
+The writer adds single entries and runs of entries through the write core's one add path
+(``add``: one request per bookie with its share of the run, a single entry being a run of one;
+acks back per bookie as the asyncio shell gets them); OK
 answers reach the core as the shell feeds them (``on_add_acks``) or one by one
 (``on_add_result``). Tailing readers open the ledger WITHOUT recovery and read it up to its LAC
 while it is written: they run the real asyncio shell (``LedgerClient.open_ledger(recovery=False)``,
@@ -106,7 +107,7 @@ class SimConfig:
     # no takeover at all: the writer closes the ledger itself (tailing readers must not fence it)
     no_takeover_probability: float = 0.1
     recovery_attempts_max: int = 50
-    # the writer: runs of entries in one add_run call; OK answers fed as the asyncio shell does
+    # the writer: runs of entries in one add call; OK answers fed as the asyncio shell does
     # (on_add_acks) in some seeds, one by one (on_add_result) in the others
     run_probability: float = 0.3
     run_entries: tuple[int, int] = (2, 6)
@@ -755,10 +756,7 @@ class WriterClient:
             count = min(self.sim.mode_rng.randint(*c.run_entries), c.entries - len(self.payloads))
         payloads = [self._payload(len(self.payloads) + i) for i in range(count)]
         try:
-            if count == 1:
-                first, actions = self.core.add(payloads[0], self.sim.now)
-            else:
-                first, actions = self.core.add_run(payloads, self.sim.now)
+            first, actions = self.core.add(payloads, self.sim.now)
         except PulsarliteError as e:
             self.sim.log(f"writer add refused: {e!r}")
             self.adds_refused = True

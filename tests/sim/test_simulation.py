@@ -8,7 +8,7 @@ Planted defects (each test plants one, in the real code or the simulation, and s
 simulation finds it within DEFECT_SEED_BUDGET seeds, then that the same seed is clean without
 it): recovery reads without the fence flag (TLA+ defect 1); the writer reporting its own
 close after losing the close CAS to another close; a recovery reporting its own close after
-losing; the batched add path (add_run) sending a LAC one too high; coalesced acks counted as
+losing; the add path sending a LAC one too high; coalesced acks counted as
 cumulative; a non-recovery reader readable up to LAC + 1; a non-recovery open sending the
 fence flag; a wiped bookie rejoining under its old id (no cookie check).
 """
@@ -164,12 +164,12 @@ def _run_lac_one_too_high(original):
 
 @pytest.mark.parametrize("config", ["e3w3a2n3", "e3w2a2n4", "e4w3a2n5"])
 def test_planted_wrong_lac_on_the_batched_add_path_is_caught(config, monkeypatch):
-    """add_run (the broker's publish path) sends its run carrying LAC + 1: the entry at that
+    """The write core's add (every add path) sends its run carrying LAC + 1: the entry at that
     LAC is not confirmed, yet readers may read it and recovery starts past it. Caught at once
     by the check of the LAC every sent entry carries, and, without that check, by the final
     invariants (an entry of the closed ledger on fewer than Qa bookies, a tailing reader
     reading past the writer's LAC)."""
-    monkeypatch.setattr(LedgerWriteCore, "add_run", _run_lac_one_too_high(LedgerWriteCore.add_run))
+    monkeypatch.setattr(LedgerWriteCore, "add", _run_lac_one_too_high(LedgerWriteCore.add))
     seed, _ = find_defect(config, "but only")          # "writer sends entry E with LAC L, but only ..."
     # the deeper checks find it too
     deeper = ("durable on", "beyond the writer's LAC", "acknowledged entry", "unreadable")

@@ -15,6 +15,14 @@ from pulsarlite.topic_name import TopicName
 from pulsarlite.wire.entry import Message, build_batch_entry, build_entry, peek_metadata
 
 
+
+def publish(topic, producer, sequence_id: int, highest_sequence_id: int, entry) -> None:
+    """One SEND through the topic's one publish path (a run of one); a refusal at the edge
+    raised, as the connection would answer it."""
+    refused = topic.publish(producer, [(sequence_id, highest_sequence_id, entry)])
+    if refused:
+        raise refused[0][1]
+
 class FakeML:
     state = ManagedLedgerState.READY
 
@@ -30,9 +38,11 @@ class FakeML:
         self.adds.append((data, fut))
         return fut
 
-    def add_with_callback(self, data, publish_time, done):   # ManagedLedger's hot-path variant
-        fut = self.add_async(data, publish_time)
-        fut.add_done_callback(lambda f: done(None, f.exception()) if f.exception() else done(f.result(), None))
+    def add_entries(self, datas, publish_times, done):   # ManagedLedger's one add path
+        for offset, (data, publish_time) in enumerate(zip(datas, publish_times)):
+            fut = self.add_async(data, publish_time)
+            fut.add_done_callback(lambda f, i=offset: done(i, i, None, f.exception()) if f.exception()
+                                  else done(i, i, f.result(), None))
 
     def confirm(self, index: int) -> Position:
         position = Position(7, self.next_entry)
@@ -95,13 +105,13 @@ async def test_duplicates_get_receipts_in_order_without_being_stored():
     topic, ml = make_topic()
     h = Handle()
     p = topic.add_producer(h, "p", None)
-    topic.publish(p, 0, 0, entry(0))
-    topic.publish(p, 1, 1, entry(1))
+    publish(topic, p, 0, 0, entry(0))
+    publish(topic, p, 1, 1, entry(1))
     ml.confirm(0)
     ml.confirm(1)
     await settle()
-    topic.publish(p, 2, 2, entry(2))     # new, in flight
-    topic.publish(p, 1, 1, entry(1))     # duplicate of a stored one: answered after seq 2 (order)
+    publish(topic, p, 2, 2, entry(2))     # new, in flight
+    publish(topic, p, 1, 1, entry(1))     # duplicate of a stored one: answered after seq 2 (order)
     assert len(ml.adds) == 3
     await settle()
     assert h.out == [("receipt", 0, (7, 0)), ("receipt", 1, (7, 1))]
@@ -115,10 +125,10 @@ async def test_in_flight_copy_is_decided_after_the_first_copys_outcome():
     topic, ml = make_topic()
     old, new = Handle(0), Handle(1)
     p_old = topic.add_producer(old, "p", None)
-    topic.publish(p_old, 0, 0, entry(0))
+    publish(topic, p_old, 0, 0, entry(0))
     topic.remove_producer(p_old)           # the client reconnects and resends seq 0
     p_new = topic.add_producer(new, "p", None)
-    topic.publish(p_new, 0, 0, entry(0))
+    publish(topic, p_new, 0, 0, entry(0))
     assert len(ml.adds) == 1              # not stored twice
     ml.confirm(0)
     await settle()
@@ -126,12 +136,12 @@ async def test_in_flight_copy_is_decided_after_the_first_copys_outcome():
     # the first copy fails: the copy waiting for it is stored, BEFORE the send that came after
     # it (storing seq 2 first and seq 1 later would break the producer's order)
     p_new2 = topic.add_producer(Handle(2), "p2", None)
-    topic.publish(p_new2, 1, 1, entry(1))
+    publish(topic, p_new2, 1, 1, entry(1))
     topic.remove_producer(p_new2)
     h3 = Handle(3)
     p3 = topic.add_producer(h3, "p2", None)
-    topic.publish(p3, 1, 1, entry(1))      # waits for the first copy
-    topic.publish(p3, 2, 2, entry(2))      # waits behind it
+    publish(topic, p3, 1, 1, entry(1))      # waits for the first copy
+    publish(topic, p3, 2, 2, entry(2))      # waits behind it
     assert len(ml.adds) == 2
     ml.adds[1][1].set_exception(RuntimeError("bookies down"))
     await settle()
@@ -139,8 +149,8 @@ async def test_in_flight_copy_is_decided_after_the_first_copys_outcome():
     assert h3.closed and h3.out == []     # the topic blocked: the client reconnects, resends in order
     h4 = Handle(4)
     p4 = topic.add_producer(h4, "p2", None)      # nothing in flight: unblocked
-    topic.publish(p4, 1, 1, entry(1))
-    topic.publish(p4, 2, 2, entry(2))
+    publish(topic, p4, 1, 1, entry(1))
+    publish(topic, p4, 2, 2, entry(2))
     assert [d for d, _ in ml.adds[2:]] == [entry(1), entry(2)]
     ml.confirm(2)
     ml.confirm(3)
@@ -158,7 +168,7 @@ async def test_a_failed_write_blocks_the_topic_until_the_adds_in_flight_are_done
     h = Handle()
     p = topic.add_producer(h, "p", None)
     for seq in range(3):
-        topic.publish(p, seq, seq, entry(seq))
+        publish(topic, p, seq, seq, entry(seq))
     ml.adds[0][1].set_exception(RuntimeError("bookie gone"))
     await settle()
     assert h.closed and h.out == []
@@ -168,7 +178,7 @@ async def test_a_failed_write_blocks_the_topic_until_the_adds_in_flight_are_done
     ml.adds[2][1].set_exception(RuntimeError("bookie gone"))
     await settle()
     p2 = topic.add_producer(Handle(2), "p", None)       # unblocked once nothing is in flight
-    topic.publish(p2, 0, 0, entry(0))
+    publish(topic, p2, 0, 0, entry(0))
     assert len(ml.adds) == 4
 
 
@@ -177,7 +187,7 @@ async def test_batched_entries_cover_their_sequence_range():
     p = topic.add_producer(Handle(), "p", None)
     batch = build_batch_entry([Message(b"a"), Message(b"b"), Message(b"c")], producer_name="p",
                               sequence_id=10, publish_time_ms=1)
-    topic.publish(p, 10, 10, batch)        # highest_sequence_id not given: 10..12 from the batch
+    publish(topic, p, 10, 10, batch)        # highest_sequence_id not given: 10..12 from the batch
     ml.confirm(0)
     await settle()
     assert topic.last_sequence_id("p") == 12
@@ -258,7 +268,7 @@ async def test_a_client_that_resets_its_sequence_ids_on_reconnect_loses_nothing(
     h1 = Handle(0)
     p1 = topic.add_producer(h1, "p", None)
     for seq in range(4):                          # m0 stored; the receipt never reaches the client
-        topic.publish(p1, seq, seq, cpp_entry(seq, f"m{seq}"))
+        publish(topic, p1, seq, seq, cpp_entry(seq, f"m{seq}"))
     ml.confirm(0)
     ml.adds[1][1].set_exception(RuntimeError("session suspended"))   # m1..m3 fail: reconnect
     ml.adds[2][1].set_exception(RuntimeError("session suspended"))
@@ -269,9 +279,9 @@ async def test_a_client_that_resets_its_sequence_ids_on_reconnect_loses_nothing(
     p2 = topic.add_producer(h2, "p", None)
     assert topic.start_producer_session(p2, epoch=1) == 0       # PRODUCER_SUCCESS's last_sequence_id
     for seq in range(0, 6):                       # the client resends m0..m5 (queued meanwhile)
-        topic.publish(p2, seq, seq, cpp_entry(seq, f"m{seq}"))
+        publish(topic, p2, seq, seq, cpp_entry(seq, f"m{seq}"))
     for i, seq in enumerate(range(1, 4)):         # counter reset to 1: m6, m7, m8 as ids 1, 2, 3
-        topic.publish(p2, seq, seq, cpp_entry(seq, f"m{6 + i}"))
+        publish(topic, p2, seq, seq, cpp_entry(seq, f"m{6 + i}"))
     stored_texts = [d for d, _ in ml.adds[4:]]
     assert len(stored_texts) == 5 + 3, len(stored_texts)     # m1..m5 and m6..m8; m0 a duplicate
     for i in range(4, len(ml.adds)):
@@ -282,11 +292,11 @@ async def test_a_client_that_resets_its_sequence_ids_on_reconnect_loses_nothing(
     assert receipts[0][2] == (-1, -1) and all(r[2] != (-1, -1) for r in receipts[1:])
     # true resends of both m2 (id 2) and m7 (id 2) are duplicates; so is an id outside the range
     before = len(ml.adds)
-    topic.publish(p2, 2, 2, cpp_entry(2, "m2"))
-    topic.publish(p2, 2, 2, cpp_entry(2, "m7"))
-    topic.publish(p2, 0, 0, cpp_entry(0, "an application's own resend of id 0"))
+    publish(topic, p2, 2, 2, cpp_entry(2, "m2"))
+    publish(topic, p2, 2, 2, cpp_entry(2, "m7"))
+    publish(topic, p2, 0, 0, cpp_entry(0, "an application's own resend of id 0"))
     assert len(ml.adds) == before
-    topic.publish(p2, 2, 2, cpp_entry(2, "yet another message under id 2"))
+    publish(topic, p2, 2, 2, cpp_entry(2, "yet another message under id 2"))
     assert len(ml.adds) == before + 1
 
 
@@ -309,7 +319,7 @@ async def test_ids_reused_after_a_reset_arrive_in_a_later_session_inside_a_mixed
     p1 = topic.add_producer(h1, "p", None)
     assert topic.start_producer_session(p1, epoch=0) == -1
     for seq in range(4):                               # ids 0..3: 0, 2, 3 stored, 1 failed (a hole)
-        topic.publish(p1, seq, seq, cpp_entry(seq, f"old{seq}"))
+        publish(topic, p1, seq, seq, cpp_entry(seq, f"old{seq}"))
     ml.confirm(0)
     ml.adds[1][1].set_exception(RuntimeError("bookie gone"))
     await settle()
@@ -323,8 +333,8 @@ async def test_ids_reused_after_a_reset_arrive_in_a_later_session_inside_a_mixed
     p2 = topic.add_producer(h2, "p", None)
     assert topic.start_producer_session(p2, epoch=1) == 0
     for seq in (1, 2, 3):
-        topic.publish(p2, seq, seq, cpp_entry(seq, f"old{seq}"))
-    topic.publish(p2, 4, 4, cpp_batch(4, [4, 1, 2], ["old4", "new1", "new2"]))
+        publish(topic, p2, seq, seq, cpp_entry(seq, f"old{seq}"))
+    publish(topic, p2, 4, 4, cpp_batch(4, [4, 1, 2], ["old4", "new1", "new2"]))
     for i in range(4, len(ml.adds)):
         ml.confirm(i)
     await settle()
@@ -335,14 +345,14 @@ async def test_ids_reused_after_a_reset_arrive_in_a_later_session_inside_a_mixed
     p3 = topic.add_producer(h3, "p", None)
     topic.start_producer_session(p3, epoch=1)
     before = len(ml.adds)
-    topic.publish(p3, 3, 3, cpp_batch(3, [3, 4], ["new3", "new4"]))
+    publish(topic, p3, 3, 3, cpp_batch(3, [3, 4], ["new3", "new4"]))
     assert len(ml.adds) == before + 1, "a batch of new messages under reused ids was answered as a duplicate"
     ml.confirm(before)
     await settle()
     assert h3.out[-1][0] == "receipt" and h3.out[-1][2] != (-1, -1)
     # a true resend (the same bytes) is still a duplicate: the resends of session 2 that were
     # answered as duplicates refilled the hole
-    topic.publish(p3, 3, 3, cpp_batch(3, [3, 4], ["new3", "new4"]))
+    publish(topic, p3, 3, 3, cpp_batch(3, [3, 4], ["new3", "new4"]))
     assert len(ml.adds) == before + 1
     assert topic.dedup.holes == {}
 
@@ -363,10 +373,11 @@ async def test_a_send_declaring_an_impossible_batch_count_is_refused_and_changes
         payload = good[peek_metadata(good).payload_offset:]
         bad = len(body).to_bytes(4, "big") + body + payload
         with pytest.raises(EntryFormatError, match="batch message count"):
-            topic.publish(p, 1, 1, bad)
-        assert topic.publish_run(p, [(1, 1, bad)]) is False
+            publish(topic, p, 1, 1, bad)
+        refused = topic.publish(p, [(1, 1, bad), (2, 2, bad)])     # a run: each refused alone
+        assert [(seq, type(e)) for seq, e in refused] == [(1, EntryFormatError), (2, EntryFormatError)]
     assert ml.adds == [] and topic.msg_in == 0
-    topic.publish(p, 0, 0, good)
+    publish(topic, p, 0, 0, good)
     assert len(ml.adds) == 1
 
 
@@ -421,27 +432,27 @@ async def test_a_new_producer_instance_is_deduplicated_by_id_a_reconnect_by_cont
     first = topic.add_producer(Handle(0), "p", None)
     assert topic.start_producer_session(first, epoch=0) == -1
     for seq in range(3):
-        topic.publish(first, seq, seq, cpp_entry(seq, f"attempt1-{seq}"))
+        publish(topic, first, seq, seq, cpp_entry(seq, f"attempt1-{seq}"))
         ml.confirm(seq)
     await settle()
     topic.remove_producer(first)
     retry = topic.add_producer(Handle(1), "p", None)
     assert topic.start_producer_session(retry, epoch=0) == 2
     for seq in range(3):
-        topic.publish(retry, seq, seq, cpp_entry(seq, f"attempt2-{seq}"))
+        publish(topic, retry, seq, seq, cpp_entry(seq, f"attempt2-{seq}"))
     assert len(ml.adds) == 3, "a retried task's rows were stored again"
     topic.remove_producer(retry)
     again = topic.add_producer(Handle(2), "p", None)
     assert topic.start_producer_session(again, epoch=3) == 2
-    topic.publish(again, 3, 3, cpp_entry(3, "new-3"))       # above: new either way
-    topic.publish(again, 4, 4, cpp_entry(4, "new-4"))
+    publish(topic, again, 3, 3, cpp_entry(3, "new-3"))       # above: new either way
+    publish(topic, again, 4, 4, cpp_entry(4, "new-4"))
     ml.confirm(3)
     ml.confirm(4)
     await settle()
     topic.remove_producer(again)
     reconnect = topic.add_producer(Handle(3), "p", None)
     assert topic.start_producer_session(reconnect, epoch=4) == 4
-    topic.publish(reconnect, 4, 4, cpp_entry(4, "new-4"))    # a resend: the same bytes
+    publish(topic, reconnect, 4, 4, cpp_entry(4, "new-4"))    # a resend: the same bytes
     assert len(ml.adds) == 5
 
 
@@ -456,12 +467,12 @@ async def test_with_dedup_a_sequence_id_beyond_int64_is_refused_and_the_producer
     topic.start_producer_session(p, epoch=0)
     for seq in (1 << 63, (1 << 64) - 1):
         with pytest.raises(NotAllowedError, match="beyond"):
-            topic.publish(p, seq, seq, entry(5))
+            publish(topic, p, seq, seq, entry(5))
     batch = build_batch_entry([Message(b"a"), Message(b"b")], producer_name="p", sequence_id=(1 << 63) - 1,
                               publish_time_ms=1)
     with pytest.raises(NotAllowedError):
-        topic.publish(p, (1 << 63) - 1, (1 << 63) - 1, batch)      # covers 2^63 - 1 and 2^63
-    topic.publish(p, 6, 6, entry(6))
+        publish(topic, p, (1 << 63) - 1, (1 << 63) - 1, batch)      # covers 2^63 - 1 and 2^63
+    publish(topic, p, 6, 6, entry(6))
     ml.confirm(0)
     await settle()
     assert ml.adds and h.out == [("receipt", 6, (7, 0))]

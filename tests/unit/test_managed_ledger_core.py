@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.managed_ledger.config import ManagedLedgerConfig
-from broker.managed_ledger.core import (STATE_TRANSITIONS, CompleteAdd, FailAdd, LedgerInfo, LedgerInfoState,
+from broker.managed_ledger.core import (STATE_TRANSITIONS, CompleteAdds, FailAdd, LedgerInfo, LedgerInfoState,
                                         ManagedLedgerClosedError, ManagedLedgerCore, ManagedLedgerError,
                                         ManagedLedgerFencedError, ManagedLedgerMetadata, ManagedLedgerState,
                                         OffloadInfo, OffloadState, Position, RolloverPolicy, RolloverReason,
-                                        StartRollover, WriteEntry, iter_positions, ledger_ranges, next_position,
+                                        StartRollover, WriteEntries, iter_positions, ledger_ranges, next_position,
                                         with_ledger_appended, with_ledger_closed)
 from broker.managed_ledger.store import check_name, decode, encode, managed_ledger_name, managed_ledger_path
 from pulsarlite.errors import (ConfigError, InvariantViolation, LedgerFencedError, NotEnoughBookiesError,
@@ -198,12 +198,14 @@ class Driver:
 
     def run(self, actions):
         for a in actions:
-            if isinstance(a, WriteEntry):
-                assert len(self.written[a.ledger_id]) == a.entry_id
-                self.written[a.ledger_id].append(a.add_id)
-                self.unconfirmed.append((a.add_id, a.ledger_id, a.entry_id))
-            elif isinstance(a, CompleteAdd):
-                self.completed[a.add_id] = a.position
+            if isinstance(a, WriteEntries):
+                for i in range(a.count):
+                    assert len(self.written[a.ledger_id]) == a.entry_id + i
+                    self.written[a.ledger_id].append(a.add_id + i)
+                    self.unconfirmed.append((a.add_id + i, a.ledger_id, a.entry_id + i))
+            elif isinstance(a, CompleteAdds):
+                for i in range(a.count):
+                    self.completed[a.add_id + i] = Position(a.ledger_id, a.entry_id + i)
             elif isinstance(a, FailAdd):
                 self.failed[a.add_id] = a.error
             elif isinstance(a, StartRollover):
@@ -211,7 +213,7 @@ class Driver:
                 self.rollover = a
 
     def add(self, size, publish_time):
-        add_id, actions = self.core.add(size, publish_time, self.now)
+        add_id, actions = self.core.add([size], [publish_time], self.now)
         self.sizes[add_id] = (size, publish_time)
         self.run(actions)
         return add_id
@@ -219,7 +221,7 @@ class Driver:
     def confirm(self, n=1):
         for _ in range(min(n, len(self.unconfirmed))):
             add_id, ledger_id, entry_id = self.unconfirmed.pop(0)
-            self.run(self.core.on_add_confirmed(add_id, ledger_id, entry_id))
+            self.run(self.core.on_adds_confirmed(add_id, ledger_id, entry_id, 1))
 
     def fail_current(self, error):
         """The ledger fails every unconfirmed add, in order (sticky, like LedgerWriter)."""
@@ -285,7 +287,7 @@ def test_fenced_fails_everything_now_and_later():
     assert set(d.failed) == set(ids[1:])
     assert all(isinstance(e, ManagedLedgerFencedError) and not e.retriable for e in d.failed.values())
     with pytest.raises(ManagedLedgerFencedError):
-        d.core.add(1, 1, 0)
+        d.core.add([1], [1], 0)
 
 
 def test_retriable_failure_fails_later_adds_and_rolls_over():
@@ -317,12 +319,12 @@ def test_pending_limit_and_close():
     for _ in range(3):
         d.add(1, 1)
     with pytest.raises(ManagedLedgerError) as e:
-        d.core.add(1, 1, 0)
+        d.core.add([1], [1], 0)
     assert e.value.retriable
     d.confirm(3)
     d.core.start_close()
     with pytest.raises(ManagedLedgerClosedError):
-        d.core.add(1, 1, 0)
+        d.core.add([1], [1], 0)
     md = d.core.close_metadata(d.core.closed_info(2, 3))
     d.run(d.core.on_closed(md))
     assert d.core.state is ManagedLedgerState.CLOSED

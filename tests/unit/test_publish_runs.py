@@ -1,7 +1,8 @@
-"""Runs of adds on the publish path (docs/decisions.md "[perf] Runs of SENDs"): the managed-ledger
-core's add_run / on_adds_confirmed, the write core's add_run, the bookie client's chunked
-outbound queue. Each batch operation is checked against the per-add path on the same inputs:
-same entries, same positions, same confirmations and failures, same final state."""
+"""Runs of adds on the publish path (docs/decisions.md "[perf] Runs of SENDs"): each layer has one
+add path, and a single add is a run of one. The managed-ledger core's add / on_adds_confirmed,
+the write core's add, the bookie client's chunked outbound queue, the broker's SEND path: the
+same adds given as one run or as runs of one (or cut anywhere) give the same entries, positions,
+confirmations, failures and final state."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from hypothesis import strategies as st
 from bookie.client.actions import AddOutcome, ConfirmAdds, FailAdds, SendAdd, SendAddRun
 from bookie.client.metadata import LedgerMetadata
 from bookie.client.write_core import LedgerWriteCore
-from broker.managed_ledger.core import (CompleteAdd, CompleteAdds, FailAdd, LedgerInfo, ManagedLedgerCore,
+from broker.managed_ledger.core import (CompleteAdds, FailAdd, LedgerInfo, ManagedLedgerCore, ManagedLedgerError,
                                         ManagedLedgerFencedError,
                                         ManagedLedgerMetadata, ManagedLedgerState, Position, RolloverPolicy,
-                                        StartRollover, WriteEntries, WriteEntry)
+                                        StartRollover, WriteEntries)
 from pulsarlite.errors import (InvariantViolation, LedgerClosedError, LedgerFencedError, NotEnoughBookiesError)
 
 BIG = 1 << 40
@@ -32,13 +33,13 @@ def ml_core(entries_max=BIG, bytes_max=BIG, age_ms_max=BIG, pending_adds_max=100
 
 
 def expand_ml(actions):
-    """Batch actions as the per-add actions they stand for."""
+    """Range actions as the runs of one they stand for."""
     out = []
     for a in actions:
         if isinstance(a, WriteEntries):
-            out += [WriteEntry(a.add_id + i, a.ledger_id, a.entry_id + i) for i in range(a.count)]
+            out += [WriteEntries(a.add_id + i, a.ledger_id, a.entry_id + i, 1) for i in range(a.count)]
         elif isinstance(a, CompleteAdds):
-            out += [CompleteAdd(a.add_id + i, Position(a.ledger_id, a.entry_id + i)) for i in range(a.count)]
+            out += [CompleteAdds(a.add_id + i, a.ledger_id, a.entry_id + i, 1) for i in range(a.count)]
         else:
             out.append(a)
     return out
@@ -52,30 +53,35 @@ def ml_state(core):
 runs = st.lists(st.tuples(st.integers(0, 500), st.integers(0, 10_000)), min_size=1, max_size=30)
 
 
+def add_one_by_one(core, sizes, times, now_ms=0):
+    """The same adds as runs of one: the first add id and every action, in order."""
+    first, actions = None, []
+    for size, t in zip(sizes, times):
+        add_id, a = core.add([size], [t], now_ms)
+        first = add_id if first is None else first
+        actions += a
+    return first, actions
+
+
 @settings(max_examples=150, deadline=None)
 @given(before=st.integers(0, 5), run=runs, splits=st.lists(st.integers(1, 30), max_size=10))
-def test_ml_add_run_and_range_confirm_match_single_adds(before, run, splits):
+def test_ml_one_run_or_runs_of_one_give_the_same_adds_and_confirmations(before, run, splits):
     batch, single = ml_core(), ml_core()
     for i in range(before):             # adds already in flight ahead of the run
         for core in (batch, single):
-            core.add(10, 7, 0)
+            core.add([10], [7], 0)
     sizes = [s for s, _ in run]
     times = [t for _, t in run]
-    got = batch.add_run(sizes, times, 0)
-    assert got is not None
-    first, actions = got
+    first, actions = batch.add(sizes, times, 0)
     assert len(actions) == 1 and isinstance(actions[0], WriteEntries)
-    expected = []
-    for size, t in run:
-        add_id, a = single.add(size, t, 0)
-        expected += a
-    assert first == expected[0].add_id
-    assert expand_ml(actions) == expected
+    first_single, expected = add_one_by_one(single, sizes, times)
+    assert first == first_single
+    assert expand_ml(actions) == expand_ml(expected)
     assert ml_state(batch) == ml_state(single)
     # confirm: the adds before one by one, the run in the ranges ``splits`` cut it into
     for i in range(before):
         for core in (batch, single):
-            assert core.on_add_confirmed(i, 5, i) == [CompleteAdd(i, Position(5, i))]
+            assert core.on_adds_confirmed(i, 5, i, 1) == [CompleteAdds(i, 5, i, 1)]
     offset = 0
     cuts = iter(splits)
     while offset < len(run):
@@ -84,57 +90,91 @@ def test_ml_add_run_and_range_confirm_match_single_adds(before, run, splits):
         assert out == [CompleteAdds(first + offset, 5, before + offset, count)]
         per_add = []
         for i in range(offset, offset + count):
-            per_add += single.on_add_confirmed(first + i, 5, before + i)
-        assert expand_ml(out) == per_add
+            per_add += single.on_adds_confirmed(first + i, 5, before + i, 1)
+        assert expand_ml(out) == expand_ml(per_add)
         assert ml_state(batch) == ml_state(single)
         offset += count
     assert batch.pending_count == 0
 
 
-def test_ml_add_run_refused_when_not_plain_changes_nothing():
-    # a rollover point inside the run (entries), at its very end, or by bytes
-    for core, sizes in ((ml_core(entries_max=5), [1] * 6), (ml_core(entries_max=5), [1] * 5),
-                        (ml_core(bytes_max=100), [30, 30, 30, 30])):
-        before = ml_state(core)
-        assert core.add_run(sizes, [1] * len(sizes), 0) is None
-        assert ml_state(core) == before
-    # just below the rollover point: taken
-    core = ml_core(entries_max=5)
-    assert core.add_run([1] * 4, [1] * 4, 0) is not None
-    # age: a non-empty ledger past its age
-    core = ml_core(age_ms_max=1000)
-    core.add(1, 1, 0)
-    assert core.add_run([1], [1], 999) is not None
-    assert core.add_run([1], [1], 1000) is None
+@settings(max_examples=200, deadline=None)
+@given(entries_max=st.integers(1, 8), bytes_max=st.integers(1, 400), age_ms_max=st.integers(1, 50),
+       before=st.integers(0, 6), run=runs, now_ms=st.integers(0, 60), confirm_first=st.booleans())
+def test_ml_a_rollover_inside_a_run_splits_it_as_runs_of_one_would(entries_max, bytes_max, age_ms_max, before,
+                                                                    run, now_ms, confirm_first):
+    """The rollover policy (entries, bytes, age) names a point inside, or at the end of, the
+    run: the adds up to it go to the current ledger, the rollover starts, the rest queue; after
+    the rollover the queued ones go to the next ledger. The same actions, positions and state as
+    the same adds one by one."""
+    batch = ml_core(entries_max=entries_max, bytes_max=bytes_max, age_ms_max=age_ms_max)
+    single = ml_core(entries_max=entries_max, bytes_max=bytes_max, age_ms_max=age_ms_max)
+    sizes = [s for s, _ in run]
+    times = [t for _, t in run]
+    outs = []
+    for core, one_by_one in ((batch, False), (single, True)):
+        out = []
+        for i in range(before):
+            if core.state is ManagedLedgerState.READY:
+                out += core.add([10], [7], 0)[1]
+        if one_by_one:
+            out += add_one_by_one(core, sizes, times, now_ms)[1]
+        else:
+            out += core.add(sizes, times, now_ms)[1]
+        outs.append(out)
+    assert expand_ml(outs[0]) == expand_ml(outs[1])
+    assert ml_state(batch) == ml_state(single)
+    rolls = [a for a in outs[0] if isinstance(a, StartRollover)]
+    if not rolls:
+        return
+    # confirm everything written, roll over, and the queued adds go out the same way
+    for core, out in zip((batch, single), outs):
+        for w in (a for a in out if isinstance(a, WriteEntries)):
+            core.on_adds_confirmed(w.add_id, w.ledger_id, w.entry_id, w.count)
+        ledger_id, last = core.current_confirmed()
+        closed = core.closed_info(last, core.ledgers()[-1].size_bytes)
+        md = core.rollover_metadata(closed, 6, now_ms)
+        outs_after = core.on_rolled_over(md, now_ms)
+        out[:] = outs_after
+    assert expand_ml(outs[0]) == expand_ml(outs[1])
+    assert ml_state(batch) == ml_state(single)
+    assert batch.queued_count == 0 or batch.state is ManagedLedgerState.ROLLING_OVER
+
+
+def test_ml_adds_refused_change_nothing():
     # no room for the whole run under pending_adds_max
     core = ml_core(pending_adds_max=10)
-    assert core.add_run([1] * 11, [1] * 11, 0) is None
-    assert core.add_run([1] * 10, [1] * 10, 0) is not None
-    assert core.add_run([1], [1], 0) is None
-    # rolling over (adds queue): refused; adds one by one queue as usual
-    core = ml_core(entries_max=3)
-    _, actions = core.add(1, 1, 0)
-    _, actions = core.add(1, 1, 0)
-    _, actions = core.add(1, 1, 0)
-    assert isinstance(actions[-1], StartRollover) and core.state is ManagedLedgerState.ROLLING_OVER
     before = ml_state(core)
-    assert core.add_run([1, 1], [1, 1], 0) is None
+    with pytest.raises(ManagedLedgerError, match="limit"):
+        core.add([1] * 11, [1] * 11, 0)
     assert ml_state(core) == before
+    core.add([1] * 10, [1] * 10, 0)
+    with pytest.raises(ManagedLedgerError):
+        core.add([1], [1], 0)
+    # rolling over (adds queue): taken, queued
+    core = ml_core(entries_max=3)
+    _, actions = core.add([1, 1, 1], [1, 1, 1], 0)
+    assert isinstance(actions[-1], StartRollover) and core.state is ManagedLedgerState.ROLLING_OVER
+    assert core.add([1, 1], [1, 1], 0)[1] == [] and core.queued_count == 2
     # closing / fenced
-    for prepare in (lambda c: c.start_close(), lambda c: c.on_fenced(ManagedLedgerFencedError("gone"))):
+    for prepare, error in ((lambda c: c.start_close(), ManagedLedgerError),
+                           (lambda c: c.on_fenced(ManagedLedgerFencedError("gone")), ManagedLedgerFencedError)):
         core = ml_core()
         prepare(core)
-        assert core.add_run([1], [1], 0) is None
-    with pytest.raises(ValueError):
-        ml_core().add_run([1, 2], [1], 0)
-    with pytest.raises(ValueError):
-        ml_core().add_run([1, -1], [1, 1], 0)
-    assert ml_core().add_run([], [], 0) is None
+        before = ml_state(core)
+        with pytest.raises(error):
+            core.add([1], [1], 0)
+        assert ml_state(core) == before
+    for sizes, times in (([1, 2], [1]), ([1, -1], [1, 1]), ([], [])):
+        core = ml_core()
+        before = ml_state(core)
+        with pytest.raises(ValueError):
+            core.add(sizes, times, 0)
+        assert ml_state(core) == before
 
 
 def test_ml_range_confirm_checks_invariants_and_changes_nothing_on_violation():
     core = ml_core()
-    first, _ = core.add_run([10] * 5, [1] * 5, 0)
+    first, _ = core.add([10] * 5, [1] * 5, 0)
     before = ml_state(core)
     with pytest.raises(InvariantViolation):
         core.on_adds_confirmed(first + 1, 5, 1, 2)       # not the next entry to confirm
@@ -152,26 +192,25 @@ def test_ml_range_confirm_checks_invariants_and_changes_nothing_on_violation():
 
 @settings(max_examples=100, deadline=None)
 @given(n=st.integers(2, 20), data=st.data())
-def test_ml_failure_in_the_middle_of_a_run_matches_single_adds(n, data):
+def test_ml_failure_in_the_middle_of_a_run_matches_runs_of_one(n, data):
     """Part of a run confirmed, then an add fails (retriable, or the ledger fenced): the same
-    failures, in the same order, as with single adds; later adds queue or fail the same way."""
+    failures, in the same order, as with runs of one; later adds queue or fail the same way."""
     k = data.draw(st.integers(0, n - 1), label="failing offset")
     fenced = data.draw(st.booleans(), label="fenced")
     batch, single = ml_core(), ml_core()
-    first, _ = batch.add_run([10] * n, list(range(n)), 0)
-    for i in range(n):
-        single.add(10, i, 0)
+    first, _ = batch.add([10] * n, list(range(n)), 0)
+    add_one_by_one(single, [10] * n, list(range(n)))
     if k:
         batch.on_adds_confirmed(first, 5, 0, k)
         for i in range(k):
-            single.on_add_confirmed(i, 5, i)
+            single.on_adds_confirmed(i, 5, i, 1)
     error = LedgerFencedError("fenced") if fenced else NotEnoughBookiesError("no quorum")
     outs = []
     for core in (batch, single):
         out = []
         for i in range(k, n):       # the writer fails every add from the failed one on, in order
             out += core.on_add_failed(first + i, 5, error)
-        out += expand_ml(core.add(1, 1, 0)[1]) if core.state is ManagedLedgerState.ROLLING_OVER else []
+        out += expand_ml(core.add([1], [1], 0)[1]) if core.state is ManagedLedgerState.ROLLING_OVER else []
         outs.append(out)
     assert [type(a) for a in outs[0]] == [type(a) for a in outs[1]]
     assert [(a.add_id, type(a.error), str(a.error)) for a in outs[0] if isinstance(a, FailAdd)] == \
@@ -213,25 +252,28 @@ def core_state(core):
             {e: (a.payload, a.length, frozenset(a.acked), frozenset(a.sent)) for e, a in core._pending.items()})
 
 
+def write_one_by_one(core, payloads, now_ms):
+    actions = []
+    for p in payloads:
+        actions += core.add([p], now_ms)[1]
+    return actions
+
+
 quorums = st.sampled_from([(3, 3, 2), (3, 2, 2), (5, 3, 2), (4, 2, 1), (1, 1, 1)])
 
 
 @settings(max_examples=150, deadline=None)
 @given(q=quorums, before=st.integers(0, 4), payloads=st.lists(st.binary(max_size=40), min_size=1, max_size=25),
        seed=st.integers(0, 1000))
-def test_write_core_add_run_matches_single_adds(q, before, payloads, seed):
+def test_write_core_one_run_or_runs_of_one_give_the_same_sends_and_confirmations(q, before, payloads, seed):
     e, w, a = q
     batch, single = write_core(ensemble_size=e, write_quorum=w, ack_quorum=a), \
         write_core(ensemble_size=e, write_quorum=w, ack_quorum=a)
     for core in (batch, single):
-        for i in range(before):
-            core.add(b"x" * i, 0)
-    assert batch.run_ready
-    first, actions = batch.add_run(payloads, 5)
+        write_one_by_one(core, [b"x" * i for i in range(before)], 0)
+    first, actions = batch.add(payloads, 5)
     assert len(actions) == 1 and isinstance(actions[0], SendAddRun)
-    expected = []
-    for p in payloads:
-        expected += single.add(p, 5)[1]
+    expected = write_one_by_one(single, payloads, 5)
     assert first == before
     assert expand_sends(actions) == expand_sends(expected)
     assert core_state(batch) == core_state(single)
@@ -247,47 +289,48 @@ def test_write_core_add_run_matches_single_adds(q, before, payloads, seed):
     assert batch.lac == before + len(payloads) - 1
 
 
-def test_write_core_add_run_with_an_unusable_bookie_is_per_add():
-    batch, single = write_core(), write_core()
+@pytest.mark.parametrize("quorum", [(3, 3, 2), (3, 2, 2)])
+def test_write_core_a_run_skips_an_unusable_bookie(quorum):
+    """With a failed bookie that has no replacement (delayed ensemble change), a run goes to
+    the others of each write set only, as runs of one do."""
+    e, w, a = quorum
+    batch, single = write_core(ensemble_size=e, write_quorum=w, ack_quorum=a), \
+        write_core(ensemble_size=e, write_quorum=w, ack_quorum=a)
     for core in (batch, single):
-        core.add(b"a", 0)
+        core.add([b"a"], 0)
         core.on_add_result("b1:3181", 0, AddOutcome.ERROR, 0, [], random.Random(1))   # no replacement
-    assert not batch.run_ready
-    first, actions = batch.add_run([b"x", b"yy", b"zzz"], 0)
-    expected = []
-    for p in (b"x", b"yy", b"zzz"):
-        expected += single.add(p, 0)[1]
+    first, actions = batch.add([b"x", b"yy", b"zzz"], 0)
+    expected = write_one_by_one(single, [b"x", b"yy", b"zzz"], 0)
     assert first == 1
-    assert not any(isinstance(a, SendAddRun) for a in actions)
-    assert actions == expected
+    sends = expand_sends(actions)
+    assert "b1:3181" not in sends
+    assert sends == expand_sends(expected)
     assert core_state(batch) == core_state(single)
 
 
-def test_write_core_add_run_refused_like_add():
+def test_write_core_add_refused_changes_nothing():
     core = write_core()
-    core.add(b"a", 0)
+    core.add([b"a"], 0)
     core.on_add_result("b0:3181", 0, AddOutcome.FENCED, 0, [], random.Random(1))
-    assert not core.run_ready
     before = core_state(core)
     with pytest.raises(LedgerFencedError):
-        core.add_run([b"x"], 0)
+        core.add([b"x"], 0)
     assert core_state(core) == before
     core = write_core()
     core.close()
     with pytest.raises(LedgerClosedError):
-        core.add_run([b"x"], 0)
+        core.add([b"x"], 0)
     with pytest.raises(ValueError):
-        write_core().add_run([], 0)
+        write_core().add([], 0)
 
 
 @pytest.mark.parametrize("fenced", [True, False])
 def test_write_core_failure_in_the_middle_of_a_run(fenced):
     """Entries 0..9 as one run; 0..3 get their quorum, then entry 4 fails: FailAdds from 4 on,
-    as with single adds, and nothing is confirmed after it."""
+    as with runs of one, and nothing is confirmed after it."""
     batch, single = write_core(), write_core()
-    batch.add_run([bytes([i]) * 3 for i in range(10)], 0)
-    for i in range(10):
-        single.add(bytes([i]) * 3, 0)
+    batch.add([bytes([i]) * 3 for i in range(10)], 0)
+    write_one_by_one(single, [bytes([i]) * 3 for i in range(10)], 0)
     outs = []
     for core in (batch, single):
         out = core.on_add_acks("b0:3181", list(range(10)))
@@ -555,13 +598,12 @@ async def drive(chunks, *, fail_at=None, pending_adds_max=10_000, add_batch_entr
     conn, ref, topic, ml, writer, sockets, sink, service = await publish_path(
         pending_adds_max=pending_adds_max, add_batch_entries_max=add_batch_entries_max)
     taken_runs = []
-    real_try = ml.try_add_run
+    real_add_entries = ml.add_entries
 
-    def counting_try(payloads, times, done):
-        took = real_try(payloads, times, done)
-        taken_runs.append((len(payloads), took))
-        return took
-    ml.try_add_run = counting_try
+    def counting_add_entries(payloads, times, done):
+        taken_runs.append(len(payloads))
+        return real_add_entries(payloads, times, done)
+    ml.add_entries = counting_add_entries
 
     def code_of(bookie, entry_id):
         if fail_at is not None and (bookie, entry_id) == fail_at[:2]:
@@ -605,20 +647,24 @@ async def drive(chunks, *, fail_at=None, pending_adds_max=10_000, add_batch_entr
 
 
 async def both_paths(monkeypatch, **kw):
-    from broker.topic import PersistentTopic
+    """The same reads of SENDs, each read's SENDs given to the topic as one run (as the
+    connection does), and cut into runs of one: (runs result, runs-of-one result, the sizes of
+    the runs the managed ledger got with runs)."""
+    from broker.connection import ServerConnection
     runs_result, taken = await drive(**kw)
     with monkeypatch.context() as m:
-        m.setattr(PersistentTopic, "publish_run", lambda self, producer, sends: False)
-        single_result, _ = await drive(**kw)
+        m.setattr(ServerConnection, "_send_run_end", staticmethod(lambda frames, start: start + 1))
+        single_result, single_taken = await drive(**kw)
+    assert set(single_taken) <= {1}
     return runs_result, single_result, taken
 
 
 @pytest.mark.parametrize("requests_per_turn", [None, 1])
-async def test_runs_give_the_same_receipts_entries_and_state_as_single_sends(monkeypatch, requests_per_turn):
+async def test_runs_give_the_same_receipts_entries_and_state_as_runs_of_one(monkeypatch, requests_per_turn):
     chunks = [20, 1, 20, 7, 33, 2, 20, 20]
     got, expected, taken = await both_paths(monkeypatch, chunks=chunks, add_batch_entries_max=7,
                                              requests_per_turn=requests_per_turn)
-    assert [n for n, took in taken if took] == [n for n in chunks if n > 1]     # the run path was taken
+    assert taken == chunks          # each read's SENDs reached the managed ledger as one run
     assert got == expected
     receipts = got["out"]
     assert [r[0] for r in receipts] == ["receipt"] * sum(chunks)
@@ -637,7 +683,7 @@ async def test_every_send_counts_in_the_publish_latency_not_a_capped_sample(monk
 
 
 @pytest.mark.parametrize("status", ["FENCED", "UNAVAILABLE"])
-async def test_a_failure_in_the_middle_of_a_run_is_handled_as_with_single_sends(monkeypatch, status):
+async def test_a_failure_in_the_middle_of_a_run_is_handled_as_with_runs_of_one(monkeypatch, status):
     from bookie._proto import bookie_rpc_pb2 as bpb
     if status == "FENCED":
         fail_at = (BOOKIES[1], 27, bpb.FENCED)
@@ -645,17 +691,16 @@ async def test_a_failure_in_the_middle_of_a_run_is_handled_as_with_single_sends(
         fail_at = (BOOKIES[1], 27, bpb.UNAVAILABLE)
     got, expected, taken = await both_paths(monkeypatch, chunks=[20, 20, 20], fail_at=fail_at,
                                              add_batch_entries_max=1000)
-    assert any(took for _, took in taken)
     if status == "UNAVAILABLE":
         # one bookie failing leaves Qa=2 of 3: everything is still confirmed, in order; once it
-        # is unusable, runs go SEND by SEND
+        # is unusable, runs go to the other two
         assert [r[0] for r in got["out"]] == ["receipt"] * 60
-        assert taken == [(20, True), (20, True), (20, False)]
+        assert taken == [20, 20, 20]
     else:
         kinds = [r[0] for r in got["out"]]
         assert kinds[:27] == ["receipt"] * 27 and "receipt" not in kinds[27:]
         assert got["state"] is ManagedLedgerState.FENCED and got["unloads"]
-    # the run path behaves exactly as the per-SEND path (entries, receipts, errors, state)
+    # runs behave exactly as runs of one (entries, receipts, errors, state)
     assert got["out"] == expected["out"]
     assert got["ledgers"] == expected["ledgers"] and got["last"] == expected["last"]
     assert got["state"] is expected["state"]
@@ -664,12 +709,12 @@ async def test_a_failure_in_the_middle_of_a_run_is_handled_as_with_single_sends(
     assert got["cache"] == expected["cache"]
 
 
-async def test_no_room_under_pending_adds_max_falls_back_to_single_sends(monkeypatch):
+async def test_no_room_under_pending_adds_max_splits_a_run_at_the_limit(monkeypatch):
     got, expected, taken = await both_paths(monkeypatch, chunks=[20, 20, 20], pending_adds_max=30,
                                             requests_per_turn=0)
-    # the first run fits (20 of 30); the second does not (SEND by SEND: 10 added, 10 wait in
-    # the backlog), nor the third (a backlog): neither reaches the managed ledger as a run
-    assert taken == [(20, True)]
+    # the first run fits (20 of 30); of the second, 10 are added and 10 wait in the backlog,
+    # and the third waits behind them, until the bookies answer (the backlog then drains as runs)
+    assert taken[:2] == [20, 10] and sum(taken) == 60
     assert got == expected
     assert [r[1] for r in got["out"]] == list(range(60))
 
@@ -696,17 +741,17 @@ def test_send_receipts_refuse_ids_out_of_range():
             c.send_receipts(*bad)
 
 
-# -- the ledger writer's waiters: runs and single adds in entry order --------------------------------
-async def test_writer_completes_runs_and_single_adds_in_entry_order_and_fails_from_an_entry_on():
+# -- the ledger writer's waiters: runs (of one or more) in entry order ---------------------------------
+async def test_writer_completes_runs_in_entry_order_and_fails_from_an_entry_on():
     import asyncio
 
     conn, ref, topic, ml, writer, sockets, sink, service = await publish_path(
         pending_adds_max=1000, add_batch_entries_max=1000)
     try:
         calls = []
-        writer.add_with_callback(b"a", lambda e, err: calls.append(("single", e, e, err)))
-        first = writer.add_run([b"b", b"c", b"d", b"e", b"f"], lambda f, l, err: calls.append(("run", f, l, err)))
-        writer.add_with_callback(b"g", lambda e, err: calls.append(("single", e, e, err)))
+        writer.add_entries([b"a"], lambda f, l, err: calls.append(("single", f, l, err)))
+        first = writer.add_entries([b"b", b"c", b"d", b"e", b"f"], lambda f, l, err: calls.append(("run", f, l, err)))
+        writer.add_entries([b"g"], lambda f, l, err: calls.append(("single", f, l, err)))
         fut = writer.add_async(b"h")
         assert first == 1
         # the run's entries are encoded once: every bookie's queue holds the same bytes objects

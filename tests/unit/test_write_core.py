@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bookie.client.actions import (AddOutcome, CloseDone, CloseFailed, ConfirmAdds, FailAdds,
-                                   SendAdd, WriteMetadata)
+                                   SendAdd, SendAddRun, WriteMetadata)
 from bookie.client.metadata import LedgerMetadata, LedgerState
 from bookie.client.write_core import LedgerWriteCore, WriteCoreState
 from pulsarlite.errors import (InvariantViolation, LedgerClosedError, LedgerFencedError,
@@ -39,19 +39,41 @@ def ack(c: LedgerWriteCore, bookie: str, entry_id: int, outcome: AddOutcome = OK
     return c.on_add_result(bookie, entry_id, outcome, 0, writable, RNG)
 
 
+
+def expand(actions: list) -> list:
+    """A SendAddRun as the SendAdds it stands for: entry by entry, the bookies in ensemble order."""
+    out = []
+    for a in actions:
+        if type(a) is SendAddRun:
+            per_entry: dict[int, list[str]] = {}
+            for bookie, offsets in a.sends:
+                for i in (range(len(a.payloads)) if offsets is None else offsets):
+                    per_entry.setdefault(i, []).append(bookie)
+            for i in sorted(per_entry):
+                out += [SendAdd(b, a.first_entry_id + i, a.lac, a.lengths[i], a.payloads[i]) for b in per_entry[i]]
+        else:
+            out.append(a)
+    return out
+
+
+def add(c: LedgerWriteCore, payload: bytes, now_ms: int) -> tuple[int, list]:
+    """One add (a run of one): its entry id and actions, sends expanded."""
+    entry_id, actions = c.add([payload], now_ms)
+    return entry_id, expand(actions)
+
 def sends(actions: list) -> list[tuple[str, int]]:
     return [(a.bookie, a.entry_id) for a in actions if isinstance(a, SendAdd)]
 
 
 def test_striping_and_running_length():
     c = core(metadata(e=3, qw=2, qa=2))
-    e0, a0 = c.add(b"aaa", 0)
-    e1, a1 = c.add(b"bb", 0)
-    e2, a2 = c.add(b"c", 0)
+    e0, a0 = add(c, b"aaa", 0)
+    e1, a1 = add(c, b"bb", 0)
+    e2, a2 = add(c, b"c", 0)
     assert (e0, e1, e2) == (0, 1, 2)
     assert sends(a0) == [("b0", 0), ("b1", 0)]
     assert sends(a1) == [("b1", 1), ("b2", 1)]
-    assert sends(a2) == [("b2", 2), ("b0", 2)]
+    assert sends(a2) == [("b0", 2), ("b2", 2)]       # write set (b2, b0), sent in ensemble order
     assert [a.length for a in a0 + a1 + a2] == [3, 3, 5, 5, 6, 6]
     assert all(a.lac == -1 and not a.recovery for a in a0 + a1 + a2)
     assert c.last_add_pushed == 2 and c.pending_count == 3 and c.length == 6 and c.lac == -1
@@ -59,29 +81,29 @@ def test_striping_and_running_length():
 
 def test_confirm_needs_ack_quorum_and_every_lower_entry():
     c = core()
-    c.add(b"x", 0)
-    c.add(b"y", 0)
+    add(c, b"x", 0)
+    add(c, b"y", 0)
     assert ack(c, "b0", 1) == [] and ack(c, "b1", 1) == []      # entry 1 has Qa, entry 0 not
     assert ack(c, "b0", 0) == []
     assert c.lac == -1
     assert ack(c, "b2", 0) == [ConfirmAdds(1)]                   # both complete, in order
     assert c.lac == 1 and c.pending_count == 0 and c.lac_length == 2
     assert ack(c, "b1", 0) == []                                 # late ack: nothing
-    _, actions = c.add(b"z", 0)
+    _, actions = add(c, b"z", 0)
     assert {a.lac for a in actions} == {1}                       # LAC rides on the next entry
 
 
 def test_duplicate_acks_do_not_count_twice():
     c = core()
-    c.add(b"x", 0)
+    add(c, b"x", 0)
     assert ack(c, "b0", 0) == [] and ack(c, "b0", 0) == []
     assert c.lac == -1
 
 
 def test_fenced_fails_every_pending_add_and_refuses_more():
     c = core()
-    c.add(b"x", 0)
-    c.add(b"y", 0)
+    add(c, b"x", 0)
+    add(c, b"y", 0)
     ack(c, "b0", 0)
     ack(c, "b1", 0)                                              # entry 0 confirmed
     actions = ack(c, "b2", 1, FENCED)
@@ -89,7 +111,7 @@ def test_fenced_fails_every_pending_add_and_refuses_more():
     assert actions[0].first_entry_id == 1 and isinstance(actions[0].error, LedgerFencedError)
     assert c.is_fenced and c.pending_count == 0 and c.lac == 0
     with pytest.raises(LedgerFencedError):
-        c.add(b"z", 0)
+        add(c, b"z", 0)
     assert ack(c, "b0", 1) == []
     closed = c.close()
     assert len(closed) == 1 and isinstance(closed[0], CloseFailed)
@@ -99,8 +121,8 @@ def test_fenced_fails_every_pending_add_and_refuses_more():
 def test_ensemble_change_replaces_failed_bookie_from_lac_plus_one():
     c = core()
     writable = ("b0", "b1", "b2", "b3")
-    c.add(b"x", 0)
-    c.add(b"y", 0)
+    add(c, b"x", 0)
+    add(c, b"y", 0)
     ack(c, "b0", 0)
     ack(c, "b1", 0)                                              # LAC 0
     ack(c, "b0", 1)                                              # kept: b0 stays in the write set
@@ -110,7 +132,7 @@ def test_ensemble_change_replaces_failed_bookie_from_lac_plus_one():
     assert proposed.ensembles == ((0, ("b0", "b1", "b2")), (1, ("b0", "b1", "b3")))
     assert proposed.state is LedgerState.OPEN
     # while the CAS is in flight, nothing goes to the new bookie
-    _, actions = c.add(b"z", 0)
+    _, actions = add(c, b"z", 0)
     assert sends(actions) == [("b0", 2), ("b1", 2)]
     actions = c.on_metadata_written(proposed, 0, writable, RNG)
     assert sorted(sends(actions)) == [("b3", 1), ("b3", 2)]      # b1 still has entry 1 in flight
@@ -121,8 +143,8 @@ def test_ensemble_change_replaces_failed_bookie_from_lac_plus_one():
 def test_ack_of_replaced_bookie_is_dropped():
     c = core()
     writable = ("b0", "b1", "b2", "b3")
-    c.add(b"x", 0)
-    c.add(b"y", 0)
+    add(c, b"x", 0)
+    add(c, b"y", 0)
     ack(c, "b2", 0)                                              # b2 acked entry 0 ...
     actions = ack(c, "b2", 1, ERROR, writable)                   # ... then failed
     proposed = actions[0].metadata
@@ -134,7 +156,7 @@ def test_ack_of_replaced_bookie_is_dropped():
 
 def test_delayed_ensemble_change_records_under_replication():
     c = core()                                                   # 3 bookies, E=3: no spare
-    c.add(b"x", 0)
+    add(c, b"x", 0)
     actions = ack(c, "b2", 0, ERROR)
     assert len(actions) == 1 and isinstance(actions[0], WriteMetadata)
     proposed = actions[0].metadata
@@ -143,7 +165,7 @@ def test_delayed_ensemble_change_records_under_replication():
     assert ack(c, "b0", 0) == []
     assert ack(c, "b1", 0) == [ConfirmAdds(0)]                   # Qa of the write set suffices
     assert c.on_metadata_written(proposed, 0, ("b0", "b1"), RNG) == []
-    _, actions = c.add(b"y", 0)
+    _, actions = add(c, b"y", 0)
     assert sorted(sends(actions)) == [("b0", 1), ("b1", 1)]      # not to the failed bookie
     # a new bookie shows up: the tick replaces b2
     actions = c.on_tick(1, ("b0", "b1", "b3"), RNG)
@@ -154,7 +176,7 @@ def test_delayed_ensemble_change_records_under_replication():
 
 def test_adds_wait_then_time_out_with_not_enough_bookies():
     c = core(add_timeout_ms=100)
-    c.add(b"x", 0)
+    add(c, b"x", 0)
     ack(c, "b2", 0, ERROR)
     ack(c, "b1", 0, ERROR)                                       # one usable bookie left
     ack(c, "b0", 0)
@@ -164,13 +186,13 @@ def test_adds_wait_then_time_out_with_not_enough_bookies():
     assert len(actions) == 1 and isinstance(actions[0], FailAdds)
     assert isinstance(actions[0].error, NotEnoughBookiesError) and actions[0].error.retriable
     with pytest.raises(NotEnoughBookiesError):                   # a ledger is an ordered log
-        c.add(b"y", 200)
+        add(c, b"y", 200)
 
 
 def test_conflict_with_a_recovered_ledger_fails_adds_fenced():
     c = core()
     writable = ("b0", "b1", "b2", "b3")
-    c.add(b"x", 0)
+    add(c, b"x", 0)
     proposed = ack(c, "b2", 0, ERROR, writable)[0].metadata
     current = c.metadata.with_state(LedgerState.IN_RECOVERY)
     actions = c.on_metadata_conflict(current, 0, writable, RNG)
@@ -181,7 +203,7 @@ def test_conflict_with_a_recovered_ledger_fails_adds_fenced():
 def test_conflict_with_an_open_ledger_rebases_then_gives_up():
     c = core(ensemble_change_attempts_max=2)
     writable = ("b0", "b1", "b2", "b3")
-    c.add(b"x", 0)
+    add(c, b"x", 0)
     ack(c, "b2", 0, ERROR, writable)
     current = replace(c.metadata, custom={"owner": "someone"})
     for _ in range(2):
@@ -195,7 +217,7 @@ def test_conflict_with_an_open_ledger_rebases_then_gives_up():
 
 def test_close_at_lac():
     c = core()
-    c.add(b"abc", 0)
+    add(c, b"abc", 0)
     ack(c, "b0", 0)
     ack(c, "b1", 0)
     actions = c.close()
@@ -205,15 +227,15 @@ def test_close_at_lac():
     assert c.on_metadata_written(closed, 0, (), RNG) == [CloseDone(closed)]
     assert c.state is WriteCoreState.CLOSED
     with pytest.raises(LedgerClosedError):
-        c.add(b"more", 0)
+        add(c, b"more", 0)
 
 
 def test_close_fails_pending_adds_first():
     c = core()
-    c.add(b"abc", 0)
+    add(c, b"abc", 0)
     ack(c, "b0", 0)
     ack(c, "b1", 0)
-    c.add(b"de", 0)
+    add(c, b"de", 0)
     actions = c.close()
     assert isinstance(actions[0], FailAdds) and actions[0].first_entry_id == 1
     assert isinstance(actions[0].error, LedgerClosedError)
@@ -222,7 +244,7 @@ def test_close_fails_pending_adds_first():
 
 def test_close_conflict_with_same_close_is_accepted():
     c = core()
-    c.add(b"abc", 0)
+    add(c, b"abc", 0)
     ack(c, "b0", 0)
     ack(c, "b1", 0)
     closed = c.close()[0].metadata
@@ -232,10 +254,10 @@ def test_close_conflict_with_same_close_is_accepted():
 def test_close_waits_for_ensemble_change_in_flight():
     c = core()
     writable = ("b0", "b1", "b2", "b3")
-    c.add(b"abc", 0)
+    add(c, b"abc", 0)
     ack(c, "b0", 0)
     ack(c, "b1", 0)
-    c.add(b"de", 0)
+    add(c, b"de", 0)
     proposed = ack(c, "b2", 1, ERROR, writable)[0].metadata
     actions = c.close()
     assert [type(a) for a in actions] == [FailAdds]
@@ -260,7 +282,7 @@ def test_confirms_are_in_order_and_only_with_quorum(data):
     c = core(md)
     count = data.draw(st.integers(1, 12), label="entries")
     for _ in range(count):
-        c.add(b"p", 0)
+        add(c, b"p", 0)
     acks = [(b, i) for i in range(count) for b in md.write_set(i)]
     order = data.draw(st.permutations(acks), label="ack order")
     order = order[:data.draw(st.integers(0, len(order)), label="acks delivered")]
