@@ -29,7 +29,7 @@ from bookie.transport import encode_add_entry
 from pulsarlite.checksum import entry_checksum
 from pulsarlite.config import LedgerClientConfig
 from pulsarlite.errors import (BookieUnavailableError, InvariantViolation, LedgerClosedError,
-                               MetadataVersionConflict, PulsarliteError)
+                               MetadataNotFoundError, MetadataVersionConflict, PulsarliteError)
 
 log = logging.getLogger("pulsarlite.ledger_client")
 
@@ -401,6 +401,8 @@ class LedgerWriter:
         asyncio.ensure_future(notify())
 
     async def _write_metadata(self, md: LedgerMetadata) -> None:
+        """CAS ``md``; the outcome always reaches the write core (written, conflict with what
+        the store holds now, or the ledger gone), so that adds and a close waiting on it end."""
         client = self._client
         try:
             self._version = await client.ledger_manager.write(md, self._version)
@@ -408,18 +410,31 @@ class LedgerWriter:
                      self.ledger_id, md.state.value, md.ensembles, md.under_replicated_bookies)
             actions = self._core.on_metadata_written(md, _now_ms(), client.writable_bookies, client.rng)
         except MetadataVersionConflict:
-            current, self._version = await client.ledger_manager.read(self.ledger_id)
-            actions = self._core.on_metadata_conflict(current, _now_ms(), client.writable_bookies, client.rng)
+            actions = await self._metadata_conflict(wait_s=0.0)
+        except MetadataNotFoundError:
+            actions = self._core.on_metadata_gone()
         except PulsarliteError as e:
             # ZooKeeper trouble: read what is there and treat it as a conflict (re-decide)
             log.warning("metadata write failed ledger=%d: %s", self.ledger_id, e)
-            await asyncio.sleep(0.2)
-            try:
-                current, self._version = await client.ledger_manager.read(self.ledger_id)
-            except PulsarliteError:
-                current = self._core.metadata
-            actions = self._core.on_metadata_conflict(current, _now_ms(), client.writable_bookies, client.rng)
+            actions = await self._metadata_conflict(wait_s=0.2)
         self._run(actions)
+
+    async def _metadata_conflict(self, wait_s: float) -> list:
+        """Re-read the metadata after a CAS that did not (or may not) apply and let the core
+        re-decide: a conflict with what is stored, or the ledger gone (deleted by a client that
+        recovered it). If the store cannot be read either, the core re-decides on what it knows."""
+        client = self._client
+        if wait_s:
+            await asyncio.sleep(wait_s)
+        try:
+            current, self._version = await client.ledger_manager.read(self.ledger_id)
+        except MetadataNotFoundError:
+            log.warning("ledger metadata gone ledger=%d: recovered and deleted by another client", self.ledger_id)
+            return self._core.on_metadata_gone()
+        except PulsarliteError as e:
+            log.warning("ledger metadata not readable after a failed write ledger=%d: %s", self.ledger_id, e)
+            current = self._core.metadata
+        return self._core.on_metadata_conflict(current, _now_ms(), client.writable_bookies, client.rng)
 
     async def _tick_loop(self) -> None:
         while True:

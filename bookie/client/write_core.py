@@ -277,6 +277,23 @@ class LedgerWriteCore:
             actions += self._start_close()
         return actions
 
+    def on_metadata_gone(self) -> list[Action]:
+        """A CAS found the ledger's metadata gone: another client recovered the ledger (found
+        it empty) and deleted it. As a conflict with a ledger no longer OPEN: every pending add
+        fails with LedgerFencedError, no add is accepted again, a close in progress fails."""
+        if self._state is WriteCoreState.CLOSED:
+            return []
+        self._proposed = None
+        self._held = frozenset()
+        self._fenced = True
+        ledger_id = self._md.ledger_id
+        actions = self._fail_all(LedgerFencedError(
+            f"ledger {ledger_id} was deleted: recovered and removed by another client"))
+        if self._state is WriteCoreState.CLOSING or self._close_requested:
+            self._state = WriteCoreState.CLOSED
+            actions.append(CloseFailed(LedgerFencedError(f"ledger {ledger_id} was deleted by another client")))
+        return actions
+
     def on_tick(self, now_ms: int, writable_bookies: Sequence[str], rng: random.Random) -> list[Action]:
         """Periodic: fail adds older than add_timeout_ms (all pending, in order), and retry an
         ensemble change when bookies became writable."""

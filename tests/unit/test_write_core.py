@@ -300,3 +300,30 @@ def test_confirms_are_in_order_and_only_with_quorum(data):
         expected += 1
     assert lac == expected == c.lac
     assert c.pending_count == count - 1 - expected
+
+
+
+def test_metadata_gone_fails_pending_adds_and_refuses_more():
+    """A CAS found the ledger deleted (a new owner recovered it empty and removed it): as a
+    fence, pending adds fail and no add is taken again."""
+    c = core()
+    add(c, b"x", 0)
+    actions = c.on_metadata_gone()
+    assert [type(a) for a in actions] == [FailAdds]
+    assert actions[0].first_entry_id == 0 and isinstance(actions[0].error, LedgerFencedError)
+    with pytest.raises(LedgerFencedError):
+        add(c, b"y", 0)
+
+
+def test_metadata_gone_during_close_ends_the_close():
+    """The close's CAS finds the ledger deleted: CloseFailed, the core finished (found by the
+    whole publish path's simulation: the writer's close never returned)."""
+    c = core()
+    add(c, b"x", 0)
+    assert any(isinstance(a, WriteMetadata) for a in c.close())
+    assert c.state is WriteCoreState.CLOSING
+    actions = c.on_metadata_gone()
+    assert [type(a) for a in actions] == [CloseFailed]
+    assert isinstance(actions[0].error, LedgerFencedError)
+    assert c.state is WriteCoreState.CLOSED
+    assert c.on_metadata_gone() == []
