@@ -250,11 +250,9 @@ class WholePathConfig:
 # violation matching one of them is listed under ``WholePathResult.known`` instead of
 # ``violations`` (so the sweep stays meaningful for everything else) unless
 # ``WholePathConfig.report_known_defects``. Each entry: (name, text the violation contains).
-KNOWN_DEFECTS: tuple[tuple[str, str], ...] = (
-    # LedgerWriter._write_metadata: a version conflict, then the re-read finds the ledger deleted
-    # (the new owner recovered it empty and deleted it): the task dies, close() never returns
-    ("writer-metadata-task-dies", "Task exception was never retrieved: MetadataNotFoundError('ledger"),
-)
+# (Empty now: the one listed here, LedgerWriter._write_metadata's task dying when the ledger was
+# deleted by a new owner (seed 1313), was fixed in ef2d92e.)
+KNOWN_DEFECTS: tuple[tuple[str, str], ...] = ()
 
 
 class _Trace(list):
