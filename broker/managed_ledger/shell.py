@@ -193,8 +193,21 @@ class ManagedLedger:
         got = await self._store.read(self.name)
         stored, version = (got[0], got[1]) if got is not None else (ManagedLedgerMetadata(), -1)
         recovered: dict[int, LedgerInfo] = {}
+        last_ledger_id = stored.ledgers[-1].ledger_id if stored.ledgers else None
         for info in stored.open_ledgers:
-            md = await self._client.recover(info.ledger_id)
+            try:
+                md = await self._client.recover(info.ledger_id)
+            except MetadataNotFoundError:
+                if info.ledger_id != last_ledger_id:
+                    raise
+                # the last ledger, created by an opener whose list write had an unknown outcome
+                # and which then gave the ledger up: nothing was ever written to it (as Pulsar,
+                # drop a last ledger that does not exist)
+                log.warning("managed ledger %s: last ledger=%d has no metadata: dropped from the list as empty",
+                            self.name, info.ledger_id)
+                recovered[info.ledger_id] = LedgerInfo(info.ledger_id, LedgerInfoState.CLOSED, entries=0,
+                                                       created_ms=info.created_ms, offload=info.offload)
+                continue
             recovered[info.ledger_id] = await self._recovered_info(info, md)
             log.info("managed ledger %s: recovered ledger=%d entries=%d bytes=%d", self.name, info.ledger_id,
                      recovered[info.ledger_id].entries, recovered[info.ledger_id].size_bytes)
@@ -203,10 +216,7 @@ class ManagedLedger:
             md = self._core.open_metadata(stored, recovered, writer.ledger_id, self._clock())
             data = encode(md)
             if version < 0:
-                try:
-                    self._version = await self._store.create(self.name, data)
-                except MetadataExistsError:
-                    raise _OpenRaceLost("created concurrently") from None
+                await self._create_list(data)
             else:
                 self._version = version
                 try:
@@ -214,9 +224,53 @@ class ManagedLedger:
                 except ManagedLedgerFencedError as e:
                     raise _OpenRaceLost(str(e)) from None
         except BaseException:
-            await self._discard_ledger(writer)
+            await self._give_up_created(writer)
             raise
         return md, recovered, writer
+
+    async def _create_list(self, data: bytes) -> None:
+        """Create the list (a new managed ledger). An answer lost after the create applied is
+        found by reading back (the list names our new ledger: only we wrote these bytes);
+        another's list means a concurrent opener won (_OpenRaceLost). Retries only ZooKeeper
+        trouble, bounded."""
+        attempts = self._config.metadata_attempts_max
+        for attempt in range(attempts):
+            try:
+                self._version = await self._store.create(self.name, data)
+                return
+            except MetadataExistsError:
+                pass
+            except MetadataError as e:
+                if not e.retriable or attempt + 1 >= attempts:
+                    raise
+                log.warning("managed ledger %s: list create failed (attempt %d): %s", self.name, attempt + 1, e)
+                await asyncio.sleep(self._backoff_s(attempt))
+            try:
+                got = await self._store.read(self.name)
+            except MetadataError:
+                continue
+            if got is not None:
+                if got[2] == data:
+                    self._version = got[1]
+                    return
+                raise _OpenRaceLost("created concurrently")
+        raise ManagedLedgerError(f"{self.name}: ledger list not created after {attempts} attempts")
+
+    async def _give_up_created(self, writer: LedgerWriter) -> None:
+        """The open failed after ``writer``'s ledger was created: delete it, unless the list may
+        name it (a list write whose outcome is unknown): then leave it for the next open, which
+        recovers it as the list's (empty) last ledger and drops it."""
+        try:
+            got = await self._store.read(self.name)
+            named = got is not None and writer.ledger_id in got[0].ledger_ids
+        except PulsarliteError as e:
+            log.warning("managed ledger %s: open failed and the list is not readable (%s): ledger=%d kept "
+                        "for the next open", self.name, e, writer.ledger_id)
+            named = True
+        if named:
+            await self._close_writer_quietly(writer)
+            return
+        await self._discard_ledger(writer)
 
     async def _recovered_info(self, info: LedgerInfo, md: LedgerMetadata) -> LedgerInfo:
         entries = md.last_entry_id + 1
