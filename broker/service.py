@@ -230,7 +230,8 @@ class BrokerService:
             await self.check_auto_creation(topic)
         ml = await ManagedLedger.open(name, ledger_client=self.ledger_client, store=self.store,
                                       config=self.config.managed_ledger_config(),
-                                      publish_time_of=publish_time_of)
+                                      publish_time_of=publish_time_of,
+                                      write_guard=self.ownership.write_guard(topic))
         log.info("topic loaded %s", topic)
         persistent = PersistentTopic(self, topic, ml)
         if self.offloader is not None:

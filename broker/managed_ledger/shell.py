@@ -57,6 +57,11 @@ TierReader = Callable[[LedgerInfo, int, int], Awaitable[list[tuple[int, bytes]]]
 
 
 OffloadDeleter = Callable[[int, str], Awaitable[None]]
+WriteGuard = Callable[[], bool]
+
+
+def _always_owned() -> bool:
+    return True
 # add_entries' callback: (first_offset, last_offset, first_position, None) once the adds at
 # those offsets of the run are confirmed (at consecutive entries from first_position), or
 # (first_offset, last_offset, None, error) if they failed; in order, every offset exactly once
@@ -103,8 +108,12 @@ class ManagedLedger:
     """A topic's storage. Create with ``await ManagedLedger.open(...)``; use from one loop."""
 
     def __init__(self, name: str, ledger_client: LedgerClient, store: ManagedLedgerStore,
-                 config: ManagedLedgerConfig, clock: Clock, publish_time_of: PublishTimeOf | None) -> None:
+                 config: ManagedLedgerConfig, clock: Clock, publish_time_of: PublishTimeOf | None,
+                 write_guard: "WriteGuard | None" = None) -> None:
         self.name = name
+        # whether this broker still owns the topic: checked before every write of the list and
+        # before an open recovers anything (only the owner writes its managed ledger's metadata)
+        self._owned: WriteGuard = write_guard or _always_owned
         self._client = ledger_client
         self._store = store
         self._config = config
@@ -143,18 +152,21 @@ class ManagedLedger:
     @classmethod
     async def open(cls, name: str, *, ledger_client: LedgerClient, store: MetadataStore | ManagedLedgerStore,
                    config: ManagedLedgerConfig | None = None, clock: Clock | None = None,
-                   publish_time_of: PublishTimeOf | None = None) -> "ManagedLedger":
+                   publish_time_of: PublishTimeOf | None = None,
+                   write_guard: "WriteGuard | None" = None) -> "ManagedLedger":
         """Open (creating if absent) the managed ledger ``tenant/namespace/persistent/topic``,
         fencing and recovering what a previous owner left open. ``clock`` gives wall-clock ms
         (ledger creation times, age rollover). ``publish_time_of(entry bytes)``, if given, is
         used to compute the publish-time bounds of ledgers recovered here (otherwise they are
-        unknown: None). Raises ManagedLedgerFencedError if another owner changed the list
-        meanwhile."""
+        unknown: None). ``write_guard()`` says whether this broker still owns the topic: once it
+        says no, the list is never written again (the managed ledger goes FENCED). Raises
+        ManagedLedgerFencedError if another owner changed the list meanwhile, or ownership was
+        lost."""
         check_name(name)
         config = (config or ManagedLedgerConfig()).validate()
         if isinstance(store, MetadataStore):
             store = ManagedLedgerStore(store)
-        ml = cls(name, ledger_client, store, config, clock or wall_clock_ms, publish_time_of)
+        ml = cls(name, ledger_client, store, config, clock or wall_clock_ms, publish_time_of, write_guard)
         await ml._open()
         return ml
 
@@ -189,7 +201,20 @@ class ManagedLedger:
                 await self._delete_ledger_quietly(ledger_id)
         self._ticker = self._spawn(self._tick_loop(), "ticker")
 
+    async def _check_owned(self, what: str) -> None:
+        """Before a write of the list: wait (bounded, as for ZooKeeper trouble) while this broker
+        does not trust its ownership of the topic (a session suspended may come back); raise
+        ManagedLedgerFencedError if it does not come back."""
+        attempts = self._config.metadata_attempts_max
+        for attempt in range(attempts):
+            if self._owned():
+                return
+            if attempt + 1 < attempts:
+                await asyncio.sleep(self._backoff_s(attempt))
+        raise ManagedLedgerFencedError(f"{self.name}: this broker no longer owns the topic: {what}")
+
     async def _open_attempt(self) -> tuple[ManagedLedgerMetadata, dict[int, LedgerInfo], LedgerWriter]:
+        await self._check_owned("not opened (nothing recovered)")
         got = await self._store.read(self.name)
         stored, version = (got[0], got[1]) if got is not None else (ManagedLedgerMetadata(), -1)
         recovered: dict[int, LedgerInfo] = {}
@@ -235,6 +260,7 @@ class ManagedLedger:
         trouble, bounded."""
         attempts = self._config.metadata_attempts_max
         for attempt in range(attempts):
+            await self._check_owned("the list is not created")
             try:
                 self._version = await self._store.create(self.name, data)
                 return
@@ -815,6 +841,7 @@ class ManagedLedger:
         only ZooKeeper trouble, bounded."""
         attempts = self._config.metadata_attempts_max
         for attempt in range(attempts):
+            await self._check_owned("the list is not written")
             try:
                 self._version = await self._store.write(self.name, data, self._version)
                 return

@@ -697,7 +697,8 @@ class SimBroker:
                 ml = await ManagedLedger.open(ML_NAME, ledger_client=self.client,
                                               store=ManagedLedgerStore(self.session),
                                               config=self.config.managed_ledger_config(), clock=w.wall_ms,
-                                              publish_time_of=publish_time_of)
+                                              publish_time_of=publish_time_of,
+                                              write_guard=self.write_guard(ML_NAME))
             except PulsarliteError as e:
                 w.log(f"{self.name} managed ledger open failed: {e!r}")
                 return
