@@ -229,12 +229,9 @@ class _ProducerRef:
         self.topic = None
         self.closed = False
 
-    def send_receipt(self, sequence_id: int, highest_sequence_id: int, position: Position) -> None:
-        self.connection.write(c.send_receipt(self.producer_id, sequence_id, position.ledger_id,
-                                             position.entry_id, highest_sequence_id=highest_sequence_id))
-
     def send_receipts(self, receipts: list) -> None:
-        """Several receipts, ``[(sequence_id, highest_sequence_id, position), ...]``, in order."""
+        """Receipts, ``[(sequence_id, highest_sequence_id, position), ...]``, in order (a single
+        receipt is a list of one), encoded together."""
         self.connection.write(c.send_receipts(self.producer_id, [
             (sequence_id, highest_sequence_id, position[0], position[1])
             for sequence_id, highest_sequence_id, position in receipts]))

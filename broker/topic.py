@@ -68,11 +68,9 @@ class ConsumerHandle(Protocol):
 class ProducerHandle(Protocol):
     producer_id: int
 
-    def send_receipt(self, sequence_id: int, highest_sequence_id: int, position: Position) -> None: ...
-
-    # optional: several receipts at once, [(sequence_id, highest_sequence_id, position), ...] in
-    # order (else send_receipt is called for each)
-    # def send_receipts(self, receipts: list[tuple[int, int, Position]]) -> None: ...
+    def send_receipts(self, receipts: list[tuple[int, int, Position]]) -> None:
+        """Receipts, ``[(sequence_id, highest_sequence_id, position), ...]`` in order (a single
+        receipt is a list of one)."""
 
     def send_error(self, sequence_id: int, error: BaseException) -> None: ...
 
@@ -190,13 +188,6 @@ class PublishBuffer:
 
 
 # -- producers: broker/publish_core.py holds them and the publish path's decisions -------------
-def _receipts_one_by_one(handle):
-    def send_receipts(receipts: list) -> None:
-        for sequence_id, highest_sequence_id, position in receipts:
-            handle.send_receipt(sequence_id, highest_sequence_id, position)
-    return send_receipts
-
-
 async def _maybe_await(value) -> None:
     if inspect.isawaitable(value):
         await value
@@ -561,7 +552,7 @@ class PersistentTopic:
         released = 0
         receipts = []
         handle = producer.handle
-        send_receipts = getattr(handle, "send_receipts", None) or _receipts_one_by_one(handle)
+        send_receipts = handle.send_receipts
         while pending and pending[0].done:
             done = pending.popleft()
             released += done.size

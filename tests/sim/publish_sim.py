@@ -237,6 +237,10 @@ class SimConnection:
         self.producer = None           # the topic's Producer of this session
 
     # ProducerHandle (called by the topic)
+    def send_receipts(self, receipts) -> None:
+        for sequence_id, highest_sequence_id, position in receipts:
+            self.send_receipt(sequence_id, highest_sequence_id, position)
+
     def send_receipt(self, sequence_id, highest_sequence_id, position) -> None:
         op = self.sent.popleft()
         if op.first != sequence_id:

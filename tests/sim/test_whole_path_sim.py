@@ -218,10 +218,12 @@ def test_a_broker_that_learned_it_lost_the_topic_writes_no_list():
                          f"{replay_command(seed)} --set strict_stop_check=True"
 
 
-@pytest.mark.xfail(strict=True, reason="known defect: a broker that learned it lost the topic still sends "
-                                       "entries its ledger writer took before (resends after an ensemble "
-                                       "change, entries held for a bookie): the new owner's fencing refuses "
-                                       "them, so nothing is stored twice or lost, but they are new writes")
+@pytest.mark.xfail(strict=True, reason="known limitation, kept by choice: a broker that learned it lost the "
+                                       "topic lets the adds its ledger writer took before finish (resends "
+                                       "after an ensemble change included), so that producers get receipts "
+                                       "rather than errors for messages that are durable (fewer duplicates "
+                                       "without deduplication); the new owner's fencing refuses the rest: "
+                                       "nothing is lost or stored twice (docs/decisions.md)")
 def test_a_broker_that_learned_it_lost_the_topic_sends_no_new_entry():
     seed, result = _first_violation("sends a new entry", strict_stop_check=True)
     assert seed is None, f"seed {seed}: {result.violations[0]}\n  replay: " \

@@ -62,10 +62,8 @@ import ast
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import importlib
-import inspect
 import logging
 import random
 import selectors
@@ -185,24 +183,9 @@ def _simulated_clock(loop: SimLoop):
 # -- the adapter: the only place SENDs reach the topic ---------------------------------------------
 def _publish(topic: PersistentTopic, producer, sends: list[tuple[int, int, bytes]]) -> list[tuple[int, BaseException]]:
     """SENDs of one producer ``[(sequence_id, highest_sequence_id, entry), ...]`` handed to the
-    topic as the broker's connection does; returns those refused at the edge,
-    ``[(sequence_id, error)]`` (the connection answers each with SEND_ERROR). Works with both
-    shapes of ``PersistentTopic.publish``: a run per call (``publish(producer, sends)``), or one
-    SEND per call (``publish(producer, sequence_id, highest_sequence_id, entry)``, raising)."""
-    if _publish_takes_runs(type(topic).publish):
-        return list(topic.publish(producer, sends) or [])
-    refused = []
-    for sequence_id, highest_sequence_id, entry in sends:
-        try:
-            topic.publish(producer, sequence_id, highest_sequence_id, entry)
-        except Exception as e:     # noqa: BLE001 - as the connection: answer it, keep serving
-            refused.append((sequence_id, e))
-    return refused
-
-
-@functools.lru_cache(maxsize=4)
-def _publish_takes_runs(method) -> bool:
-    return len(inspect.signature(method).parameters) == 3      # (self, producer, sends)
+    topic as the broker's connection does (one run: ``PersistentTopic.publish``); returns those
+    refused at the edge, ``[(sequence_id, error)]`` (the connection answers each with SEND_ERROR)."""
+    return topic.publish(producer, sends)
 
 
 # -- scenario --------------------------------------------------------------------------------------
@@ -800,6 +783,10 @@ class SimProducerConnection:
         self.sent: deque = deque()
         self.cut = False
         self.producer = None
+
+    def send_receipts(self, receipts) -> None:
+        for sequence_id, highest_sequence_id, position in receipts:
+            self.send_receipt(sequence_id, highest_sequence_id, position)
 
     def send_receipt(self, sequence_id, highest_sequence_id, position) -> None:
         op = self.sent.popleft()

@@ -78,6 +78,10 @@ class Handle:
     def send_receipt(self, seq, highest, position):
         self.out.append(("receipt", seq, (position.ledger_id, position.entry_id)))
 
+    def send_receipts(self, receipts) -> None:
+        for sequence_id, highest_sequence_id, position in receipts:
+            self.send_receipt(sequence_id, highest_sequence_id, position)
+
     def send_error(self, seq, error):
         self.out.append(("error", seq))
 
