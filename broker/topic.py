@@ -26,7 +26,8 @@ from collections import OrderedDict, deque
 from typing import Any, Protocol
 
 from broker.adapters import open_cursor
-from broker.admin.policies import NotFoundError
+from broker.admin.policies import NotFoundError, PreconditionFailedError
+from broker.cursor import InvalidAckError
 from broker.dedup import DedupSnapshotStore, DedupState, entry_sequence
 from broker.dispatch import Delivery, DispatcherCore, KeySharedMode, SubType
 from broker.errors import (ConsumerAssignError, NotAllowedError, ProducerBusyError, ProducerFencedError,
@@ -811,7 +812,16 @@ async def skip_messages(topic: "PersistentTopic", cursor, count: int) -> int:
                 # metadata claims, and the loop yields now and then (a client chose the count)
                 indexes = range(count - skipped) if left is None else sorted(left)[:count - skipped]
                 for n, index in enumerate(indexes, 1):
-                    cursor.ack_individual(entry_position, batch_index=index, batch_size=batch_size)
+                    try:
+                        cursor.ack_individual(entry_position, batch_index=index, batch_size=batch_size)
+                    except InvalidAckError as e:
+                        # a batch of more messages than the cursor acks by index (its
+                        # batch_size_max; a SEND may carry up to message_bytes_max / 6): the
+                        # cursor refuses the first index, so nothing of this entry was skipped
+                        raise PreconditionFailedError(
+                            f"cannot skip part of the batch at {entry_position} ({batch_size} messages: {e}); "
+                            f"{skipped} messages before it were skipped; skip all {left_count} of it or "
+                            f"stop before it") from None
                     skipped += 1
                     if n % SKIP_INDEXES_PER_TURN == 0:
                         await asyncio.sleep(0)
@@ -1124,11 +1134,13 @@ class Subscription:
         if not self.durable:
             raise TypeError("this subscription's cursor cannot skip (not durable)")
         self._disconnect_for_reset()
-        skipped = await skip_messages(topic, cursor, count)
-        self.read_position = topic.next_after(cursor.mark_delete_position)
-        await _maybe_await(cursor.flush())
+        try:
+            skipped = await skip_messages(topic, cursor, count)
+        finally:      # also when it stopped at a batch it cannot skip part of (what it skipped stays)
+            self.read_position = topic.next_after(cursor.mark_delete_position)
+            await _maybe_await(cursor.flush())
+            self.wake()
         log.info("subscription %s/%s: skipped %d messages (asked %d)", topic.key, self.name, skipped, count)
-        self.wake()
         return skipped
 
     async def reset(self, position: Position) -> None:

@@ -428,6 +428,53 @@ async def test_an_admin_skip_into_a_huge_batch_does_work_for_what_it_skips_only(
     assert peak < 8 * 1024 * 1024, peak
 
 
+async def test_an_admin_skip_into_a_batch_larger_than_the_cursor_tracks_is_a_412_not_a_500():
+    """A SEND may carry up to message_bytes_max / 6 messages (873,813 at 5 MiB), the cursor acks
+    indexes of batches of at most batch_size_max (65,536): a skip ending inside such a batch
+    raised InvalidAckError out of the admin handler (HTTP 500 with a traceback; found by
+    bench/hostile_inputs.py). Now: 412 saying why, the whole entries before it skipped."""
+    from broker.admin.policies import PreconditionFailedError
+    from broker.cursor import InvalidAckError
+    from broker.topic import skip_messages
+    small = build_batch_entry([Message(b"a")], producer_name="p", sequence_id=0, publish_time_ms=1)
+    meta = peek_metadata(small).raw
+    meta.num_messages_in_batch = 100_000
+    body = meta.SerializeToString()
+    big = len(body).to_bytes(4, "big") + body + b"x" * 16
+    entries = {Position(3, 0): small, Position(3, 1): big}
+
+    class TwoEntryML:
+        last_confirmed_position = Position(3, 1)
+
+        async def read_entries(self, position, count):
+            return [(p, d) for p, d in sorted(entries.items()) if p >= position][:count]
+
+    class Topic:
+        ml = TwoEntryML()
+
+        def next_after(self, position):
+            return Position(3, position.entry_id + 1)
+
+    class Cursor:
+        mark_delete_position = Position(3, -1)
+        acked: list = []
+
+        def remaining_batch_indexes(self, position, batch_size):
+            return None
+
+        def ack_individual(self, position, batch_index=None, batch_size=None):
+            if batch_index is not None and batch_size > 65_536:
+                raise InvalidAckError(f"batch size {batch_size} > batch_size_max 65536")
+            self.acked.append((position, batch_index))
+            return True
+
+    cursor = Cursor()
+    with pytest.raises(PreconditionFailedError, match="cannot skip part of the batch"):
+        await skip_messages(Topic(), cursor, 10)
+    assert cursor.acked == [(Position(3, 0), None)]       # the whole entry before it
+    assert await skip_messages(Topic(), Cursor(), 100_001) == 100_001   # all of it: fine
+
+
 async def test_a_new_producer_instance_is_deduplicated_by_id_a_reconnect_by_content():
     """A retried Spark task (a new producer, epoch 0) resends its rows under the same name and
     sequence ids with new publish times: duplicates by id, as Pulsar decides. The same ids with
