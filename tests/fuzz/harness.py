@@ -7,7 +7,8 @@ A fuzz run is deterministic in its inputs: case ``i`` of target ``t`` draws ever
 ``random.Random(f"{t}/{seed}/{i}")``, whatever the answers to earlier cases were. Environment:
 
 - ``PULSARLITE_FUZZ_SEED``: the seed (default: a random one, printed);
-- ``PULSARLITE_FUZZ_SECONDS``: fuzzing time per target (default 20);
+- ``PULSARLITE_FUZZ_SECONDS``: fuzzing time per target (default 5 in the README's test command,
+  20 with ``PULSARLITE_FUZZ=1``, i.e. ``make fuzz``);
 - ``PULSARLITE_FUZZ_CASES``: at most this many cases (a replay runs exactly the cases of a run);
 - ``PULSARLITE_FUZZ_ONLY``: e.g. ``58,64``: only these cases of the seed (to isolate one);
 - ``PULSARLITE_FUZZ_TRACE=1``: the cases journal also gets every process's RSS and open files
@@ -40,7 +41,9 @@ SECONDS_ENV = "PULSARLITE_FUZZ_SECONDS"
 CASES_ENV = "PULSARLITE_FUZZ_CASES"
 ONLY_ENV = "PULSARLITE_FUZZ_ONLY"       # e.g. "58,64": run only these cases (of the seed)
 TRACE_ENV = "PULSARLITE_FUZZ_TRACE"     # "1": the journal also gets every process's RSS and fds after each case
-SECONDS_DEFAULT = 20.0
+FUZZ_ENV = "PULSARLITE_FUZZ"          # "1" (make fuzz): the longer default budget; "0": not collected
+SECONDS_DEFAULT = 20.0                 # per target, with PULSARLITE_FUZZ=1 (make fuzz)
+SECONDS_IN_SUITE_DEFAULT = 5.0         # per target, in the README's test command (~70 s for tests/fuzz)
 CASES_MAX_DEFAULT = 1_000_000          # the time bound is the one that counts by default
 LOOPBACK = "127.0.0.1"
 
@@ -48,8 +51,13 @@ LOOPBACK = "127.0.0.1"
 RSS_SLACK_BYTES = 64 * 1024 * 1024
 FDS_SLACK = 20
 SETTLE_TIMEOUT_S = 30.0
-# the canary: a stall is this long without an acknowledged send while the cluster is up
+# the canary: a stall is this long without an acknowledged send while the cluster is up; it is
+# measured from the start of the fuzzing until the canary has CANARY_RESUME_SENDS more sends
+# acknowledged after it (at most CANARY_RESUME_S), so that a stall that began during a short
+# fuzzing is not cut off at its end
 CANARY_STALL_S = 20.0
+CANARY_RESUME_SENDS = 20
+CANARY_RESUME_S = 30.0
 CANARY_SEND_TIMEOUT_MS = 30_000
 
 
@@ -66,7 +74,7 @@ class Budget:
     def from_env(cls) -> "Budget":
         raw = os.environ.get(SEED_ENV, "").strip()
         seed = int(raw) if raw else random.SystemRandom().randrange(1, 2**31)
-        seconds = float(os.environ.get(SECONDS_ENV, "") or SECONDS_DEFAULT)
+        seconds = float(os.environ.get(SECONDS_ENV, "") or seconds_default())
         cases = int(os.environ.get(CASES_ENV, "") or CASES_MAX_DEFAULT)
         if seconds <= 0 or cases <= 0:
             raise ValueError(f"{SECONDS_ENV} and {CASES_ENV} must be > 0")
@@ -93,8 +101,14 @@ class Budget:
 def fuzz_timeout_s() -> float:
     """pytest-timeout bound for a fuzz test: its module's run (the fuzzing, plus the cluster,
     the canary and the checks) happens in the setup of its first test."""
-    seconds = float(os.environ.get(SECONDS_ENV, "") or SECONDS_DEFAULT)
+    seconds = float(os.environ.get(SECONDS_ENV, "") or seconds_default())
     return seconds + 300.0
+
+
+def seconds_default() -> float:
+    """Fuzzing time per target when PULSARLITE_FUZZ_SECONDS is not set: short inside the
+    README's test command, longer for ``make fuzz`` (PULSARLITE_FUZZ=1)."""
+    return SECONDS_DEFAULT if os.environ.get(FUZZ_ENV, "") not in ("", "0") else SECONDS_IN_SUITE_DEFAULT
 
 
 # -- /proc ----------------------------------------------------------------------------------------
@@ -744,7 +758,8 @@ class FuzzResult:
         return (f"{self.context()}\n  new log records with a traceback: {logs}\n"
                 f"  canary: {self.canary_acked} acknowledged "
                 f"({self.canary_acked_during_fuzz} during the fuzzing), longest gap between acks "
-                f"during the fuzzing {self.canary_longest_gap_s:.2f}s\n{self.process_table}\n"
+                f"(the fuzzing and after it, until the canary went on) {self.canary_longest_gap_s:.2f}s\n"
+                f"{self.process_table}\n"
                 f"  outcomes: {outcomes}\n  wall {self.wall_seconds:.1f}s")
 
 
@@ -813,14 +828,18 @@ def run_fuzz(target: str, *, cluster, budget: Budget, directory: Path, test_file
         result.cases_run = index
         result.fuzz_seconds = fuzz_end - fuzz_start
         result.canary_acked_during_fuzz = canary.acked_count() - acked_before
-        result.canary_longest_gap_s = canary.longest_gap(fuzz_start, fuzz_end)
+        # the canary must go on once the fuzzing stopped; a stall is measured until it did
+        resumed = canary.wait_acked(canary.acked_count() + CANARY_RESUME_SENDS, CANARY_RESUME_S)
+        result.canary_longest_gap_s = canary.longest_gap(fuzz_start, time.monotonic())
         if result.canary_longest_gap_s > CANARY_STALL_S:
             result.canary_problems.append(
                 f"canary stalled: {result.canary_longest_gap_s:.1f}s without an acknowledged send "
-                f"during the fuzzing (bound {CANARY_STALL_S:.0f}s)")
-        # a few more canary messages once the fuzzing stopped, then read everything back
-        canary.wait_acked(canary.acked_count() + 20, 30)
-        canary.stop()
+                f"from the start of the fuzzing until it went on after it (bound {CANARY_STALL_S:.0f}s)")
+        if not resumed:
+            result.canary_problems.append(
+                f"the canary did not get {CANARY_RESUME_SENDS} more sends acknowledged within "
+                f"{CANARY_RESUME_S:.0f}s after the fuzzing")
+        canary.stop()   # then read everything back
         result.canary_acked = len(canary.acked)
         result.canary_problems += canary.verdict()
         result.dead = watch.dead()
