@@ -132,19 +132,19 @@ class LedgerClient:
         """Fence and close ``ledger_id`` (idempotent; concurrent recoveries converge via CAS)."""
         last_error: PulsarliteError | None = None
         for attempt in range(self.config.recovery_attempts_max):
-            md, version = await self.ledger_manager.read(ledger_id)
-            if md.is_closed:
-                return md
-            if md.state is LedgerState.OPEN:
-                try:
-                    target = md.with_state(LedgerState.IN_RECOVERY)
-                    version = await self.ledger_manager.write(target, version)
-                    md = target
-                except MetadataVersionConflict:
-                    continue
             try:
+                md, version = await self.ledger_manager.read(ledger_id)
+                if md.is_closed:
+                    return md
+                if md.state is LedgerState.OPEN:
+                    try:
+                        target = md.with_state(LedgerState.IN_RECOVERY)
+                        version = await self.ledger_manager.write(target, version)
+                        md = target
+                    except MetadataVersionConflict:
+                        continue
                 return await _RecoveryRun(self, md, version, fence_recovery_reads).run()
-            except PulsarliteError as e:
+            except PulsarliteError as e:    # ZooKeeper trouble (outcome unknown) or bookies: read again
                 if not e.retriable:
                     raise
                 last_error = e
@@ -529,13 +529,22 @@ class _RecoveryRun:
             self._execute(self._core.on_add_result(bookie, entry_id, _ADD_OUTCOMES.get(code, AddOutcome.ERROR)))
 
     async def _write_metadata(self, md: LedgerMetadata) -> None:
+        """CAS ``md`` (the close). ZooKeeper trouble, where the outcome is unknown, ends this run
+        at once with the error: ``recover`` reads the metadata again and retries (a close that
+        did apply is then found CLOSED), instead of waiting out the run's timeout."""
         lm = self._client.ledger_manager
         try:
-            self._version = await lm.write(md, self._version)
-            actions = self._core.on_metadata_written(md)
-        except MetadataVersionConflict:
-            current, self._version = await lm.read(md.ledger_id)
-            actions = self._core.on_metadata_conflict(current)
+            try:
+                self._version = await lm.write(md, self._version)
+                actions = self._core.on_metadata_written(md)
+            except MetadataVersionConflict:
+                current, self._version = await lm.read(md.ledger_id)
+                actions = self._core.on_metadata_conflict(current)
+        except PulsarliteError as e:
+            log.warning("recovery metadata write failed ledger=%d: %s", md.ledger_id, e)
+            if not self._result.done():
+                self._result.set_exception(e)
+            return
         self._execute(actions)
 
 
