@@ -249,6 +249,10 @@ class LedgerWriteCore:
             return []
         if self._state is WriteCoreState.CLOSING:
             return self._close_conflict(current)
+        if self._proposed is not None and current == self._proposed:
+            # our own CAS applied and its answer was lost (ZooKeeper trouble): as written, so
+            # that the replaced bookie is usable again and the attempt is not counted
+            return self.on_metadata_written(current, now_ms, writable_bookies, rng)
         self._proposed = None
         self._held = frozenset()
         if current.state is not LedgerState.OPEN:

@@ -140,6 +140,29 @@ def test_ensemble_change_replaces_failed_bookie_from_lac_plus_one():
     assert ack(c, "b3", 1) == [ConfirmAdds(1)]                   # b0's earlier ack still counts
 
 
+
+def test_an_ensemble_change_whose_cas_answer_was_lost_is_taken_as_written():
+    """The CAS applied but its answer was lost: the shell reads the metadata back and reports a
+    conflict with what is stored, which is our proposal. As written: the new bookie gets the
+    entries it misses, the replaced one is usable again (it may be chosen later), and the
+    attempt does not count toward ensemble_change_attempts_max."""
+    lost, written = core(), core()
+    writable = ("b0", "b1", "b2", "b3")
+    for c in (lost, written):
+        add(c, b"x", 0)
+        add(c, b"y", 0)
+        ack(c, "b0", 0)
+        ack(c, "b1", 0)
+        ack(c, "b0", 1)
+    proposed = ack(lost, "b2", 1, ERROR, writable)[0].metadata
+    assert ack(written, "b2", 1, ERROR, writable)[0].metadata == proposed
+    got = lost.on_metadata_conflict(proposed, 0, writable, RNG)
+    expected = written.on_metadata_written(proposed, 0, writable, RNG)
+    assert got == expected and sorted(sends(got)) == [("b3", 1)]
+    assert lost.metadata == proposed
+    assert lost._unusable == written._unusable and "b2" not in lost._unusable
+    assert lost._attempts == 0
+
 def test_ack_of_replaced_bookie_is_dropped():
     c = core()
     writable = ("b0", "b1", "b2", "b3")
