@@ -19,7 +19,8 @@ sim:
 sim-whole:
 	.venv/bin/python -m tests.sim.whole_path_sim --seeds $(or $(SEEDS),0-9999)
 # the fuzz suite: malformed input to the broker port, the admin API and the bookie port with a
-# canary producer (tests/fuzz; not yet in the README's test command); longer: PULSARLITE_FUZZ_SECONDS=600
+# canary producer (tests/fuzz), 20 s per target (the README's test command runs it with 5 s);
+# longer: PULSARLITE_FUZZ_SECONDS=600 make fuzz
 fuzz:
 	PULSARLITE_FUZZ=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/fuzz
 # only the bounded chaos runs of the test suite

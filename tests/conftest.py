@@ -22,9 +22,9 @@ def pytest_asyncio_loop_factories(config, item):
 
 
 # The fuzz suite (tests/fuzz: seeded malformed input against a real cluster with a canary
-# producer) runs with `make fuzz` (PULSARLITE_FUZZ=1), not in the README's test command: it is
-# new this session and has not yet been through clean-clone runs of the whole suite.
-collect_ignore = [] if os.environ.get("PULSARLITE_FUZZ") else ["fuzz"]
+# producer) is part of the test command with a short budget (5 s of fuzzing per target, ~70 s in
+# all; `make fuzz` runs it with 20 s, PULSARLITE_FUZZ=1). PULSARLITE_FUZZ=0 leaves it out.
+collect_ignore = ["fuzz"] if os.environ.get("PULSARLITE_FUZZ") == "0" else []
 
 
 @pytest.fixture(scope="session")
@@ -46,17 +46,15 @@ def zk_hosts(zk_server: ZooKeeperServer) -> str:
     return f"{zk_server.connect_string}/t-{uuid.uuid4().hex[:16]}"
 
 
-@pytest.fixture
-def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
-    """``start(bookies=3, *, brokers=0, bookie_overrides=None, broker_overrides=None,
-    name="cluster", **kw)`` starts a
-    LocalCluster in ``tmp_path/name`` (blocking: from async code, wrap it in
-    ``asyncio.to_thread``); every cluster started is stopped at teardown, even on failure."""
+def local_clusters(directory: Path) -> Iterator[Callable[..., LocalCluster]]:
+    """What ``cluster_factory`` and ``module_cluster_factory`` yield: ``start(...)`` starts a
+    LocalCluster in ``directory/name``; every cluster started is stopped when the generator
+    ends, even on failure (the first error of a stop is raised once all are stopped)."""
     clusters: list[LocalCluster] = []
 
     def start(bookies: int = 3, *, brokers: int = 0, bookie_overrides: dict | None = None,
               broker_overrides: dict | None = None, name: str = "cluster", **kwargs) -> LocalCluster:
-        cluster = LocalCluster(tmp_path / name, **kwargs)
+        cluster = LocalCluster(directory / name, **kwargs)
         clusters.append(cluster)
         cluster.start_processes(bookies=bookies, brokers=brokers, bookie_overrides=bookie_overrides,
                                 broker_overrides=broker_overrides)
@@ -73,6 +71,28 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
                 errors.append(e)
         if errors:
             raise errors[0]
+
+
+@pytest.fixture
+def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
+    """``start(bookies=3, *, brokers=0, bookie_overrides=None, broker_overrides=None,
+    name="cluster", **kw)`` starts a
+    LocalCluster in ``tmp_path/name`` (blocking: from async code, wrap it in
+    ``asyncio.to_thread``); every cluster started is stopped at teardown, even on failure."""
+    yield from local_clusters(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def module_tmp_path(tmp_path_factory: pytest.TempPathFactory, request) -> Path:
+    """A temporary directory for a whole test module (named after it)."""
+    return tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+
+
+@pytest.fixture(scope="module")
+def module_cluster_factory(module_tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
+    """``cluster_factory`` for a whole module (e.g. one cluster shared by the checks of one
+    fuzz run, tests/fuzz), in ``module_tmp_path``; every cluster is stopped at the module's end."""
+    yield from local_clusters(module_tmp_path)
 
 
 class S3Endpoint:

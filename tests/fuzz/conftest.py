@@ -1,14 +1,12 @@
-"""Fixtures of the fuzz suite: a budget (seed, seconds, cases) and a local cluster per test
-module (one fuzz run per target, checked by several tests), stopped at the module's end."""
+"""Fixtures of the fuzz suite: a budget (seed, seconds, cases) and the module's directory. The
+cluster of a module (one fuzz run per target, checked by several tests) comes from
+``module_cluster_factory`` of tests/conftest.py, in the same directory (``module_tmp_path``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
-
-from pulsarlite.cluster import LocalCluster
 
 from .harness import RUNS, Budget
 
@@ -47,32 +45,6 @@ def fuzz_budget() -> Budget:
 
 
 @pytest.fixture(scope="module")
-def fuzz_dir(tmp_path_factory: pytest.TempPathFactory, request) -> Path:
-    return tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
-
-
-@pytest.fixture(scope="module")
-def module_cluster_factory(fuzz_dir: Path) -> Iterator[Callable[..., LocalCluster]]:
-    """``cluster_factory`` of tests/conftest.py for a whole module (one cluster per fuzz
-    target, shared by the checks of its run); every cluster is stopped at the module's end."""
-    clusters: list[LocalCluster] = []
-
-    def start(bookies: int = 3, *, brokers: int = 0, bookie_overrides: dict | None = None,
-              broker_overrides: dict | None = None, name: str = "cluster", **kwargs) -> LocalCluster:
-        cluster = LocalCluster(fuzz_dir / name, **kwargs)
-        clusters.append(cluster)
-        cluster.start_processes(bookies=bookies, brokers=brokers, bookie_overrides=bookie_overrides,
-                                broker_overrides=broker_overrides)
-        return cluster
-
-    try:
-        yield start
-    finally:
-        errors = []
-        for cluster in reversed(clusters):
-            try:
-                cluster.stop()
-            except Exception as e:  # keep stopping the others
-                errors.append(e)
-        if errors:
-            raise errors[0]
+def fuzz_dir(module_tmp_path: Path) -> Path:
+    """The module's directory: its cluster, the cases journal, the clients' logs."""
+    return module_tmp_path
