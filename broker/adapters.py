@@ -60,6 +60,12 @@ class ManagedOwnership:
         owns_bundle = self.manager.owns_bundle
         return lambda: owns_bundle(bundle)
 
+    def list_guard(self) -> Callable[[], bool]:
+        """What a managed ledger checks before writing its list: this broker's ZooKeeper
+        session is the one it loaded the topic under and is trusted now (see
+        OwnershipManager.session_guard)."""
+        return self.manager.session_guard()
+
     async def ensure_owned(self, topic) -> bool:
         if self.manager.owns(topic):
             return True

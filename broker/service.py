@@ -231,7 +231,7 @@ class BrokerService:
         ml = await ManagedLedger.open(name, ledger_client=self.ledger_client, store=self.store,
                                       config=self.config.managed_ledger_config(),
                                       publish_time_of=publish_time_of,
-                                      write_guard=self.ownership.write_guard(topic))
+                                      write_guard=self.ownership.list_guard())
         log.info("topic loaded %s", topic)
         persistent = PersistentTopic(self, topic, ml)
         if self.offloader is not None:

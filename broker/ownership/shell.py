@@ -175,6 +175,15 @@ class OwnershipManager:
         bundle = self.bundle_of(topic)
         return self._session_trusted() and self._table.owns(bundle)
 
+    def session_guard(self) -> Callable[[], bool]:
+        """True while the session trusted now is the one trusted when this was called (no
+        expiry since, which bumps the epoch; not SUSPENDED): what a managed ledger checks before
+        writing its list. A voluntary release of a bundle keeps it true (the unloading broker
+        closes its list; a CAS conflict tells it if another owner came first)."""
+        epoch = self._table.epoch
+        table = self._table
+        return lambda: table.epoch == epoch and self._session_trusted()
+
     def owns_bundle(self, bundle: str) -> bool:
         return self._session_trusted() and self._table.owns(bundle)
 

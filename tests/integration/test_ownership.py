@@ -317,14 +317,17 @@ async def test_lost_session_never_owns_again_without_reacquiring(proxy, connect,
     assert await a.acquire(TOPIC)
     bundle = a.bundle_of(TOPIC)
     old_session = store_a.session_id
+    list_guard = a.session_guard()       # what a managed ledger loaded now checks before list writes
+    assert list_guard()
 
     proxy.block()
     await wait_for(lambda: SessionState.SUSPENDED in recorder.states(), "SUSPENDED")
-    assert not a.owns(TOPIC)
+    assert not a.owns(TOPIC) and not list_guard()
     # the server expires a's session: its bundle and its registration vanish, b takes over
     await wait_for_async(lambda: observer.exists(bundle_path(bundle)), False, "a's bundle znode gone")
     await wait_for_async(lambda: observer.exists(f"{BROKERS_ROOT}/broker-a"), False, "a unregistered")
     assert (await b.lookup(TOPIC)).owned_by_self
+    b_guard = b.session_guard()
 
     proxy.unblock()
     await wait_for(lambda: SessionState.LOST in recorder.states(), "LOST")
@@ -335,14 +338,17 @@ async def test_lost_session_never_owns_again_without_reacquiring(proxy, connect,
     assert a.bundle_state(bundle) is BundleState.NONE
     redirect = await a.lookup(TOPIC)
     assert redirect.broker_id == "broker-b" and not a.owns(TOPIC)
+    assert not list_guard()              # the session it was taken under expired: never again
 
     # only a LOOKUP / acquire brings ownership back, on the new session
     assert await b.release(TOPIC)
+    assert b_guard()                     # a voluntary release: the unloading broker may close its list
     assert not a.owns(TOPIC)
     assert (await a.lookup(TOPIC, authoritative=True)).owned_by_self
     stat = await observer.stat(bundle_path(bundle))
     assert stat.ephemeral_owner == store_a.session_id
     assert a.owns(TOPIC)
+    assert not list_guard() and a.session_guard()()
 
 
 async def test_lost_without_takeover_needs_lookup_to_own_again(proxy, connect, managers, zk_hosts):
