@@ -301,6 +301,11 @@ def check_sendable(entry: bytes | memoryview, meta: EntryMetadata, *,
         if not 0 <= size <= uncompressed_bytes_max:
             raise EntryFormatError(f"declared uncompressed size {size} is outside [0, {uncompressed_bytes_max}]")
     if not batched:
+        if compression == Compression.LZ4 and not raw.encryption_keys and raw.num_chunks_from_msg <= 1:
+            # the official C++ consumer may crash on an LZ4 payload that does not decompress
+            # (the other codecs' failures it skips as a corrupt message): decompress it here
+            # (bounded), as for a batch (found by the fuzz suite, "poison-lz4")
+            decompress(entry[meta.payload_offset:], compression, size, uncompressed_bytes_max=uncompressed_bytes_max)
         return
     count = raw.num_messages_in_batch
     count_max = max(1, size // SINGLE_MESSAGE_BYTES_MIN)

@@ -69,13 +69,11 @@ READ_BACK_START_S = 20.0      # and its child process gets this much more to sta
 # client read out of bounds: it hands the application bytes of its own heap, or crashes (SIGSEGV).
 POISON_ENTRY = "poison-entry"
 
-# Defect poison-lz4 (open; tests/fuzz/NOTES.md; test_poison_lz4_single_message_is_refused pins it):
-# check_sendable does not decompress a compressed single (non-batched) message (docs/decisions.md
-# "SEND checks": the C++ client discards one that does not decompress), but for LZ4 the official
-# C++ client does not always discard it: its reader sometimes crashes (SIGSEGV; seen with seed
-# 83386254, case 122: an LZ4 message declaring 127 bytes with 75 random ones). A reader crash or
-# over-long message on a topic holding such an entry is this known defect; on any other topic it
-# is a finding (poison-entry is fixed: the broker refuses the other entries is_poison names).
+# Defect poison-lz4 (fixed; tests/fuzz/NOTES.md; test_poison_lz4_single_message_is_refused):
+# check_sendable did not decompress a compressed single (non-batched) message, and the official
+# C++ reader sometimes crashed on an LZ4 one that does not decompress (SIGSEGV; seed 83386254,
+# case 122: an LZ4 message declaring 127 bytes with 75 random ones). The broker now decompresses
+# a single LZ4 message at the SEND (bounded) and refuses it.
 POISON_LZ4 = "poison-lz4"
 
 
@@ -897,9 +895,9 @@ def check_readable(fuzzer: "BrokerFuzzer", service_url: str, findings: Findings,
     """After the fuzzing: every entry the broker acknowledged to the fuzzer on a topic is read
     by an official reader from the earliest message (the broker can dispatch what it accepted,
     and the official client can read it), without the reader crashing or handing out more bytes
-    than the entry holds. On a topic that got an LZ4 single message that does not decompress, a
-    crash or an over-long message is the known defect POISON_LZ4; entries not read behind an
-    entry pulsarlite's own codec refuses (poison) are the known defect POISON_ENTRY."""
+    than the entry holds (a crash or an over-long message is a finding on any topic: poison-lz4
+    is fixed, the broker refuses such entries); entries not read behind an entry pulsarlite's
+    own codec refuses (poison) are the known defect POISON_ENTRY."""
     jobs = [(i, topic, stored) for i, (topic, stored) in enumerate(sorted(fuzzer.stored.items())) if stored]
     jobs = jobs[:READ_BACK_TOPICS_MAX]
     with ThreadPoolExecutor(READ_BACK_PARALLEL) as pool:     # the readers are child processes
@@ -908,18 +906,15 @@ def check_readable(fuzzer: "BrokerFuzzer", service_url: str, findings: Findings,
             directory / f"read-back-{job[0]}.log"), jobs))
     for (_, topic, stored), (outcome, report, stderr) in zip(jobs, outcomes):
         poisoned = any(poison for _, poison, _ in stored.values())
-        lz4 = any(lz4_single_poison(poison, metadata) for _, poison, metadata in stored.values())
         findings.note(f"read back: {outcome}")
         poison_note = " (the topic holds an entry pulsarlite's codec refuses)" if poisoned else ""
         if outcome.startswith("crash"):
-            kind = (f"{KNOWN_PREFIX}{POISON_LZ4}: the official reader crashed" if lz4
-                    else "the official reader crashed reading a fuzzed topic")
+            kind = "the official reader crashed reading a fuzzed topic"
             findings.add(kind, f"{topic}: {outcome} ({len(stored)} acknowledged entries){poison_note}; "
                                f"stderr: {stderr!r}")
             continue
         if report["oversize"]:
-            kind = (f"{KNOWN_PREFIX}{POISON_LZ4}: the official reader returned more bytes than stored" if lz4
-                    else f"the official reader returned more bytes than an entry holds{poison_note}")
+            kind = f"the official reader returned more bytes than an entry holds{poison_note}"
             findings.add(kind, f"{topic}: (ledger, entry, message bytes, entry bytes) {report['oversize'][:5]}")
         seen = {tuple(p) for p in report["seen"]} | set(report["discarded"])   # dispatched, at least
         missing = sorted(p for p, (_, poison, metadata) in stored.items()
@@ -1057,12 +1052,10 @@ def test_poison_entry_inconsistent_batch_is_refused(cluster, fuzz_dir) -> None:
                                     f"(ledger, entry, message bytes, entry bytes): {report['oversize']}")
 
 
-@pytest.mark.xfail(strict=True, reason="poison-lz4 (open): check_sendable does not decompress a single "
-                                       "message; the official C++ reader sometimes crashes on a bad LZ4 one")
 def test_poison_lz4_single_message_is_refused(cluster) -> None:
-    """poison-lz4 (open, tests/fuzz/NOTES.md): a single (non-batched) LZ4 message whose payload
-    does not decompress to its declared size is refused at the SEND (it is stored today, and an
-    official reader of the topic sometimes crashes on it: SIGSEGV)."""
+    """poison-lz4 (fixed, tests/fuzz/NOTES.md): a single (non-batched) LZ4 message whose payload
+    does not decompress to its declared size is refused at the SEND (it was stored, and an
+    official reader of the topic sometimes crashed on it: SIGSEGV)."""
     topic = "persistent://public/default/fz-known-poison-lz4"
     meta = pb.MessageMetadata(producer_name="probe", sequence_id=0, publish_time=int(time.time() * 1000),
                               compression=pb.LZ4, uncompressed_size=127)
