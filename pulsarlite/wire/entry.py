@@ -284,7 +284,9 @@ def check_sendable(entry: bytes | memoryview, meta: EntryMetadata, *,
       and initialized, nothing left over (the C++ client trusts it: it reads out of bounds,
       or crashes). A compressed batch is decompressed first (bounded by
       ``uncompressed_bytes_max``; docs/decisions.md "SEND checks"). An encrypted batch is
-      ciphertext: only its framing's declared sizes are checked.
+      ciphertext: only its framing's declared sizes are checked;
+    - a compressed single message decompresses to its declared size (the C++ consumer's
+      decoders trust it and may crash); a chunk's fields are consistent (``_check_chunk``).
     """
     raw = meta.raw
     if not raw.IsInitialized():
@@ -292,6 +294,9 @@ def check_sendable(entry: bytes | memoryview, meta: EntryMetadata, *,
                                + ", ".join(raw.FindInitializationErrors()))
     batched = raw.HasField("num_messages_in_batch")
     compression = raw.compression
+    chunks = raw.num_chunks_from_msg
+    if chunks > 1:
+        _check_chunk(raw, len(entry) - meta.payload_offset, batched)
     if not compression:
         if not batched:
             return                             # one plain message: nothing declared to check
@@ -301,10 +306,12 @@ def check_sendable(entry: bytes | memoryview, meta: EntryMetadata, *,
         if not 0 <= size <= uncompressed_bytes_max:
             raise EntryFormatError(f"declared uncompressed size {size} is outside [0, {uncompressed_bytes_max}]")
     if not batched:
-        if compression == Compression.LZ4 and not raw.encryption_keys and raw.num_chunks_from_msg <= 1:
-            # the official C++ consumer may crash on an LZ4 payload that does not decompress
-            # (the other codecs' failures it skips as a corrupt message): decompress it here
-            # (bounded), as for a batch (found by the fuzz suite, "poison-lz4")
+        if not raw.encryption_keys and chunks <= 1:
+            # the official C++ consumer's decoders trust the declared size (LZ4_decompress_fast,
+            # snappy's unchecked sink): a payload that does not decompress to it may crash it
+            # (fuzz findings poison-lz4, poison-codec): decompress it here (bounded), as for a
+            # batch. A chunk is a fragment (decompressed whole once reassembled) and ciphertext
+            # is opaque: neither can be checked here.
             decompress(entry[meta.payload_offset:], compression, size, uncompressed_bytes_max=uncompressed_bytes_max)
         return
     count = raw.num_messages_in_batch
@@ -320,6 +327,26 @@ def check_sendable(entry: bytes | memoryview, meta: EntryMetadata, *,
     if compression:
         payload = decompress(payload, compression, size, uncompressed_bytes_max=uncompressed_bytes_max)
     check_batch_framing(payload if type(payload) is bytes else bytes(payload), count)
+
+
+def _check_chunk(raw, payload_bytes: int, batched: bool) -> None:
+    """A chunk of a larger message (num_chunks_from_msg > 1) as the official producers write
+    one: not a batch, a uuid naming the message, 0 <= chunk_id < num_chunks_from_msg, and a
+    total_chunk_msg_size that holds this chunk and at least one byte per chunk. The C++
+    consumer sizes its reassembly buffer by these fields and copies each chunk into it
+    unchecked (fuzz finding poison-chunk: a lone chunk claiming 272,608,922 chunks of a
+    0-byte message crashed it)."""
+    chunks = raw.num_chunks_from_msg
+    if batched:
+        raise EntryFormatError("a batch cannot be a chunk of a larger message")
+    if not raw.uuid:
+        raise EntryFormatError("a chunk without the uuid of its message")
+    if not 0 <= raw.chunk_id < chunks:
+        raise EntryFormatError(f"chunk id {raw.chunk_id} outside [0, {chunks})")
+    total = raw.total_chunk_msg_size
+    if not (chunks <= total and payload_bytes <= total):
+        raise EntryFormatError(f"a chunk of {payload_bytes} bytes, one of {chunks}, does not fit a "
+                               f"message of {total} bytes")
 
 
 def check_batch_framing(data: bytes, count: int) -> None:

@@ -69,6 +69,15 @@ READ_BACK_START_S = 20.0      # and its child process gets this much more to sta
 # client read out of bounds: it hands the application bytes of its own heap, or crashes (SIGSEGV).
 POISON_ENTRY = "poison-entry"
 
+# Defect poison-reader (open; tests/fuzz/NOTES.md item 6): an official reader that crashes, or hands
+# out more bytes than an entry holds, on a topic holding an entry pulsarlite's own codec refuses
+# (is_poison). Three such classes were found and fixed in session 13 (compressed single messages
+# that do not decompress to their declared size, lone chunks with impossible chunk fields; see
+# poison-lz4 below), one is open (seed 1697072319: an over-long message after a "metadata size
+# rewritten" SEND that the broker stored; not isolated yet). Counted as this known defect on such
+# topics only; a crash or over-long message on any other topic is a finding.
+POISON_READER = "poison-reader"
+
 # Defect poison-lz4 (fixed; tests/fuzz/NOTES.md; test_poison_lz4_single_message_is_refused):
 # check_sendable did not decompress a compressed single (non-batched) message, and the official
 # C++ reader sometimes crashed on an LZ4 one that does not decompress (SIGSEGV; seed 83386254,
@@ -895,9 +904,10 @@ def check_readable(fuzzer: "BrokerFuzzer", service_url: str, findings: Findings,
     """After the fuzzing: every entry the broker acknowledged to the fuzzer on a topic is read
     by an official reader from the earliest message (the broker can dispatch what it accepted,
     and the official client can read it), without the reader crashing or handing out more bytes
-    than the entry holds (a crash or an over-long message is a finding on any topic: poison-lz4
-    is fixed, the broker refuses such entries); entries not read behind an entry pulsarlite's
-    own codec refuses (poison) are the known defect POISON_ENTRY."""
+    than the entry holds (on a topic holding an entry pulsarlite's own codec refuses, a crash
+    or an over-long message is the known open defect POISON_READER; elsewhere a finding);
+    entries not read behind an entry pulsarlite's own codec refuses (poison) are the known
+    defect POISON_ENTRY."""
     jobs = [(i, topic, stored) for i, (topic, stored) in enumerate(sorted(fuzzer.stored.items())) if stored]
     jobs = jobs[:READ_BACK_TOPICS_MAX]
     with ThreadPoolExecutor(READ_BACK_PARALLEL) as pool:     # the readers are child processes
@@ -909,12 +919,14 @@ def check_readable(fuzzer: "BrokerFuzzer", service_url: str, findings: Findings,
         findings.note(f"read back: {outcome}")
         poison_note = " (the topic holds an entry pulsarlite's codec refuses)" if poisoned else ""
         if outcome.startswith("crash"):
-            kind = "the official reader crashed reading a fuzzed topic"
+            kind = (f"{KNOWN_PREFIX}{POISON_READER}: the official reader crashed" if poisoned
+                    else "the official reader crashed reading a fuzzed topic")
             findings.add(kind, f"{topic}: {outcome} ({len(stored)} acknowledged entries){poison_note}; "
                                f"stderr: {stderr!r}")
             continue
         if report["oversize"]:
-            kind = f"the official reader returned more bytes than an entry holds{poison_note}"
+            kind = (f"{KNOWN_PREFIX}{POISON_READER}: the official reader returned more bytes than stored"
+                    if poisoned else "the official reader returned more bytes than an entry holds")
             findings.add(kind, f"{topic}: (ledger, entry, message bytes, entry bytes) {report['oversize'][:5]}")
         seen = {tuple(p) for p in report["seen"]} | set(report["discarded"])   # dispatched, at least
         missing = sorted(p for p, (_, poison, metadata) in stored.items()

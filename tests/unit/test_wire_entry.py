@@ -342,6 +342,20 @@ POISON = {
         _meta(compression=pb.LZ4, uncompressed_size=127), bytes(range(75))),
     "single LZ4 message shorter than declared": hand_entry(
         _meta(compression=pb.LZ4, uncompressed_size=100), compress(b"x" * 60, Compression.LZ4)),
+    # poison-codec (tests/fuzz/NOTES.md): the C++ decoders trust the declared size and crashed
+    **{f"single {codec.name} message that does not decompress to its declared 0 bytes": hand_entry(
+        _meta(compression=int(codec), uncompressed_size=0), compress(b"x" * 90, codec))
+        for codec in CODECS if codec},
+    "single SNAPPY message of random bytes": hand_entry(_meta(compression=pb.SNAPPY, uncompressed_size=0),
+                                                        bytes(range(200, 216))),
+    # poison-chunk: the C++ consumer sizes its reassembly buffer by these fields, copies unchecked
+    "a chunk of a 0-byte message claiming 272,608,922 chunks": hand_entry(
+        _meta(num_chunks_from_msg=272_608_922), b"x" * 40),
+    "a chunk without uuid": hand_entry(_meta(num_chunks_from_msg=2, total_chunk_msg_size=10, chunk_id=0), b"x" * 5),
+    "a chunk id past the chunks": hand_entry(
+        _meta(num_chunks_from_msg=2, total_chunk_msg_size=10, chunk_id=2, uuid="p-1"), b"x" * 5),
+    "a chunk larger than its message": hand_entry(
+        _meta(num_chunks_from_msg=2, total_chunk_msg_size=4, chunk_id=0, uuid="p-1"), b"x" * 5),
 }
 
 
@@ -358,8 +372,16 @@ def test_send_check_refuses_entries_the_official_clients_cannot_read(name):
 
 def test_send_check_takes_what_the_clients_build():
     _sendable(build_entry(Message(b"x", key="k", properties={"a": "b"}), **HEADER))
-    for codec in CODECS:                 # single compressed messages (LZ4 is decompressed to check)
+    for codec in CODECS:                 # single compressed messages (decompressed to check), empty ones too
         _sendable(build_entry(Message(b"hello " * 20), compression=codec, **HEADER))
+        _sendable(build_entry(Message(b""), compression=codec, **HEADER))
+    # the chunks of a chunked message, as the producers write them (the payload of the last
+    # one shorter; compressed as a whole before chunking: fragments are not decompressed)
+    whole = compress(b"chunked " * 40, Compression.ZSTD)
+    for chunk_id in range(3):
+        _sendable(hand_entry(_meta(num_chunks_from_msg=3, chunk_id=chunk_id, uuid="p-1-7",
+                                   total_chunk_msg_size=len(whole), compression=pb.ZSTD, uncompressed_size=320),
+                             whole[chunk_id * 40:(chunk_id + 1) * 40]))
     _sendable(hand_entry(_meta(encryption_keys=[pb.EncryptionKeys(key="k", value=b"v")]), b"secret"))
     # an encrypted batch is ciphertext: only its declared count is checked
     _sendable(hand_entry(_meta(num_messages_in_batch=2, encryption_keys=[pb.EncryptionKeys(key="k", value=b"v")]),
