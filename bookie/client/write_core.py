@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import random
+from itertools import repeat
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
@@ -139,7 +140,10 @@ class LedgerWriteCore:
         count = len(payloads)
         if count == 0:
             raise ValueError("an empty run")
-        payloads = tuple(p if type(p) is bytes else bytes(p) for p in payloads)
+        if not all(type(p) is bytes for p in payloads) if count > 1 else type(payloads[0]) is not bytes:
+            payloads = tuple(p if type(p) is bytes else bytes(p) for p in payloads)
+        elif type(payloads) is not tuple:
+            payloads = tuple(payloads)
         first = self._last_pushed + 1
         view = self._view
         pending = self._pending
@@ -168,7 +172,7 @@ class LedgerWriteCore:
         self._length = length
         self._last_pushed = entry_id - 1
         if offsets is None:
-            sends: tuple = tuple((bookie, None) for bookie in ensemble)
+            sends: tuple = tuple(zip(ensemble, repeat(None)))   # every bookie: the whole run
         else:
             sends = tuple((bookie, tuple(got)) for bookie, got in offsets.items() if got)
         if not sends:

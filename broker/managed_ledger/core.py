@@ -616,15 +616,25 @@ class ManagedLedgerCore:
             raise InvariantViolation(
                 f"{self.name}: adds {first_add_id}.. confirmed at {ledger_id}:{first_entry_id}, expected "
                 f"ledger {cur.ledger_id} entry {cur.entries_confirmed}")
-        got = [adds.get(i) for i in range(first_add_id, first_add_id + count)]
-        for offset, add in enumerate(got):
+        size_bytes = 0
+        lo = hi = None
+        entry_id = first_entry_id
+        for add_id in range(first_add_id, first_add_id + count):
+            add = adds.get(add_id)
             if add is None:
                 raise InvariantViolation(f"{self.name}: confirmation of unknown or failed add "
-                                         f"{first_add_id + offset} at {ledger_id}:{first_entry_id + offset}")
-            if add.ledger_id != ledger_id or add.entry_id != first_entry_id + offset:
+                                         f"{add_id} at {ledger_id}:{entry_id}")
+            if add.entry_id != entry_id or add.ledger_id != ledger_id:
                 raise InvariantViolation(
-                    f"{self.name}: add {first_add_id + offset} confirmed at {ledger_id}:{first_entry_id + offset}, "
+                    f"{self.name}: add {add_id} confirmed at {ledger_id}:{entry_id}, "
                     f"expected {add.ledger_id}:{add.entry_id}")
+            size_bytes += add.size_bytes
+            pt = add.publish_time_ms
+            if lo is None or pt < lo:
+                lo = pt
+            if hi is None or pt > hi:
+                hi = pt
+            entry_id += 1
         last = self._last_confirmed
         position = Position(ledger_id, first_entry_id + count - 1)
         if last is not None and Position(ledger_id, first_entry_id) <= last:
@@ -633,9 +643,7 @@ class ManagedLedgerCore:
         for i in range(first_add_id, first_add_id + count):
             del adds[i]
         cur.entries_confirmed += count
-        cur.bytes_confirmed += sum([a.size_bytes for a in got])
-        times = [a.publish_time_ms for a in got]
-        lo, hi = min(times), max(times)
+        cur.bytes_confirmed += size_bytes
         if cur.min_publish_time_ms is None or lo < cur.min_publish_time_ms:
             cur.min_publish_time_ms = lo
         if cur.max_publish_time_ms is None or hi > cur.max_publish_time_ms:
