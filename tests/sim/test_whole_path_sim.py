@@ -6,9 +6,11 @@ reordered and duplicated messages, metadata writes with unknown outcomes.
 
 Budget: WHOLE_PATH_SEEDS seeds (default 10,000) AND WHOLE_PATH_BUDGET_S seconds (default 45),
 whichever ends first (PULSARLITE_WHOLE_PATH_SEEDS / PULSARLITE_WHOLE_PATH_BUDGET_S); a seed
-takes ~30-70 ms on this shared 2-core machine, so the budget ends it (~650-1,300 seeds; the
-module with its other tests ~60 s). `make sim-whole SEEDS=A-B` runs longer sweeps. A failing
-seed is reported with the command that replays it.
+takes ~20-25 ms on this shared 2-core machine (~19 ms of CPU; about half of it the product code
+itself, whole_path_sim's docstring), ~40 ms when the machine is busy, so the budget ends it
+(~1,100-2,200 seeds; the module with its other tests ~70 s): 10,000 seeds would take ~3.5 min.
+`make sim-whole SEEDS=A-B` runs longer sweeps. A failing seed is reported with the command that
+replays it.
 
 Planted defects: each test switches one protection off and the simulation must find a
 violation within DEFECT_SEED_BUDGET seeds. Product defects the simulation found are pinned as
@@ -83,18 +85,21 @@ def test_the_simulation_exercises_every_fault():
 
 def test_same_seed_same_trace():
     for seed in (0, 1, 17):
-        assert run_seed(seed).trace == run_seed(seed).trace
-    assert run_seed(1).trace != run_seed(2).trace
+        traced = run_seed(seed, trace=True)
+        assert traced.trace and traced.trace == run_seed(seed, trace=True).trace
+        untraced = run_seed(seed)      # the sweep's mode: no trace, the same run
+        assert (untraced.stats, untraced.violations) == (traced.stats, traced.violations)
+    assert run_seed(1, trace=True).trace != run_seed(2, trace=True).trace
 
 
 def test_same_seed_same_trace_in_another_process():
     """The replay command runs in a new interpreter, with another hash seed."""
     code = ("import sys; sys.path.insert(0, '.'); from tests.sim.whole_path_sim import run_seed; "
-            "print(run_seed(5).trace_digest())")
+            "print(run_seed(5, trace=True).trace_digest())")
     env = dict(os.environ, PYTHONHASHSEED="4242")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert out.stdout.strip() == run_seed(5).trace_digest()
+    assert out.stdout.strip() == run_seed(5, trace=True).trace_digest()
 
 
 # -- planted defects --------------------------------------------------------------------------------
@@ -216,6 +221,16 @@ def test_a_broker_that_learned_it_lost_the_topic_writes_no_list():
     seed, result = _first_violation("writes the managed ledger's list", strict_stop_check=True)
     assert seed is None, f"seed {seed}: {result.violations[0]}\n  replay: " \
                          f"{replay_command(seed)} --set strict_stop_check=True"
+
+
+@pytest.mark.xfail(strict=True, reason="open product defect, found by the first 10,000-seed sweep (seed 6911, "
+                                       "also before this file's speed-up: the same trace): the new owner's "
+                                       "deduplication does not know p0's entries the old owner stored in ledger 2 "
+                                       "(never acknowledged: its topic was blocked after a failed write), "
+                                       "gives p0 -1 and stores its resends again in ledger 6")
+def test_a_new_owner_does_not_store_the_old_owners_unacknowledged_entries_twice():
+    """Replay: .venv/bin/python -m tests.sim.whole_path_sim --seed 6911 --trace"""
+    check_seed(6911)
 
 
 @pytest.mark.xfail(strict=True, reason="known limitation, kept by choice: a broker that learned it lost the "

@@ -51,6 +51,17 @@ ledger list and the ledgers after the last owner closed the topic):
     .venv/bin/python -m tests.sim.whole_path_sim --seeds 0-99          # a range of seeds
     .venv/bin/python -m tests.sim.whole_path_sim --seed 17 --trace     # replay one, with its trace
 
+Cost: ~19 ms of CPU per seed on this 2-core machine (~20-25 ms of wall time with the others'
+load; the first version: ~25 ms of CPU, ~26-35 ms). About half of it is the product code itself
+(topic, publish core, managed ledger, ledger client: ~10 ms a seed, a floor for whatever the
+simulation does), the rest the event loop and the simulated bookies, network and ZooKeeper. What
+keeps that part small: :class:`SimLoop` is asyncio's loop without what a simulated one never
+needs (debug checks, I/O polling, the self-pipe; a heap of ``(when, handle)`` pairs compared in
+C), callbacks run in asyncio's own order, so a seed's trace is the one asyncio's loop gives; the
+collector as the server processes set it (``pulsarlite.process.GC_THRESHOLDS``); each entry
+decoded once for all its bookies; no trace unless asked for (``run_seed(trace=True)``,
+``--trace``, ``--seed``: the run is the same, only its story is kept).
+
 The topic is driven through ONE adapter, :func:`_publish` (the SEND path); nothing here calls the
 managed ledger's or the ledger's add methods.
 """
@@ -61,7 +72,10 @@ import argparse
 import ast
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
+import functools
+import gc
 import hashlib
 import importlib
 import logging
@@ -71,8 +85,10 @@ import shlex
 import sys
 import time as _real_time
 import types
+from asyncio import format_helpers
 from collections import deque
 from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush
 from typing import Any, Callable
 
 from bookie._proto import bookie_rpc_pb2 as pb
@@ -87,10 +103,11 @@ from pulsarlite.config import LedgerClientConfig
 from pulsarlite.errors import (BookieUnavailableError, MetadataError, MetadataNotFoundError,
                                MetadataVersionConflict, PulsarliteError)
 from pulsarlite.metadata import MetadataExistsError, MetadataNotEmptyError, NodeStat
+from pulsarlite.process import GC_THRESHOLDS
 from pulsarlite.topic_name import TopicName
 from pulsarlite.wire.entry import unpack_entry
 
-from .publish_sim import CppProducer, SimulationViolation, messages_of
+from .publish_sim import CppProducer, SimulationViolation
 
 TOPIC = TopicName.parse("persistent://public/default/whole")
 ML_NAME = TOPIC.managed_ledger_name
@@ -138,8 +155,55 @@ class _VirtualSelector(selectors.BaseSelector):
         self._keys.clear()
 
 
+class _SimTimer(asyncio.TimerHandle):
+    """asyncio's TimerHandle, built and cancelled without the debug checks (the loop never runs
+    in debug mode)."""
+
+    __slots__ = ()
+
+    def __init__(self, when, callback, args, loop, context) -> None:
+        self._context = context if context is not None else contextvars.copy_context()
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+        self._when = when
+        self._scheduled = True
+
+    def cancel(self) -> None:
+        if not self._cancelled:
+            if self._scheduled:
+                self._loop._timer_cancelled_count += 1
+            self._cancelled = True
+            self._callback = None
+            self._args = None
+
+
+class _SimHandle(asyncio.Handle):
+    """asyncio's Handle (call_soon), built without the debug checks."""
+
+    __slots__ = ()
+
+    def __init__(self, callback, args, loop, context) -> None:
+        self._context = context if context is not None else contextvars.copy_context()
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+
+
 class SimLoop(asyncio.SelectorEventLoop):
-    """A private, deterministic event loop: FIFO ready queue, timers on a simulated clock."""
+    """A private, deterministic event loop: FIFO ready queue, timers on a simulated clock.
+
+    ``call_at``, ``call_soon`` and ``_run_once`` are asyncio's (3.11) without what a simulated
+    loop never needs (debug mode, I/O polling, the self-pipe): the timer heap holds
+    ``(when, handle)`` pairs, compared in C on ``when``; on equal times the handles compare as
+    asyncio's heap of handles compares them, so the order of callbacks, hence the run, is the
+    one asyncio's own loop gives."""
 
     def __init__(self) -> None:
         selector = _VirtualSelector()
@@ -147,8 +211,89 @@ class SimLoop(asyncio.SelectorEventLoop):
         selector.loop = self
         self.now = 0.0
 
+    def _make_self_pipe(self) -> None:       # no thread ever wakes this loop
+        self._ssock = self._csock = None
+
+    def _close_self_pipe(self) -> None:
+        pass
+
     def time(self) -> float:
         return self.now
+
+    get_debug = functools.partial(bool)      # False, without a Python frame (every Future asks)
+
+    def call_at(self, when, callback, *args, context=None):
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        timer = _SimTimer(when, callback, args, self, context)
+        heappush(self._scheduled, (when, timer))
+        return timer
+
+    def call_later(self, delay, callback, *args, context=None):
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        when = self.now + delay
+        timer = _SimTimer(when, callback, args, self, context)
+        heappush(self._scheduled, (when, timer))
+        return timer
+
+    def call_soon(self, callback, *args, context=None):
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        handle = _SimHandle(callback, args, self, context)
+        self._ready.append(handle)
+        return handle
+
+    def _run_once(self) -> None:
+        """asyncio's iterations (``_run_once``) until the loop is stopping: run_forever's loop
+        folded in, each iteration as asyncio's own (a handle run as ``Handle._run`` runs it)."""
+        ready = self._ready
+        resolution = self._clock_resolution
+        while True:
+            scheduled = self._scheduled
+            count = len(scheduled)
+            if count > 100 and self._timer_cancelled_count / count > 0.5:
+                # as asyncio: drop the cancelled timers when they are more than half the heap
+                kept = []
+                for item in scheduled:
+                    if item[1]._cancelled:
+                        item[1]._scheduled = False
+                    else:
+                        kept.append(item)
+                heapify(kept)
+                self._scheduled = scheduled = kept
+                self._timer_cancelled_count = 0
+            else:
+                while scheduled and scheduled[0][1]._cancelled:
+                    self._timer_cancelled_count -= 1
+                    heappop(scheduled)[1]._scheduled = False
+            if not ready and not self._stopping:
+                if not scheduled:
+                    raise SimStalled("no callback ready and no timer pending")
+                timeout = scheduled[0][0] - self.now
+                if timeout > 0:
+                    self.now += min(timeout, 86400.0)
+            end_time = self.now + resolution
+            while scheduled and scheduled[0][0] < end_time:
+                handle = heappop(scheduled)[1]
+                handle._scheduled = False
+                ready.append(handle)
+            for _ in range(len(ready)):
+                handle = ready.popleft()
+                if handle._cancelled:
+                    continue
+                try:
+                    handle._context.run(handle._callback, *handle._args)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    self.call_exception_handler({
+                        "message": "Exception in callback "
+                                   + format_helpers._format_callback_source(handle._callback, handle._args),
+                        "exception": exc, "handle": handle})
+            handle = None
+            if self._stopping:
+                return
 
 
 class _SimTime:
@@ -247,6 +392,13 @@ class _Trace(list):
 
     def append(self, text: str) -> None:
         super().append(f"{self._loop.now * 1000:10.3f} {text}")
+
+
+class _NoTrace(list):
+    """No trace (a sweep): lines are dropped (the hot ones are not even formatted: ``tracing``)."""
+
+    def append(self, text: str) -> None:
+        pass
 
 
 # -- the metadata store --------------------------------------------------------------------------
@@ -376,7 +528,8 @@ class SimSession:
         finally:
             await asyncio.sleep(self.rng.uniform(*c.metadata_delay_ms) / 1000)
         if mutating and path.startswith("/managed-ledgers/"):
-            w.log(f"zk {self.name} {what} {path} -> {result!r}")
+            if w.tracing:
+                w.log(f"zk {self.name} {what} {path} -> {result!r}")
             owner = self.owner
             if c.strict_stop_check and owner is not None and owner.lost_at is not None:
                 w.violation(f"{owner.name} writes the managed ledger's list ({what} {path}) at "
@@ -459,7 +612,7 @@ class SimBookie:
                 continue
             existing = self._get(e.ledger_id, e.entry_id)
             if existing is not None:
-                if (existing.payload, existing.length) != (e.payload, e.length):
+                if existing is not e and (existing.payload, existing.length) != (e.payload, e.length):
                     self.world.violation(f"bookie {self.id}: entry {e.ledger_id}:{e.entry_id} re-written with "
                                          f"other bytes by {sender} (two writers of one ledger)")
                     codes.append(pb.ENTRY_EXISTS)
@@ -547,17 +700,25 @@ class SimBookieClient:
     def send_adds(self, entry_ids, entries, recovery: bool, callback) -> None:
         broker = self.broker
         world = broker.world
-        decoded = list(pb.AddRequest.FromString(b"".join(entries)).entries)
+        # each entry is decoded once (it goes to write_quorum bookies): the Entry is shared,
+        # read-only
+        cache = world.decoded_entries
+        decoded = []
+        for raw in entries:
+            entry = cache.get(raw)
+            if entry is None:
+                entry = cache[raw] = pb.AddRequest.FromString(raw).entries[0]
+            decoded.append(entry)
         ids = list(entry_ids)
         if not recovery:
             broker.check_new_entries(decoded)
         bookie_id = self.bookie_id
-        world.rpc(broker, bookie_id, f"add {decoded[0].ledger_id}:{ids}{' recovery' if recovery else ''}",
+        world.rpc(broker, bookie_id, lambda: f"add {decoded[0].ledger_id}:{ids}{' recovery' if recovery else ''}",
                   lambda bookie, reply: bookie.add(broker.name, decoded, recovery, reply),
                   lambda codes: callback(bookie_id, list(zip(ids, codes))),
                   lambda: callback(bookie_id, [(e, pb.UNAVAILABLE) for e in ids]))
 
-    async def _call(self, what: str, handle, timeout_ms: int):
+    async def _call(self, what: Callable[[], str], handle, timeout_ms: int):
         world = self.broker.world
         future = world.loop.create_future()
 
@@ -577,16 +738,17 @@ class SimBookieClient:
 
     async def read(self, ledger_id: int, first_entry_id: int, last_entry_id: int, *, fence: bool = False,
                    max_bytes: int = 0) -> pb.ReadResponse:
-        return await self._call(f"read {ledger_id}:{first_entry_id}..{last_entry_id}{' fence' if fence else ''}",
+        return await self._call(lambda: f"read {ledger_id}:{first_entry_id}..{last_entry_id}"
+                                        f"{' fence' if fence else ''}",
                                 lambda b: b.read(ledger_id, first_entry_id, last_entry_id, fence),
                                 self.broker.client.config.read_timeout_ms)
 
     async def read_lac(self, ledger_id: int, *, fence: bool = False) -> pb.ReadLacResponse:
-        return await self._call(f"read_lac {ledger_id}{' fence' if fence else ''}",
+        return await self._call(lambda: f"read_lac {ledger_id}{' fence' if fence else ''}",
                                 lambda b: b.read_lac(ledger_id, fence), self.broker.client.config.rpc_timeout_ms)
 
     async def delete_ledger(self, ledger_id: int) -> pb.DeleteLedgerResponse:
-        return await self._call(f"delete {ledger_id}", lambda b: b.delete_ledger(ledger_id),
+        return await self._call(lambda: f"delete {ledger_id}", lambda b: b.delete_ledger(ledger_id),
                                 self.broker.client.config.rpc_timeout_ms)
 
     async def close(self) -> None:
@@ -698,8 +860,9 @@ class SimBroker:
                 return
             self.topic = topic
             self.fenced_at = None     # a new managed ledger, which fenced the others: it may write
-            w.log(f"{self.name} topic loaded: ledgers {[i.ledger_id for i in ml.ledgers()]}, "
-                  f"dedup {'on' if topic.dedup is not None else 'off'}")
+            if w.tracing:
+                w.log(f"{self.name} topic loaded: ledgers {[i.ledger_id for i in ml.ledgers()]}, "
+                      f"dedup {'on' if topic.dedup is not None else 'off'}")
         finally:
             self.loading = None
 
@@ -754,18 +917,27 @@ class _WatchedLedger:
         self.__dict__["_broker"] = broker
 
     def __getattr__(self, name: str):
-        value = getattr(self._ml, name)
+        ml = self._ml
+        value = getattr(ml, name)
         if name.startswith(("add", "try_add")) and callable(value):
             broker = self._broker
+            method = value
 
             def noted(*args, **kwargs):
                 broker.handed_to_ledger(args[0] if args else None)
-                return value(*args, **kwargs)
-            return noted
+                return method(*args, **kwargs)
+            value = noted
+        elif type(value) is not types.MethodType or value.__self__ is not ml:
+            return value            # data: read from the managed ledger every time
+        self.__dict__[name] = value     # its methods: looked up once
         return value
 
     def __setattr__(self, name: str, value) -> None:
         setattr(self._ml, name, value)
+
+    @property
+    def state(self):            # read before every publish: not through __getattr__
+        return self._ml.state
 
 
 # -- producers -------------------------------------------------------------------------------------
@@ -832,8 +1004,9 @@ class WholePathProducer(CppProducer):
         conn.producer = producer
         given = topic.start_producer_session(producer, epoch)     # as the connection's PRODUCER_SUCCESS
         self.connection = conn
-        self.sim.trace.append(f"{self.name} connected to {broker.name} given={given} "
-                              f"last_published={self.last_published}")
+        if world.tracing:
+            world.trace.append(f"{self.name} connected to {broker.name} given={given} "
+                               f"last_published={self.last_published}")
         if self.last_published == -1:     # no receipt yet: the C++ client's reset
             self.last_published = given
             self.generator = given + 1
@@ -844,8 +1017,9 @@ class WholePathProducer(CppProducer):
 
     def _send_op(self, op) -> None:
         conn = self.connection
-        self.sim.trace.append(f"{self.name} send {op.first}+{op.count} {[n for _, n in op.messages]} "
-                              f"to {conn.broker.name}")
+        if self.sim.tracing:
+            self.sim.trace.append(f"{self.name} send {op.first}+{op.count} {[n for _, n in op.messages]} "
+                                  f"to {conn.broker.name}")
         conn.sent.append(op)
         # CommandSend: sequence_id = first; highest_sequence_id unset (the connection passes the
         # sequence id)
@@ -892,11 +1066,12 @@ class WholePathResult:
 
 
 class WholePathSimulation:
-    def __init__(self, seed: int, config: WholePathConfig | None = None) -> None:
+    def __init__(self, seed: int, config: WholePathConfig | None = None, trace: bool = True) -> None:
         self.seed = seed
         self.config = config or WholePathConfig()
         self.loop = SimLoop()
-        self.trace: list[str] = _Trace(self.loop)
+        self.tracing = trace
+        self.trace: list[str] = _Trace(self.loop) if trace else _NoTrace()
         self.violations: list[str] = []
         self.known: list[str] = []
         self.list_create_lost = False
@@ -925,6 +1100,7 @@ class WholePathSimulation:
                                           batch_max=scenario.choice([2, 3, 5]))
                         for i in range(self.config.producers)]
         self.checker: SimBroker | None = None
+        self.decoded_entries: dict[bytes, pb.Entry] = {}    # SimBookieClient.send_adds
 
     # -- plumbing ---------------------------------------------------------------------------------
     def log(self, text: str) -> None:
@@ -984,11 +1160,11 @@ class WholePathSimulation:
             broker.client.writable_bookies = list(writable)
 
     # -- the network ------------------------------------------------------------------------------
-    def rpc(self, broker: SimBroker, bookie_id: str, what: str, handle, on_reply, on_reset) -> None:
+    def rpc(self, broker: SimBroker, bookie_id: str, what: Callable[[], str], handle, on_reply, on_reset) -> None:
         """A request from ``broker`` to a bookie and its answer, each leg delayed, maybe lost
         (then silence, or the connection resets: ``on_reset``), the request maybe delivered
         twice. Randomness per link (broker, bookie), so the order in which the client issues
-        calls to different bookies changes nothing."""
+        calls to different bookies changes nothing. ``what()`` names the request in the trace."""
         if broker.dead:
             return
         rng = broker.net_rng.get(bookie_id)
@@ -1010,10 +1186,10 @@ class WholePathSimulation:
                 return False
             self.count("lost")
             if rng.random() < 0.5:
-                self.log(f"net {broker.name}->{bookie_id} {what}: {leg} lost, connection reset")
+                self.log(f"net {broker.name}->{bookie_id} {what()}: {leg} lost, connection reset")
                 loop.call_later(delay(), reset)
             else:
-                self.log(f"net {broker.name}->{bookie_id} {what}: {leg} lost")
+                self.log(f"net {broker.name}->{bookie_id} {what()}: {leg} lost")
             return True
 
         done = [False]
@@ -1278,7 +1454,8 @@ class WholePathSimulation:
             self.violation("no managed ledger list at the end")
             return []
         md = got[0]
-        self.log(f"final list: {[(i.ledger_id, i.state.value, i.entries) for i in md.ledgers]}")
+        if self.tracing:
+            self.log(f"final list: {[(i.ledger_id, i.state.value, i.entries) for i in md.ledgers]}")
         out: list[tuple[Position, bytes]] = []
         for info in md.ledgers:
             try:
@@ -1310,12 +1487,15 @@ class WholePathSimulation:
     def _check(self, log: list[tuple[Position, bytes]]) -> None:
         stored: dict[str, list[int]] = {c.name: [] for c in self.clients}
         where: dict[tuple[str, int], list[Position]] = {}
+        tracing = self.tracing
         for position, data in log:
-            for m in unpack_entry(data)[1]:
-                name, number = bytes(m.payload).decode().split("|")
+            texts = [bytes(m.payload).decode() for m in unpack_entry(data)[1]]
+            for text in texts:
+                name, number = text.split("|")
                 stored[name].append(int(number))
                 where.setdefault((name, int(number)), []).append(position)
-            self.log(f"log {position}: {messages_of(data)}")
+            if tracing:
+                self.log(f"log {position}: {texts}")
         self.stats["entries"] = len(log)
         for client in self.clients:
             seen = stored[client.name]
@@ -1351,8 +1531,11 @@ class WholePathSimulation:
 
 
 # -- entry points ----------------------------------------------------------------------------------
-def run_seed(seed: int, config: WholePathConfig | None = None, **overrides: Any) -> WholePathResult:
-    """One seed, deterministic; violations listed, not raised. ``overrides``: WholePathConfig fields."""
+def run_seed(seed: int, config: WholePathConfig | None = None, *, trace: bool = False,
+             **overrides: Any) -> WholePathResult:
+    """One seed, deterministic; violations listed, not raised. ``overrides``: WholePathConfig fields.
+    ``trace``: keep the run's trace (``WholePathResult.trace``; off, it is empty: a sweep does
+    not pay for it, the replay command turns it on). The run is the same either way."""
     config = config or WholePathConfig()
     if overrides:
         config = dataclasses.replace(config, **overrides)
@@ -1360,9 +1543,15 @@ def run_seed(seed: int, config: WholePathConfig | None = None, **overrides: Any)
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
+    # the collector as the server processes set it (pulsarlite.process.GC_THRESHOLDS): young
+    # collections every 100,000 allocations, not every 700 (a seed allocates ~10^5 short-lived
+    # objects; with CPython's default the collections cost ~12% of a seed)
+    thresholds = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLDS)
     try:
-        return WholePathSimulation(seed, config).run()
+        return WholePathSimulation(seed, config, trace=trace).run()
     finally:
+        gc.set_threshold(*thresholds)
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
 
@@ -1412,7 +1601,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     start = _real_time.monotonic()
     for done, seed in enumerate(seeds, 1):
-        result = run_seed(seed, config)
+        result = run_seed(seed, config, trace=args.trace or args.stats or args.seed is not None)
         if args.trace:
             print("\n".join(result.trace))
         if args.stats or args.seed is not None:
