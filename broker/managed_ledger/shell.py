@@ -145,6 +145,9 @@ class ManagedLedger:
         # callers, kept by the recovery that closed the ledger (``[(Position, bytes)]``; the
         # topic's deduplication learns them, else the producers' resends are stored twice)
         self.kept_listeners: list[Callable[[list[tuple[Position, bytes]]], None]] = []
+        # called instead when those entries could not be read (``(first, last)`` positions): the
+        # topic's deduplication cannot learn them, so its snapshots must not claim to cover them
+        self.kept_unread_listeners: list[Callable[[Position, Position], None]] = []
         # awaited by delete() once closed as the owner, before any ledger goes (tier objects)
         self.before_delete: list[Callable[[], Awaitable[object]]] = []
 
@@ -745,7 +748,13 @@ class ManagedLedger:
         self._writer = new
         log.info("managed ledger %s rolled over: closed ledger=%d entries=%d bytes=%d, current=%d",
                  self.name, closed.ledger_id, closed.entries, closed.size_bytes, new.ledger_id)
-        if kept:
+        if kept is None:
+            for unread in list(self.kept_unread_listeners):
+                try:
+                    unread(Position(closed.ledger_id, confirmed), Position(closed.ledger_id, closed.entries - 1))
+                except Exception:
+                    log.exception("managed ledger %s: kept-entries listener failed", self.name)
+        elif kept:
             for listener in list(self.kept_listeners):
                 try:
                     listener(kept)
@@ -758,9 +767,10 @@ class ManagedLedger:
             except Exception:
                 log.exception("managed ledger %s: rollover listener failed", self.name)
 
-    async def _read_kept(self, ledger_id: int, first: int, last: int) -> list[tuple[Position, bytes]]:
+    async def _read_kept(self, ledger_id: int, first: int, last: int) -> list[tuple[Position, bytes]] | None:
         """Entries first..last of a closed ledger: adds that failed back, kept by its recovery.
-        Read only when someone listens; a failed read costs duplicates (the resends), not data."""
+        Read only when someone listens; None if they could not be read (the listeners of
+        ``kept_unread_listeners`` are told instead)."""
         if last < first or not self.kept_listeners:
             return []
         log.warning("managed ledger %s: ledger=%d closed with %d entries beyond the %d confirmed "
@@ -769,9 +779,9 @@ class ManagedLedger:
             reader = await self._client.open_ledger(ledger_id, recovery=False)
             return [(Position(ledger_id, e.entry_id), e.payload) for e in await reader.read(first, last)]
         except PulsarliteError as e:
-            log.warning("managed ledger %s: entries %d..%d of ledger=%d not read (%s): resends of "
-                        "them may be stored twice", self.name, first, last, ledger_id, e)
-            return []
+            log.warning("managed ledger %s: entries %d..%d of ledger=%d not read (%s): deduplication "
+                        "learns them from the log on the next load", self.name, first, last, ledger_id, e)
+            return None
 
     async def _close_old_ledger(self, writer: LedgerWriter) -> LedgerMetadata:
         """Drain and close at the LAC. If the close itself fails (not fenced), recover the

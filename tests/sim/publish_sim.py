@@ -124,6 +124,7 @@ class SimManagedLedger:
         self.pending: deque[_Add] = deque()
         self.state = ManagedLedgerState.READY
         self.kept_listeners: list = []
+        self.kept_unread_listeners: list = []
         self.rollover_listeners: list = []
         self._kept: list[tuple[Position, bytes]] = []
 

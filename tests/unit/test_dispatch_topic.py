@@ -28,6 +28,7 @@ class FakeML:
 
     def __init__(self) -> None:
         self.kept_listeners = []
+        self.kept_unread_listeners = []
         self.rollover_listeners = []
         self.adds: list[tuple[bytes, asyncio.Future]] = []
         self.pending_count = 0
