@@ -248,11 +248,11 @@ class PublishCore:
         producer = store.producer
         ops = store.ops
         if error is not None:
+            self._block_writes(error)
             for i in range(first, last + 1):
-                self._block_writes(error)
                 self._complete(producer, ops[i], None, error)
-                self._maybe_unblock()
-                self._ml_error(error)
+            self._maybe_unblock()
+            self._ml_error(error)      # once per range: one count, one unload, one log line
         else:
             ledger_id, entry_id = position
             dedup = self.dedup
