@@ -7,9 +7,10 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bookie.client.actions import AddOutcome, ConfirmAdds, SendAdd, SendAddRun
+from bookie.client.actions import AddOutcome, ConfirmAdds
 from bookie.client.metadata import LedgerMetadata
 from bookie.client.write_core import LedgerWriteCore
+from test_write_core import add
 
 BOOKIES = ("b1", "b2", "b3", "b4")
 
@@ -19,28 +20,6 @@ def make_core(e: int, qw: int, qa: int) -> LedgerWriteCore:
                         ensembles=((0, BOOKIES[:e]),))
     return LedgerWriteCore(md, add_timeout_ms=10_000, ensemble_change_attempts_max=3)
 
-
-
-def expand(actions: list) -> list:
-    """A SendAddRun as the SendAdds it stands for: entry by entry, the bookies in ensemble order."""
-    out = []
-    for a in actions:
-        if type(a) is SendAddRun:
-            per_entry: dict[int, list[str]] = {}
-            for bookie, offsets in a.sends:
-                for i in (range(len(a.payloads)) if offsets is None else offsets):
-                    per_entry.setdefault(i, []).append(bookie)
-            for i in sorted(per_entry):
-                out += [SendAdd(b, a.first_entry_id + i, a.lac, a.lengths[i], a.payloads[i]) for b in per_entry[i]]
-        else:
-            out.append(a)
-    return out
-
-
-def add(c: LedgerWriteCore, payload: bytes, now_ms: int) -> tuple[int, list]:
-    """One add (a run of one): its entry id and actions, sends expanded."""
-    entry_id, actions = c.add([payload], now_ms)
-    return entry_id, expand(actions)
 
 
 @settings(max_examples=200, deadline=None)
