@@ -29,7 +29,8 @@ without being stored.
   entries ``(first id, highest id, crc)`` are kept for this, packed: a resend of an entry older
   than that window is stored again (a duplicate, never a loss).
 - Persistence (survives broker failover): a snapshot ``{"version": 1, "position": [ledger,
-  entry], "producers": {name: highest persisted sequence id}}`` at
+  entry], "producers": {name: highest persisted sequence id}, "holes", "reused", "digests"}``
+  (digest windows of the producers in a content range or with a hole) at
   ``/pulsarlite/dedup/<managed ledger name>``, written by the topic's owner (compare-and-set)
   every ``snapshot_interval_entries`` stored entries and when the topic closes. On load the owner
   reads it and replays the entries after ``position`` (their metadata's producer name and
@@ -254,10 +255,23 @@ class DedupState:
                 self.holes[name] = [low, top, min(self.persisted.get(name, -1), low - 1)]
                 self._bound(self.holes)
         else:
+            hole[0] = min(hole[0], low)
             hole[1] = max(hole[1], top)
             hole[2] = min(hole[2], low - 1)
         self.pushed[name] = self.effective(name)
         self.pushed.move_to_end(name)
+
+    def on_nothing_in_flight(self) -> None:
+        """Every add pushed is done (persisted or failed): ids below a hole's lowest failed id
+        are in the log or were never sent here (a client skips the ids of sends that timed out
+        before it could send them), so its refill point moves up to there. Without this, a
+        refill point left below such ids (it stays at the persisted high when the hole opens,
+        while adds below the failed one are still in flight) never moves again: the producer
+        is given a stale ``last_sequence_id`` for good (the whole-path simulation, seed 6911)."""
+        for name in list(self.holes):
+            hole = self.holes[name]
+            if hole[2] < hole[0] - 1:
+                self._refill(name, hole[2] + 1, hole[0] - 1)
 
     def _refill(self, name: str, first: int, highest: int) -> None:
         """Ids first..highest are in the log: move the hole's refill point over them and over
@@ -325,7 +339,10 @@ class DedupState:
         self.entries_since_snapshot = 0
         digests: dict[str, str] = {}
         budget = SNAPSHOT_DIGEST_BYTES_MAX
-        for name in reversed(self.reused):           # only where they decide anything
+        # only where they decide anything: in a content range, and for a producer with a hole
+        # (its refill point is below its persisted high: a new owner opens a content range
+        # above the refill point, where its stored entries are then known by their bytes)
+        for name in reversed([*self.reused, *(n for n in self.holes if n not in self.reused)]):
             window = self.digests.get(name)
             if window is None:
                 continue
@@ -363,7 +380,10 @@ class DedupState:
                 state.mark_reused(str(name), low, high)
             for name, hole in (raw.get("holes") or {}).items():
                 low, until, refilled = (int(x) for x in hole)
-                state.holes[str(name)] = [low, until, refilled]
+                # the writer may have had adds in flight below ``low`` that failed after it
+                # wrote this: ids above the refill point may all be missing
+                # (on_nothing_in_flight moves nothing for a hole loaded from a snapshot)
+                state.holes[str(name)] = [min(low, refilled + 1), until, refilled]
                 state.pushed[str(name)] = state.effective(str(name))
         except (KeyError, TypeError, ValueError, UnicodeDecodeError, struct.error) as e:
             raise ValueError(f"malformed dedup snapshot: {e}") from None

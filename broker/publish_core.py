@@ -309,6 +309,9 @@ class PublishCore:
 
     # -- decisions -----------------------------------------------------------------------------
     def _take(self) -> list:
+        dedup = self.dedup
+        if dedup is not None and dedup.holes and not self._dedup_inflight:
+            dedup.on_nothing_in_flight()      # every push is done: the holes' refill points settle
         out, self._out = self._out, []
         return out
 

@@ -725,13 +725,12 @@ class ManagedLedger:
             raise InvariantViolation(f"{self.name}: rollover of {action.ledger_id}, writer is {old}")
         creating = asyncio.ensure_future(self._create_ledger())
         try:
-            # counted before the drain: a rollover by size then also reports the adds still in
-            # flight when it started (confirmed during the drain) as kept, and deduplication
-            # learns them a second time. Wasteful, but counting after the drain (tried in
-            # 4bbd71b) let the whole-path simulation's seed 6911 store resends twice: the second
-            # learning masks a gap in what the dedup snapshot carries (CHAOS.md finding 8)
-            confirmed = self._core.entries_confirmed_current()
+            # counted after the drain: the adds in flight when the rollover started are
+            # confirmed or failed by now; only entries beyond the confirmed ones were failed back
+            # (and kept by the recovery that closed the ledger). Counted before it, a rollover by
+            # size reported a run's adds still in flight as kept (read back, learned twice)
             closed_md = await self._close_old_ledger(old)
+            confirmed = self._core.entries_confirmed_current()
             closed = self._core.closed_info(closed_md.last_entry_id, closed_md.length)
             kept = await self._read_kept(closed.ledger_id, confirmed, closed.entries - 1)
             new = await creating
