@@ -39,7 +39,7 @@ from pulsarlite.wire.commands import signed64  # noqa: E402
 from pulsarlite.wire import pb  # noqa: E402
 from pulsarlite.wire.entry import (Compression, Message, build_batch_entry, build_entry, decompress,  # noqa: E402
                                    unpack_entry)
-from pulsarlite.wire.frames import FrameDecoder, FrameError  # noqa: E402
+from pulsarlite.wire.frames import FrameDecoder, FrameError, decode_frame  # noqa: E402
 
 from .conftest import BOOKIE_OVERRIDES, BROKER_OVERRIDES  # noqa: E402
 from .harness import (KNOWN_PREFIX, Budget, Findings, FuzzChecks, FuzzResult, Journal, Sockets,  # noqa: E402
@@ -150,7 +150,7 @@ class Conn:
         self.what = what
         self.case_deadline = case_deadline
         self.cut_short = False          # a wait ended at the case's deadline, not its own timeout
-        self.receipts: list = []     # ((ledger, entry), entry bytes, poison) of each SEND_RECEIPT waited for
+        self.receipts: list = []     # ((ledger, entry), StoredSend) of each SEND_RECEIPT waited for
 
     def send(self, data: bytes) -> bool:
         ok = send_quietly(self.sock, data)
@@ -226,7 +226,7 @@ class Conn:
             mid = got.command.send_receipt.message_id
             send.answer += f" {signed64(mid.ledgerId)}:{signed64(mid.entryId)}"
             if mid.ledgerId < 2**63 and mid.entryId < 2**63:     # not a duplicate's -1:-1
-                self.receipts.append(((mid.ledgerId, mid.entryId), send.entry_bytes, send.poison, send.metadata))
+                self.receipts.append(((mid.ledgerId, mid.entryId), send.stored()))
         if bad_checksum and got.type == T.SEND_RECEIPT:
             self.findings.add("a SEND with a wrong checksum was acknowledged (stored)", f"{self.what}: {what}")
         return True
@@ -248,10 +248,26 @@ class PendingSend:
     sequence_id: int
     what: str
     bad: bool                  # a wrong checksum: must not be acknowledged
-    entry_bytes: int
-    poison: bool               # the official client cannot read it (see POISON_ENTRY, is_poison)
-    metadata: str = ""         # the MessageMetadata fields set (for reports)
+    frame: bytes               # the SEND frame as written to the broker, length prefix included
     answer: str = "?"          # what the broker answered (for the journal)
+
+    def stored(self) -> "StoredSend":
+        """What the broker stores for this SEND once acknowledged: the entry its frame decoder
+        cuts out of the frame (after any broker entry metadata and checksum), not the entry the
+        fuzzer built (they differ when the frame's framing says otherwise)."""
+        frame = decode_frame(self.frame)
+        entry = bytes(frame.entry) if frame.entry is not None else b""
+        return StoredSend(self.what, self.frame, entry, is_poison(entry), metadata_fields(entry))
+
+
+@dataclass(frozen=True)
+class StoredSend:
+    """An entry the broker acknowledged to the fuzzer (dumped in hex when a reader fails on its topic)."""
+    what: str
+    frame: bytes               # the SEND frame as sent
+    entry: bytes               # the entry the broker stored (decode_frame(frame).entry)
+    poison: bool               # the official client cannot read it (see POISON_ENTRY, is_poison)
+    metadata: str              # the MessageMetadata fields set (for reports)
 
 
 def request_id_of(command) -> int | None:
@@ -354,8 +370,8 @@ class BrokerFuzzer:
     def __init__(self, port: int, budget: Budget) -> None:
         self.port = port
         self.pools = Pools(budget.seed)
-        # topic -> {(ledger, entry): (entry bytes, poison, metadata fields)} of every entry acknowledged
-        self.stored: dict[str, dict[tuple[int, int], tuple[int, bool, str]]] = {}
+        # topic -> {(ledger, entry): StoredSend} of every entry acknowledged
+        self.stored: dict[str, dict[tuple[int, int], StoredSend]] = {}
         self.kinds = [
             (self.random_bytes, 6), (self.before_connect, 6), (self.connect_fields, 4), (self.bad_sizes, 6),
             (self.truncated, 4), (self.random_commands, 14), (self.mutated_commands, 10),
@@ -574,9 +590,9 @@ class BrokerFuzzer:
             if bad:     # its SEND_ERROR comes at once, before the receipts of SENDs still being written
                 if not self.drain(conn, sends):
                     break
-            conn.send(frame_of(T(type=T.SEND, send=send), entry, checksum=checksum, with_checksum=with_checksum))
-            sends.append(PendingSend(send.producer_id, send.sequence_id, f"SEND {label} to {topic!r}", bad,
-                                     len(entry), is_poison(entry), metadata_fields(entry)))
+            frame = frame_of(T(type=T.SEND, send=send), entry, checksum=checksum, with_checksum=with_checksum)
+            conn.send(frame)
+            sends.append(PendingSend(send.producer_id, send.sequence_id, f"SEND {label} to {topic!r}", bad, frame))
             labels.append((label, sends[-1]))
             if bad or rng.random() < 0.5:
                 # answers are matched in the order of the SENDs (the broker answers a producer's
@@ -587,9 +603,9 @@ class BrokerFuzzer:
                 break
         self.drain(conn, sends)
         stored = self.stored.setdefault(key[0], {})
-        for position, entry_bytes, poison, metadata in conn.receipts:
+        for position, sent in conn.receipts:
             # a duplicate (deduplication) is answered with its first copy's position: keep the first
-            stored.setdefault(position, (entry_bytes, poison, metadata))
+            stored.setdefault(position, sent)
         if rng.random() < 0.5 and not conn.closed:
             conn.send(c.close_producer(producer_id, 2))
             conn.expect_answer(2, "CLOSE_PRODUCER")
@@ -848,7 +864,7 @@ while time.monotonic() < deadline and not set(sizes) <= seen:
     mid = msg.message_id()
     position = (mid.ledger_id(), mid.entry_id())
     seen.add(position)
-    print("S", *position, flush=True)
+    print("S", *position, len(msg.data()), flush=True)
     if position in sizes and len(msg.data()) > sizes[position]:
         print("O", *position, len(msg.data()), sizes[position], flush=True)
 print("END", flush=True)
@@ -859,9 +875,9 @@ os._exit(0)     # no close: a client stuck reconnecting on an entry it cannot pa
 def read_back(service_url: str, topic: str, sizes: dict, seconds: float, log_path) -> tuple[str, dict, str]:
     """Reads ``topic`` with an official reader in a child process for at most ``seconds``:
     (outcome, report, stderr tail). outcome: "ok", "stuck" (had to be killed: the client hung,
-    e.g. while subscribing) or "crash: <exit code>"; report: ``seen`` positions, ``oversize``
-    [ledger, entry, message bytes, entry bytes], ``discarded`` positions (the client dropped them
-    as corrupt, by its log)."""
+    e.g. while subscribing) or "crash: <exit code>"; report: ``seen`` positions, ``sizes``
+    {position: message bytes handed out}, ``oversize`` [ledger, entry, message bytes, entry
+    bytes], ``discarded`` positions (the client dropped them as corrupt, by its log)."""
     job = {"url": service_url, "topic": topic, "seconds": seconds, "log": str(log_path),
            "positions": [[l, e, n] for (l, e), n in sizes.items()]}
     child = subprocess.Popen([sys.executable, "-c", READER_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -878,12 +894,14 @@ def read_back(service_url: str, topic: str, sizes: dict, seconds: float, log_pat
         outcome = "stuck"
     else:
         outcome = "ok" if child.returncode == 0 and out.rstrip().endswith("END") else f"crash: {child.returncode}"
-    report = {"seen": [], "oversize": []}
+    report = {"seen": [], "oversize": [], "sizes": {}}
     for line in out.splitlines():
         parts = line.split()
         try:                 # the last line may be cut short by a crash
             if parts[0] == "S":
-                report["seen"].append((int(parts[1]), int(parts[2])))
+                position = (int(parts[1]), int(parts[2]))
+                report["sizes"][position] = int(parts[3])
+                report["seen"].append(position)
             elif parts[0] == "O":
                 report["oversize"].append([int(parts[i]) for i in range(1, 5)])
         except (IndexError, ValueError):
@@ -907,35 +925,61 @@ def check_readable(fuzzer: "BrokerFuzzer", service_url: str, findings: Findings,
     than the entry holds (on a topic holding an entry pulsarlite's own codec refuses, a crash
     or an over-long message is the known open defect POISON_READER; elsewhere a finding);
     entries not read behind an entry pulsarlite's own codec refuses (poison) are the known
-    defect POISON_ENTRY."""
+    defect POISON_ENTRY. When a reader crashes, hangs, hands out too many bytes or misses
+    entries, every SEND frame acknowledged on its topic and the entry the broker stored of it
+    are dumped in hex (``read-back-<i>.frames``, named in the finding) to replay them one by one."""
     jobs = [(i, topic, stored) for i, (topic, stored) in enumerate(sorted(fuzzer.stored.items())) if stored]
     jobs = jobs[:READ_BACK_TOPICS_MAX]
     with ThreadPoolExecutor(READ_BACK_PARALLEL) as pool:     # the readers are child processes
         outcomes = list(pool.map(lambda job: read_back(
-            service_url, job[1], {position: n for position, (n, _, _) in job[2].items()}, READ_BACK_S,
+            service_url, job[1], {position: len(sent.entry) for position, sent in job[2].items()}, READ_BACK_S,
             directory / f"read-back-{job[0]}.log"), jobs))
-    for (_, topic, stored), (outcome, report, stderr) in zip(jobs, outcomes):
-        poisoned = any(poison for _, poison, _ in stored.values())
+    for (i, topic, stored), (outcome, report, stderr) in zip(jobs, outcomes):
+        poisoned = any(sent.poison for sent in stored.values())
         findings.note(f"read back: {outcome}")
         poison_note = " (the topic holds an entry pulsarlite's codec refuses)" if poisoned else ""
+        seen = {tuple(p) for p in report["seen"]} | set(report["discarded"])   # dispatched, at least
+        missing = sorted(p for p, sent in stored.items()
+                         if p not in seen and not sent.poison and not set(sent.metadata.split()) & NOT_DELIVERED_FIELDS)
+        failed = outcome != "ok" or report["oversize"] or missing
+        dump = f"; frames: {dump_frames(directory / f'read-back-{i}.frames', topic, stored, report)}" if failed else ""
         if outcome.startswith("crash"):
             kind = (f"{KNOWN_PREFIX}{POISON_READER}: the official reader crashed" if poisoned
                     else "the official reader crashed reading a fuzzed topic")
             findings.add(kind, f"{topic}: {outcome} ({len(stored)} acknowledged entries){poison_note}; "
-                               f"stderr: {stderr!r}")
+                               f"stderr: {stderr!r}{dump}")
             continue
         if report["oversize"]:
             kind = (f"{KNOWN_PREFIX}{POISON_READER}: the official reader returned more bytes than stored"
                     if poisoned else "the official reader returned more bytes than an entry holds")
-            findings.add(kind, f"{topic}: (ledger, entry, message bytes, entry bytes) {report['oversize'][:5]}")
-        seen = {tuple(p) for p in report["seen"]} | set(report["discarded"])   # dispatched, at least
-        missing = sorted(p for p, (_, poison, metadata) in stored.items()
-                         if p not in seen and not poison and not set(metadata.split()) & NOT_DELIVERED_FIELDS)
+            findings.add(kind, f"{topic}: (ledger, entry, message bytes, entry bytes) {report['oversize'][:5]}{dump}")
         if missing:      # behind a poison entry the official reader is stuck: the known defect
             kind = (f"{KNOWN_PREFIX}{POISON_ENTRY}: entries not read back on a topic with a poison entry" if poisoned
                     else "an entry acknowledged to the fuzzer was not read back by an official reader")
             findings.add(kind, f"{topic}: {len(missing)} of {len(stored)} acknowledged entries not read in "
-                         f"{READ_BACK_S:.0f}s, e.g. " + ", ".join(f"{p} (metadata: {stored[p][2]})" for p in missing[:5]))
+                         f"{READ_BACK_S:.0f}s, e.g. " + ", ".join(f"{p} (metadata: {stored[p].metadata})"
+                                                                  for p in missing[:5]) + dump)
+
+
+def dump_frames(path, topic: str, stored: dict, report: dict) -> str:
+    """Writes every acknowledged SEND of ``topic`` (position, what, poison, SEND frame and stored
+    entry in hex, what the reader handed out of it: ``read: n bytes``, ``OVERSIZE``, ``not
+    read``) to ``path``, in the order of the topic; returns the path. It is printed too."""
+    oversize = {(l, e): n for l, e, n, _ in report.get("oversize", [])}
+    lines = [f"# {topic}: {len(stored)} acknowledged SENDs, the reader saw {len(report.get('seen', []))}"]
+    for position in sorted(stored):
+        sent = stored[position]
+        read = report.get("sizes", {}).get(position)
+        mark = (f" OVERSIZE: the reader returned {oversize[position]} bytes" if position in oversize
+                else f" read: {read} bytes" if read is not None else " not read")
+        lines += [f"{position[0]}:{position[1]} poison={sent.poison} entry={len(sent.entry)} bytes{mark}",
+                  f"  what: {sent.what}", f"  metadata: {sent.metadata}",
+                  f"  frame: {sent.frame.hex()}", f"  entry: {sent.entry.hex()}"]
+    text = "\n".join(lines) + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+    print(f"  read-back of {topic} failed: frames in {path}\n" + text[:20_000], flush=True)
+    return str(path)
 
 
 def _full_topic(topic: str) -> str:
