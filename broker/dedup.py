@@ -146,6 +146,7 @@ class DedupState:
         # while ids up to until may be in it; refilled: how far resends have filled it again
         self.holes: dict[str, list[int]] = {}
         self.entries_since_snapshot = 0
+        self.label = ""          # what log lines name (the topic)
 
     def effective(self, name: str) -> int:
         """The highest sequence id below which everything is known to be stored: the persisted
@@ -252,8 +253,10 @@ class DedupState:
         hole = self.holes.get(name)
         if hole is None:
             if top >= low:
-                self.holes[name] = [low, top, min(self.persisted.get(name, -1), low - 1)]
+                self.holes[name] = hole = [low, top, min(self.persisted.get(name, -1), low - 1)]
                 self._bound(self.holes)
+                log.info("dedup hole opened topic=%s producer=%s low=%d until=%d refilled=%d",
+                         self.label, name, *hole)
         else:
             hole[0] = min(hole[0], low)
             hole[1] = max(hole[1], top)
@@ -271,7 +274,26 @@ class DedupState:
         for name in list(self.holes):
             hole = self.holes[name]
             if hole[2] < hole[0] - 1:
+                log.info("dedup hole settled topic=%s producer=%s low=%d until=%d refilled=%d -> %d",
+                         self.label, name, *hole, hole[0] - 1)
                 self._refill(name, hole[2] + 1, hole[0] - 1)
+
+    def on_session_resumed(self, name: str, first_sequence_id: int) -> None:
+        """A producer session's first send starts at ``first_sequence_id``. A client resends
+        what it has pending in order, from its lowest id, so the ids of a hole below that one
+        that are not stored will never come again: their sends timed out in the client (the
+        application got an error). The refill point moves up to just below it. Without this, a
+        client giving up on the sends of a failed write (all bookies down for longer than its
+        send timeout) left the hole open for good: the producer was given a stale
+        ``last_sequence_id`` at every reconnect and decided by content from there on, and a
+        resend older than its digest window was stored twice (chaos seed 7003 under load).
+        Ids the client reuses for new messages (a reset counter) are in its content range and
+        decided by content, wherever the refill point is."""
+        hole = self.holes.get(name)
+        if hole is not None and first_sequence_id - 1 > hole[2]:
+            log.info("dedup hole skipped topic=%s producer=%s low=%d until=%d refilled=%d -> %d: the "
+                     "producer resumes above it", self.label, name, *hole, first_sequence_id - 1)
+            self._refill(name, hole[2] + 1, first_sequence_id - 1)
 
     def _refill(self, name: str, first: int, highest: int) -> None:
         """Ids first..highest are in the log: move the hole's refill point over them and over
@@ -291,6 +313,7 @@ class DedupState:
                     grown = True
         if hole[2] >= hole[1]:
             del self.holes[name]
+            log.info("dedup hole refilled topic=%s producer=%s low=%d until=%d", self.label, name, hole[0], hole[1])
 
     def _bound(self, table) -> None:
         while len(table) > self.producers_max:

@@ -105,6 +105,7 @@ class Producer:
     duplicates: int = 0                  # SENDs answered as duplicates (dedup)
     given_last_sequence_id: int = -1     # what PRODUCER_SUCCESS told this session (dedup)
     held: deque = field(default_factory=deque)   # sends not decided yet, in order (dedup)
+    resumed: bool = False                # this session's first send was seen (dedup)
 
 
 # -- actions --------------------------------------------------------------------------------------
@@ -335,6 +336,9 @@ class PublishCore:
                 else:
                     self._store(op, producer, data, publish_time)
                 continue
+            if not producer.resumed:
+                producer.resumed = True
+                dedup.on_session_resumed(producer.name, op.sequence_id)
             # a duplicate only if every id the send covers is stored (a resent batch may straddle
             # the stored high: storing it again makes duplicates, answering it would lose some)
             # and, where ids name two messages or a hole is being refilled, it is a stored entry

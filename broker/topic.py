@@ -386,6 +386,10 @@ class PersistentTopic:
                 replayed += 1
             position = self.next_after(got[-1][0])
         state.open_after_load(known)
+        state.label = self.key
+        if state.holes:
+            log.info("topic %s: dedup holes after the load: %s", self.key,
+                     {name: list(hole) for name, hole in list(state.holes.items())[:20]})
         log.info("topic %s: deduplication on: snapshot %s, %d entries replayed, %d producers",
                  self.key, "found" if data is not None else "none", replayed, len(state.persisted))
         return state

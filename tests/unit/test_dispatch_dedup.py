@@ -284,3 +284,39 @@ def test_ids_going_back_in_the_log_mark_a_reused_range_and_survive_a_snapshot():
     assert restored.check("p", 2, first_sequence_id=2, digest=901) is DupStatus.NEW
     with pytest.raises(ValueError):
         DedupState.from_snapshot(b'{"version":1,"position":[1,2],"producers":{},"digests":{"p":"AAA"}}')
+
+
+def test_a_hole_the_client_gave_up_on_closes_when_its_next_session_resumes_above_it():
+    """All bookies down longer than the client's send timeout: 4..9 failed and the client gave
+    up on them (their sends timed out: never sent again). Its next session starts at 10; the
+    hole must not keep the producer's refill point at 3 for good (chaos seed 7003 under load:
+    every later session was given last_sequence_id 3 and decided by content, and a resend older
+    than the digest window was stored twice)."""
+    s = DedupState()
+    for seq in range(10):
+        s.on_pushed("p", seq)
+    for seq in range(4):
+        s.on_persisted("p", seq, seq, digest=seq)
+    for seq in range(4, 10):
+        s.on_failed("p", seq)
+    s.on_nothing_in_flight()
+    assert s.holes == {"p": [4, 9, 3]}
+    assert s.on_session_start("p", reconnect=True) == 3
+    s.on_session_resumed("p", 10)
+    assert s.holes == {}
+    assert s.check("p", 10, first_sequence_id=10, digest=10) is DupStatus.NEW
+    s.on_pushed("p", 10)
+    s.on_persisted("p", 10, 10, digest=10)
+    assert s.last_sequence_id("p") == 10
+    # a resend of a failed id in the same client's content range is still decided by its bytes
+    assert s.check("p", 5, first_sequence_id=5, digest=5) is DupStatus.NEW
+
+
+def test_a_session_resuming_inside_its_hole_moves_nothing_it_will_resend():
+    s = DedupState()
+    for seq in range(10):
+        s.on_pushed("p", seq)
+    s.on_persisted("p", 3, 0, digest=1)
+    s.on_failed("p", 4)
+    s.on_session_resumed("p", 4)          # it resends 4.. in order
+    assert s.holes == {"p": [4, 9, 3]} and s.check("p", 4) is DupStatus.NEW
