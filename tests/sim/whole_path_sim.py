@@ -1585,6 +1585,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="change a WholePathConfig field (a Python literal), e.g. strict_stop_check=True")
     p.add_argument("--trace", action="store_true", help="print each seed's trace")
     p.add_argument("--stats", action="store_true", help="print each seed's counters")
+    p.add_argument("--results", metavar="FILE",
+                   help="append one line per seed to FILE: '<seed> ok' or '<seed> FAILED <violations>'")
     args = p.parse_args(argv)
     overrides = {}
     for item in args.set:
@@ -1600,8 +1602,11 @@ def main(argv: list[str] | None = None) -> int:
         seeds = range(a, b + 1)
     failed = 0
     start = _real_time.monotonic()
+    results = open(args.results, "a", buffering=1) if args.results else None    # noqa: SIM115 - line by line
     for done, seed in enumerate(seeds, 1):
         result = run_seed(seed, config, trace=args.trace or args.stats or args.seed is not None)
+        if results is not None:
+            results.write(f"{seed} ok\n" if result.ok else f"{seed} FAILED {'; '.join(result.violations[:5])}\n")
         if args.trace:
             print("\n".join(result.trace))
         if args.stats or args.seed is not None:
@@ -1615,6 +1620,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"progress: {done}/{len(seeds)} seeds, {failed} failed, "
                   f"{_real_time.monotonic() - start:.1f} s", flush=True)
     print(f"{len(seeds) - failed} passed, {failed} failed in {_real_time.monotonic() - start:.1f} s")
+    if results is not None:
+        results.close()
     return 1 if failed else 0
 
 
