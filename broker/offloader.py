@@ -193,77 +193,95 @@ class CorruptObjectError(OffloadError):
 _COUNTERS_LOCK = threading.Lock()
 
 
-def add_typed_columns(table, versions, *, topic: str = "", ledger_id: int = -1):
-    """``table`` (ROW_SCHEMA rows) with the typed columns of the topic's struct schema
-    ``versions`` ((version, kind, definition text), oldest first) appended, and the metadata that
-    records what they were built from ([schema], offload/typed_columns.py). Values that do not
-    decode become nulls (counted, logged); ``value`` keeps the bytes, so entries rebuild as
-    before. A schema that cannot be columns (recursive records): the table unchanged."""
-    from offload.format import ROW_SCHEMA
-    from offload.typed_columns import TypedColumnsError, typed_columns_for
-    null = table.column("null_value").to_pylist()
-    values = [None if n else v for v, n in zip(table.column("value").to_pylist(), null)]
-    try:
-        typed = typed_columns_for(values, table.column("schema_version").to_pylist(), versions,
-                                  ROW_SCHEMA.names)
-    except TypedColumnsError as e:
-        log.warning("offload topic=%s ledger=%d: schema versions %s cannot be typed columns: %s", topic,
-                    ledger_id, [v for v, _, _ in versions], e)
-        return table, {}, None
-    except Exception:       # noqa: BLE001 - an offload never fails over typed columns: raw object
-        log.exception("offload topic=%s ledger=%d: typed columns failed; object written without them", topic,
-                      ledger_id)
-        return table, {}, None
-    for name, array in zip(typed.names, typed.arrays):
-        table = table.append_column(name, array)
-    st = typed.stats
-    if st.undecodable or st.unconvertible:
-        log.warning("offload topic=%s ledger=%d: typed columns: %d of %d values undecodable, %d fields "
-                    "unconvertible (null in the typed columns, value kept); first: %s", topic, ledger_id,
-                    st.undecodable, st.values, st.unconvertible, st.errors[:1])
-    return table, typed.metadata, st
+class TableTypedColumns:
+    """The typed columns of the topic's struct schema ``versions`` ((version, kind, definition
+    text), oldest first) for the offloader's encoder (``offload.reader.ExtraColumns``), decoded
+    table by table (about a row group each), with the metadata that records what they were built
+    from ([schema], offload/typed_columns.py). Values that do not decode become nulls (counted,
+    logged); ``value`` keeps the bytes, so entries rebuild as before."""
 
+    def __init__(self, versions, *, topic: str, ledger_id: int) -> None:
+        """TypedColumnsError for a schema that cannot be columns (recursive records)."""
+        import pyarrow as pa
 
-def encode_and_upload(tier, key: str, ledger_id: int, entries: list[tuple[int, bytes]], *, partition: int,
-                      row_group_bytes: int, typed_versions=None, topic: str = "",
-                      counters: dict | None = None) -> ObjectStats:
-    """Entries -> Parquet -> object store; the stats to record (offload.core's ObjectStats).
-    With ``typed_versions`` (the topic's live AVRO/JSON schema versions) the object also holds
-    the record's fields as typed columns (``add_typed_columns``); ``counters`` (if given) gets
-    ``typed_values`` / ``typed_values_undecodable`` / ``typed_fields_unconvertible`` added."""
-    from offload.format import entries_to_table_fast, write_parquet
-    from offload.store import crc32c_hex
-    table = entries_to_table_fast(ledger_id, entries, partition=partition)
-    metadata = {"pulsarlite.ledger_id": str(ledger_id)}
-    if typed_versions:
-        table, typed_metadata, st = add_typed_columns(table, typed_versions, topic=topic, ledger_id=ledger_id)
-        metadata.update(typed_metadata)
-        if st is not None and counters is not None:
+        from offload.format import ROW_SCHEMA
+        from offload.typed_columns import TypedColumnsBuilder
+        self.builder = TypedColumnsBuilder(versions, ROW_SCHEMA.names)
+        self.fields = [pa.field(name, f.type) for name, f in zip(self.builder.names, self.builder.target)]
+        self.topic, self.ledger_id = topic, ledger_id
+
+    @classmethod
+    def of(cls, versions, *, topic: str = "", ledger_id: int = -1) -> "TableTypedColumns | None":
+        """None (the object is written without typed columns) when ``versions`` cannot be columns."""
+        from offload.typed_columns import TypedColumnsError
+        try:
+            return cls(versions, topic=topic, ledger_id=ledger_id)
+        except TypedColumnsError as e:
+            log.warning("offload topic=%s ledger=%d: schema versions %s cannot be typed columns: %s", topic,
+                        ledger_id, [v for v, _, _ in versions], e)
+        except Exception:       # noqa: BLE001 - an offload never fails over typed columns: raw object
+            log.exception("offload topic=%s ledger=%d: typed columns failed; object written without them", topic,
+                          ledger_id)
+        return None
+
+    def arrays(self, table) -> list:
+        null = table.column("null_value").to_pylist()
+        values = [None if n else v for v, n in zip(table.column("value").to_pylist(), null)]
+        return self.builder.decode(values, table.column("schema_version").to_pylist())
+
+    def metadata(self) -> dict[str, str]:
+        return self.builder.metadata()
+
+    def report(self, counters: dict | None) -> None:
+        """Log what did not decode; add the counts to ``counters`` (``typed_values``,
+        ``typed_values_undecodable``, ``typed_fields_unconvertible``)."""
+        st = self.builder.stats
+        if st.undecodable or st.unconvertible:
+            log.warning("offload topic=%s ledger=%d: typed columns: %d of %d values undecodable, %d fields "
+                        "unconvertible (null in the typed columns, value kept); first: %s", self.topic,
+                        self.ledger_id, st.undecodable, st.values, st.unconvertible, st.errors[:1])
+        if counters is not None:
             with _COUNTERS_LOCK:                     # offloads run in several pool threads
                 for name, n in (("typed_values", st.values), ("typed_values_undecodable", st.undecodable),
                                 ("typed_fields_unconvertible", st.unconvertible)):
                     counters[name] = counters.get(name, 0) + n
-    sink = io.BytesIO()
+
+
+def encode_and_upload(tier, key: str, ledger_id: int, entries: list[tuple[int, bytes]], *, partition: int,
+                      row_group_bytes: int, uncompressed_bytes_max: int | None = None, typed_versions=None,
+                      topic: str = "", counters: dict | None = None) -> ObjectStats:
+    """Entries -> Parquet -> object store; the stats to record (offload.core's ObjectStats).
+    Encoded by ``offload.reader.encode_ledger`` about one row group of decoded rows at a time
+    (memory: one row group, not the ledger); an entry whose payload declares more than
+    ``uncompressed_bytes_max`` (the broker's ``message_bytes_max``; None: the format's default)
+    is kept as one opaque row. With ``typed_versions`` (the topic's live AVRO/JSON schema
+    versions) the object also holds the record's fields as typed columns (``TableTypedColumns``);
+    ``counters`` (if given) gets ``typed_values`` / ``typed_values_undecodable`` /
+    ``typed_fields_unconvertible`` added."""
+    from offload.format import ENTRY_UNCOMPRESSED_BYTES_MAX
+    from offload.reader import encode_ledger
+    encode = functools.partial(
+        encode_ledger, ledger_id, entries, partition=partition, row_group_bytes=row_group_bytes,
+        uncompressed_bytes_max=ENTRY_UNCOMPRESSED_BYTES_MAX if uncompressed_bytes_max is None else uncompressed_bytes_max,
+        metadata={"pulsarlite.ledger_id": str(ledger_id)})
+    typed = TableTypedColumns.of(typed_versions, topic=topic, ledger_id=ledger_id) if typed_versions else None
     try:
-        summary = write_parquet(table, sink, row_group_bytes=row_group_bytes, metadata=metadata)
+        encoded = encode(columns=typed)
+    except PulsarliteError:
+        raise               # the entries themselves (TierFormatError): the same without typed columns
     except Exception:       # noqa: BLE001 - an offload never fails over typed columns
-        from offload.format import ROW_SCHEMA
-        if table.num_columns == len(ROW_SCHEMA):
+        if typed is None:
             raise
         log.exception("offload topic=%s ledger=%d: Parquet with typed columns failed; written without them",
                       topic, ledger_id)
-        table = table.select(ROW_SCHEMA.names)
-        metadata = {"pulsarlite.ledger_id": str(ledger_id)}
-        sink = io.BytesIO()
-        summary = write_parquet(table, sink, row_group_bytes=row_group_bytes, metadata=metadata)
-    if summary.entries != len(entries):
-        raise OffloadError(f"ledger {ledger_id}: {summary.entries} entries encoded, {len(entries)} read")
-    data = sink.getbuffer()
-    stats = ObjectStats(rows=summary.rows, size_bytes=len(data), checksum=crc32c_hex(data),
-                        min_publish_time_ms=summary.min_publish_time_ms,
-                        max_publish_time_ms=summary.max_publish_time_ms)
-    tier.put(key, data)
-    return stats
+        typed = None
+        encoded = encode()
+    if typed is not None:
+        typed.report(counters)
+    if encoded.entries != len(entries):
+        raise OffloadError(f"ledger {ledger_id}: {encoded.entries} entries encoded, {len(entries)} read")
+    tier.put(key, encoded.data)
+    return encoded.stats
 
 
 def verify_object(tier, key: str, stats: ObjectStats, entries: int) -> None:
@@ -721,6 +739,7 @@ class TopicOffloader:
                 stats = await broker.run(encode_and_upload, broker.tier, key, ledger_id, entries,
                                          partition=self.partition,
                                          row_group_bytes=broker.config.offload_row_group_bytes,
+                                         uncompressed_bytes_max=broker.config.message_bytes_max,
                                          typed_versions=typed_versions, topic=self.ml_name,
                                          counters=typed_counts)
                 for name, n in typed_counts.items():
@@ -956,5 +975,5 @@ class BrokerOffloader:
 
 __all__ = ["BrokerOffloader", "CorruptObjectError", "OffloadError", "OffloadStatus", "TOPIC_POLICIES_ROOT", "Tier",
            "TierReadCache", "TopicOffloadPolicies", "read_topic_offload_policies", "topic_policies_path",
-           "TopicOffloader", "add_typed_columns", "encode_and_upload", "ledger_views", "ledgers_before",
+           "TableTypedColumns", "TopicOffloader", "encode_and_upload", "ledger_views", "ledgers_before",
            "offload_info_of", "record_of", "topic_prefix", "verify_object"]

@@ -21,7 +21,9 @@ API (contract 1)::
         one rebuilt, uncompressed entry per original entry id (a batch iff batch_size > 0):
         the same messages, the same ids.
     write_parquet(table, sink, *, row_group_bytes=..., compression=...) -> ParquetSummary
-    ParquetStreamWriter(sink, *, row_group_bytes=...).write(table)...; .close() -> summary
+    ParquetStreamWriter(sink, *, row_group_bytes=...).write(table)...; .close(metadata) -> summary
+    ledger_tables(ledger_id, entries, *, partition, decoded_bytes_max) -> Iterator[pa.Table]
+        the entries as tables of about one row group of decoded bytes each (for the writer)
     read_parquet(source, *, row_groups=None, columns=None) -> pa.Table
     open_parquet(source) -> pq.ParquetFile            # page checksums verified
     summarize_table(table) -> TableSummary            # rows, entries, min/max publish time
@@ -64,6 +66,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from google.protobuf.message import DecodeError
+
 from pulsarlite._proto import pulsar_api_pb2 as pb
 from pulsarlite.errors import ChecksumError, PulsarliteError
 from pulsarlite.varint import SMALL_VARINTS, uvarint
@@ -78,6 +82,7 @@ PARQUET_COMPRESSION_LEVEL_DEFAULT = 1
 STATISTICS_COLUMNS = ["ledger_id", "entry_id", "publish_time", "event_time"]
 
 _U32 = struct.Struct(">I")
+_parse_message_metadata = pb.MessageMetadata.FromString
 # fields of pulsarlite.wire.entry.Message
 _PAYLOAD, _KEY, _ORDERING_KEY, _PROPERTIES, _EVENT_TIME, _SEQUENCE_ID, _NULL_VALUE, \
     _BATCH_INDEX = (itemgetter(i) for i in (0, 1, 3, 4, 5, 6, 7, 10))
@@ -112,9 +117,10 @@ REBUILD_COLUMNS = ["entry_id", "batch_index", "batch_size", "value", "entry_head
 
 log = logging.getLogger("pulsarlite.offload.format")
 
-# an entry's payload decompresses to at most this (a producer's message is at most the broker's
-# message_bytes_max, 5 MiB by default, and SENDs declaring more are refused); larger or broken
-# payloads are kept opaque (see _opaque) instead of failing their ledger's offload
+# an entry's payload decompresses to at most this by default (a producer's message is at most
+# the broker's message_bytes_max, 5 MiB by default, and SENDs declaring more are refused; the
+# broker's offloader passes its message_bytes_max as ``uncompressed_bytes_max``); larger or
+# broken payloads are kept opaque (see _opaque) instead of failing their ledger's offload
 ENTRY_UNCOMPRESSED_BYTES_MAX = 8 * 1024 * 1024
 
 
@@ -179,9 +185,9 @@ def _opaque(entry: bytes | memoryview) -> tuple | None:
     """An entry whose messages we cannot read, as one opaque row: metadata and payload (still
     compressed, perhaps encrypted) verbatim, so the rebuilt entry is the original byte for byte.
     That is an encrypted entry (pulsarlite does not decrypt), or one whose payload does not
-    decompress within ENTRY_UNCOMPRESSED_BYTES_MAX ([hardening]: one entry declaring 2^31-1
-    bytes failed its ledger's offload on every pass, forever; ten small compressed entries
-    took the broker past 1.3 GB). None when even the metadata does not parse."""
+    decompress within the bound (``uncompressed_bytes_max``; [hardening]: one entry declaring
+    2^31-1 bytes failed its ledger's offload on every pass, forever; ten small compressed
+    entries took the broker past 1.3 GB). None when even the metadata does not parse."""
     try:
         metadata, payload = split_entry(entry)
     except EntryFormatError:
@@ -192,7 +198,8 @@ def _opaque(entry: bytes | memoryview) -> tuple | None:
                              raw.event_time or None, raw.sequence_id, False)
 
 
-def _batch_buffer(entry: bytes | memoryview, messages: list, raw: pb.MessageMetadata) -> bytes:
+def _batch_buffer(entry: bytes | memoryview, messages: list, raw: pb.MessageMetadata,
+                  uncompressed_bytes_max: int = ENTRY_UNCOMPRESSED_BYTES_MAX) -> bytes:
     """The decompressed batch the messages' payloads are views of (no second decompression);
     decompressed again through the codec if the payloads are not views of one buffer."""
     obj = getattr(messages[0].payload, "obj", None)
@@ -200,15 +207,17 @@ def _batch_buffer(entry: bytes | memoryview, messages: list, raw: pb.MessageMeta
         return obj
     _, payload = split_entry(entry)
     data = decompress(payload, raw.compression, raw.uncompressed_size,
-                      uncompressed_bytes_max=ENTRY_UNCOMPRESSED_BYTES_MAX)
+                      uncompressed_bytes_max=uncompressed_bytes_max)
     return bytes(data)
 
 
 def entries_to_table(ledger_id: int, entries: Iterable[tuple[int, bytes | memoryview]], *,
-                     partition: int) -> pa.Table:
+                     partition: int,
+                     uncompressed_bytes_max: int = ENTRY_UNCOMPRESSED_BYTES_MAX) -> pa.Table:
     """Stored entries -> one row per message (see the module docstring). Entry ids must
-    increase. Raises TierFormatError for an entry that does not decode (encrypted ones
-    included: the tier stores plain messages)."""
+    increase. An entry whose payload does not decompress within ``uncompressed_bytes_max``
+    (or does not decode), or is encrypted, is one opaque row (``_opaque``); TierFormatError for
+    an entry whose metadata does not parse."""
     if ledger_id < 0:
         raise ValueError(f"ledger id {ledger_id} < 0")
     # per-entry facts repeated per message, and all messages in one flat list; the columns
@@ -232,7 +241,7 @@ def entries_to_table(ledger_id: int, entries: Iterable[tuple[int, bytes | memory
                                   f"({last_entry_id} then {entry_id})")
         last_entry_id = entry_id
         try:
-            metadata, messages = unpack_entry(entry, uncompressed_bytes_max=ENTRY_UNCOMPRESSED_BYTES_MAX)
+            metadata, messages = unpack_entry(entry, uncompressed_bytes_max=uncompressed_bytes_max)
             if not messages:
                 raise EntryFormatError("a batch of 0 messages")
         except EntryFormatError as exc:
@@ -271,7 +280,7 @@ def entries_to_table(ledger_id: int, entries: Iterable[tuple[int, bytes | memory
             raise TierFormatError(f"ledger {ledger_id} entry {entry_id}: a batch of 0 messages")
         entry_headers.append(header)
         if raw.HasField("num_messages_in_batch"):
-            data = _batch_buffer(entry, messages, raw)
+            data = _batch_buffer(entry, messages, raw, uncompressed_bytes_max)
             # walk the batch framing (unpack_entry validated it) to keep each message's
             # SingleMessageMetadata bytes verbatim
             pos = 0
@@ -539,7 +548,8 @@ def _plain_batch_walk(data: bytes, raw: pb.MessageMetadata
 
 
 def entries_to_table_fast(ledger_id: int, entries: Iterable[tuple[int, bytes | memoryview]], *,
-                          partition: int) -> pa.Table:
+                          partition: int,
+                          uncompressed_bytes_max: int = ENTRY_UNCOMPRESSED_BYTES_MAX) -> pa.Table:
     """What :func:`entries_to_table` returns for the same entries (equal tables: same columns,
     types and values), faster: a batch of plain messages (a payload, consecutive sequence ids
     as a producer writes them, perhaps a key on every message) is decoded with Arrow takes
@@ -559,7 +569,7 @@ def entries_to_table_fast(ledger_id: int, entries: Iterable[tuple[int, bytes | m
             raise TierFormatError(f"ledger {ledger_id}: entry ids not increasing "
                                   f"({last_entry_id} then {entry_id})")
         last_entry_id = entry_id
-        decoded = _fast_entry(entry) if misses < FAST_MISSES_MAX else None
+        decoded = _fast_entry(entry, uncompressed_bytes_max) if misses < FAST_MISSES_MAX else None
         if decoded is None:
             misses += 1
             if fast:
@@ -569,11 +579,13 @@ def entries_to_table_fast(ledger_id: int, entries: Iterable[tuple[int, bytes | m
         else:
             misses = 0
             if slow:
-                pieces.append(entries_to_table(ledger_id, slow, partition=partition))
+                pieces.append(entries_to_table(ledger_id, slow, partition=partition,
+                                               uncompressed_bytes_max=uncompressed_bytes_max))
                 slow = []
             fast.append((entry_id, *decoded))
     if slow:
-        pieces.append(entries_to_table(ledger_id, slow, partition=partition))
+        pieces.append(entries_to_table(ledger_id, slow, partition=partition,
+                                       uncompressed_bytes_max=uncompressed_bytes_max))
     if fast:
         pieces.append(_fast_table(ledger_id, partition, fast))
     if not pieces:
@@ -581,7 +593,8 @@ def entries_to_table_fast(ledger_id: int, entries: Iterable[tuple[int, bytes | m
     return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
 
 
-def _fast_entry(entry: bytes | memoryview):
+def _fast_entry(entry: bytes | memoryview,
+                uncompressed_bytes_max: int = ENTRY_UNCOMPRESSED_BYTES_MAX):
     """(metadata, entry header, values, message headers, their sizes, keys or None) of a
     batched entry of plain messages, or None (not such an entry, or not decodable here: the general path
     decides)."""
@@ -601,7 +614,7 @@ def _fast_entry(entry: bytes | memoryview):
     else:
         try:
             data = decompress(payload, compression, raw.uncompressed_size,
-                              uncompressed_bytes_max=ENTRY_UNCOMPRESSED_BYTES_MAX)
+                              uncompressed_bytes_max=uncompressed_bytes_max)
         except EntryFormatError:
             return None
         data = data if type(data) is bytes else bytes(data)
@@ -699,6 +712,62 @@ def _fast_keys(decoded: list[tuple], counts: list[int], rows: int) -> pa.Array:
         return pa.nulls(rows, pa.string())
     return pa.concat_arrays([pa.nulls(n, pa.string()) if d[7] is None else d[7]
                              for d, n in zip(decoded, counts)])
+
+
+# ---------------------------------------------------------------------------------------------
+# a ledger's entries -> tables of about one row group each
+# ---------------------------------------------------------------------------------------------
+
+ROW_BYTES_OVERHEAD = 16      # what a row counts for beside its value, in row group sizes
+
+
+def decoded_bytes(entry: bytes | memoryview, *,
+                  uncompressed_bytes_max: int = ENTRY_UNCOMPRESSED_BYTES_MAX) -> int:
+    """At least what the entry's rows will count for in row group sizes, known from its
+    metadata alone (nothing decompressed): its payload's declared uncompressed size, plus
+    ROW_BYTES_OVERHEAD a message. A payload declaring more than ``uncompressed_bytes_max``
+    (kept as one opaque row) or metadata that does not parse counts its stored bytes. (An
+    encrypted entry, one opaque row too, may count more than its row: never less.)"""
+    size = len(entry)
+    # the metadata parsed alone, unchecked: a third of split_entry's cost (once per entry)
+    meta_size = _U32.unpack_from(entry, 0)[0] if size >= 4 else size
+    if meta_size > size - 4:
+        return size + ROW_BYTES_OVERHEAD
+    meta = entry[4:4 + meta_size]
+    try:
+        raw = _parse_message_metadata(meta if type(meta) is bytes else bytes(meta))
+    except DecodeError:
+        return size + ROW_BYTES_OVERHEAD
+    size -= 4 + meta_size
+    if raw.compression and raw.uncompressed_size <= uncompressed_bytes_max:
+        size = raw.uncompressed_size
+    return size + ROW_BYTES_OVERHEAD * max(1, raw.num_messages_in_batch)
+
+
+def ledger_tables(ledger_id: int, entries: Iterable[tuple[int, bytes | memoryview]], *,
+                  partition: int, decoded_bytes_max: int,
+                  uncompressed_bytes_max: int = ENTRY_UNCOMPRESSED_BYTES_MAX) -> Iterator[pa.Table]:
+    """A ledger's entries as ROW_SCHEMA tables (``entries_to_table_fast``) of consecutive whole
+    entries, each ending with the entry that takes it to ``decoded_bytes_max`` decoded bytes
+    (``decoded_bytes``), as a row group ends: at most that plus one entry, so that memory holds
+    about one row group's rows, never the ledger's ([hardening]: 240 entries of 5 KB stored,
+    5 MiB each decoded, made one 1.3 GB table and a 3.9 GB broker). Feed them to one
+    ParquetStreamWriter: its row groups are those of the whole ledger's table (and where the
+    estimate is exact, plain messages, each table is one row group)."""
+    if decoded_bytes_max <= 0:
+        raise ValueError(f"decoded_bytes_max {decoded_bytes_max} <= 0")
+    run: list[tuple[int, bytes | memoryview]] = []
+    run_bytes = 0
+    for entry_id, entry in entries:
+        run.append((entry_id, entry))
+        run_bytes += decoded_bytes(entry, uncompressed_bytes_max=uncompressed_bytes_max)
+        if run_bytes >= decoded_bytes_max:
+            yield entries_to_table_fast(ledger_id, run, partition=partition,
+                                        uncompressed_bytes_max=uncompressed_bytes_max)
+            run, run_bytes = [], 0
+    if run:
+        yield entries_to_table_fast(ledger_id, run, partition=partition,
+                                    uncompressed_bytes_max=uncompressed_bytes_max)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -810,7 +879,9 @@ def _row_group_cuts(table: pa.Table, row_group_bytes: int, row_group_rows_max: i
     eid = table.column("entry_id").combine_chunks()
     prev = pa.concat_arrays([pa.array([-1], pa.int64()), eid.slice(0, rows - 1)])
     starts = pc.indices_nonzero(pc.not_equal(eid, prev))
-    sizes = pc.add(pc.binary_length(table.column("value").combine_chunks()), 16).cast(pa.int64())
+    # lengths chunk by chunk, then combined (the values themselves are not copied)
+    lengths = pc.binary_length(table.column("value")).combine_chunks()
+    sizes = pc.add(lengths, ROW_BYTES_OVERHEAD).cast(pa.int64())
     cumulative = pc.cumulative_sum(sizes)
     before = [0] + pc.take(cumulative, pc.subtract(starts.slice(1), 1)).to_pylist()
     cuts: list[int] = []
@@ -833,11 +904,14 @@ def _check_schema(schema: pa.Schema) -> None:
 
 
 class ParquetStreamWriter:
-    """Parquet written table by table (e.g. one chunk of a ledger's entries at a time, so
-    memory holds one row group, not the ledger). Every table holds whole entries, in
-    increasing entry id order across tables; each is cut into row groups of about
-    ``row_group_bytes``. ``close()`` returns the summary and records rows/entries in the
-    footer's key-value metadata."""
+    """Parquet written table by table (e.g. one chunk of a ledger's entries at a time,
+    ``ledger_tables``, so memory holds about one row group, not the ledger). Every table holds
+    whole entries, in increasing entry id order across tables. Row groups are cut across the
+    tables as ``_row_group_cuts`` cuts one table of all their rows (the rows of a row group not
+    yet complete are held until the next table or ``close()``), and each is written as one
+    chunk per column: the object is the one ``write_parquet`` makes of the concatenated table,
+    however the rows came in. ``close(metadata)`` returns the summary and records rows/entries
+    (and ``metadata``, pairs known only at the end) in the footer's key-value metadata."""
 
     def __init__(self, sink: str | BinaryIO | pa.NativeFile, schema: pa.Schema = ROW_SCHEMA, *,
                  row_group_bytes: int = ROW_GROUP_BYTES_DEFAULT,
@@ -865,6 +939,7 @@ class ParquetStreamWriter:
         self.min_publish_time_ms: int | None = None
         self.max_publish_time_ms: int | None = None
         self._last_entry_id = -1
+        self._held: pa.Table | None = None      # the rows of the row group not yet complete
 
     def write(self, table: pa.Table) -> None:
         if not table.schema.equals(self.schema, check_metadata=False):
@@ -877,11 +952,19 @@ class ParquetStreamWriter:
             raise TierFormatError(f"entry {first} after entry {self._last_entry_id}: tables "
                                   "must hold whole entries in increasing id order")
         self._last_entry_id = table.column("entry_id")[-1].as_py()
+        rows = table if self._held is None else pa.concat_tables([self._held, table])
+        cuts = _row_group_cuts(rows, self.row_group_bytes, self.row_group_rows_max)
         start = 0
-        for end in _row_group_cuts(table, self.row_group_bytes, self.row_group_rows_max):
-            self._writer.write_table(table.slice(start, end - start), row_group_size=end - start)
-            self.row_groups += 1
+        for end in cuts[:-1]:
+            self._write_group(rows.slice(start, end - start))
             start = end
+        last = rows.slice(start)
+        # the last group is held unless full already (any next entry starts a new one)
+        last_bytes = pc.sum(pc.binary_length(last.column("value"))).as_py() + ROW_BYTES_OVERHEAD * last.num_rows
+        full = last.num_rows >= self.row_group_rows_max or last_bytes >= self.row_group_bytes
+        if full:
+            self._write_group(last)
+        self._held = None if full else last
         self.rows += summary.rows
         self.entries += summary.entries
         lo, hi = summary.min_publish_time_ms, summary.max_publish_time_ms
@@ -890,10 +973,19 @@ class ParquetStreamWriter:
         self.max_publish_time_ms = hi if self.max_publish_time_ms is None \
             else max(hi, self.max_publish_time_ms)
 
-    def close(self) -> ParquetSummary:
+    def _write_group(self, rows: pa.Table) -> None:
+        # one chunk per column: the pages are then those of one table, however the rows came
+        rows = rows.combine_chunks()
+        self._writer.write_table(rows, row_group_size=rows.num_rows)
+        self.row_groups += 1
+
+    def close(self, metadata: dict[str, str] | None = None) -> ParquetSummary:
+        if self._held is not None and self._held.num_rows:
+            self._write_group(self._held)
+        self._held = None
         # the schema's metadata too: with store_schema=False pyarrow writes only these pairs
         kv = {k.decode(): v.decode() for k, v in (self.schema.metadata or {}).items()}
-        self._writer.add_key_value_metadata({**kv, "pulsarlite.rows": str(self.rows),
+        self._writer.add_key_value_metadata({**kv, **(metadata or {}), "pulsarlite.rows": str(self.rows),
                                              "pulsarlite.entries": str(self.entries)})
         if self.row_groups == 0:     # an empty file still has the schema
             self._writer.write_table(self.schema.empty_table())
@@ -982,7 +1074,7 @@ def row_group_entry_ranges(pf: pq.ParquetFile) -> list[tuple[int, int]]:
 
 __all__ = [
     "CONTRACT_COLUMNS", "FORMAT_VERSION", "ParquetStreamWriter", "ParquetSummary", "REBUILD_COLUMNS", "ROW_SCHEMA",
-    "ROW_GROUP_BYTES_DEFAULT", "TableSummary", "TierChecksumError", "TierFormatError",
-    "entries_to_table", "entries_to_table_fast", "open_parquet", "read_parquet", "read_row_groups",
+    "ROW_GROUP_BYTES_DEFAULT", "TableSummary", "TierChecksumError", "TierFormatError", "decoded_bytes",
+    "entries_to_table", "entries_to_table_fast", "ledger_tables", "open_parquet", "read_parquet", "read_row_groups",
     "row_group_entry_ranges", "summarize_table", "table_to_entries", "write_parquet",
 ]

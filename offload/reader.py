@@ -6,9 +6,10 @@ API::
     result = write_ledger_object(store, key, ledger_id, entries, *, partition,
                                  row_group_bytes=..., compression=...) -> WrittenObject
         (= put_encoded(store, key, ledger_id, encode_ledger(ledger_id, entries, ...)); run
-        encode_ledger in a ProcessPoolExecutor to keep the caller's GIL free)
-        entries -> Parquet (encoded about one row group at a time: memory holds one row
-        group's rows plus the compressed object) -> store.put (CRC32C computed while writing,
+        encode_ledger in a ProcessPoolExecutor to keep the caller's GIL free; the broker's
+        offloader calls encode_ledger too, with its typed columns)
+        entries -> Parquet (encoded about one row group of decoded bytes at a time: memory
+        holds one row group's rows plus the compressed object) -> store.put (CRC32C computed while writing,
         stored as the object's ``crc32c`` user metadata on S3); result.uri, .stats (core.ObjectStats: rows,
         size_bytes, checksum, min/max publish time), .entries, .row_groups
     verify_object(store, key, stats, *, full=True)      # size, CRC32C, footer rows, else
@@ -40,15 +41,15 @@ import struct
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from offload.core import ObjectStats
-from offload.format import (REBUILD_COLUMNS, ROW_GROUP_BYTES_DEFAULT, ParquetStreamWriter, TierChecksumError,
-                            TierFormatError, entries_to_table_fast, open_parquet, read_row_groups,
-                            row_group_entry_ranges, summarize_table, table_to_entries)
+from offload.format import (ENTRY_UNCOMPRESSED_BYTES_MAX, REBUILD_COLUMNS, ROW_GROUP_BYTES_DEFAULT, ROW_SCHEMA,
+                            ParquetStreamWriter, TierChecksumError, TierFormatError, ledger_tables, open_parquet,
+                            read_row_groups, row_group_entry_ranges, summarize_table, table_to_entries)
 from offload.store import (Crc32cHasher, ObjectStore, crc32c_hex, open_object_uri)
 
 log = logging.getLogger("pulsarlite.offload.reader")
@@ -120,32 +121,52 @@ class EncodedObject:
     row_groups: int
 
 
+class ExtraColumns(Protocol):
+    """Columns a writer appends after ROW_SCHEMA's, computed table by table (e.g. the typed
+    columns of a struct schema: ``offload.typed_columns.TypedColumnsBuilder``)."""
+
+    fields: list[pa.Field]
+
+    def arrays(self, table: pa.Table) -> list[pa.Array]:
+        """One array per field for the rows of ``table`` (ROW_SCHEMA's columns)."""
+
+    def metadata(self) -> dict[str, str]:
+        """The footer's key-value pairs for them, asked once, after the last table."""
+
+
 def encode_ledger(ledger_id: int, entries: Iterable[tuple[int, bytes | memoryview]], *,
                   partition: int, row_group_bytes: int = ROW_GROUP_BYTES_DEFAULT,
-                  compression: str = "zstd") -> EncodedObject:
-    """Entries -> Parquet bytes and their stats (CRC32C computed while writing). Pure CPU
-    work with picklable arguments and result: run it in a ``ProcessPoolExecutor`` to keep a
-    broker's GIL free (pass the entries as a list of (int, bytes))."""
+                  compression: str = "zstd",
+                  uncompressed_bytes_max: int = ENTRY_UNCOMPRESSED_BYTES_MAX,
+                  metadata: dict[str, str] | None = None,
+                  columns: ExtraColumns | None = None) -> EncodedObject:
+    """Entries -> Parquet bytes and their stats (CRC32C computed while writing): the one
+    encoder of both offloaders. Memory holds about one row group of decoded rows at a time
+    (``offload.format.ledger_tables``: tables of at most ``row_group_bytes`` of decoded
+    bytes), plus the compressed object; an entry whose payload declares more than
+    ``uncompressed_bytes_max`` is kept as one opaque row. ``metadata``: the footer's pairs
+    besides the format's (default: ledger id and partition); ``columns``: extra columns after
+    ROW_SCHEMA's. Pure CPU work with picklable arguments and result (without ``columns``): run
+    it in a ``ProcessPoolExecutor`` to keep a broker's GIL free (pass the entries as a list of
+    (int, bytes))."""
     sink = _HashingSink()
-    writer = ParquetStreamWriter(pa.PythonFile(sink, mode="w"),
+    if metadata is None:
+        metadata = {"pulsarlite.ledger_id": str(ledger_id), "pulsarlite.partition": str(partition)}
+    schema = ROW_SCHEMA if columns is None else pa.schema(list(ROW_SCHEMA) + list(columns.fields))
+    writer = ParquetStreamWriter(pa.PythonFile(sink, mode="w"), schema,
                                  row_group_bytes=row_group_bytes, compression=compression,
-                                 metadata={"pulsarlite.ledger_id": str(ledger_id),
-                                           "pulsarlite.partition": str(partition)})
-    # a chunk of about one row group of stored bytes at a time: memory holds one row group's
-    # rows, not the ledger's
-    chunk: list[tuple[int, bytes | memoryview]] = []
-    chunk_bytes = 0
+                                 metadata=metadata)
     try:
-        for entry_id, entry in entries:
-            chunk.append((entry_id, entry))
-            chunk_bytes += len(entry)
-            if chunk_bytes >= row_group_bytes:
-                writer.write(entries_to_table_fast(ledger_id, chunk, partition=partition))
-                chunk, chunk_bytes = [], 0
-        if chunk:
-            writer.write(entries_to_table_fast(ledger_id, chunk, partition=partition))
-    finally:
-        summary = writer.close()
+        for table in ledger_tables(ledger_id, entries, partition=partition, decoded_bytes_max=row_group_bytes,
+                                   uncompressed_bytes_max=uncompressed_bytes_max):
+            if columns is not None:
+                for field, array in zip(columns.fields, columns.arrays(table)):
+                    table = table.append_column(field, array)
+            writer.write(table)
+    except BaseException:
+        writer.close()
+        raise
+    summary = writer.close(columns.metadata() if columns is not None else None)
     if summary.rows == 0:
         raise TierFormatError(f"ledger {ledger_id}: nothing to offload (no entries)")
     data = b"".join(sink.parts)

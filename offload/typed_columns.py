@@ -19,7 +19,9 @@ source (the same columns for segments still on bookies). Pure functions over byt
   counted; the raw ``value`` column always keeps the bytes.
 - ``typed_columns_for(values, schema_versions, versions, metadata_names)``: what the offloader
   appends to a tier object (columns + the ``pulsarlite.typed_columns`` footer metadata saying
-  which versions they were built from); ``stored_columns(...)``: whether a reader may take an
+  which versions they were built from), all at once; ``TypedColumnsBuilder``: the same a run
+  of rows at a time (the offloader's, one row group's worth per run);
+  ``stored_columns(...)``: whether a reader may take an
   object's stored columns instead of decoding ``value`` (same result guaranteed), and which.
 """
 
@@ -362,30 +364,54 @@ class TypedColumns:
     stats: DecodeStats
 
 
+class TypedColumnsBuilder:
+    """The typed columns of one tier object, decoded a run of rows at a time (an offloader
+    feeds it a row group's worth, so memory holds one row group's records, not the ledger's):
+    ``names`` / ``target`` (the merged schema) are known from ``versions`` alone, ``decode``
+    returns the arrays of each run, ``metadata()`` says what all of them were built from.
+    TypedColumnsError (at construction) only for a schema that cannot be columns."""
+
+    def __init__(self, versions: Versions, metadata_names: Iterable[str]) -> None:
+        if not versions:
+            raise TypedColumnsError("no schema versions")
+        self.versions = tuple(versions)
+        self._parsed = {v: (kind, json.loads(d)) for v, kind, d in versions}
+        self.target = merged_schema([self._parsed[v][1] for v, _, _ in versions])
+        self.names = column_names_beside(metadata_names, self.target)
+        self.stats = DecodeStats()
+        self.rows_of_other_versions = 0
+
+    def decode(self, values: Sequence[bytes | None],
+               schema_versions: Sequence[bytes | None]) -> list[pa.Array]:
+        """One array per field of ``target`` for ``values`` (None: a null value) written under
+        ``schema_versions``; values that do not decode give nulls and are counted (``stats``)."""
+        numbers = version_numbers(schema_versions)
+        # in chunks: decoded records are Python objects many times the size of their bytes
+        chunks = [decode_columns(values[i:i + TYPED_CHUNK_ROWS], numbers[i:i + TYPED_CHUNK_ROWS], self._parsed,
+                                 self.target, self.stats) for i in range(0, len(values), TYPED_CHUNK_ROWS)]
+        self.rows_of_other_versions += sum(1 for n, d in zip(numbers, values) if d is not None
+                                           and n not in self._parsed)
+        return [pa.concat_arrays([c[j] for c in chunks]) if chunks else pa.array([], f.type)
+                for j, f in enumerate(self.target)]
+
+    def metadata(self) -> dict[str, str]:
+        """{TIER_METADATA_KEY: json} for every run decoded so far."""
+        doc = {"versions": [[v, kind, definition_digest(d)] for v, kind, d in self.versions],
+               "fields": [[f, c] for f, c in zip(self.target.names, self.names)],
+               "rows_of_other_versions": self.rows_of_other_versions, "undecodable": self.stats.undecodable,
+               "unconvertible": self.stats.unconvertible}
+        return {TIER_METADATA_KEY: json.dumps(doc, separators=(",", ":"))}
+
+
 def typed_columns_for(values: Sequence[bytes | None], schema_versions: Sequence[bytes | None],
                       versions: Versions, metadata_names: Iterable[str]) -> TypedColumns:
     """Decode ``values`` (None: a null value) written under ``schema_versions`` with the topic's
     struct schema ``versions``: the typed columns, named beside ``metadata_names``, and the
     object metadata that says what they were built from. Values that do not decode give nulls
     and are counted (stats); TypedColumnsError only for a schema that cannot be columns."""
-    if not versions:
-        raise TypedColumnsError("no schema versions")
-    parsed = {v: (kind, json.loads(d)) for v, kind, d in versions}
-    target = merged_schema([parsed[v][1] for v, _, _ in versions])
-    numbers = version_numbers(schema_versions)
-    stats = DecodeStats()
-    # in chunks: decoded records are Python objects many times the size of their bytes
-    chunks = [decode_columns(values[i:i + TYPED_CHUNK_ROWS], numbers[i:i + TYPED_CHUNK_ROWS], parsed, target,
-                             stats) for i in range(0, len(values), TYPED_CHUNK_ROWS)]
-    arrays = [pa.concat_arrays([c[j] for c in chunks]) if chunks else pa.array([], f.type)
-              for j, f in enumerate(target)]
-    names = column_names_beside(metadata_names, target)
-    others = sum(1 for n, d in zip(numbers, values) if d is not None and n not in parsed)
-    doc = {"versions": [[v, kind, definition_digest(d)] for v, kind, d in versions],
-           "fields": [[f, c] for f, c in zip(target.names, names)],
-           "rows_of_other_versions": others, "undecodable": stats.undecodable,
-           "unconvertible": stats.unconvertible}
-    return TypedColumns(names, arrays, {TIER_METADATA_KEY: json.dumps(doc, separators=(",", ":"))}, stats)
+    builder = TypedColumnsBuilder(versions, metadata_names)
+    arrays = builder.decode(values, schema_versions)
+    return TypedColumns(builder.names, arrays, builder.metadata(), builder.stats)
 
 
 def stored_columns(kv_metadata: Mapping[bytes | str, bytes | str] | None, file_schema: pa.Schema,
@@ -426,6 +452,7 @@ def stored_columns(kv_metadata: Mapping[bytes | str, bytes | str] | None, file_s
     return out
 
 
-__all__ = ["DecodeStats", "TIER_METADATA_KEY", "TypedColumns", "TypedColumnsError", "arrow_type",
+__all__ = ["DecodeStats", "TIER_METADATA_KEY", "TypedColumns", "TypedColumnsBuilder", "TypedColumnsError",
+           "arrow_type",
            "column_names_beside", "decode_columns", "definition_digest", "merged_schema", "stored_columns",
            "typed_columns_for", "version_numbers"]

@@ -256,7 +256,7 @@ def test_offloaded_objects_are_byte_for_byte_those_of_the_general_path(entries, 
         parquet_of(entries_to_table(9, entries, partition=2))
 
     fast = encode_ledger(9, entries, partition=2, row_group_bytes=row_group_bytes)
-    with mock.patch("offload.reader.entries_to_table_fast", entries_to_table):   # what it wrote before
+    with mock.patch("offload.format.entries_to_table_fast", entries_to_table):   # what it wrote before
         general = encode_ledger(9, entries, partition=2, row_group_bytes=row_group_bytes)
     assert fast.data == general.data
     assert fast.stats == general.stats
@@ -306,6 +306,6 @@ def test_after_a_run_of_misses_the_rest_goes_straight_to_the_general_path(monkey
     entries.append((len(entries), plain_batch(rng, 100, 4)))
     tried = []
     real = fmt._fast_entry
-    monkeypatch.setattr(fmt, "_fast_entry", lambda e: tried.append(e) or real(e))
+    monkeypatch.setattr(fmt, "_fast_entry", lambda e, *limit: tried.append(e) or real(e, *limit))
     assert_same(entries)
     assert len(tried) == fmt.FAST_MISSES_MAX
