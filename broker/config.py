@@ -80,6 +80,7 @@ class BrokerConfig:
     offload_deletion_lag_ms: int = 4 * 3600 * 1000  # default lag before offloaded ledgers leave the bookies
     offload_row_group_bytes: int = 8 * MiB   # Parquet row-group size (message bytes) of offloaded ledgers
     offload_ledger_bytes_max: int = 1024 * MiB  # a bigger closed ledger is not offloaded (memory bound)
+    offload_retry_delay_ms_max: int = 3600 * 1000  # a failed ledger's automatic retries: doubling delays up to this
     tier_read_cache_bytes_max: int = 64 * MiB  # per broker: rebuilt entries of offloaded ledgers
     tier_read_ahead_ledgers: int = 4         # offloaded ledgers whose first row group a replay reads ahead
     offload_typed_columns: bool = True       # [schema] AVRO/JSON topics: the record's fields as Parquet columns
@@ -97,7 +98,8 @@ class BrokerConfig:
                      "connect_timeout_ms", "frame_complete_timeout_ms", "connections_max",
                      "connections_per_address_max", "topic_load_timeout_ms", "shutdown_grace_ms",
                      "stats_interval_ms", "retention_check_interval_ms", "offload_concurrent_max", "offload_check_interval_ms",
-                     "offload_row_group_bytes", "offload_ledger_bytes_max", "tier_read_cache_bytes_max",
+                     "offload_row_group_bytes", "offload_ledger_bytes_max", "offload_retry_delay_ms_max",
+                     "tier_read_cache_bytes_max",
                      "tier_read_ahead_ledgers"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -533,10 +533,26 @@ class _Conflict(Exception):
         self.record = record
 
 
+@dataclass(frozen=True)
+class _Retry:
+    """A ledger whose offload failed: when the automatic triggers may try it again."""
+
+    failures: int
+    not_before_ms: int
+
+
 class TopicOffloader:
     """The offload work of one topic loaded on this broker (its owner). One worker task runs
     offload.core's per-ledger machines one step at a time (so the list's CASes are ordered and
-    the orphan sweep never races an attempt of ours); ``kick()`` asks for a pass."""
+    the orphan sweep never races an attempt of ours); ``kick()`` asks for a pass.
+
+    A ledger whose offload failed stays on the bookies (``offloading``) and is tried again by
+    the automatic triggers (timer, rollover, thresholds) only after a delay that doubles with
+    each failure in a row, from ``offload_check_interval_ms`` up to ``offload_retry_delay_ms_max``
+    (an offload that can never succeed -- a ledger over ``offload_ledger_bytes_max``, entries
+    that do not encode -- is not redone on every rollover); an admin offload asking for it tries
+    it at once. Each failure is logged with its error and the next attempt's delay, and is the
+    admin status's ``lastError`` when asked for. Other ledgers go on meanwhile."""
 
     ORPHAN_SWEEP_EVERY_PASSES = 10
 
@@ -553,6 +569,7 @@ class TopicOffloader:
         self._wake = asyncio.Event()
         self._closed = False
         self._passes = 0
+        self._retries: dict[int, _Retry] = {}     # ledger id -> its failures in a row (in memory)
         self._task = asyncio.ensure_future(self._run())
 
     def kick(self) -> None:
@@ -621,17 +638,24 @@ class TopicOffloader:
         policy = await broker.policy_of(self.namespace, self.topic.name)
         demand = self.demand
         demanded = demand.ledgers if demand is not None and demand.status is OffloadStatus.RUNNING else ()
-        plan = plan_offload(ledger_views(self.ml.ledgers()), policy, broker.clock(), demand=demanded)
+        now_ms = broker.clock()
+        plan = plan_offload(ledger_views(self.ml.ledgers()), policy, now_ms, demand=demanded)
+        self._retries = {i: r for i, r in self._retries.items() if i in plan.offload}   # trimmed, offloaded
+        due = [i for i in plan.offload if i in demanded or i not in self._retries
+               or self._retries[i].not_before_ms <= now_ms]
         errors = []
         # ledgers in parallel: the heavy steps take the broker's slots (offload_concurrent_max),
         # the list's CASes are serialised by the managed ledger
         results = await asyncio.gather(*(self._drive(ledger_id, Offload(broker.clock(), uuid.uuid4().hex), policy)
-                                         for ledger_id in plan.offload), return_exceptions=True)
-        for ledger_id, result in zip(plan.offload, results):
+                                         for ledger_id in due), return_exceptions=True)
+        for ledger_id, result in zip(due, results):
             if isinstance(result, BaseException):
                 raise result
             if result:
                 errors.append(f"ledger {ledger_id}: {result}")
+                self._failed(ledger_id, result)
+            else:
+                self._retries.pop(ledger_id, None)
         if self._closed:
             return
         if demand is not None and demand.status is OffloadStatus.RUNNING:
@@ -658,6 +682,17 @@ class TopicOffloader:
         if errors:
             self.last_error = "; ".join(errors)
             raise OffloadError(self.last_error)
+
+    def _failed(self, ledger_id: int, error: str) -> None:
+        """Space out the automatic retries of a ledger whose offload failed (doubling delays)."""
+        config = self.broker.config
+        failures = self._retries[ledger_id].failures + 1 if ledger_id in self._retries else 1
+        delay_ms = min(config.offload_check_interval_ms << min(failures - 1, 32),
+                       config.offload_retry_delay_ms_max)
+        self._retries[ledger_id] = _Retry(failures, self.broker.clock() + delay_ms)
+        log.warning("offload failed topic=%s ledger=%d failures=%d: %s; stays on the bookies, next automatic "
+                    "attempt in %d s (an admin offload tries at once)", self.ml_name, ledger_id, failures, error,
+                    delay_ms // 1000)
 
     def _first_unoffloaded(self) -> Position:
         for info in self.ml.ledgers():
