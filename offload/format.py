@@ -729,7 +729,7 @@ def decoded_bytes(entry: bytes | memoryview, *,
     (kept as one opaque row) or metadata that does not parse counts its stored bytes. (An
     encrypted entry, one opaque row too, may count more than its row: never less.)"""
     size = len(entry)
-    # the metadata parsed alone, unchecked: a third of split_entry's cost (once per entry)
+    # the metadata parsed alone (split_entry's checks of required fields cost as much again)
     meta_size = _U32.unpack_from(entry, 0)[0] if size >= 4 else size
     if meta_size > size - 4:
         return size + ROW_BYTES_OVERHEAD
@@ -870,9 +870,12 @@ def summarize_table(table: pa.Table) -> TableSummary:
 # Parquet
 # ---------------------------------------------------------------------------------------------
 
-def _row_group_cuts(table: pa.Table, row_group_bytes: int, row_group_rows_max: int) -> list[int]:
+def _row_group_cuts(table: pa.Table, row_group_bytes: int, row_group_rows_max: int, *,
+                    last: bool = True) -> list[int]:
     """Row offsets where row groups end: about ``row_group_bytes`` of message bytes, at most
-    ``row_group_rows_max`` rows (unless one entry has more), only at entry boundaries."""
+    ``row_group_rows_max`` rows (unless one entry has more), only at entry boundaries. With
+    ``last`` False (more rows may follow) the table's end is a cut only if its group is full
+    already (any next entry would start a new one)."""
     rows = table.num_rows
     if rows == 0:
         return []
@@ -892,7 +895,9 @@ def _row_group_cuts(table: pa.Table, row_group_bytes: int, row_group_rows_max: i
                                 or row - group_row >= row_group_rows_max):
             cuts.append(row)
             group_row, group_bytes = row, row_bytes
-    cuts.append(rows)
+    if last or (cumulative[-1].as_py() - group_bytes >= row_group_bytes
+                or rows - group_row >= row_group_rows_max):
+        cuts.append(rows)
     return cuts
 
 
@@ -953,18 +958,11 @@ class ParquetStreamWriter:
                                   "must hold whole entries in increasing id order")
         self._last_entry_id = table.column("entry_id")[-1].as_py()
         rows = table if self._held is None else pa.concat_tables([self._held, table])
-        cuts = _row_group_cuts(rows, self.row_group_bytes, self.row_group_rows_max)
         start = 0
-        for end in cuts[:-1]:
+        for end in _row_group_cuts(rows, self.row_group_bytes, self.row_group_rows_max, last=False):
             self._write_group(rows.slice(start, end - start))
             start = end
-        last = rows.slice(start)
-        # the last group is held unless full already (any next entry starts a new one)
-        last_bytes = pc.sum(pc.binary_length(last.column("value"))).as_py() + ROW_BYTES_OVERHEAD * last.num_rows
-        full = last.num_rows >= self.row_group_rows_max or last_bytes >= self.row_group_bytes
-        if full:
-            self._write_group(last)
-        self._held = None if full else last
+        self._held = rows.slice(start) if start < rows.num_rows else None
         self.rows += summary.rows
         self.entries += summary.entries
         lo, hi = summary.min_publish_time_ms, summary.max_publish_time_ms
