@@ -89,6 +89,7 @@ _PAYLOAD, _KEY, _ORDERING_KEY, _PROPERTIES, _EVENT_TIME, _SEQUENCE_ID, _NULL_VAL
 _VALUES = methodcaller("values")
 _TS = pa.timestamp("ms", tz="UTC")
 _PROPERTIES_TYPE = pa.map_(pa.string(), pa.string())
+_NO_PROPERTIES: dict[str, str] = {}
 
 ROW_SCHEMA = pa.schema([
     pa.field("ledger_id", pa.int64(), nullable=False),
@@ -211,15 +212,75 @@ def _batch_buffer(entry: bytes | memoryview, messages: list, raw: pb.MessageMeta
     return bytes(data)
 
 
+def _is_text(value: Any) -> bool:
+    """A proto2 string field as a string column takes it: valid UTF-8. (upb hands a string
+    field whose bytes are not UTF-8 out as ``bytes``; a ``str`` with lone surrogates does not
+    encode either.)"""
+    if type(value) is not str:
+        return False
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _text_opaque_ids(entry_ids: list[int], msgs: list, producer_names: list) -> set[int]:
+    """The entries of rows with a text column (key, properties, producer name) that is not
+    valid UTF-8. Asked only after a table's conversion failed: the normal path never pays it."""
+    bad: set[int] = set()
+    for entry_id, message, producer_name in zip(entry_ids, msgs, producer_names):
+        key = message.key
+        if not _is_text(producer_name) or (key is not None and not _is_text(key)) \
+                or not all(_is_text(k) and _is_text(v) for k, v in message.properties.items()):
+            bad.add(entry_id)
+    return bad
+
+
+class _InvalidText(Exception):
+    """A table's text columns do not convert: ``entry_ids`` have a field that is not UTF-8."""
+
+    def __init__(self, entry_ids: set[int]) -> None:
+        super().__init__(entry_ids)
+        self.entry_ids = entry_ids
+
+
 def entries_to_table(ledger_id: int, entries: Iterable[tuple[int, bytes | memoryview]], *,
                      partition: int,
                      uncompressed_bytes_max: int = ENTRY_UNCOMPRESSED_BYTES_MAX) -> pa.Table:
     """Stored entries -> one row per message (see the module docstring). Entry ids must
     increase. An entry whose payload does not decompress within ``uncompressed_bytes_max``
-    (or does not decode), or is encrypted, is one opaque row (``_opaque``); TierFormatError for
-    an entry whose metadata does not parse."""
+    (or does not decode), or is encrypted, is one opaque row (``_opaque``); so is an entry with
+    a text field (key, property, producer name) that is not UTF-8, its invalid text columns
+    null (the producer name, required, with replacement characters): found only when the
+    table's conversion fails, then entry by entry. TierFormatError for an entry whose metadata
+    does not parse."""
     if ledger_id < 0:
         raise ValueError(f"ledger id {ledger_id} < 0")
+    if not isinstance(entries, (list, tuple)):
+        entries = list(entries)       # read again if a text field does not convert
+    try:
+        return _entries_table(ledger_id, entries, partition, uncompressed_bytes_max, frozenset())
+    except _InvalidText as exc:
+        text_opaque = frozenset(exc.entry_ids)
+    first = min(text_opaque)
+    log.warning("ledger %d entry %d kept opaque in the tier (a text field is not UTF-8); %d such "
+                "entries in entries %d-%d", ledger_id, first, len(text_opaque), entries[0][0],
+                entries[-1][0])
+    try:
+        return _entries_table(ledger_id, entries, partition, uncompressed_bytes_max, text_opaque)
+    except _InvalidText as exc:      # not expected: those entries' text columns are checked
+        raise TierFormatError(f"ledger {ledger_id} entries {sorted(exc.entry_ids)}: text fields "
+                              "do not convert") from None
+
+
+def _entries_table(ledger_id: int, entries: Iterable[tuple[int, bytes | memoryview]],
+                   partition: int, uncompressed_bytes_max: int,
+                   text_opaque: frozenset[int]) -> pa.Table:
+    """entries_to_table's table, the entries ``text_opaque`` kept opaque with their invalid text
+    columns null; _InvalidText when text columns do not convert."""
     # per-entry facts repeated per message, and all messages in one flat list; the columns
     # are then built with C-level map/itemgetter passes (no per-row Python statements)
     entry_ids: list[int] = []
@@ -240,28 +301,44 @@ def entries_to_table(ledger_id: int, entries: Iterable[tuple[int, bytes | memory
             raise TierFormatError(f"ledger {ledger_id}: entry ids not increasing "
                                   f"({last_entry_id} then {entry_id})")
         last_entry_id = entry_id
-        try:
-            metadata, messages = unpack_entry(entry, uncompressed_bytes_max=uncompressed_bytes_max)
-            if not messages:
-                raise EntryFormatError("a batch of 0 messages")
-        except EntryFormatError as exc:
+        failure = None
+        if entry_id not in text_opaque:
+            try:
+                metadata, messages = unpack_entry(entry, uncompressed_bytes_max=uncompressed_bytes_max)
+                if not messages:
+                    raise EntryFormatError("a batch of 0 messages")
+            except EntryFormatError as exc:
+                failure = exc
+        if failure is not None or entry_id in text_opaque:
             opaque = _opaque(entry)
             if opaque is None:
-                raise TierFormatError(f"ledger {ledger_id} entry {entry_id}: {exc}") from None
-            if not opaque[0].encrypted:
+                raise TierFormatError(f"ledger {ledger_id} entry {entry_id}: {failure}") from None
+            if failure is not None and not opaque[0].encrypted:
                 undecodable.append(entry_id)
                 if len(undecodable) == 1:
                     log.warning("ledger %d entry %d kept opaque in the tier (its payload does not decode: %s)",
-                                ledger_id, entry_id, exc)
+                                ledger_id, entry_id, failure)
             metadata, message = opaque
             raw = metadata.raw
+            producer_name = raw.producer_name
+            if entry_id in text_opaque:
+                # the bytes are in entry_header; a column takes valid text only (a null, or
+                # for the required producer name, replacement characters)
+                if not _is_text(producer_name):
+                    producer_name = (producer_name if type(producer_name) is bytes
+                                     else producer_name.encode("utf-8", "surrogatepass")
+                                     ).decode("utf-8", "replace")
+                if message.key is not None and not _is_text(message.key):
+                    message = message._replace(key=None)
+                if not all(_is_text(k) and _is_text(v) for k, v in message.properties.items()):
+                    message = message._replace(properties=None)
             entry_headers.append(bytes(entry[:metadata.payload_offset]))
             message_headers.append(b"")
             message_header_lengths.append(0)
             batch_size.append(0)
             entry_ids.append(entry_id)
             publish_time.append(raw.publish_time)
-            producer_names.append(raw.producer_name)
+            producer_names.append(producer_name)
             schema_versions.append(raw.schema_version if raw.HasField("schema_version")
                                    else None)
             msgs.append(message)
@@ -316,13 +393,17 @@ def entries_to_table(ledger_id: int, entries: Iterable[tuple[int, bytes | memory
         rows = len(msgs)
         values = list(map(_PAYLOAD, msgs))
         props = list(map(_PROPERTIES, msgs))
+        mask = None
+        if text_opaque and None in props:         # opaque rows with invalid properties: null
+            mask = pa.array([p is None for p in props], pa.bool_())
+            props = [_NO_PROPERTIES if p is None else p for p in props]
         prop_offsets = [0]
         prop_offsets.extend(accumulate(map(len, props)))
         properties = pa.MapArray.from_arrays(
             _int_array(prop_offsets, "i", pa.int32()),
             pa.array(list(chain.from_iterable(props)), pa.string()),
             pa.array(list(chain.from_iterable(map(_VALUES, props))), pa.string()),
-            type=_PROPERTIES_TYPE)
+            type=_PROPERTIES_TYPE, mask=mask)
         columns = [
             pa.repeat(pa.scalar(ledger_id, pa.int64()), rows),
             _int_array(entry_ids, "q", pa.int64()),
@@ -343,7 +424,12 @@ def entries_to_table(ledger_id: int, entries: Iterable[tuple[int, bytes | memory
             _binary_from_parts(message_headers, message_header_lengths),
         ]
         return pa.Table.from_arrays(columns, schema=ROW_SCHEMA)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:     # e.g. a key that is not UTF-8
+    except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeError) as exc:
+        # a text field that is not UTF-8 (the broker stores what producers send): only now
+        # are the entries checked one by one; they are then kept opaque
+        bad = _text_opaque_ids(entry_ids, msgs, producer_names) - text_opaque
+        if bad:
+            raise _InvalidText(bad) from None
         raise TierFormatError(f"ledger {ledger_id} entries {entry_ids[0]}-{entry_ids[-1]}: a field "
                               f"does not convert: {exc}") from None
 
@@ -603,7 +689,8 @@ def _fast_entry(entry: bytes | memoryview,
     except EntryFormatError:
         return None
     raw = metadata.raw
-    if not raw.HasField("num_messages_in_batch") or raw.encryption_keys:
+    if not raw.HasField("num_messages_in_batch") or raw.encryption_keys \
+            or type(raw.producer_name) is not str:      # bytes: not UTF-8 (the general path)
         return None
     compression = raw.compression
     if compression == pb.NONE:
