@@ -162,3 +162,16 @@ def test_old_code_failed_these(monkeypatch):
         pa.array([BAD], pa.string())
     raw = split_entry(unbatched_bad_key(1))[0].raw
     assert raw.partition_key == BAD            # upb hands the field out as bytes
+
+
+def test_the_brokers_offload_of_such_a_ledger_succeeds_and_its_read_path_rebuilds_it(tmp_path):
+    """broker.offloader.encode_and_upload (what a broker's offload runs) and the broker's reader
+    (row groups of REBUILD_COLUMNS -> table_to_entries)."""
+    from broker.offloader import Tier, encode_and_upload
+    from offload.format import REBUILD_COLUMNS
+    entries, bad = ledger(batched_bad_key_zlib)
+    tier = Tier(f"file://{tmp_path}", None)
+    stats = encode_and_upload(tier, KEY, 7, entries, partition=-1, row_group_bytes=600)
+    got = dict(table_to_entries(read_parquet(tmp_path / KEY, columns=REBUILD_COLUMNS)))
+    assert sorted(got) == list(range(12)) and stats.rows == read_parquet(tmp_path / KEY).num_rows
+    assert all(got[i] == dict(entries)[i] for i in bad)
