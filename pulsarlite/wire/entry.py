@@ -202,7 +202,10 @@ class EntryMetadata(NamedTuple):
         raw = self.raw
         if raw.HasField("ordering_key"):
             return raw.ordering_key
-        return raw.partition_key.encode() if raw.HasField("partition_key") else None
+        if not raw.HasField("partition_key"):
+            return None
+        key = raw.partition_key      # bytes when they are not UTF-8 (python protobuf, proto2)
+        return key if isinstance(key, bytes) else key.encode()
 
     @property
     def null_value(self) -> bool:

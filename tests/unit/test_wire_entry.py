@@ -130,6 +130,9 @@ def test_null_value_empty_value_and_defaults():
     assert metadata.schema_version is None and metadata.properties == {}
     metadata = peek_metadata(build_entry(Message(b"x", key="kk"), **HEADER))
     assert metadata.dispatch_key == b"kk"
+    # a key that is not UTF-8 (python protobuf hands it out as bytes): hashed as its bytes
+    metadata = peek_metadata(build_entry(Message(b"x", key="kk"), **HEADER).replace(b"kk", b"\xff\xfe"))
+    assert metadata.dispatch_key == b"\xff\xfe"
 
 
 def test_hand_built_entry_parses_like_a_client_built_one():
