@@ -30,7 +30,7 @@ import enum
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from broker.dedup import DedupState, DupStatus, entry_sequence
 from broker.errors import ServiceNotReadyError, TopicNotOwnedError
@@ -109,11 +109,12 @@ class Producer:
 
 
 # -- actions --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StoreEntries:
+class StoreEntries(NamedTuple):
     """Add ``datas`` (the entries of ``ops``, in order) to the managed ledger in one call; each
     outcome comes back as :meth:`PublishCore.entries_stored` for a range of offsets. Consecutive
-    stores of one producer join the last StoreEntries while the core builds its actions."""
+    stores of one producer join the last StoreEntries while the core builds its actions.
+    (StoreEntries, Answer and Confirmed, built for every run, are NamedTuples for speed, as the
+    managed ledger core's WriteEntries: docs/decisions.md "[perf] Hot-path records".)"""
 
     producer: Producer
     ops: list
@@ -121,15 +122,13 @@ class StoreEntries:
     publish_times_ms: list
 
 
-@dataclass(frozen=True)
-class Answer:
+class Answer(NamedTuple):
     """The producer's finished sends at the head of its queue go out, in order."""
 
     producer: Producer
 
 
-@dataclass(frozen=True)
-class Confirmed:
+class Confirmed(NamedTuple):
     """Entries ``first..last`` of a StoreEntries are stored (each op's position is set)."""
 
     store: StoreEntries
