@@ -29,7 +29,6 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass, field, replace
-from itertools import repeat
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence, Union
 
 from pulsarlite.errors import InvariantViolation, LedgerFencedError, PulsarliteError, check
@@ -554,10 +553,9 @@ class ManagedLedgerCore:
                     break
         ledger_id = cur.ledger_id
         first_entry_id = cur.entries_pushed
-        adds.update(zip(range(first_add_id, first_add_id + taken),
-                        map(_Add, sizes_bytes[:taken] if taken < count else sizes_bytes,
-                            publish_times_ms[:taken] if taken < count else publish_times_ms,
-                            repeat(ledger_id), range(first_entry_id, first_entry_id + taken))))
+        for offset in range(taken):
+            adds[first_add_id + offset] = _Add(sizes_bytes[offset], publish_times_ms[offset], ledger_id,
+                                               first_entry_id + offset)
         cur.entries_pushed += taken
         cur.bytes_pushed += taken_bytes
         actions: list[Action] = [WriteEntries(first_add_id, ledger_id, first_entry_id, taken)]
@@ -619,7 +617,8 @@ class ManagedLedgerCore:
         size_bytes = 0
         lo = hi = None
         entry_id = first_entry_id
-        for add_id in range(first_add_id, first_add_id + count):
+        add_ids = range(first_add_id, first_add_id + count)
+        for add_id in add_ids:
             add = adds.get(add_id)
             if add is None:
                 raise InvariantViolation(f"{self.name}: confirmation of unknown or failed add "
@@ -636,19 +635,18 @@ class ManagedLedgerCore:
                 hi = pt
             entry_id += 1
         last = self._last_confirmed
-        position = Position(ledger_id, first_entry_id + count - 1)
-        if last is not None and Position(ledger_id, first_entry_id) <= last:
+        if last is not None and (ledger_id, first_entry_id) <= last:
             raise InvariantViolation(f"{self.name}: last confirmed would go backwards: {last} -> "
                                      f"{ledger_id}:{first_entry_id}")
-        for i in range(first_add_id, first_add_id + count):
-            del adds[i]
+        for add_id in add_ids:
+            del adds[add_id]
         cur.entries_confirmed += count
         cur.bytes_confirmed += size_bytes
         if cur.min_publish_time_ms is None or lo < cur.min_publish_time_ms:
             cur.min_publish_time_ms = lo
         if cur.max_publish_time_ms is None or hi > cur.max_publish_time_ms:
             cur.max_publish_time_ms = hi
-        self._last_confirmed = position
+        self._last_confirmed = Position(ledger_id, entry_id - 1)
         return [CompleteAdds(first_add_id, ledger_id, first_entry_id, count)]
 
     def on_add_failed(self, add_id: int, ledger_id: int, error: PulsarliteError) -> list[Action]:

@@ -351,9 +351,11 @@ class ManagedLedger:
         into ranges) or failed. Raises at once (nothing queued) if adds are refused:
         ManagedLedgerFencedError, -ClosedError, or a retriable ManagedLedgerError (FAILED, or
         the run does not fit under pending_adds_max)."""
-        first_add_id, actions = self._core.add(list(map(len, payloads)), publish_times_ms, self._clock())
+        first_add_id, actions = self._core.add([len(p) for p in payloads], publish_times_ms, self._clock())
         run = _AddRun(first_add_id, payloads, done)
-        self._runs.update(dict.fromkeys(range(first_add_id, first_add_id + len(payloads)), run))
+        runs = self._runs
+        for add_id in range(first_add_id, first_add_id + len(payloads)):
+            runs[add_id] = run
         self._run_in_add(actions)
 
     def add_async(self, payload: bytes, publish_time_ms: int) -> asyncio.Future:
