@@ -267,14 +267,15 @@ class LedgerWriter:
         built: bytes | None = None  # the SendAdds of one entry share one encoding and checksum
         built_entry = built_lac = -2
         for a in actions:
-            if isinstance(a, SendAdd):
+            kind = type(a)
+            if kind is SendAddRun:
+                self._send_run(a)
+            elif kind is ConfirmAdds:
+                self._confirm(a.last_entry_id)
+            elif kind is SendAdd:
                 if built is None or a.entry_id != built_entry or a.lac != built_lac:
                     built, built_entry, built_lac = _encoded_entry(self.ledger_id, a), a.entry_id, a.lac
                 client.pool.get(a.bookie).send_add(a.entry_id, built, a.recovery, self._add_callback)
-            elif type(a) is SendAddRun:
-                self._send_run(a)
-            elif isinstance(a, ConfirmAdds):
-                self._confirm(a.last_entry_id)
             elif isinstance(a, FailAdds):
                 self._fail(a.first_entry_id, a.error)
             elif isinstance(a, WriteMetadata):
@@ -298,9 +299,11 @@ class LedgerWriter:
         ledger_id = self.ledger_id
         lac = a.lac
         first = a.first_entry_id
-        entry_ids = range(first, first + len(a.payloads))
-        encoded = [_encode_entry(ledger_id, entry_id, lac, length, payload)
-                   for entry_id, length, payload in zip(entry_ids, a.lengths, a.payloads)]
+        lengths, payloads = a.lengths, a.payloads
+        encoded = []
+        for offset in range(len(payloads)):
+            encoded.append(_encode_entry(ledger_id, first + offset, lac, lengths[offset], payloads[offset]))
+        entry_ids = range(first, first + len(payloads))
         pool = self._client.pool
         callback = self._add_callback
         for bookie, offsets in a.sends:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import enum
 import random
-from itertools import repeat
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
@@ -30,8 +29,8 @@ from bookie.client.actions import (Action, AddOutcome, CloseDone, CloseFailed, C
                                    FailAdds, SendAdd, SendAddRun, WriteMetadata)
 from bookie.client.metadata import LedgerMetadata, LedgerState
 from bookie.client.placement import choose_replacements
-from pulsarlite.errors import (InvariantViolation, LedgerClosedError, LedgerFencedError, MetadataError,
-                               NotEnoughBookiesError, PulsarliteError, TimeoutError_, check)
+from pulsarlite.errors import (LedgerClosedError, LedgerFencedError, MetadataError, NotEnoughBookiesError,
+                               PulsarliteError, TimeoutError_, check)
 
 
 class WriteCoreState(enum.Enum):
@@ -80,6 +79,9 @@ class LedgerWriteCore:
         self._state = WriteCoreState.WRITING
         self._close_requested = False
         self._closing_md: LedgerMetadata | None = None
+        # the sends of a run that goes whole to every bookie of this ensemble (built once per ensemble)
+        self._whole_run_sends_of: tuple[str, ...] | None = None
+        self._whole_run_sends: tuple = ()
 
     # -- properties ----------------------------------------------------------------------
     @property
@@ -156,23 +158,24 @@ class LedgerWriteCore:
         every_bookie = view.write_quorum == view.ensemble_size   # every bookie stores every entry
         offsets: dict[str, list[int]] | None = None if every_bookie and skipped is None else \
             {bookie: [] for bookie in ensemble}
-        for offset, payload in enumerate(payloads):
+        for payload in payloads:
             length += len(payload)
-            add = _PendingAdd(entry_id, payload, length, now_ms)
             bookies = write_set(entry_id)
             if skipped is not None:
                 bookies = [b for b in bookies if b not in skipped]
-            add.sent.update(bookies)
             if offsets is not None:
                 for bookie in bookies:
-                    offsets[bookie].append(offset)
-            pending[entry_id] = add
+                    offsets[bookie].append(entry_id - first)
+            pending[entry_id] = _PendingAdd(entry_id, payload, length, now_ms, set(), set(bookies))
             lengths.append(length)
             entry_id += 1
         self._length = length
         self._last_pushed = entry_id - 1
-        if offsets is None:
-            sends: tuple = tuple(zip(ensemble, repeat(None)))   # every bookie: the whole run
+        if offsets is None:                  # every bookie: the whole run
+            if self._whole_run_sends_of is not ensemble:
+                self._whole_run_sends_of = ensemble
+                self._whole_run_sends = tuple((bookie, None) for bookie in ensemble)
+            sends: tuple = self._whole_run_sends
         else:
             sends = tuple((bookie, tuple(got)) for bookie, got in offsets.items() if got)
         if not sends:
@@ -357,12 +360,10 @@ class LedgerWriteCore:
                     or len(add.acked.intersection(view.write_set(add.entry_id))) < quorum:
                 break
             lac += 1
+            del pending[lac]                 # confirmed: every lower entry is too
+            self._lac_length = add.length
         if lac == self._lac:
             return []
-        if lac <= self._lac:
-            raise InvariantViolation(f"LAC would go backwards: {self._lac} -> {lac}")
-        for entry_id in range(self._lac + 1, lac + 1):
-            self._lac_length = self._pending.pop(entry_id).length
         self._lac = lac
         return [ConfirmAdds(lac)]
 
