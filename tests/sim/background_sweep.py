@@ -97,6 +97,12 @@ class SweepPlugin:
     def __init__(self, sweep: BackgroundSweep) -> None:
         self.sweep = sweep
         self.outcome: SweepOutcome | None = None
+        self.summary = ""        # the sweep test's line for the session's summary
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if self.summary:
+            terminalreporter.section("whole-path simulation")
+            terminalreporter.write_line(self.summary)
 
     def collect(self) -> SweepOutcome:
         """Stop the background sweep (once) and return what it finished."""
@@ -113,6 +119,13 @@ def start_for_session(config) -> None:
         sweep = BackgroundSweep(sweep_seeds())
         sweep.start()
         config.pluginmanager.register(SweepPlugin(sweep), PLUGIN_NAME)
+
+
+def report(config, line: str) -> None:
+    """The sweep test's outcome, printed in the session's summary (with a background sweep)."""
+    plugin = config.pluginmanager.get_plugin(PLUGIN_NAME)
+    if plugin is not None:
+        plugin.summary = line
 
 
 def collect(config) -> SweepOutcome | None:

@@ -69,10 +69,12 @@ def test_every_seed_keeps_the_whole_path_invariants(request):
         if not result.ok:
             failures.append(f"seed {seed}: {'; '.join(result.violations[:5])}\n  replay: {replay_command(seed)}")
     elapsed = time.monotonic() - start
-    print(f"whole path: {WHOLE_PATH_SEEDS} seeds (0-{WHOLE_PATH_SEEDS - 1}): "
-          + (f"{WHOLE_PATH_SEEDS - here} in the background over {background.elapsed_s:.0f} s of the session, "
-             if background is not None else "")
-          + f"{here} here in {elapsed:.1f} s; {len(failures)} failed")
+    line = (f"whole path: {WHOLE_PATH_SEEDS} seeds (0-{WHOLE_PATH_SEEDS - 1}): "
+            + (f"{WHOLE_PATH_SEEDS - here} in the background over {background.elapsed_s:.0f} s of the session, "
+               if background is not None else "")
+            + f"{here} here in {elapsed:.1f} s; {len(failures)} failed")
+    print(line)
+    background_sweep.report(request.config, line)
     assert not failures, f"{len(failures)} of {WHOLE_PATH_SEEDS} seeds broke an invariant:\n" + "\n".join(failures[:10])
 
 
