@@ -214,7 +214,8 @@ class PublishCore:
              digests: list | None, *, owned: bool, ml_state: ManagedLedgerState) -> list:
         """SENDs of one producer, in order (their sizes in the publish buffer already): ``ops``
         with their entries, publish times and whether each is a batch. ``digests``: each
-        entry's CRC32C when deduplication is on (else None)."""
+        entry's CRC32C when deduplication is on (else None). The lists are the core's from now
+        on (a StoreEntries may take them)."""
         self._event(owned, ml_state)
         producer.pending.extend(ops)
         dedup = self.dedup
@@ -235,8 +236,7 @@ class PublishCore:
             if was_idle:
                 self._decide_held(producer)
             return self._take()
-        for op, data, publish_time_ms in zip(ops, datas, publish_times_ms):
-            self._store(op, producer, data, publish_time_ms)
+        self._store(producer, ops, datas, publish_times_ms)
         return self._take()
 
     def entries_stored(self, store: StoreEntries, first: int, last: int, position: Position | None,
@@ -333,7 +333,7 @@ class PublishCore:
                 if producer.closed and self.write_state is not WriteState.CLOSING:
                     self._complete(producer, op, None, ManagedLedgerError(f"producer {producer.name} closed"))
                 else:
-                    self._store(op, producer, data, publish_time)
+                    self._store(producer, [op], [data], [publish_time])
                 continue
             if not producer.resumed:
                 producer.resumed = True
@@ -371,38 +371,56 @@ class PublishCore:
             op.producer_name = producer.name
             dedup.on_pushed(producer.name, op.dedup_highest)
             self._dedup_inflight.setdefault(producer.name, deque()).append(op)
-            self._store(op, producer, data, publish_time)
+            self._store(producer, [op], [data], [publish_time])
 
-    def _store(self, op: Send, producer: Producer, data: bytes, publish_time: int) -> None:
-        if self.write_state is WriteState.CLOSING:
-            self._complete(producer, op, None, ManagedLedgerError(f"topic {self.key} is closing"))
-        elif self.write_state is WriteState.BLOCKED:
-            self._complete(producer, op, None, ServiceNotReadyError(
-                f"topic {self.key} is blocked after a failed write: reconnect and resend"))
-        elif self._backlog or self.adds_in_flight >= self.pending_adds_max:
-            self._backlog.append((op, producer, data, publish_time))
-        else:
-            self._add(op, producer, data, publish_time)
+    def _store(self, producer: Producer, ops: list, datas: list, publish_times_ms: list) -> None:
+        """Store sends of one producer, in order (a single send is a run of one; the lists are
+        the core's from now on): each is refused (CLOSING, BLOCKED, not owned), waits in the
+        backlog (behind it, or past pending_adds_max) or is added; the sends that are added
+        one after another go out together (:meth:`_add`)."""
+        count = len(ops)
+        start = 0
+        while start < count:
+            if self.write_state is WriteState.CLOSING:
+                self._complete(producer, ops[start], None, ManagedLedgerError(f"topic {self.key} is closing"))
+            elif self.write_state is WriteState.BLOCKED:
+                self._complete(producer, ops[start], None, ServiceNotReadyError(
+                    f"topic {self.key} is blocked after a failed write: reconnect and resend"))
+            elif self._backlog or self.adds_in_flight >= self.pending_adds_max:
+                self._backlog.append((ops[start], producer, datas[start], publish_times_ms[start]))
+            elif not self._owned:
+                self._refuse_not_owned(producer, ops[start])
+            else:         # as many as there is room for (nothing above changes while they are added)
+                end = min(count, start + self.pending_adds_max - self.adds_in_flight)
+                if start or end < count:
+                    self._add(producer, ops[start:end], datas[start:end], publish_times_ms[start:end])
+                else:
+                    self._add(producer, ops, datas, publish_times_ms)
+                start = end
+                continue
+            start += 1
 
-    def _add(self, op: Send, producer: Producer, data: bytes, publish_time: int) -> None:
-        if not self._owned:
-            # session suspended or lost, or the bundle released: never write; the SEND_ERROR
-            # makes the client reconnect through lookup to whoever owns the topic now
-            error = TopicNotOwnedError(
-                f"topic {self.key} is not owned by this broker now (ZooKeeper session not trusted)")
-            self._block_writes(error)
-            self._complete(producer, op, None, error)
-            self._maybe_unblock()
-            return
-        self.adds_in_flight += 1
+    def _refuse_not_owned(self, producer: Producer, op: Send) -> None:
+        # session suspended or lost, or the bundle released: never write; the SEND_ERROR
+        # makes the client reconnect through lookup to whoever owns the topic now
+        error = TopicNotOwnedError(
+            f"topic {self.key} is not owned by this broker now (ZooKeeper session not trusted)")
+        self._block_writes(error)
+        self._complete(producer, op, None, error)
+        self._maybe_unblock()
+
+    def _add(self, producer: Producer, ops: list, datas: list, publish_times_ms: list) -> None:
+        """Sends that go to the managed ledger now (OPEN, owned, room for them): they join the
+        last StoreEntries if it is this producer's, else start one (which takes the lists)."""
+        self.adds_in_flight += len(ops)
         out = self._out
         last = out[-1] if out else None
         if type(last) is StoreEntries and last.producer is producer:
-            last.ops.append(op)
-            last.datas.append(data)
-            last.publish_times_ms.append(publish_time)
+            last.ops.extend(ops)
+            last.datas.extend(datas)
+            last.publish_times_ms.extend(publish_times_ms)
         else:
-            out.append(StoreEntries(producer, [op], [data], [publish_time]))
+            out.append(StoreEntries(producer, ops, datas, publish_times_ms))
 
     def _block_writes(self, error: BaseException) -> None:
         """A write failed: fail what waits for room, disconnect the producers (their clients
@@ -433,7 +451,10 @@ class PublishCore:
     def _drain_backlog(self) -> None:
         while self._backlog and self.adds_in_flight < self.pending_adds_max:
             op, producer, data, publish_time = self._backlog.popleft()
-            self._add(op, producer, data, publish_time)
+            if self._owned:
+                self._add(producer, [op], [data], [publish_time])
+            else:
+                self._refuse_not_owned(producer, op)
 
     def _complete(self, producer: Producer, op: Send, position: Position | None,
                   error: BaseException | None) -> None:
