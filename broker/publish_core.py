@@ -210,12 +210,12 @@ class PublishCore:
                 self._ml_error(ServiceNotReadyError(f"topic {self.key}: managed ledger failed"))
         return self._take()
 
-    def send(self, producer: Producer, ops: list, datas: list, publish_times_ms: list, batched: list,
+    def send(self, producer: Producer, ops: list, datas: list, publish_times_ms: list, batched: list | None,
              digests: list | None, *, owned: bool, ml_state: ManagedLedgerState) -> list:
         """SENDs of one producer, in order (their sizes in the publish buffer already): ``ops``
-        with their entries, publish times and whether each is a batch. ``digests``: each
-        entry's CRC32C when deduplication is on (else None). The lists are the core's from now
-        on (a StoreEntries may take them)."""
+        with their entries and publish times. ``batched`` (whether each is a batch) and
+        ``digests`` (each entry's CRC32C): when deduplication is on (else None). The lists are
+        the core's from now on (a StoreEntries may take them)."""
         self._event(owned, ml_state)
         producer.pending.extend(ops)
         dedup = self.dedup
@@ -256,14 +256,15 @@ class PublishCore:
         else:
             ledger_id, entry_id = position
             dedup = self.dedup
-            for i in range(first, last + 1):
+            offsets = range(first, last + 1)
+            for i in offsets:
                 op = ops[i]
-                op.position = Position(ledger_id, entry_id)
+                op.position = Position(ledger_id, entry_id) if i != first else position
                 entry_id += 1
                 if op.producer_name is not None and dedup is not None:
                     dedup.on_persisted(op.producer_name, op.dedup_highest, op.sequence_id, op.dedup_digest)
             self._out.append(Confirmed(store, first, last))
-            for i in range(first, last + 1):
+            for i in offsets:
                 op = ops[i]
                 self._complete(producer, op, op.position, None)
         if self._backlog:

@@ -440,13 +440,12 @@ class PersistentTopic:
         entry the broker must not store (unreadable metadata, too large, sequence ids past
         int64 with deduplication on); nothing of them was taken, the caller answers each."""
         dedup = self.core.dedup is not None
-        digesting = dedup and not self.core.closing
-        message_bytes_max = self.config.message_bytes_max
+        message_bytes_max = self.service.config.message_bytes_max
         start_s = time.monotonic()
         ops: list[Send] = []
         datas: list[bytes] = []
         times: list[int] = []
-        batched: list[bool] = []
+        batched: list[bool] | None = [] if dedup else None      # deduplication's only
         refused: list = []
         size = 0
         for sequence_id, highest_sequence_id, entry in sends:
@@ -455,22 +454,23 @@ class PersistentTopic:
                 meta = peek_metadata(data)
                 check_sendable(data, meta, uncompressed_bytes_max=message_bytes_max)
                 if dedup:
+                    is_batch = meta.batched
                     top = max(highest_sequence_id,
-                              sequence_id + meta.message_count - 1 if meta.batched else sequence_id)
+                              sequence_id + meta.message_count - 1 if is_batch else sequence_id)
                     if top > SEQUENCE_ID_MAX:
                         # the official clients count in int64; deduplication keeps ids as int64 too
                         raise NotAllowedError(f"sequence id {top} beyond {SEQUENCE_ID_MAX} with deduplication on")
+                    batched.append(is_batch)
             except Exception as e:     # noqa: BLE001 - whatever the entry is, answer it, keep serving
                 refused.append((sequence_id, e))
                 continue
+            size += len(data)
             ops.append(Send(sequence_id, highest_sequence_id, len(data), meta.message_count, start_s))
             datas.append(data)
             times.append(meta.publish_time_ms)
-            batched.append(meta.batched)
-            size += len(data)
         if ops:
             self.service.publish_buffer.acquire(size, producer.connection)
-            digests = [crc32c_of(data) for data in datas] if digesting else None
+            digests = [crc32c_of(data) for data in datas] if dedup and not self.core.closing else None
             self._run(self.core.send(producer, ops, datas, times, batched, digests, owned=self._owned(),
                                      ml_state=self.ml.state))
         return refused
