@@ -615,7 +615,7 @@ class ManagedLedgerCore:
                 f"{self.name}: adds {first_add_id}.. confirmed at {ledger_id}:{first_entry_id}, expected "
                 f"ledger {cur.ledger_id} entry {cur.entries_confirmed}")
         size_bytes = 0
-        lo = hi = None
+        lo, hi = cur.min_publish_time_ms, cur.max_publish_time_ms
         entry_id = first_entry_id
         add_ids = range(first_add_id, first_add_id + count)
         for add_id in add_ids:
@@ -642,10 +642,7 @@ class ManagedLedgerCore:
             del adds[add_id]
         cur.entries_confirmed += count
         cur.bytes_confirmed += size_bytes
-        if cur.min_publish_time_ms is None or lo < cur.min_publish_time_ms:
-            cur.min_publish_time_ms = lo
-        if cur.max_publish_time_ms is None or hi > cur.max_publish_time_ms:
-            cur.max_publish_time_ms = hi
+        cur.min_publish_time_ms, cur.max_publish_time_ms = lo, hi
         self._last_confirmed = Position(ledger_id, entry_id - 1)
         return [CompleteAdds(first_add_id, ledger_id, first_entry_id, count)]
 

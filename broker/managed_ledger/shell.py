@@ -356,7 +356,13 @@ class ManagedLedger:
         runs = self._runs
         for add_id in range(first_add_id, first_add_id + len(payloads)):
             runs[add_id] = run
-        self._run_in_add(actions)
+        # a completion or failure these actions produce is reported from the loop, never from
+        # inside the caller's add (see _call_run_done)
+        in_add, self._in_add = self._in_add, True
+        try:
+            self._run(actions)
+        finally:
+            self._in_add = in_add
 
     def add_async(self, payload: bytes, publish_time_ms: int) -> asyncio.Future:
         """``add_entries`` of one payload, as a future of its Position (resolved once it is
@@ -372,15 +378,6 @@ class ManagedLedger:
                 fut.set_result(position)
         self.add_entries((bytes(payload),), (publish_time_ms,), done)
         return fut
-
-    def _run_in_add(self, actions) -> None:
-        """Run actions from inside an add call: a completion or failure they produce is
-        reported from the loop, never from inside the caller's add (see _call_run_done)."""
-        in_add, self._in_add = self._in_add, True
-        try:
-            self._run(actions)
-        finally:
-            self._in_add = in_add
 
     async def add(self, payload: bytes, publish_time_ms: int) -> Position:
         """Add and wait for confirmation; waits first while pending_adds_max adds are pending."""
@@ -603,31 +600,26 @@ class ManagedLedger:
         log.info("managed ledger %s deleted", self.name)
 
     # -- action execution ------------------------------------------------------------------------
-    def _writer_of(self, ledger_id: int):
-        """The writer of the current ledger, which a write action must name."""
-        writer = self._writer
-        if writer is None or writer.ledger_id != ledger_id:
-            raise InvariantViolation(f"{self.name}: write to ledger {ledger_id}, writer is "
-                                     f"{writer.ledger_id if writer else None}")
-        return writer
-
     def _run(self, actions) -> None:
         core = self._core
         for a in actions:
             kind = type(a)
             if kind is WriteEntries:
-                writer = self._writer_of(a.ledger_id)
-                payloads = self._payloads_of(a.add_id, a.count)
+                add_id, ledger_id, entry_id, count = a
+                writer = self._writer            # the writer of the current ledger, which the action names
+                if writer is None or writer.ledger_id != ledger_id:
+                    raise InvariantViolation(f"{self.name}: write to ledger {ledger_id}, writer is "
+                                             f"{writer.ledger_id if writer else None}")
                 try:
-                    first = writer.add_entries(payloads, functools.partial(self._on_entries_done, a.add_id,
-                                                                           a.ledger_id, a.entry_id))
+                    first = writer.add_entries(self._payloads_of(add_id, count),
+                                               functools.partial(self._on_entries_done, add_id, ledger_id, entry_id))
                 except PulsarliteError as e:       # each add fails, in order, as the writer would fail them
-                    for add_id in range(a.add_id, a.add_id + a.count):
-                        self._run(core.on_add_failed(add_id, a.ledger_id, e))
+                    for failed in range(add_id, add_id + count):
+                        self._run(core.on_add_failed(failed, ledger_id, e))
                     continue
-                if first != a.entry_id:
-                    raise InvariantViolation(f"{self.name}: adds {a.add_id}.. got entry {first} of ledger "
-                                             f"{a.ledger_id}, expected {a.entry_id}")
+                if first != entry_id:
+                    raise InvariantViolation(f"{self.name}: adds {add_id}.. got entry {first} of ledger "
+                                             f"{ledger_id}, expected {entry_id}")
             elif kind is CompleteAdds:
                 self._complete(a)
             elif kind is FailAdd:
@@ -662,16 +654,16 @@ class ManagedLedger:
     def _complete(self, a: CompleteAdds) -> None:
         """Tell the runs of adds ``a.add_id ..`` they are confirmed, a range per run."""
         runs = self._runs
-        add_id = a.add_id
-        entry_id = a.entry_id
-        count = a.count
+        add_id, ledger_id, entry_id, count = a
         while count:
             run = runs[add_id]
             offset = add_id - run.first_add_id
-            taken = min(count, len(run.payloads) - offset)
+            taken = len(run.payloads) - offset           # the rest of the run, or as many as confirmed
+            if taken > count:
+                taken = count
             for i in range(add_id, add_id + taken):
                 del runs[i]
-            self._call_run_done(run.done, offset, offset + taken - 1, Position(a.ledger_id, entry_id), None)
+            self._call_run_done(run.done, offset, offset + taken - 1, Position(ledger_id, entry_id), None)
             add_id += taken
             entry_id += taken
             count -= taken
