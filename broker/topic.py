@@ -18,7 +18,6 @@ again (cache, else the managed ledger), so nothing but read-ahead is held per su
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import logging
 import time
@@ -521,7 +520,7 @@ class PersistentTopic:
         kind = type(action)
         if kind is StoreEntries:
             try:     # a callback rather than a Future: one per run on the hot path
-                self.ml.add_entries(action.datas, action.publish_times_ms, functools.partial(self._on_stored, action))
+                self.ml.add_entries(action.datas, action.publish_times_ms, self._on_stored, action)
             except Exception as e:     # refused at once (fenced, closed, failed)
                 self._on_stored(action, 0, len(action.ops) - 1, None, e)
         elif kind is Answer:

@@ -12,7 +12,7 @@ import collections
 import logging
 import random
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from bookie._proto import bookie_rpc_pb2 as pb
 from bookie.client.actions import (AddOutcome, CloseDone, CloseFailed, ConfirmAdds, EntryData,
@@ -35,21 +35,33 @@ log = logging.getLogger("pulsarlite.ledger_client")
 
 TICK_INTERVAL_S = 0.1
 
-# add_entries' callback: (first_entry_id, last_entry_id, None) once those entries of the run
-# are confirmed, (first_entry_id, last_entry_id, error) if they failed; ranges in order,
-# covering the run exactly once
-RunDone = Callable[[int, int, "BaseException | None"], None]
+# add_entries' callback: (context, first_entry_id, last_entry_id, None) once those entries of
+# the run are confirmed, (context, first_entry_id, last_entry_id, error) if they failed; ranges
+# in order, covering the run exactly once. ``context`` is what the caller gave add_entries with
+# it (its own record of the run: no closure or functools.partial per run)
+RunDone = Callable[[Any, int, int, "BaseException | None"], None]
 
 
 class _RunWaiter:
     """What waits for a run of entries: ``first`` is its first entry not completed yet."""
 
-    __slots__ = ("first", "last", "done")
+    __slots__ = ("first", "last", "done", "context")
 
-    def __init__(self, first: int, last: int, done: RunDone) -> None:
+    def __init__(self, first: int, last: int, done: RunDone, context: Any) -> None:
         self.first = first
         self.last = last
         self.done = done
+        self.context = context
+
+
+def _resolve(fut: asyncio.Future, first: int, last: int, error: BaseException | None) -> None:
+    """add_async's RunDone: its future gets the entry id, or the error."""
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(first)
 
 _OK = pb.OK
 _ADD_OUTCOMES = {pb.OK: AddOutcome.OK, pb.FENCED: AddOutcome.FENCED, pb.READ_ONLY: AddOutcome.READ_ONLY,
@@ -212,16 +224,16 @@ class LedgerWriter:
         return self._core.pending_count
 
     # -- API -------------------------------------------------------------------------------
-    def add_entries(self, payloads: Sequence[bytes], done: "RunDone") -> int:
+    def add_entries(self, payloads: Sequence[bytes], done: "RunDone", context: Any) -> int:
         """The one add path: append ``payloads`` as consecutive entries (a single add is a run
-        of one) and return the first entry id. ``done(first_entry_id, last_entry_id, error)``
-        runs from the loop, never from inside this call, for consecutive ranges of the run in
-        entry order (together covering it once): ``error`` None once those entries are
+        of one) and return the first entry id. ``done(context, first_entry_id, last_entry_id,
+        error)`` runs from the loop, never from inside this call, for consecutive ranges of the
+        run in entry order (together covering it once): ``error`` None once those entries are
         confirmed, else the failure. Each entry is encoded once and its bytes shared by the
         bookies that store it. Raises at once (nothing queued) if the ledger already failed or
         is closing."""
         first, actions = self._core.add(payloads, _now_ms())
-        self._waiting.append(_RunWaiter(first, first + len(payloads) - 1, done))
+        self._waiting.append(_RunWaiter(first, first + len(payloads) - 1, done, context))
         self._run(actions)
         return first
 
@@ -229,15 +241,7 @@ class LedgerWriter:
         """``add_entries`` of one payload, as a future of its entry id (resolved once it is
         confirmed). Raises at once like ``add_entries``."""
         fut = asyncio.get_running_loop().create_future()
-
-        def done(first: int, last: int, error: BaseException | None) -> None:
-            if fut.done():
-                return
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(first)
-        self.add_entries((payload,), done)
+        self.add_entries((payload,), _resolve, fut)
         return fut
 
     async def add(self, payload: bytes) -> int:
@@ -356,10 +360,10 @@ class LedgerWriter:
                 break
             if w.last <= last_entry_id:
                 waiting.popleft()
-                self._call_run_done(w.done, first, w.last, None)
+                self._call_run_done(w, first, w.last, None)
             else:                        # part of the run: the rest waits
                 w.first = last_entry_id + 1
-                self._call_run_done(w.done, first, last_entry_id, None)
+                self._call_run_done(w, first, last_entry_id, None)
                 break
         self._after_completions()
 
@@ -374,18 +378,18 @@ class LedgerWriter:
             elif w.first >= first_entry_id:
                 failed.append(w)
             else:                        # the run straddles: its head still waits
-                kept.append(_RunWaiter(w.first, first_entry_id - 1, w.done))
-                failed.append(_RunWaiter(first_entry_id, w.last, w.done))
+                kept.append(_RunWaiter(w.first, first_entry_id - 1, w.done, w.context))
+                failed.append(_RunWaiter(first_entry_id, w.last, w.done, w.context))
         waiting.clear()
         waiting.extend(kept)
         for w in failed:
-            self._call_run_done(w.done, w.first, w.last, error)
+            self._call_run_done(w, w.first, w.last, error)
         log.warning("adds failed ledger=%d from_entry=%d: %s", self.ledger_id, first_entry_id, error)
         self._after_completions()
 
-    def _call_run_done(self, done: "RunDone", first: int, last: int, error: BaseException | None) -> None:
+    def _call_run_done(self, w: _RunWaiter, first: int, last: int, error: BaseException | None) -> None:
         try:
-            done(first, last, error)
+            w.done(w.context, first, last, error)
         except Exception:        # as a Future's done callback: log, go on with the others
             log.exception("add callback failed ledger=%d entries=%d..%d", self.ledger_id, first, last)
 

@@ -33,7 +33,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from typing import Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 from bookie.client.ledger_client import LedgerClient, LedgerWriter
 from bookie.client.metadata import LedgerMetadata
@@ -62,22 +62,36 @@ WriteGuard = Callable[[], bool]
 
 def _always_owned() -> bool:
     return True
-# add_entries' callback: (first_offset, last_offset, first_position, None) once the adds at
-# those offsets of the run are confirmed (at consecutive entries from first_position), or
-# (first_offset, last_offset, None, error) if they failed; in order, every offset exactly once
-RunAddDone = Callable[[int, int, "Position | None", "BaseException | None"], None]
+# add_entries' callback: (context, first_offset, last_offset, first_position, None) once the
+# adds at those offsets of the run are confirmed (at consecutive entries from first_position),
+# or (context, first_offset, last_offset, None, error) if they failed; in order, every offset
+# exactly once. ``context`` is what the caller gave add_entries with it (its own record of the
+# run: no closure or functools.partial per run)
+RunAddDone = Callable[[Any, int, int, "Position | None", "BaseException | None"], None]
 
 
 class _AddRun:
     """One add_entries call: its adds (ids ``first_add_id ..``), their payloads until they are
     completed or failed, and whom to tell."""
 
-    __slots__ = ("first_add_id", "payloads", "done")
+    __slots__ = ("first_add_id", "payloads", "done", "context")
 
-    def __init__(self, first_add_id: int, payloads: Sequence[bytes], done: RunAddDone) -> None:
+    def __init__(self, first_add_id: int, payloads: Sequence[bytes], done: RunAddDone, context: Any) -> None:
         self.first_add_id = first_add_id
         self.payloads = payloads
         self.done = done
+        self.context = context
+
+
+def _resolve(fut: asyncio.Future, first: int, last: int, position: Position | None,
+             error: BaseException | None) -> None:
+    """add_async's RunAddDone: its future gets the position, or the error."""
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(position)
 
 TRIMMED_PROPERTY = "pulsarlite.trimmed"     # list property: ledgers out of the list, deletion pending
 
@@ -343,16 +357,17 @@ class ManagedLedger:
         return self._core.metadata
 
     # -- adds ------------------------------------------------------------------------------------
-    def add_entries(self, payloads: Sequence[bytes], publish_times_ms: Sequence[int], done: RunAddDone) -> None:
+    def add_entries(self, payloads: Sequence[bytes], publish_times_ms: Sequence[int], done: RunAddDone,
+                    context: Any) -> None:
         """The one add path: append ``payloads`` (``publish_times_ms`` for the ledger stats), in
-        order (a single add is a run of one). ``done`` runs from the loop, never from inside this
-        call, for consecutive ranges of offsets into the run, in order, covering it once (see
-        RunAddDone): confirmed (at consecutive positions: a rollover inside the run splits it
-        into ranges) or failed. Raises at once (nothing queued) if adds are refused:
-        ManagedLedgerFencedError, -ClosedError, or a retriable ManagedLedgerError (FAILED, or
-        the run does not fit under pending_adds_max)."""
+        order (a single add is a run of one). ``done(context, ...)`` runs from the loop, never
+        from inside this call, for consecutive ranges of offsets into the run, in order,
+        covering it once (see RunAddDone): confirmed (at consecutive positions: a rollover
+        inside the run splits it into ranges) or failed. Raises at once (nothing queued) if adds
+        are refused: ManagedLedgerFencedError, -ClosedError, or a retriable ManagedLedgerError
+        (FAILED, or the run does not fit under pending_adds_max)."""
         first_add_id, actions = self._core.add([len(p) for p in payloads], publish_times_ms, self._clock())
-        run = _AddRun(first_add_id, payloads, done)
+        run = _AddRun(first_add_id, payloads, done, context)
         runs = self._runs
         for add_id in range(first_add_id, first_add_id + len(payloads)):
             runs[add_id] = run
@@ -368,15 +383,7 @@ class ManagedLedger:
         """``add_entries`` of one payload, as a future of its Position (resolved once it is
         confirmed, in order). Raises at once like ``add_entries``."""
         fut = asyncio.get_running_loop().create_future()
-
-        def done(first: int, last: int, position: Position | None, error: BaseException | None) -> None:
-            if fut.done():
-                return
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(position)
-        self.add_entries((bytes(payload),), (publish_time_ms,), done)
+        self.add_entries((bytes(payload),), (publish_time_ms,), _resolve, fut)
         return fut
 
     async def add(self, payload: bytes, publish_time_ms: int) -> Position:
@@ -611,8 +618,7 @@ class ManagedLedger:
                     raise InvariantViolation(f"{self.name}: write to ledger {ledger_id}, writer is "
                                              f"{writer.ledger_id if writer else None}")
                 try:
-                    first = writer.add_entries(self._payloads_of(add_id, count),
-                                               functools.partial(self._on_entries_done, add_id, ledger_id, entry_id))
+                    first = writer.add_entries(self._payloads_of(add_id, count), self._on_entries_done, a)
                 except PulsarliteError as e:       # each add fails, in order, as the writer would fail them
                     for failed in range(add_id, add_id + count):
                         self._run(core.on_add_failed(failed, ledger_id, e))
@@ -625,7 +631,7 @@ class ManagedLedger:
             elif kind is FailAdd:
                 run = self._runs.pop(a.add_id)
                 offset = a.add_id - run.first_add_id
-                self._call_run_done(run.done, offset, offset, None, a.error)
+                self._call_run_done(run, offset, offset, None, a.error)
                 self._wake_capacity()
             elif kind is StartRollover:
                 log.info("managed ledger %s: rollover of ledger=%d (%s)", self.name, a.ledger_id, a.reason.value)
@@ -663,27 +669,27 @@ class ManagedLedger:
                 taken = count
             for i in range(add_id, add_id + taken):
                 del runs[i]
-            self._call_run_done(run.done, offset, offset + taken - 1, Position(ledger_id, entry_id), None)
+            self._call_run_done(run, offset, offset + taken - 1, Position(ledger_id, entry_id), None)
             add_id += taken
             entry_id += taken
             count -= taken
         if self._capacity_waiters:
             self._wake_capacity()
 
-    def _call_run_done(self, done: RunAddDone, first: int, last: int, position: Position | None,
+    def _call_run_done(self, run: _AddRun, first: int, last: int, position: Position | None,
                        error: BaseException | None) -> None:
         if self._in_add:
-            asyncio.get_running_loop().call_soon(self._call_run_done, done, first, last, position, error)
+            asyncio.get_running_loop().call_soon(self._call_run_done, run, first, last, position, error)
             return
         try:
-            done(first, last, position, error)
+            run.done(run.context, first, last, position, error)
         except Exception:        # as a Future's done callback: log, go on with the others
             log.exception("managed ledger %s: add callback failed", self.name)
 
-    def _on_entries_done(self, first_add_id: int, ledger_id: int, write_entry_id: int, first_entry_id: int,
-                         last_entry_id: int, error: BaseException | None) -> None:
-        """The ledger writer's answer for entries first..last of the WriteEntries that starts at
-        add ``first_add_id`` / entry ``write_entry_id``."""
+    def _on_entries_done(self, write: WriteEntries, first_entry_id: int, last_entry_id: int,
+                         error: BaseException | None) -> None:
+        """The ledger writer's answer for entries first..last of ``write``."""
+        first_add_id, ledger_id, write_entry_id, _ = write
         add_id = first_add_id + (first_entry_id - write_entry_id)
         count = last_entry_id - first_entry_id + 1
         core = self._core

@@ -144,11 +144,11 @@ class SimManagedLedger:
         from broker.managed_ledger.core import LedgerInfo
         return [LedgerInfo(LEDGER_ID, entries=len(self.log.entries), size_bytes=0)]
 
-    def add_entries(self, datas, publish_times, done) -> None:
+    def add_entries(self, datas, publish_times, done, context) -> None:
         """The managed ledger's one add path; each entry completes on its own (a range of one)."""
         for offset, data in enumerate(datas):
-            self.pending.append(_Add(data, lambda position, error, offset=offset: done(offset, offset, position,
-                                                                                       error)))
+            self.pending.append(_Add(data, lambda position, error, offset=offset: done(context, offset, offset,
+                                                                                       position, error)))
 
     def complete_head(self, stored: bool, kept_max: int = 0) -> None:
         """Confirm the oldest add, or fail it and every add after it, keeping up to

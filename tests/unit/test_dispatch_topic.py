@@ -39,11 +39,11 @@ class FakeML:
         self.adds.append((data, fut))
         return fut
 
-    def add_entries(self, datas, publish_times, done):   # ManagedLedger's one add path
+    def add_entries(self, datas, publish_times, done, context):   # ManagedLedger's one add path
         for offset, (data, publish_time) in enumerate(zip(datas, publish_times)):
             fut = self.add_async(data, publish_time)
-            fut.add_done_callback(lambda f, i=offset: done(i, i, None, f.exception()) if f.exception()
-                                  else done(i, i, f.result(), None))
+            fut.add_done_callback(lambda f, i=offset: done(context, i, i, None, f.exception()) if f.exception()
+                                  else done(context, i, i, f.result(), None))
 
     def confirm(self, index: int) -> Position:
         position = Position(7, self.next_entry)

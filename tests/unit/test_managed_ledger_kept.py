@@ -33,18 +33,18 @@ class FakeWriter:
         self.entries: list[bytes] = []
         self.waiting: list = []
 
-    def add_entries(self, payloads, done) -> int:
+    def add_entries(self, payloads, done, context) -> int:
         first = len(self.entries)
         for payload in payloads:
             entry_id = len(self.entries)
             self.entries.append(payload)
-            self.waiting.append((entry_id, done))
+            self.waiting.append((entry_id, done, context))
             self.log.append(("write", self.ledger_id, payload))
         return first
 
     def answer(self, error=None) -> None:
-        entry_id, done = self.waiting.pop(0)
-        done(entry_id, entry_id, error)
+        entry_id, done, context = self.waiting.pop(0)
+        done(context, entry_id, entry_id, error)
 
     async def close(self) -> LedgerMetadata:
         assert not self.waiting                        # drained: every add answered
@@ -108,18 +108,17 @@ async def roll_after_failed_add(kept_last: int, *, unreadable: bool = False):
     ml.kept_unread_listeners.append(lambda first, last: log.append(("unread", first, last, list(w2.entries))))
     results: dict[bytes, object] = {}
 
-    def done(tag: bytes):
-        return lambda first, last, position, error: results.__setitem__(tag, position if error is None
-                                                                        else type(error))
+    def done(tag: bytes, first, last, position, error):
+        results[tag] = position if error is None else type(error)
 
     for p in (b"a0", b"a1", b"a2"):
-        ml.add_entries([p], [0], done(p))
+        ml.add_entries([p], [0], done, p)
     w1.answer()                                        # a0 confirmed at 1:0
     w1.answer(NotEnoughBookiesError("bookie down"))    # a1 failed: rollover (FAILURE) starts
     w1.answer(NotEnoughBookiesError("bookie down"))    # a2 failed too
     rollover = ml._rollover_task
     assert rollover is not None and not rollover.done()
-    ml.add_entries([b"a3"], [0], done(b"a3"))        # queued behind the rollover
+    ml.add_entries([b"a3"], [0], done, b"a3")        # queued behind the rollover
     assert w2.entries == []
     await rollover
     assert client.recovered == [1]                     # the close failed: recovered instead

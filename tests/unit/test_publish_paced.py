@@ -75,7 +75,7 @@ async def _compare(entries, answers):
     expected: list[tuple[int, bool]] = []
     try:
         for _ in range(entries):
-            writer.add_entries([b"x"], lambda e, last, err: got.append((e, err is None)))
+            writer.add_entries([b"x"], lambda _, e, last, err: got.append((e, err is None)), None)
             ref.add([b"x"], 0)
         for bookie_index, results in answers:
             bookie = (BOOKIES + (SPARE,))[bookie_index]
@@ -110,7 +110,7 @@ def writer_with_an_add_acked_once():
     client, _ = connected_client()
     writer = LedgerWriter(client, metadata(), 0)
     done = []
-    writer.add_entries([b"x"], lambda e, last, err: done.append((e, err)))
+    writer.add_entries([b"x"], lambda _, e, last, err: done.append((e, err)), None)
     writer._on_add_results(BOOKIES[0], [(0, bpb.OK)])
     return writer, done
 

@@ -600,9 +600,9 @@ async def drive(chunks, *, fail_at=None, pending_adds_max=10_000, add_batch_entr
     taken_runs = []
     real_add_entries = ml.add_entries
 
-    def counting_add_entries(payloads, times, done):
+    def counting_add_entries(payloads, times, done, context):
         taken_runs.append(len(payloads))
-        return real_add_entries(payloads, times, done)
+        return real_add_entries(payloads, times, done, context)
     ml.add_entries = counting_add_entries
 
     def code_of(bookie, entry_id):
@@ -749,9 +749,11 @@ async def test_writer_completes_runs_in_entry_order_and_fails_from_an_entry_on()
         pending_adds_max=1000, add_batch_entries_max=1000)
     try:
         calls = []
-        writer.add_entries([b"a"], lambda f, l, err: calls.append(("single", f, l, err)))
-        first = writer.add_entries([b"b", b"c", b"d", b"e", b"f"], lambda f, l, err: calls.append(("run", f, l, err)))
-        writer.add_entries([b"g"], lambda f, l, err: calls.append(("single", f, l, err)))
+        def done(kind, f, l, err):
+            calls.append((kind, f, l, err))
+        writer.add_entries([b"a"], done, "single")
+        first = writer.add_entries([b"b", b"c", b"d", b"e", b"f"], done, "run")
+        writer.add_entries([b"g"], done, "single")
         fut = writer.add_async(b"h")
         assert first == 1
         # the run's entries are encoded once: every bookie's queue holds the same bytes objects
