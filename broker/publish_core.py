@@ -266,7 +266,11 @@ class PublishCore:
             self._out.append(Confirmed(store, first, last))
             for i in offsets:
                 op = ops[i]
-                self._complete(producer, op, op.position, None)
+                if op.producer_name is None and op.waiters is None:
+                    op.done = True       # all _complete does for it but the answer (once, below)
+                else:
+                    self._complete(producer, op, op.position, None)
+            self._answer(producer)
         if self._backlog:
             self._drain_backlog()
         if self.write_state is WriteState.BLOCKED:
@@ -476,6 +480,10 @@ class PublishCore:
             op.waiters = None
             for waiting in waiters:      # sends that waited for this copy's outcome (dedup)
                 self._decide_held(waiting)
+        self._answer(producer)
+
+    def _answer(self, producer: Producer) -> None:
+        """An Answer when the producer's oldest send is done (one for sends done in a row)."""
         if producer.pending and producer.pending[0].done:
             out = self._out
             last = out[-1] if out else None
