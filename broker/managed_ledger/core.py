@@ -393,7 +393,9 @@ class ManagedLedgerCore:
         self._adds: dict[int, _Add] = {}
         self._queue: deque[int] = deque()
         self._next_add_id = 0
-        self._last_confirmed: Position | None = None
+        # the last confirmed entry: a Position, or a plain (ledger id, entry id) tuple where a
+        # confirmation set it (made a Position when asked: one fewer NamedTuple per confirmation)
+        self._last_confirmed: Position | tuple[int, int] | None = None
         self._error: PulsarliteError | None = None   # why adds fail in FENCED / FAILED
 
     # -- properties -------------------------------------------------------------------------
@@ -425,9 +427,12 @@ class ManagedLedgerCore:
 
     @property
     def last_confirmed(self) -> Position:
-        if self._last_confirmed is None:
+        last = self._last_confirmed
+        if last is None:
             raise InvariantViolation(f"{self.name}: not open yet")
-        return self._last_confirmed
+        if type(last) is not Position:
+            last = self._last_confirmed = Position(*last)
+        return last
 
     @property
     def error(self) -> PulsarliteError | None:
@@ -636,14 +641,14 @@ class ManagedLedgerCore:
             entry_id += 1
         last = self._last_confirmed
         if last is not None and (ledger_id, first_entry_id) <= last:
-            raise InvariantViolation(f"{self.name}: last confirmed would go backwards: {last} -> "
+            raise InvariantViolation(f"{self.name}: last confirmed would go backwards: {last[0]}:{last[1]} -> "
                                      f"{ledger_id}:{first_entry_id}")
         for add_id in add_ids:
             del adds[add_id]
         cur.entries_confirmed += count
         cur.bytes_confirmed += size_bytes
         cur.min_publish_time_ms, cur.max_publish_time_ms = lo, hi
-        self._last_confirmed = Position(ledger_id, entry_id - 1)
+        self._last_confirmed = (ledger_id, entry_id - 1)
         return [CompleteAdds(first_add_id, ledger_id, first_entry_id, count)]
 
     def on_add_failed(self, add_id: int, ledger_id: int, error: PulsarliteError) -> list[Action]:
