@@ -108,23 +108,20 @@ class EntryCache:
         self._topic_numbers: dict[str, int] = {}
         self._next_topic_number = 0          # never reused (a dropped topic's keys must not alias)
 
-    def _key(self, topic: str, position: Position, create: bool) -> int | None:
-        number = self._topic_numbers.get(topic)
-        if number is None:
-            if not create:
-                return None
-            self._next_topic_number += 1
-            number = self._topic_numbers[topic] = self._next_topic_number
-        ledger_id, entry_id = position
-        if not (0 <= ledger_id < _U64_LIMIT and 0 <= entry_id < _U64_LIMIT):
-            return None                  # not a stored entry's position: never cached
-        return (number << 128) | (ledger_id << 64) | entry_id
+    def _new_topic_number(self, topic: str) -> int:
+        self._next_topic_number += 1
+        number = self._topic_numbers[topic] = self._next_topic_number
+        return number
 
     def put(self, topic: str, position: Position, data: bytes, message_count: int) -> None:
         if len(data) > self.bytes_max:
             return
-        key = self._key(topic, position, True)
-        if key is None or key in self._entries:
+        number = self._topic_numbers.get(topic) or self._new_topic_number(topic)
+        ledger_id, entry_id = position
+        if not (0 <= ledger_id < _U64_LIMIT and 0 <= entry_id < _U64_LIMIT):
+            return                       # not a stored entry's position: never cached
+        key = (number << 128) | (ledger_id << 64) | entry_id
+        if key in self._entries:
             return
         self._entries[key] = data
         if message_count != 1:
@@ -136,9 +133,11 @@ class EntryCache:
             self.bytes -= len(old)
 
     def get(self, topic: str, position: Position) -> tuple[bytes, int] | None:
-        key = self._key(topic, position, False)
-        if key is None:
+        number = self._topic_numbers.get(topic)
+        ledger_id, entry_id = position
+        if number is None or not (0 <= ledger_id < _U64_LIMIT and 0 <= entry_id < _U64_LIMIT):
             return None
+        key = (number << 128) | (ledger_id << 64) | entry_id
         data = self._entries.get(key)
         if data is None:
             return None

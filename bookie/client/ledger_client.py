@@ -301,16 +301,16 @@ class LedgerWriter:
         """Encode each entry of the run once; each bookie gets its share in one call (one
         AddRequest, or a few for a long run: the bookie client's chunking)."""
         ledger_id = self.ledger_id
-        lac = a.lac
-        first = a.first_entry_id
-        lengths, payloads = a.lengths, a.payloads
+        first, lac, lengths, payloads, sends = a
         encoded = []
-        for offset in range(len(payloads)):
-            encoded.append(_encode_entry(ledger_id, first + offset, lac, lengths[offset], payloads[offset]))
+        for offset in range(len(payloads)):      # _encode_entry, inline: once per entry
+            entry_id, length, payload = first + offset, lengths[offset], payloads[offset]
+            encoded.append(encode_add_entry(ledger_id, entry_id, lac, length, payload,
+                                            entry_checksum(ledger_id, entry_id, lac, length, payload)))
         entry_ids = range(first, first + len(payloads))
         pool = self._client.pool
         callback = self._add_callback
-        for bookie, offsets in a.sends:
+        for bookie, offsets in sends:
             if offsets is None:
                 pool.get(bookie).send_adds(entry_ids, encoded, False, callback)
             else:
