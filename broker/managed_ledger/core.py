@@ -502,17 +502,6 @@ class ManagedLedgerCore:
         return self._push_queued(now_ms=None)
 
     # -- adds --------------------------------------------------------------------------------
-    def check_can_add(self, count: int = 1) -> None:
-        """Raise the error an add of ``count`` entries would fail with now (nothing changes)."""
-        state = self._state
-        if state in (ManagedLedgerState.FENCED, ManagedLedgerState.FAILED):
-            raise type(self._error)(str(self._error)) if self._error else ManagedLedgerError(state.value)
-        if state in (ManagedLedgerState.CLOSING, ManagedLedgerState.CLOSED, ManagedLedgerState.DELETED):
-            raise ManagedLedgerClosedError(f"{self.name}: managed ledger is {state.value}")
-        if len(self._adds) + count > self._pending_adds_max:
-            raise ManagedLedgerError(f"{self.name}: {len(self._adds)} adds pending, {count} more would pass "
-                                     f"the limit ({self._pending_adds_max})")
-
     def add(self, sizes_bytes: Sequence[int], publish_times_ms: Sequence[int],
             now_ms: int) -> tuple[int, list[Action]]:
         """The one add event: a run of adds, in order (a single add is a run of one). Returns
@@ -526,14 +515,25 @@ class ManagedLedgerCore:
             raise ValueError(f"{count} sizes but {len(publish_times_ms)} publish times")
         if count == 0:
             raise ValueError("an empty run of adds")
-        if min(sizes_bytes) < 0:
-            raise ValueError("size_bytes must be >= 0")
-        self.check_can_add(count)
+        size_bytes = 0
+        for size in sizes_bytes:
+            if size < 0:
+                raise ValueError("size_bytes must be >= 0")
+            size_bytes += size
+        # refused: the error the adds fail with now (nothing changes)
+        state = self._state
+        if state in (ManagedLedgerState.FENCED, ManagedLedgerState.FAILED):
+            raise type(self._error)(str(self._error)) if self._error else ManagedLedgerError(state.value)
+        if state in (ManagedLedgerState.CLOSING, ManagedLedgerState.CLOSED, ManagedLedgerState.DELETED):
+            raise ManagedLedgerClosedError(f"{self.name}: managed ledger is {state.value}")
+        if len(self._adds) + count > self._pending_adds_max:
+            raise ManagedLedgerError(f"{self.name}: {len(self._adds)} adds pending, {count} more would pass "
+                                     f"the limit ({self._pending_adds_max})")
         first_add_id = self._next_add_id
         self._next_add_id += count
         adds = self._adds
         cur = self._current
-        if self._state is not ManagedLedgerState.READY or self._queue or cur is None:
+        if state is not ManagedLedgerState.READY or self._queue or cur is None:
             for add_id, size, publish_time_ms in zip(range(first_add_id, first_add_id + count), sizes_bytes,
                                                      publish_times_ms):
                 adds[add_id] = _Add(size, publish_time_ms)
@@ -544,7 +544,7 @@ class ManagedLedgerCore:
         # straight to the current ledger, up to where it is full
         policy = self.policy
         taken = count
-        taken_bytes = sum(sizes_bytes)
+        taken_bytes = size_bytes
         reason = policy.reason(cur.entries_pushed + count, cur.bytes_pushed + taken_bytes, cur.created_ms, now_ms)
         if reason is not None and count > 1:
             # the policy is monotone in entries and bytes (and age applies alike to every add
@@ -613,7 +613,9 @@ class ManagedLedgerCore:
         failed, sent elsewhere, or out of order."""
         if count <= 0:
             raise InvariantViolation(f"{self.name}: confirmation of {count} adds")
-        cur = self._require_current()
+        cur = self._current
+        if cur is None:
+            raise InvariantViolation(f"{self.name}: no current ledger")
         adds = self._adds
         if ledger_id != cur.ledger_id or first_entry_id != cur.entries_confirmed:
             raise InvariantViolation(
