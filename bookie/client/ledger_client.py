@@ -42,16 +42,9 @@ TICK_INTERVAL_S = 0.1
 RunDone = Callable[[Any, int, int, "BaseException | None"], None]
 
 
-class _RunWaiter:
-    """What waits for a run of entries: ``first`` is its first entry not completed yet."""
-
-    __slots__ = ("first", "last", "done", "context")
-
-    def __init__(self, first: int, last: int, done: RunDone, context: Any) -> None:
-        self.first = first
-        self.last = last
-        self.done = done
-        self.context = context
+# What waits for a run of entries: ``(first, last, done, context)``, ``first`` its first entry
+# not completed yet (a plain tuple: one per add_entries call on the publish path)
+_RunWaiter = tuple[int, int, RunDone, Any]
 
 
 def _resolve(fut: asyncio.Future, first: int, last: int, error: BaseException | None) -> None:
@@ -233,7 +226,7 @@ class LedgerWriter:
         bookies that store it. Raises at once (nothing queued) if the ledger already failed or
         is closing."""
         first, actions = self._core.add(payloads, _now_ms())
-        self._waiting.append(_RunWaiter(first, first + len(payloads) - 1, done, context))
+        self._waiting.append((first, first + len(payloads) - 1, done, context))
         self._run(actions)
         return first
 
@@ -354,16 +347,15 @@ class LedgerWriter:
     def _confirm(self, last_entry_id: int) -> None:
         waiting = self._waiting
         while waiting:
-            w = waiting[0]
-            first = w.first
+            first, last, done, context = waiting[0]
             if first > last_entry_id:
                 break
-            if w.last <= last_entry_id:
+            if last <= last_entry_id:
                 waiting.popleft()
-                self._call_run_done(w, first, w.last, None)
+                self._call_run_done(done, context, first, last, None)
             else:                        # part of the run: the rest waits
-                w.first = last_entry_id + 1
-                self._call_run_done(w, first, last_entry_id, None)
+                waiting[0] = (last_entry_id + 1, last, done, context)
+                self._call_run_done(done, context, first, last_entry_id, None)
                 break
         self._after_completions()
 
@@ -373,23 +365,25 @@ class LedgerWriter:
         kept: list = []
         failed: list = []
         for w in waiting:
-            if w.last < first_entry_id:
+            first, last, done, context = w
+            if last < first_entry_id:
                 kept.append(w)
-            elif w.first >= first_entry_id:
+            elif first >= first_entry_id:
                 failed.append(w)
             else:                        # the run straddles: its head still waits
-                kept.append(_RunWaiter(w.first, first_entry_id - 1, w.done, w.context))
-                failed.append(_RunWaiter(first_entry_id, w.last, w.done, w.context))
+                kept.append((first, first_entry_id - 1, done, context))
+                failed.append((first_entry_id, last, done, context))
         waiting.clear()
         waiting.extend(kept)
-        for w in failed:
-            self._call_run_done(w, w.first, w.last, error)
+        for first, last, done, context in failed:
+            self._call_run_done(done, context, first, last, error)
         log.warning("adds failed ledger=%d from_entry=%d: %s", self.ledger_id, first_entry_id, error)
         self._after_completions()
 
-    def _call_run_done(self, w: _RunWaiter, first: int, last: int, error: BaseException | None) -> None:
+    def _call_run_done(self, done: RunDone, context: Any, first: int, last: int,
+                       error: BaseException | None) -> None:
         try:
-            w.done(w.context, first, last, error)
+            done(context, first, last, error)
         except Exception:        # as a Future's done callback: log, go on with the others
             log.exception("add callback failed ledger=%d entries=%d..%d", self.ledger_id, first, last)
 

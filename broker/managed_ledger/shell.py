@@ -70,17 +70,10 @@ def _always_owned() -> bool:
 RunAddDone = Callable[[Any, int, int, "Position | None", "BaseException | None"], None]
 
 
-class _AddRun:
-    """One add_entries call: its adds (ids ``first_add_id ..``), their payloads until they are
-    completed or failed, and whom to tell."""
-
-    __slots__ = ("first_add_id", "payloads", "done", "context")
-
-    def __init__(self, first_add_id: int, payloads: Sequence[bytes], done: RunAddDone, context: Any) -> None:
-        self.first_add_id = first_add_id
-        self.payloads = payloads
-        self.done = done
-        self.context = context
+# One add_entries call, while any of its adds is pending: ``(first_add_id, payloads, done,
+# context)``: its adds (ids ``first_add_id ..``), their payloads, whom to tell and with what (a
+# plain tuple: one per call on the publish path)
+_AddRun = tuple[int, Sequence[bytes], RunAddDone, Any]
 
 
 def _resolve(fut: asyncio.Future, first: int, last: int, position: Position | None,
@@ -367,7 +360,7 @@ class ManagedLedger:
         are refused: ManagedLedgerFencedError, -ClosedError, or a retriable ManagedLedgerError
         (FAILED, or the run does not fit under pending_adds_max)."""
         first_add_id, actions = self._core.add([len(p) for p in payloads], publish_times_ms, self._clock())
-        run = _AddRun(first_add_id, payloads, done, context)
+        run = (first_add_id, payloads, done, context)
         runs = self._runs
         for add_id in range(first_add_id, first_add_id + len(payloads)):
             runs[add_id] = run
@@ -629,9 +622,9 @@ class ManagedLedger:
             elif kind is CompleteAdds:
                 self._complete(a)
             elif kind is FailAdd:
-                run = self._runs.pop(a.add_id)
-                offset = a.add_id - run.first_add_id
-                self._call_run_done(run, offset, offset, None, a.error)
+                run_first, _, done, context = self._runs.pop(a.add_id)
+                offset = a.add_id - run_first
+                self._call_run_done(done, context, offset, offset, None, a.error)
                 self._wake_capacity()
             elif kind is StartRollover:
                 log.info("managed ledger %s: rollover of ledger=%d (%s)", self.name, a.ledger_id, a.reason.value)
@@ -643,16 +636,15 @@ class ManagedLedger:
         """The payloads of adds ``add_id .. add_id + count - 1`` (one run, or parts of several
         when queued adds go out together)."""
         runs = self._runs
-        run = runs[add_id]
-        offset = add_id - run.first_add_id
-        if offset == 0 and count == len(run.payloads):
-            return run.payloads
+        run_first, run_payloads, _, _ = runs[add_id]
+        if add_id == run_first and count == len(run_payloads):
+            return run_payloads
         out: list[bytes] = []
         while count:
-            run = runs[add_id]
-            offset = add_id - run.first_add_id
-            taken = min(count, len(run.payloads) - offset)
-            out += run.payloads[offset:offset + taken]
+            run_first, run_payloads, _, _ = runs[add_id]
+            offset = add_id - run_first
+            taken = min(count, len(run_payloads) - offset)
+            out += run_payloads[offset:offset + taken]
             add_id += taken
             count -= taken
         return out
@@ -662,27 +654,27 @@ class ManagedLedger:
         runs = self._runs
         add_id, ledger_id, entry_id, count = a
         while count:
-            run = runs[add_id]
-            offset = add_id - run.first_add_id
-            taken = len(run.payloads) - offset           # the rest of the run, or as many as confirmed
+            run_first, run_payloads, done, context = runs[add_id]
+            offset = add_id - run_first
+            taken = len(run_payloads) - offset           # the rest of the run, or as many as confirmed
             if taken > count:
                 taken = count
             for i in range(add_id, add_id + taken):
                 del runs[i]
-            self._call_run_done(run, offset, offset + taken - 1, Position(ledger_id, entry_id), None)
+            self._call_run_done(done, context, offset, offset + taken - 1, Position(ledger_id, entry_id), None)
             add_id += taken
             entry_id += taken
             count -= taken
         if self._capacity_waiters:
             self._wake_capacity()
 
-    def _call_run_done(self, run: _AddRun, first: int, last: int, position: Position | None,
+    def _call_run_done(self, done: RunAddDone, context: Any, first: int, last: int, position: Position | None,
                        error: BaseException | None) -> None:
         if self._in_add:
-            asyncio.get_running_loop().call_soon(self._call_run_done, run, first, last, position, error)
+            asyncio.get_running_loop().call_soon(self._call_run_done, done, context, first, last, position, error)
             return
         try:
-            run.done(run.context, first, last, position, error)
+            done(context, first, last, position, error)
         except Exception:        # as a Future's done callback: log, go on with the others
             log.exception("managed ledger %s: add callback failed", self.name)
 
