@@ -147,7 +147,7 @@ class LedgerWriteCore:
         elif type(payloads) is not tuple:
             payloads = tuple(payloads)
         first = self._last_pushed + 1
-        view = self._view
+        view = self._proposed if self._proposed is not None else self._md     # _view, inline
         pending = self._pending
         length = self._length
         lengths = []
@@ -214,7 +214,7 @@ class LedgerWriteCore:
         ``on_add_result(bookie, e, AddOutcome.OK, ...)`` for each id, with one LAC advance."""
         if self._state is WriteCoreState.CLOSED or bookie in self._held:
             return []
-        view = self._view
+        view = self._proposed if self._proposed is not None else self._md     # _view, inline
         pending = self._pending
         for entry_id in entry_ids:
             add = pending.get(entry_id)
@@ -350,7 +350,7 @@ class LedgerWriteCore:
 
     def _advance(self) -> list[Action]:
         quorum = self._md.ack_quorum
-        view = self._view
+        view = self._proposed if self._proposed is not None else self._md     # _view, inline
         lac = self._lac
         pending = self._pending
         while True:
