@@ -390,12 +390,10 @@ class LedgerWriter:
     def _after_completions(self) -> None:
         if not self._waiting and self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
-        self._wake_capacity()
+        if self._capacity._waiters:      # only when someone waits: keep the hot path cheap
+            self._wake_capacity()
 
     def _wake_capacity(self) -> None:
-        if not self._capacity._waiters:  # only when someone waits: keep the hot path cheap
-            return
-
         async def notify() -> None:
             async with self._capacity:
                 self._capacity.notify_all()

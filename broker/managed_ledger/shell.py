@@ -362,8 +362,10 @@ class ManagedLedger:
         first_add_id, actions = self._core.add([len(p) for p in payloads], publish_times_ms, self._clock())
         run = (first_add_id, payloads, done, context)
         runs = self._runs
-        for add_id in range(first_add_id, first_add_id + len(payloads)):
+        add_id, end = first_add_id, first_add_id + len(payloads)
+        while add_id < end:              # (not a range: its cost is the loop's for a run of one)
             runs[add_id] = run
+            add_id += 1
         # a completion or failure these actions produce is reported from the loop, never from
         # inside the caller's add (see _call_run_done)
         in_add, self._in_add = self._in_add, True
@@ -610,8 +612,11 @@ class ManagedLedger:
                 if writer is None or writer.ledger_id != ledger_id:
                     raise InvariantViolation(f"{self.name}: write to ledger {ledger_id}, writer is "
                                              f"{writer.ledger_id if writer else None}")
+                run_first, payloads, _, _ = self._runs[add_id]
+                if add_id != run_first or count != len(payloads):    # parts of runs (queued adds)
+                    payloads = self._payloads_of(add_id, count)
                 try:
-                    first = writer.add_entries(self._payloads_of(add_id, count), self._on_entries_done, a)
+                    first = writer.add_entries(payloads, self._on_entries_done, a)
                 except PulsarliteError as e:       # each add fails, in order, as the writer would fail them
                     for failed in range(add_id, add_id + count):
                         self._run(core.on_add_failed(failed, ledger_id, e))
@@ -633,12 +638,9 @@ class ManagedLedger:
                 raise InvariantViolation(f"{self.name}: unknown action {a!r}")
 
     def _payloads_of(self, add_id: int, count: int) -> Sequence[bytes]:
-        """The payloads of adds ``add_id .. add_id + count - 1`` (one run, or parts of several
-        when queued adds go out together)."""
+        """The payloads of adds ``add_id .. add_id + count - 1``: parts of one run or of several
+        (when queued adds go out together)."""
         runs = self._runs
-        run_first, run_payloads, _, _ = runs[add_id]
-        if add_id == run_first and count == len(run_payloads):
-            return run_payloads
         out: list[bytes] = []
         while count:
             run_first, run_payloads, _, _ = runs[add_id]
@@ -659,10 +661,11 @@ class ManagedLedger:
             taken = len(run_payloads) - offset           # the rest of the run, or as many as confirmed
             if taken > count:
                 taken = count
-            for i in range(add_id, add_id + taken):
-                del runs[i]
+            end = add_id + taken
+            while add_id < end:
+                del runs[add_id]
+                add_id += 1
             self._call_run_done(done, context, offset, offset + taken - 1, Position(ledger_id, entry_id), None)
-            add_id += taken
             entry_id += taken
             count -= taken
         if self._capacity_waiters:
