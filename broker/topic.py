@@ -462,10 +462,13 @@ class PersistentTopic:
             except Exception as e:     # noqa: BLE001 - whatever the entry is, answer it, keep serving
                 refused.append((sequence_id, e))
                 continue
+            # meta.message_count and .publish_time_ms, read from the metadata directly (a batch's
+            # count is >= 1 once check_sendable passed; a single message's field is unset: 1)
+            raw = meta.raw
             size += len(data)
-            ops.append(Send(sequence_id, highest_sequence_id, len(data), meta.message_count, start_s))
+            ops.append(Send(sequence_id, highest_sequence_id, len(data), raw.num_messages_in_batch or 1, start_s))
             datas.append(data)
-            times.append(meta.publish_time_ms)
+            times.append(raw.publish_time)
         if ops:
             self.service.publish_buffer.acquire(size, producer.connection)
             digests = [crc32c_of(data) for data in datas] if dedup and not self.core.closing else None
