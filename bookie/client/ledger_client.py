@@ -295,12 +295,12 @@ class LedgerWriter:
         AddRequest, or a few for a long run: the bookie client's chunking)."""
         ledger_id = self.ledger_id
         first, lac, lengths, payloads, sends = a
+        entry_ids = range(first, first + len(payloads))
         encoded = []
-        for offset in range(len(payloads)):      # _encode_entry, inline: once per entry
-            entry_id, length, payload = first + offset, lengths[offset], payloads[offset]
+        for entry_id in entry_ids:               # _encode_entry, inline: once per entry
+            length, payload = lengths[entry_id - first], payloads[entry_id - first]
             encoded.append(encode_add_entry(ledger_id, entry_id, lac, length, payload,
                                             entry_checksum(ledger_id, entry_id, lac, length, payload)))
-        entry_ids = range(first, first + len(payloads))
         pool = self._client.pool
         callback = self._add_callback
         for bookie, offsets in sends:
