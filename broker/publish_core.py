@@ -70,7 +70,7 @@ class AccessMode(enum.Enum):
     EXCLUSIVE_WITH_FENCING = 3
 
 
-@dataclass
+@dataclass(slots=True)
 class Send:
     """One SEND, from its arrival to its answer."""
 
