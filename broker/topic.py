@@ -546,11 +546,13 @@ class PersistentTopic:
         put = self.service.entry_cache.put
         key = self.key
         messages = size = 0
-        for i in range(first, last + 1):
+        i = first
+        while i <= last:                 # (not a range: its cost is the loop's for a run of one)
             op = ops[i]
             put(key, op.position, datas[i], op.message_count)
             messages += op.message_count
             size += op.size
+            i += 1
         count = last - first + 1
         self.msg_in += messages
         self.bytes_in += size
