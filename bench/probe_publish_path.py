@@ -17,7 +17,8 @@ subtracted) and with --profile the top functions by own time (cProfile; its over
 the absolute figures ~2x). CPU time still swings with the machine's load; for a deterministic
 figure count instructions: run it under ``valgrind --tool=cachegrind --cache-sim=no`` with
 --messages 1000 and 4000 --repeat 1 and divide the difference of the "I refs" by 3000
-(BENCHMARKS.md "[perf] hot path").
+(BENCHMARKS.md "[perf] hot path"), with PYTHONHASHSEED=0 (the hash seed moves the count by up to
+~2,000 per message; BENCHMARKS.md "[broker-core] session 14").
 Not a test: figures only.
 """
 
