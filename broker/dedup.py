@@ -273,10 +273,7 @@ class DedupState:
         is given a stale ``last_sequence_id`` for good (the whole-path simulation, seed 6911)."""
         for name in list(self.holes):
             hole = self.holes[name]
-            if hole[2] < hole[0] - 1:
-                log.info("dedup hole settled topic=%s producer=%s low=%d until=%d refilled=%d -> %d",
-                         self.label, name, *hole, hole[0] - 1)
-                self._refill(name, hole[2] + 1, hole[0] - 1)
+            self._refill_up_to(name, hole, hole[0] - 1, "nothing is in flight")
 
     def on_session_resumed(self, name: str, first_sequence_id: int) -> None:
         """A producer session's first send starts at ``first_sequence_id``. A client resends
@@ -290,10 +287,16 @@ class DedupState:
         Ids the client reuses for new messages (a reset counter) are in its content range and
         decided by content, wherever the refill point is."""
         hole = self.holes.get(name)
-        if hole is not None and first_sequence_id - 1 > hole[2]:
-            log.info("dedup hole skipped topic=%s producer=%s low=%d until=%d refilled=%d -> %d: the "
-                     "producer resumes above it", self.label, name, *hole, first_sequence_id - 1)
-            self._refill(name, hole[2] + 1, first_sequence_id - 1)
+        if hole is not None:
+            self._refill_up_to(name, hole, first_sequence_id - 1, "the producer resumes above it")
+
+    def _refill_up_to(self, name: str, hole: list[int], highest: int, why: str) -> None:
+        """Move the hole's refill point up to ``highest`` (if below it): ids up to there are
+        stored or will never be sent."""
+        if hole[2] < highest:
+            log.info("dedup hole refill point moved topic=%s producer=%s low=%d until=%d refilled=%d -> %d: %s",
+                     self.label, name, *hole, highest, why)
+            self._refill(name, hole[2] + 1, highest)
 
     def _refill(self, name: str, first: int, highest: int) -> None:
         """Ids first..highest are in the log: move the hole's refill point over them and over
