@@ -1,0 +1,135 @@
+"""The auditor's decisions (pure: events in, actions out; time passed in). After BookKeeper's
+Auditor with ``lostBookieRecoveryDelay``.
+
+Protocol:
+
+- The live bookies are the writable plus the read-only registrations (a read-only bookie
+  still serves reads: its copies are not lost).
+- A bookie named by some ledger's metadata and not live is *missing* from the first time the
+  auditor saw it so (a registration change, or its first scan: a bookie already gone when the
+  auditor starts is timed from then). A bookie that is live again before the delay ends is no
+  longer missing: nothing is marked for it (its pending marks are cancelled).
+- A missing bookie becomes *lost* once it has been missing for ``lost_bookie_recovery_delay_ms``;
+  a bookie being decommissioned is lost at once (it may still be up: its copies stay readable
+  while they are moved).
+- Every ledger with a fragment on a lost bookie is marked under-replicated with the lost
+  bookies it names. A CLOSED ledger with ``under_replicated_bookies`` (a delayed ensemble
+  change: its last fragment lacks entries on those bookies, live or not) is marked with them too.
+- A ledger is marked again only for bookies its known mark lacks (marks read in a scan count);
+  the shell merges marks by compare-and-set, so marking twice is harmless.
+
+Bounded: at most ``marks_per_step_max`` marks per call (the rest on the next tick).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from bookie.client.metadata import LedgerMetadata, LedgerState
+from pulsarlite.errors import check
+
+
+@dataclass(frozen=True)
+class MarkLedger:
+    """Action: mark ``ledger_id`` under-replicated for ``missing_bookies`` (merged)."""
+
+    ledger_id: int
+    missing_bookies: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BookieLost:
+    """Action (a log line): ``bookie_id`` is now treated as lost; ``ledgers`` name it."""
+
+    bookie_id: str
+    reason: str          # "lost" | "decommissioning"
+    ledgers: int
+
+
+class AuditorCore:
+    def __init__(self, lost_bookie_recovery_delay_ms: int, *, marks_per_step_max: int = 10_000) -> None:
+        check(lost_bookie_recovery_delay_ms >= 0, "lost_bookie_recovery_delay_ms must be >= 0")
+        check(marks_per_step_max > 0, "marks_per_step_max must be > 0")
+        self.delay_ms = lost_bookie_recovery_delay_ms
+        self.marks_per_step_max = marks_per_step_max
+        self._live: frozenset[str] | None = None           # None: not known yet
+        self._ledgers: dict[int, LedgerMetadata] = {}
+        self._marked: dict[int, frozenset[str]] = {}       # what the marks are known to hold
+        self._decommissioning: frozenset[str] = frozenset()
+        self._missing_since_ms: dict[str, int] = {}
+        self._announced: set[str] = set()
+
+    # -- events --------------------------------------------------------------------------
+    def on_bookies(self, writable: Iterable[str], readonly: Iterable[str], now_ms: int) -> list:
+        self._live = frozenset(writable) | frozenset(readonly)
+        return self._decide(now_ms)
+
+    def on_scan(self, ledgers: Iterable[LedgerMetadata], marks: Mapping[int, Iterable[str]],
+                decommissioning: Iterable[str], now_ms: int) -> list:
+        """A full scan: every ledger's metadata, every mark, the decommissioning bookies."""
+        self._ledgers = {md.ledger_id: md for md in ledgers}
+        self._marked = {lid: frozenset(b) for lid, b in marks.items()}
+        self._decommissioning = frozenset(decommissioning)
+        return self._decide(now_ms)
+
+    def on_tick(self, now_ms: int) -> list:
+        return self._decide(now_ms)
+
+    def on_marked(self, ledger_id: int, missing: Iterable[str]) -> None:
+        """The shell's CAS merged a mark (what the mark holds now)."""
+        self._marked[ledger_id] = self._marked.get(ledger_id, frozenset()) | frozenset(missing)
+
+    def on_mark_failed(self, ledger_id: int, missing: Iterable[str]) -> None:
+        """The shell could not write a mark: forget it was decided, so it is emitted again."""
+        self._marked[ledger_id] = self._marked.get(ledger_id, frozenset()) - frozenset(missing)
+
+    # -- queries -------------------------------------------------------------------------
+    def lost_bookies(self, now_ms: int) -> frozenset[str]:
+        if self._live is None:
+            return frozenset(self._decommissioning)
+        return frozenset(b for b, since in self._missing_since_ms.items()
+                         if now_ms - since >= self.delay_ms) | self._decommissioning
+
+    def next_deadline_ms(self) -> int | None:
+        """When a missing bookie becomes lost (the shell ticks then), or None."""
+        pending = [since + self.delay_ms for b, since in self._missing_since_ms.items()
+                   if b not in self._announced]
+        return min(pending, default=None)
+
+    def missing_bookies(self) -> frozenset[str]:
+        return frozenset(self._missing_since_ms)
+
+    # -- decision ------------------------------------------------------------------------
+    def _decide(self, now_ms: int) -> list:
+        if self._live is None:
+            return []
+        named = {b for md in self._ledgers.values() for b in md.all_bookies()}
+        named |= {b for md in self._ledgers.values() for b in md.under_replicated_bookies}
+        for b in list(self._missing_since_ms):
+            if b in self._live or b not in named:
+                del self._missing_since_ms[b]       # back before the delay (or named by nothing)
+                self._announced.discard(b)
+        for b in named - self._live:
+            self._missing_since_ms.setdefault(b, now_ms)
+        lost = self.lost_bookies(now_ms)
+        actions: list = []
+        counts: dict[str, int] = {}
+        marks = 0
+        for ledger_id in sorted(self._ledgers):
+            md = self._ledgers[ledger_id]
+            missing = md.all_bookies() & lost
+            if md.state is LedgerState.CLOSED:
+                missing |= frozenset(md.under_replicated_bookies)
+            for b in missing:
+                counts[b] = counts.get(b, 0) + 1
+            new = missing - self._marked.get(ledger_id, frozenset())
+            if new and marks < self.marks_per_step_max:
+                marks += 1
+                self._marked[ledger_id] = self._marked.get(ledger_id, frozenset()) | new
+                actions.append(MarkLedger(ledger_id, tuple(sorted(missing))))
+        for b in sorted(lost - self._announced):
+            self._announced.add(b)
+            actions.insert(0, BookieLost(b, "decommissioning" if b in self._decommissioning else "lost",
+                                         counts.get(b, 0)))
+        return actions

@@ -1,0 +1,118 @@
+"""The under-replication metadata over a MetadataStore (shell; paths in ``layout``): marks,
+worker locks, decommissioning bookies. After BookKeeper's ZkLedgerUnderreplicationManager."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Iterable
+
+from bookie.autorecovery.layout import (DECOMMISSIONING_ROOT, LOCKS_ROOT, MARKS_ROOT,
+                                        UnderReplicatedMark, decommissioning_path, is_mark_leaf,
+                                        is_mark_level, ledger_id_of_mark, lock_path, mark_path,
+                                        merge_mark)
+from pulsarlite.errors import MetadataNotFoundError, MetadataVersionConflict
+from pulsarlite.metadata import MetadataExistsError, MetadataNotEmptyError, MetadataStore
+
+log = logging.getLogger("pulsarlite.autorecovery")
+
+
+class UnderReplicationManager:
+    def __init__(self, store: MetadataStore) -> None:
+        self.store = store
+
+    # -- marks ---------------------------------------------------------------------------
+    async def mark(self, ledger_id: int, missing: Iterable[str], now_ms: int) -> UnderReplicatedMark:
+        """Mark ``ledger_id`` under-replicated for ``missing`` (merged into an existing mark by CAS)."""
+        missing = tuple(missing)
+        data, _ = await self.store.update(mark_path(ledger_id),
+                                          lambda cur: merge_mark(cur, ledger_id, missing, now_ms))
+        return UnderReplicatedMark.from_json(data)
+
+    async def read_mark(self, ledger_id: int) -> tuple[UnderReplicatedMark, int] | None:
+        got = await self.store.get_or_none(mark_path(ledger_id))
+        if got is None:
+            return None
+        try:
+            return UnderReplicatedMark.from_json(got[0]), got[1]
+        except ValueError:
+            log.warning("malformed under-replication mark ledger=%d: dropped and re-audited", ledger_id)
+            return UnderReplicatedMark(ledger_id, ("?",), 0), got[1]
+
+    async def unmark(self, ledger_id: int, version: int) -> bool:
+        """Delete the mark if it is still at ``version`` (True), else leave it (False: it changed,
+        a bookie was added to it meanwhile). Empty parent levels are left in place (BookKeeper
+        does the same; they are cheap and reused)."""
+        try:
+            await self.store.delete(mark_path(ledger_id), version)
+            return True
+        except MetadataNotFoundError:
+            return True
+        except MetadataVersionConflict:
+            return False
+
+    async def list_marked(self) -> list[int]:
+        """Every marked ledger id, ascending (walks the four hex levels)."""
+        paths = [MARKS_ROOT]
+        for _ in range(4):
+            listed = await asyncio.gather(*(self.store.children(p) for p in paths))
+            paths = [f"{p}/{n}" for p, names in zip(paths, listed) for n in names if is_mark_level(n)]
+        listed = await asyncio.gather(*(self.store.children(p) for p in paths))
+        ids = []
+        for p, names in zip(paths, listed):
+            for n in names:
+                if is_mark_leaf(n):
+                    try:
+                        ids.append(ledger_id_of_mark(f"{p}/{n}"))
+                    except ValueError:
+                        log.warning("stray node under the marks path=%s/%s", p, n)
+        return sorted(ids)
+
+    async def list_marks(self) -> list[UnderReplicatedMark]:
+        out = []
+        for ledger_id in await self.list_marked():
+            got = await self.read_mark(ledger_id)
+            if got is not None:
+                out.append(got[0])
+        return out
+
+    # -- locks ---------------------------------------------------------------------------
+    async def try_lock(self, ledger_id: int, owner: str) -> bool:
+        """Take the ephemeral lock of ``ledger_id`` (False if another worker holds it)."""
+        try:
+            await self.store.create(lock_path(ledger_id), owner.encode(), ephemeral=True, make_parents=True)
+            return True
+        except MetadataExistsError:
+            return False
+
+    async def unlock(self, ledger_id: int) -> None:
+        try:
+            await self.store.delete(lock_path(ledger_id))
+        except MetadataNotFoundError:
+            pass
+
+    async def lock_holder(self, ledger_id: int) -> str | None:
+        got = await self.store.get_or_none(lock_path(ledger_id))
+        return None if got is None else got[0].decode(errors="replace")
+
+    async def locked(self) -> list[str]:
+        return await self.store.children(LOCKS_ROOT)
+
+    # -- decommissioning -----------------------------------------------------------------
+    async def start_decommission(self, bookie_id: str, now_ms: int) -> None:
+        try:
+            await self.store.create(decommissioning_path(bookie_id),
+                                    json.dumps({"bookie": bookie_id, "ctime_ms": now_ms}).encode(),
+                                    make_parents=True)
+        except MetadataExistsError:
+            pass
+
+    async def end_decommission(self, bookie_id: str) -> None:
+        try:
+            await self.store.delete(decommissioning_path(bookie_id))
+        except (MetadataNotFoundError, MetadataNotEmptyError):
+            pass
+
+    async def decommissioning(self) -> list[str]:
+        return await self.store.children(DECOMMISSIONING_ROOT)
