@@ -29,7 +29,8 @@ from datetime import datetime, timezone
 
 from broker.adapters import open_cursor
 from broker.admin.http import (ConsumerStats, CursorStats, InternalStats, LedgerInfoStats, LookupData,
-                               MessageIdData, PublisherStats, SubscriptionPosition, SubscriptionStats, TopicStats)
+                               MessageIdData, PublisherStats, SubscriptionPosition, SubscriptionStats, TopicStats,
+                               lookup_data)
 from broker.admin.policies import BadRequestError, ConflictError, NotFoundError, PreconditionFailedError
 from broker.cursor import CursorState, ManagedCursor, cursor_path, list_cursors
 from broker.managed_ledger import LedgerInfo, ManagedLedgerMetadata, ManagedLedgerStore, OffloadState, Position
@@ -608,7 +609,7 @@ class BrokerAdminBackend:
         name = self._name(topic)
         await self._check_namespace(name)
         result = await self.service.ownership.manager.lookup(name, authoritative=authoritative)
-        return {"brokerUrl": result.pulsar_url, "httpUrl": result.http_url}
+        return lookup_data(result.pulsar_url, result.http_url)   # no TLS listeners: no TLS URLs
 
     async def admin_redirect_url(self, topic: str) -> str | None:
         """The admin base URL (``http://host:port``) of the broker that owns ``topic`` when it is

@@ -120,9 +120,26 @@ class InternalStats(TypedDict, total=False):
 
 class LookupData(TypedDict, total=False):
     brokerUrl: str                   # pulsar://host:port
-    brokerUrlTls: str
+    brokerUrlTls: str                # pulsar+ssl://host:port; only with a TLS listener
     httpUrl: str                     # http://host:port
-    httpUrlTls: str
+    httpUrlTls: str                  # https://host:port; only with a TLS listener
+    nativeUrl: str                   # legacy name of brokerUrl, still read by clients
+    brokerUrlSsl: str                # legacy, always "": older C++ clients require the key
+
+
+def lookup_data(broker_url: str, http_url: str, *, broker_url_tls: str | None = None,
+                http_url_tls: str | None = None) -> LookupData:
+    """Pulsar's ``LookupData`` as its ObjectMapper writes it (Jackson ``NON_NULL``): every
+    field a string, the TLS URLs only when the broker has TLS listeners, ``nativeUrl`` equal to
+    ``brokerUrl`` and ``brokerUrlSsl`` always ``""``. The C++ client (Python, Node, ...) reads
+    ``brokerUrlTls`` and falls back to ``brokerUrlSsl``; without either it fails the lookup."""
+    data: LookupData = {"brokerUrl": broker_url, "httpUrl": http_url, "nativeUrl": broker_url,
+                        "brokerUrlSsl": ""}
+    if broker_url_tls:
+        data["brokerUrlTls"] = broker_url_tls
+    if http_url_tls:
+        data["httpUrlTls"] = http_url_tls
+    return data
 
 
 class MessageIdData(TypedDict, total=False):
@@ -752,5 +769,5 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
 
 
 __all__ = ["AdminBackend", "make_admin_app", "TopicStats", "SubscriptionStats", "ConsumerStats",
-           "PublisherStats", "InternalStats", "LedgerInfoStats", "CursorStats", "LookupData",
+           "PublisherStats", "InternalStats", "LedgerInfoStats", "CursorStats", "LookupData", "lookup_data",
            "MessageIdData", "SubscriptionPosition", "BODY_BYTES_MAX", "PARTITIONS_MAX"]

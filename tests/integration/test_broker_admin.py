@@ -407,7 +407,8 @@ def test_unload_keeps_acknowledged_messages(client, admin):
 
 def test_lookup(cluster, admin):
     got = admin.ok("GET", "/lookup/v2/topic/persistent/public/default/admin-lookup")
-    assert got == {"brokerUrl": cluster.service_url, "httpUrl": cluster.admin_url}
+    assert got == {"brokerUrl": cluster.service_url, "httpUrl": cluster.admin_url,
+                   "nativeUrl": cluster.service_url, "brokerUrlSsl": ""}     # Pulsar's LookupData
     admin.error("GET", "/lookup/v2/topic/persistent/nope/ns/t", 404)
 
 
