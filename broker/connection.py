@@ -30,7 +30,7 @@ from broker.topic import AccessMode
 from pulsarlite.wire import commands as c
 from pulsarlite.wire import pb
 from pulsarlite.counted_log import CountedCause
-from pulsarlite.topic_name import subscription_name_problem
+from pulsarlite.topic_name import TopicName, subscription_name_problem
 from pulsarlite.wire.frames import Frame, FrameDecoder, FrameError, FrameTooLargeError
 
 log = logging.getLogger("pulsarlite.broker.connection")
@@ -197,6 +197,9 @@ class _ConsumerRef:
         self.closed = False
         self.consumer_name = ""
         self.connected_since_ms = int(time.time() * 1000)
+        # as Pulsar's dispatch: MESSAGE ids name the partition (-1 for a topic that is not one);
+        # the official clients build the consumed message's id (and route acks) from it
+        self.partition = TopicName.parse(topic_key).partition_index
 
     @property
     def address(self) -> str:
@@ -207,7 +210,7 @@ class _ConsumerRef:
         if self.closed:
             return
         self.connection.write_parts(c.message_parts(
-            self.consumer_id, position.ledger_id, position.entry_id, entry,
+            self.consumer_id, position.ledger_id, position.entry_id, entry, partition=self.partition,
             redelivery_count=redelivery_count, ack_set=ack_set))
 
     def send_active_change(self, is_active: bool) -> None:
