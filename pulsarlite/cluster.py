@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pulsarlite.config import BookieConfig, to_toml
+from pulsarlite.config import BookieConfig, load_toml, to_toml
 from pulsarlite.errors import ConfigError, PulsarliteError
 from pulsarlite.zk_server import (LOOPBACK, ZooKeeperServer, find_free_port, kill_process,
                                   log_tail, port_accepts, process_matches, signal_process,
@@ -319,7 +319,6 @@ class LocalCluster:
         """Set BrokerConfig fields in every existing broker's config file (validated; takes
         effect at the broker's next start). Returns the names of the brokers whose file changed."""
         from broker.config import BrokerConfig
-        from pulsarlite.config import load_toml
         changed = []
         for name in self.broker_names:
             path = Path(self.records[name].config)
@@ -503,6 +502,37 @@ class LocalCluster:
             self._save_state()
             raise
 
+    def replace_bookie(self, name: str) -> str:
+        """A bookie lost for good and replaced: SIGKILL it, delete its journal and ledger
+        directories (the disks died), then start a fresh bookie under the same name with a new
+        port, so a new bookie id and an empty disk (its old config's other settings kept).
+        Waits until the new one is healthy; returns its bookie id. The old identity stays
+        behind in the metadata (its cookie, the ledgers that name it) for recovery to repair."""
+        import shutil
+
+        record = self._record(name)
+        if record.role != BOOKIE:
+            raise ConfigError(f"{name} is not a bookie")
+        self.kill(name)
+        old = load_toml(BookieConfig, record.config)
+        for directory in (old.journal_dir, old.ledger_dir):
+            shutil.rmtree(directory, ignore_errors=True)
+            Path(directory).mkdir(parents=True, exist_ok=True)
+        port = self._free_port()
+        config = dataclasses.replace(old, port=port, bookie_id=f"{LOOPBACK}:{port}").validate()
+        Path(record.config).write_text(to_toml(config))
+        record.ports = {"bookie": port}
+        record.bookie_id = config.effective_bookie_id
+        self._launch(name)
+        self._save_state()
+        try:
+            self._wait_bookies_healthy([name], {})
+        except BaseException:
+            self._stop_names([name])
+            self._save_state()
+            raise
+        return record.bookie_id
+
     def stop(self) -> None:
         """Stop every recorded process: brokers first, then bookies (each group in parallel),
         ZooKeeper last; SIGTERM, then SIGKILL after ``stop_grace_s``."""
@@ -593,7 +623,6 @@ def settings_from_file(role: str, path: str | Path) -> dict:
     the process's own loader, and the keys the launcher chooses per process (addresses, ids,
     directories, ZooKeeper) are dropped."""
     import tomllib
-    from pulsarlite.config import load_toml
     if role == BOOKIE:
         load_toml(BookieConfig, path)
         skip = BOOKIE_LAUNCHER_KEYS

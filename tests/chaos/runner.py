@@ -26,7 +26,7 @@ from pathlib import Path
 from pulsarlite.cluster import LocalCluster
 from pulsarlite.config import BookieConfig, load_toml, to_toml
 from tests.chaos.checker import ProducerLog, Verdict, check, payload
-from tests.chaos.schedule import (BOOKIE_READONLY, FAULT_KINDS, KILL_ALL_BOOKIES, KILL_BOOKIE, KILL_BROKER,
+from tests.chaos.schedule import (BOOKIE_READONLY, FAULT_KINDS, KILL_ALL_BOOKIES, KILL_BOOKIE, KILL_BROKER, LOSE_BOOKIE,
                                   RESTART_ZOOKEEPER, SIGSTOP_BROKER, Fault, ScheduledFault, make_schedule)
 
 log = logging.getLogger("pulsarlite.chaos")
@@ -377,6 +377,12 @@ class ChaosRun:
                 self.failures.append(f"{fault.target} not writable again after its disk was freed (mode {mode})")
         elif fault.kind == SIGSTOP_BROKER:
             self.sigstop_broker(fault, record)
+        elif fault.kind == LOSE_BOOKIE:
+            old_id = cluster.records[fault.target].bookie_id
+            cluster.kill(fault.target)
+            time.sleep(fault.down_s)
+            new_id = cluster.replace_bookie(fault.target)
+            record.checks.append(f"{fault.target}: {old_id} lost for good, replaced by {new_id}")
         else:  # pragma: no cover - the schedule only makes the kinds above
             raise ValueError(fault.kind)
 

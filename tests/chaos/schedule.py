@@ -12,10 +12,16 @@ Faults (what the runner does):
                          expires, another broker takes its topics and R must stop serving them;
                          then SIGCONT
     restart_zookeeper    kill -9 the cluster's ZooKeeper; start it again after down_s
+    lose_bookie B        B is lost for good: kill -9, its disks wiped, and after down_s a fresh
+                         bookie (new id, empty disks) takes its place; the ledgers that named B
+                         keep their other replicas (autorecovery, where the build has it,
+                         re-replicates them)
 
 Faults run one after another (never two at once), so at most one bookie is unavailable at a
 time (E - Qa = 1 for the default E3/Qw3/Qa2) except during ``kill_all_bookies``, which takes
-them all down and restarts them (acknowledged entries are fsynced in the journals).
+them all down and restarts them (acknowledged entries are fsynced in the journals). A run
+loses at most one bookie for good (``lose_bookie`` is never planned twice: two permanent losses
+are more than Qa - 1 = 1 for ledgers written before the first one was repaired).
 Every kind appears once (in a seeded order) before any kind repeats.
 """
 
@@ -30,12 +36,15 @@ KILL_ALL_BOOKIES = "kill_all_bookies"
 KILL_BROKER = "kill_broker"
 SIGSTOP_BROKER = "sigstop_broker"
 RESTART_ZOOKEEPER = "restart_zookeeper"
-FAULT_KINDS = (KILL_BOOKIE, BOOKIE_READONLY, KILL_ALL_BOOKIES, KILL_BROKER, SIGSTOP_BROKER, RESTART_ZOOKEEPER)
+LOSE_BOOKIE = "lose_bookie"
+FAULT_KINDS = (KILL_BOOKIE, BOOKIE_READONLY, KILL_ALL_BOOKIES, KILL_BROKER, SIGSTOP_BROKER, RESTART_ZOOKEEPER,
+               LOSE_BOOKIE)
 BROKER_FAULTS = (KILL_BROKER, SIGSTOP_BROKER)
 
 # what a fault usually costs beyond down_s on this machine (restarts wait for stale sessions)
 EXPECTED_RECOVERY_S = {KILL_BOOKIE: 6.0, BOOKIE_READONLY: 12.0, KILL_ALL_BOOKIES: 12.0,
-                       KILL_BROKER: 6.0, SIGSTOP_BROKER: 10.0, RESTART_ZOOKEEPER: 3.0}
+                       KILL_BROKER: 6.0, SIGSTOP_BROKER: 10.0, RESTART_ZOOKEEPER: 3.0,
+                       LOSE_BOOKIE: 6.0}
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,11 @@ def make_schedule(seed: int, duration_s: float, *, bookies: int, brokers: int, s
             order = list(kinds)
             rng.shuffle(order)
         kind = order.pop(0)
-        if kind in (KILL_BOOKIE, BOOKIE_READONLY):
+        if kind == LOSE_BOOKIE and any(p.fault.kind == LOSE_BOOKIE for p in schedule):
+            if set(kinds) == {LOSE_BOOKIE}:
+                break
+            continue
+        if kind in (KILL_BOOKIE, BOOKIE_READONLY, LOSE_BOOKIE):
             fault = Fault(kind, rng.choice(bookie_names), round(rng.uniform(1.0, 5.0), 1))
         elif kind == KILL_ALL_BOOKIES:
             fault = Fault(kind, None, round(rng.uniform(0.5, 2.0), 1))
@@ -94,4 +107,4 @@ def make_schedule(seed: int, duration_s: float, *, bookies: int, brokers: int, s
 
 
 __all__ = ["Fault", "ScheduledFault", "make_schedule", "FAULT_KINDS", "KILL_BOOKIE", "BOOKIE_READONLY",
-           "KILL_ALL_BOOKIES", "KILL_BROKER", "SIGSTOP_BROKER", "RESTART_ZOOKEEPER"]
+           "KILL_ALL_BOOKIES", "KILL_BROKER", "SIGSTOP_BROKER", "RESTART_ZOOKEEPER", "LOSE_BOOKIE"]

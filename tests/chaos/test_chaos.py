@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.chaos.checker import ProducerLog, check, parse_payload, payload
-from tests.chaos.schedule import (BOOKIE_READONLY, FAULT_KINDS, KILL_ALL_BOOKIES, KILL_BOOKIE, KILL_BROKER,
+from tests.chaos.schedule import (BOOKIE_READONLY, FAULT_KINDS, KILL_ALL_BOOKIES, KILL_BOOKIE, KILL_BROKER, LOSE_BOOKIE,
                                   SIGSTOP_BROKER, make_schedule)
 
 T = "persistent://public/default/t"
@@ -27,7 +27,7 @@ def test_schedule_is_a_pure_function_of_its_seed():
     assert sorted(s.fault.kind for s in a[:len(FAULT_KINDS)]) == sorted(FAULT_KINDS)
     for s in a:
         f = s.fault
-        if f.kind in (KILL_BOOKIE, BOOKIE_READONLY):
+        if f.kind in (KILL_BOOKIE, BOOKIE_READONLY, LOSE_BOOKIE):
             assert f.target in {"bookie-1", "bookie-2", "bookie-3", "bookie-4"}
         elif f.kind in (KILL_BROKER, SIGSTOP_BROKER):
             assert f.target in {"broker-1", "broker-2"}
@@ -35,6 +35,10 @@ def test_schedule_is_a_pure_function_of_its_seed():
             assert f.target is None
         if f.kind == SIGSTOP_BROKER:
             assert f.down_s > 4.0 * 1.5  # past the session timeout
+    # one bookie lost for good at most (two would exceed Qa - 1 before any repair)
+    assert sum(1 for s in a if s.fault.kind == LOSE_BOOKIE) == 1
+    only = make_schedule(7, 300, kinds=(LOSE_BOOKIE,), **kwargs)
+    assert [s.fault.kind for s in only] == [LOSE_BOOKIE]
     # faults never overlap in the plan (at most one bookie down, except kill_all_bookies)
     for prev, nxt in zip(a, a[1:]):
         assert nxt.offset_s >= prev.offset_s + prev.fault.down_s

@@ -79,6 +79,24 @@ async def test_cluster_lifecycle(cluster_factory):
         assert by_name["bookie-2"]["healthy"] and by_name["bookie-2"]["pid"] != old_pid
         assert by_name["bookie-2"]["ports"] == {"bookie": bookie_ports[1]}
         assert await manager.writable_bookies() == sorted(cluster.bookie_ids)
+
+        # lost for good and replaced: a new identity on empty disks, under the same name
+        old_id = cluster.records["bookie-3"].bookie_id
+        old_config = load_toml(BookieConfig, cluster.bookie_config_path("bookie-3"))
+        marker = Path(old_config.ledger_dir) / "marker"
+        marker.write_text("from the dead disk")
+        new_id = await asyncio.to_thread(cluster.replace_bookie, "bookie-3")
+        assert new_id != old_id and cluster.records["bookie-3"].bookie_id == new_id
+        assert not marker.exists()
+        new_config = load_toml(BookieConfig, cluster.bookie_config_path("bookie-3"))
+        assert new_config.effective_bookie_id == new_id and new_config.ledger_dir == old_config.ledger_dir
+        by_name = {p["name"]: p for p in cluster.status()["processes"]}
+        assert by_name["bookie-3"]["healthy"] and by_name["bookie-3"]["bookie_id"] == new_id
+        # the dead identity's registration goes when its ZooKeeper session expires (2 s here)
+        deadline = asyncio.get_running_loop().time() + 30
+        while old_id in await manager.writable_bookies() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.2)
+        assert await manager.writable_bookies() == sorted(cluster.bookie_ids)
     finally:
         await store.close()
 
