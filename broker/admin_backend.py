@@ -161,13 +161,17 @@ class BrokerAdminBackend:
                 raise PreconditionFailedError(f"Topic {name} has active producers/subscriptions")
         await self.service.unload_topic(key, delete=True)
 
-    async def create_partitioned_topic(self, topic: str, partitions: int) -> None:
+    async def create_partitioned_topic(self, topic: str, partitions: int,
+                                       properties: dict[str, str] | None = None) -> None:
         name = self._name(topic)
         await self._check_namespace(name)
         if await self._exists(name):
             raise ConflictError(f"Topic {name} already exists as a non-partitioned topic")
+        metadata: dict = {"partitions": partitions}
+        if properties:
+            metadata["properties"] = properties
         try:
-            await self.store.create(self._partitions_path(name), json.dumps({"partitions": partitions}).encode())
+            await self.store.create(self._partitions_path(name), json.dumps(metadata).encode())
         except MetadataExistsError:
             raise ConflictError(f"Partitioned topic {name} already exists") from None
         for i in range(partitions):
@@ -183,14 +187,15 @@ class BrokerAdminBackend:
             if current is None:
                 raise NotFoundError(f"Partitioned topic {name} does not exist")
             try:
-                now = int(json.loads(current)["partitions"])
+                metadata = json.loads(current)
+                now = int(metadata["partitions"])
             except (ValueError, KeyError, TypeError):
-                now = 0
+                metadata, now = {}, 0
             if partitions <= now:
                 raise PreconditionFailedError(
                     f"Number of partitions can only grow: {name} has {now}, asked {partitions}")
             before.append(now)
-            return json.dumps({"partitions": partitions}).encode()
+            return json.dumps({**metadata, "partitions": partitions}).encode()   # properties kept
 
         await self.store.update(path, grow)
         for i in range(before[-1] if before else 0, partitions):
@@ -231,6 +236,16 @@ class BrokerAdminBackend:
 
     async def partitioned_metadata(self, topic: str) -> int:
         return await self.service.partitions(str(self._name(topic)))
+
+    async def partitioned_topic_properties(self, topic: str) -> dict[str, str] | None:
+        got = await self.store.get_or_none(self._partitions_path(self._name(topic)))
+        if got is None:
+            return None
+        try:
+            properties = json.loads(got[0]).get("properties")
+        except (ValueError, AttributeError):
+            return None
+        return properties if isinstance(properties, dict) and properties else None
 
     # -- stats -----------------------------------------------------------------------------------
     async def _stored_cursors(self, name: TopicName) -> dict[str, bytes]:

@@ -184,8 +184,13 @@ class AdminBackend(Protocol):
         """Delete a non-partitioned topic (or one partition); 404 if missing; 412 if it has
         connected producers/consumers and not ``force`` (force disconnects them)."""
 
-    async def create_partitioned_topic(self, topic: str, partitions: int) -> None:
-        """409 if the topic exists (partitioned or not)."""
+    async def create_partitioned_topic(self, topic: str, partitions: int,
+                                       properties: dict[str, str] | None = None) -> None:
+        """409 if the topic exists (partitioned or not); ``properties`` are kept with the
+        partition count (Pulsar's PartitionedTopicMetadata)."""
+
+    async def partitioned_topic_properties(self, topic: str) -> dict[str, str] | None:
+        """The properties given when the partitioned topic was created (None: none)."""
 
     async def update_partitioned_topic(self, topic: str, partitions: int) -> None:
         """Grow to ``partitions``; 404 if not partitioned; 412 if not more than now."""
@@ -354,6 +359,37 @@ def _position(body: Any) -> SubscriptionPosition:
             return "earliest"
         raise PreconditionFailedError(f"invalid message id {ledger_id}:{entry_id}")
     return (ledger_id, entry_id)
+
+
+PARTITIONED_TOPIC_METADATA_MEDIA_TYPE = "application/vnd.partitioned-topic-metadata+json"
+PROPERTIES_MAX = 1024                # entries of a partitioned topic's properties
+
+
+def partitioned_topic_metadata(body: Any, *, partitions_max: int) -> tuple[int, dict[str, str] | None]:
+    """The body of ``PUT .../partitions`` in the forms Pulsar's PersistentTopics accepts: the
+    partition count (a JSON integer, or a numeric string as Jackson coerces it), or a
+    PartitionedTopicMetadata object ``{"partitions": N, "properties": {str: str} | null}``
+    (content type ``application/vnd.partitioned-topic-metadata+json``, what the Go admin client
+    sends; taken whatever the content type says). Returns (partitions, properties or None);
+    BadRequestError (400) for a malformed body, PreconditionFailedError (412) for a count out
+    of [1, partitions_max]."""
+    properties: dict[str, str] | None = None
+    if isinstance(body, dict):
+        unknown = set(body) - {"partitions", "properties", "deleted"}
+        if unknown:
+            raise BadRequestError(f"partitioned topic metadata: unknown fields {sorted(unknown)}")
+        if "partitions" not in body:
+            raise BadRequestError("partitioned topic metadata: partitions is required")
+        raw = body.get("properties")
+        if raw is not None:
+            if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                    for k, v in raw.items()):
+                raise BadRequestError("partitioned topic metadata: properties must map strings to strings")
+            if len(raw) > PROPERTIES_MAX:
+                raise BadRequestError(f"partitioned topic metadata: more than {PROPERTIES_MAX} properties")
+            properties = dict(raw) or None
+        body = body["partitions"]
+    return _int_value("number of partitions", body, minimum=1, maximum=partitions_max), properties
 
 
 # -- the application ---------------------------------------------------------------------------
@@ -601,6 +637,15 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
     def partitions_of(body: Any) -> int:
         return _int_value("number of partitions", body, minimum=1, maximum=partitions_max)
 
+    async def get_partitions(request: web.Request) -> web.Response:
+        topic = _topic(request)
+        metadata: dict[str, Any] = {"partitions": await backend.partitioned_metadata(topic)}
+        if metadata["partitions"] > 0:
+            properties = await backend.partitioned_topic_properties(topic)
+            if properties:
+                metadata["properties"] = properties
+        return _json(metadata)
+
     async def redirect_to_owner(request: web.Request) -> None:
         """Like Pulsar's topic-ownership check: a call about a topic another broker owns is
         answered 307 with that broker's admin URL (``authoritative=true`` added, so the owner
@@ -617,15 +662,12 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
             return await handler(request)
         return wrapped
 
-    async def get_partitions(request: web.Request) -> web.Response:
-        return _json({"partitions": await backend.partitioned_metadata(_topic(request))})
-
     async def create_partitioned(request: web.Request) -> web.Response:
         topic = _topic(request)
-        n = partitions_of(await _json_body(request))
+        n, properties = partitioned_topic_metadata(await _json_body(request), partitions_max=partitions_max)
         if TopicName.parse(topic).is_partition or PARTITION_SUFFIX in request.match_info["topic"]:
             raise PreconditionFailedError(f"partitioned topic name should not contain '{PARTITION_SUFFIX}'")
-        await backend.create_partitioned_topic(topic, n)
+        await backend.create_partitioned_topic(topic, n, properties)
         return _no_content()
 
     async def update_partitioned(request: web.Request) -> web.Response:
@@ -770,4 +812,5 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
 
 __all__ = ["AdminBackend", "make_admin_app", "TopicStats", "SubscriptionStats", "ConsumerStats",
            "PublisherStats", "InternalStats", "LedgerInfoStats", "CursorStats", "LookupData", "lookup_data",
-           "MessageIdData", "SubscriptionPosition", "BODY_BYTES_MAX", "PARTITIONS_MAX"]
+           "MessageIdData", "SubscriptionPosition", "BODY_BYTES_MAX", "PARTITIONS_MAX",
+           "partitioned_topic_metadata", "PARTITIONED_TOPIC_METADATA_MEDIA_TYPE"]

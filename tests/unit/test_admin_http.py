@@ -61,7 +61,7 @@ class DictBackend:
             raise PreconditionFailedError("Topic has active producers/subscriptions")
         del self.topics[topic]
 
-    async def create_partitioned_topic(self, topic: str, partitions: int) -> None:
+    async def create_partitioned_topic(self, topic: str, partitions: int, properties=None) -> None:
         self._check_namespace(topic)
         if topic in self.topics or topic in self.partitioned:
             raise ConflictError(f"Topic {topic} already exists")
@@ -87,6 +87,9 @@ class DictBackend:
 
     async def partitioned_metadata(self, topic: str) -> int:
         return self.partitioned.get(topic, 0)
+
+    async def partitioned_topic_properties(self, topic: str):
+        return None
 
     async def topic_stats(self, topic: str):
         t = self._get(topic)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from broker.admin.http import lookup_data
+import pytest
+
+from broker.admin.http import lookup_data, partitioned_topic_metadata
+from broker.admin.policies import BadRequestError, PreconditionFailedError
 
 
 def test_lookup_data_without_tls_listeners():
@@ -19,3 +22,24 @@ def test_lookup_data_with_tls_listeners():
     assert data == {"brokerUrl": "pulsar://h:6650", "brokerUrlTls": "pulsar+ssl://h:6651",
                     "httpUrl": "http://h:8080", "httpUrlTls": "https://h:8443",
                     "nativeUrl": "pulsar://h:6650", "brokerUrlSsl": ""}
+
+
+def test_partitioned_topic_metadata_forms():
+    """Pulsar's createPartitionedTopic: a bare integer (or a numeric string, Jackson's coercion)
+    or a PartitionedTopicMetadata object (the Go admin client's form)."""
+    assert partitioned_topic_metadata(3, partitions_max=10) == (3, None)
+    assert partitioned_topic_metadata("3", partitions_max=10) == (3, None)
+    assert partitioned_topic_metadata({"properties": None, "partitions": 3}, partitions_max=10) == (3, None)
+    assert partitioned_topic_metadata({"partitions": 2, "properties": {"a": "b"}}, partitions_max=10) \
+        == (2, {"a": "b"})
+    assert partitioned_topic_metadata({"partitions": 2, "properties": {}}, partitions_max=10) == (2, None)
+
+
+@pytest.mark.parametrize("body, error", [
+    ({"properties": None}, BadRequestError), ({"partitions": "x"}, BadRequestError),
+    ({"partitions": 2, "properties": {"a": 1}}, BadRequestError), ({"partitions": 2, "extra": 1}, BadRequestError),
+    ([3], BadRequestError), (True, BadRequestError), (0, PreconditionFailedError),
+    ({"partitions": 11}, PreconditionFailedError)])
+def test_partitioned_topic_metadata_refused(body, error):
+    with pytest.raises(error):
+        partitioned_topic_metadata(body, partitions_max=10)
