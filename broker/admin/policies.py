@@ -121,10 +121,17 @@ def namespace_path(namespace: str) -> str:
 
 
 # -- value checks --------------------------------------------------------------------------
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9]{1,19}")
+
+
 def _int(what: str, value: object, *, minimum: int, allow_none: bool = False,
          maximum: int = None) -> int | None:
+    """An integer field; a string holding an integer is taken too, as Pulsar's Jackson
+    coerces it (``{"limit": "10240"}``, what pulsar-admin-go sends)."""
     if value is None and allow_none:
         return None
+    if isinstance(value, str) and _INTEGER_TEXT.fullmatch(value.strip()):
+        value = int(value.strip())
     if isinstance(value, bool) or not isinstance(value, int):
         raise BadRequestError(f"{what} must be an integer, got {value!r}")
     top = _INT64_MAX if maximum is None else maximum

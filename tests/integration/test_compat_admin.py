@@ -73,3 +73,19 @@ def test_create_partitioned_topic_refuses_bad_metadata(admin, body):
                      timeout=30)
     assert r.status_code in (400, 412), r.text
     assert requests.get(url, timeout=30).json() == {"partitions": 0}
+
+
+# -- item 17: numbers as strings, as Jackson coerces them --------------------------------------
+def test_backlog_quota_takes_a_numeric_string(admin):
+    """Pulsar reads policies with Jackson, which coerces a numeric string into a long field:
+    ``{"limit":"10240","policy":"producer_exception"}`` (what pulsar-admin-go sends) sets a
+    10240-byte quota. A string that is not a number is still refused, changing nothing."""
+    url = f"{admin}/namespaces/{NS}/backlogQuota?backlogQuotaType=destination_storage"
+    r = requests.post(url, json={"limit": "10240", "limitTime": "-1", "policy": "producer_exception"}, timeout=30)
+    assert r.status_code == 204, r.text
+    got = requests.get(f"{admin}/namespaces/{NS}/backlogQuotaMap", timeout=30).json()
+    assert got["destination_storage"] == {"limitSize": 10240, "limitTime": -1, "policy": "producer_exception"}
+    r = requests.post(url, json={"limitSize": "ten", "policy": "producer_exception"}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert requests.get(f"{admin}/namespaces/{NS}/backlogQuotaMap", timeout=30).json() == got
+    assert requests.delete(url, timeout=30).status_code == 204

@@ -474,7 +474,7 @@ def test_policies_round_trip_in_pulsar_shape():
 @pytest.mark.parametrize("raw, error", [
     ({"retention_policies": {"retentionTimeInMinutes": 10, "retentionSizeInMB": 0}}, PreconditionFailedError),
     ({"retention_policies": {"retentionTimeInMinutes": -2, "retentionSizeInMB": 1}}, PreconditionFailedError),
-    ({"retention_policies": {"retentionTimeInMinutes": "10", "retentionSizeInMB": 1}}, BadRequestError),
+    ({"retention_policies": {"retentionTimeInMinutes": "ten", "retentionSizeInMB": 1}}, BadRequestError),
     ({"retention_policies": [1, 2]}, BadRequestError),
     ({"message_ttl_in_seconds": -1}, PreconditionFailedError),
     ({"message_ttl_in_seconds": 1.5}, BadRequestError),

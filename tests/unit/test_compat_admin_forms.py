@@ -43,3 +43,15 @@ def test_partitioned_topic_metadata_forms():
 def test_partitioned_topic_metadata_refused(body, error):
     with pytest.raises(error):
         partitioned_topic_metadata(body, partitions_max=10)
+
+
+def test_policy_integers_take_numeric_strings_as_jackson_does():
+    from broker.admin.policies import BacklogQuota, RetentionPolicy
+    assert BacklogQuota.from_json({"limit": "10240", "policy": "producer_exception"}) == \
+        BacklogQuota(limit_bytes=10240, limit_time_s=-1, policy="producer_exception")
+    assert BacklogQuota.from_json({"limitSize": " -1 ", "limitTime": "3600"}).limit_time_s == 3600
+    assert RetentionPolicy.from_json({"retentionTimeInMinutes": "10", "retentionSizeInMB": "1"}) == \
+        RetentionPolicy.from_json({"retentionTimeInMinutes": 10, "retentionSizeInMB": 1})
+    for bad in ("ten", "1.5", "0x10", "", "1e3", "99999999999999999999"):
+        with pytest.raises((BadRequestError, PreconditionFailedError)):
+            BacklogQuota.from_json({"limitSize": bad})
