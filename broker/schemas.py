@@ -8,8 +8,8 @@ The znode::
                    "timestamp": 1700000000000, "deleted": false}, ...]}
 
 Versions are list indexes and only grow. Deleting a topic's schema appends a tombstone
-(``deleted: true``); the versions after the last tombstone are the live ones, the only ones a new
-schema is checked against (broker/schema_compat.py) under the namespace's
+(``deleted: true``); the versions after the last tombstone are the live ones, the only ones served
+(by version too, on REST and GET_SCHEMA, as Pulsar) and the only ones a new schema is checked against (broker/schema_compat.py) under the namespace's
 ``schema_compatibility_strategy``. A producer or consumer that declares a schema equal to a live
 version gets that version; a new one is added only if it is compatible and the namespace allows
 auto-update (``is_allow_auto_update_schema``); an admin upload ignores the auto-update flag.
@@ -197,14 +197,15 @@ class SchemaRegistry:
         return None if found is None else (found.to_pb(), found.version)
 
     async def get_stored(self, topic, version: int | None = None) -> StoredSchema | None:
-        """The latest live version, or ``version`` (None if absent or a tombstone)."""
-        versions = await self._versions(topic)
+        """The latest live version, or ``version`` if it is live: None if absent, a tombstone,
+        or deleted (before the last tombstone), as Pulsar's getSchema(id, version) looks a
+        version up among those after the last delete only."""
+        live = _live(await self._versions(topic))
         if version is None:
-            live = _live(versions)
             return _from_json(*live[-1]) if live else None
-        if not 0 <= version < len(versions) or versions[version].get("deleted"):
+        if not live or not live[0][0] <= version <= live[-1][0]:
             return None
-        return _from_json(version, versions[version])
+        return _from_json(*live[version - live[0][0]])
 
     async def all_versions(self, topic) -> list[StoredSchema]:
         """Every live version, oldest first."""

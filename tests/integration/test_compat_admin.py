@@ -89,3 +89,62 @@ def test_backlog_quota_takes_a_numeric_string(admin):
     assert r.status_code == 400, r.text
     assert requests.get(f"{admin}/namespaces/{NS}/backlogQuotaMap", timeout=30).json() == got
     assert requests.delete(url, timeout=30).status_code == 204
+
+
+# -- item 14: deleted schema versions are not served ---------------------------------------------
+def _binary_get_schema(cluster, topic: str, version: int | None) -> "pb.CommandGetSchemaResponse":
+    """One GET_SCHEMA over the binary protocol, as the clients send it (version: 8 bytes, big-endian)."""
+    import socket
+
+    from broker.schemas import encode_version
+    from pulsarlite.wire import commands as c
+    from pulsarlite.wire import pb
+    from pulsarlite.wire.frames import FrameDecoder
+
+    host, port = cluster.service_url.split("://", 1)[1].split(",")[0].rsplit(":", 1)
+    decoder = FrameDecoder()
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(c.connect("compat-test"))
+        s.sendall(c.get_schema(7, topic, schema_version=None if version is None else encode_version(version)))
+        while True:
+            data = s.recv(65536)
+            assert data, "connection closed before GET_SCHEMA_RESPONSE"
+            for frame in decoder.feed(data):
+                if frame.command.type == pb.BaseCommand.GET_SCHEMA_RESPONSE:
+                    return frame.command.getSchemaResponse
+
+
+def test_deleted_schema_versions_are_not_served(cluster, admin):
+    """Pulsar's SchemaRegistryServiceImpl.getSchema(id, version) looks a version up among the
+    versions after the last delete (trimDeletedSchemaAndGetList): a deleted version is "not
+    found", on REST (404) and on the binary GET_SCHEMA (TopicNotFound, "schema not found")."""
+    import json
+
+    from pulsarlite.wire import pb
+    url = f"{admin}/schemas/{NS}/schema-deleted"
+    topic = f"persistent://{NS}/schema-deleted"
+    v0 = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}]}
+    r = requests.post(url + "/schema", json={"type": "AVRO", "schema": json.dumps(v0)}, timeout=30)
+    assert r.status_code == 200 and r.json() == {"version": 0}, r.text
+    assert requests.get(url + "/schema/0", timeout=30).status_code == 200
+    got = _binary_get_schema(cluster, topic, 0)
+    assert not got.HasField("error_code") and json.loads(got.schema.schema_data) == v0
+
+    assert requests.delete(url + "/schema", timeout=30).json() == {"version": 1}
+    assert requests.get(url + "/schema/0", timeout=30).status_code == 404
+    assert requests.get(url + "/schema/1", timeout=30).status_code == 404       # the tombstone
+    assert requests.get(url + "/schema", timeout=30).status_code == 404
+    assert requests.get(url + "/schemas", timeout=30).json() == {"getSchemaResponses": []}
+    for version in (0, None):
+        got = _binary_get_schema(cluster, topic, version)
+        assert got.HasField("error_code") and got.error_code == pb.TopicNotFound, got
+
+    v2 = {"type": "record", "name": "R", "fields": [{"name": "b", "type": "string"}]}
+    r = requests.post(url + "/schema", json={"type": "AVRO", "schema": json.dumps(v2)}, timeout=30)
+    assert r.json() == {"version": 2}
+    assert requests.get(url + "/schema/0", timeout=30).status_code == 404
+    assert json.loads(requests.get(url + "/schema/2", timeout=30).json()["data"]) == v2
+    got = _binary_get_schema(cluster, topic, 0)
+    assert got.HasField("error_code"), got
+    got = _binary_get_schema(cluster, topic, 2)
+    assert not got.HasField("error_code") and json.loads(got.schema.schema_data) == v2
