@@ -4,7 +4,9 @@ Start order: config validated -> cookies checked (ZooKeeper vs disks) -> storage
 journal replayed) -> serving (bookie/server.py) -> registered under /ledgers/available/. A monitor task
 watches disk usage (read-only mode above the threshold, writable again below the lower one)
 and the ZooKeeper session (re-registers after a session loss); another deletes orphan ledgers
-(stored here, unknown to the metadata for longer than a grace period: bookie/orphan_gc.py).
+(stored here, unknown to the metadata for longer than a grace period: bookie/orphan_gc.py);
+with ``autorecovery_enabled`` an auditor candidate and a replication worker run too
+(bookie/autorecovery/).
 SIGTERM/SIGINT stop it cleanly; kill -9 is survived by journal replay.
 """
 
@@ -138,10 +140,18 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
                 lookups_per_pass_max=config.orphan_ledgers_per_pass_max))
             orphan_task.add_done_callback(_report_death)
             tasks.append(orphan_task)
+        autorecovery = None
+        if config.autorecovery_enabled:
+            from bookie.autorecovery.service import start_in_bookie
+            autorecovery = await start_in_bookie(zk, config, bookie_id, _report_death)
         await stop_event.wait()
         log.info("bookie stopping bookie=%s", bookie_id)
         for task in tasks:
             task.cancel()
+        if autorecovery is not None:
+            service_ar, client_ar = autorecovery
+            await service_ar.stop()
+            await client_ar.close()
         service.closing = True
         try:
             await unregister_bookie(zk, bookie_id)

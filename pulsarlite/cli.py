@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "produce": "pulsarlite.cli_client",   # registers produce and consume
     "consume": "pulsarlite.cli_client",
     "perf": "pulsarlite.cli_perf",
+    "autorecovery": "bookie.autorecovery.service",
 }
 
 

@@ -1,7 +1,9 @@
 """`pulsarlite bookkeeper ...`: the operator shell, after BookKeeper's `bookkeeper shell`.
 
     listbookies | listledgers | ledgermetadata ID | readledger ID | deleteledger ID |
-    simpletest --ensemble E --write-quorum Qw --ack-quorum Qa --entries N
+    simpletest --ensemble E --write-quorum Qw --ack-quorum Qa --entries N |
+    listunderreplicated [--json] | recover BOOKIE | decommission BOOKIE [--timeout-s S] |
+    autorecovery status [--json]
 """
 
 from __future__ import annotations
@@ -48,6 +50,30 @@ def add_parser(subparsers) -> None:
     s = sub.add_parser("deleteledger", help="delete a ledger from the bookies and the metadata")
     s.add_argument("ledger_id", type=int)
     s.set_defaults(func=_run(_deleteledger))
+
+    s = sub.add_parser("listunderreplicated", help="list ledgers marked under-replicated")
+    s.add_argument("--json", action="store_true",
+                   help="a JSON list: one object per ledger (ledger_id, missing_bookies, ctime_ms, locked_by)")
+    s.set_defaults(func=_run(_listunderreplicated))
+
+    s = sub.add_parser("recover", help="mark every ledger naming BOOKIE under-replicated now "
+                                       "(the replication workers then move its copies)")
+    s.add_argument("bookie")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_run(_recover))
+
+    s = sub.add_parser("decommission", help="move every copy off BOOKIE (which may still be up) and "
+                                            "wait until no ledger names it")
+    s.add_argument("bookie")
+    s.add_argument("--timeout-s", type=float, default=3600.0, help="give up waiting after this long")
+    s.add_argument("--poll-s", type=float, default=1.0, help="progress check interval")
+    s.set_defaults(func=_run(_decommission))
+
+    s = sub.add_parser("autorecovery", help="autorecovery state")
+    ar = s.add_subparsers(dest="ar_command", required=True)
+    st = ar.add_parser("status", help="the auditor, the under-replicated count, decommissioning bookies")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_run(_autorecovery_status))
 
     s = sub.add_parser("simpletest", help="write N entries to a new ledger and report")
     s.add_argument("--ensemble", "-e", type=int, default=3)
@@ -156,4 +182,107 @@ async def _simpletest(client, args) -> int:
     else:
         print(f"ledger {writer.ledger_id}: {acked} entries acknowledged in {elapsed:.3f}s "
               f"on {', '.join(writer.metadata.current_ensemble)}")
+    return 0
+
+
+# -- autorecovery ---------------------------------------------------------------------------
+
+async def _ledgers_naming(client, bookie: str) -> list:
+    """Metadata of every ledger whose ensembles (or under-replicated bookies) name ``bookie``."""
+    from pulsarlite.errors import MetadataNotFoundError
+
+    out = []
+    for lid in await client.ledger_manager.list_ledger_ids():
+        try:
+            md, _ = await client.ledger_manager.read(lid)
+        except MetadataNotFoundError:
+            continue
+        if bookie in md.all_bookies() or bookie in md.under_replicated_bookies:
+            out.append(md)
+    return out
+
+
+async def _listunderreplicated(client, args) -> int:
+    from bookie.autorecovery.urmanager import UnderReplicationManager
+
+    urm = UnderReplicationManager(client.store)
+    rows = []
+    for mark in await urm.list_marks():
+        rows.append({"ledger_id": mark.ledger_id, "missing_bookies": list(mark.missing_bookies),
+                     "ctime_ms": mark.ctime_ms, "locked_by": await urm.lock_holder(mark.ledger_id)})
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        for r in rows:
+            print(f"{r['ledger_id']}\tmissing={','.join(r['missing_bookies'])}"
+                  + (f"\tlocked_by={r['locked_by']}" if r["locked_by"] else ""))
+    return 0
+
+
+async def _recover(client, args) -> int:
+    from bookie.autorecovery.urmanager import UnderReplicationManager
+
+    urm = UnderReplicationManager(client.store)
+    marked = []
+    for md in await _ledgers_naming(client, args.bookie):
+        await urm.mark(md.ledger_id, [args.bookie], int(time.time() * 1000))
+        marked.append(md.ledger_id)
+    if args.json:
+        print(json.dumps({"bookie": args.bookie, "ledgers_marked": marked}))
+    else:
+        print(f"bookie {args.bookie}: {len(marked)} ledgers marked under-replicated")
+    return 0
+
+
+async def _decommission(client, args) -> int:
+    """Mark the bookie decommissioning (the auditor marks its ledgers at once), mark its ledgers
+    ourselves too (no auditor needed for the marks), then wait until nothing names it."""
+    from bookie.autorecovery.urmanager import UnderReplicationManager
+
+    if args.timeout_s <= 0 or args.poll_s <= 0:
+        raise ValueError("--timeout-s and --poll-s must be > 0")
+    urm = UnderReplicationManager(client.store)
+    await urm.start_decommission(args.bookie, int(time.time() * 1000))
+    deadline = time.monotonic() + args.timeout_s
+    first = None
+    marked: set[int] = set()
+    while True:
+        naming = await _ledgers_naming(client, args.bookie)
+        if first is None:
+            first = len(naming)
+        for md in naming:       # ledgers created on it meanwhile too (while it is writable)
+            if md.ledger_id not in marked:
+                await urm.mark(md.ledger_id, [args.bookie], int(time.time() * 1000))
+                marked.add(md.ledger_id)
+        first = max(first, len(marked))
+        print(f"decommission {args.bookie}: {first - len(naming)}/{first} ledgers moved, "
+              f"{len(naming)} still name it", file=sys.stderr, flush=True)
+        if not naming:
+            await urm.end_decommission(args.bookie)
+            print(f"bookie {args.bookie} decommissioned: no ledger names it")
+            return 0
+        if time.monotonic() >= deadline:
+            print(f"pulsarlite bookkeeper: decommission {args.bookie}: {len(naming)} ledgers still name it "
+                  f"after {args.timeout_s}s (ids {[md.ledger_id for md in naming][:20]}); "
+                  f"it stays marked decommissioning", file=sys.stderr)
+            return 1
+        await asyncio.sleep(args.poll_s)
+
+
+async def _autorecovery_status(client, args) -> int:
+    from bookie.autorecovery.auditor import current_auditor
+    from bookie.autorecovery.urmanager import UnderReplicationManager
+
+    urm = UnderReplicationManager(client.store)
+    status = {"auditor": await current_auditor(client.store),
+              "under_replicated_ledgers": len(await urm.list_marked()),
+              "locked_ledgers": len(await urm.locked()),
+              "decommissioning": await urm.decommissioning()}
+    if args.json:
+        print(json.dumps(status))
+    else:
+        print(f"auditor: {status['auditor'] or '(none)'}")
+        print(f"under-replicated ledgers: {status['under_replicated_ledgers']} "
+              f"(being repaired: {status['locked_ledgers']})")
+        print(f"decommissioning: {', '.join(status['decommissioning']) or '(none)'}")
     return 0

@@ -53,7 +53,7 @@ class BookieConfig:
     checkpoint_interval_ms: int = 5_000      # persist the index, move the mark, trim the journal
     write_cache_flush_interval_ms: int = 250  # write the cache to entry logs: small bursts (BENCHMARKS.md)
     # limits on requests
-    entry_bytes_max: int = 5 * MiB
+    entry_bytes_max: int = 5 * MiB + 10 * KiB  # >= the brokers' frame_bytes_max (message_bytes_max + padding)
     # largest frame accepted (bookie protocol), both ways: what one unfinished frame may hold.
     # The ledger client's largest AddRequest is max(add_batch_bytes_max, one entry of at most
     # entry_bytes_max) plus framing; 16 MiB leaves room for clients configured with bigger batches
@@ -84,6 +84,19 @@ class BookieConfig:
     orphan_ledgers_per_pass_max: int = 1_000  # metadata lookups (so deletions) per pass
     # test hook: pretend the disk has this many bytes free (read-only mode tests); 0 = real
     disk_free_bytes_override: int = 0
+    # autorecovery (bookie/autorecovery/): every bookie runs an auditor candidate (one is
+    # elected) and a replication worker
+    autorecovery_enabled: bool = True
+    # a bookie named by ledgers and gone this long is lost: its ledgers are marked
+    # under-replicated (BookKeeper's lostBookieRecoveryDelay); a decommissioned one at once
+    lost_bookie_recovery_delay_ms: int = 60_000
+    audit_interval_ms: int = 300_000         # the auditor's periodic full scan of the ledgers
+    replication_poll_interval_ms: int = 5_000  # the worker looks for marked ledgers this often
+    replication_entries_in_flight_max: int = 64  # entries read or written at once per fragment
+    replication_bytes_per_s_max: int = 32 * MiB  # copy throttle per worker
+    replication_ledgers_concurrent_max: int = 2  # ledgers one worker repairs at once
+    replication_retry_delay_ms_max: int = 60_000  # back-off cap for a ledger that could not be repaired
+    replication_copy_timeout_ms: int = 30_000  # one entry's read or write to a bookie
 
     def validate(self) -> "BookieConfig":
         _positive(self, "port", "zk_session_timeout_ms", "journal_bytes_buffered_max",
@@ -93,7 +106,15 @@ class BookieConfig:
                   "gc_interval_ms", "compaction_bytes_per_s_max", "connections_max",
                   "frame_complete_timeout_ms", "connection_first_request_timeout_ms",
                   "connection_write_stall_timeout_ms", "orphan_gc_interval_ms",
-                  "orphan_ledger_grace_ms", "orphan_ledgers_per_pass_max")
+                  "orphan_ledger_grace_ms", "orphan_ledgers_per_pass_max", "audit_interval_ms",
+                  "replication_poll_interval_ms", "replication_entries_in_flight_max",
+                  "replication_bytes_per_s_max", "replication_ledgers_concurrent_max",
+                  "replication_retry_delay_ms_max", "replication_copy_timeout_ms")
+        if self.lost_bookie_recovery_delay_ms < 0:
+            raise ConfigError("lost_bookie_recovery_delay_ms must be >= 0")
+        if self.replication_entries_in_flight_max > 10_000 or self.replication_ledgers_concurrent_max > 100:
+            raise ConfigError("replication_entries_in_flight_max must be <= 10000 and "
+                              "replication_ledgers_concurrent_max <= 100")
         if not 0 < self.group_wait_ms_max <= 1000:
             raise ConfigError(f"group_wait_ms_max must be in (0, 1000], got {self.group_wait_ms_max}")
         if self.port > 65535:

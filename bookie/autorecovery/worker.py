@@ -1,0 +1,266 @@
+"""The replication worker (shell): finds marked ledgers, takes a ledger's lock, runs the pure
+replication core against real bookies with a LedgerClient's connections, records each repaired
+fragment by compare-and-set, releases the lock.
+
+Protocol, per marked ledger (at most ``ledgers_concurrent_max`` at once):
+
+1. Take /ledgers/underreplication/locks/urL<id> (ephemeral; another worker holding it: skip).
+2. Read the mark (and its version) and the ledger's metadata. No metadata: the ledger was
+   deleted; the mark goes.
+3. Plan (``plan_repairs``); copy each fragment (``FragmentCopy``: CRC-checked reads from the
+   survivors, writes with the recovery flag to the replacement, throttled in bytes/s); once a
+   fragment's entries are all acknowledged, CAS ``apply_repair`` on freshly read metadata (a
+   version conflict re-reads and re-applies; a ``RepairConflict`` re-plans the ledger).
+4. When the metadata names none of the mark's bookies any more, delete the mark at the
+   version read in 2 (a mark the auditor extended meanwhile stays, and is taken again).
+   Otherwise (an open ledger's last fragment, no replacement, a failed copy) the mark stays and
+   the ledger is retried after a back-off that doubles up to ``retry_delay_ms_max``.
+5. Release the lock (also on any error; a crashed worker's lock goes with its session).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+
+from bookie._proto import bookie_rpc_pb2 as pb
+from bookie.autorecovery.replication_core import (CopyDone, CopyFailed, FragmentCopy, FragmentRepair,
+                                                  ReadEntry, ReplicaRejected, RepairConflict,
+                                                  StoredEntry, Throttle, WriteEntry, apply_repair,
+                                                  plan_repairs)
+from bookie.autorecovery.urmanager import UnderReplicationManager
+from bookie.client.metadata import LedgerState
+from bookie.transport import encode_add_entry
+from pulsarlite.errors import (BookieUnavailableError, MetadataNotFoundError, MetadataVersionConflict,
+                               PulsarliteError)
+
+log = logging.getLogger("pulsarlite.autorecovery")
+
+CAS_ATTEMPTS_MAX = 10
+REPLANS_MAX = 5
+
+
+def _now_ms() -> float:
+    return time.monotonic() * 1000
+
+
+class ReplicationWorker:
+    def __init__(self, ledger_client, worker_id: str, *, poll_interval_ms: int, entries_in_flight_max: int,
+                 bytes_per_s_max: int, ledgers_concurrent_max: int, retry_delay_ms_max: int,
+                 copy_timeout_ms: int, rng: random.Random | None = None) -> None:
+        self.client = ledger_client
+        self.worker_id = worker_id
+        self.urm = UnderReplicationManager(ledger_client.store)
+        self.poll_interval_ms = poll_interval_ms
+        self.window = entries_in_flight_max
+        self.throttle = Throttle(bytes_per_s_max)
+        self.concurrent_max = ledgers_concurrent_max
+        self.retry_delay_ms_max = retry_delay_ms_max
+        self.copy_timeout_s = copy_timeout_ms / 1000
+        self.rng = rng or random.Random()
+        self._busy: dict[int, asyncio.Task] = {}
+        self._retry_at_ms: dict[int, tuple[float, float]] = {}   # ledger -> (when, last delay)
+        # what this worker did (tests and `autorecovery status`)
+        self.fragments_repaired = 0
+        self.entries_copied = 0
+        self.bytes_copied = 0
+        self.ledgers_repaired = 0
+
+    async def run(self) -> None:
+        """Until cancelled: poll the marks, repair what is due."""
+        try:
+            while True:
+                try:
+                    await self.poll_once()
+                except PulsarliteError as e:
+                    log.warning("replication poll failed worker=%s: %s", self.worker_id, e)
+                await asyncio.sleep(self.poll_interval_ms / 1000)
+        finally:
+            tasks = list(self._busy.values())
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def poll_once(self) -> list[asyncio.Task]:
+        """Start repairs of the due marked ledgers (up to the concurrency bound)."""
+        started = []
+        now = _now_ms()
+        marked = await self.urm.list_marked()
+        for lid in list(self._retry_at_ms):
+            if lid not in marked:
+                del self._retry_at_ms[lid]
+        for lid in marked:
+            if len(self._busy) >= self.concurrent_max:
+                break
+            if lid in self._busy or self._retry_at_ms.get(lid, (0, 0))[0] > now:
+                continue
+            task = asyncio.ensure_future(self._guarded(lid))
+            self._busy[lid] = task
+            task.add_done_callback(lambda _t, lid=lid: self._busy.pop(lid, None))
+            started.append(task)
+        return started
+
+    async def _guarded(self, lid: int) -> bool:
+        try:
+            done = await self.repair_ledger(lid)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:      # a failure of one ledger never ends the worker
+            log.warning("ledger repair failed ledger=%d worker=%s: %r", lid, self.worker_id, e)
+            done = False
+        if done:
+            self._retry_at_ms.pop(lid, None)
+        else:
+            _, last = self._retry_at_ms.get(lid, (0, 0))
+            delay = min(self.retry_delay_ms_max, max(self.poll_interval_ms, last * 2))
+            self._retry_at_ms[lid] = (_now_ms() + delay, delay)
+        return done
+
+    async def repair_ledger(self, lid: int) -> bool:
+        """One pass over ``lid`` under its lock. True: nothing left to do (mark deleted or not
+        ours to handle now: locked by another worker counts as done for this pass)."""
+        if not await self.urm.try_lock(lid, self.worker_id):
+            log.debug("ledger locked by another worker ledger=%d worker=%s", lid, self.worker_id)
+            return True
+        try:
+            got = await self.urm.read_mark(lid)
+            if got is None:
+                return True
+            mark, mark_version = got
+            lost = frozenset(mark.missing_bookies)
+            try:
+                md, _ = await self.client.ledger_manager.read(lid)
+            except MetadataNotFoundError:
+                await self.urm.unmark(lid, mark_version)
+                log.info("under-replicated ledger is gone: mark removed ledger=%d", lid)
+                return True
+            for _ in range(REPLANS_MAX):
+                repairs, blocked = plan_repairs(md, lost, self.client.writable_bookies, self.rng)
+                for b in blocked:
+                    log.warning("fragment not repairable now ledger=%d fragment=%d bookie=%s reason=%s",
+                                lid, b.fragment_first, b.lost_bookie, b.reason)
+                replan = False
+                for repair in repairs:
+                    if not await self._copy(repair):
+                        break
+                    try:
+                        md = await self._record(repair)
+                    except RepairConflict as e:
+                        log.info("metadata changed under a repair, re-planning ledger=%d: %s", lid, e)
+                        md, _ = await self.client.ledger_manager.read(lid)
+                        replan = True
+                        break
+                if not replan:
+                    break
+            md, _ = await self.client.ledger_manager.read(lid)
+            remaining = lost & (md.all_bookies() | (frozenset(md.under_replicated_bookies)
+                                                     if md.state is LedgerState.CLOSED else frozenset()))
+            if remaining:
+                log.info("ledger still under-replicated ledger=%d missing=%s", lid, ",".join(sorted(remaining)))
+                return False
+            if await self.urm.unmark(lid, mark_version):
+                self.ledgers_repaired += 1
+                log.info("ledger fully replicated: mark removed ledger=%d worker=%s", lid, self.worker_id)
+                return True
+            log.info("mark changed during the repair: kept for another pass ledger=%d", lid)
+            return False
+        finally:
+            try:
+                await self.urm.unlock(lid)
+            except PulsarliteError as e:
+                log.warning("could not release lock ledger=%d: %s (its session's end will)", lid, e)
+
+    async def _record(self, repair: FragmentRepair):
+        """CAS apply_repair on fresh metadata; returns the metadata written."""
+        lm = self.client.ledger_manager
+        for _ in range(CAS_ATTEMPTS_MAX):
+            current, version = await lm.read(repair.ledger_id)
+            new = apply_repair(current, repair)         # RepairConflict: re-plan
+            try:
+                await lm.write(new, version)
+            except MetadataVersionConflict:
+                continue
+            self.fragments_repaired += 1
+            log.info("fragment re-replicated %s worker=%s", repair.describe(), self.worker_id)
+            return new
+        raise MetadataVersionConflict(f"ledger {repair.ledger_id}: repair lost {CAS_ATTEMPTS_MAX} races")
+
+    async def _copy(self, repair: FragmentRepair) -> bool:
+        core = FragmentCopy(repair, self.window)
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future = loop.create_future()
+        tasks: set[asyncio.Task] = set()
+
+        def execute(actions: list) -> None:
+            for a in actions:
+                if isinstance(a, ReadEntry):
+                    spawn(self._read(core, a, execute))
+                elif isinstance(a, WriteEntry):
+                    spawn(self._write(core, a, execute))
+                elif isinstance(a, ReplicaRejected):
+                    log.warning("replica not used ledger=%d entry=%d bookie=%s reason=%s",
+                                repair.ledger_id, a.entry_id, a.bookie, a.reason)
+                elif isinstance(a, (CopyDone, CopyFailed)) and not outcome.done():
+                    outcome.set_result(a)
+
+        def spawn(coro) -> None:
+            t = asyncio.ensure_future(coro)
+            tasks.add(t)
+            t.add_done_callback(finished)
+
+        def finished(t: asyncio.Task) -> None:
+            tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None and not outcome.done():
+                outcome.set_exception(t.exception())
+
+        log.info("fragment copy starting %s worker=%s", repair.describe(), self.worker_id)
+        try:
+            execute(core.start())
+            result = await outcome
+        finally:
+            for t in list(tasks):
+                t.cancel()
+        if isinstance(result, CopyFailed):
+            log.warning("fragment copy failed %s reason=%s", repair.describe(), result.reason)
+            return False
+        self.entries_copied += len(repair.entries)
+        self.bytes_copied += result.bytes_copied
+        return True
+
+    async def _read(self, core: FragmentCopy, a: ReadEntry, execute) -> None:
+        lid = core.repair.ledger_id
+        entry, problem = None, ""
+        try:
+            resp = await asyncio.wait_for(self.client.pool.get(a.bookie).read(lid, a.entry_id, a.entry_id),
+                                          self.copy_timeout_s)
+            if resp.code == pb.OK and resp.entries:
+                e = resp.entries[0]
+                entry = StoredEntry(e.ledger_id, e.entry_id, e.lac, e.length, bytes(e.payload), e.checksum)
+            else:
+                problem = pb.StatusCode.Name(resp.code) if resp.code != pb.OK else "empty reply"
+        except (BookieUnavailableError, asyncio.TimeoutError) as e:
+            problem = str(e) or "timeout"
+        execute(core.on_read(a.entry_id, a.bookie, entry, problem))
+
+    async def _write(self, core: FragmentCopy, a: WriteEntry, execute) -> None:
+        e = a.entry
+        delay_ms = self.throttle.delay_ms(len(e.payload), _now_ms())
+        if delay_ms > 0:
+            await asyncio.sleep(delay_ms / 1000)
+        fut = asyncio.get_running_loop().create_future()
+
+        def on_result(_bookie: str, results: list[tuple[int, int]]) -> None:
+            for _entry_id, code in results:
+                if not fut.done():
+                    fut.set_result(code)
+
+        self.client.pool.get(a.bookie).send_add(
+            e.entry_id, encode_add_entry(e.ledger_id, e.entry_id, e.lac, e.length, e.payload, e.checksum),
+            True, on_result)
+        try:
+            code = await asyncio.wait_for(fut, self.copy_timeout_s)
+        except asyncio.TimeoutError:
+            code = pb.UNAVAILABLE
+        execute(core.on_written(e, code == pb.OK, pb.StatusCode.Name(code) if code in pb.StatusCode.values() else str(code)))

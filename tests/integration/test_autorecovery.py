@@ -1,0 +1,188 @@
+"""Autorecovery on real ZooKeeper and real bookie processes: a bookie lost for good is
+re-replicated away (auditor in the bookies, replication workers), two workers race for one
+ledger, a live bookie is decommissioned."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bookie.autorecovery.urmanager import UnderReplicationManager
+from bookie.autorecovery.worker import ReplicationWorker
+from bookie.client.ledger_client import LedgerClient
+from pulsarlite.config import LedgerClientConfig
+
+pytestmark = pytest.mark.integration
+
+FAST = {"lost_bookie_recovery_delay_ms": 1_000, "replication_poll_interval_ms": 200,
+        "audit_interval_ms": 5_000, "replication_retry_delay_ms_max": 1_000}
+REPAIR_TIMEOUT_S = 120.0
+
+
+def payload_for(ledger: int, i: int) -> bytes:
+    return f"l{ledger}-e{i:05d}-".encode() + bytes([(i * 7 + ledger) % 251]) * (i % 113)
+
+
+async def connect(cluster) -> LedgerClient:
+    return await LedgerClient.connect(LedgerClientConfig(zookeeper=cluster.zookeeper, add_timeout_ms=10_000))
+
+
+def name_of(cluster, bookie_id: str) -> str:
+    return next(n for n in cluster.bookie_names if cluster.records[n].bookie_id == bookie_id)
+
+
+async def write_ledger(client, e, w, a, entries, index, written) -> int:
+    writer = await client.create_ledger(e, w, a)
+    futs = [writer.add_async(payload_for(writer.ledger_id, i)) for i in range(entries)]
+    await asyncio.gather(*futs)
+    await writer.close()
+    written[writer.ledger_id] = entries
+    return writer.ledger_id
+
+
+async def bookkeeper(cluster, *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pulsarlite", "bookkeeper", "--zookeeper", cluster.zookeeper, *args]
+    return await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=timeout_s)
+
+
+async def ledgers_naming(client, bookie: str) -> list[int]:
+    out = []
+    for lid in await client.ledger_manager.list_ledger_ids():
+        md, _ = await client.ledger_manager.read(lid)
+        if bookie in md.all_bookies() or bookie in md.under_replicated_bookies:
+            out.append(lid)
+    return out
+
+
+async def wait_until_nothing_names(client, cluster, bookie: str) -> None:
+    """Poll with a deadline (no assertion on speed) until no ledger's metadata names ``bookie``
+    and nothing is marked under-replicated."""
+    deadline = time.monotonic() + REPAIR_TIMEOUT_S
+    while True:
+        naming = await ledgers_naming(client, bookie)
+        marks = None
+        if not naming:
+            proc = await bookkeeper(cluster, "listunderreplicated", "--json")
+            assert proc.returncode == 0, proc.stderr
+            marks = json.loads(proc.stdout)
+            if marks == []:
+                return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"after {REPAIR_TIMEOUT_S}s ledgers {naming} still name {bookie}; marks {marks}")
+        await asyncio.sleep(0.5)
+
+
+async def read_everything(client, written: dict[int, int]) -> None:
+    for lid, entries in written.items():
+        reader = await client.open_ledger(lid, recovery=False)
+        assert reader.last_readable_entry_id == entries - 1
+        got = await reader.read(0, entries - 1)
+        assert [e.payload for e in got] == [payload_for(lid, i) for i in range(entries)], lid
+
+
+async def test_a_bookie_lost_for_good_is_re_replicated_and_a_second_loss_loses_nothing(cluster_factory):
+    cluster = await asyncio.to_thread(cluster_factory, 5, bookie_overrides=FAST)
+    client = await connect(cluster)
+    try:
+        written: dict[int, int] = {}
+        for k in range(6):
+            e, w, a = ((3, 2, 2), (3, 3, 2), (4, 2, 2))[k % 3]
+            await write_ledger(client, e, w, a, 60 + 17 * k, k, written)
+        # a ledger that changes its ensemble when the victim dies mid-write: two fragments
+        writer = await client.create_ledger(3, 2, 2)
+        victim = writer.metadata.current_ensemble[0]
+        lid = writer.ledger_id
+        await asyncio.gather(*(writer.add_async(payload_for(lid, i)) for i in range(50)))
+        await asyncio.to_thread(cluster.kill, name_of(cluster, victim))
+        await asyncio.gather(*(writer.add_async(payload_for(lid, i)) for i in range(50, 100)))
+        await writer.close()
+        written[lid] = 100
+        assert victim in (await client.ledger_manager.read(lid))[0].ensembles[0][1]
+        assert len(await ledgers_naming(client, victim)) >= 1
+
+        await wait_until_nothing_names(client, cluster, victim)
+        proc = await bookkeeper(cluster, "ledgermetadata", str(lid))
+        assert proc.returncode == 0 and victim not in proc.stdout
+        proc = await bookkeeper(cluster, "autorecovery", "status", "--json")
+        status = json.loads(proc.stdout)
+        assert status["under_replicated_ledgers"] == 0 and status["auditor"] is not None
+
+        # a second bookie dies (kill -9): every entry of every ledger still reads back
+        live = [b for b in client.writable_bookies if b != victim]
+        second = live[0]
+        await asyncio.to_thread(cluster.kill, name_of(cluster, second))
+        await read_everything(client, written)
+    finally:
+        await client.close()
+
+
+async def test_two_workers_racing_for_one_ledger_only_one_copies(cluster_factory):
+    cluster = await asyncio.to_thread(cluster_factory, 4, bookie_overrides={"autorecovery_enabled": False})
+    client = await connect(cluster)
+    clients = [await connect(cluster), await connect(cluster)]
+    try:
+        written: dict[int, int] = {}
+        writer = await client.create_ledger(3, 3, 2)
+        lid = writer.ledger_id
+        big = [payload_for(lid, i) + b"x" * 2000 for i in range(30)]
+        await asyncio.gather(*(writer.add_async(p) for p in big))
+        await writer.close()
+        victim = writer.metadata.current_ensemble[1]
+        await asyncio.to_thread(cluster.kill, name_of(cluster, victim))
+        proc = await bookkeeper(cluster, "recover", victim, "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["ledgers_marked"] == [lid]
+
+        # slow copies (throttled to ~20 KB/s after a one-second burst), so the race is a race
+        workers = [ReplicationWorker(c, f"worker-{i}", poll_interval_ms=100, entries_in_flight_max=4,
+                                     bytes_per_s_max=20_000, ledgers_concurrent_max=1,
+                                     retry_delay_ms_max=1_000, copy_timeout_ms=10_000,
+                                     rng=random.Random(i))
+                   for i, c in enumerate(clients)]
+        urm = UnderReplicationManager(client.store)
+        results = await asyncio.gather(*(w.repair_ledger(lid) for w in workers))
+        assert results == [True, True]
+        assert sorted(w.fragments_repaired for w in workers) == [0, 1]
+        assert sum(w.entries_copied for w in workers) == 30
+        assert await urm.list_marked() == []
+        md, _ = await client.ledger_manager.read(lid)
+        assert victim not in md.all_bookies()
+        written[lid] = 30
+        got = await (await client.open_ledger(lid, recovery=False)).read(0, 29)
+        assert [e.payload for e in got] == big
+    finally:
+        for c in clients:
+            await c.close()
+        await client.close()
+
+
+async def test_decommission_moves_every_copy_off_a_live_bookie(cluster_factory):
+    cluster = await asyncio.to_thread(cluster_factory, 5, bookie_overrides=FAST)
+    client = await connect(cluster)
+    try:
+        written: dict[int, int] = {}
+        for k in range(5):
+            e, w, a = ((3, 2, 2), (3, 3, 2))[k % 2]
+            await write_ledger(client, e, w, a, 40 + 11 * k, k, written)
+        counts: dict[str, int] = {}
+        for lid in written:
+            for b in (await client.ledger_manager.read(lid))[0].all_bookies():
+                counts[b] = counts.get(b, 0) + 1
+        leaving = max(sorted(counts), key=counts.get)
+        proc = await bookkeeper(cluster, "decommission", leaving, "--timeout-s", str(REPAIR_TIMEOUT_S),
+                                "--poll-s", "0.5", timeout_s=REPAIR_TIMEOUT_S + 60)
+        assert proc.returncode == 0, proc.stderr
+        assert "decommissioned" in proc.stdout
+        assert await ledgers_naming(client, leaving) == []
+        proc = await bookkeeper(cluster, "autorecovery", "status", "--json")
+        assert json.loads(proc.stdout)["decommissioning"] == []
+        await asyncio.to_thread(cluster.kill, name_of(cluster, leaving))
+        await read_everything(client, written)
+    finally:
+        await client.close()
