@@ -286,6 +286,7 @@ class BrokerAdminBackend:
                         "priorityLevel": sub.core.priority(id(handle)),
                         "address": handle.address,
                         "connectedSince": _iso(handle.connected_since_ms),
+                        "clientVersion": handle.client_version, "metadata": dict(handle.metadata),
                     })
                 ranges = sub.core.hash_ranges()      # Key_Shared: each consumer's hash ranges
                 if ranges:
@@ -318,7 +319,8 @@ class BrokerAdminBackend:
                 r, t = service.rate(("p", key, p.name))
                 publishers.append({"producerId": p.producer_id, "producerName": p.name, "msgRateIn": r,
                                    "msgThroughputIn": t, "address": p.address,
-                                   "connectedSince": _iso(p.connected_since_ms)})
+                                   "connectedSince": _iso(p.connected_since_ms),
+                                   "clientVersion": p.handle.client_version, "metadata": dict(p.handle.metadata)})
         slowest = max((s["msgBacklog"] for s in subscriptions.values()), default=0)
         return {
             "msgRateIn": rate_in[0], "msgThroughputIn": rate_in[1],

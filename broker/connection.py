@@ -200,10 +200,15 @@ class _ConsumerRef:
         # as Pulsar's dispatch: MESSAGE ids name the partition (-1 for a topic that is not one);
         # the official clients build the consumed message's id (and route acks) from it
         self.partition = TopicName.parse(topic_key).partition_index
+        self.metadata: dict[str, str] = {}       # the SUBSCRIBE's metadata (Pulsar's consumer stats)
 
     @property
     def address(self) -> str:
         return self.connection.address
+
+    @property
+    def client_version(self) -> str:
+        return self.connection.core.client_version or ""
 
     def send_message(self, position: Position, entry: bytes, redelivery_count: int,
                      ack_set: list[int] | None = None) -> None:
@@ -231,6 +236,11 @@ class _ProducerRef:
         self.producer = None       # topic.Producer
         self.topic = None
         self.closed = False
+        self.metadata: dict[str, str] = {}       # the PRODUCER's metadata (Pulsar's publisher stats)
+
+    @property
+    def client_version(self) -> str:
+        return self.connection.core.client_version or ""
 
     def send_receipts(self, receipts: list) -> None:
         """Receipts, ``[(sequence_id, highest_sequence_id, position), ...]``, in order (a single
@@ -724,6 +734,7 @@ class ServerConnection(asyncio.Protocol):
                 if self.closed:
                     return
             ref = _ProducerRef(self, body.producer_id)
+            ref.metadata = {kv.key: kv.value for kv in body.metadata}
             ref.topic = topic
             ref.producer = topic.add_producer(ref, name, self, access_mode=mode)
             self._producers[body.producer_id] = ref
@@ -780,6 +791,7 @@ class ServerConnection(asyncio.Protocol):
                 return
             ref = _ConsumerRef(self, body.consumer_id, topic.key)
             ref.consumer_name = body.consumer_name
+            ref.metadata = {kv.key: kv.value for kv in body.metadata}
             start = body.start_message_id if body.HasField("start_message_id") else None
             key_mode, hash_ranges, out_of_order = KeySharedMode.AUTO_SPLIT, None, False
             if body.HasField("keySharedMeta"):

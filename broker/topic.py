@@ -56,6 +56,8 @@ class ConsumerHandle(Protocol):
     consumer_name: str
     address: str                  # the client's "/host:port"
     connected_since_ms: int
+    client_version: str           # its connection's CONNECT client_version (stats)
+    metadata: dict[str, str]      # the SUBSCRIBE's metadata (stats)
 
     def send_message(self, position: Position, entry: bytes, redelivery_count: int,
                      ack_set: list[int] | None = None) -> None: ...
@@ -67,6 +69,8 @@ class ConsumerHandle(Protocol):
 
 class ProducerHandle(Protocol):
     producer_id: int
+    client_version: str           # its connection's CONNECT client_version (stats)
+    metadata: dict[str, str]      # the PRODUCER's metadata (stats)
 
     def send_receipts(self, receipts: list[tuple[int, int, Position]]) -> None:
         """Receipts, ``[(sequence_id, highest_sequence_id, position), ...]`` in order (a single

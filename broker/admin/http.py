@@ -53,6 +53,8 @@ class ConsumerStats(TypedDict, total=False):
     connectedSince: str
     priorityLevel: int
     keyHashRanges: list[str]                # Key_Shared only: "[start, end]" each
+    clientVersion: str                      # the CONNECT's client_version
+    metadata: dict[str, str]                # the SUBSCRIBE's metadata ({} when none)
 
 
 class SubscriptionStats(TypedDict, total=False):
@@ -70,6 +72,8 @@ class PublisherStats(TypedDict, total=False):
     msgThroughputIn: float
     address: str
     connectedSince: str
+    clientVersion: str                      # the CONNECT's client_version
+    metadata: dict[str, str]                # the PRODUCER's metadata ({} when none)
 
 
 class TopicStats(TypedDict, total=False):

@@ -148,3 +148,28 @@ def test_deleted_schema_versions_are_not_served(cluster, admin):
     assert got.HasField("error_code"), got
     got = _binary_get_schema(cluster, topic, 2)
     assert not got.HasField("error_code") and json.loads(got.schema.schema_data) == v2
+
+
+# -- item 16: per-client fields of topic stats ---------------------------------------------------
+def test_topic_stats_carry_client_metadata_and_version(cluster, admin, client):
+    """Pulsar's PublisherStats and ConsumerStats: ``metadata`` (the producer's / consumer's
+    properties from PRODUCER / SUBSCRIBE, an empty map when none) and ``clientVersion`` (the
+    CONNECT's client_version of its connection)."""
+    topic = f"persistent://{NS}/stats-clients"
+    producer = client.create_producer(topic, properties={"app": "billing", "zone": "eu"})
+    consumer = client.subscribe(topic, "s", properties={"team": "ops"})
+    bare = client.subscribe(topic, "t")
+    try:
+        stats = requests.get(f"{admin}/persistent/{NS}/stats-clients/stats", timeout=30).json()
+        [publisher] = stats["publishers"]
+        assert publisher["metadata"] == {"app": "billing", "zone": "eu"}
+        version = publisher["clientVersion"]
+        assert isinstance(version, str) and version
+        [c1] = stats["subscriptions"]["s"]["consumers"]
+        assert c1["metadata"] == {"team": "ops"} and c1["clientVersion"] == version
+        [c2] = stats["subscriptions"]["t"]["consumers"]
+        assert c2["metadata"] == {} and c2["clientVersion"] == version
+    finally:
+        producer.close()
+        consumer.close()
+        bare.close()
