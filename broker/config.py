@@ -164,6 +164,25 @@ class BrokerConfig:
         return self.message_bytes_max + FRAME_PADDING_BYTES
 
     @property
+    def bookie_entry_bytes_min(self) -> int:
+        """The smallest ``BookieConfig.entry_bytes_max`` this broker's bookies may have: an entry
+        is a SEND's ``[u32 meta_size][metadata][payload]``, stored verbatim (nothing added; the
+        ledger client sends ids, LAC and checksum beside it), and a SEND frame is at most
+        ``frame_bytes_max`` (``message_bytes_max`` + padding for the command and metadata, as
+        Pulsar's frame limit), so every entry the broker takes fits (docs/decisions.md
+        "[compat] fixes")."""
+        return self.frame_bytes_max
+
+    def check_bookie_entry_bytes(self, entry_bytes_max: int, bookie: str) -> None:
+        """ConfigError unless a bookie with ``entry_bytes_max`` stores every entry this broker
+        takes (a smaller one would refuse entries the broker acknowledged taking)."""
+        if entry_bytes_max < self.bookie_entry_bytes_min:
+            raise ConfigError(
+                f"BookieConfig.entry_bytes_max of {bookie} ({entry_bytes_max}) is below what the broker takes: "
+                f"BrokerConfig.message_bytes_max ({self.message_bytes_max}) + {FRAME_PADDING_BYTES} bytes of "
+                f"frame padding = {self.bookie_entry_bytes_min}; raise entry_bytes_max or lower message_bytes_max")
+
+    @property
     def effective_advertised_host(self) -> str:
         return self.advertised_host or self.host
 

@@ -439,7 +439,8 @@ class PersistentTopic:
         entry), ...]`` (a single SEND is a run of one): the ones that can be stored go to the
         publish core as one event, and are answered in order once stored (receipts) or failed
         (SEND_ERROR). Returns the ones refused at the edge, ``[(sequence_id, error), ...]``: an
-        entry the broker must not store (unreadable metadata, too large, sequence ids past
+        entry the broker must not store (unreadable metadata, a payload above
+        ``message_bytes_max``, a declared uncompressed size above it, sequence ids past
         int64 with deduplication on); nothing of them was taken, the caller answers each."""
         dedup = self.core.dedup is not None
         message_bytes_max = self.service.config.message_bytes_max
@@ -454,6 +455,10 @@ class PersistentTopic:
             data = bytes(entry)
             try:
                 meta = peek_metadata(data)
+                if len(data) - meta.payload_offset > message_bytes_max:
+                    # the advertised maximum bounds the payload (the clients check it themselves;
+                    # the frame limit leaves room for the metadata): Pulsar's refusal, this send only
+                    raise NotAllowedError("Exceed maximum message size")
                 check_sendable(data, meta, uncompressed_bytes_max=message_bytes_max)
                 if dedup:
                     is_batch = meta.batched

@@ -283,6 +283,7 @@ class LocalCluster:
             config = dataclasses.replace(config, **common, **own).validate()
         except TypeError as e:
             raise ConfigError(f"bookie_overrides: {e}") from None
+        self._check_sizes_agree([(name, config)], self._configs_of(BROKER))
         config_path = self.dir / "conf" / f"{name}.toml"
         config_path.parent.mkdir(parents=True, exist_ok=True)
         Path(config.journal_dir).mkdir(parents=True, exist_ok=True)
@@ -307,6 +308,11 @@ class LocalCluster:
         except TypeError as e:
             del self.records[name]
             raise ConfigError(f"broker_overrides: {e}") from None
+        try:
+            self._check_sizes_agree(self._configs_of(BOOKIE), [(name, config)])
+        except ConfigError:
+            del self.records[name]
+            raise
         config_path = self.dir / "conf" / f"{name}.toml"
         config_path.parent.mkdir(parents=True, exist_ok=True)
         config_path.write_text(to_toml(config))
@@ -314,6 +320,23 @@ class LocalCluster:
             name=name, role=BROKER, argv=self.broker_command(config_path),
             ports={"pulsar": config.port, "http": config.http_port}, config=str(config_path),
             log=str(self.dir / "logs" / f"{name}.log"), broker_id=config.effective_broker_id)
+
+    def _configs_of(self, role: str) -> list[tuple[str, object]]:
+        """(name, loaded config) of every defined process of ``role`` (BOOKIE or BROKER)."""
+        if role == BOOKIE:
+            kind = BookieConfig
+        else:
+            from broker.config import BrokerConfig as kind
+        return [(name, load_toml(kind, record.config)) for name, record in sorted(self.records.items())
+                if record.role == role and record.config]
+
+    @staticmethod
+    def _check_sizes_agree(bookies: list, brokers: list) -> None:
+        """ConfigError unless every bookie stores every entry every broker takes (the broker's
+        message_bytes_max plus frame padding within the bookie's entry_bytes_max)."""
+        for _, broker in brokers:
+            for name, bookie in bookies:
+                broker.check_bookie_entry_bytes(bookie.entry_bytes_max, name)
 
     def update_broker_configs(self, settings: dict) -> list[str]:
         """Set BrokerConfig fields in every existing broker's config file (validated; takes

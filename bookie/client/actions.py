@@ -22,6 +22,7 @@ class AddOutcome(enum.Enum):
     FENCED = "FENCED"                  # the ledger is fenced on this bookie: no more normal adds
     READ_ONLY = "READ_ONLY"            # the bookie refuses writes (disk nearly full)
     NO_SUCH_LEDGER = "NO_SUCH_LEDGER"  # treated like ERROR by the write core
+    TOO_LARGE = "TOO_LARGE"            # the entry is above the bookie's entry_bytes_max: refused by design
     ERROR = "ERROR"                    # unreachable, timeout, any other code: the bookie failed
 
 

@@ -58,7 +58,7 @@ def _resolve(fut: asyncio.Future, first: int, last: int, error: BaseException | 
 
 _OK = pb.OK
 _ADD_OUTCOMES = {pb.OK: AddOutcome.OK, pb.FENCED: AddOutcome.FENCED, pb.READ_ONLY: AddOutcome.READ_ONLY,
-                 pb.NO_SUCH_LEDGER: AddOutcome.NO_SUCH_LEDGER}
+                 pb.NO_SUCH_LEDGER: AddOutcome.NO_SUCH_LEDGER, pb.TOO_LARGE: AddOutcome.TOO_LARGE}
 
 
 def _now_ms() -> int:

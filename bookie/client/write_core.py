@@ -14,6 +14,9 @@ I/O-free and clock-free (DESIGN.md §5): the shell calls the event methods with 
   ack (delayed ensemble change);
 - FENCED from any bookie, or a metadata CAS finding the ledger no longer OPEN, means a recovery
   took the ledger: every pending add fails with LedgerFencedError, no add is accepted again;
+- TOO_LARGE (an entry above a bookie's ``entry_bytes_max``) is a refusal by design, not a
+  failed bookie: no ensemble change (another bookie would refuse it too); the pending adds fail
+  with BadRequestError (not retriable);
 - a failure is sticky: once an add failed, every later one fails too (a ledger is an ordered
   log; the caller closes it and writes the next ledger).
 """
@@ -29,8 +32,8 @@ from bookie.client.actions import (Action, AddOutcome, CloseDone, CloseFailed, C
                                    FailAdds, SendAdd, SendAddRun, WriteMetadata)
 from bookie.client.metadata import LedgerMetadata, LedgerState
 from bookie.client.placement import choose_replacements
-from pulsarlite.errors import (LedgerClosedError, LedgerFencedError, MetadataError, NotEnoughBookiesError,
-                               PulsarliteError, TimeoutError_, check)
+from pulsarlite.errors import (BadRequestError, LedgerClosedError, LedgerFencedError, MetadataError,
+                               NotEnoughBookiesError, PulsarliteError, TimeoutError_, check)
 
 
 class WriteCoreState(enum.Enum):
@@ -201,6 +204,10 @@ class LedgerWriteCore:
         if outcome is AddOutcome.OK:
             add.acked.add(bookie)
             return self._advance()
+        if outcome is AddOutcome.TOO_LARGE:
+            return self._fail_all(BadRequestError(
+                f"ledger {self._md.ledger_id}: entry {entry_id} of {len(add.payload)} bytes refused as too "
+                f"large by bookie {bookie} (its entry_bytes_max)"))
         # ERROR, READ_ONLY, NO_SUCH_LEDGER: the bookie failed
         if bookie in add.acked or bookie in self._unusable:
             return []

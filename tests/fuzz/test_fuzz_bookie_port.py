@@ -36,6 +36,7 @@ from bookie._proto import bookie_rpc_pb2 as bpb  # noqa: E402
 from bookie.transport import (MESSAGE_TYPES, REQUEST_TYPES, RESPONSE_TYPES, FrameDecoder, FrameError,  # noqa: E402
                               encode_frame, encode_message, parse_body)
 from pulsarlite.checksum import entry_checksum  # noqa: E402
+from pulsarlite.config import BookieConfig  # noqa: E402
 
 from .conftest import BOOKIE_OVERRIDES, BROKER_OVERRIDES  # noqa: E402
 from .harness import (Budget, Findings, FuzzChecks, FuzzResult, Journal, Sockets, fuzz_timeout_s, i64,  # noqa: E402
@@ -48,7 +49,7 @@ ANSWER_TIMEOUT_S = 10.0
 CASE_SECONDS_MAX = 12.0
 SAFE_LEDGER_MIN = 10**12
 REQUEST_BYTES_MAX = 16 * 1024 * 1024       # BookieConfig.request_bytes_max (default)
-ENTRY_BYTES_MAX = 5 * 1024 * 1024          # BookieConfig.entry_bytes_max (default)
+ENTRY_BYTES_MAX = BookieConfig().entry_bytes_max  # the default (the brokers' frame limit)
 VALID_ADD_BYTES_MAX = 4 * 1024 * 1024      # stored by the fuzzer per run, at most (RSS stays comparable)
 REQUEST_TYPE_LIST = sorted(REQUEST_TYPES)
 ALL_FRAME_TYPES = [v.number for v in bpb.FrameType.DESCRIPTOR.values]
