@@ -21,7 +21,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from broker.adapters import parse_topic
+from broker.adapters import open_cursor, parse_topic
+from broker.cursor import cursor_path
 from broker.dispatch import ConsumerBusyError, KeySharedMode, SubType
 from broker.errors import CumulativeAckNotAllowedError, NotAllowedError, server_error_of
 from broker.managed_ledger import Position
@@ -227,6 +228,22 @@ class _ConsumerRef:
             self.closed = True
             self.connection.write(c.close_consumer(self.consumer_id, 0))
             self.connection.forget_consumer(self)
+
+
+async def _ensure_initial_subscription(topic, name: str) -> None:
+    """A PRODUCER's ``initial_subscription_name``, as Pulsar's handleProducer: the durable
+    subscription is created at the earliest position if the topic lacks it (a dead-letter
+    producer pre-creates its subscription so nothing published before a consumer is lost)."""
+    problem = subscription_name_problem(name)
+    if problem is not None:
+        raise NotAllowedError(f"invalid initial subscription name: {problem}")
+    ml_name = topic.name.managed_ledger_name
+    if name in topic.subscriptions or await topic.service.store.exists(cursor_path(ml_name, name)):
+        return
+    cursor = await open_cursor(topic.service.store, ml_name, name, initial=topic.earliest_mark_delete(),
+                               durable=True, ledgers_of=topic.ml.ledgers)
+    await cursor.close()
+    log.info("initial subscription created topic=%s subscription=%s", topic.key, name)
 
 
 class _ProducerRef:
@@ -715,6 +732,8 @@ class ServerConnection(asyncio.Protocol):
             schema_version = None
             if body.HasField("schema"):
                 schema_version = encode_version(await self.service.schemas.add(topic.name, body.schema))
+            if body.HasField("initial_subscription_name"):
+                await _ensure_initial_subscription(topic, body.initial_subscription_name)
             if self.closed:
                 return
             # a name the client sends is kept, user-chosen or not: on reconnect the official client

@@ -92,11 +92,11 @@ def test_backlog_quota_takes_a_numeric_string(admin):
 
 
 # -- item 14: deleted schema versions are not served ---------------------------------------------
-def _binary_get_schema(cluster, topic: str, version: int | None) -> "pb.CommandGetSchemaResponse":
-    """One GET_SCHEMA over the binary protocol, as the clients send it (version: 8 bytes, big-endian)."""
+def _binary_request(cluster, request: bytes, answer_type: int):
+    """Sends CONNECT then ``request`` over the binary protocol; the first command of
+    ``answer_type`` (or ERROR) that comes back."""
     import socket
 
-    from broker.schemas import encode_version
     from pulsarlite.wire import commands as c
     from pulsarlite.wire import pb
     from pulsarlite.wire.frames import FrameDecoder
@@ -105,13 +105,22 @@ def _binary_get_schema(cluster, topic: str, version: int | None) -> "pb.CommandG
     decoder = FrameDecoder()
     with socket.create_connection((host, int(port)), timeout=30) as s:
         s.sendall(c.connect("compat-test"))
-        s.sendall(c.get_schema(7, topic, schema_version=None if version is None else encode_version(version)))
+        s.sendall(request)
         while True:
             data = s.recv(65536)
-            assert data, "connection closed before GET_SCHEMA_RESPONSE"
+            assert data, "connection closed before an answer"
             for frame in decoder.feed(data):
-                if frame.command.type == pb.BaseCommand.GET_SCHEMA_RESPONSE:
-                    return frame.command.getSchemaResponse
+                if frame.command.type in (answer_type, pb.BaseCommand.ERROR):
+                    return frame.command
+
+
+def _binary_get_schema(cluster, topic: str, version: int | None):
+    """One GET_SCHEMA, as the clients send it (version: 8 bytes, big-endian)."""
+    from broker.schemas import encode_version
+    from pulsarlite.wire import commands as c
+    from pulsarlite.wire import pb
+    request = c.get_schema(7, topic, schema_version=None if version is None else encode_version(version))
+    return _binary_request(cluster, request, pb.BaseCommand.GET_SCHEMA_RESPONSE).getSchemaResponse
 
 
 def test_deleted_schema_versions_are_not_served(cluster, admin):
@@ -173,3 +182,31 @@ def test_topic_stats_carry_client_metadata_and_version(cluster, admin, client):
         producer.close()
         consumer.close()
         bare.close()
+
+
+# -- item 18: endpoints and options the Go client uses -------------------------------------------
+def test_producer_initial_subscription_name_creates_the_subscription(cluster, admin, client):
+    """Pulsar's ServerCnx.handleProducer: a PRODUCER with ``initial_subscription_name`` creates
+    that durable subscription at the earliest position if the topic lacks it (the Go client's
+    dead-letter producer pre-creates its subscription this way), so what is published before any
+    consumer comes is kept for it."""
+    from pulsarlite.wire import commands as c
+    from pulsarlite.wire import pb
+    topic = f"persistent://{NS}/initial-sub"
+    body = pb.CommandProducer(topic=topic, producer_id=1, request_id=3, initial_subscription_name="dlq-sub")
+    answer = _binary_request(cluster, c.encode_command(pb.BaseCommand(type=pb.BaseCommand.PRODUCER, producer=body)),
+                             pb.BaseCommand.PRODUCER_SUCCESS)
+    assert answer.type == pb.BaseCommand.PRODUCER_SUCCESS, answer
+    assert requests.get(f"{admin}/persistent/{NS}/initial-sub/subscriptions", timeout=30).json() == ["dlq-sub"]
+    producer = client.create_producer(topic, batching_enabled=False)
+    for i in range(3):
+        producer.send(f"d{i}".encode())
+    producer.close()
+    consumer = client.subscribe(topic, "dlq-sub", initial_position=pulsar.InitialPosition.Latest)
+    assert [consumer.receive(timeout_millis=TIMEOUT_MS).data() for _ in range(3)] == [b"d0", b"d1", b"d2"]
+    consumer.close()
+
+    bad = pb.CommandProducer(topic=topic, producer_id=2, request_id=4, initial_subscription_name="a\nb")
+    answer = _binary_request(cluster, c.encode_command(pb.BaseCommand(type=pb.BaseCommand.PRODUCER, producer=bad)),
+                             pb.BaseCommand.PRODUCER_SUCCESS)
+    assert answer.type == pb.BaseCommand.ERROR, answer
