@@ -186,3 +186,99 @@ async def test_decommission_moves_every_copy_off_a_live_bookie(cluster_factory):
         await read_everything(client, written)
     finally:
         await client.close()
+
+
+async def auditor_of(cluster) -> str | None:
+    proc = await bookkeeper(cluster, "autorecovery", "status", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["auditor"]
+
+
+async def test_the_auditor_is_re_elected_when_its_bookie_dies(cluster_factory):
+    cluster = await asyncio.to_thread(cluster_factory, 4, bookie_overrides={**FAST, "zk_session_timeout_ms": 4_000})
+    client = await connect(cluster)
+    try:
+        written: dict[int, int] = {}
+        for k in range(4):
+            await write_ledger(client, 3, 2, 2, 30 + k, k, written)
+        first = await auditor_of(cluster)
+        assert first in cluster.bookie_ids
+        await asyncio.to_thread(cluster.kill, name_of(cluster, first))
+        deadline = time.monotonic() + REPAIR_TIMEOUT_S
+        while (now := await auditor_of(cluster)) in (first, None):
+            assert time.monotonic() < deadline, "no new auditor"
+            await asyncio.sleep(0.5)
+        assert now in cluster.bookie_ids and now != first
+        # the new auditor marks the dead one's ledgers; the workers move them
+        if await ledgers_naming(client, first):
+            await wait_until_nothing_names(client, cluster, first)
+        await read_everything(client, written)
+    finally:
+        await client.close()
+
+
+async def test_a_repair_of_an_open_ledgers_earlier_fragment_leaves_its_writer_working(cluster_factory):
+    cluster = await asyncio.to_thread(cluster_factory, 5, bookie_overrides=FAST)
+    client = await connect(cluster)
+    try:
+        writer = await client.create_ledger(3, 2, 2)
+        lid = writer.ledger_id
+        victim = writer.metadata.current_ensemble[1]
+        await asyncio.gather(*(writer.add_async(payload_for(lid, i)) for i in range(40)))
+        await asyncio.to_thread(cluster.kill, name_of(cluster, victim))
+        await asyncio.gather(*(writer.add_async(payload_for(lid, i)) for i in range(40, 60)))
+        md, _ = await client.ledger_manager.read(lid)
+        assert len(md.ensembles) == 2 and victim in md.ensembles[0][1] and victim not in md.current_ensemble
+        # the worker repairs fragment 0 while the ledger is open and its writer alive
+        await wait_until_nothing_names(client, cluster, victim)
+        md, _ = await client.ledger_manager.read(lid)
+        assert md.state.value == "OPEN"
+        # the writer goes on: more adds, then a close whose CAS meets the repaired metadata
+        await asyncio.gather(*(writer.add_async(payload_for(lid, i)) for i in range(60, 90)))
+        closed = await writer.close()
+        assert closed.last_entry_id == 89 and victim not in closed.all_bookies()
+        await read_everything(client, {lid: 90})
+    finally:
+        await client.close()
+
+
+async def test_a_worker_killed_mid_copy_leaves_the_ledger_marked_and_another_finishes(cluster_factory):
+    slow = {**FAST, "zk_session_timeout_ms": 4_000, "replication_bytes_per_s_max": 30_000,
+            "replication_ledgers_concurrent_max": 1}
+    cluster = await asyncio.to_thread(cluster_factory, 5, bookie_overrides=slow)
+    client = await connect(cluster)
+    try:
+        written: dict[int, int] = {}
+        payloads = {}
+        for k in range(2):
+            writer = await client.create_ledger(3, 3, 2)
+            lid = writer.ledger_id
+            payloads[lid] = [payload_for(lid, i) + b"p" * 2000 for i in range(60)]
+            await asyncio.gather(*(writer.add_async(p) for p in payloads[lid]))
+            await writer.close()
+            written[lid] = 60
+        victim = (await client.ledger_manager.read(lid))[0].current_ensemble[0]
+        await asyncio.to_thread(cluster.kill, name_of(cluster, victim))
+        urm = UnderReplicationManager(client.store)
+        deadline = time.monotonic() + REPAIR_TIMEOUT_S
+        holder = None
+        while holder is None:
+            assert time.monotonic() < deadline, "no worker took a lock"
+            for marked in await urm.list_marked():
+                holder = await urm.lock_holder(marked)
+                if holder is not None and holder != victim:
+                    locked = marked
+                    break
+                holder = None
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(cluster.kill, name_of(cluster, holder))     # the worker dies mid-copy
+        md, _ = await client.ledger_manager.read(locked)
+        assert victim in md.all_bookies(), "a fragment was recorded although its copy cannot have finished"
+        assert locked in await urm.list_marked()
+        for gone in (victim, holder):
+            await wait_until_nothing_names(client, cluster, gone)
+        for lid, entries in written.items():
+            got = await (await client.open_ledger(lid, recovery=False)).read(0, entries - 1)
+            assert [e.payload for e in got] == payloads[lid]
+    finally:
+        await client.close()
