@@ -740,6 +740,18 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
             return _json(await backend.lookup(_topic(request), authoritative=True))
         return _json(await backend.lookup(_topic(request)))
 
+    async def namespace_topics(request: web.Request) -> web.Response:
+        """Pulsar's Namespaces.getTopics: ``mode`` PERSISTENT (default), NON_PERSISTENT or ALL;
+        partitions by their partition names. There are no non-persistent topics here."""
+        namespace = _namespace(request)
+        mode = (request.query.get("mode") or "PERSISTENT").upper()
+        if mode not in ("PERSISTENT", "NON_PERSISTENT", "ALL"):
+            raise BadRequestError(f"mode must be PERSISTENT, NON_PERSISTENT or ALL, got {request.query['mode']!r}")
+        _bool_query(request, "includeSystemTopic")        # accepted; there are no system topics
+        topics = await backend.list_topics(namespace)
+        return _json([] if mode == "NON_PERSISTENT" else topics)
+
+    r.add_get("/admin/v2/namespaces/{tenant}/{namespace}/topics", namespace_topics)
     r.add_get(base, list_topics)
     r.add_get(base + "/partitioned", list_partitioned)
     r.add_put(topic_base, create_topic)

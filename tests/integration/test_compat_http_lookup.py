@@ -97,3 +97,40 @@ def test_official_client_over_http_service_url_partitioned(cluster):
     assert sorted(g["data"] for g in got) == sorted(f"m{i}" for i in range(30))
     assert {g["topic"] for g in got} <= {f"{topic}-partition-{i}" for i in range(3)}
     assert len({g["topic"] for g in got}) > 1
+
+
+def test_namespace_topics_listing_and_pattern_subscription_over_http(cluster):
+    """Pulsar's ``GET /admin/v2/namespaces/{tenant}/{ns}/topics?mode=PERSISTENT|NON_PERSISTENT|ALL``
+    (Namespaces.getTopics: the namespace's topics, partitions by their partition names). The
+    official client's HTTP lookup lists topics with it for pattern subscriptions."""
+    import re
+
+    import pulsar
+    base = cluster.admin_url + "/admin/v2"
+    req = urllib.request.Request(f"{base}/persistent/public/default/pat-part/partitions", data=b"2", method="PUT",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as response:
+        assert response.status == 204
+    req = urllib.request.Request(f"{base}/persistent/public/default/pat-single", method="PUT")
+    with urllib.request.urlopen(req, timeout=30) as response:
+        assert response.status == 204
+    listed = _get_json(f"{base}/namespaces/public/default/topics")
+    assert set(listed) >= {"persistent://public/default/pat-single",
+                           "persistent://public/default/pat-part-partition-0",
+                           "persistent://public/default/pat-part-partition-1"}
+    assert "persistent://public/default/pat-part" not in listed
+    assert _get_json(f"{base}/namespaces/public/default/topics?mode=PERSISTENT") == listed
+    assert _get_json(f"{base}/namespaces/public/default/topics?mode=ALL") == listed
+    assert _get_json(f"{base}/namespaces/public/default/topics?mode=NON_PERSISTENT") == []
+
+    client = pulsar.Client(cluster.admin_url, operation_timeout_seconds=30)
+    try:
+        consumer = client.subscribe(re.compile("persistent://public/default/pat-.*"), "sub",
+                                    initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer("persistent://public/default/pat-single")
+        producer.send(b"hello")
+        assert consumer.receive(timeout_millis=20_000).data() == b"hello"
+        producer.close()
+        consumer.close()
+    finally:
+        client.close()
