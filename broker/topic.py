@@ -957,9 +957,16 @@ class Subscription:
         partial = bool(mid.ack_set) and any(mid.ack_set)
         if cumulative:
             if partial:
-                return        # part of a batch: the entry before it is acked by a later ack
+                # inside a batch (batch-index acks): everything before the entry, and the
+                # indexes the ack_set clears (Pulsar's mark-delete with an ack set); the entry
+                # stays outstanding until its last index is acked
+                size = mid.batch_size if mid.HasField("batch_size") else None
+                self._track(cursor.ack_cumulative(position, ack_set=list(mid.ack_set), batch_size=size))
+                if not cursor.is_acked(position):
+                    position = Position(position.ledger_id, position.entry_id - 1)
+            else:
+                self._track(cursor.ack_cumulative(position))
             self.core.ack_cumulative(id(consumer), position)
-            self._track(cursor.ack_cumulative(position))
             self.forget_payloads_through(position)
         elif partial:
             size = mid.batch_size if mid.HasField("batch_size") else None

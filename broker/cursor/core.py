@@ -332,6 +332,12 @@ class CursorState:
     def ack_set(self, position: Position, words: Sequence[int], batch_size: int | None = None) -> bool:
         """Ack a batched entry from a wire ack_set: every index whose bit is clear is acked (the
         entry is acked once no bit is left). ``batch_size`` (optional) masks bits beyond it."""
+        unacked = self._unacked_of(words, batch_size)
+        self._check_position(position)
+        return self._ack_bits(position, unacked)
+
+    def _unacked_of(self, words: Sequence[int], batch_size: int | None) -> int:
+        """The unacked bits of a wire ack_set (checked: InvalidAckError, nothing changed)."""
         if batch_size is not None:
             _check_batch_size(batch_size, self.config.batch_size_max)
         words_max = (self.config.batch_size_max + _WORD_BITS - 1) // _WORD_BITS
@@ -343,8 +349,7 @@ class CursorState:
             raise InvalidAckError(f"malformed ack_set {list(words)[:4]!r}") from None
         if batch_size is not None:
             unacked &= _all_bits(batch_size)
-        self._check_position(position)
-        return self._ack_bits(position, unacked)
+        return unacked
 
     def _ack_bits(self, position: Position, unacked: int) -> bool:
         """AND a batch's unacked bits into its state; a full ack when none is left."""
@@ -363,10 +368,21 @@ class CursorState:
         return True
 
     def ack_cumulative(self, position: Position, *, batch_index: int | None = None,
-                       batch_size: int | None = None) -> bool:
+                       batch_size: int | None = None, ack_set: Sequence[int] | None = None) -> bool:
         """Ack every entry <= ``position``; with ``batch_index``: every entry < position and the
-        batch indexes 0..batch_index of ``position``. Below mark_delete: a no-op. Returns True
-        if the state changed."""
+        batch indexes 0..batch_index of ``position``; with ``ack_set`` (a wire ack_set, a set bit
+        = not acked; ``batch_size`` optional): every entry < position and the indexes of
+        ``position`` whose bit is clear (Pulsar's cumulative ack inside a batch with batch-index
+        acks: the mark-delete stops before the batch, whose acked indexes are recorded; the
+        entry is acked once no bit is left). Below mark_delete: a no-op. Returns True if the
+        state changed."""
+        if ack_set is not None:
+            if batch_index is not None:
+                raise InvalidAckError("a cumulative ack has a batch index or an ack_set, not both")
+            unacked = self._unacked_of(ack_set, batch_size)
+            self._check_position(position)
+            changed = self._move_mark_delete(Position(position.ledger_id, position.entry_id - 1))
+            return self._ack_bits(position, unacked) or changed
         self._check_position(position)
         if batch_index is not None or batch_size is not None:
             if batch_index is None or batch_size is None:

@@ -226,9 +226,12 @@ class ManagedCursor:
         return self._changed(self._core.ack_set(position, words, batch_size))
 
     def ack_cumulative(self, position: Position, *, batch_index: int | None = None,
-                       batch_size: int | None = None) -> bool:
+                       batch_size: int | None = None, ack_set: Sequence[int] | None = None) -> bool:
+        """Ack every entry up to ``position`` (see CursorState.ack_cumulative: a batch index or
+        a wire ack_set stops it inside the batch); persisted soon. InvalidAckError: nothing changed."""
         self._check_writable()
-        return self._changed(self._core.ack_cumulative(position, batch_index=batch_index, batch_size=batch_size))
+        return self._changed(self._core.ack_cumulative(position, batch_index=batch_index, batch_size=batch_size,
+                                                       ack_set=ack_set))
 
     def reset(self, position: Position) -> None:
         """Seek: ``position`` is delivered next (see CursorState.reset); persisted soon."""
