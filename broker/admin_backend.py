@@ -621,6 +621,20 @@ class BrokerAdminBackend:
             return Position(max(live.ml.current_ledger_id or 0, 0), 0)
         return Position(last.ledger_id, last.entry_id + 1)
 
+    async def read_entry(self, topic: str, ledger_id: int, entry_id: int) -> bytes:
+        name = self._name(topic)
+        await self._require_topic(name)
+        live = await self._load(name)
+        wanted = Position(ledger_id, entry_id)
+        last = live.ml.last_confirmed_position
+        if not any(i.ledger_id == ledger_id for i in live.ml.ledgers()) or last.ledger_id < 0 \
+                or (ledger_id, entry_id) > (last.ledger_id, last.entry_id):
+            raise NotFoundError(f"Message ID {ledger_id}:{entry_id} not found in {name}")
+        got = await live.ml.read_entries(wanted, 1)
+        if not got or (got[0][0].ledger_id, got[0][0].entry_id) != (ledger_id, entry_id):
+            raise NotFoundError(f"Message ID {ledger_id}:{entry_id} not found in {name}")
+        return bytes(got[0][1])
+
     # -- lookup ----------------------------------------------------------------------------------
     async def lookup(self, topic: str, *, authoritative: bool = False) -> LookupData:
         name = self._name(topic)

@@ -24,6 +24,7 @@ from typing import Any, Awaitable, Callable, Literal, Protocol, TypedDict, Union
 
 from aiohttp import web
 
+from broker.admin.messages_http import entry_response
 from broker.admin.metrics import BrokerMetrics
 from broker.admin.serving import release_request_body
 from broker.admin.policies import (BACKLOG_QUOTA_TYPES, PARTITIONS_MAX, AdminError, AutoTopicCreation, BacklogQuota,
@@ -33,6 +34,7 @@ from broker.admin.policies import (BACKLOG_QUOTA_TYPES, PARTITIONS_MAX, AdminErr
 from broker.schema_compat import CompatibilityStrategy
 from broker.schemas import SchemaRegistry
 from pulsarlite.errors import PulsarliteError
+from pulsarlite.wire.entry import EntryFormatError
 from pulsarlite.topic_name import (PARTITION_SUFFIX, InvalidTopicNameError, TopicDomain, TopicName,
                                    subscription_name_problem)
 
@@ -255,6 +257,10 @@ class AdminBackend(Protocol):
 
     async def last_message_id(self, topic: str) -> MessageIdData:
         """The id of the last confirmed entry (``{"ledgerId", "entryId", "partitionIndex"}``)."""
+
+    async def read_entry(self, topic: str, ledger_id: int, entry_id: int) -> bytes:
+        """The stored entry ``[u32 meta_size][MessageMetadata][payload]`` at (ledger_id,
+        entry_id); 404 if the topic or the entry does not exist (never confirmed, trimmed)."""
 
 
 # -- request helpers ---------------------------------------------------------------------------
@@ -735,6 +741,19 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
     async def last_message_id(request: web.Request) -> web.Response:
         return _json(await backend.last_message_id(_topic(request)))
 
+    async def message_by_id(request: web.Request) -> web.Response:
+        """Pulsar's getMessageById: the entry's payload with its metadata in X-Pulsar-* headers
+        (broker/admin/messages_http.py); 404 if the topic has no such entry."""
+        topic = _topic(request)
+        ledger_id = _int_value("ledgerId", request.match_info["ledger"], minimum=0)
+        entry_id = _int_value("entryId", request.match_info["entry"], minimum=0)
+        entry = await backend.read_entry(topic, ledger_id, entry_id)
+        try:
+            headers, body = entry_response(ledger_id, entry_id, entry)
+        except EntryFormatError as e:
+            raise PreconditionFailedError(f"entry {ledger_id}:{entry_id} of {topic} is not readable: {e}") from None
+        return web.Response(body=body, headers=headers, content_type="application/octet-stream")
+
     async def lookup(request: web.Request) -> web.Response:
         if _bool_query(request, "authoritative"):     # Pulsar's: the broker chosen before acquires
             return _json(await backend.lookup(_topic(request), authoritative=True))
@@ -772,6 +791,7 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
     r.add_post(topic_base + "/subscription/{subscription}/skip_all", at_owner(skip_all))
     r.add_post(topic_base + "/clearBacklog", at_owner(clear_backlog))
     r.add_get(topic_base + "/lastMessageId", at_owner(last_message_id))
+    r.add_get(topic_base + "/ledger/{ledger}/entry/{entry}", at_owner(message_by_id))
 
     async def offload(request: web.Request) -> web.Response:
         """Pulsar's trigger: offload every closed ledger before the message id in the body."""

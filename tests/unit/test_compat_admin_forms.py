@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from broker.admin.http import lookup_data, partitioned_topic_metadata
@@ -55,3 +57,34 @@ def test_policy_integers_take_numeric_strings_as_jackson_does():
     for bad in ("ten", "1.5", "0x10", "", "1e3", "99999999999999999999"):
         with pytest.raises((BadRequestError, PreconditionFailedError)):
             BacklogQuota.from_json({"limitSize": bad})
+
+
+def test_entry_response_plain_and_batched():
+    """Pulsar's getMessageById answer: decompressed payload (a batch keeps its framing), the
+    metadata in X-Pulsar-* headers."""
+    from broker.admin.messages_http import entry_response, iso_ms
+    from pulsarlite.wire.entry import (Compression, Message, build_batch_entry, build_entry, peek_metadata,
+                                      unpack_entry)
+
+    assert iso_ms(1_789_491_071_802) == "2026-09-15T16:51:11.802Z"
+    entry = build_entry(Message(b"hello" * 40, key="k1", properties={"a": "1", "b": "x y"}),
+                        producer_name="p-1", sequence_id=7, publish_time_ms=1_789_491_071_802,
+                        compression=Compression.ZSTD, schema_version=b"\0" * 8)
+    headers, body = entry_response(5, 9, entry)
+    assert body == b"hello" * 40
+    assert headers["X-Pulsar-Message-ID"] == "5:9"
+    assert json.loads(headers["X-Pulsar-PROPERTY"]) == {"a": "1", "b": "x y"}
+    assert headers["X-Pulsar-publish-time"] == "2026-09-15T16:51:11.802Z"
+    assert headers["X-Pulsar-producer-name"] == "p-1" and headers["X-Pulsar-sequence-id"] == "7"
+    assert headers["X-Pulsar-partition-key"] == "k1" and headers["X-Pulsar-compression"] == "ZSTD"
+    assert headers["X-Pulsar-Is-Encrypted"] == "false" and headers["X-Pulsar-Base64-schema-version"] == "AAAAAAAAAAA="
+    assert "X-Pulsar-num-batch-message" not in headers
+
+    batch = build_batch_entry([b"m0", b"m1", b"m2"], producer_name="p-2", sequence_id=0,
+                              publish_time_ms=1000, compression=Compression.LZ4)
+    headers, body = entry_response(1, 0, batch)
+    assert headers["X-Pulsar-num-batch-message"] == "3" and "X-Pulsar-PROPERTY" not in headers
+    assert int(headers["X-Pulsar-batch-size"]) == len(batch) - peek_metadata(batch).payload_offset
+    plain = build_batch_entry([b"m0", b"m1", b"m2"], producer_name="p-2", sequence_id=0, publish_time_ms=1000)
+    assert body == plain[len(plain) - len(body):]           # the uncompressed batch payload
+    assert [bytes(m.payload) for m in unpack_entry(plain)[1]] == [b"m0", b"m1", b"m2"]
