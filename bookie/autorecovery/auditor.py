@@ -78,6 +78,10 @@ class Auditor:
                     log.warning("auditor election trouble candidate=%s: %s", self.candidate_id, e)
                     await asyncio.sleep(1.0)
                     continue
+                except Exception:       # a bug: logged loudly, the candidate stands again
+                    log.exception("auditor crashed candidate=%s", self.candidate_id)
+                    await asyncio.sleep(1.0)
+                    continue
                 changed.clear()
                 try:
                     await asyncio.wait_for(changed.wait(), 5.0)

@@ -76,6 +76,8 @@ class ReplicationWorker:
                     await self.poll_once()
                 except PulsarliteError as e:
                     log.warning("replication poll failed worker=%s: %s", self.worker_id, e)
+                except Exception:       # a bug: logged loudly, the worker keeps serving
+                    log.exception("replication poll crashed worker=%s", self.worker_id)
                 await asyncio.sleep(self.poll_interval_ms / 1000)
         finally:
             tasks = list(self._busy.values())

@@ -282,3 +282,34 @@ async def test_a_worker_killed_mid_copy_leaves_the_ledger_marked_and_another_fin
             assert [e.payload for e in got] == payloads[lid]
     finally:
         await client.close()
+
+
+async def test_the_standalone_autorecovery_process_repairs_when_bookies_run_none(cluster_factory, tmp_path):
+    from pulsarlite.config import BookieConfig, to_toml
+
+    cluster = await asyncio.to_thread(cluster_factory, 4, bookie_overrides={"autorecovery_enabled": False})
+    client = await connect(cluster)
+    config = tmp_path / "autorecovery.toml"
+    config.write_text(to_toml(BookieConfig(zookeeper=cluster.zookeeper, **FAST)))
+    log_path = tmp_path / "autorecovery.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "pulsarlite", "autorecovery", "--config", str(config)],
+                                stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        written: dict[int, int] = {}
+        for k in range(3):
+            await write_ledger(client, 3, 2, 2, 25 + k, k, written)
+        victim = (await client.ledger_manager.read(max(written)))[0].current_ensemble[2]
+        await asyncio.to_thread(cluster.kill, name_of(cluster, victim))
+        await wait_until_nothing_names(client, cluster, victim)
+        assert (await auditor_of(cluster) or "").startswith("autorecovery-")
+        await read_everything(client, written)
+    finally:
+        proc.terminate()
+        try:
+            await asyncio.to_thread(proc.wait, 30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            await asyncio.to_thread(proc.wait, 30)
+        await client.close()
+    assert proc.returncode == 0, log_path.read_text()[-3000:]
