@@ -452,7 +452,9 @@ class _RecoveryRun:
         self._client = client
         self._md = md
         self._version = version
-        self._core = LedgerRecoveryCore(md, fence_recovery_reads=fence_reads)
+        self._core = LedgerRecoveryCore(
+            md, fence_recovery_reads=fence_reads,
+            ensemble_change_attempts_max=client.config.ensemble_change_attempts_max)
         self._result: asyncio.Future = asyncio.get_running_loop().create_future()
         self._tasks: set[asyncio.Task] = set()
         self._add_callback = self._on_add_results
@@ -524,21 +526,31 @@ class _RecoveryRun:
         self._execute(self._core.on_read(bookie, entry_id, outcome, entry))
 
     def _on_add_results(self, bookie: str, results: list[tuple[int, int]]) -> None:
+        client = self._client
         for entry_id, code in results:
-            self._execute(self._core.on_add_result(bookie, entry_id, _ADD_OUTCOMES.get(code, AddOutcome.ERROR)))
+            self._execute(self._core.on_add_result(bookie, entry_id, _ADD_OUTCOMES.get(code, AddOutcome.ERROR),
+                                                   client.writable_bookies, client.rng))
 
     async def _write_metadata(self, md: LedgerMetadata) -> None:
-        """CAS ``md`` (the close). ZooKeeper trouble, where the outcome is unknown, ends this run
-        at once with the error: ``recover`` reads the metadata again and retries (a close that
-        did apply is then found CLOSED), instead of waiting out the run's timeout."""
-        lm = self._client.ledger_manager
+        """CAS ``md`` (the close, or an ensemble change) at the version this run holds.
+        ZooKeeper trouble, where the outcome is unknown, ends this run at once with the error:
+        ``recover`` reads the metadata again and retries (a close that did apply is then found
+        CLOSED, an ensemble change that did is taken over by the next run), instead of waiting
+        out the run's timeout."""
+        client = self._client
+        lm = client.ledger_manager
+        change = self._core.ensemble_change if md.state is LedgerState.IN_RECOVERY else None
         try:
             try:
                 self._version = await lm.write(md, self._version)
-                actions = self._core.on_metadata_written(md)
+                if change is not None:
+                    first, replaced = change
+                    log.info("ledger recovery ensemble change ledger=%d replaced=%s by=%s from_entry=%d",
+                             md.ledger_id, ",".join(replaced), ",".join(replaced.values()), first)
+                actions = self._core.on_metadata_written(md, client.writable_bookies, client.rng)
             except MetadataVersionConflict:
                 current, self._version = await lm.read(md.ledger_id)
-                actions = self._core.on_metadata_conflict(current)
+                actions = self._core.on_metadata_conflict(current, client.writable_bookies, client.rng)
         except PulsarliteError as e:
             log.warning("recovery metadata write failed ledger=%d: %s", md.ledger_id, e)
             if not self._result.done():

@@ -73,6 +73,11 @@ class LedgerMetadata:
     # ensemble change): their copies of entries written since are missing
     under_replicated_bookies: tuple[str, ...] = ()
     custom: Mapping[str, str] = field(default_factory=dict)
+    # set (IN_RECOVERY only) by the first ensemble change of a recovery: the last fragment the
+    # writer wrote, (first entry id, bookies). A later recovery fences that ensemble and decides
+    # which entries exist from its bookies' answers only: a bookie a recovery put in holds only
+    # what a recovery re-wrote, so its "no such entry" proves nothing
+    writer_fragment: tuple[int, tuple[str, ...]] | None = None
 
     def __post_init__(self) -> None:
         validate_quorum(self.ensemble_size, self.write_quorum, self.ack_quorum)
@@ -86,6 +91,12 @@ class LedgerMetadata:
             check(len(set(bookies)) == len(bookies),
                   f"ledger {self.ledger_id}: ensemble {bookies} repeats a bookie")
             previous = first
+        if self.writer_fragment is not None:
+            check(self.state is LedgerState.IN_RECOVERY,
+                  f"ledger {self.ledger_id}: writer fragment on a {self.state.value} ledger")
+            check(len(self.writer_fragment[1]) == self.ensemble_size,
+                  f"ledger {self.ledger_id}: writer fragment {self.writer_fragment} is not of size "
+                  f"{self.ensemble_size}")
         # the write sets of the last fragment, by entry_id mod E (asked for every send and ack
         # on the hot path); not a field: derived, outside eq/hash/replace
         last_first, last_bookies = self.ensembles[-1]
@@ -126,6 +137,32 @@ class LedgerMetadata:
     def all_bookies(self) -> frozenset[str]:
         return frozenset(b for _, bookies in self.ensembles for b in bookies)
 
+    @property
+    def recovery_writer_fragment(self) -> tuple[int, tuple[str, ...]]:
+        """The fragment a recovery fences and reads: the writer's last one (``writer_fragment``
+        once a recovery changed the ensemble, else the last fragment)."""
+        return self.writer_fragment if self.writer_fragment is not None else self.ensembles[-1]
+
+    @property
+    def recovery_fragments_first_entry(self) -> int | None:
+        """The first entry of the fragments a recovery put in (None if none did): the lowest
+        entry whose metadata may name a bookie that holds it only once a recovery re-wrote it."""
+        if self.writer_fragment is None:
+            return None
+        first = self.writer_fragment[0]
+        return min((f for f, bookies in self.ensembles if f >= first and (f, bookies) != self.writer_fragment),
+                   default=None)
+
+    def recovery_read_view(self) -> "LedgerMetadata":
+        """The metadata as the writer last knew it (fragments below the writer's last one, then
+        that one): the ensemble recovery fences and the write sets whose answers decide whether
+        an entry exists."""
+        if self.writer_fragment is None:
+            return self
+        first = self.writer_fragment[0]
+        return replace(self, writer_fragment=None,
+                       ensembles=tuple(f for f in self.ensembles if f[0] < first) + (self.writer_fragment,))
+
     # -- transforms (pure; the shell CASes the result) ------------------------------------
     def with_state(self, state: LedgerState, **changes) -> "LedgerMetadata":
         if state not in LEDGER_STATE_TRANSITIONS[self.state]:
@@ -134,7 +171,8 @@ class LedgerMetadata:
 
     def with_new_fragment(self, first_entry_id: int, bookies: tuple[str, ...]) -> "LedgerMetadata":
         """Ensemble change: a new fragment starting at ``first_entry_id``. Replaces the last
-        fragment if it starts at the same entry (nothing was written to it yet)."""
+        fragment if it starts at the same entry (nothing was written to it yet). The writer's:
+        OPEN ledgers only (recovery's is ``with_recovery_ensemble``)."""
         check(self.state is LedgerState.OPEN, f"ledger {self.ledger_id}: ensemble change on {self.state.value}")
         check(first_entry_id >= self.last_fragment_first_entry,
               f"ledger {self.ledger_id}: new fragment at {first_entry_id} before the last one")
@@ -145,9 +183,27 @@ class LedgerMetadata:
             fragments.append((first_entry_id, tuple(bookies)))
         return replace(self, ensembles=tuple(fragments))
 
+    def with_recovery_ensemble(self, first_entry_id: int, bookies: tuple[str, ...]) -> "LedgerMetadata":
+        """Recovery's ensemble change (IN_RECOVERY only): from ``first_entry_id`` on, one fragment
+        on ``bookies``. Fragments wholly below keep their bookies (the one holding
+        ``first_entry_id`` is split there, replaced if it starts there); fragments above are
+        dropped: the recovery re-writes every entry from ``first_entry_id`` on to its new write
+        set. ``first_entry_id`` must lie in the writer's last fragment or above (recovery
+        re-writes nothing below it: fix 2 of NOTES.md). Records the writer's last fragment
+        (``writer_fragment``) the first time."""
+        check(self.state is LedgerState.IN_RECOVERY,
+              f"ledger {self.ledger_id}: recovery ensemble change on {self.state.value}")
+        writer = self.recovery_writer_fragment
+        check(first_entry_id >= writer[0],
+              f"ledger {self.ledger_id}: recovery fragment at {first_entry_id}, below the writer's "
+              f"last fragment {writer}")
+        fragments = tuple(f for f in self.ensembles if f[0] < first_entry_id)
+        return replace(self, ensembles=fragments + ((first_entry_id, tuple(bookies)),),
+                       writer_fragment=writer)
+
     # -- codec ---------------------------------------------------------------------------
     def to_json(self) -> bytes:
-        return json.dumps({
+        raw = {
             "ledger_id": self.ledger_id,
             "ensemble_size": self.ensemble_size,
             "write_quorum": self.write_quorum,
@@ -159,7 +215,11 @@ class LedgerMetadata:
             "ensembles": [[first, list(bookies)] for first, bookies in self.ensembles],
             "under_replicated_bookies": list(self.under_replicated_bookies),
             "custom": dict(self.custom),
-        }, sort_keys=True).encode()
+        }
+        if self.writer_fragment is not None:
+            first, bookies = self.writer_fragment
+            raw["writer_fragment"] = [first, list(bookies)]
+        return json.dumps(raw, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> "LedgerMetadata":
@@ -177,6 +237,9 @@ class LedgerMetadata:
                 ensembles=tuple((int(first), tuple(str(b) for b in bookies)) for first, bookies in raw["ensembles"]),
                 under_replicated_bookies=tuple(raw.get("under_replicated_bookies", ())),
                 custom={str(k): str(v) for k, v in raw.get("custom", {}).items()},
+                writer_fragment=(None if raw.get("writer_fragment") is None else
+                                 (int(raw["writer_fragment"][0]),
+                                  tuple(str(b) for b in raw["writer_fragment"][1]))),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed ledger metadata: {e}") from None

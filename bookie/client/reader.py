@@ -169,8 +169,9 @@ async def read_lac(metadata: LedgerMetadata, pool: BookieClientPool, *, fence: b
     lac = max(lacs, default=-1)
     # an entry's LAC field is the writer's LAC when it sent the entry; the highest stored entry
     # below a fragment start cannot be used, but the fragment start - 1 is confirmed by the
-    # ensemble change itself
-    return max(lac, metadata.last_fragment_first_entry - 1)
+    # writer's ensemble change itself (not by a recovery's: a recovery puts in a fragment at
+    # any entry it re-writes, so only the writer's last fragment counts)
+    return max(lac, metadata.recovery_writer_fragment[0] - 1)
 
 
 __all__ = ["LedgerEntry", "LedgerReader", "read_lac", "verify_entry", "NoSuchLedgerError"]

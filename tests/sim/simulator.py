@@ -63,7 +63,7 @@ from bookie.client.recovery_core import LedgerRecoveryCore
 from bookie.client.write_core import LedgerWriteCore, WriteCoreState
 from pulsarlite.checksum import entry_checksum
 from pulsarlite.config import LedgerClientConfig
-from pulsarlite.errors import BookieUnavailableError, PulsarliteError
+from pulsarlite.errors import BookieUnavailableError, InvariantViolation, PulsarliteError
 
 LEDGER_ID = 7
 
@@ -80,6 +80,10 @@ class SimConfig:
     add_pause_probability: float = 0.2       # the writer goes idle for a while between adds
     add_pause_ms: tuple[int, int] = (30, 200)
     fence_recovery_reads: bool = True
+    # test-only switches of the recovery core: ensemble change on a failed re-write, and fix 2
+    # (read from the writer's last fragment, not from the LAC)
+    recovery_ensemble_change: bool = True
+    recover_from_last_fragment: bool = True
     # network
     delay_ms: tuple[int, int] = (1, 8)
     slow_probability: float = 0.1
@@ -139,16 +143,19 @@ class SimConfig:
     run_ms_max: int = 20_000
 
 
-# Bookies lost for good (or wiped) only where Qw > Qa: the recovery core never changes the
-# ensemble, so with Qw == Qa an entry whose write set holds a lost bookie cannot be re-written
-# to Qa bookies and recovery cannot finish (a liveness limit, not a safety one).
+# Bookies lost for good (or wiped) with Qw > Qa and with Qw == Qa. With Qw == Qa an entry whose
+# write set holds a lost bookie can be re-written to Qa bookies only after the recovery replaced
+# that bookie (recovery's ensemble change), so those configurations keep a spare bookie (or get
+# a fresh one when a wiped bookie is replaced); e3w2a2n3-chaos has no spare and loses none.
 CONFIGS: dict[str, SimConfig] = {c.name: c for c in (
     SimConfig("e3w3a2n3", bookies=3, ensemble_size=3, write_quorum=3, ack_quorum=2,
               lost_for_good_probability=0.1, metadata_unknown_probability=0.05),
     SimConfig("e3w3a2n5", bookies=5, ensemble_size=3, write_quorum=3, ack_quorum=2,
               lost_for_good_probability=0.1, wiped_probability=0.1, metadata_unknown_probability=0.05),
     SimConfig("e3w2a2n4", bookies=4, ensemble_size=3, write_quorum=2, ack_quorum=2,
-              metadata_unknown_probability=0.05),
+              lost_for_good_probability=0.1, wiped_probability=0.1, metadata_unknown_probability=0.05),
+    SimConfig("e2w2a2n3", bookies=3, ensemble_size=2, write_quorum=2, ack_quorum=2,
+              lost_for_good_probability=0.15, wiped_probability=0.1, metadata_unknown_probability=0.05),
     SimConfig("e4w3a2n5", bookies=5, ensemble_size=4, write_quorum=3, ack_quorum=2,
               lost_for_good_probability=0.1, wiped_probability=0.1, metadata_unknown_probability=0.05),
     # more churn: many lost messages (ensemble changes, failed recoveries) and crashes
@@ -158,7 +165,15 @@ CONFIGS: dict[str, SimConfig] = {c.name: c for c in (
     SimConfig("e3w2a2n3-chaos", bookies=3, ensemble_size=3, write_quorum=2, ack_quorum=2,
               drop_probability=0.05, slow_probability=0.25, crashes_max=5, duplicate_probability=0.05,
               metadata_unknown_probability=0.1),
+    SimConfig("e3w2a2n4-chaos", bookies=4, ensemble_size=3, write_quorum=2, ack_quorum=2,
+              drop_probability=0.05, slow_probability=0.25, crashes_max=5, duplicate_probability=0.05,
+              lost_for_good_probability=0.15, wiped_probability=0.15, metadata_unknown_probability=0.1),
 )}
+
+# the configurations with Qw == Qa that lose bookies for good: recovery must change the ensemble
+QW_EQUALS_QA_LOSSES = tuple(sorted(
+    name for name, c in CONFIGS.items()
+    if c.write_quorum == c.ack_quorum and (c.lost_for_good_probability > 0 or c.wiped_probability > 0)))
 
 
 class SimulationViolation(AssertionError):
@@ -594,7 +609,11 @@ class Simulation:
                     self.violation(f"still running at {c.run_ms_max} ms (liveness)")
                     break
                 self.now = time
-                fn(*args)
+                try:
+                    fn(*args)
+                except InvariantViolation as e:        # a core's own check: name the seed
+                    self.violation(f"invariant check failed: {e}")
+                    break
         finally:
             if self._bridge is not None:
                 self._bridge.close()
@@ -924,6 +943,7 @@ class RecoveryClient:
         self.done = False
         self.result: LedgerMetadata | None = None
         self.core: LedgerRecoveryCore | None = None
+        self.rng = random.Random(f"{sim.seed}/{self.name}")     # placement of ensemble changes
 
     def start(self) -> None:
         self.core = None
@@ -958,7 +978,12 @@ class RecoveryClient:
             self._on_metadata(current, version)
 
     def _run(self, md: LedgerMetadata) -> None:
-        self.core = core = LedgerRecoveryCore(md, fence_recovery_reads=self.sim.config.fence_recovery_reads)
+        c = self.sim.config
+        self.core = core = LedgerRecoveryCore(
+            md, fence_recovery_reads=c.fence_recovery_reads,
+            ensemble_change_attempts_max=c.ensemble_change_attempts_max,
+            change_ensemble=c.recovery_ensemble_change,
+            recover_from_last_fragment=c.recover_from_last_fragment)
         self.execute(core, core.start())
 
     def _finish(self, md: LedgerMetadata) -> None:
@@ -985,24 +1010,30 @@ class RecoveryClient:
                 entry = EntryData(action.entry_id, action.lac, action.length, action.payload)
                 sim.rpc(self.name, action.bookie, ("add", entry, action.recovery),
                         lambda outcome, b=action.bookie, e=action.entry_id: self.execute(
-                            core, core.on_add_result(b, e, outcome)),
+                            core, core.on_add_result(b, e, outcome, sim.writable_bookies(), self.rng)),
                         AddOutcome.ERROR)
             elif isinstance(action, WriteMetadata):
                 proposed = action.metadata
-                sim.log(f"{self.name} cas close last={proposed.last_entry_id} len={proposed.length}")
+                if proposed.is_closed:
+                    what = "close"
+                    sim.log(f"{self.name} cas close last={proposed.last_entry_id} len={proposed.length}")
+                else:
+                    what = "ensemble change"
+                    sim.count("recovery_ensemble_changes")
+                    sim.log(f"{self.name} cas ensemble change {core.ensemble_change} -> {proposed.ensembles}")
 
                 def answered(ok: bool, current: LedgerMetadata, version: int, proposed=proposed) -> None:
                     if core is not self.core:
                         return
                     self.version = version
                     if ok:
-                        self.execute(core, core.on_metadata_written(proposed))
+                        self.execute(core, core.on_metadata_written(proposed, sim.writable_bookies(), self.rng))
                     else:
-                        self.execute(core, core.on_metadata_conflict(current))
+                        self.execute(core, core.on_metadata_conflict(current, sim.writable_bookies(), self.rng))
                 # the recovery shell lets a ZooKeeper error end the attempt (it times out and
                 # LedgerClient.recover starts another)
                 sim.metadata_cas(self.version, proposed, answered,
-                                 lambda: core is self.core and self._retry("close write: outcome unknown"))
+                                 lambda what=what: core is self.core and self._retry(f"{what} write: outcome unknown"))
             elif isinstance(action, RecoveryDone):
                 self.core = None
                 self._finish(action.metadata)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from bookie.client.actions import (AddOutcome, EntryData, LacOutcome, ReadOutcome, RecoveryDone,
@@ -13,6 +15,11 @@ from pulsarlite.errors import InvariantViolation
 FOUND, NO_ENTRY, NO_LEDGER, RERR = (ReadOutcome.FOUND, ReadOutcome.NO_SUCH_ENTRY,
                                     ReadOutcome.NO_SUCH_LEDGER, ReadOutcome.ERROR)
 B3 = ("b0", "b1", "b2")
+NO_SPARE: tuple[str, ...] = ()          # writable bookies outside the ensemble: none
+
+
+def rng() -> random.Random:
+    return random.Random(7)
 
 
 def metadata(e: int = 3, qw: int = 3, qa: int = 2,
@@ -68,7 +75,7 @@ def test_recovery_of_an_empty_ledger_closes_at_minus_one():
     assert len(actions) == 1 and isinstance(actions[0], WriteMetadata)
     closed = actions[0].metadata
     assert closed.state is LedgerState.CLOSED and closed.last_entry_id == -1 and closed.length == 0
-    assert core.on_metadata_written(closed) == [RecoveryDone(closed)]
+    assert core.on_metadata_written(closed, NO_SPARE, rng()) == [RecoveryDone(closed)]
     assert core.phase is RecoveryPhase.DONE
 
 
@@ -84,8 +91,8 @@ def test_found_entries_are_rewritten_with_quorum_before_closing():
     assert core.on_read("b0", 1, NO_ENTRY) == []                    # decided already
     core.on_read("b0", 2, NO_ENTRY)
     assert core.on_read("b2", 2, NO_ENTRY) == []                    # entry 2 missing, but entry 1
-    assert core.on_add_result("b0", 1, AddOutcome.OK) == []         # has no Qa acks yet
-    actions = core.on_add_result("b2", 1, AddOutcome.OK)
+    assert core.on_add_result("b0", 1, AddOutcome.OK, NO_SPARE, rng()) == []         # has no Qa acks yet
+    actions = core.on_add_result("b2", 1, AddOutcome.OK, NO_SPARE, rng())
     closed = actions[0].metadata
     assert closed.last_entry_id == 1 and closed.length == e1.length
 
@@ -100,8 +107,8 @@ def test_read_ahead_decides_in_entry_order():
     actions = core.on_read("b2", 0, FOUND, e0)
     assert [type(a) for a in actions] == [SendAdd] * 3
     assert core.on_read("b0", 2, FOUND, entry(2)) == []             # beyond the end: ignored
-    assert core.on_add_result("b0", 0, AddOutcome.OK) == []
-    actions = core.on_add_result("b1", 0, AddOutcome.OK)
+    assert core.on_add_result("b0", 0, AddOutcome.OK, NO_SPARE, rng()) == []
+    actions = core.on_add_result("b1", 0, AddOutcome.OK, NO_SPARE, rng())
     assert len(actions) == 1 and actions[0].metadata.last_entry_id == 0
     assert actions[0].metadata.length == e0.length
 
@@ -156,8 +163,8 @@ def test_rewrite_without_ack_quorum_fails():
     core = LedgerRecoveryCore(metadata(), read_ahead_max=1)
     fenced(core, {"b0": -1, "b1": -1})
     core.on_read("b0", 0, FOUND, entry(0))
-    assert core.on_add_result("b0", 0, AddOutcome.ERROR) == []      # Qw - Qa = 1 may fail
-    actions = core.on_add_result("b1", 0, AddOutcome.ERROR)
+    assert core.on_add_result("b0", 0, AddOutcome.ERROR, NO_SPARE, rng()) == []      # Qw - Qa = 1 may fail
+    actions = core.on_add_result("b1", 0, AddOutcome.ERROR, NO_SPARE, rng())
     assert isinstance(actions[0], RecoveryFailed)
 
 
@@ -177,7 +184,7 @@ def test_conflict_with_a_closed_ledger_accepts_its_result():
     core.on_read("b0", 0, NO_ENTRY)
     ours = core.on_read("b1", 0, NO_ENTRY)[0].metadata
     theirs = metadata().with_state(LedgerState.CLOSED, last_entry_id=0, length=10)
-    assert core.on_metadata_conflict(theirs) == [RecoveryDone(theirs)]
+    assert core.on_metadata_conflict(theirs, NO_SPARE, rng()) == [RecoveryDone(theirs)]
     assert ours != theirs
 
 
@@ -187,9 +194,9 @@ def test_conflict_still_in_recovery_retries_the_close():
     core.on_read("b0", 0, NO_ENTRY)
     core.on_read("b1", 0, NO_ENTRY)
     current = metadata()
-    actions = core.on_metadata_conflict(current)
+    actions = core.on_metadata_conflict(current, NO_SPARE, rng())
     assert isinstance(actions[0], WriteMetadata) and actions[0].metadata.last_entry_id == -1
-    actions = core.on_metadata_conflict(current)
+    actions = core.on_metadata_conflict(current, NO_SPARE, rng())
     assert isinstance(actions[0], RecoveryFailed)
 
 
@@ -197,3 +204,208 @@ def test_rejects_open_metadata():
     with pytest.raises(InvariantViolation):
         LedgerRecoveryCore(metadata().__class__(
             ledger_id=1, ensemble_size=3, write_quorum=3, ack_quorum=2, ensembles=((0, B3),)))
+
+
+# -- ensemble change during recovery (Qw == Qa, a bookie lost for good) ------------------------
+
+B4 = ("b0", "b1", "b2", "b3")
+
+
+def adds(actions: list) -> list[tuple[str, int]]:
+    return sorted((a.bookie, a.entry_id) for a in actions if isinstance(a, SendAdd))
+
+
+def metadata_writes(actions: list) -> list[LedgerMetadata]:
+    return [a.metadata for a in actions if isinstance(a, WriteMetadata)]
+
+
+def recovering_w2a2(read_ahead_max: int = 1, **kwargs) -> LedgerRecoveryCore:
+    """E3 Qw2 Qa2 on b0 b1 b2, LAC 1: reading from entry 2 (write set b2 b0)."""
+    core = LedgerRecoveryCore(metadata(qw=2, qa=2), read_ahead_max=read_ahead_max, **kwargs)
+    core.start()
+    core.on_read_lac("b0", LacOutcome.OK, 1)
+    actions = core.on_read_lac("b1", LacOutcome.OK, 1)
+    assert reads(actions)[:2] == [("b2", 2, True), ("b0", 2, True)]
+    return core
+
+
+def test_a_rewrite_failing_on_a_lost_bookie_replaces_it_from_that_entry_and_the_close_carries_it():
+    core = recovering_w2a2()
+    actions = core.on_read("b0", 2, FOUND, entry(2, lac=1))          # b2 is lost: no answer
+    assert adds(actions) == [("b0", 2), ("b2", 2)]
+    assert reads(actions) == [("b0", 3, True), ("b1", 3, True)]
+    actions = core.on_read("b1", 3, FOUND, entry(3, lac=1))           # write set b0 b1
+    assert adds(actions) == [("b0", 3), ("b1", 3)]
+    core.on_read("b1", 4, NO_ENTRY)                                   # 4 (b1 b2) never acknowledged
+    for bookie, entry_id in (("b0", 2), ("b0", 3), ("b1", 3)):
+        assert core.on_add_result(bookie, entry_id, AddOutcome.OK, ["b3"], rng()) == []
+    actions = core.on_add_result("b2", 2, AddOutcome.ERROR, ["b0", "b1", "b3"], rng())
+    [proposal] = metadata_writes(actions)
+    assert proposal.state is LedgerState.IN_RECOVERY
+    # entries 0-1 (below the lowest re-write that holds b2) keep their fragment
+    assert proposal.ensembles == ((0, B3), (2, ("b0", "b1", "b3")))
+    assert proposal.writer_fragment == (0, B3)
+    assert core.ensemble_change == (2, {"b2": "b3"})
+    actions = core.on_metadata_written(proposal, ["b0", "b1", "b3"], rng())
+    assert adds(actions) == [("b3", 2)]                               # entry 3 stays on b0 b1
+    assert metadata_writes(actions) == []                             # no close before b3 holds 2
+    assert core.on_add_result("b2", 2, AddOutcome.OK, ["b3"], rng()) == []   # replaced: ignored
+    [closed] = metadata_writes(core.on_add_result("b3", 2, AddOutcome.OK, ["b3"], rng()))
+    assert closed.state is LedgerState.CLOSED and closed.last_entry_id == 3
+    assert closed.ensembles == proposal.ensembles and closed.writer_fragment is None
+    assert closed.write_set(2) == ("b3", "b0") and closed.write_set(1) == ("b1", "b2")
+    assert core.on_metadata_written(closed, [], rng()) == [RecoveryDone(closed)]
+
+
+def test_entries_already_rewritten_above_the_change_go_to_the_new_bookie_too():
+    core = recovering_w2a2(read_ahead_max=3)
+    core.on_read("b1", 4, FOUND, entry(4, lac=1))                     # write set b1 b2
+    core.on_read("b0", 3, FOUND, entry(3, lac=1))
+    core.on_read("b0", 2, FOUND, entry(2, lac=1))
+    for bookie, entry_id in (("b1", 4), ("b2", 4), ("b0", 3), ("b1", 3), ("b0", 2)):
+        core.on_add_result(bookie, entry_id, AddOutcome.OK, [], rng())     # 4 done with b2's ack
+    [proposal] = metadata_writes(core.on_add_result("b2", 2, AddOutcome.ERROR, ["b3"], rng()))
+    assert proposal.ensembles == ((0, B3), (2, ("b0", "b1", "b3")))
+    actions = core.on_metadata_written(proposal, ["b3"], rng())
+    # entry 4 had its Qa acks, but its write set now names b3: b3 must hold it
+    assert adds(actions) == [("b3", 2), ("b3", 4)]
+
+
+def test_a_later_recovery_fences_the_writers_fragment_and_ignores_a_replacements_no_such_entry():
+    md = metadata(qw=2, qa=2).with_recovery_ensemble(2, ("b0", "b1", "b3"))
+    core = LedgerRecoveryCore(md, read_ahead_max=1)
+    assert [a.bookie for a in core.start()] == list(B3)              # the writer's bookies
+    assert core.on_read_lac("b3", LacOutcome.OK, 5) == []            # not the writer's: ignored
+    core.on_read_lac("b0", LacOutcome.OK, 3)
+    actions = core.on_read_lac("b1", LacOutcome.OK, 3)
+    assert core.first_entry_to_read == 2                              # the recovery fragment's start
+    assert reads(actions) == [("b2", 2, True), ("b0", 2, True), ("b3", 2, True)]
+    assert core.on_read("b3", 2, NO_LEDGER) == []                    # b3 may just lack it: undecided
+    actions = core.on_read("b0", 2, FOUND, entry(2, lac=1))
+    assert adds(actions) == [("b0", 2), ("b3", 2)]
+
+
+def test_no_spare_bookie_is_a_retriable_failure():
+    core = recovering_w2a2()
+    core.on_read("b0", 2, FOUND, entry(2, lac=1))
+    actions = core.on_add_result("b2", 2, AddOutcome.ERROR, ["b0", "b1", "b2"], rng())
+    [failed] = actions
+    assert isinstance(failed, RecoveryFailed) and failed.error.retriable
+    assert "cannot replace ['b2']" in str(failed.error)
+    assert core.phase is RecoveryPhase.FAILED
+
+
+def test_without_ensemble_change_a_lost_bookie_fails_the_recovery():
+    core = recovering_w2a2(change_ensemble=False)
+    core.on_read("b0", 2, FOUND, entry(2, lac=1))
+    [failed] = core.on_add_result("b2", 2, AddOutcome.ERROR, ["b3"], rng())
+    assert isinstance(failed, RecoveryFailed) and "cannot re-replicate entry 2" in str(failed.error)
+
+
+def test_ensemble_changes_are_bounded():
+    core = recovering_w2a2(ensemble_change_attempts_max=1)
+    core.on_read("b0", 2, FOUND, entry(2, lac=1))
+    [proposal] = metadata_writes(core.on_add_result("b2", 2, AddOutcome.ERROR, ["b3", "b4"], rng()))
+    actions = core.on_metadata_written(proposal, ["b3", "b4"], rng())
+    new = proposal.write_set(2)[0]
+    [failed] = core.on_add_result(new, 2, AddOutcome.ERROR, ["b3", "b4"], rng())
+    assert isinstance(failed, RecoveryFailed) and "gave up after 1 ensemble changes" in str(failed.error)
+    assert failed.error.retriable and adds(actions) == [(new, 2)]
+
+
+def test_two_recoveries_racing_on_the_ensemble_change_converge():
+    first, second = recovering_w2a2(), recovering_w2a2()
+    for core in (first, second):
+        core.on_read("b0", 2, FOUND, entry(2, lac=1))
+        core.on_read("b1", 3, NO_ENTRY)
+        core.on_add_result("b0", 2, AddOutcome.OK, [], rng())
+    [theirs] = metadata_writes(first.on_add_result("b2", 2, AddOutcome.ERROR, ["b3"], rng()))
+    [ours] = metadata_writes(second.on_add_result("b2", 2, AddOutcome.ERROR, ["b4"], rng()))
+    assert theirs.ensembles != ours.ensembles
+    first.on_metadata_written(theirs, ["b3"], rng())                  # the first CAS wins
+    actions = second.on_metadata_conflict(theirs, ["b4"], rng())      # the second takes it over
+    assert adds(actions) == [("b3", 2)] and metadata_writes(actions) == []
+    [closed] = metadata_writes(second.on_add_result("b3", 2, AddOutcome.OK, ["b4"], rng()))
+    assert closed.ensembles == theirs.ensembles and closed.last_entry_id == 2
+    # the first one's close loses to it and accepts it
+    [mine] = metadata_writes(first.on_add_result("b3", 2, AddOutcome.OK, [], rng()))
+    assert mine.last_entry_id == 2
+    assert first.on_metadata_conflict(closed, [], rng()) == [RecoveryDone(closed)]
+
+
+def test_a_close_conflicting_with_an_ensemble_change_rewrites_to_the_new_bookie_first():
+    core = recovering_w2a2()
+    core.on_read("b0", 2, FOUND, entry(2, lac=1))
+    core.on_read("b1", 3, NO_ENTRY)
+    core.on_add_result("b0", 2, AddOutcome.OK, [], rng())
+    [closing] = metadata_writes(core.on_add_result("b2", 2, AddOutcome.OK, [], rng()))
+    assert closing.is_closed
+    current = metadata(qw=2, qa=2).with_recovery_ensemble(2, ("b0", "b1", "b3"))   # another recovery
+    actions = core.on_metadata_conflict(current, [], rng())
+    assert adds(actions) == [("b3", 2)] and core.phase is RecoveryPhase.READING
+    [closed] = metadata_writes(core.on_add_result("b3", 2, AddOutcome.OK, [], rng()))
+    assert closed.ensembles == current.ensembles and closed.last_entry_id == 2
+
+
+def test_a_conflict_with_a_recovery_fragment_below_this_recoverys_start_fails_retriably():
+    core = recovering_w2a2()
+    core.on_read("b0", 2, FOUND, entry(2, lac=1))
+    core.on_read("b1", 3, NO_ENTRY)
+    core.on_add_result("b0", 2, AddOutcome.OK, [], rng())
+    core.on_add_result("b2", 2, AddOutcome.OK, [], rng())
+    current = metadata(qw=2, qa=2).with_recovery_ensemble(1, ("b0", "b3", "b2"))
+    [failed] = core.on_metadata_conflict(current, [], rng())
+    assert isinstance(failed, RecoveryFailed) and failed.error.retriable
+    assert "from entry 1" in str(failed.error)
+
+
+def test_the_length_entry_is_read_from_any_replica_with_a_lost_bookie_in_its_write_set():
+    md = metadata(qw=2, qa=2).with_recovery_ensemble(2, ("b0", "b1", "b3"))
+    core = LedgerRecoveryCore(md, read_ahead_max=1)
+    core.start()
+    core.on_read_lac("b0", LacOutcome.OK, 2)
+    core.on_read_lac("b1", LacOutcome.OK, 2)
+    assert core.first_entry_to_read == 2
+    core.on_read("b2", 2, RERR)
+    actions = core.on_read("b0", 2, FOUND, entry(2, lac=1))          # the LAC entry: re-written
+    for bookie in ("b0", "b3"):
+        actions = core.on_add_result(bookie, 2, AddOutcome.OK, [], rng())
+    assert metadata_writes(actions) == []                             # entry 3 not decided yet
+    core.on_read("b0", 3, NO_ENTRY)
+    # without a recovery fragment: the LAC entry, first to read - 1, in the writer's fragment
+    core = LedgerRecoveryCore(metadata(qw=2, qa=2), read_ahead_max=1)
+    core.start()
+    core.on_read_lac("b0", LacOutcome.OK, 4)
+    core.on_read_lac("b1", LacOutcome.OK, 4)
+    actions = core.on_read("b2", 5, NO_ENTRY)                         # 5: b2 b0
+    assert core.phase is RecoveryPhase.READING_LENGTH
+    assert reads(actions) == [("b1", 4, True), ("b2", 4, True)]
+    assert core.on_read("b2", 4, RERR) == []                          # lost
+    [closing] = metadata_writes(core.on_read("b1", 4, FOUND, entry(4, lac=3)))
+    assert closing.last_entry_id == 4 and closing.length == entry(4).length
+
+
+def test_with_recovery_ensemble_splits_at_an_entry_and_drops_the_fragments_above():
+    md = metadata(e=3, qw=2, qa=2, ensembles=((0, B3), (5, ("b0", "b3", "b2"))))
+    with pytest.raises(InvariantViolation):
+        md.with_recovery_ensemble(4, ("b4", "b1", "b2"))              # below the writer's fragment
+    changed = md.with_recovery_ensemble(7, ("b0", "b3", "b1"))
+    assert changed.ensembles == ((0, B3), (5, ("b0", "b3", "b2")), (7, ("b0", "b3", "b1")))
+    assert changed.writer_fragment == (5, ("b0", "b3", "b2"))
+    assert changed.recovery_fragments_first_entry == 7
+    assert changed.recovery_read_view() == md
+    again = changed.with_recovery_ensemble(6, ("b0", "b4", "b2"))
+    assert again.ensembles == ((0, B3), (5, ("b0", "b3", "b2")), (6, ("b0", "b4", "b2")))
+    assert again.writer_fragment == changed.writer_fragment
+    assert again.recovery_fragments_first_entry == 6
+    assert LedgerMetadata.from_json(again.to_json()) == again
+    in_place = md.with_recovery_ensemble(5, ("b0", "b3", "b1"))
+    assert in_place.ensembles == ((0, B3), (5, ("b0", "b3", "b1")))
+    assert in_place.recovery_fragments_first_entry == 5
+    assert in_place.recovery_read_view() == md
+    assert in_place.with_state(LedgerState.CLOSED, writer_fragment=None).writer_fragment is None
+    with pytest.raises(InvariantViolation):
+        in_place.with_new_fragment(9, B3)                             # the writer's: OPEN only
+    with pytest.raises(InvariantViolation):                           # only while IN_RECOVERY
+        LedgerMetadata(ledger_id=1, ensemble_size=3, write_quorum=2, ack_quorum=2,
+                       ensembles=((0, B3),), writer_fragment=(0, B3))
