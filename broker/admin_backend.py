@@ -31,12 +31,14 @@ from broker.adapters import open_cursor
 from broker.admin.http import (ConsumerStats, CursorStats, InternalStats, LedgerInfoStats, LookupData,
                                MessageIdData, PublisherStats, SubscriptionPosition, SubscriptionStats, TopicStats,
                                lookup_data)
-from broker.admin.policies import BadRequestError, ConflictError, NotFoundError, PreconditionFailedError
+from broker.admin.policies import (BadRequestError, ConflictError, MethodNotAllowedError, NotFoundError,
+                                   PreconditionFailedError)
 from broker.cursor import CursorState, ManagedCursor, cursor_path, list_cursors
 from broker.managed_ledger import LedgerInfo, ManagedLedgerMetadata, ManagedLedgerStore, OffloadState, Position
 from broker.managed_ledger.store import encode as encode_ledger_list
 from broker.offloader import TopicOffloadPolicies, read_topic_offload_policies, topic_policies_path
 from broker.service import PARTITIONED_TOPICS_ROOT, BrokerService, TopicNotFoundError
+from broker.termination import delete_terminated
 from broker.topic import skip_messages
 from pulsarlite.errors import MetadataNotFoundError, PulsarliteError
 from pulsarlite.metadata import MetadataExistsError
@@ -160,6 +162,17 @@ class BrokerAdminBackend:
             if loaded.client_count() and not force:
                 raise PreconditionFailedError(f"Topic {name} has active producers/subscriptions")
         await self.service.unload_topic(key, delete=True)
+        await delete_terminated(self.store, name.managed_ledger_name)   # a new topic of the name starts afresh
+
+    async def terminate(self, topic: str) -> MessageIdData:
+        name = self._name(topic)
+        await self._check_namespace(name)
+        if not name.is_partition and await self.service.partitions(str(name)) > 0:
+            raise MethodNotAllowedError("Termination of a partitioned topic is not allowed")
+        await self._require_topic(name)
+        position = await (await self._load(name)).terminate()
+        return {"ledgerId": position.ledger_id, "entryId": position.entry_id,
+                "partitionIndex": name.partition_index}
 
     async def create_partitioned_topic(self, topic: str, partitions: int,
                                        properties: dict[str, str] | None = None) -> None:

@@ -52,6 +52,12 @@ class NotAllowedError(BrokerError):
     server_error = pb.NotAllowedError
 
 
+class TopicTerminatedError(BrokerError):
+    """The topic was terminated (Pulsar's terminate): it takes no more messages or producers."""
+
+    server_error = pb.TopicTerminatedError
+
+
 def server_error_of(error: BaseException) -> int:
     """The ServerError a client is told for ``error``."""
     if isinstance(error, PulsarliteError) and error.server_error is not None:
@@ -72,4 +78,4 @@ def server_error_of(error: BaseException) -> int:
 __all__ = ["BrokerError", "ConsumerAssignError", "ConsumerBusyError", "CumulativeAckNotAllowedError",
            "ManagedLedgerError", "ManagedLedgerFencedError", "NotAllowedError", "ProducerBusyError",
            "ProducerFencedError", "ServiceNotReadyError", "SubscriptionBusyError", "TopicNotFoundError",
-           "TopicNotOwnedError", "server_error_of"]
+           "TopicNotOwnedError", "TopicTerminatedError", "server_error_of"]

@@ -28,6 +28,7 @@ from broker.offloader import BrokerOffloader
 from broker.retention import RetentionService, publish_time_of
 from broker.schema_compat import CompatibilityStrategy
 from broker.schemas import SchemaRegistry
+from broker.termination import read_terminated
 from broker.topic import EntryCache, PersistentTopic, PublishBuffer
 from pulsarlite.topic_name import TopicName
 
@@ -228,12 +229,15 @@ class BrokerService:
             if not create:
                 raise TopicNotFoundError(f"topic {topic} does not exist")
             await self.check_auto_creation(topic)
+        terminated_at = await read_terminated(self.store, name)
         ml = await ManagedLedger.open(name, ledger_client=self.ledger_client, store=self.store,
                                       config=self.config.managed_ledger_config(),
                                       publish_time_of=publish_time_of,
                                       write_guard=self.ownership.list_guard())
         log.info("topic loaded %s", topic)
         persistent = PersistentTopic(self, topic, ml)
+        persistent.terminated_at = terminated_at          # Pulsar's terminate survives reloads
+        persistent.terminating = terminated_at is not None
         if self.offloader is not None:
             self.offloader.attach(persistent)
         self.retention.watch(persistent)      # retention / TTL / backlog quota passes

@@ -30,8 +30,9 @@ from broker.cursor import InvalidAckError
 from broker.dedup import DedupSnapshotStore, DedupState, entry_sequence
 from broker.dispatch import Delivery, DispatcherCore, KeySharedMode, SubType
 from broker.errors import (ConsumerAssignError, NotAllowedError, ProducerBusyError, ProducerFencedError,
-                           ServiceNotReadyError, SubscriptionBusyError)
+                           ServiceNotReadyError, SubscriptionBusyError, TopicTerminatedError)
 from broker.key_shared import sticky_key_hash
+from broker.termination import write_terminated
 from broker.latency import LatencyBuckets
 from broker.managed_ledger import ManagedLedger, Position, next_position
 from broker.publish_core import (AccessMode, Answer, Confirmed, CountAddError, DisconnectProducer, Producer,
@@ -223,6 +224,10 @@ class PersistentTopic:
         self.flushed = (0, 0, 0, 0)          # (msg_in, bytes_in, msg_out, bytes_out) given to metrics
         self.loaded_ms = int(time.time() * 1000)
         self.quota_blocked = None            # a broker.retention.QuotaVerdict while over the backlog quota
+        # Pulsar's terminate (broker/termination.py): once set, no SEND or producer is taken;
+        # terminated_at is the last entry's position once every accepted add is done and stored
+        self.terminating = False
+        self.terminated_at: Position | None = None
         # producer access modes: the producer holding exclusive access, and those waiting for it
         self._exclusive: Producer | None = None
         self._exclusive_waiters: deque[asyncio.Future] = deque()
@@ -269,6 +274,8 @@ class PersistentTopic:
         first. WaitForExclusive: call :meth:`wait_exclusive` first."""
         if self.write_state is WriteState.CLOSING:
             raise ServiceNotReadyError(f"topic {self.key} is closing")
+        if self.terminating:
+            raise TopicTerminatedError(f"topic {self.key} was terminated")
         if self.write_state is WriteState.BLOCKED:
             self._run(self.core.producer_wants_in(owned=self._owned(), ml_state=self.ml.state))
         if self.write_state is WriteState.BLOCKED:
@@ -442,6 +449,9 @@ class PersistentTopic:
         entry the broker must not store (unreadable metadata, a payload above
         ``message_bytes_max``, a declared uncompressed size above it, sequence ids past
         int64 with deduplication on); nothing of them was taken, the caller answers each."""
+        if self.terminating:
+            return [(sequence_id, TopicTerminatedError(f"topic {self.key} was terminated"))
+                    for sequence_id, _, _ in sends]
         dedup = self.core.dedup is not None
         message_bytes_max = self.service.config.message_bytes_max
         start_s = time.monotonic()
@@ -758,6 +768,27 @@ class PersistentTopic:
         except Exception as e:
             log.warning("topic %s: closing the managed ledger failed: %s", self.key, e)
         self.service.entry_cache.drop_topic(self.key)
+
+    async def terminate(self) -> Position:
+        """Pulsar's terminate: SENDs and new producers are refused from now on; once every add
+        already accepted is done, the last entry's position is stored (broker/termination.py),
+        the producers are disconnected (they come back to TopicTerminated) and the position is
+        returned. ServiceNotReadyError (retry) if adds are still in flight after the grace time:
+        the topic stays closed to writes and a repeat answers once they are done."""
+        if self.terminated_at is not None:
+            return self.terminated_at
+        self.terminating = True
+        self._run(self.core.fail_backlog("terminated"))      # sends still waiting for room
+        await self._wait_adds_in_flight()
+        if any(p.pending for p in self.producers.values()):
+            raise ServiceNotReadyError(f"topic {self.key}: adds still in flight, terminate again later")
+        position = await write_terminated(self.service.store, self.name.managed_ledger_name,
+                                          self.ml.last_confirmed_position)
+        self.terminated_at = position
+        for producer in list(self.producers.values()):
+            producer.handle.close_by_broker()
+        log.info("topic terminated topic=%s position=%s:%s", self.key, position.ledger_id, position.entry_id)
+        return position
 
     async def _wait_adds_in_flight(self) -> None:
         """Wait (bounded by shutdown_grace_ms) until every add already accepted is confirmed or

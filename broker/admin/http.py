@@ -258,6 +258,12 @@ class AdminBackend(Protocol):
     async def last_message_id(self, topic: str) -> MessageIdData:
         """The id of the last confirmed entry (``{"ledgerId", "entryId", "partitionIndex"}``)."""
 
+    async def terminate(self, topic: str) -> MessageIdData:
+        """Pulsar's terminate: the topic takes no more messages, for good (until deleted); the
+        last message id (``{"ledgerId", "entryId", "partitionIndex"}``), the same on a repeat;
+        404 if the topic does not exist, 405 for a partitioned topic's parent, 503 while adds
+        accepted before are still in flight."""
+
     async def read_entry(self, topic: str, ledger_id: int, entry_id: int) -> bytes:
         """The stored entry ``[u32 meta_size][MessageMetadata][payload]`` at (ledger_id,
         entry_id); 404 if the topic or the entry does not exist (never confirmed, trimmed)."""
@@ -792,6 +798,11 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
     r.add_post(topic_base + "/clearBacklog", at_owner(clear_backlog))
     r.add_get(topic_base + "/lastMessageId", at_owner(last_message_id))
     r.add_get(topic_base + "/ledger/{ledger}/entry/{entry}", at_owner(message_by_id))
+
+    async def terminate(request: web.Request) -> web.Response:
+        return _json(await backend.terminate(_topic(request)))
+
+    r.add_post(topic_base + "/terminate", at_owner(terminate))
 
     async def offload(request: web.Request) -> web.Response:
         """Pulsar's trigger: offload every closed ledger before the message id in the body."""

@@ -88,6 +88,12 @@ class PreconditionFailedError(AdminError):
     http_status = 412
 
 
+class MethodNotAllowedError(AdminError):
+    """An operation Pulsar refuses on this kind of resource (terminating a partitioned topic)."""
+
+    http_status = 405
+
+
 # -- names ---------------------------------------------------------------------------------
 def check_name(what: str, value: object) -> str:
     if not isinstance(value, str) or not value:

@@ -256,3 +256,42 @@ def test_get_message_by_id(cluster, admin, client):
         assert requests.get(f"{admin}/persistent/{NS}/by-id/ledger/{missing}", timeout=30).status_code == 404
     assert requests.get(f"{admin}/persistent/{NS}/never/ledger/1/entry/0", timeout=30).status_code == 404
     assert requests.get(f"{admin}/persistent/{NS}/by-id/ledger/x/entry/0", timeout=30).status_code == 400
+
+
+def test_terminate_topic(cluster, admin, client):
+    """Pulsar's ``POST .../terminate``: the topic takes no more messages; the answer is the
+    last message id (``{"ledgerId", "entryId", "partitionIndex"}``), the same on a repeat;
+    existing producers' sends and new producers fail with TopicTerminated, also after the topic
+    is unloaded (termination is stored); what was published stays readable; a partitioned
+    topic's parent cannot be terminated (405); deleting the topic forgets it."""
+    local = "to-terminate"
+    topic = f"persistent://{NS}/{local}"
+    url = f"{admin}/persistent/{NS}/{local}"
+    producer = client.create_producer(topic, batching_enabled=False)
+    ids = [producer.send(f"t{i}".encode()) for i in range(3)]
+    r = requests.post(url + "/terminate", timeout=30)
+    assert r.status_code == 200, r.text
+    last = {"ledgerId": ids[-1].ledger_id(), "entryId": ids[-1].entry_id(), "partitionIndex": -1}
+    assert r.json() == last
+    with pytest.raises(Exception, match="(?i)terminated"):
+        producer.send(b"late")
+    with pytest.raises(Exception, match="(?i)terminated"):
+        client.create_producer(topic)
+    assert requests.post(url + "/terminate", timeout=30).json() == last
+    assert requests.put(url + "/unload", timeout=30).status_code == 204
+    with pytest.raises(Exception, match="(?i)terminated"):
+        client.create_producer(topic)
+    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    assert [reader.read_next(timeout_millis=TIMEOUT_MS).data() for _ in range(3)] == [b"t0", b"t1", b"t2"]
+    reader.close()
+
+    assert requests.post(f"{admin}/persistent/{NS}/never-there/terminate", timeout=30).status_code == 404
+    r = requests.put(f"{admin}/persistent/{NS}/term-part/partitions", data=b"2",
+                     headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 204
+    assert requests.post(f"{admin}/persistent/{NS}/term-part/terminate", timeout=30).status_code == 405
+
+    assert requests.delete(url + "?force=true", timeout=30).status_code == 204
+    again = client.create_producer(topic)          # a new topic of the same name
+    again.send(b"fresh")
+    again.close()
