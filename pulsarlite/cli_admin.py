@@ -651,6 +651,8 @@ COMMANDS: tuple[Op, ...] = (
     Op("topics", "lookup", "the broker serving a topic", path="/lookup/v2/topic/persistent/{topic}", args=(TOPIC,)),
     Op("topics", "unload", "unload a topic from its broker", "PUT", TP + "/unload", args=(TOPIC,)),
     Op("topics", "last-message-id", "the last message id", path=TP + "/lastMessageId", args=(TOPIC,)),
+    Op("topics", "terminate", "terminate a topic: no more messages, for good (prints the last message id)",
+       "POST", TP + "/terminate", args=(TOPIC,)),
     Op("topics", "offload", "offload all but the newest SIZE bytes to the tier", run=_run_offload,
        args=(A("-s", "--size-threshold", type=parse_size_bytes, required=True,
                help="bytes to keep on the bookies: " + SIZE_HELP), TOPIC)),

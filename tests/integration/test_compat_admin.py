@@ -295,3 +295,21 @@ def test_terminate_topic(cluster, admin, client):
     again = client.create_producer(topic)          # a new topic of the same name
     again.send(b"fresh")
     again.close()
+
+
+def test_cli_terminate(cluster, client, tmp_path):
+    """``pulsarlite admin topics terminate TOPIC`` (pulsar-admin's twin) prints the last message id."""
+    import json
+    import os
+    import subprocess
+    import sys
+    topic = f"persistent://{NS}/cli-terminate"
+    producer = client.create_producer(topic, batching_enabled=False)
+    mid = producer.send(b"only")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PULSARLITE_")} | {"HOME": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "pulsarlite", "admin", "--admin-url", cluster.admin_url,
+                           "topics", "terminate", topic], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"ledgerId": mid.ledger_id(), "entryId": mid.entry_id(), "partitionIndex": -1}
+    with pytest.raises(Exception, match="(?i)terminated"):
+        producer.send(b"late")
