@@ -91,6 +91,10 @@ class BookieConfig:
     # under-replicated (BookKeeper's lostBookieRecoveryDelay); a decommissioned one at once
     lost_bookie_recovery_delay_ms: int = 60_000
     audit_interval_ms: int = 300_000         # the auditor's periodic full scan of the ledgers
+    # the auditor's periodic check that sampled entries are on every replica (0: off); daily
+    audit_replica_check_interval_ms: int = 86_400_000
+    audit_replica_check_entries_per_fragment: int = 3  # first, last and random ones
+    audit_replica_check_probes_max: int = 10_000  # entry reads per check
     replication_poll_interval_ms: int = 5_000  # the worker looks for marked ledgers this often
     replication_entries_in_flight_max: int = 64  # entries read or written at once per fragment
     replication_bytes_per_s_max: int = 32 * MiB  # copy throttle per worker
@@ -110,6 +114,10 @@ class BookieConfig:
                   "replication_poll_interval_ms", "replication_entries_in_flight_max",
                   "replication_bytes_per_s_max", "replication_ledgers_concurrent_max",
                   "replication_retry_delay_ms_max", "replication_copy_timeout_ms")
+        if self.audit_replica_check_interval_ms < 0:
+            raise ConfigError("audit_replica_check_interval_ms must be >= 0 (0: off)")
+        if self.audit_replica_check_entries_per_fragment < 1 or self.audit_replica_check_probes_max < 1:
+            raise ConfigError("audit_replica_check_entries_per_fragment and audit_replica_check_probes_max must be >= 1")
         if self.lost_bookie_recovery_delay_ms < 0:
             raise ConfigError("lost_bookie_recovery_delay_ms must be >= 0")
         if self.replication_entries_in_flight_max > 10_000 or self.replication_ledgers_concurrent_max > 100:

@@ -8,6 +8,10 @@ candidate watches the children; when the auditor's session ends its node goes an
 candidate takes over (a candidate whose own node vanished, after a session loss, creates a new
 one). The auditor scans every ledger at start, whenever the bookies or the decommissioning set
 change, and every ``audit_interval_ms``; it ticks when a missing bookie's delay ends.
+
+Every ``replica_check_interval_ms`` (0: never) it also probes a sample of the closed ledgers'
+entries on each replica (``plan_replica_check``) and marks a ledger for a bookie that answers it
+lacks an entry or returns a copy failing its checksum.
 """
 
 from __future__ import annotations
@@ -16,7 +20,11 @@ import asyncio
 import logging
 import time
 
-from bookie.autorecovery.auditor_core import AuditorCore, BookieLost, MarkLedger
+import random
+
+from bookie._proto import bookie_rpc_pb2 as pb
+from bookie.autorecovery.auditor_core import (AuditorCore, BookieLost, MarkLedger, ReplicaProbe,
+                                              plan_replica_check)
 from bookie.autorecovery.layout import DECOMMISSIONING_ROOT, ELECTION_PREFIX, ELECTION_ROOT
 from bookie.autorecovery.urmanager import UnderReplicationManager
 from bookie.client.ledger_manager import LedgerManager
@@ -42,7 +50,15 @@ async def current_auditor(store: MetadataStore) -> str | None:
 
 class Auditor:
     def __init__(self, store: MetadataStore, candidate_id: str, *, lost_bookie_recovery_delay_ms: int,
-                 audit_interval_ms: int) -> None:
+                 audit_interval_ms: int, pool=None, replica_check_interval_ms: int = 0,
+                 replica_check_entries_per_fragment: int = 3, replica_check_probes_max: int = 10_000,
+                 rng: random.Random | None = None) -> None:
+        self.pool = pool
+        self.replica_check_interval_ms = replica_check_interval_ms if pool is not None else 0
+        self.replica_check_entries_per_fragment = replica_check_entries_per_fragment
+        self.replica_check_probes_max = replica_check_probes_max
+        self.rng = rng or random.Random()
+        self.replica_checks = 0
         self.store = store
         self.candidate_id = candidate_id
         self.delay_ms = lost_bookie_recovery_delay_ms
@@ -115,6 +131,7 @@ class Auditor:
         watches = list(await self.ledgers.watch_bookies(on_bookies))
         watches.append(await self.store.watch_children(DECOMMISSIONING_ROOT, on_decommissioning))
         last_scan_ms = 0
+        last_check_ms = _now_ms()
         try:
             while True:
                 if not await self.store.exists(my_node):
@@ -133,8 +150,16 @@ class Auditor:
                 pending.extend(core.on_tick(_now_ms()))
                 actions, pending[:] = list(pending), []
                 await self._execute(core, actions)
+                if self.replica_check_interval_ms and _now_ms() - last_check_ms >= self.replica_check_interval_ms:
+                    try:
+                        pending.extend(await self._check_replicas(core))
+                    except PulsarliteError as e:
+                        log.warning("replica check failed auditor=%s: %s", self.candidate_id, e)
+                    last_check_ms = _now_ms()
                 deadline = core.next_deadline_ms()
                 wait_ms = self.audit_interval_ms - (_now_ms() - last_scan_ms)
+                if self.replica_check_interval_ms:
+                    wait_ms = min(wait_ms, self.replica_check_interval_ms - (_now_ms() - last_check_ms))
                 if deadline is not None:
                     wait_ms = min(wait_ms, deadline - _now_ms() + 1)
                 wake.clear()
@@ -166,6 +191,38 @@ class Auditor:
         decommissioning = await self.urm.decommissioning()
         self.scans += 1
         return core.on_scan(ledgers, marks, decommissioning, _now_ms())
+
+    async def _check_replicas(self, core: AuditorCore) -> list:
+        """Probe a sample of entries on their replicas; returns MarkLedger actions for the
+        bookies found lacking one (executed by the caller)."""
+        from bookie.client.reader import verify_entry
+
+        probes = plan_replica_check(core.ledgers(), self.replica_check_entries_per_fragment,
+                                    self.replica_check_probes_max, self.rng)
+        semaphore = asyncio.Semaphore(16)
+        lacking: dict[int, set[str]] = {}
+
+        async def probe(p: ReplicaProbe) -> None:
+            async with semaphore:
+                try:
+                    resp = await self.pool.get(p.bookie).read(p.ledger_id, p.entry_id, p.entry_id)
+                except PulsarliteError:
+                    return          # unreachable: the lost-bookie delay decides
+            if resp.code in (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER, pb.CHECKSUM_MISMATCH):
+                problem = pb.StatusCode.Name(resp.code)
+            elif resp.code == pb.OK and (not resp.entries or not verify_entry(resp.entries[0], p.ledger_id, p.entry_id)):
+                problem = "checksum mismatch"
+            else:
+                return
+            log.warning("replica check: copy missing ledger=%d entry=%d bookie=%s problem=%s",
+                        p.ledger_id, p.entry_id, p.bookie, problem)
+            lacking.setdefault(p.ledger_id, set()).add(p.bookie)
+
+        await asyncio.gather(*(probe(p) for p in probes))
+        self.replica_checks += 1
+        log.info("replica check done auditor=%s probes=%d ledgers_lacking=%d", self.candidate_id,
+                 len(probes), len(lacking))
+        return [MarkLedger(lid, tuple(sorted(bs))) for lid, bs in sorted(lacking.items())]
 
     async def _execute(self, core: AuditorCore, actions: list) -> None:
         for a in actions:

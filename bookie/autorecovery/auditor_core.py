@@ -100,6 +100,10 @@ class AuditorCore:
     def missing_bookies(self) -> frozenset[str]:
         return frozenset(self._missing_since_ms)
 
+    def ledgers(self) -> list[LedgerMetadata]:
+        """The ledgers of the last scan."""
+        return list(self._ledgers.values())
+
     # -- decision ------------------------------------------------------------------------
     def _decide(self, now_ms: int) -> list:
         if self._live is None:
@@ -133,3 +137,47 @@ class AuditorCore:
             actions.insert(0, BookieLost(b, "decommissioning" if b in self._decommissioning else "lost",
                                          counts.get(b, 0)))
         return actions
+
+
+# -- the periodic replica check ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReplicaProbe:
+    """Read ``entry_id`` of ``ledger_id`` from ``bookie`` (non-fencing) and check its CRC."""
+
+    ledger_id: int
+    entry_id: int
+    bookie: str
+
+
+def plan_replica_check(ledgers: Iterable[LedgerMetadata], entries_per_fragment: int, probes_max: int,
+                       rng) -> list[ReplicaProbe]:
+    """The probes of one periodic check (BookKeeper's auditorPeriodicCheck, sampled): for each
+    CLOSED ledger (an open one's entries are still coming; an IN_RECOVERY one is being decided),
+    each fragment with entries: its first and last entry and up to ``entries_per_fragment`` - 2
+    others at random, each on every bookie of its write set. At most ``probes_max`` probes in all
+    (ledgers taken in a random order, so successive checks cover different ones).
+
+    A probe answered "no such entry/ledger" or with a copy failing its checksum means that
+    bookie lacks the entry: the ledger is marked for it. A bookie that does not answer is not
+    judged here (the lost-bookie delay decides about bookies that are gone)."""
+    check(entries_per_fragment >= 1 and probes_max >= 1, "entries_per_fragment and probes_max must be >= 1")
+    ledgers = [md for md in ledgers if md.state is LedgerState.CLOSED and md.last_entry_id >= 0]
+    rng.shuffle(ledgers)
+    probes: list[ReplicaProbe] = []
+    for md in ledgers:
+        for k, (first, bookies) in enumerate(md.ensembles):
+            last = md.last_entry_id if k == len(md.ensembles) - 1 else min(md.ensembles[k + 1][0] - 1,
+                                                                            md.last_entry_id)
+            if last < first:
+                continue
+            chosen = {first, last}
+            inner = range(first + 1, last)
+            if len(inner) and entries_per_fragment > 2:
+                chosen |= set(rng.sample(inner, min(len(inner), entries_per_fragment - 2)))
+            for e in sorted(chosen)[:entries_per_fragment]:
+                for b in md.write_set(e):
+                    if len(probes) >= probes_max:
+                        return probes
+                    probes.append(ReplicaProbe(md.ledger_id, e, b))
+    return probes

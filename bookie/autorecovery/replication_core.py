@@ -88,6 +88,8 @@ def fragment_bounds(md: LedgerMetadata) -> list[tuple[int, int, tuple[str, ...],
         if is_last and md.state is not LedgerState.CLOSED:
             continue        # the open fragment: repaired once the ledger is closed
         last = md.last_entry_id if is_last else md.ensembles[k + 1][0] - 1
+        if md.state is LedgerState.CLOSED:
+            last = min(last, md.last_entry_id)   # no entry past the close exists to copy
         out.append((first, last, bookies, is_last))
     return out
 
@@ -153,6 +155,8 @@ def apply_repair(current: LedgerMetadata, repair: FragmentRepair) -> LedgerMetad
         raise RepairConflict(f"ledger {lid}: {repair.replacement} is in fragment {first} already")
     last = (current.last_entry_id if current.state is LedgerState.CLOSED else None) if is_last \
         else fragments[k + 1][0] - 1
+    if last is not None and current.state is LedgerState.CLOSED:
+        last = min(last, current.last_entry_id)
     if last != repair.fragment_last:
         raise RepairConflict(f"ledger {lid}: fragment {first} now ends at {last}, "
                              f"copied through {repair.fragment_last}")

@@ -22,7 +22,10 @@ class AutoRecovery:
     def __init__(self, ledger_client, config: BookieConfig, node_id: str) -> None:
         self.auditor = Auditor(ledger_client.store, node_id,
                                lost_bookie_recovery_delay_ms=config.lost_bookie_recovery_delay_ms,
-                               audit_interval_ms=config.audit_interval_ms)
+                               audit_interval_ms=config.audit_interval_ms, pool=ledger_client.pool,
+                               replica_check_interval_ms=config.audit_replica_check_interval_ms,
+                               replica_check_entries_per_fragment=config.audit_replica_check_entries_per_fragment,
+                               replica_check_probes_max=config.audit_replica_check_probes_max)
         self.worker = ReplicationWorker(
             ledger_client, node_id, poll_interval_ms=config.replication_poll_interval_ms,
             entries_in_flight_max=config.replication_entries_in_flight_max,

@@ -313,3 +313,33 @@ async def test_the_standalone_autorecovery_process_repairs_when_bookies_run_none
             await asyncio.to_thread(proc.wait, 30)
         await client.close()
     assert proc.returncode == 0, log_path.read_text()[-3000:]
+
+
+async def test_the_replica_check_finds_a_replica_that_lost_its_copies(cluster_factory):
+    cluster = await asyncio.to_thread(cluster_factory, 4, bookie_overrides={
+        **FAST, "audit_replica_check_interval_ms": 1_000, "audit_replica_check_entries_per_fragment": 2})
+    client = await connect(cluster)
+    try:
+        written: dict[int, int] = {}
+        lid = await write_ledger(client, 3, 3, 2, 40, 0, written)
+        await write_ledger(client, 3, 2, 2, 30, 1, written)
+        emptied = (await client.ledger_manager.read(lid))[0].current_ensemble[1]
+        # the bookie stays up but no longer has the ledger (a disk that lost it)
+        resp = await client.pool.get(emptied).delete_ledger(lid)
+        assert resp.code == 0
+        await wait_until_nothing_names_in(client, cluster, emptied, lid)
+        await read_everything(client, written)
+    finally:
+        await client.close()
+
+
+async def wait_until_nothing_names_in(client, cluster, bookie: str, lid: int) -> None:
+    deadline = time.monotonic() + REPAIR_TIMEOUT_S
+    while True:
+        md, _ = await client.ledger_manager.read(lid)
+        if bookie not in md.all_bookies():
+            proc = await bookkeeper(cluster, "listunderreplicated", "--json")
+            if json.loads(proc.stdout) == []:
+                return
+        assert time.monotonic() < deadline, f"ledger {lid} still names {bookie}: {md.ensembles}"
+        await asyncio.sleep(0.5)

@@ -152,3 +152,23 @@ def test_mark_paths_round_trip_and_marks_merge():
     merged = UnderReplicatedMark.from_json(merge_mark(first, 5, [B[0], B[2]], 200))
     assert merged == UnderReplicatedMark(5, (B[0], B[2]), 100)
     assert UnderReplicatedMark.from_json(merge_mark(b"junk", 5, [B[1]], 300)) == UnderReplicatedMark(5, (B[1],), 300)
+
+
+def test_replica_check_probes_closed_ledgers_fragment_ends_on_every_replica():
+    import random
+
+    from bookie.autorecovery.auditor_core import ReplicaProbe, plan_replica_check
+
+    ledgers = [md(1, (0, B[:3]), (10, [B[0], B[3], B[2]])),             # closed at 99
+               md(2, (0, B[:3]), state=LedgerState.OPEN),
+               md(3, (0, B[:3]), (200, B[3:6]))]                        # last fragment empty
+    probes = plan_replica_check(ledgers, 2, 1_000, random.Random(0))
+    assert {p.ledger_id for p in probes} == {1, 3}
+    one = {(p.entry_id, p.bookie) for p in probes if p.ledger_id == 1}
+    want = {(e, b) for e in (0, 9, 10, 99) for b in ledgers[0].write_set(e)}
+    assert one == want
+    assert all(p.entry_id <= 99 for p in probes if p.ledger_id == 3)
+    more = plan_replica_check(ledgers, 5, 1_000, random.Random(0))
+    assert len({p.entry_id for p in more if p.ledger_id == 1}) == 10     # 5 per fragment
+    assert len(plan_replica_check(ledgers, 5, 7, random.Random(0))) == 7
+    assert all(isinstance(p, ReplicaProbe) for p in more)
