@@ -631,10 +631,15 @@ class PersistentTopic:
                 sub = Subscription(self, subscription, sub_type, cursor, durable,
                                    key_shared_mode=key_shared_mode, allow_out_of_order=allow_out_of_order)
                 self.subscriptions[subscription] = sub
-        if sub.sub_type is not sub_type:
+        other_mode = sub_type is SubType.KEY_SHARED and sub.core.key_shared_mode is not key_shared_mode
+        if (sub.sub_type is not sub_type or other_mode) and not sub.consumers:
+            # no consumer connected: the subscription takes the new consumer's type (Pulsar's
+            # addConsumer makes a new dispatcher then); its acks stay
+            sub.change_type(sub_type, key_shared_mode=key_shared_mode, allow_out_of_order=allow_out_of_order)
+        elif sub.sub_type is not sub_type:
             raise SubscriptionBusyError(f"subscription {subscription} is {sub.sub_type.value}, "
                                         f"not {sub_type.value}")
-        if sub_type is SubType.KEY_SHARED and sub.core.key_shared_mode is not key_shared_mode:
+        elif other_mode:
             raise ConsumerAssignError(f"subscription {subscription} is Key_Shared "
                                       f"{sub.core.key_shared_mode.value}, not {key_shared_mode.value}")
         try:
@@ -899,15 +904,7 @@ class Subscription:
         self.cursor = cursor
         self.durable = durable
         self._acks_refused = CountedCause()      # bad ack ids from clients: logged at a bounded rate
-        partition = topic.name.partition_index
-        read_ahead = topic.config.read_ahead_entries_max
-        if sub_type is SubType.KEY_SHARED:
-            # entries of a consumer out of permits wait in the pending set while the others'
-            # go ahead: a longer look-ahead (as Pulsar's) keeps the others busy meanwhile
-            read_ahead *= KEY_SHARED_LOOK_AHEAD_FACTOR
-        self.core = DispatcherCore(sub_type, pending_entries_max=read_ahead,
-                                   partition_index=partition if isinstance(partition, int) else -1,
-                                   key_shared_mode=key_shared_mode, allow_out_of_order=allow_out_of_order)
+        self.core = self._new_core(sub_type, key_shared_mode, allow_out_of_order)
         self._seeking = False                 # a seek is disconnecting the consumers
         self._delayed_timer: asyncio.TimerHandle | None = None   # wakes dispatch when a delayed entry is due
         self._delayed_timer_at = 0
@@ -921,6 +918,33 @@ class Subscription:
         self.bytes_out = 0
         self._task = asyncio.ensure_future(self._run())
         self._ack_tasks: set[asyncio.Task] = set()
+
+    def _new_core(self, sub_type: SubType, key_shared_mode: KeySharedMode,
+                  allow_out_of_order: bool) -> DispatcherCore:
+        partition = self.topic.name.partition_index
+        read_ahead = self.topic.config.read_ahead_entries_max
+        if sub_type is SubType.KEY_SHARED:
+            # entries of a consumer out of permits wait in the pending set while the others'
+            # go ahead: a longer look-ahead (as Pulsar's) keeps the others busy meanwhile
+            read_ahead *= KEY_SHARED_LOOK_AHEAD_FACTOR
+        return DispatcherCore(sub_type, pending_entries_max=read_ahead,
+                              partition_index=partition if isinstance(partition, int) else -1,
+                              key_shared_mode=key_shared_mode, allow_out_of_order=allow_out_of_order)
+
+    def change_type(self, sub_type: SubType, *, key_shared_mode: KeySharedMode, allow_out_of_order: bool) -> None:
+        """Take another type (or Key_Shared mode) while no consumer is connected, as Pulsar's
+        PersistentSubscription.addConsumer does: a new dispatcher core; the cursor (acks) is
+        kept; what was read ahead is dropped and read again from the mark-delete position
+        (redelivery counts start over, as with Pulsar's new dispatcher)."""
+        if self.consumers:
+            raise InvariantViolation(f"subscription {self.topic.key}/{self.name}: type change with consumers")
+        log.info("subscription type changed topic=%s subscription=%s from=%s to=%s", self.topic.key, self.name,
+                 self.sub_type.value, sub_type.value)
+        self.sub_type = sub_type
+        self.core = self._new_core(sub_type, key_shared_mode, allow_out_of_order)
+        self._epoch += 1                      # reads begun for the old core are dropped
+        self._payloads.clear()
+        self.read_position = self.topic.next_after(self.cursor.mark_delete_position)
 
     # -- events from consumers -------------------------------------------------------------------
     def wake(self) -> None:

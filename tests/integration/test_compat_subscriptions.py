@@ -75,3 +75,40 @@ def test_cumulative_ack_inside_a_batch_keeps_the_rest_of_the_batch(client, sub_t
     consumer = client.subscribe(topic, "sub", consumer_type=kind, batch_index_ack_enabled=True)
     assert_nothing_more(consumer)
     consumer.close()
+
+
+# -- item 11 -------------------------------------------------------------------------------------
+def test_subscription_type_changes_once_no_consumer_is_connected(client):
+    """Pulsar (PersistentSubscription.addConsumer): a consumer of another type is refused
+    (ConsumerBusy, "Subscription is of different type") only while a consumer is connected; once
+    none is, the subscription takes the new consumer's type (a new dispatcher) and keeps its
+    acks: Shared -> Exclusive -> Failover -> Shared, each new consumer gets what is not acked."""
+    topic = "persistent://public/default/sub-type-change"
+    producer = client.create_producer(topic, batching_enabled=False)
+    shared = client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Shared,
+                              initial_position=pulsar.InitialPosition.Earliest)
+    for i in range(6):
+        producer.send(f"m{i}".encode())
+    got = [shared.receive(timeout_millis=TIMEOUT_MS) for _ in range(6)]
+    for m in got[:2]:
+        shared.acknowledge(m)
+    with pytest.raises(pulsar.ConsumerBusy):          # a consumer is connected: refused
+        client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Exclusive)
+    shared.close()
+
+    exclusive = client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Exclusive)
+    got = [exclusive.receive(timeout_millis=TIMEOUT_MS) for _ in range(4)]
+    assert [m.data() for m in got] == [b"m2", b"m3", b"m4", b"m5"]
+    exclusive.acknowledge_cumulative(got[1])          # m3: allowed on Exclusive
+    with pytest.raises(pulsar.ConsumerBusy):
+        client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Shared)
+    exclusive.close()
+
+    failover = client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Failover)
+    assert [failover.receive(timeout_millis=TIMEOUT_MS).data() for _ in range(2)] == [b"m4", b"m5"]
+    failover.close()
+    shared = client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Shared)
+    assert sorted(shared.receive(timeout_millis=TIMEOUT_MS).data() for _ in range(2)) == [b"m4", b"m5"]
+    assert_nothing_more(shared)
+    shared.close()
+    producer.close()
