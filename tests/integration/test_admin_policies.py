@@ -225,7 +225,8 @@ async def test_retention(client, policies):
     # invalid values and malformed bodies change nothing
     await err(await client.post(f"{NSP}/retention", json={"retentionTimeInMinutes": 5, "retentionSizeInMB": 0}),
               412)
-    await err(await client.post(f"{NSP}/retention", json={"retentionTimeInMinutes": "5"}), 400)
+    # a numeric string is a number (Pulsar's Jackson coerces it); anything else is malformed
+    await err(await client.post(f"{NSP}/retention", json={"retentionTimeInMinutes": "five"}), 400)
     await err(await client.post(f"{NSP}/retention", data=b"{"), 400)
     await err(await client.post(f"{NSP}/retention", data=b""), 400)
     assert await ok(await client.get(f"{NSP}/retention"), 200) == \
