@@ -202,6 +202,10 @@ class _ConsumerRef:
         # the official clients build the consumed message's id (and route acks) from it
         self.partition = TopicName.parse(topic_key).partition_index
         self.metadata: dict[str, str] = {}       # the SUBSCRIBE's metadata (Pulsar's consumer stats)
+        # ACTIVE_CONSUMER_CHANGE waits for the SUBSCRIBE's SUCCESS (as Pulsar's order: the Go
+        # client drops a notice for a consumer it has not registered yet): the last one held
+        self.subscribed = False
+        self._active_held: bool | None = None
 
     @property
     def address(self) -> str:
@@ -220,8 +224,19 @@ class _ConsumerRef:
             redelivery_count=redelivery_count, ack_set=ack_set))
 
     def send_active_change(self, is_active: bool) -> None:
-        if not self.closed:
-            self.connection.write(c.active_consumer_change(self.consumer_id, is_active))
+        if self.closed:
+            return
+        if not self.subscribed:
+            self._active_held = is_active        # sent by subscribed_now(), after SUCCESS
+            return
+        self.connection.write(c.active_consumer_change(self.consumer_id, is_active))
+
+    def subscribed_now(self) -> None:
+        """The SUBSCRIBE's SUCCESS was written: the notice held meanwhile follows it."""
+        self.subscribed = True
+        held, self._active_held = self._active_held, None
+        if held is not None:
+            self.send_active_change(held)
 
     def close_by_broker(self) -> None:
         if not self.closed:
@@ -829,6 +844,7 @@ class ServerConnection(asyncio.Protocol):
                 return
             self._consumers[body.consumer_id] = ref
             self.write(c.success(body.request_id))
+            ref.subscribed_now()
         except ConsumerBusyError as e:
             self.write(c.error(body.request_id, pb.ConsumerBusy, str(e)))
         except Exception as e:

@@ -4,9 +4,17 @@ real ZooKeeper, bookie and broker processes. Each test names the Pulsar behaviou
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
+from pulsarlite.wire import commands as c
+from pulsarlite.wire import pb
+from pulsarlite.wire.frames import FrameDecoder
+
 pulsar = pytest.importorskip("pulsar")
+
+T = pb.BaseCommand
 
 pytestmark = pytest.mark.integration
 
@@ -112,3 +120,63 @@ def test_subscription_type_changes_once_no_consumer_is_connected(client):
     assert_nothing_more(shared)
     shared.close()
     producer.close()
+
+
+# -- item 12 -------------------------------------------------------------------------------------
+class RawConnection:
+    """A client connection of raw frames (our wire codec): CONNECT, then commands; ``until``
+    reads frames until a predicate holds over all read so far."""
+
+    def __init__(self, cluster) -> None:
+        port = int(cluster.service_url.rsplit(":", 1)[1])
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=15)
+        self.decoder = FrameDecoder(8 << 20)
+        self.frames: list = []
+        self.sock.sendall(c.connect("raw-compat", 19))
+        self.until(lambda frames: any(f.type == T.CONNECTED for f in frames))
+
+    def until(self, done) -> list:
+        while not done(self.frames):
+            data = self.sock.recv(65536)
+            assert data, f"closed by the broker after {[T.Type.Name(f.type) for f in self.frames]}"
+            self.frames.extend(self.decoder.feed(data))
+        return self.frames
+
+    def subscribe(self, topic: str, consumer_id: int, request_id: int, name: str) -> None:
+        self.sock.sendall(c.subscribe(topic, "sub", pb.CommandSubscribe.Failover, consumer_id, request_id,
+                                      consumer_name=name))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def of_consumer(frames: list, consumer_id: int) -> list[str]:
+    """The SUCCESS (by request id = consumer id here) and ACTIVE_CONSUMER_CHANGE frames of one
+    consumer, in arrival order."""
+    out = []
+    for f in frames:
+        if f.type == T.SUCCESS and f.command.success.request_id == consumer_id + 100:
+            out.append("SUCCESS")
+        elif f.type == T.ACTIVE_CONSUMER_CHANGE and f.command.active_consumer_change.consumer_id == consumer_id:
+            out.append(f"ACTIVE={f.command.active_consumer_change.is_active}")
+    return out
+
+
+def test_active_consumer_change_comes_after_the_subscribe_success(cluster):
+    """Pulsar (ServerCnx.handleSubscribe, then the single-active dispatcher's notice): a Failover
+    consumer gets its SUBSCRIBE's SUCCESS first, then ACTIVE_CONSUMER_CHANGE; the Go client
+    registers the consumer on SUCCESS and drops a notice for a consumer it does not know yet, so
+    its failover listeners never fired. Checked on the wire for the first consumer (active) and
+    a second one (standby), whose notices follow their own SUCCESS."""
+    topic = "persistent://public/default/active-change-order"
+    raw = RawConnection(cluster)
+    try:
+        raw.subscribe(topic, 1, 101, "a")
+        frames = raw.until(lambda fs: len(of_consumer(fs, 1)) >= 2)
+        assert of_consumer(frames, 1) == ["SUCCESS", "ACTIVE=True"]
+        raw.subscribe(topic, 2, 102, "b")         # sorts after "a": standby
+        frames = raw.until(lambda fs: len(of_consumer(fs, 2)) >= 2)
+        assert of_consumer(frames, 2) == ["SUCCESS", "ACTIVE=False"]
+        assert "ACTIVE=False" not in of_consumer(frames, 1)
+    finally:
+        raw.close()
