@@ -17,6 +17,7 @@ import logging
 import signal
 import sys
 
+from bookie.autorecovery.layout import DECOMMISSIONING_ROOT
 from bookie.cookie import COOKIES_PATH, CookieError, check_and_write_cookies
 from bookie.server import BookieServer, BookieService
 from bookie.storage import BookieStore
@@ -94,13 +95,25 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
         start_from_env()      # diagnostics, off unless PULSARLITE_LOOP_MONITOR_MS is set
 
         policy = ReadOnlyPolicy(config.disk_usage_readonly_threshold, config.disk_usage_writable_threshold)
+        reregister = asyncio.Event()
+        # a bookie being decommissioned (bookkeeper decommission) is read-only: no new ledgers
+        # or ensemble changes pick it while its copies are moved away
+        decommissioning = {"now": False}
+
+        def on_decommissioning(names: list[str]) -> None:
+            now = bookie_id in names
+            if now != decommissioning["now"]:
+                decommissioning["now"] = now
+                log.warning("bookie decommissioning bookie=%s decommissioning=%s", bookie_id, now)
+                reregister.set()
+
+        decommission_watch = await zk.watch_children(DECOMMISSIONING_ROOT, on_decommissioning)
         used, _, _ = store.disk_usage()
-        store.read_only = policy.next_read_only(False, used)
+        disk_read_only = policy.next_read_only(False, used)
+        store.read_only = disk_read_only or decommissioning["now"]
         await register_bookie(zk, bookie_id, read_only=store.read_only)
         log.info("bookie ready bookie=%s read_only=%s journal=%s ledgers=%s entries=%d", bookie_id,
                  store.read_only, config.journal_dir, config.ledger_dir, store.entry_count())
-
-        reregister = asyncio.Event()
 
         def on_session(state) -> None:
             if state is SessionState.CONNECTED:
@@ -111,13 +124,16 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
         zk.add_session_listener(on_session)
 
         async def monitor() -> None:
+            nonlocal disk_read_only
             while True:
                 used_fraction, free_bytes, _ = store.disk_usage()
-                read_only = policy.next_read_only(store.read_only, used_fraction)
+                disk_read_only = policy.next_read_only(disk_read_only, used_fraction)
+                read_only = disk_read_only or decommissioning["now"]
                 if read_only != store.read_only or reregister.is_set():
                     if read_only != store.read_only:
-                        log.warning("bookie mode change bookie=%s read_only=%s used=%.3f free_bytes=%d",
-                                    bookie_id, read_only, used_fraction, free_bytes)
+                        log.warning("bookie mode change bookie=%s read_only=%s used=%.3f free_bytes=%d "
+                                    "decommissioning=%s", bookie_id, read_only, used_fraction, free_bytes,
+                                    decommissioning["now"])
                     store.read_only = read_only
                     reregister.clear()
                     try:
@@ -148,6 +164,7 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
         log.info("bookie stopping bookie=%s", bookie_id)
         for task in tasks:
             task.cancel()
+        decommission_watch.cancel()
         if autorecovery is not None:
             service_ar, client_ar = autorecovery
             await service_ar.stop()

@@ -2,7 +2,7 @@
 
     listbookies | listledgers | ledgermetadata ID | readledger ID | deleteledger ID |
     simpletest --ensemble E --write-quorum Qw --ack-quorum Qa --entries N |
-    listunderreplicated [--json] | recover BOOKIE | decommission BOOKIE [--timeout-s S] |
+    listunderreplicated [--json] | recover BOOKIE | decommission BOOKIE [--timeout-s S] [--cancel] |
     autorecovery status [--json]
 """
 
@@ -67,6 +67,8 @@ def add_parser(subparsers) -> None:
     s.add_argument("bookie")
     s.add_argument("--timeout-s", type=float, default=3600.0, help="give up waiting after this long")
     s.add_argument("--poll-s", type=float, default=1.0, help="progress check interval")
+    s.add_argument("--cancel", action="store_true",
+                   help="end a decommission (or forget a finished one): the bookie takes new ledgers again")
     s.set_defaults(func=_run(_decommission))
 
     s = sub.add_parser("autorecovery", help="autorecovery state")
@@ -242,6 +244,10 @@ async def _decommission(client, args) -> int:
     if args.timeout_s <= 0 or args.poll_s <= 0:
         raise ValueError("--timeout-s and --poll-s must be > 0")
     urm = UnderReplicationManager(client.store)
+    if args.cancel:
+        found = await urm.cancel_decommission(args.bookie)
+        print(f"bookie {args.bookie}: " + ("decommission cancelled" if found else "was not decommissioning"))
+        return 0
     await urm.start_decommission(args.bookie, int(time.time() * 1000))
     deadline = time.monotonic() + args.timeout_s
     first = None
@@ -258,8 +264,9 @@ async def _decommission(client, args) -> int:
         print(f"decommission {args.bookie}: {first - len(naming)}/{first} ledgers moved, "
               f"{len(naming)} still name it", file=sys.stderr, flush=True)
         if not naming:
-            await urm.end_decommission(args.bookie)
-            print(f"bookie {args.bookie} decommissioned: no ledger names it")
+            await urm.finish_decommission(args.bookie, int(time.time() * 1000))
+            print(f"bookie {args.bookie} decommissioned: no ledger names it; it stays read-only "
+                  f"(stop it, or 'decommission --cancel' to use it again)")
             return 0
         if time.monotonic() >= deadline:
             print(f"pulsarlite bookkeeper: decommission {args.bookie}: {len(naming)} ledgers still name it "
@@ -274,10 +281,12 @@ async def _autorecovery_status(client, args) -> int:
     from bookie.autorecovery.urmanager import UnderReplicationManager
 
     urm = UnderReplicationManager(client.store)
+    states = await urm.decommission_states()
     status = {"auditor": await current_auditor(client.store),
               "under_replicated_ledgers": len(await urm.list_marked()),
               "locked_ledgers": len(await urm.locked()),
-              "decommissioning": await urm.decommissioning()}
+              "decommissioning": sorted(b for b, st in states.items() if st != "decommissioned"),
+              "decommissioned": sorted(b for b, st in states.items() if st == "decommissioned")}
     if args.json:
         print(json.dumps(status))
     else:
@@ -285,4 +294,5 @@ async def _autorecovery_status(client, args) -> int:
         print(f"under-replicated ledgers: {status['under_replicated_ledgers']} "
               f"(being repaired: {status['locked_ledgers']})")
         print(f"decommissioning: {', '.join(status['decommissioning']) or '(none)'}")
+        print(f"decommissioned (read-only, kept off new ledgers): {', '.join(status['decommissioned']) or '(none)'}")
     return 0

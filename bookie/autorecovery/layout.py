@@ -16,9 +16,12 @@ Layout::
         Each candidate watches the children; when the auditor's session dies, the next one
         becomes auditor.
     /ledgers/underreplication/decommissioning/<bookie-id>
-        persistent, JSON {"bookie", "ctime_ms"}: the operator is decommissioning that bookie;
-        the auditor treats it as lost at once (no grace period) while it may still be up and
-        serve reads. Removed by ``bookkeeper decommission`` once nothing names the bookie.
+        persistent, JSON {"bookie", "ctime_ms", "state": "decommissioning"|"decommissioned"}:
+        the operator is decommissioning that bookie (or did). The auditor treats it as lost at
+        once (no grace period) while it may still be up and serve reads; the bookie itself
+        registers read-only while the node exists, so no new ensemble picks it. ``bookkeeper
+        decommission`` sets "decommissioned" once nothing names the bookie (the node stays);
+        ``decommission --cancel`` removes it.
 
 Nothing here matches the ledger metadata's own paths (/ledgers/NNN/...), so listing ledgers
 (``LedgerManager.list_ledger_ids``) never sees these nodes.

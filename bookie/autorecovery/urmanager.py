@@ -101,18 +101,41 @@ class UnderReplicationManager:
 
     # -- decommissioning -----------------------------------------------------------------
     async def start_decommission(self, bookie_id: str, now_ms: int) -> None:
+        """The bookie is being decommissioned (again, if it was done: state back to
+        "decommissioning")."""
+        data = json.dumps({"bookie": bookie_id, "ctime_ms": now_ms, "state": "decommissioning"}).encode()
         try:
-            await self.store.create(decommissioning_path(bookie_id),
-                                    json.dumps({"bookie": bookie_id, "ctime_ms": now_ms}).encode(),
-                                    make_parents=True)
+            await self.store.create(decommissioning_path(bookie_id), data, make_parents=True)
         except MetadataExistsError:
-            pass
+            await self.store.set(decommissioning_path(bookie_id), data, -1)
 
-    async def end_decommission(self, bookie_id: str) -> None:
+    async def finish_decommission(self, bookie_id: str, now_ms: int) -> None:
+        """Nothing names the bookie any more: the node stays (state "decommissioned"), so the
+        bookie stays read-only and anything naming it again is moved; ``cancel_decommission``
+        removes it."""
+        path = decommissioning_path(bookie_id)
+        await self.store.set(path, json.dumps({"bookie": bookie_id, "ctime_ms": now_ms,
+                                               "state": "decommissioned"}).encode(), -1)
+
+    async def cancel_decommission(self, bookie_id: str) -> bool:
         try:
             await self.store.delete(decommissioning_path(bookie_id))
+            return True
         except (MetadataNotFoundError, MetadataNotEmptyError):
-            pass
+            return False
 
     async def decommissioning(self) -> list[str]:
+        """Every bookie with a decommissioning node (being decommissioned or done)."""
         return await self.store.children(DECOMMISSIONING_ROOT)
+
+    async def decommission_states(self) -> dict[str, str]:
+        out = {}
+        for name in await self.decommissioning():
+            got = await self.store.get_or_none(decommissioning_path(name))
+            if got is None:
+                continue
+            try:
+                out[name] = str(json.loads(got[0]).get("state", "decommissioning"))
+            except (ValueError, AttributeError):
+                out[name] = "decommissioning"
+        return out

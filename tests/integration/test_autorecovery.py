@@ -162,8 +162,8 @@ async def test_two_workers_racing_for_one_ledger_only_one_copies(cluster_factory
         await client.close()
 
 
-async def test_decommission_moves_every_copy_off_a_live_bookie(cluster_factory):
-    cluster = await asyncio.to_thread(cluster_factory, 5, bookie_overrides=FAST)
+async def test_decommission_moves_every_copy_off_a_live_bookie_under_write_load(cluster_factory):
+    cluster = await asyncio.to_thread(cluster_factory, 5, bookie_overrides={**FAST, "disk_check_interval_ms": 200})
     client = await connect(cluster)
     try:
         written: dict[int, int] = {}
@@ -175,13 +175,35 @@ async def test_decommission_moves_every_copy_off_a_live_bookie(cluster_factory):
             for b in (await client.ledger_manager.read(lid))[0].all_bookies():
                 counts[b] = counts.get(b, 0) + 1
         leaving = max(sorted(counts), key=counts.get)
+
+        stop = asyncio.Event()
+
+        async def load() -> None:
+            """Ledgers of 50 entries, one after another, until stopped (each one closed)."""
+            while not stop.is_set():
+                writer = await client.create_ledger(3, 2, 2)
+                for i in range(50):
+                    await writer.add(payload_for(writer.ledger_id, i))
+                await writer.close()
+                written[writer.ledger_id] = 50
+
+        load_task = asyncio.ensure_future(load())
+        await asyncio.sleep(0.5)
         proc = await bookkeeper(cluster, "decommission", leaving, "--timeout-s", str(REPAIR_TIMEOUT_S),
                                 "--poll-s", "0.5", timeout_s=REPAIR_TIMEOUT_S + 60)
+        stop.set()
+        await load_task
         assert proc.returncode == 0, proc.stderr
         assert "decommissioned" in proc.stdout
+        assert len(written) > 5, "the load wrote nothing during the decommission"
+        # ledgers the load closed after the command's last check do not name it either: the
+        # bookie is read-only while decommissioning, so no new ensemble picks it
         assert await ledgers_naming(client, leaving) == []
         proc = await bookkeeper(cluster, "autorecovery", "status", "--json")
-        assert json.loads(proc.stdout)["decommissioning"] == []
+        status = json.loads(proc.stdout)
+        assert status["decommissioning"] == [] and status["decommissioned"] == [leaving]
+        proc = await bookkeeper(cluster, "listbookies", "--json")
+        assert leaving in json.loads(proc.stdout)["readonly"]
         await asyncio.to_thread(cluster.kill, name_of(cluster, leaving))
         await read_everything(client, written)
     finally:
