@@ -164,7 +164,8 @@ class ReplicationWorker:
                 return False
             if await self.urm.unmark(lid, mark_version):
                 self.ledgers_repaired += 1
-                log.info("ledger fully replicated: mark removed ledger=%d worker=%s", lid, self.worker_id)
+                log.info("ledger fully replicated: mark removed ledger=%d worker=%s under_replicated_ms=%d",
+                         lid, self.worker_id, max(0, int(time.time() * 1000) - mark.ctime_ms))
                 return True
             log.info("mark changed during the repair: kept for another pass ledger=%d", lid)
             return False
