@@ -30,9 +30,9 @@ protocol", with both fixes of the TLA+ defects):
    dropped), and every entry from F on that was re-written (done or not) must again have Qa
    acks in its new write set, and be held by every bookie a recovery put in its write set.
    The change is a CAS (WriteMetadata of ``LedgerMetadata.with_recovery_ensemble``, which
-   records the writer's last fragment);
-   one in flight at a time, at most ``ensemble_change_attempts_max`` per recovery. No spare
-   bookie: RecoveryFailed(NotEnoughBookiesError), retriable.
+   records the writer's last fragment and refuses a fragment below it), one in flight at a
+   time, at most ``ensemble_change_attempts_max`` per recovery. No spare bookie:
+   RecoveryFailed(NotEnoughBookiesError), retriable.
 5. CAS CLOSED(last_entry_id, length) with the ensembles as changed. A conflict (on the close or
    on an ensemble change) means another recovery or close got there first: CLOSED is accepted
    (recoveries converge via the CAS); IN_RECOVERY with other ensembles is taken over (every
@@ -42,8 +42,8 @@ protocol", with both fixes of the TLA+ defects):
 
 Too many unreachable bookies to decide gives RecoveryFailed with a retriable error: re-read the
 metadata and run a new core later. ``change_ensemble`` and ``recover_from_last_fragment`` are
-switches for tests only (the mutation study: with them off the simulation must find the
-liveness limit, resp. check what fix 2 guards).
+switches for tests only (the mutation study: with them off the simulation finds the old
+liveness limit, resp. a recovery fragment below the writer's last one).
 """
 
 from __future__ import annotations
