@@ -2,7 +2,7 @@
 
     listbookies | listledgers | ledgermetadata ID | readledger ID | deleteledger ID |
     simpletest --ensemble E --write-quorum Qw --ack-quorum Qa --entries N |
-    listunderreplicated [--json] | recover BOOKIE | decommission BOOKIE [--timeout-s S] [--cancel] |
+    listunderreplicated [--json] | recover BOOKIE [--wait-s S] | decommission BOOKIE [--timeout-s S] [--cancel] |
     autorecovery status [--json]
 """
 
@@ -60,6 +60,8 @@ def add_parser(subparsers) -> None:
                                        "(the replication workers then move its copies)")
     s.add_argument("bookie")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--wait-s", type=float, default=0.0,
+                   help="then wait up to this long until no ledger names BOOKIE (0: do not wait)")
     s.set_defaults(func=_run(_recover))
 
     s = sub.add_parser("decommission", help="move every copy off BOOKIE (which may still be up) and "
@@ -229,11 +231,23 @@ async def _recover(client, args) -> int:
     for md in await _ledgers_naming(client, args.bookie):
         await urm.mark(md.ledger_id, [args.bookie], int(time.time() * 1000))
         marked.append(md.ledger_id)
+    if args.wait_s < 0:
+        raise ValueError("--wait-s must be >= 0")
+    remaining = marked
+    if args.wait_s > 0:
+        deadline = time.monotonic() + args.wait_s
+        while True:
+            remaining = [md.ledger_id for md in await _ledgers_naming(client, args.bookie)]
+            if not remaining or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(min(1.0, args.wait_s / 10))
     if args.json:
-        print(json.dumps({"bookie": args.bookie, "ledgers_marked": marked}))
+        print(json.dumps({"bookie": args.bookie, "ledgers_marked": marked,
+                          "ledgers_naming_it": remaining if args.wait_s > 0 else None}))
     else:
-        print(f"bookie {args.bookie}: {len(marked)} ledgers marked under-replicated")
-    return 0
+        print(f"bookie {args.bookie}: {len(marked)} ledgers marked under-replicated"
+              + (f", {len(remaining)} still name it" if args.wait_s > 0 else ""))
+    return 1 if args.wait_s > 0 and remaining else 0
 
 
 async def _decommission(client, args) -> int:

@@ -138,6 +138,9 @@ async def test_two_workers_racing_for_one_ledger_only_one_copies(cluster_factory
         proc = await bookkeeper(cluster, "recover", victim, "--json")
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["ledgers_marked"] == [lid]
+        # no worker runs yet: a bounded wait reports the ledger still naming it, exit 1
+        proc = await bookkeeper(cluster, "recover", victim, "--json", "--wait-s", "0.5")
+        assert proc.returncode == 1 and json.loads(proc.stdout)["ledgers_naming_it"] == [lid]
 
         # slow copies (throttled to ~20 KB/s after a one-second burst), so the race is a race
         workers = [ReplicationWorker(c, f"worker-{i}", poll_interval_ms=100, entries_in_flight_max=4,
