@@ -134,7 +134,10 @@ class LedgerClient:
         return LedgerReader(md, self.pool, self.config, last_add_confirmed=lac)
 
     async def recover(self, ledger_id: int, *, fence_recovery_reads: bool = True) -> LedgerMetadata:
-        """Fence and close ``ledger_id`` (idempotent; concurrent recoveries converge via CAS)."""
+        """Fence and close ``ledger_id`` (idempotent; concurrent recoveries converge via CAS).
+        Re-writes that fail on bookies of their write set replace those bookies with writable
+        ones (the recovery core's ensemble change, up to ``ensemble_change_attempts_max`` per
+        run); a run that cannot finish is retried on fresh metadata."""
         last_error: PulsarliteError | None = None
         for attempt in range(self.config.recovery_attempts_max):
             try:
