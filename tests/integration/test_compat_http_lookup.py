@@ -97,6 +97,8 @@ def test_official_client_over_http_service_url_partitioned(cluster):
     assert sorted(g["data"] for g in got) == sorted(f"m{i}" for i in range(30))
     assert {g["topic"] for g in got} <= {f"{topic}-partition-{i}" for i in range(3)}
     assert len({g["topic"] for g in got}) > 1
+    for g in got:     # issue 32 item 2: consumed ids name their partition, as the receipts do
+        assert g["partition"] == g["sent_partition"] == int(g["topic"].rsplit("-partition-", 1)[1])
 
 
 def test_namespace_topics_listing_and_pattern_subscription_over_http(cluster):
