@@ -636,6 +636,10 @@ class BrokerAdminBackend:
 
     async def read_entry(self, topic: str, ledger_id: int, entry_id: int) -> bytes:
         name = self._name(topic)
+        await self._check_namespace(name)
+        if not name.is_partition and await self.service.partitions(str(name)) > 0:
+            # Pulsar (#19013): asked of a partitioned topic's parent, refused; ask a partition
+            raise MethodNotAllowedError("GetMessageById is not allowed on a partitioned topic")
         await self._require_topic(name)
         live = await self._load(name)
         wanted = Position(ledger_id, entry_id)

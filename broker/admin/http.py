@@ -266,7 +266,8 @@ class AdminBackend(Protocol):
 
     async def read_entry(self, topic: str, ledger_id: int, entry_id: int) -> bytes:
         """The stored entry ``[u32 meta_size][MessageMetadata][payload]`` at (ledger_id,
-        entry_id); 404 if the topic or the entry does not exist (never confirmed, trimmed)."""
+        entry_id); 404 if the topic or the entry does not exist (never confirmed, trimmed), 405
+        for a partitioned topic's parent (as Pulsar: ask a partition)."""
 
 
 # -- request helpers ---------------------------------------------------------------------------

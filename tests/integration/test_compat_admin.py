@@ -256,6 +256,13 @@ def test_get_message_by_id(cluster, admin, client):
         assert requests.get(f"{admin}/persistent/{NS}/by-id/ledger/{missing}", timeout=30).status_code == 404
     assert requests.get(f"{admin}/persistent/{NS}/never/ledger/1/entry/0", timeout=30).status_code == 404
     assert requests.get(f"{admin}/persistent/{NS}/by-id/ledger/x/entry/0", timeout=30).status_code == 400
+    r = requests.put(f"{admin}/persistent/{NS}/by-id-part/partitions", data=b"2",
+                     headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 204
+    # Pulsar (#19013): not on a partitioned topic's parent (405); a partition answers
+    assert requests.get(f"{admin}/persistent/{NS}/by-id-part/ledger/1/entry/0", timeout=30).status_code == 405
+    assert requests.get(f"{admin}/persistent/{NS}/by-id-part-partition-0/ledger/{10 ** 9}/entry/0",
+                        timeout=30).status_code == 404
 
 
 def test_terminate_topic(cluster, admin, client):
