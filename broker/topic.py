@@ -34,7 +34,7 @@ from broker.errors import (ConsumerAssignError, NotAllowedError, ProducerBusyErr
 from broker.key_shared import sticky_key_hash
 from broker.termination import write_terminated
 from broker.latency import LatencyBuckets
-from broker.managed_ledger import ManagedLedger, Position, next_position
+from broker.managed_ledger import ManagedLedger, ManagedLedgerState, Position, next_position
 from broker.publish_core import (AccessMode, Answer, Confirmed, CountAddError, DisconnectProducer, Producer,
                                  PublishCore, Send, StoreEntries, Unload, WriteState)
 from pulsarlite.checksum import crc32c_of
@@ -446,7 +446,7 @@ class PersistentTopic:
         entry), ...]`` (a single SEND is a run of one): the ones that can be stored go to the
         publish core as one event, and are answered in order once stored (receipts) or failed
         (SEND_ERROR). Returns the ones refused at the edge, ``[(sequence_id, error), ...]``: an
-        entry the broker must not store (unreadable metadata, a payload above
+        entry the broker must not store (unreadable metadata, a message's payload above
         ``message_bytes_max``, a declared uncompressed size above it, sequence ids past
         int64 with deduplication on); nothing of them was taken, the caller answers each."""
         if self.terminating:
@@ -454,6 +454,9 @@ class PersistentTopic:
                     for sequence_id, _, _ in sends]
         dedup = self.core.dedup is not None
         message_bytes_max = self.service.config.message_bytes_max
+        # what a compressed entry may declare and decompress to: a batch's framing may take its
+        # messages past message_bytes_max (bounded as the frame is)
+        uncompressed_bytes_max = self.service.config.frame_bytes_max
         start_s = time.monotonic()
         ops: list[Send] = []
         datas: list[bytes] = []
@@ -465,11 +468,13 @@ class PersistentTopic:
             data = bytes(entry)
             try:
                 meta = peek_metadata(data)
-                if len(data) - meta.payload_offset > message_bytes_max:
-                    # the advertised maximum bounds the payload (the clients check it themselves;
-                    # the frame limit leaves room for the metadata): Pulsar's refusal, this send only
+                if len(data) - meta.payload_offset > message_bytes_max and not meta.batched:
+                    # the advertised maximum bounds a message's payload (the clients check it
+                    # themselves; the frame limit leaves room for the metadata, and for a batch's
+                    # framing: a batch is bounded by the frame only, as in Pulsar): Pulsar's
+                    # refusal, this send only
                     raise NotAllowedError("Exceed maximum message size")
-                check_sendable(data, meta, uncompressed_bytes_max=message_bytes_max)
+                check_sendable(data, meta, uncompressed_bytes_max=uncompressed_bytes_max)
                 if dedup:
                     is_batch = meta.batched
                     top = max(highest_sequence_id,
@@ -782,11 +787,24 @@ class PersistentTopic:
         the topic stays closed to writes and a repeat answers once they are done."""
         if self.terminated_at is not None:
             return self.terminated_at
+        if self.write_state is WriteState.CLOSING:
+            raise ServiceNotReadyError(f"topic {self.key} is closing")
         self.terminating = True
         self._run(self.core.fail_backlog("terminated"))      # sends still waiting for room
-        await self._wait_adds_in_flight()
-        if any(p.pending for p in self.producers.values()):
-            raise ServiceNotReadyError(f"topic {self.key}: adds still in flight, terminate again later")
+        # settled: no add in flight, no rollover under way (its recovery may keep failed adds
+        # beyond the confirmed ones: they must come before the position), not blocked
+        deadline = time.monotonic() + self.config.shutdown_grace_ms / 1000
+        while True:
+            if self.write_state is WriteState.BLOCKED:
+                self._run(self.core.producer_wants_in(owned=self._owned(), ml_state=self.ml.state))
+            if (self.write_state is WriteState.OPEN and self.core.adds_in_flight == 0
+                    and self.ml.state is not ManagedLedgerState.ROLLING_OVER
+                    and not any(p.pending for p in self.producers.values())):
+                break
+            if time.monotonic() >= deadline:
+                raise ServiceNotReadyError(f"topic {self.key}: adds or a rollover still under way, "
+                                           f"terminate again later")
+            await asyncio.sleep(0.01)
         position = await write_terminated(self.service.store, self.name.managed_ledger_name,
                                           self.ml.last_confirmed_position)
         self.terminated_at = position

@@ -164,3 +164,30 @@ async def test_bookie_too_large_fails_the_add_and_replaces_no_bookie(cluster_fac
         await writer.close()
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize("batching,compression", [(False, "NONE"), (True, "NONE"), (True, "LZ4")])
+def test_our_client_sends_a_message_of_the_advertised_max(cluster_factory, batching, compression):
+    """Our client counts the payload only (as the Go client): a payload of exactly the maximum
+    is sent, alone or as a batch of one, compressed or not (a batch's framing adds a few bytes:
+    a batch is bounded by the frame limit only, as in Pulsar), stored and consumed; one byte
+    more is MessageTooBig."""
+    import pulsarlite
+    cluster = cluster_factory(3, brokers=1)
+    client = pulsarlite.Client(cluster.service_url, operation_timeout_seconds=30)
+    try:
+        topic = f"persistent://public/default/size-ours-{int(batching)}-{compression.lower()}"
+        consumer = client.subscribe(topic, "sub", initial_position=pulsarlite.InitialPosition.Earliest)
+        producer = client.create_producer(topic, batching_enabled=batching, batching_max_publish_delay_ms=5,
+                                          send_timeout_millis=TIMEOUT_MS,
+                                          compression_type=getattr(pulsarlite.CompressionType, compression))
+        big = b"q" * MESSAGE_BYTES_MAX
+        msg_id = producer.send(big)
+        with pytest.raises(pulsarlite.MessageTooBig):
+            producer.send(big + b"x")
+        producer.send(b"small")
+        assert [consumer.receive(timeout_millis=TIMEOUT_MS).data() for _ in range(2)] == [big, b"small"]
+        md = ledger_metadata(cluster, msg_id.ledger_id())
+        assert len(md["ensembles"]) == 1 and not md.get("under_replicated_bookies"), md
+    finally:
+        client.close()
