@@ -1029,6 +1029,8 @@ class RecoveryClient:
                     if ok:
                         self.execute(core, core.on_metadata_written(proposed, sim.writable_bookies(), self.rng))
                     else:
+                        if current.state is LedgerState.IN_RECOVERY and current.ensembles != core.metadata.ensembles:
+                            sim.count("recovery_took_over_ensembles")   # another recovery changed them
                         self.execute(core, core.on_metadata_conflict(current, sim.writable_bookies(), self.rng))
                 # the recovery shell lets a ZooKeeper error end the attempt (it times out and
                 # LedgerClient.recover starts another)

@@ -45,7 +45,8 @@ COVERAGE = ("runs", "tailer_entries", "no_takeover", "duplicates", "metadata_unk
             "writer_stalls", "writer_close_lost_elsewhere")
 COVERAGE_IF = {"lost": "lost_for_good_probability", "wiped": "wiped_probability"}
 # with Qw == Qa a bookie lost for good is survived only through recovery's ensemble change
-COVERAGE_QW_EQUALS_QA_LOSSES = ("recovery_ensemble_changes",)
+# (and recoveries racing: one takes over the ensembles another one changed)
+COVERAGE_QW_EQUALS_QA_LOSSES = ("recovery_ensemble_changes", "recovery_took_over_ensembles")
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
@@ -154,9 +155,9 @@ def test_planted_recovery_reporting_its_own_close_after_a_lost_cas_is_caught(mon
     """Two recoveries; the one that loses the close CAS reports its own close point."""
     original = LedgerRecoveryCore.on_metadata_conflict
 
-    def mutant(self, current):
+    def mutant(self, current, writable_bookies, rng):
         return [RecoveryDone(self._closing_md) if isinstance(a, RecoveryDone) else a
-                for a in original(self, current)]
+                for a in original(self, current, writable_bookies, rng)]
     monkeypatch.setattr(LedgerRecoveryCore, "on_metadata_conflict", mutant)
     seed, _ = find_defect("e3w3a2n3", "(RecoveryDone) reports the ledger closed at")
     monkeypatch.undo()
