@@ -174,6 +174,22 @@ class BrokerAdminBackend:
         return {"ledgerId": position.ledger_id, "entryId": position.entry_id,
                 "partitionIndex": name.partition_index}
 
+    async def terminate_partitioned(self, topic: str) -> dict[str, MessageIdData]:
+        name = self._name(topic)
+        await self._check_namespace(name)
+        n = 0 if name.is_partition else await self.service.partitions(str(name))
+        if n <= 0:
+            raise NotFoundError(f"Partitioned topic {name} does not exist")
+        out: dict[str, MessageIdData] = {}
+        for i in range(n):
+            part = name.partition(i)
+            url = await self.admin_redirect_url(str(part))
+            if url is None:
+                out[str(i)] = await self.terminate(str(part))
+            else:                    # served by another broker: it terminates it
+                out[str(i)] = await self._call_owner(url, "POST", part, "/terminate")
+        return out
+
     async def create_partitioned_topic(self, topic: str, partitions: int,
                                        properties: dict[str, str] | None = None) -> None:
         name = self._name(topic)

@@ -264,6 +264,10 @@ class AdminBackend(Protocol):
         404 if the topic does not exist, 405 for a partitioned topic's parent, 503 while adds
         accepted before are still in flight."""
 
+    async def terminate_partitioned(self, topic: str) -> dict[str, MessageIdData]:
+        """Pulsar's terminatePartitionedTopic: terminate every partition (wherever it is served);
+        ``{"<partition index>": last message id, ...}``; 404 if the topic is not partitioned."""
+
     async def read_entry(self, topic: str, ledger_id: int, entry_id: int) -> bytes:
         """The stored entry ``[u32 meta_size][MessageMetadata][payload]`` at (ledger_id,
         entry_id); 404 if the topic or the entry does not exist (never confirmed, trimmed), 405
@@ -804,6 +808,11 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
         return _json(await backend.terminate(_topic(request)))
 
     r.add_post(topic_base + "/terminate", at_owner(terminate))
+
+    async def terminate_partitioned(request: web.Request) -> web.Response:
+        return _json(await backend.terminate_partitioned(_topic(request)))
+
+    r.add_post(topic_base + "/terminate/partitions", terminate_partitioned)
 
     async def offload(request: web.Request) -> web.Response:
         """Pulsar's trigger: offload every closed ledger before the message id in the body."""

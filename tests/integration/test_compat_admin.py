@@ -320,3 +320,33 @@ def test_cli_terminate(cluster, client, tmp_path):
     assert json.loads(proc.stdout) == {"ledgerId": mid.ledger_id(), "entryId": mid.entry_id(), "partitionIndex": -1}
     with pytest.raises(Exception, match="(?i)terminated"):
         producer.send(b"late")
+
+
+def test_terminate_partitioned_topic(cluster, admin, client):
+    """Pulsar's ``POST .../terminate/partitions`` (terminatePartitionedTopic): every partition is
+    terminated; the answer maps each partition index to its last message id; 404 for a topic
+    that is not partitioned."""
+    local = "term-all"
+    topic = f"persistent://{NS}/{local}"
+    r = requests.put(f"{admin}/persistent/{NS}/{local}/partitions", data=b"2",
+                     headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 204
+    producer = client.create_producer(topic, batching_enabled=False)
+    last: dict[int, tuple[int, int]] = {}
+    for i in range(10):
+        mid = producer.send(f"x{i}".encode(), partition_key=f"key-{i}")
+        last[mid.partition()] = (mid.ledger_id(), mid.entry_id())
+    r = requests.post(f"{admin}/persistent/{NS}/{local}/terminate/partitions", timeout=30)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert set(got) == {"0", "1"}
+    for index, (ledger_id, entry_id) in last.items():
+        assert got[str(index)] == {"ledgerId": ledger_id, "entryId": entry_id, "partitionIndex": index}
+    with pytest.raises(Exception, match="(?i)terminated"):
+        producer.send(b"late", partition_key="key-0")
+    try:
+        producer.close()
+    except Exception:      # noqa: BLE001 - the client may have closed a terminated producer itself
+        pass
+    assert requests.put(f"{admin}/persistent/{NS}/term-single", timeout=30).status_code == 204
+    assert requests.post(f"{admin}/persistent/{NS}/term-single/terminate/partitions", timeout=30).status_code == 404
