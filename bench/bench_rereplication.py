@@ -1,6 +1,7 @@
 """Re-replication benchmark ([autorecovery]): how fast a lost bookie's copies are moved.
 
-    .venv/bin/python bench/bench_rereplication.py [--mb 256] [--entry-kb 64] [--workers 1] [--dir D]
+    .venv/bin/python bench/bench_rereplication.py [--mb 256] [--entry-kb 64] [--workers 1] [--run 16]
+        [--write-quorum 2] [--dir D]
 
 One run: the machine's raw fsync'd sequential write rate (1 MiB blocks, bench/machine_limits.py),
 then 4 local bookies (autorecovery off inside them), ledgers of E3/Qw2/Qa2 holding --mb MB of
@@ -51,7 +52,7 @@ async def run(args, directory: pathlib.Path) -> dict:
             written = 0
             t0 = time.perf_counter()
             while written < total:
-                writer = await client.create_ledger(3, 2, 2)
+                writer = await client.create_ledger(3, args.write_quorum, 2)
                 in_ledger = 0
                 futs = []
                 while in_ledger < LEDGER_MB * MB and written < total:
@@ -80,7 +81,8 @@ async def run(args, directory: pathlib.Path) -> dict:
             marked = len(await urm.list_marked())
             workers = [ReplicationWorker(c, f"bench-{i}", poll_interval_ms=50, entries_in_flight_max=args.window,
                                          bytes_per_s_max=10 ** 12, ledgers_concurrent_max=2,
-                                         retry_delay_ms_max=1000, copy_timeout_ms=30_000)
+                                         retry_delay_ms_max=1000, copy_timeout_ms=30_000,
+                                         read_run_entries_max=args.run)
                        for i, c in enumerate(workers_clients)]
             t0 = time.perf_counter()
             tasks = [asyncio.ensure_future(w.run()) for w in workers]
@@ -95,7 +97,8 @@ async def run(args, directory: pathlib.Path) -> dict:
             return {"raw_fsync_mb_s": round(raw, 1), "payload_mb": round(written / MB), "ledgers_marked": marked,
                     "copied_mb": round(copied / MB, 1), "seconds": round(elapsed, 2),
                     "rereplication_mb_s": round(rate, 1), "ratio_to_raw": round(rate / raw, 3),
-                    "workers": args.workers, "entry_kb": args.entry_kb, "window": args.window}
+                    "workers": args.workers, "entry_kb": args.entry_kb, "window": args.window,
+                    "run": args.run, "write_quorum": args.write_quorum}
         finally:
             for c in workers_clients:
                 await c.close()
@@ -110,6 +113,8 @@ def main() -> None:
     p.add_argument("--entry-kb", type=int, default=64)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--window", type=int, default=64, help="entries in flight per fragment")
+    p.add_argument("--run", type=int, default=16, help="consecutive entries read per request")
+    p.add_argument("--write-quorum", type=int, default=2, help="Qw of the E3 ledgers written (Qa 2)")
     p.add_argument("--dir", default=None)
     args = p.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as d:

@@ -97,6 +97,7 @@ class BookieConfig:
     audit_replica_check_probes_max: int = 10_000  # entry reads per check
     replication_poll_interval_ms: int = 5_000  # the worker looks for marked ledgers this often
     replication_entries_in_flight_max: int = 64  # entries read or written at once per fragment
+    replication_read_run_entries_max: int = 16  # consecutive entries read in one request
     replication_bytes_per_s_max: int = 32 * MiB  # copy throttle per worker
     replication_ledgers_concurrent_max: int = 2  # ledgers one worker repairs at once
     replication_retry_delay_ms_max: int = 60_000  # back-off cap for a ledger that could not be repaired
@@ -112,6 +113,7 @@ class BookieConfig:
                   "connection_write_stall_timeout_ms", "orphan_gc_interval_ms",
                   "orphan_ledger_grace_ms", "orphan_ledgers_per_pass_max", "audit_interval_ms",
                   "replication_poll_interval_ms", "replication_entries_in_flight_max",
+                  "replication_read_run_entries_max",
                   "replication_bytes_per_s_max", "replication_ledgers_concurrent_max",
                   "replication_retry_delay_ms_max", "replication_copy_timeout_ms")
         if self.audit_replica_check_interval_ms < 0:

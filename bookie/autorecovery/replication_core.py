@@ -129,8 +129,10 @@ def plan_repairs(md: LedgerMetadata, lost: frozenset[str] | set[str], writable: 
                             if index in write_set_indices(md.ensemble_size, md.write_quorum, e))
             sources = {}
             for e in entries:
-                ws = [ensemble[i] for i in write_set_indices(md.ensemble_size, md.write_quorum, e)]
-                sources[e] = tuple(b for b in ws if b not in lost)
+                # in ensemble order, so consecutive entries on the same replicas (all of a
+                # fragment when Qw = E) have equal sources and are read as one range
+                ws = set(write_set_indices(md.ensemble_size, md.write_quorum, e))
+                sources[e] = tuple(b for i, b in enumerate(ensemble) if i in ws and b not in lost)
             repairs.append(FragmentRepair(md.ledger_id, first, last, tuple(ensemble), index, bookie,
                                           replacement, entries, sources,
                                           is_last and md.state is LedgerState.CLOSED))
@@ -192,6 +194,17 @@ class ReadEntry:
 
 
 @dataclass(frozen=True)
+class ReadRange:
+    """Read entries ``first``..``last`` (consecutive ids sharing their replicas) from ``bookie``;
+    answered with the entries it returned (a prefix, maybe truncated) or None (it has no
+    copy of the ledger, or is unreachable)."""
+
+    first: int
+    last: int
+    bookie: str
+
+
+@dataclass(frozen=True)
 class WriteEntry:
     entry: StoredEntry
     bookie: str
@@ -226,12 +239,22 @@ class CopyState(enum.Enum):
 
 class FragmentCopy:
     """Copies one fragment's entries to the replacement. Events: ``start``, ``on_read``
-    (entry or None: the bookie was down or lacks it), ``on_written`` (acknowledged or not)."""
+    (entry or None: the bookie was down or lacks it), ``on_read_range``, ``on_written``
+    (acknowledged or not).
 
-    def __init__(self, repair: FragmentRepair, entries_in_flight_max: int) -> None:
-        check(entries_in_flight_max > 0, "entries_in_flight_max must be > 0")
+    Consecutive entry ids with the same replicas (every entry of a fragment when Qw = E) are
+    read as one range of at most ``run_entries_max`` from one replica; what a range answer
+    lacks is read again from the same replica (a truncated answer), or, for the entry where
+    the answer stopped short, from the next replica (that replica lacks it, or its copy failed
+    the checksum). Entries in flight (being read or written) never exceed
+    ``entries_in_flight_max``."""
+
+    def __init__(self, repair: FragmentRepair, entries_in_flight_max: int, run_entries_max: int = 1) -> None:
+        check(entries_in_flight_max > 0 and run_entries_max > 0,
+              "entries_in_flight_max and run_entries_max must be > 0")
         self.repair = repair
         self.window = entries_in_flight_max
+        self.run_max = run_entries_max
         self.state = CopyState.COPYING
         self._todo = list(reversed(repair.entries))       # next entry at the end
         self._tried: dict[int, int] = {}                  # entry id -> sources tried
@@ -247,13 +270,20 @@ class FragmentCopy:
 
     def _fill(self) -> list:
         actions: list = []
-        while self._todo and len(self._in_flight) < self.window:
-            e = self._todo.pop()
-            self._in_flight.add(e)
-            self._tried[e] = 0
-            actions += self._read_next(e)
-            if self.state is not CopyState.COPYING:
-                break
+        sources = self.repair.sources
+        run_max = min(self.run_max, self.window)
+        while self._todo and len(self._in_flight) < self.window and self.state is CopyState.COPYING:
+            if self._in_flight and self.window - len(self._in_flight) < min(run_max, len(self._todo)):
+                break           # wait for room for a whole run rather than read entry by entry
+            first = last = self._todo.pop()
+            self._in_flight.add(first)
+            while (self._todo and last - first + 1 < run_max and len(self._in_flight) < self.window
+                   and self._todo[-1] == last + 1 and sources[last + 1] == sources[first]):
+                last = self._todo.pop()
+                self._in_flight.add(last)
+            for e in range(first, last + 1):
+                self._tried[e] = 0
+            actions += self._read_range_next(first, last) if last > first else self._read_next(first)
         return actions
 
     def _read_next(self, entry_id: int) -> list:
@@ -264,11 +294,31 @@ class FragmentCopy:
         self._tried[entry_id] = tried + 1
         return [ReadEntry(entry_id, sources[tried])]
 
+    def _read_range_next(self, first: int, last: int) -> list:
+        """first..last (same sources, same tries so far) from their next replica."""
+        sources = self.repair.sources[first]
+        tried = self._tried[first]
+        if tried >= len(sources):
+            return self._fail(f"entries {first}..{last}: no surviving replica of {sources} has valid copies")
+        for e in range(first, last + 1):
+            self._tried[e] = tried + 1
+        return [ReadRange(first, last, sources[tried])]
+
+    def _read_range_again(self, first: int, last: int) -> list:
+        """first..last from the replica their last read went to (a truncated answer)."""
+        if first == last:
+            self._tried[first] -= 1
+            return self._read_next(first)
+        return [ReadRange(first, last, self.repair.sources[first][self._tried[first] - 1])]
+
     def _fail(self, reason: str) -> list:
         if self.state is not CopyState.COPYING:
             return []
         self.state = CopyState.FAILED
         return [CopyFailed(self.repair, reason)]
+
+    def _usable(self, entry: StoredEntry, entry_id: int) -> bool:
+        return entry.ledger_id == self.repair.ledger_id and entry.entry_id == entry_id and entry.verified()
 
     def on_read(self, entry_id: int, bookie: str, entry: StoredEntry | None, problem: str = "") -> list:
         if self.state is not CopyState.COPYING or entry_id not in self._in_flight:
@@ -276,9 +326,39 @@ class FragmentCopy:
         check(bookie != self.repair.lost_bookie, f"read from the lost bookie {bookie}")
         if entry is None:
             return [ReplicaRejected(entry_id, bookie, problem or "unavailable")] + self._read_next(entry_id)
-        if (entry.ledger_id != self.repair.ledger_id or entry.entry_id != entry_id or not entry.verified()):
+        if not self._usable(entry, entry_id):
             return [ReplicaRejected(entry_id, bookie, "checksum mismatch")] + self._read_next(entry_id)
         return [WriteEntry(entry, self.repair.replacement)]
+
+    def on_read_range(self, first: int, last: int, bookie: str, entries: Sequence[StoredEntry] | None,
+                      problem: str = "") -> list:
+        if self.state is not CopyState.COPYING or first not in self._in_flight:
+            return []
+        check(bookie != self.repair.lost_bookie, f"read from the lost bookie {bookie}")
+        if entries is None:          # no copy there at all, or unreachable: the next replica
+            return [ReplicaRejected(first, bookie, problem or "unavailable")] + self._read_range_next(first, last)
+        actions: list = []
+        expected = first
+        stopped_short = False
+        for entry in entries:
+            if expected > last:
+                break
+            if not self._usable(entry, expected):
+                stopped_short = True
+                break
+            actions.append(WriteEntry(entry, self.repair.replacement))
+            expected += 1
+        if expected > last:
+            return actions
+        if stopped_short or expected == first:
+            # the replica lacks ``expected`` or its copy is bad: that one from the next replica
+            actions.append(ReplicaRejected(expected, bookie, "checksum mismatch" if stopped_short
+                                           else (problem or "NO_SUCH_ENTRY")))
+            actions += self._read_next(expected)
+            expected += 1
+        if expected <= last and self.state is CopyState.COPYING:
+            actions += self._read_range_again(expected, last)
+        return actions
 
     def on_written(self, entry: StoredEntry, ok: bool, problem: str = "") -> list:
         e = entry.entry_id

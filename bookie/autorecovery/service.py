@@ -32,7 +32,8 @@ class AutoRecovery:
             bytes_per_s_max=config.replication_bytes_per_s_max,
             ledgers_concurrent_max=config.replication_ledgers_concurrent_max,
             retry_delay_ms_max=config.replication_retry_delay_ms_max,
-            copy_timeout_ms=config.replication_copy_timeout_ms)
+            copy_timeout_ms=config.replication_copy_timeout_ms,
+            read_run_entries_max=config.replication_read_run_entries_max)
         self._tasks: list[asyncio.Task] = []
 
     def start(self, on_death=None) -> list[asyncio.Task]:

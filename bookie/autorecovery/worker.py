@@ -27,7 +27,7 @@ import time
 
 from bookie._proto import bookie_rpc_pb2 as pb
 from bookie.autorecovery.replication_core import (CopyDone, CopyFailed, FragmentCopy, FragmentRepair,
-                                                  ReadEntry, ReplicaRejected, RepairConflict,
+                                                  ReadEntry, ReadRange, ReplicaRejected, RepairConflict,
                                                   StoredEntry, Throttle, WriteEntry, apply_repair,
                                                   plan_repairs)
 from bookie.autorecovery.urmanager import UnderReplicationManager
@@ -49,7 +49,9 @@ def _now_ms() -> float:
 class ReplicationWorker:
     def __init__(self, ledger_client, worker_id: str, *, poll_interval_ms: int, entries_in_flight_max: int,
                  bytes_per_s_max: int, ledgers_concurrent_max: int, retry_delay_ms_max: int,
-                 copy_timeout_ms: int, rng: random.Random | None = None) -> None:
+                 copy_timeout_ms: int, read_run_entries_max: int = 16,
+                 rng: random.Random | None = None) -> None:
+        self.read_run_entries_max = read_run_entries_max
         self.client = ledger_client
         self.worker_id = worker_id
         self.urm = UnderReplicationManager(ledger_client.store)
@@ -191,22 +193,27 @@ class ReplicationWorker:
         raise MetadataVersionConflict(f"ledger {repair.ledger_id}: repair lost {CAS_ATTEMPTS_MAX} races")
 
     async def _copy(self, repair: FragmentRepair) -> bool:
-        core = FragmentCopy(repair, self.window)
+        core = FragmentCopy(repair, self.window, self.read_run_entries_max)
         loop = asyncio.get_running_loop()
         outcome: asyncio.Future = loop.create_future()
         tasks: set[asyncio.Task] = set()
 
         def execute(actions: list) -> None:
+            writes: list[WriteEntry] = []
             for a in actions:
-                if isinstance(a, ReadEntry):
+                if isinstance(a, ReadRange):
+                    spawn(self._read_range(core, a, execute))
+                elif isinstance(a, ReadEntry):
                     spawn(self._read(core, a, execute))
                 elif isinstance(a, WriteEntry):
-                    spawn(self._write(core, a, execute))
+                    writes.append(a)
                 elif isinstance(a, ReplicaRejected):
                     log.warning("replica not used ledger=%d entry=%d bookie=%s reason=%s",
                                 repair.ledger_id, a.entry_id, a.bookie, a.reason)
                 elif isinstance(a, (CopyDone, CopyFailed)) and not outcome.done():
                     outcome.set_result(a)
+            if writes:       # one run of adds to the replacement, one task for all of them
+                spawn(self._write(core, writes, execute))
 
         def spawn(coro) -> None:
             t = asyncio.ensure_future(coro)
@@ -247,23 +254,52 @@ class ReplicationWorker:
             problem = str(e) or "timeout"
         execute(core.on_read(a.entry_id, a.bookie, entry, problem))
 
-    async def _write(self, core: FragmentCopy, a: WriteEntry, execute) -> None:
-        e = a.entry
-        delay_ms = self.throttle.delay_ms(len(e.payload), _now_ms())
+    async def _read_range(self, core: FragmentCopy, a: ReadRange, execute) -> None:
+        lid = core.repair.ledger_id
+        entries, problem = None, ""
+        try:
+            resp = await asyncio.wait_for(self.client.pool.get(a.bookie).read(lid, a.first, a.last),
+                                          self.copy_timeout_s)
+            if resp.code == pb.OK:
+                entries = [StoredEntry(e.ledger_id, e.entry_id, e.lac, e.length, bytes(e.payload), e.checksum)
+                           for e in resp.entries]
+            elif resp.code in (pb.NO_SUCH_ENTRY, pb.CHECKSUM_MISMATCH):
+                entries, problem = [], pb.StatusCode.Name(resp.code)   # the first one: next replica
+            else:
+                problem = pb.StatusCode.Name(resp.code)                 # no ledger, unavailable, ...
+        except (BookieUnavailableError, asyncio.TimeoutError) as e:
+            problem = str(e) or "timeout"
+        execute(core.on_read_range(a.first, a.last, a.bookie, entries, problem))
+
+    async def _write(self, core: FragmentCopy, writes: list[WriteEntry], execute) -> None:
+        """Send a run of entries to the replacement (throttled; the recovery flag), and feed
+        each answer to the core as it comes; entries unanswered after the copy timeout fail."""
+        delay_ms = self.throttle.delay_ms(sum(len(w.entry.payload) for w in writes), _now_ms())
         if delay_ms > 0:
             await asyncio.sleep(delay_ms / 1000)
-        fut = asyncio.get_running_loop().create_future()
+        waiting = {w.entry.entry_id: w.entry for w in writes}
+        all_answered = asyncio.get_running_loop().create_future()
 
-        def on_result(_bookie: str, results: list[tuple[int, int]]) -> None:
-            for _entry_id, code in results:
-                if not fut.done():
-                    fut.set_result(code)
+        def answer(entry_id: int, code: int) -> None:
+            entry = waiting.pop(entry_id, None)
+            if entry is None:
+                return
+            name = pb.StatusCode.Name(code) if code in pb.StatusCode.values() else str(code)
+            execute(core.on_written(entry, code == pb.OK, name))
+            if not waiting and not all_answered.done():
+                all_answered.set_result(None)
 
-        self.client.pool.get(a.bookie).send_add(
-            e.entry_id, encode_add_entry(e.ledger_id, e.entry_id, e.lac, e.length, e.payload, e.checksum),
-            True, on_result)
+        def on_results(_bookie: str, results: list[tuple[int, int]]) -> None:
+            for entry_id, code in results:
+                answer(entry_id, code)
+
+        entries = [w.entry for w in writes]
+        self.client.pool.get(writes[0].bookie).send_adds(
+            [e.entry_id for e in entries],
+            [encode_add_entry(e.ledger_id, e.entry_id, e.lac, e.length, e.payload, e.checksum) for e in entries],
+            True, on_results)
         try:
-            code = await asyncio.wait_for(fut, self.copy_timeout_s)
+            await asyncio.wait_for(all_answered, self.copy_timeout_s)
         except asyncio.TimeoutError:
-            code = pb.UNAVAILABLE
-        execute(core.on_written(e, code == pb.OK, pb.StatusCode.Name(code) if code in pb.StatusCode.values() else str(code)))
+            for entry_id in list(waiting):
+                answer(entry_id, pb.UNAVAILABLE)

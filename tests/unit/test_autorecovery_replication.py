@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from bookie.autorecovery.replication_core import (CopyDone, CopyFailed, CopyState, FragmentCopy,
-                                                  ReadEntry, ReplicaRejected, RepairConflict,
+                                                  ReadEntry, ReadRange, ReplicaRejected, RepairConflict,
                                                   StoredEntry, Throttle, WriteEntry, apply_repair,
                                                   plan_repairs)
 from bookie.client.metadata import LedgerMetadata, LedgerState, write_set_indices
@@ -28,10 +28,23 @@ def entry(lid, eid, payload=None):
 class FakeBookies:
     """Bookies as dicts (unit tests of the pure core only; integration tests use real ones)."""
 
-    def __init__(self) -> None:
+    def __init__(self, range_answer_entries_max: int = 1_000) -> None:
         self.stored: dict[str, dict[tuple[int, int], StoredEntry]] = collections.defaultdict(dict)
         self.down: set[str] = set()
         self.reads: list[tuple[int, str]] = []
+        self.range_answer_entries_max = range_answer_entries_max   # truncates range answers
+
+    def read_range(self, bookie: str, lid: int, first: int, last: int) -> list[StoredEntry] | None:
+        """As a bookie: None if down or without the ledger, else the stored prefix of first..last."""
+        if bookie in self.down or not any(k[0] == lid for k in self.stored[bookie]):
+            return None
+        out = []
+        for e in range(first, last + 1):
+            got = self.stored[bookie].get((lid, e))
+            if got is None or len(out) >= self.range_answer_entries_max:
+                break
+            out.append(got)
+        return out
 
     def write_ledger(self, md: LedgerMetadata, last: int) -> None:
         for e in range(last + 1):
@@ -58,7 +71,12 @@ def run_copy(copy: FragmentCopy, bookies: FakeBookies, *, steps_max: int | None 
         in_flight_max = max(in_flight_max, len(copy._in_flight))
         if isinstance(a, (CopyDone, CopyFailed)):
             return a, in_flight_max, seen
-        if isinstance(a, ReadEntry):
+        if isinstance(a, ReadRange):
+            for e in range(a.first, a.last + 1):
+                bookies.reads.append((e, a.bookie))
+            queue.extend(copy.on_read_range(a.first, a.last, a.bookie,
+                                            bookies.read_range(a.bookie, copy.repair.ledger_id, a.first, a.last)))
+        elif isinstance(a, ReadEntry):
             bookies.reads.append((a.entry_id, a.bookie))
             got = None if a.bookie in bookies.down else bookies.stored[a.bookie].get((copy.repair.ledger_id, a.entry_id))
             queue.extend(copy.on_read(a.entry_id, a.bookie, got, "" if got else "NO_SUCH_ENTRY"))
@@ -87,10 +105,10 @@ def closed(lid, *ensembles, last, e=3, w=2, a=2, urb=()):
                           last_entry_id=last, length=100 * (last + 1), under_replicated_bookies=tuple(urb))
 
 
-def repair_all(md, lost, bookies, writable, rng, window=4):
+def repair_all(md, lost, bookies, writable, rng, window=4, run=1):
     repairs, blocked = plan_repairs(md, lost, writable, rng)
     for r in repairs:
-        done, in_flight_max, _ = run_copy(FragmentCopy(r, window), bookies)
+        done, in_flight_max, _ = run_copy(FragmentCopy(r, window, run), bookies)
         assert isinstance(done, CopyDone), done
         assert in_flight_max <= window
         md = apply_repair(md, r)
@@ -247,6 +265,44 @@ def test_throttle_spaces_bytes_to_the_rate():
     assert t.delay_ms(1000, 2000) == 0
 
 
+def test_entries_sharing_replicas_are_read_as_ranges_and_short_answers_are_finished():
+    md = closed(14, (0, B[0:3]), last=49, w=3)        # Qw = E: every entry on every replica
+    bookies = FakeBookies(range_answer_entries_max=3)
+    bookies.write_ledger(md, 49)
+    bookies.down.add(B[0])
+    (r,), _ = plan_repairs(md, {B[0]}, B[:5], random.Random(0))
+    done, in_flight_max, seen = run_copy(FragmentCopy(r, 16, 8), bookies)
+    assert isinstance(done, CopyDone) and in_flight_max <= 16
+    assert sum(isinstance(a, ReadRange) for a in seen) >= 50 // 3
+    assert not any(isinstance(a, ReadEntry) for a in seen[:10])
+    assert {e for (_, e) in bookies.stored[r.replacement]} == set(range(50))
+
+
+def test_a_range_stops_at_a_bad_or_missing_copy_and_that_entry_comes_from_the_next_replica():
+    md = closed(15, (0, B[0:3]), last=19, w=3)
+    bookies = FakeBookies()
+    bookies.write_ledger(md, 19)
+    bookies.down.add(B[2])
+    (r,), _ = plan_repairs(md, {B[2]}, B[:5], random.Random(0))
+    first_source = r.sources[0][0]
+    good = bookies.stored[first_source][(15, 7)]
+    bookies.stored[first_source][(15, 7)] = StoredEntry(15, 7, good.lac, good.length, b"rotten", good.checksum)
+    del bookies.stored[first_source][(15, 12)]
+    done, _, seen = run_copy(FragmentCopy(r, 20, 20), bookies)
+    assert isinstance(done, CopyDone)
+    assert ReplicaRejected(7, first_source, "checksum mismatch") in seen
+    assert any(isinstance(a, ReplicaRejected) and a.entry_id == 12 for a in seen)
+    assert bookies.stored[r.replacement][(15, 7)] == good
+    assert (15, 12) in bookies.stored[r.replacement]
+    # a replica without the ledger at all: the whole range goes to the next one
+    for k in [k for k in bookies.stored[first_source] if k[0] == 15]:
+        del bookies.stored[first_source][k]
+    bookies.stored[r.replacement].clear()
+    done, _, seen = run_copy(FragmentCopy(r, 20, 20), bookies)
+    assert isinstance(done, CopyDone)
+    assert sum(isinstance(a, ReadRange) and a.bookie == r.sources[0][1] for a in seen) >= 1
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.integers(3, 6), st.data())
 def test_property_crashes_at_any_point_never_point_metadata_at_a_bookie_lacking_entries(ensemble_size, data):
@@ -259,15 +315,20 @@ def test_property_crashes_at_any_point_never_point_metadata_at_a_bookie_lacking_
     bookies.write_ledger(md, last)
     lost = {data.draw(st.sampled_from(ensemble))}
     bookies.down |= lost
+    bookies.range_answer_entries_max = data.draw(st.integers(1, 10))
     rng = random.Random(data.draw(st.integers(0, 1000)))
     for attempt in range(3):       # crashing workers, each partway
         repairs, _ = plan_repairs(md, lost, B, rng)
         for r in repairs:
             crash = data.draw(st.one_of(st.none(), st.integers(0, 60)))
-            done, _, _ = run_copy(FragmentCopy(r, data.draw(st.integers(1, 5))), bookies, steps_max=crash)
+            done, _, _ = run_copy(FragmentCopy(r, data.draw(st.integers(1, 5)), data.draw(st.integers(1, 6))),
+                                  bookies, steps_max=crash)
             if isinstance(done, CopyDone):
                 md = apply_repair(md, r)
             check_every_named_replica_holds_its_entries(md, bookies, lost)
-    repaired, _ = repair_all(md, lost, bookies, B, rng)
+    repaired, _ = repair_all(md, lost, bookies, B, rng, run=data.draw(st.integers(1, 6)))
     assert not lost & repaired.all_bookies()
     check_every_named_replica_holds_its_entries(repaired, bookies, set())
+    for e in range(last + 1):           # and the copies are the entries written, byte for byte
+        for b in repaired.write_set(e):
+            assert bookies.stored[b][(13, e)] == entry(13, e)
