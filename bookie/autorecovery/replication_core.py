@@ -13,9 +13,10 @@ Protocol, for a ledger whose mark names ``lost`` bookies:
    keeps its shape.
 2. ``FragmentCopy`` (one per repair): the fragment's entries whose write set holds index i
    (fragment end: the next fragment's first entry - 1, or ``last_entry_id`` for the last
-   fragment of a CLOSED ledger) are read each from a surviving replica of its write set
-   (lost bookies are never read), the CRC32C checked here (a replica that fails it is never
-   used; the next one is tried), and written unchanged (entry id, lac, length, payload,
+   fragment of a CLOSED ledger) are read from a surviving replica of their write set (lost
+   bookies are never read; consecutive entries on the same replicas as one range), the CRC32C
+   checked here (a replica that fails it is never used for that entry; the next one is
+   tried), and written unchanged (entry id, lac, length, payload,
    checksum; recovery flag, so a fenced ledger cannot refuse it) to the replacement, at most
    ``entries_in_flight_max`` at a time. Only once the replacement acknowledged every one
    (acked = fsynced, invariant 2) does the copy end with ``CopyDone``.
