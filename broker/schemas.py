@@ -9,8 +9,8 @@ The znode::
 
 Versions are list indexes and only grow. Deleting a topic's schema appends a tombstone
 (``deleted: true``); the versions after the last tombstone are the live ones, the only ones served
-(by version too, on REST and GET_SCHEMA, as Pulsar) and the only ones a new schema is checked against (broker/schema_compat.py) under the namespace's
-``schema_compatibility_strategy``. A producer or consumer that declares a schema equal to a live
+(by version too, on REST and GET_SCHEMA, as Pulsar) and the only ones a new schema is checked
+against (broker/schema_compat.py) under the namespace's ``schema_compatibility_strategy``. A producer or consumer that declares a schema equal to a live
 version gets that version; a new one is added only if it is compatible and the namespace allows
 auto-update (``is_allow_auto_update_schema``); an admin upload ignores the auto-update flag.
 Versions travel on the wire as 8-byte big-endian integers, as in Pulsar.

@@ -5,8 +5,6 @@ consumes where a client is needed."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import requests
 
@@ -248,7 +246,8 @@ def test_get_message_by_id(cluster, admin, client):
     framed = bytes(r.content)
     # the body is the batch payload: wrap it in minimal metadata to split it with our codec
     from pulsarlite.wire import pb
-    meta = pb.MessageMetadata(producer_name="x", sequence_id=0, publish_time=1, num_messages_in_batch=3).SerializeToString()
+    meta = pb.MessageMetadata(producer_name="x", sequence_id=0, publish_time=1,
+                              num_messages_in_batch=3).SerializeToString()
     entry = len(meta).to_bytes(4, "big") + meta + framed
     assert [bytes(m.payload) for m in unpack_entry(entry)[1]] == [b"b0", b"b1", b"b2"]
 
