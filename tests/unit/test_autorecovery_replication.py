@@ -9,7 +9,7 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from bookie.autorecovery.replication_core import (CopyDone, CopyFailed, CopyState, FragmentCopy,
+from bookie.autorecovery.replication_core import (CopyDone, CopyFailed, FragmentCopy,
                                                   ReadEntry, ReadRange, ReplicaRejected, RepairConflict,
                                                   StoredEntry, Throttle, WriteEntry, apply_repair,
                                                   plan_repairs)
