@@ -348,3 +348,37 @@ async def test_bad_name_and_config_rejected(zk_hosts):
         assert not await store.exists(managed_ledger_path(NAME))
     finally:
         await store.close()
+
+
+async def test_cached_readers_follow_fragments_that_autorecovery_moved(cluster_factory):
+    """A broker keeps readers of closed ledgers; autorecovery moves a fragment off a bookie lost
+    for good; a second bookie then dies. A read through the cached reader (metadata naming both
+    dead bookies for some entries) must be retried with the metadata as it is now."""
+    fast = {"lost_bookie_recovery_delay_ms": 1_000, "replication_poll_interval_ms": 200,
+            "audit_interval_ms": 5_000, "replication_retry_delay_ms_max": 1_000}
+    cluster = await asyncio.to_thread(cluster_factory, 5, bookie_overrides=fast)
+    client = await connect(cluster)
+    config = ManagedLedgerConfig(rollover_entries_max=50, read_entries_max=100,
+                                 ensemble_size=3, write_quorum=2, ack_quorum=2)
+    try:
+        ml = await ManagedLedger.open(NAME, ledger_client=client, store=client.store, config=config)
+        acked = await append(ml, 0, 120)
+        first = ml.ledgers()[0]
+        assert first.state is LedgerInfoState.CLOSED and first.entries == 50
+        got = await ml.read_entries(Position(first.ledger_id, 0), 50)      # caches its reader
+        assert [payload for _, payload in got] == [payload_for(acked[p]) for p, _ in got]
+        md, _ = await client.ledger_manager.read(first.ledger_id)
+        lost, second = md.current_ensemble[0], md.current_ensemble[1]   # a write set of E3 Qw2
+        by_id = {cluster.records[n].bookie_id: n for n in cluster.bookie_names}
+        await asyncio.to_thread(cluster.kill, by_id[lost])
+        deadline = asyncio.get_running_loop().time() + 120
+        while lost in md.all_bookies():
+            assert asyncio.get_running_loop().time() < deadline, f"{lost} still in {md.ensembles}"
+            await asyncio.sleep(0.5)
+            md, _ = await client.ledger_manager.read(first.ledger_id)
+        await asyncio.to_thread(cluster.kill, by_id[second])
+        got = await ml.read_entries(Position(first.ledger_id, 0), 50)
+        assert [p for p, _ in got] == [Position(first.ledger_id, e) for e in range(50)]
+        assert [payload for _, payload in got] == [payload_for(acked[p]) for p, _ in got]
+    finally:
+        await client.close()
