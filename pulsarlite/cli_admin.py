@@ -14,6 +14,7 @@ one line and exits 1; bad arguments exit 2. 307 redirects are followed (same met
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import re
 import sys
@@ -150,6 +151,17 @@ class AdminClient:
         self.timeout_s = timeout_s
 
     def request(self, method: str, path: str, body: Any = None, *, query: dict[str, str] | None = None) -> Any:
+        status, _, raw = self.exchange(method, path, body, query=query)
+        if status == 204 or not raw.strip():
+            return NO_CONTENT
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw.decode("utf-8", "replace")
+
+    def exchange(self, method: str, path: str, body: Any = None, *,
+                 query: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        """One call, redirects followed: (status, response headers, body bytes); errors raise."""
         url = self.admin_url + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
@@ -163,6 +175,7 @@ class AdminClient:
                 with _OPENER.open(req, timeout=self.timeout_s) as resp:
                     raw = resp.read(RESPONSE_BYTES_MAX + 1)
                     status = resp.status
+                    headers = dict(resp.headers.items())
             except urllib.error.HTTPError as e:
                 if e.code in (301, 302, 303, 307, 308) and e.headers.get("Location"):
                     url = urllib.parse.urljoin(url, e.headers["Location"])
@@ -174,12 +187,7 @@ class AdminClient:
                 raise AdminUnreachableError(f"cannot reach the admin service at {self.admin_url}: {why}") from None
             if len(raw) > RESPONSE_BYTES_MAX:
                 raise AdminHttpError(status, f"response larger than {RESPONSE_BYTES_MAX} bytes", method, url)
-            if status == 204 or not raw.strip():
-                return NO_CONTENT
-            try:
-                return json.loads(raw)
-            except ValueError:
-                return raw.decode("utf-8", "replace")
+            return status, headers, raw
         raise AdminHttpError(307, f"more than {REDIRECTS_MAX} redirects", method, url)
 
     def get(self, path: str, **kw: Any) -> Any:
@@ -379,6 +387,41 @@ def first_kept_ledger(ledgers: list[dict[str, Any]], size_threshold_bytes: int,
         if suffix_bytes > size_threshold_bytes:
             return previous
         previous = int(ledger["ledgerId"])
+    return None
+
+
+def _payload_json(payload: bytes) -> dict[str, str]:
+    try:
+        return {"payload": payload.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"payloadBase64": base64.b64encode(payload).decode()}
+
+
+def _run_get_message_by_id(client: AdminClient, args: argparse.Namespace) -> Any:
+    """pulsar-admin's ``topics get-message-by-id``: the message(s) of one entry as JSON, from
+    the broker's getMessageById answer (payload + X-Pulsar-* headers); a batch's messages each."""
+    from pulsarlite.wire import pb
+    from pulsarlite.wire.entry import unpack_entry
+    path = TP.format(topic=_topic_path(args.topic)) + f"/ledger/{args.ledger_id}/entry/{args.entry_id}"
+    _, headers, body = client.exchange("GET", path)
+    h = {k.lower(): v for k, v in headers.items()}
+    info: dict[str, Any] = {"messageId": h.get("x-pulsar-message-id"), "publishTime": h.get("x-pulsar-publish-time"),
+                            "producerName": h.get("x-pulsar-producer-name"),
+                            "sequenceId": int(h["x-pulsar-sequence-id"]) if "x-pulsar-sequence-id" in h else None,
+                            "properties": json.loads(h.get("x-pulsar-property") or "{}")}
+    for header, key in (("x-pulsar-partition-key", "key"), ("x-pulsar-event-time", "eventTime")):
+        if header in h:
+            info[key] = h[header]
+    count = h.get("x-pulsar-num-batch-message")
+    if count is None or h.get("x-pulsar-is-encrypted") == "true":
+        info |= _payload_json(body)
+    else:      # a batch: its framed messages, split by the entry codec under a minimal metadata
+        meta = pb.MessageMetadata(producer_name="-", sequence_id=0, publish_time=0,
+                                  num_messages_in_batch=int(count)).SerializeToString()
+        _, messages = unpack_entry(len(meta).to_bytes(4, "big") + meta + body)
+        info["messages"] = [{"batchIndex": i, "key": m.key, "properties": dict(m.properties)}
+                            | _payload_json(bytes(m.payload)) for i, m in enumerate(messages)]
+    emit(info, args.output)
     return None
 
 
@@ -653,6 +696,9 @@ COMMANDS: tuple[Op, ...] = (
     Op("topics", "last-message-id", "the last message id", path=TP + "/lastMessageId", args=(TOPIC,)),
     Op("topics", "terminate", "terminate a topic: no more messages, for good (prints the last message id)",
        "POST", TP + "/terminate", args=(TOPIC,)),
+    Op("topics", "get-message-by-id", "the message(s) of one entry", run=_run_get_message_by_id,
+       args=(TOPIC, A("-l", "--ledger-id", dest="ledger_id", type=_nonnegative_int, required=True),
+             A("-e", "--entry-id", dest="entry_id", type=_nonnegative_int, required=True))),
     Op("topics", "offload", "offload all but the newest SIZE bytes to the tier", run=_run_offload,
        args=(A("-s", "--size-threshold", type=parse_size_bytes, required=True,
                help="bytes to keep on the bookies: " + SIZE_HELP), TOPIC)),

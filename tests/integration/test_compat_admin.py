@@ -349,3 +349,41 @@ def test_terminate_partitioned_topic(cluster, admin, client):
         pass
     assert requests.put(f"{admin}/persistent/{NS}/term-single", timeout=30).status_code == 204
     assert requests.post(f"{admin}/persistent/{NS}/term-single/terminate/partitions", timeout=30).status_code == 404
+
+
+def test_cli_get_message_by_id(cluster, client, tmp_path):
+    """``pulsarlite admin topics get-message-by-id -l L -e E TOPIC`` (pulsar-admin's twin): the
+    entry's message, or a batch's messages, as JSON."""
+    import json
+    import os
+    import subprocess
+    import sys
+    topic = f"persistent://{NS}/cli-by-id"
+    producer = client.create_producer(topic, batching_enabled=False)
+    mid = producer.send(b"plain", properties={"p": "1"})
+    producer.close()
+    batched = client.create_producer(topic, batching_enabled=True, batching_max_messages=2,
+                                     batching_max_publish_delay_ms=1000)
+    ids = []
+    for i in range(2):
+        batched.send_async(f"b{i}".encode(), lambda res, msg_id: ids.append(msg_id), properties={"i": str(i)})
+    batched.flush()
+    batched.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PULSARLITE_")} | {"HOME": str(tmp_path)}
+
+    def get(ledger_id: int, entry_id: int) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pulsarlite", "admin", "--admin-url", cluster.admin_url,
+                               "topics", "get-message-by-id", "-l", str(ledger_id), "-e", str(entry_id), topic],
+                              capture_output=True, text=True, timeout=120, env=env)
+
+    proc = get(mid.ledger_id(), mid.entry_id())
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["messageId"] == f"{mid.ledger_id()}:{mid.entry_id()}"
+    assert got["payload"] == "plain" and got["properties"] == {"p": "1"}
+    proc = get(ids[0].ledger_id(), ids[0].entry_id())
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert [(m["payload"], m["properties"]) for m in got["messages"]] == [("b0", {"i": "0"}), ("b1", {"i": "1"})]
+    proc = get(mid.ledger_id(), mid.entry_id() + 100)
+    assert proc.returncode == 1 and "404" in proc.stderr
