@@ -9,6 +9,7 @@ Every process is started here and stopped here (by pid, through LocalCluster), a
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -32,6 +33,8 @@ from tests.chaos.schedule import (BOOKIE_READONLY, FAULT_KINDS, KILL_ALL_BOOKIES
 log = logging.getLogger("pulsarlite.chaos")
 
 SUBSCRIPTION = "chaos-check"
+AUTORECOVERY_DELAY_MS = 3_000   # lost_bookie_recovery_delay_ms of the run's bookies
+LOST_BOOKIE_REPAIR_TIMEOUT_S = 120.0
 READ_STALL_S = 30.0         # ... or after this long with nothing new, whatever the broker says is available
 READ_IDLE_S = 3.0           # a read path is done after this long with nothing new (and nothing available)
 
@@ -266,6 +269,8 @@ class ChaosRun:
         self.failures: list[str] = []
         self.offload = "off"
         self.dedup = "off"
+        self.autorecovery = "off"
+        self.lost_bookie_ids: list[str] = []
         self.topics = [f"persistent://public/default/chaos-{i}" for i in range(config.topics)]
 
     def now(self) -> float:
@@ -294,9 +299,15 @@ class ChaosRun:
                 self.dedup = "on"
             else:
                 self.dedup = "unavailable (no dedup in this build)"
+        bookie = {"zk_session_timeout_ms": c.session_timeout_ms}
+        if "lost_bookie_recovery_delay_ms" in {f.name for f in dataclasses.fields(BookieConfig)}:
+            # autorecovery within the run: a bookie lost for good is repaired seconds after
+            bookie.update(lost_bookie_recovery_delay_ms=AUTORECOVERY_DELAY_MS, replication_poll_interval_ms=500,
+                          audit_interval_ms=10_000, replication_retry_delay_ms_max=2_000)
+            self.autorecovery = "on"
         self.cluster = LocalCluster(c.directory / "cluster", start_timeout_s=120.0)
         self.cluster.start_processes(bookies=c.bookies, brokers=c.brokers,
-                                     bookie_overrides={"zk_session_timeout_ms": c.session_timeout_ms},
+                                     bookie_overrides=bookie,
                                      broker_overrides=broker)
         if self.offload == "on":
             try:
@@ -382,6 +393,7 @@ class ChaosRun:
             cluster.kill(fault.target)
             time.sleep(fault.down_s)
             new_id = cluster.replace_bookie(fault.target)
+            self.lost_bookie_ids.append(old_id)
             record.checks.append(f"{fault.target}: {old_id} lost for good, replaced by {new_id}")
         else:  # pragma: no cover - the schedule only makes the kinds above
             raise ValueError(fault.kind)
@@ -489,6 +501,25 @@ class ChaosRun:
             if time.monotonic() >= deadline:
                 raise AssertionError(f"cluster not healthy {self.config.heal_timeout_s}s after the faults: {sick}")
             time.sleep(0.5)
+
+    def check_lost_bookies_repaired(self) -> None:
+        """Invariant 10: once the run is over, no closed ledger names a bookie lost for good
+        (autorecovery moved its copies), within a bound. Open ledgers may still name it in
+        their last fragment (repaired once they close)."""
+        lost = set(self.lost_bookie_ids)
+        deadline = time.monotonic() + LOST_BOOKIE_REPAIR_TIMEOUT_S
+        started = time.monotonic()
+        while True:
+            naming = asyncio.run(_closed_ledgers_naming(self.cluster.zookeeper, lost))
+            if not naming:
+                self.say(f"autorecovery: no closed ledger names {sorted(lost)} "
+                         f"({time.monotonic() - started:.1f}s after the check began)")
+                return
+            if time.monotonic() >= deadline:
+                self.failures.append(f"autorecovery: {LOST_BOOKIE_REPAIR_TIMEOUT_S:.0f}s after the run, closed "
+                                     f"ledgers {sorted(naming)[:20]} still name the lost bookie(s) {sorted(lost)}")
+                return
+            time.sleep(1.0)
 
     # -- reading back --------------------------------------------------------------------------
     def last_message_id(self, topic: str) -> tuple[int, int] | None:
@@ -622,7 +653,8 @@ class ChaosRun:
                 self.say(f"machine loaded by {c.load_procs} busy process(es): pids {load.pids()}")
             self.start_cluster()
             self.say(f"cluster up: {c.bookies} bookies, {c.brokers} brokers at {self.cluster.service_url}; "
-                     f"offload {self.offload}; dedup {self.dedup}; {len(schedule)} faults planned: "
+                     f"offload {self.offload}; dedup {self.dedup}; autorecovery {self.autorecovery}; "
+                     f"{len(schedule)} faults planned: "
                      + ", ".join(f"{s.offset_s:.0f}s {s.fault.describe()}" for s in schedule))
             official = pulsar.Client(self.cluster.service_url, operation_timeout_seconds=30,
                                      logger=pulsar.FileLogger(pulsar.LoggerLevel.Info,
@@ -696,6 +728,8 @@ class ChaosRun:
             self.say("check: " + verdict.summary())
             if self.dedup == "on" and verdict.duplicated:
                 self.failures.append(f"deduplication is on but {verdict.duplicated} messages are stored twice")
+            if self.lost_bookie_ids and self.autorecovery == "on":
+                self.check_lost_bookies_repaired()
         except Exception as e:
             self.failures.append(f"run aborted: {type(e).__name__}: {e}")
             logs = logs or [p.log() for p in producers]
@@ -714,6 +748,30 @@ class ChaosRun:
                 except Exception as e:
                     self.failures.append(f"cluster stop: {e}")
         return ChaosReport(c, self.faults, verdict, logs, self.offload, self.now(), self.dedup, self.failures)
+
+
+async def _closed_ledgers_naming(zookeeper: str, bookies: set[str]) -> list[int]:
+    """Ids of CLOSED ledgers whose metadata names one of ``bookies`` (in an ensemble or as
+    under-replicated)."""
+    from bookie.client.ledger_manager import LedgerManager
+    from bookie.client.metadata import LedgerState
+    from pulsarlite.errors import MetadataNotFoundError
+    from pulsarlite.metadata import MetadataStore
+
+    store = await MetadataStore.connect(zookeeper)
+    try:
+        manager = LedgerManager(store)
+        naming = []
+        for ledger_id in await manager.list_ledger_ids():
+            try:
+                md, _ = await manager.read(ledger_id)
+            except MetadataNotFoundError:
+                continue             # deleted meanwhile (retention, offload)
+            if md.state is LedgerState.CLOSED and bookies & (md.all_bookies() | set(md.under_replicated_bookies)):
+                naming.append(ledger_id)
+        return naming
+    finally:
+        await store.close()
 
 
 def run_chaos(config: ChaosConfig, out=print) -> ChaosReport:
