@@ -84,6 +84,26 @@ class BrokerConfig:
     tier_read_cache_bytes_max: int = 64 * MiB  # per broker: rebuilt entries of offloaded ledgers
     tier_read_ahead_ledgers: int = 4         # offloaded ledgers whose first row group a replay reads ahead
     offload_typed_columns: bool = True       # [schema] AVRO/JSON topics: the record's fields as Parquet columns
+    # [security] authentication and authorization (broker/security/; Pulsar's keys in snake_case)
+    authentication_enabled: bool = False     # authenticationEnabled: off, every client is served as before
+    # authenticationProviders, comma-separated: "token", "basic", "tls" (or Pulsar's class names for them)
+    authentication_providers: str = ""
+    authorization_enabled: bool = False      # authorizationEnabled (needs authentication_enabled)
+    superuser_roles: str = ""                # superUserRoles, comma-separated: may do everything
+    anonymous_user_role: str = ""            # anonymousUserRole: the role of a client without credentials; "": refused
+    # tokenSecretKey / tokenPublicKey: "file:///path", "data:;base64,...", a path, or base64 (Pulsar's forms)
+    token_secret_key: str = ""               # HS256 (HS384, HS512) secret key
+    token_public_key: str = ""               # RS256/ES256... public key (DER or PEM)
+    token_public_alg: str = ""               # tokenPublicAlg; "": every RS/PS/ES algorithm the key type allows
+    token_auth_claim: str = "sub"            # tokenAuthClaim: the claim that names the role
+    token_audience_claim: str = "aud"        # tokenAudienceClaim
+    token_audience: str = ""                 # tokenAudience: when set, a token must name this audience
+    token_bytes_max: int = 16 * KiB          # a longer token is refused before it is parsed
+    basic_auth_conf: str = ""                # basicAuthConf: a file of "user:bcrypt-hash" lines (path, file:// or data:)
+    authenticate_metrics_endpoint: bool = False  # authenticateMetricsEndpoint: /metrics needs a role too
+    # authenticationRefreshCheckSeconds: how often a connection's credentials are checked for expiry;
+    # an expired one is sent AUTH_CHALLENGE and must answer before the next check, else it is closed
+    authentication_refresh_check_interval_ms: int = 60_000
 
     def validate(self) -> "BrokerConfig":
         for name in ("retention_time_default_minutes", "retention_size_default_mb"):
@@ -137,9 +157,43 @@ class BrokerConfig:
                 raise ConfigError(f"BrokerConfig.{name} must be an int > 0, got {value!r}")
         if not isinstance(self.broker_deduplication_enabled, bool):
             raise ConfigError("BrokerConfig.broker_deduplication_enabled must be a bool")
+        self._validate_security()
         self.managed_ledger_config().validate()
         self._validate_tier()
         return self
+
+    def _validate_security(self) -> None:
+        """[security] the authentication/authorization block; provider names and key forms are
+        checked when the broker builds its providers (broker/security/authentication.py)."""
+        for name in ("authentication_enabled", "authorization_enabled", "authenticate_metrics_endpoint"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"BrokerConfig.{name} must be a bool")
+        for name in ("authentication_providers", "superuser_roles", "anonymous_user_role", "token_secret_key",
+                     "token_public_key", "token_public_alg", "token_auth_claim", "token_audience_claim", "token_audience", "basic_auth_conf"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"BrokerConfig.{name} must be a string")
+        if not self.token_auth_claim:
+            raise ConfigError("BrokerConfig.token_auth_claim must name a claim")
+        for name in ("token_bytes_max", "authentication_refresh_check_interval_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"BrokerConfig.{name} must be an int > 0, got {value!r}")
+        if self.token_bytes_max > self.connect_frame_bytes_max:
+            raise ConfigError("BrokerConfig.token_bytes_max must fit in connect_frame_bytes_max")
+        if self.authorization_enabled and not self.authentication_enabled:
+            raise ConfigError("BrokerConfig.authorization_enabled needs authentication_enabled")
+        if self.authentication_enabled and not self.authentication_provider_names:
+            raise ConfigError("BrokerConfig.authentication_enabled needs authentication_providers")
+
+    @property
+    def authentication_provider_names(self) -> tuple[str, ...]:
+        """``authentication_providers`` split at commas, blanks dropped."""
+        return tuple(p.strip() for p in self.authentication_providers.split(",") if p.strip())
+
+    @property
+    def superuser_role_names(self) -> frozenset[str]:
+        """``superuser_roles`` split at commas, blanks dropped."""
+        return frozenset(r.strip() for r in self.superuser_roles.split(",") if r.strip())
 
     def _validate_tier(self) -> None:
         for name in ("tier_uri", "tier_s3_endpoint_url"):

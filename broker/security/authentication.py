@@ -18,10 +18,23 @@ Errors name the method and what was wrong, never the credential (invariant 11).
 
 from __future__ import annotations
 
+import base64
+import binascii
+import os
+import pathlib
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import bcrypt
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
 from broker.errors import BrokerError
+from pulsarlite.errors import ConfigError
 from pulsarlite.wire import pb
 
 
@@ -53,4 +66,293 @@ class AuthenticationProvider(Protocol):
     def authenticate(self, auth: AuthenticationData) -> str: ...
 
 
-__all__ = ["AuthenticationData", "AuthenticationError", "AuthenticationProvider"]
+# -- key material (read once, at broker start) ------------------------------------------------------
+def read_key_bytes(value: str, *, setting: str) -> bytes:
+    """The bytes a key setting names, in Pulsar's forms: ``file:///path``, ``data:[type][;base64],...``,
+    a path to an existing file, or bare base64. ConfigError names the setting, never the value."""
+    if value.startswith("data:"):
+        header, sep, body = value[5:].partition(",")
+        if not sep:
+            raise ConfigError(f"{setting}: a data: URL needs a ',' before its data")
+        if header.endswith(";base64"):
+            try:
+                return base64.b64decode(body, validate=True)
+            except (binascii.Error, ValueError):
+                raise ConfigError(f"{setting}: the data: URL's base64 does not decode") from None
+        return urllib.parse.unquote_to_bytes(body)
+    if value.startswith("file:"):
+        path = urllib.parse.unquote(urllib.parse.urlparse(value).path)
+        try:
+            return pathlib.Path(path).read_bytes()
+        except OSError as e:
+            raise ConfigError(f"{setting}: cannot read {path}: {e.strerror}") from None
+    if value and os.path.isfile(value):
+        return pathlib.Path(value).read_bytes()
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ConfigError(f"{setting}: neither a file:// or data: URL, an existing file, nor base64") from None
+
+
+_RSA_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
+_EC_ALGORITHMS = ("ES256", "ES384", "ES512")
+_HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
+
+
+def load_public_key(raw: bytes, *, alg: str = "", setting: str = "token_public_key"):
+    """(key, algorithms) from a DER (Pulsar's ``tokens create-key-pair``) or PEM public key."""
+    try:
+        if raw.lstrip().startswith(b"-----BEGIN"):
+            key = serialization.load_pem_public_key(raw)
+        else:
+            key = serialization.load_der_public_key(raw)
+    except ValueError:
+        raise ConfigError(f"{setting}: not a DER or PEM public key") from None
+    if isinstance(key, rsa.RSAPublicKey):
+        algorithms = _RSA_ALGORITHMS
+    elif isinstance(key, ec.EllipticCurvePublicKey):
+        algorithms = _EC_ALGORITHMS
+    elif isinstance(key, ed25519.Ed25519PublicKey):
+        algorithms = ("EdDSA",)
+    else:
+        raise ConfigError(f"{setting}: unsupported key type {type(key).__name__}")
+    if alg:
+        if alg not in algorithms:
+            raise ConfigError(f"token_public_alg: {alg} does not fit a {type(key).__name__.lstrip('_')}")
+        algorithms = (alg,)
+    return key, algorithms
+
+
+# -- providers -------------------------------------------------------------------------------------
+class TokenAuthenticationProvider:
+    """Method ``"token"``: a JWT (Pulsar's token format). The signature must verify with the
+    configured key under one of its algorithms (``alg: none`` and an algorithm of the other key
+    kind are refused); ``exp`` and ``nbf`` are checked against ``clock_s()``; the role is the
+    ``role_claim`` claim (``sub`` by default); with ``audience`` set, the ``audience_claim``
+    claim must name it. The data may carry an HTTP ``Bearer `` prefix."""
+
+    method = "token"
+
+    def __init__(self, *, key, algorithms: tuple[str, ...], clock_s: Callable[[], float],
+                 role_claim: str = "sub", audience_claim: str = "aud", audience: str = "",
+                 token_bytes_max: int = 16 * 1024) -> None:
+        self._key = key
+        self.algorithms = tuple(algorithms)
+        self._clock_s = clock_s
+        self.role_claim = role_claim
+        self.audience_claim = audience_claim
+        self.audience = audience
+        self.token_bytes_max = token_bytes_max
+
+    def _claims(self, data: bytes) -> dict:
+        if len(data) > self.token_bytes_max:
+            raise AuthenticationError(f"token: longer than {self.token_bytes_max} bytes")
+        try:
+            token = bytes(data).decode("ascii").strip()
+        except UnicodeDecodeError:
+            raise AuthenticationError("token: not a JWT (not ASCII)") from None
+        if token[:7].lower() == "bearer ":
+            token = token[7:].strip()
+        if not token:
+            raise AuthenticationError("token: empty")
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError:
+            raise AuthenticationError("token: malformed (not a JWT)") from None
+        alg = header.get("alg")
+        if alg not in self.algorithms:
+            raise AuthenticationError(f"token: signed with {str(alg)[:16]!r}, the broker takes "
+                                      f"{'/'.join(self.algorithms)}")
+        try:
+            claims = jwt.decode(token, self._key, algorithms=list(self.algorithms),
+                                options={"verify_exp": False, "verify_nbf": False, "verify_iat": False,
+                                         "verify_aud": False, "verify_iss": False})
+        except jwt.InvalidSignatureError:
+            raise AuthenticationError("token: signature does not verify") from None
+        except jwt.PyJWTError as e:
+            raise AuthenticationError(f"token: malformed ({type(e).__name__})") from None
+        now_s = self._clock_s()
+        for name, expired_if in (("exp", lambda v: now_s >= v), ("nbf", lambda v: now_s < v)):
+            if name in claims:
+                value = claims[name]
+                if not isinstance(value, (int, float)) or isinstance(value, bool):
+                    raise AuthenticationError(f"token: claim {name} is not a number")
+                if expired_if(value):
+                    raise AuthenticationError("token: expired" if name == "exp" else "token: not valid yet (nbf)")
+        if self.audience:
+            aud = claims.get(self.audience_claim)
+            auds = aud if isinstance(aud, list) else [aud]
+            if self.audience not in auds:
+                raise AuthenticationError(f"token: audience ({self.audience_claim}) is not this broker's")
+        return claims
+
+    def authenticate(self, auth: AuthenticationData) -> str:
+        role = self._claims(auth.data).get(self.role_claim)
+        if not isinstance(role, str) or not role:
+            raise AuthenticationError(f"token: no role in claim {self.role_claim!r}")
+        return role
+
+    def expires_at_s(self, auth: AuthenticationData) -> float | None:
+        """When the token ``auth`` carries expires (its ``exp``), None if never; raises as
+        :meth:`authenticate` for a token that does not verify."""
+        exp = self._claims(auth.data).get("exp")
+        return float(exp) if exp is not None else None
+
+
+_BCRYPT_PREFIXES = (b"$2a$", b"$2b$", b"$2y$")
+
+
+class BasicAuthenticationProvider:
+    """Method ``"basic"``: data ``user:password``, checked against ``users`` (user -> hash, the
+    lines ``user:hash`` of Pulsar's ``basicAuthConf`` file). Hashes: bcrypt (``htpasswd -B``;
+    ``$2a$``/``$2b$``/``$2y$``). The role is the user name. A user not in the file costs the same
+    bcrypt check as a wrong password (no user enumeration by timing)."""
+
+    method = "basic"
+    _DUMMY_HASH = b"$2b$10$" + b"." * 53
+
+    def __init__(self, users: Mapping[str, bytes]) -> None:
+        self._users = dict(users)
+
+    @classmethod
+    def parse_conf(cls, text: bytes, *, setting: str = "basic_auth_conf") -> "BasicAuthenticationProvider":
+        """Lines ``user:hash``; blank lines and ``#`` comments skipped. ConfigError names the line,
+        never its hash."""
+        users: dict[str, bytes] = {}
+        for number, line in enumerate(text.splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith(b"#"):
+                continue
+            user, sep, hashed = line.partition(b":")
+            if not sep or not user or not hashed:
+                raise ConfigError(f"{setting}: line {number} is not user:hash")
+            if not hashed.startswith(_BCRYPT_PREFIXES):
+                raise ConfigError(f"{setting}: line {number}: only bcrypt hashes (htpasswd -B) are supported")
+            try:
+                users[user.decode("utf-8")] = hashed
+            except UnicodeDecodeError:
+                raise ConfigError(f"{setting}: line {number}: the user name is not UTF-8") from None
+        return cls(users)
+
+    def authenticate(self, auth: AuthenticationData) -> str:
+        if len(auth.data) > 1024:
+            raise AuthenticationError("basic: credentials longer than 1024 bytes")
+        user_b, sep, password = bytes(auth.data).partition(b":")
+        if not sep or not user_b:
+            raise AuthenticationError("basic: expected user:password")
+        try:
+            user = user_b.decode("utf-8")
+        except UnicodeDecodeError:
+            raise AuthenticationError("basic: the user name is not UTF-8") from None
+        hashed = self._users.get(user)
+        try:
+            ok = bcrypt.checkpw(password, hashed if hashed is not None else self._DUMMY_HASH)
+        except ValueError:
+            ok = False
+        if hashed is None or not ok:
+            raise AuthenticationError("basic: unknown user or wrong password")
+        return user
+
+
+class TlsAuthenticationProvider:
+    """Method ``"tls"``: the role is the common name (CN) of the client certificate the TLS
+    listener verified (``peer_certificate``); no certificate, no role."""
+
+    method = "tls"
+
+    def authenticate(self, auth: AuthenticationData) -> str:
+        cert = auth.peer_certificate
+        if not cert:
+            raise AuthenticationError("tls: no verified client certificate on this connection")
+        for rdn in cert.get("subject", ()):
+            for name, value in rdn:
+                if name == "commonName" and value:
+                    return value
+        raise AuthenticationError("tls: the client certificate has no common name (CN)")
+
+
+# Pulsar's class names for the providers (authenticationProviders in broker.conf)
+PROVIDER_NAMES = {
+    "token": "token", "org.apache.pulsar.broker.authentication.AuthenticationProviderToken": "token",
+    "basic": "basic", "org.apache.pulsar.broker.authentication.AuthenticationProviderBasic": "basic",
+    "tls": "tls", "org.apache.pulsar.broker.authentication.AuthenticationProviderTls": "tls",
+}
+ANONYMOUS_METHODS = frozenset({"", "none"})
+
+
+# -- the service -----------------------------------------------------------------------------------
+class AuthenticationService:
+    """The configured providers by method, and the anonymous role. ``enabled`` False: the shells
+    serve everyone as before and never call it."""
+
+    def __init__(self, providers: Mapping[str, AuthenticationProvider], *, enabled: bool = True,
+                 anonymous_role: str = "") -> None:
+        self.providers = dict(providers)
+        self.enabled = enabled
+        self.anonymous_role = anonymous_role
+
+    @classmethod
+    def from_config(cls, config, *, clock_s: Callable[[], float] = time.time) -> "AuthenticationService":
+        """Providers built from a BrokerConfig; key and password files are read here (broker start).
+        ConfigError names the setting that is wrong."""
+        if not config.authentication_enabled:
+            return cls({}, enabled=False)
+        providers: dict[str, AuthenticationProvider] = {}
+        for name in config.authentication_provider_names:
+            method = PROVIDER_NAMES.get(name)
+            if method is None:
+                raise ConfigError(f"authentication_providers: unknown provider {name!r} "
+                                  f"(token, basic, tls or Pulsar's class names for them)")
+            if method == "token":
+                providers[method] = _token_provider(config, clock_s)
+            elif method == "basic":
+                if not config.basic_auth_conf:
+                    raise ConfigError("basic_auth_conf must be set for the basic provider")
+                raw = read_key_bytes(config.basic_auth_conf, setting="basic_auth_conf")
+                providers[method] = BasicAuthenticationProvider.parse_conf(raw)
+            else:
+                providers[method] = TlsAuthenticationProvider()
+        return cls(providers, enabled=True, anonymous_role=config.anonymous_user_role)
+
+    def authenticate(self, auth: AuthenticationData) -> str:
+        """The role ``auth`` proves; a client that presents nothing gets the anonymous role."""
+        if auth.method in ANONYMOUS_METHODS and not auth.data:
+            return self.authenticate_anonymous()
+        provider = self.providers.get(auth.method)
+        if provider is None:
+            raise AuthenticationError(f"authentication method {auth.method[:32]!r} is not enabled on this broker "
+                                      f"(enabled: {', '.join(sorted(self.providers)) or 'none'})")
+        return provider.authenticate(auth)
+
+    def authenticate_anonymous(self) -> str:
+        if self.anonymous_role:
+            return self.anonymous_role
+        raise AuthenticationError("authentication required: no credentials presented")
+
+    def expires_at_s(self, auth: AuthenticationData) -> float | None:
+        """When the credentials ``auth`` expire (tokens with ``exp``), None if they do not."""
+        provider = self.providers.get(auth.method)
+        expires = getattr(provider, "expires_at_s", None)
+        return expires(auth) if expires is not None else None
+
+
+def _token_provider(config, clock_s) -> TokenAuthenticationProvider:
+    if bool(config.token_secret_key) == bool(config.token_public_key):
+        raise ConfigError("the token provider needs exactly one of token_secret_key and token_public_key")
+    if config.token_secret_key:
+        key = read_key_bytes(config.token_secret_key, setting="token_secret_key")
+        if not key:
+            raise ConfigError("token_secret_key: the key is empty")
+        algorithms = _HMAC_ALGORITHMS
+    else:
+        key, algorithms = load_public_key(read_key_bytes(config.token_public_key, setting="token_public_key"),
+                                          alg=config.token_public_alg)
+    return TokenAuthenticationProvider(key=key, algorithms=algorithms, clock_s=clock_s,
+                                       role_claim=config.token_auth_claim,
+                                       audience_claim=config.token_audience_claim,
+                                       audience=config.token_audience, token_bytes_max=config.token_bytes_max)
+
+
+__all__ = ["AuthenticationData", "AuthenticationError", "AuthenticationProvider", "AuthenticationService",
+           "BasicAuthenticationProvider", "TlsAuthenticationProvider", "TokenAuthenticationProvider",
+           "load_public_key", "read_key_bytes"]
