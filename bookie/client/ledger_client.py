@@ -131,7 +131,11 @@ class LedgerClient:
         if recovery and md.state is not LedgerState.CLOSED:
             md = await self.recover(ledger_id)
         lac = md.last_entry_id if md.is_closed else await read_lac(md, self.pool, fence=False)
-        return LedgerReader(md, self.pool, self.config, last_add_confirmed=lac)
+
+        async def reload_metadata() -> LedgerMetadata:
+            return (await self.ledger_manager.read(ledger_id))[0]
+
+        return LedgerReader(md, self.pool, self.config, last_add_confirmed=lac, reload_metadata=reload_metadata)
 
     async def recover(self, ledger_id: int, *, fence_recovery_reads: bool = True) -> LedgerMetadata:
         """Fence and close ``ledger_id`` (idempotent; concurrent recoveries converge via CAS).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 from bookie._proto import bookie_rpc_pb2 as pb
 from bookie.client.bookie_client import BookieClientPool
@@ -39,11 +39,15 @@ def verify_entry(e: pb.Entry, ledger_id: int, entry_id: int) -> bool:
 
 class LedgerReader:
     def __init__(self, metadata: LedgerMetadata, pool: BookieClientPool, config: LedgerClientConfig,
-                 *, last_add_confirmed: int) -> None:
+                 *, last_add_confirmed: int,
+                 reload_metadata: Callable[[], Awaitable[LedgerMetadata]] | None = None) -> None:
         self.metadata = metadata
         self._pool = pool
         self._config = config
         self.last_add_confirmed = last_add_confirmed
+        # a closed ledger's fragments may move to other bookies after this reader was opened
+        # (autorecovery): when no replica of an entry answers, the metadata is read again once
+        self._reload_metadata = reload_metadata
 
     @property
     def ledger_id(self) -> int:
@@ -89,6 +93,32 @@ class LedgerReader:
                 pending.cancel()
 
     async def _read_range(self, first: int, last: int) -> list[LedgerEntry]:
+        try:
+            return await self._read_range_once(first, last)
+        except (BookieUnavailableError, NoSuchEntryError, ChecksumError):
+            if not await self._adopt_moved_fragments():
+                raise
+            return await self._read_range_once(first, last)
+
+    async def _adopt_moved_fragments(self) -> bool:
+        """Re-read a CLOSED ledger's metadata; True if its fragments now name other bookies
+        (re-replicated since this reader was opened), which this reader then uses."""
+        if self._reload_metadata is None or self.metadata.state is not LedgerState.CLOSED:
+            return False
+        try:
+            current = await self._reload_metadata()
+        except PulsarliteError:
+            return False
+        if (current.ledger_id != self.ledger_id or current.state is not LedgerState.CLOSED
+                or current.last_entry_id != self.metadata.last_entry_id
+                or current.ensembles == self.metadata.ensembles):
+            return False
+        log.info("ledger fragments moved since the reader opened ledger=%d ensembles=%s",
+                 self.ledger_id, current.ensembles)
+        self.metadata = current
+        return True
+
+    async def _read_range_once(self, first: int, last: int) -> list[LedgerEntry]:
         out: list[LedgerEntry] = []
         entry_id = first
         while entry_id <= last:

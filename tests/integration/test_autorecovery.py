@@ -368,3 +368,24 @@ async def wait_until_nothing_names_in(client, cluster, bookie: str, lid: int) ->
                 return
         assert time.monotonic() < deadline, f"ledger {lid} still names {bookie}: {md.ensembles}"
         await asyncio.sleep(0.5)
+
+
+async def test_a_reader_opened_before_a_repair_reads_from_the_replacement(cluster_factory):
+    """A reader kept from before a repair (the broker caches readers of closed ledgers) finds
+    entries whose old replicas are all gone on the replacement the metadata now names."""
+    cluster = await asyncio.to_thread(cluster_factory, 4, bookie_overrides=FAST)
+    client = await connect(cluster)
+    try:
+        written: dict[int, int] = {}
+        lid = await write_ledger(client, 3, 2, 2, 30, 0, written)
+        old_reader = await client.open_ledger(lid, recovery=False)
+        first, second, _ = old_reader.metadata.current_ensemble
+        await asyncio.to_thread(cluster.kill, name_of(cluster, first))
+        await wait_until_nothing_names(client, cluster, first)
+        # the second loss: entries whose write set was (first, second) live only on the replacement
+        await asyncio.to_thread(cluster.kill, name_of(cluster, second))
+        got = await old_reader.read(0, 29)
+        assert [e.payload for e in got] == [payload_for(lid, i) for i in range(30)]
+        assert first not in old_reader.metadata.all_bookies()
+    finally:
+        await client.close()
