@@ -45,9 +45,11 @@ class ManagedOwnership:
     async def close(self) -> None:
         await self.manager.close()
 
-    async def lookup(self, topic, *, authoritative: bool = False) -> tuple[str, bool, bool]:
+    async def lookup(self, topic, *, authoritative: bool = False) -> tuple[str, bool, bool, str]:
+        """(owner's pulsar:// URL, ours, authoritative, owner's pulsar+ssl:// URL or "")."""
         result = await self.manager.lookup(topic, authoritative=authoritative)
-        return result.pulsar_url, result.owned_by_self, result.authoritative or result.owned_by_self
+        return (result.pulsar_url, result.owned_by_self, result.authoritative or result.owned_by_self,
+                result.pulsar_url_tls)
 
     def owns(self, topic) -> bool:
         return self.manager.owns(topic)
@@ -69,7 +71,7 @@ class ManagedOwnership:
     async def ensure_owned(self, topic) -> bool:
         if self.manager.owns(topic):
             return True
-        url, ours, _ = await self.lookup(topic, authoritative=True)
+        _, ours, _, _ = await self.lookup(topic, authoritative=True)
         return ours
 
     def add_lost_listener(self, callback: Callable[[Callable[[Any], bool]], None]) -> None:
@@ -84,12 +86,14 @@ class ManagedOwnership:
 
 
 def make_ownership(store, broker_id: str, service_url: str, web_service_url: str, *,
-                   lease_ms: int | None = None):
-    """``lease_ms``: see OwnershipManager; the broker passes half its ZooKeeper session timeout."""
+                   lease_ms: int | None = None, service_url_tls: str = "", web_service_url_tls: str = ""):
+    """``lease_ms``: see OwnershipManager; the broker passes half its ZooKeeper session timeout.
+    The TLS URLs ("" without such a listener) are published beside the plain ones."""
     from broker.ownership import OwnershipManager
 
     return ManagedOwnership(OwnershipManager(store, broker_id, pulsar_url=service_url,
-                                             http_url=web_service_url, lease_ms=lease_ms))
+                                             http_url=web_service_url, lease_ms=lease_ms,
+                                             pulsar_url_tls=service_url_tls, http_url_tls=web_service_url_tls))
 
 
 # -- cursors ------------------------------------------------------------------------------------

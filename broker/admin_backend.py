@@ -673,7 +673,8 @@ class BrokerAdminBackend:
         name = self._name(topic)
         await self._check_namespace(name)
         result = await self.service.ownership.manager.lookup(name, authoritative=authoritative)
-        return lookup_data(result.pulsar_url, result.http_url)   # no TLS listeners: no TLS URLs
+        return lookup_data(result.pulsar_url, result.http_url, broker_url_tls=result.pulsar_url_tls or None,
+                           http_url_tls=result.http_url_tls or None)
 
     async def admin_redirect_url(self, topic: str) -> str | None:
         """The admin base URL (``http://host:port``) of the broker that owns ``topic`` when it is

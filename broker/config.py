@@ -22,6 +22,17 @@ class BrokerConfig:
     port: int = 6650
     http_port: int = 8080                    # admin HTTP + metrics (served by the admin module)
     advertised_host: str = ""                # host in the URLs handed to clients; default: host
+    # -- TLS (Pulsar's brokerServicePortTls, webServicePortTls, tls*; broker/tls.py) --------------
+    # A TLS port of 0 means no such listener. The plain ports stay open beside the TLS ones, as
+    # in Pulsar; files are PEM. With tls_require_trusted_client_cert_on_connect a client must
+    # present a certificate signed by tls_trust_certs_file_path (mTLS) on both TLS listeners.
+    broker_service_port_tls: int = 0         # pulsar+ssl:// listener
+    web_service_port_tls: int = 0            # https:// admin listener
+    tls_certificate_file_path: str = ""      # the broker's certificate (chain), PEM
+    tls_key_file_path: str = ""              # its private key, PEM (never logged)
+    tls_trust_certs_file_path: str = ""      # CAs that sign client certificates, PEM
+    tls_require_trusted_client_cert_on_connect: bool = False
+    tls_allow_insecure_connection: bool = False  # accept a client certificate that does not verify
     zookeeper: str = "127.0.0.1:2181"
     zk_session_timeout_ms: int = 10_000
     # storage of every topic (managed ledger defaults)
@@ -160,7 +171,37 @@ class BrokerConfig:
         self._validate_security()
         self.managed_ledger_config().validate()
         self._validate_tier()
+        self._validate_tls()
         return self
+
+    def _validate_tls(self) -> None:
+        for name in ("broker_service_port_tls", "web_service_port_tls"):
+            value = getattr(self, name)
+            if type(value) is not int or not 0 <= value <= 65535:
+                raise ConfigError(f"BrokerConfig.{name} must be an int in [0, 65535] (0: no listener), got {value!r}")
+        for name in ("tls_certificate_file_path", "tls_key_file_path", "tls_trust_certs_file_path"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"BrokerConfig.{name} must be a string")
+        for name in ("tls_require_trusted_client_cert_on_connect", "tls_allow_insecure_connection"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"BrokerConfig.{name} must be a bool")
+        ports = [p for p in (self.port, self.http_port, self.broker_service_port_tls, self.web_service_port_tls) if p]
+        if len(set(ports)) != len(ports):
+            raise ConfigError(f"BrokerConfig: port, http_port, broker_service_port_tls and web_service_port_tls "
+                              f"must differ, got {ports}")
+        if not self.tls_enabled:
+            return
+        for name in ("tls_certificate_file_path", "tls_key_file_path"):
+            if not getattr(self, name):
+                raise ConfigError(f"BrokerConfig.{name} must be set when a TLS port is set")
+        if self.tls_require_trusted_client_cert_on_connect and not self.tls_trust_certs_file_path:
+            raise ConfigError("BrokerConfig.tls_trust_certs_file_path must be set when "
+                              "tls_require_trusted_client_cert_on_connect is true")
+
+    @property
+    def tls_enabled(self) -> bool:
+        """Some TLS listener is configured."""
+        return bool(self.broker_service_port_tls or self.web_service_port_tls)
 
     def _validate_security(self) -> None:
         """[security] the authentication/authorization block; provider names and key forms are
@@ -251,6 +292,18 @@ class BrokerConfig:
     @property
     def web_service_url(self) -> str:
         return f"http://{self.effective_advertised_host}:{self.http_port}"
+
+    @property
+    def service_url_tls(self) -> str:
+        """``pulsar+ssl://host:port``, or "" without a TLS listener."""
+        port = self.broker_service_port_tls
+        return f"pulsar+ssl://{self.effective_advertised_host}:{port}" if port else ""
+
+    @property
+    def web_service_url_tls(self) -> str:
+        """``https://host:port``, or "" without an HTTPS listener."""
+        port = self.web_service_port_tls
+        return f"https://{self.effective_advertised_host}:{port}" if port else ""
 
     def managed_ledger_config(self) -> ManagedLedgerConfig:
         return ManagedLedgerConfig(

@@ -27,6 +27,7 @@ from broker.dispatch import ConsumerBusyError, KeySharedMode, SubType
 from broker.errors import CumulativeAckNotAllowedError, NotAllowedError, server_error_of
 from broker.managed_ledger import Position
 from broker.schemas import decode_version, encode_version
+from broker.tls import peer_certificate_of
 from broker.topic import AccessMode
 from pulsarlite.wire import commands as c
 from pulsarlite.wire import pb
@@ -345,6 +346,9 @@ class ServerConnection(asyncio.Protocol):
         self._acks_refused = CountedCause()
         self.transport: asyncio.Transport | None = None
         self.peer = None
+        # the client's verified TLS certificate (ssl getpeercert() form), None without TLS or
+        # without a verified client certificate (broker/tls.py); read by authentication
+        self.peer_certificate: dict | None = None
         self._clock = clock
         self._last_received = clock()
         self._producers: dict[int, _ProducerRef] = {}
@@ -373,6 +377,7 @@ class ServerConnection(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.peer = transport.get_extra_info("peername")
+        self.peer_certificate = peer_certificate_of(transport)
         cfg = self.service.config
         if self._admission is not None:
             address = self.peer[0] if isinstance(self.peer, tuple) else str(self.peer)
@@ -694,11 +699,12 @@ class ServerConnection(asyncio.Protocol):
     # discovery -----------------------------------------------------------------------------------
     async def _on_lookup(self, body: pb.CommandLookupTopic) -> None:
         try:
-            url, ours, authoritative = await self.service.lookup(body.topic, authoritative=body.authoritative)
+            url, ours, authoritative, url_tls = await self.service.lookup(body.topic,
+                                                                          authoritative=body.authoritative)
         except Exception as e:
             self.write(c.lookup_failed(body.request_id, server_error_of(e), str(e)))
             return
-        self.write(c.lookup_response(body.request_id, url, redirect=not ours,
+        self.write(c.lookup_response(body.request_id, url, broker_service_url_tls=url_tls or None, redirect=not ours,
                                      authoritative=authoritative or ours, proxy_through_service_url=False))
 
     async def _on_partitioned_metadata(self, body) -> None:

@@ -45,9 +45,12 @@ async def run_broker(config: BrokerConfig, *, stop_event: asyncio.Event | None =
     from broker.admin_backend import BrokerAdminBackend
     from broker.server import BrokerServer
     from broker.service import BrokerService
+    from broker.tls import server_ssl_context
     from pulsarlite.metadata import MetadataStore
 
     config.validate()
+    # the TLS files are read before anything starts: a bad one refuses to start, naming the setting
+    ssl_context = server_ssl_context(config) if config.tls_enabled else None
     stop_event = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -60,18 +63,25 @@ async def run_broker(config: BrokerConfig, *, stop_event: asyncio.Event | None =
     try:
         ledger_client = await LedgerClient.connect(config.ledger_client_config(), store=store)
         ownership = make_ownership(store, config.effective_broker_id, config.service_url, config.web_service_url,
-                                   lease_ms=config.zk_session_timeout_ms // 2)
+                                   lease_ms=config.zk_session_timeout_ms // 2,
+                                   service_url_tls=config.service_url_tls,
+                                   web_service_url_tls=config.web_service_url_tls)
         await ownership.start()
         service = BrokerService(config, store=store, ledger_client=ledger_client, ownership=ownership)
         await service.policies.ensure_defaults(cluster=config.cluster_name, service_url=config.web_service_url,
                                                broker_service_url=config.service_url)
         server = BrokerServer(service)
-        await server.start(config.host, config.port)
+        await server.start(config.host, config.port, port_tls=config.broker_service_port_tls,
+                           ssl_context=ssl_context)
         runner = make_admin_runner(make_admin_app(BrokerAdminBackend(service)))
         await runner.setup()
-        site = web.TCPSite(runner, config.host, config.http_port, reuse_address=True)
+        sites = [web.TCPSite(runner, config.host, config.http_port, reuse_address=True)]
+        if config.web_service_port_tls:
+            sites.append(web.TCPSite(runner, config.host, config.web_service_port_tls, reuse_address=True,
+                                     ssl_context=ssl_context))
         try:
-            await site.start()
+            for site in sites:
+                await site.start()
         except BaseException:
             await runner.cleanup()
             await server.stop_accepting()
@@ -80,6 +90,8 @@ async def run_broker(config: BrokerConfig, *, stop_event: asyncio.Event | None =
         from pulsarlite.loop_monitor import start_from_env
         start_from_env()      # diagnostics, off unless PULSARLITE_LOOP_MONITOR_MS is set
         log.info("admin http listening on %s:%d", config.host, config.http_port)
+        if config.web_service_port_tls:
+            log.info("admin https listening host=%s port=%d", config.host, config.web_service_port_tls)
         log.info("broker ready broker=%s service_url=%s", config.effective_broker_id, config.service_url)
         if started is not None and not started.done():
             started.set_result(server)

@@ -109,8 +109,9 @@ class BrokerService:
         return f"pulsarlite-{host}-{self._producer_name_token}-{next(self._producer_names)}"
 
     # -- discovery -------------------------------------------------------------------------------
-    async def lookup(self, topic_name: str, *, authoritative: bool = False) -> tuple[str, bool, bool]:
-        """(service URL of the owner, whether it is this broker, authoritative)."""
+    async def lookup(self, topic_name: str, *, authoritative: bool = False) -> tuple[str, bool, bool, str]:
+        """(service URL of the owner, whether it is this broker, authoritative, the owner's TLS
+        service URL or "" when it has no TLS listener)."""
         topic = parse_topic(topic_name)
         if not _is_persistent(topic):
             raise NotAllowedError("non-persistent topics are not supported")

@@ -54,6 +54,8 @@ class LookupResult:
     owned_by_self: bool
     authoritative: bool
     broker_id: str
+    pulsar_url_tls: str = ""      # pulsar+ssl://host:port of that broker; "" without a TLS listener
+    http_url_tls: str = ""        # https://host:port; "" without one
 
     @property
     def redirect(self) -> bool:
@@ -66,12 +68,15 @@ class BrokerInfo:
     pulsar_url: str
     http_url: str
     load: BrokerLoad
+    pulsar_url_tls: str = ""
+    http_url_tls: str = ""
 
 
 class OwnershipManager:
     """Bundle ownership and LOOKUP for one broker. Use from the loop that owns ``store``."""
 
     def __init__(self, store: MetadataStore, broker_id: str, *, pulsar_url: str, http_url: str,
+                 pulsar_url_tls: str = "", http_url_tls: str = "",
                  bundles_per_namespace: int = 4, rng: random.Random | None = None,
                  registration_stale_wait_s: float = 30.0, lookup_attempts_max: int = 5,
                  lease_ms: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -83,6 +88,8 @@ class OwnershipManager:
         self.broker_id = check_broker_id(broker_id)
         self.pulsar_url = pulsar_url
         self.http_url = http_url
+        self.pulsar_url_tls = pulsar_url_tls
+        self.http_url_tls = http_url_tls
         self.bundles_per_namespace = check_bundles_per_namespace(bundles_per_namespace)
         if registration_stale_wait_s < 0 or lookup_attempts_max < 1:
             raise ValueError("registration_stale_wait_s must be >= 0 and lookup_attempts_max >= 1")
@@ -244,7 +251,8 @@ class OwnershipManager:
                 if promised is not None and promised in brokers and promised != self.broker_id:
                     info = brokers[promised]
                     return LookupResult(info.pulsar_url, info.http_url, owned_by_self=False,
-                                        authoritative=True, broker_id=info.broker_id)
+                                        authoritative=True, broker_id=info.broker_id,
+                                        pulsar_url_tls=info.pulsar_url_tls, http_url_tls=info.http_url_tls)
             decision = decide_lookup(
                 owner=owner[0].broker_id if owner is not None else None,
                 owned_by_self=self._table.owns(bundle),
@@ -259,7 +267,8 @@ class OwnershipManager:
                 if owner is None:
                     self._promise(bundle, decision.broker_id, info.load.bundles)
                 return LookupResult(info.pulsar_url, info.http_url, owned_by_self=False,
-                                    authoritative=decision.authoritative, broker_id=info.broker_id)
+                                    authoritative=decision.authoritative, broker_id=info.broker_id,
+                                    pulsar_url_tls=info.pulsar_url_tls, http_url_tls=info.http_url_tls)
             if isinstance(decision, AcquireSelf):
                 if await self._acquire_bundle(bundle):
                     return self._self_result()
@@ -309,12 +318,14 @@ class OwnershipManager:
                 doc = json.loads(read[0])
                 load = doc.get("load", {})
                 info = BrokerInfo(name, str(doc["pulsar_url"]), str(doc["http_url"]),
-                                  BrokerLoad(int(load.get("bundles", 0)), int(load.get("topics", 0))))
+                                  BrokerLoad(int(load.get("bundles", 0)), int(load.get("topics", 0))),
+                                  str(doc.get("pulsar_url_tls", "")), str(doc.get("http_url_tls", "")))
             except (ValueError, KeyError, TypeError, AttributeError) as e:
                 log.warning("ignoring malformed broker registration %s: %s", name, e)
                 continue
             if name == self.broker_id:
-                info = BrokerInfo(name, self.pulsar_url, self.http_url, self._load())
+                info = BrokerInfo(name, self.pulsar_url, self.http_url, self._load(),
+                                  self.pulsar_url_tls, self.http_url_tls)
             brokers[name] = info
         return brokers
 
@@ -351,7 +362,8 @@ class OwnershipManager:
 
     def _self_result(self) -> LookupResult:
         return LookupResult(self.pulsar_url, self.http_url, owned_by_self=True, authoritative=False,
-                            broker_id=self.broker_id)
+                            broker_id=self.broker_id, pulsar_url_tls=self.pulsar_url_tls,
+                            http_url_tls=self.http_url_tls)
 
     PROMISE_S = 30.0
     PROMISES_MAX = 10_000
@@ -398,14 +410,21 @@ class OwnershipManager:
     def _load(self) -> BrokerLoad:
         return BrokerLoad(bundles=len(self._table.held()), topics=self._topics)
 
+    def _urls(self) -> dict:
+        """The URLs in owner and registration znodes; the TLS ones only when there are listeners."""
+        urls = {"broker_id": self.broker_id, "pulsar_url": self.pulsar_url, "http_url": self.http_url}
+        if self.pulsar_url_tls:
+            urls["pulsar_url_tls"] = self.pulsar_url_tls
+        if self.http_url_tls:
+            urls["http_url_tls"] = self.http_url_tls
+        return urls
+
     def _owner_doc(self) -> bytes:
-        return json.dumps({"broker_id": self.broker_id, "pulsar_url": self.pulsar_url,
-                           "http_url": self.http_url}).encode()
+        return json.dumps(self._urls()).encode()
 
     def _registration_doc(self) -> bytes:
         load = self._load()
-        return json.dumps({"broker_id": self.broker_id, "pulsar_url": self.pulsar_url,
-                           "http_url": self.http_url,
+        return json.dumps({**self._urls(),
                            "load": {"bundles": load.bundles, "topics": load.topics}}).encode()
 
     async def _read_owner(self, path: str) -> tuple[BrokerInfo, int] | None:
@@ -418,7 +437,8 @@ class OwnershipManager:
             return None
         try:
             doc = json.loads(read[0])
-            info = BrokerInfo(str(doc["broker_id"]), str(doc["pulsar_url"]), str(doc["http_url"]), BrokerLoad())
+            info = BrokerInfo(str(doc["broker_id"]), str(doc["pulsar_url"]), str(doc["http_url"]), BrokerLoad(),
+                              str(doc.get("pulsar_url_tls", "")), str(doc.get("http_url_tls", "")))
         except (ValueError, KeyError, TypeError) as e:
             raise OwnershipError(f"malformed owner znode {path}: {e}") from None
         return info, stat.ephemeral_owner

@@ -145,7 +145,7 @@ class FakeService:
         self.publish_buffer = PublishBuffer(self.config.publish_buffer_bytes_max)
 
     async def lookup(self, topic, *, authoritative=False):
-        return "pulsar://127.0.0.1:6650", True, True
+        return "pulsar://127.0.0.1:6650", True, True, ""
 
     async def partitions_or_create(self, topic):
         return 0
