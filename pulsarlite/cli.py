@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "consume": "pulsarlite.cli_client",
     "perf": "pulsarlite.cli_perf",
     "autorecovery": "bookie.autorecovery.service",
+    "tokens": "pulsarlite.cli_tokens",
 }
 
 
