@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 
 from broker.config import BrokerConfig
 from pulsarlite.process import start_server_process
@@ -22,16 +23,37 @@ log = logging.getLogger("pulsarlite.broker")
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("broker", help="run a broker (Pulsar binary protocol server)")
-    p.add_argument("--config", required=True, help="broker TOML config file")
+    p.add_argument("--config", help="broker TOML config file (required unless --pulsar-conf is given)")
+    p.add_argument("--pulsar-conf", metavar="FILE",
+                   help="Pulsar's broker.conf: its ports, TLS, authentication and authorization keys override "
+                        "the TOML config (pulsarlite/pulsar_conf.py lists the keys read)")
     p.set_defaults(func=run_from_args)
 
 
 def run_from_args(args) -> int:
-    config = start_server_process("broker", BrokerConfig, args.config)
+    if not args.config and not args.pulsar_conf:
+        print("pulsarlite broker: give --config FILE and/or --pulsar-conf FILE", file=sys.stderr)
+        return 2
+    overlay = None
+    if args.pulsar_conf:
+        def overlay(config: BrokerConfig) -> BrokerConfig:
+            return apply_pulsar_conf(config, args.pulsar_conf)
+    config = start_server_process("broker", BrokerConfig, args.config, overlay=overlay)
     if config is None:
         return 2
     asyncio.run(run_broker(config))
     return 0
+
+
+def apply_pulsar_conf(config: BrokerConfig, path: str) -> BrokerConfig:
+    """``config`` with the settings of Pulsar's conf file at ``path`` (validated); the keys it does
+    not read are listed once in a warning; ConfigError names the Pulsar key of a bad value."""
+    from pulsarlite.pulsar_conf import read_pulsar_conf
+    conf = read_pulsar_conf(path)
+    warning = conf.warning(f"--pulsar-conf {path}")
+    if warning:
+        log.warning(warning)
+    return conf.apply(config, f"--pulsar-conf {path}")
 
 
 async def run_broker(config: BrokerConfig, *, stop_event: asyncio.Event | None = None,

@@ -51,16 +51,20 @@ def set_gil_switch_interval(environ=os.environ) -> float:
     return interval_s
 
 
-def start_server_process(name: str, config_cls: type[T], config_path: str) -> T | None:
+def start_server_process(name: str, config_cls: type[T], config_path: str | None,
+                         overlay: typing.Callable[[T], T] | None = None) -> T | None:
     """What every server process does first: GC tuning, logging to stderr, the TOML config
-    loaded and validated (None after printing the reason: the caller exits with 2), uvloop."""
+    loaded (the defaults without a path), ``overlay`` applied (e.g. ``--pulsar-conf``), validated
+    (None after printing the reason: the caller exits with 2), uvloop."""
     tune_gc_for_server()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("kazoo").setLevel(logging.WARNING)
     try:
         set_gil_switch_interval()
-        config = load_toml(config_cls, config_path)
+        config = load_toml(config_cls, config_path) if config_path else config_cls()
+        if overlay is not None:
+            config = overlay(config)
     except PulsarliteError as e:
         print(f"pulsarlite {name}: {e}", file=sys.stderr)
         return None

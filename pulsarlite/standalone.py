@@ -101,6 +101,9 @@ class StandaloneSettings:
     stop_grace_s: float = 10.0
     poll_interval_s: float = 0.5
     policy: RestartPolicy = RestartPolicy()
+    # BrokerConfig fields from ``--pulsar-conf`` (TLS, authentication, authorization; not ports,
+    # which are ``port`` / ``http_port``, nor ZooKeeper, which the standalone runs)
+    broker_settings: dict = field(default_factory=dict)
 
     def validate(self) -> "StandaloneSettings":
         ports = [self.port, self.http_port, self.zookeeper_port] + [self.bookie_port + i for i in range(BOOKIES)]
@@ -214,7 +217,9 @@ class Standalone:
         s = self.settings
         cluster = self.cluster
         assert cluster is not None
-        broker = {"port": s.port, "http_port": s.http_port}
+        broker = {"port": s.port, "http_port": s.http_port, **s.broker_settings}
+        if s.broker_settings:
+            cluster.update_broker_configs(s.broker_settings)    # a directory created without them
         tier = s.effective_tier_uri
         if tier:
             if broker_supports_tier():
@@ -241,6 +246,10 @@ class Standalone:
             "pulsarlite standalone is ready",
             f"  service URL  {cluster.service_url}",
             f"  admin URL    {cluster.admin_url}",
+            *([f"  TLS service  pulsar+ssl://127.0.0.1:{self.settings.broker_settings['broker_service_port_tls']}"]
+              if self.settings.broker_settings.get("broker_service_port_tls") else []),
+            *([f"  TLS admin    https://127.0.0.1:{self.settings.broker_settings['web_service_port_tls']}"]
+              if self.settings.broker_settings.get("web_service_port_tls") else []),
             f"  ZooKeeper    {cluster.zookeeper}",
             f"  bookies      {', '.join(cluster.bookie_ids)}",
             f"  tier         {self.tier_uri or '(none)'}",

@@ -1,0 +1,176 @@
+"""Pulsar's ``broker.conf`` / ``standalone.conf`` (Java properties) read into BrokerConfig fields,
+for ``pulsarlite broker --pulsar-conf FILE`` and ``pulsarlite standalone --pulsar-conf FILE``: a
+Pulsar operator's settings carry over.
+
+Pure: :func:`parse_properties` (text -> ordered key/values) and :func:`map_pulsar_conf`
+(key/values -> BrokerConfig overrides + the keys we do not read). An empty value means "not set"
+(Pulsar's files list most keys with empty values): the key is skipped. A value that does not parse
+raises ConfigError naming the key (never echoing the value of a secret-bearing key). Values of
+``authenticationProviders``, ``superUserRoles``, ``tokenSecretKey`` / ``tokenPublicKey``
+(``file://``, ``data:`` forms) and ``basicAuthConf`` pass through as strings: the broker resolves
+them when it starts (broker/security/authentication.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from pulsarlite.errors import ConfigError
+
+PORT = "port"
+BOOL = "bool"
+STRING = "string"
+SECRET = "secret"          # a string never echoed in an error
+ZK_URL = "zk-url"
+
+# Pulsar key -> (BrokerConfig field, kind)
+PULSAR_KEYS: dict[str, tuple[str, str]] = {
+    "brokerServicePort": ("port", PORT),
+    "brokerServicePortTls": ("broker_service_port_tls", PORT),
+    "webServicePort": ("http_port", PORT),
+    "webServicePortTls": ("web_service_port_tls", PORT),
+    "tlsCertificateFilePath": ("tls_certificate_file_path", STRING),
+    "tlsKeyFilePath": ("tls_key_file_path", STRING),
+    "tlsTrustCertsFilePath": ("tls_trust_certs_file_path", STRING),
+    "tlsRequireTrustedClientCertOnConnect": ("tls_require_trusted_client_cert_on_connect", BOOL),
+    "tlsAllowInsecureConnection": ("tls_allow_insecure_connection", BOOL),
+    "authenticationEnabled": ("authentication_enabled", BOOL),
+    "authenticationProviders": ("authentication_providers", STRING),
+    "authorizationEnabled": ("authorization_enabled", BOOL),
+    "superUserRoles": ("superuser_roles", STRING),
+    "anonymousUserRole": ("anonymous_user_role", STRING),
+    "tokenSecretKey": ("token_secret_key", SECRET),
+    "tokenPublicKey": ("token_public_key", SECRET),
+    "tokenPublicAlg": ("token_public_alg", STRING),
+    "tokenAuthClaim": ("token_auth_claim", STRING),
+    "tokenAudienceClaim": ("token_audience_claim", STRING),
+    "tokenAudience": ("token_audience", STRING),
+    "basicAuthConf": ("basic_auth_conf", SECRET),
+    "authenticateMetricsEndpoint": ("authenticate_metrics_endpoint", BOOL),
+    "advertisedAddress": ("advertised_host", STRING),
+    "clusterName": ("cluster_name", STRING),
+    "metadataStoreUrl": ("zookeeper", ZK_URL),
+    "zookeeperServers": ("zookeeper", ZK_URL),
+}
+
+# keys a standalone decides itself (it runs its own ZooKeeper): read, not applied
+STANDALONE_OWNED_FIELDS = frozenset({"zookeeper"})
+
+
+@dataclass(frozen=True)
+class PulsarConf:
+    """What a Pulsar conf file says, as BrokerConfig fields; ``unknown`` are the keys with a value
+    that pulsarlite does not read (in file order, each once)."""
+
+    overrides: dict
+    unknown: tuple[str, ...]
+
+    def warning(self, source: str) -> str | None:
+        """The one warning line about the unknown keys (None if there are none)."""
+        if not self.unknown:
+            return None
+        return (f"{source}: {len(self.unknown)} key(s) not used by pulsarlite (ignored): "
+                f"{', '.join(self.unknown)}")
+
+
+    def fields(self, skip_fields: frozenset = frozenset()) -> dict:
+        """The overrides less ``skip_fields``."""
+        return {k: v for k, v in self.overrides.items() if k not in skip_fields}
+
+    def apply(self, config, source: str, skip_fields: frozenset = frozenset()):
+        """``config`` (a BrokerConfig) with the overrides, validated; ConfigError names the Pulsar
+        key(s) behind a refused value."""
+        overrides = self.fields(skip_fields)
+        try:
+            return dataclasses.replace(config, **overrides).validate()
+        except ConfigError as e:
+            keys = [key for key, (name, _) in PULSAR_KEYS.items() if name in overrides and name in str(e)]
+            raise ConfigError(f"{source}: {e}" + (f" (from {', '.join(keys)})" if keys else "")) from None
+
+
+def parse_properties(text: str, *, source: str = "pulsar conf") -> list[tuple[str, str]]:
+    """Java properties, as Pulsar writes them: ``key=value`` (or ``key: value`` / ``key value``),
+    ``#`` and ``!`` comments, a trailing backslash continues a line; blanks around keys and
+    values are dropped. Later keys override earlier ones (as Java's Properties)."""
+    pairs: list[tuple[str, str]] = []
+    pending = ""
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = (pending + raw.lstrip()) if pending else raw.strip()
+        pending = ""
+        if not line or line[0] in "#!":
+            continue
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            pending = line[:-1]
+            continue
+        cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+        if cut < 0:
+            key, _, value = line.partition(" ")
+        else:
+            key, value = line[:cut], line[cut + 1:]
+        key, value = key.strip(), value.strip()
+        if not key:
+            raise ConfigError(f"{source}: line {number}: no key")
+        pairs.append((key, value))
+    if pending:
+        pairs.append((pending.partition("=")[0].strip(), pending.partition("=")[2].strip()))
+    return pairs
+
+
+def _convert(key: str, kind: str, value: str):
+    if kind == PORT:
+        if not value.isdigit() or not 0 < int(value) <= 65535:
+            raise ConfigError(f"{key}: {value!r} is not a port (1..65535)")
+        return int(value)
+    if kind == BOOL:
+        lowered = value.lower()
+        if lowered not in ("true", "false"):
+            raise ConfigError(f"{key}: {value!r} is not true or false")
+        return lowered == "true"
+    if kind == ZK_URL:
+        hosts = value
+        for prefix in ("metadata-store:", "zk:"):
+            if hosts.startswith(prefix):
+                hosts = hosts[len(prefix):]
+        if hosts.startswith("//"):
+            hosts = hosts[2:]
+        if not hosts or any(ch.isspace() for ch in hosts) or ":" not in hosts:
+            raise ConfigError(f"{key}: {value!r} is not a ZooKeeper connect string (host:port[,host:port][/chroot])")
+        return hosts
+    return value
+
+
+def map_pulsar_conf(pairs: list[tuple[str, str]]) -> PulsarConf:
+    """BrokerConfig overrides from Pulsar's keys; ConfigError naming the first bad key."""
+    overrides: dict = {}
+    unknown: list[str] = []
+    for key, value in pairs:
+        mapped = PULSAR_KEYS.get(key)
+        if mapped is None:
+            if value and key not in unknown:
+                unknown.append(key)
+            continue
+        if not value:
+            continue            # Pulsar's "not set"
+        field_name, kind = mapped
+        overrides[field_name] = _convert(key, kind, value)
+    return PulsarConf(overrides, tuple(unknown))
+
+
+def read_pulsar_conf(path: str) -> PulsarConf:
+    """The file at ``path`` read and mapped; ConfigError naming the file and the key."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(f"--pulsar-conf {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--pulsar-conf {path}: not UTF-8 text") from None
+    try:
+        return map_pulsar_conf(parse_properties(text, source=path))
+    except ConfigError as e:
+        raise ConfigError(f"--pulsar-conf {path}: {e}") from None
+
+
+__all__ = ["PULSAR_KEYS", "PulsarConf", "STANDALONE_OWNED_FIELDS", "map_pulsar_conf", "parse_properties",
+           "read_pulsar_conf"]
