@@ -425,19 +425,7 @@ class ManagedLedger:
                     out.extend((Position(ledger_id, e), data) for e, data in got)
                     continue
             reader = await self._reader(ledger_id)
-            try:
-                entries = await reader.read(first, last)
-            except PulsarliteError as e:
-                if self._readers.get(ledger_id) is not reader:
-                    raise
-                # a cached reader's metadata may be stale: autorecovery moves a closed ledger's
-                # fragments off lost bookies, so read once more with the metadata as it is now
-                del self._readers[ledger_id]
-                log.warning("managed ledger %s: read of ledger=%d entries=%d..%d failed with cached "
-                            "metadata, reading it again: %s", self.name, ledger_id, first, last, e)
-                reader = await self._reader(ledger_id)
-                entries = await reader.read(first, last)
-            for e in entries:
+            for e in await reader.read(first, last):
                 out.append((Position(ledger_id, e.entry_id), e.payload))
         return out
 
