@@ -1,0 +1,125 @@
+"""``pulsarlite standalone --pulsar-conf standalone.conf`` as a Pulsar operator runs it: a Pulsar
+conf with TLS on (certificates made at test time), the official client over ``pulsar+ssl://``
+with the CA, the unknown keys listed once in a warning; a bad value refuses to start (exit 2)
+naming the key, before any process is started."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_standalone import READY_TIMEOUT_S, free_port_run
+from tests.integration.helpers import wait_for
+from pulsarlite.zk_server import find_free_port
+
+pulsar = pytest.importorskip("pulsar")
+trustme = pytest.importorskip("trustme")
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Run:
+    """``python -m pulsarlite standalone ...`` with its output collected."""
+
+    def __init__(self, argv: list[str]) -> None:
+        import threading
+        self.popen = subprocess.Popen([sys.executable, "-m", "pulsarlite", "standalone", *argv],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for line in self.popen.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_output(self, text: str) -> None:
+        def seen():
+            if self.popen.poll() is not None and text not in self.output:
+                raise AssertionError(f"standalone exited ({self.popen.returncode}) before {text!r}:\n{self.output}")
+            return text in self.output
+        wait_for(seen, READY_TIMEOUT_S, f"{text!r} in standalone output")
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()      # the standalone stops its children by pid
+            try:
+                self.popen.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self._thread.join(timeout=5)
+
+
+def _pki(directory: Path) -> dict[str, str]:
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1", "localhost")
+    files = {"ca": directory / "ca.pem", "cert": directory / "broker.cert.pem", "key": directory / "broker.key.pem"}
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    leaf.cert_chain_pems[0].write_to_path(str(files["cert"]))
+    leaf.private_key_pem.write_to_path(str(files["key"]))
+    return {k: str(v) for k, v in files.items()}
+
+
+def test_standalone_from_a_pulsar_conf_with_tls(tmp_path):
+    pki = _pki(tmp_path)
+    base = free_port_run(3)
+    port, http_port, port_tls, https_port = find_free_port(), find_free_port(), find_free_port(), find_free_port()
+    conf = tmp_path / "standalone.conf"
+    conf.write_text(f"""# excerpt of Pulsar's standalone.conf
+metadataStoreUrl=zk:localhost:2181
+brokerServicePort={port}
+brokerServicePortTls={port_tls}
+webServicePort={http_port}
+webServicePortTls={https_port}
+tlsCertificateFilePath={pki['cert']}
+tlsKeyFilePath={pki['key']}
+tlsTrustCertsFilePath={pki['ca']}
+tlsRequireTrustedClientCertOnConnect=false
+clusterName=standalone
+managedLedgerDefaultEnsembleSize=1
+bookkeeperClientTimeoutInSeconds=30
+loadBalancerEnabled=
+""")
+    run = Run(["--data-dir", str(tmp_path / "data"), "--pulsar-conf", str(conf), "--zookeeper-port",
+               str(find_free_port()), "--bookie-port", str(base)])
+    try:
+        run.wait_output("pulsarlite standalone is ready")
+        assert f"pulsar+ssl://127.0.0.1:{port_tls}" in run.output
+        warnings = [line for line in run.lines if "not used by pulsarlite" in line]
+        assert len(warnings) == 1, run.output
+        assert "managedLedgerDefaultEnsembleSize" in warnings[0] and "loadBalancerEnabled" not in warnings[0]
+        client = pulsar.Client(f"pulsar+ssl://127.0.0.1:{port_tls}", tls_trust_certs_file_path=pki["ca"],
+                               tls_validate_hostname=True, operation_timeout_seconds=30)
+        try:
+            topic = "persistent://public/default/conf-tls"
+            consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            producer = client.create_producer(topic)
+            for i in range(10):
+                producer.send(f"m{i}".encode())
+            assert [consumer.receive(timeout_millis=15_000).data() for _ in range(10)] == \
+                [f"m{i}".encode() for i in range(10)]
+        finally:
+            client.close()
+    finally:
+        run.stop()
+
+
+def test_standalone_refuses_a_bad_value_naming_the_key(tmp_path):
+    conf = tmp_path / "standalone.conf"
+    conf.write_text("brokerServicePortTls=not-a-port\n")
+    data = tmp_path / "data"
+    run = subprocess.run([sys.executable, "-m", "pulsarlite", "standalone", "--data-dir", str(data),
+                          "--pulsar-conf", str(conf)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert run.returncode == 2
+    assert "brokerServicePortTls" in run.stderr
+    assert not (data / "cluster.json").exists()     # nothing was started
