@@ -27,6 +27,8 @@ from broker.dispatch import ConsumerBusyError, KeySharedMode, SubType
 from broker.errors import CumulativeAckNotAllowedError, NotAllowedError, server_error_of
 from broker.managed_ledger import Position
 from broker.schemas import decode_version, encode_version
+from broker.security.authentication import AuthenticationData, AuthenticationError, AuthenticationService
+from broker.security.authorization import TopicOperation
 from broker.tls import peer_certificate_of
 from broker.topic import AccessMode
 from pulsarlite.wire import commands as c
@@ -51,7 +53,7 @@ SERVICE_COMMANDS = frozenset({
     T.CONSUMER_STATS,
 })
 # sent by a client as answers; nothing to do
-IGNORED_COMMANDS = frozenset({T.PONG, T.AUTH_RESPONSE, T.SUCCESS, T.ERROR, T.ACK_RESPONSE})
+IGNORED_COMMANDS = frozenset({T.PONG, T.SUCCESS, T.ERROR, T.ACK_RESPONSE})
 
 # the sub-message of BaseCommand for each type (to find a request_id to answer an ERROR to)
 _FIELD_OF_TYPE = {}
@@ -91,8 +93,19 @@ class ConnectionCore:
     def __init__(self, *, frame_bytes_max: int, message_bytes_max: int,
                  server_version: str = SERVER_VERSION, protocol_version: int = PROTOCOL_VERSION,
                  unsupported_commands_max: int = UNSUPPORTED_COMMANDS_MAX_DEFAULT,
-                 connect_frame_bytes_max: int | None = None) -> None:
+                 connect_frame_bytes_max: int | None = None,
+                 authentication: AuthenticationService | None = None) -> None:
         self.state = ConnState.AWAITING_CONNECT
+        # [security] None: authentication off, every client served as before. Else CONNECT must
+        # prove a role (its auth method and data, or the TLS peer certificate the shell sets on
+        # ``peer_certificate``), and credentials that expire are refreshed by AUTH_CHALLENGE.
+        self._authentication = authentication
+        self.peer_certificate: dict | None = None
+        self.role: str | None = None
+        self.auth: AuthenticationData | None = None
+        self.auth_expires_at_s: float | None = None
+        self.supports_auth_refresh = False
+        self.auth_challenge_pending = False
         self.unsupported_commands_max = unsupported_commands_max
         self.unsupported_commands = CountedCause()
         # before CONNECT only small frames: an unauthenticated peer holds little memory
@@ -137,6 +150,59 @@ class ConnectionCore:
         self.state = ConnState.CLOSED
         return result
 
+    # -- [security] authentication ---------------------------------------------------------------
+    def _authenticate(self, auth: AuthenticationData, result: CoreOutput) -> bool:
+        """The role ``auth`` proves becomes this connection's (its expiry remembered), or the
+        client is told AuthenticationError and the connection closes. A refresh must prove the
+        same role."""
+        try:
+            role = self._authentication.authenticate(auth)
+            expires_at_s = self._authentication.expires_at_s(auth)
+        except AuthenticationError as e:
+            log.info("authentication refused method=%r reason=%s", auth.method[:32] or "none", e)
+            self._fail(result, pb.AuthenticationError, str(e))
+            return False
+        if self.role is not None and role != self.role:
+            log.info("authentication refresh refused: role changed role=%s", self.role)
+            self._fail(result, pb.AuthenticationError, "refreshed credentials name another role")
+            return False
+        self.role, self.auth, self.auth_expires_at_s = role, auth, expires_at_s
+        return True
+
+    def _on_auth_response(self, body: pb.CommandAuthResponse, result: CoreOutput) -> None:
+        if self._authentication is None or self.auth is None:
+            return                      # authentication off: nothing asked, nothing to check
+        if not self.auth_challenge_pending:
+            self._fail(result, pb.AuthenticationError, "AUTH_RESPONSE without AUTH_CHALLENGE")
+            return
+        auth = AuthenticationData(body.response.auth_method_name or self.auth.method, body.response.auth_data,
+                                  self.peer_certificate)
+        if self._authenticate(auth, result):
+            self.auth_challenge_pending = False
+            log.info("authentication refreshed role=%s method=%s", self.role, auth.method)
+
+    def check_credentials(self, now_s: float) -> CoreOutput:
+        """Called every ``authentication_refresh_check_interval_ms`` (Pulsar's
+        authenticationRefreshCheckSeconds). Credentials that expired get AUTH_CHALLENGE; if the
+        challenge is still unanswered at the next check, or the client cannot refresh (no
+        supports_auth_refresh in CONNECT), the connection is closed with AuthenticationError."""
+        result = CoreOutput()
+        expires = self.auth_expires_at_s
+        if self.state is not ConnState.CONNECTED or expires is None or now_s < expires:
+            return result
+        if self.auth_challenge_pending:
+            log.info("closing: AUTH_CHALLENGE not answered in time role=%s", self.role)
+            return self._fail(result, pb.AuthenticationError, "credentials expired and AUTH_CHALLENGE was not "
+                                                              "answered with fresh ones in time")
+        if not self.supports_auth_refresh:
+            log.info("closing: credentials expired, the client cannot refresh them role=%s", self.role)
+            return self._fail(result, pb.AuthenticationError, "credentials expired (the client does not "
+                                                              "support refreshing them)")
+        self.auth_challenge_pending = True
+        result.out.append(c.auth_challenge(self.server_version, self.negotiated_protocol_version or 0,
+                                           self.auth.method))
+        return result
+
     def _on_frame(self, frame: Frame, result: CoreOutput) -> None:
         kind = frame.command.type
         if kind == _SEND and frame.entry is not None and self.state is ConnState.CONNECTED:
@@ -152,13 +218,21 @@ class ConnectionCore:
             self.client_protocol_version = connect.protocol_version
             self.negotiated_protocol_version = c.negotiate_protocol_version(connect.protocol_version,
                                                                            self.protocol_version)
+            if self._authentication is not None:
+                auth = AuthenticationData(connect.auth_method_name, connect.auth_data, self.peer_certificate)
+                if not self._authenticate(auth, result):
+                    return
+                self.supports_auth_refresh = connect.feature_flags.supports_auth_refresh
             result.out.append(c.connected(self.server_version, self.negotiated_protocol_version,
-                                          max_message_size=self.message_bytes_max))
+                                          max_message_size=self.message_bytes_max,
+                                          supports_auth_refresh=self._authentication is not None))
             self.state = ConnState.CONNECTED
             self._decoder.frame_bytes_max = self.frame_bytes_max
             return
         if kind == T.CONNECT:
             self._fail(result, pb.NotAllowedError, "CONNECT sent twice")
+        elif kind == T.AUTH_RESPONSE:
+            self._on_auth_response(frame.command.authResponse, result)
         elif kind == T.PING:
             result.out.append(c.pong())
         elif kind in IGNORED_COMMANDS:
@@ -188,6 +262,11 @@ class ConnectionCore:
 
 
 # -- the shell ------------------------------------------------------------------------------------
+def _enabled_authentication(service) -> AuthenticationService | None:
+    authentication = getattr(service, "authentication", None)
+    return authentication if authentication is not None and authentication.enabled else None
+
+
 class _ConsumerRef:
     """This connection's side of a consumer (the subscription's ConsumerHandle)."""
 
@@ -338,7 +417,8 @@ class ServerConnection(asyncio.Protocol):
         cfg = service.config
         self.core = ConnectionCore(frame_bytes_max=cfg.frame_bytes_max, message_bytes_max=cfg.message_bytes_max,
                                    unsupported_commands_max=cfg.connection_unsupported_commands_max,
-                                   connect_frame_bytes_max=cfg.connect_frame_bytes_max)
+                                   connect_frame_bytes_max=cfg.connect_frame_bytes_max,
+                                   authentication=_enabled_authentication(service))
         self._admission = admission
         self._admitted_address: str | None = None
         self._deadline: asyncio.TimerHandle | None = None
@@ -392,6 +472,9 @@ class ServerConnection(asyncio.Protocol):
         except (AttributeError, NotImplementedError):
             pass
         self._keepalive = asyncio.ensure_future(self._keepalive_loop())
+        self.core.peer_certificate = self.peer_certificate
+        if _enabled_authentication(self.service) is not None:
+            self._spawn(self._credentials_loop())
         self._deadline = asyncio.get_running_loop().call_later(cfg.connect_timeout_ms / 1000,
                                                                self._on_connect_deadline)
 
@@ -548,6 +631,34 @@ class ServerConnection(asyncio.Protocol):
             if idle >= interval and self.core.state is ConnState.CONNECTED:
                 self.write(c.ping())
 
+    async def _credentials_loop(self) -> None:
+        """[security] every authentication_refresh_check_interval_ms: expired credentials get
+        AUTH_CHALLENGE, an unanswered one closes the connection (ConnectionCore.check_credentials)."""
+        interval_s = self.service.config.authentication_refresh_check_interval_ms / 1000
+        while not self.closed:
+            await asyncio.sleep(interval_s)
+            result = self.core.check_credentials(time.time())
+            for out in result.out:
+                self.write(out)
+            if result.close:
+                self.close()
+                return
+
+    @property
+    def _authorization_enabled(self) -> bool:
+        authorization = getattr(self.service, "authorization", None)
+        return authorization is not None and authorization.enabled
+
+    async def _authorize(self, topic: str, operation: TopicOperation) -> None:
+        """[security] AuthorizationError unless this connection's role may do ``operation``."""
+        if self._authorization_enabled:
+            await self.service.authorize_topic(self.core.role, topic, operation)
+
+    @property
+    def role(self) -> str | None:
+        """The role this connection proved (None with authentication off)."""
+        return self.core.role
+
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -699,6 +810,7 @@ class ServerConnection(asyncio.Protocol):
     # discovery -----------------------------------------------------------------------------------
     async def _on_lookup(self, body: pb.CommandLookupTopic) -> None:
         try:
+            await self._authorize(body.topic, TopicOperation.LOOKUP)
             url, ours, authoritative, url_tls = await self.service.lookup(body.topic,
                                                                           authoritative=body.authoritative)
         except Exception as e:
@@ -709,6 +821,7 @@ class ServerConnection(asyncio.Protocol):
 
     async def _on_partitioned_metadata(self, body) -> None:
         try:
+            await self._authorize(body.topic, TopicOperation.LOOKUP)
             n = await self.service.partitions_or_create(body.topic)     # may auto-create a partitioned topic
         except Exception as e:
             self.write(c.partitioned_metadata_failed(body.request_id, server_error_of(e), str(e)))
@@ -717,6 +830,8 @@ class ServerConnection(asyncio.Protocol):
 
     async def _on_topics_of_namespace(self, body) -> None:
         try:
+            if self._authorization_enabled:
+                await self.service.authorize_namespace_topics(self.core.role, body.namespace)
             topics = await self.service.topics_of_namespace(body.namespace)
             if body.HasField("mode") and body.mode == pb.CommandGetTopicsOfNamespace.NON_PERSISTENT:
                 topics = []        # only persistent topics are served (mode ALL: the persistent ones)
@@ -746,6 +861,7 @@ class ServerConnection(asyncio.Protocol):
         task = asyncio.current_task()
         self._producer_loading[body.producer_id] = task
         try:
+            await self._authorize(body.topic, TopicOperation.PRODUCE)
             topic = await self.service.get_topic(body.topic)
             refusal = await self.service.retention.producer_refusal(topic)
             if refusal is not None:                  # backlog quota exceeded: hold or refuse
@@ -824,6 +940,7 @@ class ServerConnection(asyncio.Protocol):
             if sub_type is None:
                 raise NotAllowedError(f"subscription type {pb.CommandSubscribe.SubType.Name(body.subType)} "
                                       f"is not supported yet")
+            await self._authorize(body.topic, TopicOperation.CONSUME)
             topic = await self.service.get_topic(body.topic, create=body.force_topic_creation)
             if body.HasField("schema"):
                 await self.service.schemas.add(topic.name, body.schema)
@@ -925,6 +1042,7 @@ class ServerConnection(asyncio.Protocol):
     async def _on_get_schema(self, body) -> None:
         try:
             version = decode_version(body.schema_version) if body.HasField("schema_version") else None
+            await self._authorize(body.topic, TopicOperation.LOOKUP)
             got = await self.service.schemas.get(parse_topic(body.topic), version)
         except Exception as e:
             self.write(c.get_schema_response(body.request_id, error=server_error_of(e), error_message=str(e)))
@@ -938,6 +1056,7 @@ class ServerConnection(asyncio.Protocol):
 
     async def _on_get_or_create_schema(self, body) -> None:
         try:
+            await self._authorize(body.topic, TopicOperation.PRODUCE)
             v = await self.service.schemas.add(parse_topic(body.topic), body.schema)
         except Exception as e:
             self.write(c.get_or_create_schema_response(body.request_id, error=server_error_of(e),

@@ -18,7 +18,7 @@ from urllib.parse import unquote_plus
 
 from broker.adapters import ManagedOwnership, parse_topic
 from broker.admin.metrics import BrokerMetrics, MetricsConfig
-from broker.admin.policies import NotFoundError, PolicyStore
+from broker.admin.policies import AdminError, NotFoundError, PolicyStore, split_namespace
 from broker.config import BrokerConfig
 from broker.errors import (BrokerError, NotAllowedError, ProducerBusyError, ServiceNotReadyError,  # noqa: F401
                            SubscriptionBusyError, TopicNotFoundError, server_error_of)
@@ -28,6 +28,8 @@ from broker.offloader import BrokerOffloader
 from broker.retention import RetentionService, publish_time_of
 from broker.schema_compat import CompatibilityStrategy
 from broker.schemas import SchemaRegistry
+from broker.security.authentication import AuthenticationService
+from broker.security.authorization import AuthorizationError, AuthorizationService, AuthPolicies, TopicOperation
 from broker.termination import read_terminated
 from broker.topic import EntryCache, PersistentTopic, PublishBuffer
 from pulsarlite.topic_name import TopicName
@@ -87,6 +89,9 @@ class BrokerService:
         self._samples: dict[tuple, tuple[float, int, int]] = {}
         self._stats_task: asyncio.Task | None = None
         ownership.add_lost_listener(self._on_ownership_lost)
+        # [security] key and password files are read here, at start (a bad one: ConfigError)
+        self.authentication = AuthenticationService.from_config(config)
+        self.authorization = AuthorizationService.from_config(config)
 
     def _on_ownership_lost(self, is_lost) -> None:
         for key in list(self.topics):
@@ -107,6 +112,43 @@ class BrokerService:
         restarted on the same port handed out the same names again)."""
         host = self.broker_id.replace(":", "-")
         return f"pulsarlite-{host}-{self._producer_name_token}-{next(self._producer_names)}"
+
+    # -- [security] authorization ----------------------------------------------------------------
+    async def authorize_topic(self, role: str | None, topic_name: str, operation: TopicOperation) -> None:
+        """AuthorizationError unless ``role`` may do ``operation`` on the topic (superuser, the
+        tenant's admin, or a namespace/topic permission: broker/security/authorization.py).
+        Nothing to check with authorization off."""
+        authz = self.authorization
+        if not authz.enabled or authz.is_superuser(role):
+            return
+        topic = parse_topic(topic_name)
+        admin_roles, auth = await self.auth_context(topic.namespace)
+        if not authz.allows_topic(role, operation, str(topic), auth, admin_roles):
+            log.info("authorization refused role=%s operation=%s topic=%s", role, operation.value, topic)
+            raise AuthorizationError(f"role {role} may not {operation.value} on {topic}")
+
+    async def authorize_namespace_topics(self, role: str | None, namespace: str) -> None:
+        authz = self.authorization
+        if not authz.enabled or authz.is_superuser(role):
+            return
+        admin_roles, auth = await self.auth_context(namespace)
+        if not authz.allows_namespace_topics(role, auth, admin_roles):
+            log.info("authorization refused role=%s operation=list-topics namespace=%s", role, namespace)
+            raise AuthorizationError(f"role {role} may not list the topics of {namespace}")
+
+    async def auth_context(self, namespace: str) -> tuple[tuple[str, ...], AuthPolicies]:
+        """(the tenant's admin roles, the namespace's permissions); a missing tenant or namespace
+        grants nothing (only superusers go on, to be told it does not exist)."""
+        try:
+            tenant, _ = split_namespace(namespace)
+            info = await self.policies.get_tenant(tenant)
+        except AdminError:
+            return (), AuthPolicies()
+        try:
+            policies = await self.policies.get_namespace_policies(namespace)
+        except AdminError:
+            return info.admin_roles, AuthPolicies()
+        return info.admin_roles, policies.auth_policies
 
     # -- discovery -------------------------------------------------------------------------------
     async def lookup(self, topic_name: str, *, authoritative: bool = False) -> tuple[str, bool, bool, str]:

@@ -449,7 +449,14 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
                    partitions_max: int = PARTITIONS_MAX) -> web.Application:
     if body_bytes_max <= 0 or partitions_max <= 0:
         raise ValueError("body_bytes_max and partitions_max must be > 0")
-    app = web.Application(middlewares=[_errors], client_max_size=body_bytes_max)
+    # [security] authentication + authorization in front of every route when the broker has it on
+    service = getattr(backend, "service", None)
+    secured = getattr(getattr(service, "authentication", None), "enabled", False)
+    middlewares = [_errors]
+    if secured:
+        from broker.security.http import make_security_middleware
+        middlewares.append(make_security_middleware(service))   # inside _errors: its answers for failures
+    app = web.Application(middlewares=middlewares, client_max_size=body_bytes_max)
     policies = lambda: backend.policies  # noqa: E731 - read at request time
     r = app.router
 
@@ -858,6 +865,9 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     r.add_get("/metrics", metrics)
+    # -- [security] permissions (routes in broker/security/http.py) -----------------------------
+    from broker.security.http import add_permission_routes
+    add_permission_routes(app, policies, json_body=_json_body, topic_of=_topic)
     # -- schemas (routes in schemas_http.py) -------------------------------------------------
     if backend.schemas is not None:
         from broker.admin.schemas_http import add_schema_routes

@@ -42,6 +42,7 @@ from typing import Any, Awaitable, Callable, Iterable
 from urllib.parse import unquote_plus
 
 from broker.schema_compat import CompatibilityStrategy
+from broker.security.authorization import AuthPolicies, PermissionError_
 from pulsarlite.errors import MetadataNotFoundError, PulsarliteError
 from pulsarlite.metadata import MetadataExistsError, MetadataNotEmptyError, MetadataStore
 
@@ -372,6 +373,9 @@ class NamespacePolicies:
     schema_compatibility_strategy: str = "UNDEFINED"   # broker/schema_compat.py CompatibilityStrategy
     is_allow_auto_update_schema: bool = True           # producers may add new schema versions
     deleted: bool = False                    # set while a delete is in progress
+    # [security] permissions (roles -> actions; broker/security/authorization.py), changed only
+    # through the permission paths
+    auth_policies: AuthPolicies = field(default_factory=AuthPolicies)
 
     @classmethod
     def from_json(cls, raw: object) -> "NamespacePolicies":
@@ -406,6 +410,7 @@ class NamespacePolicies:
             is_allow_auto_update_schema=bool(_bool("is_allow_auto_update_schema",
                                                    _default(raw, "is_allow_auto_update_schema", True))),
             deleted=bool(_bool("deleted", raw.get("deleted", False))),
+            auth_policies=_auth_policies(raw.get("auth_policies")),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -426,7 +431,15 @@ class NamespacePolicies:
             "schema_compatibility_strategy": self.schema_compatibility_strategy,
             "is_allow_auto_update_schema": self.is_allow_auto_update_schema,
             "deleted": self.deleted,
+            "auth_policies": self.auth_policies.to_json(),
         }
+
+
+def _auth_policies(raw: object) -> AuthPolicies:
+    try:
+        return AuthPolicies.from_json(raw)
+    except PermissionError_ as e:
+        raise BadRequestError(f"auth_policies: {e}") from None
 
 
 def _strategy(value: object) -> str:
@@ -633,9 +646,10 @@ class PolicyStore:
     async def set_namespace_policies(self, namespace: str, policies: NamespacePolicies) -> NamespacePolicies:
         """Replace all policies (replication clusters kept when ``policies`` names none)."""
         def transform(current: NamespacePolicies) -> NamespacePolicies:
+            new = replace(policies, auth_policies=current.auth_policies)   # permissions: their own paths
             if not policies.replication_clusters:
-                return replace(policies, replication_clusters=current.replication_clusters)
-            return policies
+                return replace(new, replication_clusters=current.replication_clusters)
+            return new
 
         return await self.update_namespace_policies(namespace, transform)
 

@@ -115,6 +115,21 @@ def connected(server_version: str, protocol_version: int, *, max_message_size: i
     return encode_command(T(type=T.CONNECTED, connected=body))
 
 
+def auth_challenge(server_version: str, protocol_version: int, auth_method_name: str,
+                   auth_data: bytes = b"refresh") -> bytes:
+    """The broker asks a connected client for fresh credentials (Pulsar's ``refresh`` challenge);
+    the client answers :func:`auth_response`."""
+    return encode_command(T(type=T.AUTH_CHALLENGE, authChallenge=pb.CommandAuthChallenge(
+        server_version=server_version, protocol_version=protocol_version,
+        challenge=pb.AuthData(auth_method_name=auth_method_name, auth_data=auth_data))))
+
+
+def auth_response(client_version: str, protocol_version: int, auth_method_name: str, auth_data: bytes) -> bytes:
+    return encode_command(T(type=T.AUTH_RESPONSE, authResponse=pb.CommandAuthResponse(
+        client_version=client_version, protocol_version=protocol_version,
+        response=pb.AuthData(auth_method_name=auth_method_name, auth_data=auth_data))))
+
+
 _PING = encode_command(T(type=T.PING, ping=pb.CommandPing()))
 _PONG = encode_command(T(type=T.PONG, pong=pb.CommandPong()))
 
