@@ -315,6 +315,10 @@ def _path_values(args: argparse.Namespace) -> dict[str, str]:
         values["namespace"] = _namespace_path(args.namespace)
     if getattr(args, "topic", None) is not None:
         values["topic"] = _topic_path(args.topic)
+    if getattr(args, "role", None) is not None:
+        if not args.role or "/" in args.role or any(ch.isspace() for ch in args.role):
+            raise UsageError(f"invalid role {args.role!r}")
+        values["role"] = urllib.parse.quote(args.role, safe="")
     if getattr(args, "subscription", None) is not None:
         if not args.subscription or any(ch.isspace() for ch in args.subscription):
             raise UsageError(f"invalid subscription name {args.subscription!r}")
@@ -324,6 +328,19 @@ def _path_values(args: argparse.Namespace) -> dict[str, str]:
 
 NS = "/admin/v2/namespaces/{namespace}"
 TP = "/admin/v2/persistent/{topic}"
+
+
+ROLE = A("--role", required=True, help="the role (a token's subject, a certificate's CN, a basic user)")
+ACTIONS = A("--actions", required=True, help="comma-separated: produce, consume, functions, sources, sinks, packages")
+PERMISSION_ACTIONS = ("produce", "consume", "functions", "sources", "sinks", "packages")
+
+
+def _actions_body(args: argparse.Namespace) -> list[str]:
+    actions = [a.strip() for a in args.actions.split(",") if a.strip()]
+    unknown = [a for a in actions if a not in PERMISSION_ACTIONS]
+    if not actions or unknown:
+        raise UsageError(f"--actions: one or more of {', '.join(PERMISSION_ACTIONS)} (got {args.actions!r})")
+    return actions
 
 
 def _retention_body(args: argparse.Namespace) -> dict[str, int]:
@@ -628,6 +645,19 @@ COMMANDS: tuple[Op, ...] = (
        args=(NAMESPACE, A("--size", type=parse_size_bytes, required=True, help=SIZE_HELP),
              A("--time", type=parse_time_s, required=True, help=TIME_HELP)),
        body=_retention_body),
+    # [security] permissions (pulsar-admin's grant-permission / revoke-permission / permissions)
+    Op("namespaces", "permissions", "the roles with permissions on a namespace and their actions",
+       path=NS + "/permissions", args=(NAMESPACE,)),
+    Op("namespaces", "grant-permission", "grant a role actions on a namespace", "POST", NS + "/permissions/{role}",
+       args=(NAMESPACE, ROLE, ACTIONS), body=_actions_body),
+    Op("namespaces", "revoke-permission", "revoke a role's permissions on a namespace", "DELETE",
+       NS + "/permissions/{role}", args=(NAMESPACE, ROLE)),
+    Op("topics", "permissions", "the roles with permissions on a topic (the namespace's included)",
+       path=TP + "/permissions", args=(TOPIC,)),
+    Op("topics", "grant-permission", "grant a role actions on a topic", "POST", TP + "/permissions/{role}",
+       args=(TOPIC, ROLE, ACTIONS), body=_actions_body),
+    Op("topics", "revoke-permission", "revoke a role's permissions on a topic", "DELETE",
+       TP + "/permissions/{role}", args=(TOPIC, ROLE)),
     Op("namespaces", "get-retention", "the retention policy", path=NS + "/retention", args=(NAMESPACE,)),
     Op("namespaces", "remove-retention", "back to the broker's default retention", "DELETE",
        NS + "/retention", args=(NAMESPACE,)),
