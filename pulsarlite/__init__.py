@@ -13,7 +13,7 @@ _CLIENT_NAMES = frozenset({
     "ClientError", "AlreadyClosed", "BrokerError", "ConnectError", "ConsumerBusy",
     "InvalidConfiguration", "InvalidTopicNameError", "LookupError_", "MessageTooBig",
     "NotConnected", "ProducerBusy", "ProducerQueueIsFull", "Timeout", "TopicNotFound",
-    "IncompatibleSchema",
+    "IncompatibleSchema", "AuthenticationToken", "AuthenticationBasic", "AuthenticationTLS", "AuthenticationError",
 })
 
 

@@ -22,7 +22,9 @@ import asyncio
 from pulsarlite.client import impl
 from pulsarlite.client.common import (result_of, check_client_kwargs, check_schema, check_topic_arg,
                                       consumer_conf, make_message, mid_of, producer_conf)
+from pulsarlite.client.auth import AuthenticationBasic, AuthenticationTLS, AuthenticationToken
 from pulsarlite.client.core import HashingScheme
+from pulsarlite.client.errors import AuthenticationError
 from pulsarlite.client.errors import (IncompatibleSchema, AlreadyClosed, BrokerError, ClientError, ConnectError,
                                       ConsumerBusy, InvalidConfiguration, InvalidTopicNameError,
                                       LookupError_, MessageTooBig, NotConnected, ProducerBusy,
@@ -36,7 +38,7 @@ __all__ = [
     "ClientError", "AlreadyClosed", "BrokerError", "ConnectError", "ConsumerBusy",
     "InvalidConfiguration", "InvalidTopicNameError", "LookupError_", "MessageTooBig",
     "NotConnected", "ProducerBusy", "ProducerQueueIsFull", "Timeout", "TopicNotFound",
-    "IncompatibleSchema",
+    "IncompatibleSchema", "AuthenticationToken", "AuthenticationBasic", "AuthenticationTLS", "AuthenticationError",
 ]
 
 
@@ -56,11 +58,11 @@ class Client:
     def __init__(self, service_url: str, operation_timeout_seconds: float = 30,
                  connection_timeout_ms: int = 10_000, keep_alive_interval_seconds: float = 30,
                  use_tls: bool = False, authentication=None, **ignored) -> None:
-        check_client_kwargs(use_tls, authentication, ignored)
+        security = check_client_kwargs(use_tls, authentication, ignored)
         impl.parse_service_url(service_url)
         self._args = dict(operation_timeout_seconds=operation_timeout_seconds,
                           connection_timeout_ms=connection_timeout_ms,
-                          keep_alive_interval_seconds=keep_alive_interval_seconds)
+                          keep_alive_interval_seconds=keep_alive_interval_seconds, security=security)
         self._service_url = service_url
         self._impl_: impl.ClientImpl | None = None
 

@@ -6,7 +6,9 @@ connections, lookups, reconnects, producers, consumers, readers), :mod:`.blockin
 facade on a background loop thread), :mod:`.types`, :mod:`.errors`.
 """
 
+from pulsarlite.client.auth import AuthenticationBasic, AuthenticationTLS, AuthenticationToken
 from pulsarlite.client.blocking import Client, Consumer, Producer, Reader
+from pulsarlite.client.errors import AuthenticationError
 from pulsarlite.client.core import HashingScheme
 from pulsarlite.client.errors import (IncompatibleSchema, AlreadyClosed, BrokerError, ClientError, ConnectError,
                                       ConsumerBusy, InvalidConfiguration, InvalidTopicNameError,
@@ -21,5 +23,5 @@ __all__ = [
     "ClientError", "AlreadyClosed", "BrokerError", "ConnectError", "ConsumerBusy",
     "InvalidConfiguration", "InvalidTopicNameError", "LookupError_", "MessageTooBig",
     "NotConnected", "ProducerBusy", "ProducerQueueIsFull", "Timeout", "TopicNotFound",
-    "IncompatibleSchema",
+    "IncompatibleSchema", "AuthenticationToken", "AuthenticationBasic", "AuthenticationTLS", "AuthenticationError",
 ]

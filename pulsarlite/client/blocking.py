@@ -74,7 +74,7 @@ class Client:
                  io_threads: int = 1, message_listener_threads: int = 1,
                  concurrent_lookup_requests: int = 50000, log_conf_file_path=None, logger=None,
                  use_tls: bool = False, authentication=None, **ignored) -> None:
-        check_client_kwargs(use_tls, authentication, ignored)
+        security = check_client_kwargs(use_tls, authentication, ignored)
         impl.parse_service_url(service_url)   # validate before starting a thread
         self._io = _LoopThread()
         self._timeout_s = float(operation_timeout_seconds)
@@ -83,7 +83,8 @@ class Client:
             return impl.ClientImpl(service_url,
                                    operation_timeout_seconds=operation_timeout_seconds,
                                    connection_timeout_ms=connection_timeout_ms,
-                                   keep_alive_interval_seconds=keep_alive_interval_seconds)
+                                   keep_alive_interval_seconds=keep_alive_interval_seconds,
+                                   security=security)
         try:
             self._impl = self._io.run(make())
         except BaseException:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from pulsarlite.client.auth import ClientSecurity
 from pulsarlite.client.errors import AlreadyClosed, InvalidConfiguration, MessageTooBig, Timeout
 from pulsarlite.client.impl import ConsumerConf, ProducerConf
 from pulsarlite.client.types import ConsumerType, InitialPosition, Message, MessageId, Result
@@ -146,19 +147,18 @@ def mid_of(message_or_id) -> MessageId:
 
 
 # pulsar.Client keyword arguments accepted for source compatibility that change nothing here
-_CLIENT_IGNORED = frozenset({"stats_interval_in_seconds", "tls_trust_certs_file_path",
-                             "tls_allow_insecure_connection", "tls_validate_hostname",
-                             "listener_name", "connection_max_idle_seconds",
+_CLIENT_IGNORED = frozenset({"stats_interval_in_seconds", "listener_name", "connection_max_idle_seconds",
                              "memory_limit_bytes", "io_threads", "message_listener_threads",
-                             "concurrent_lookup_requests", "log_conf_file_path", "logger",
-                             "tls_private_key_file_path", "tls_certificate_file_path"})
+                             "concurrent_lookup_requests", "log_conf_file_path", "logger"})
+_CLIENT_TLS = ("tls_trust_certs_file_path", "tls_allow_insecure_connection", "tls_validate_hostname",
+               "tls_certificate_file_path", "tls_private_key_file_path")
 
 
-def check_client_kwargs(use_tls, authentication, others) -> None:
-    if use_tls:
-        raise InvalidConfiguration("TLS is not supported by pulsarlite's client")
-    if authentication is not None:
-        raise InvalidConfiguration("authentication is not supported by pulsarlite's client")
-    unknown = set(others) - _CLIENT_IGNORED
+def check_client_kwargs(use_tls, authentication, others) -> ClientSecurity:
+    """The client's TLS and authentication settings (pulsar.Client's keyword arguments); TypeError
+    for an argument pulsar.Client does not have either."""
+    unknown = set(others) - _CLIENT_IGNORED - set(_CLIENT_TLS)
     if unknown:
         raise TypeError(f"Client() got unexpected keyword arguments {sorted(unknown)}")
+    tls = {name: others[name] for name in _CLIENT_TLS if others.get(name) is not None}
+    return ClientSecurity(authentication=authentication, use_tls=bool(use_tls), **tls)

@@ -117,6 +117,19 @@ class ProtocolError(Exception):
     """The server broke the protocol: the connection must be closed."""
 
 
+class AuthenticationRefused(ProtocolError):
+    """The broker answered CONNECT (or a refresh) with AuthenticationError: the credentials are
+    not accepted; the connection is closed and the same credentials are not tried again."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuthChallenge:
+    """The broker asks for fresh credentials (AUTH_CHALLENGE): answer with
+    :meth:`ConnectionCore.auth_response_frame` of fresh data for ``method``."""
+
+    method: str
+
+
 # commands answering a request: type -> (field name, has error fields named error/message)
 _RESPONSES = {
     T.SUCCESS: "success",
@@ -169,8 +182,16 @@ class ConnectionCore:
         self.protocol_version = 0
         self.max_message_size = MESSAGE_BYTES_MAX_DEFAULT
 
-    def connect_frame(self) -> bytes:
-        return c.connect(CLIENT_VERSION, PROTOCOL_VERSION)
+    def connect_frame(self, auth_method: str | None = None, auth_data: bytes | None = None) -> bytes:
+        """CONNECT, with the authentication method and data when given (a client that
+        authenticates says it can refresh its credentials, as the official client does)."""
+        if auth_method is None:
+            return c.connect(CLIENT_VERSION, PROTOCOL_VERSION)
+        return c.connect(CLIENT_VERSION, PROTOCOL_VERSION, auth_method_name=auth_method, auth_data=auth_data,
+                         supports_auth_refresh=True)
+
+    def auth_response_frame(self, auth_method: str, auth_data: bytes) -> bytes:
+        return c.auth_response(CLIENT_VERSION, self.protocol_version or PROTOCOL_VERSION, auth_method, auth_data)
 
     def take_output(self) -> list[bytes]:
         out, self._output = self._output, []
@@ -199,6 +220,8 @@ class ConnectionCore:
                                  body.server_version)
             if kind == T.ERROR:
                 self.state = ConnectionState.FAILED
+                if cmd.error.error == pb.AuthenticationError:
+                    raise AuthenticationRefused(f"AuthenticationError: {cmd.error.message}")
                 raise ProtocolError(f"connect refused: {pb.ServerError.Name(cmd.error.error)}: "
                                     f"{cmd.error.message}")
             self.state = ConnectionState.FAILED
@@ -222,6 +245,10 @@ class ConnectionCore:
         if kind == T.SEND_ERROR:
             body = cmd.send_error
             return SendFailed(body.producer_id, body.sequence_id, body.error, body.message)
+        if kind == T.ERROR and cmd.error.error == pb.AuthenticationError:
+            # a refresh refused (or credentials expired): the connection is over
+            self.state = ConnectionState.FAILED
+            raise AuthenticationRefused(f"AuthenticationError: {cmd.error.message}")
         field = _RESPONSES.get(kind)
         if field is not None:
             body = getattr(cmd, field)
@@ -230,6 +257,8 @@ class ConnectionCore:
         if kind == T.PING:
             self._output.append(c.pong())
             return None
+        if kind == T.AUTH_CHALLENGE:
+            return AuthChallenge(cmd.authChallenge.challenge.auth_method_name)
         if kind == T.PONG:
             return Pong()
         if kind == T.CLOSE_PRODUCER:

@@ -15,7 +15,7 @@ __all__ = [
     "ClientError", "InvalidTopicNameError", "InvalidConfiguration", "AlreadyClosed",
     "Timeout", "MessageTooBig", "ProducerQueueIsFull", "ConnectError", "BrokerError",
     "TopicNotFound", "ConsumerBusy", "ProducerBusy", "LookupError_", "NotConnected",
-    "IncompatibleSchema",
+    "IncompatibleSchema", "AuthenticationError",
 ]
 
 
@@ -56,6 +56,11 @@ class ConnectError(ClientError):
 
 class NotConnected(ConnectError):
     """The producer or consumer is reconnecting."""
+
+
+class AuthenticationError(ClientError):
+    """The broker refused this client's credentials (or asked for credentials it has none of):
+    not retried, the same credentials would be refused again."""
 
 
 class LookupError_(ClientError):

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import itertools
 import logging
 import random
 import re
+import ssl
 import threading
 import time
 from typing import Callable
@@ -25,7 +27,8 @@ from urllib.parse import urlsplit
 
 from pulsarlite._proto import pulsar_api_pb2 as pb
 from pulsarlite.client import core as k
-from pulsarlite.client.errors import (AlreadyClosed, BrokerError, ClientError, ConnectError,
+from pulsarlite.client.auth import ClientSecurity
+from pulsarlite.client.errors import (AlreadyClosed, AuthenticationError, BrokerError, ClientError, ConnectError,
                                       InvalidConfiguration, LookupError_, MessageTooBig,
                                       NotConnected, Timeout, broker_error)
 from pulsarlite.client.types import (INT64_MAX, ConsumerType, InitialPosition, Message, MessageId,
@@ -45,17 +48,22 @@ BACKOFF_MAX_S = 30.0
 Callback = Callable[[BaseException | None, MessageId | None], None]
 
 
+def service_url_uses_tls(url: str) -> bool:
+    return isinstance(url, str) and url.startswith("pulsar+ssl://")
+
+
 def parse_service_url(url: str) -> list[tuple[str, int]]:
-    """``pulsar://host:port[,host:port...]`` -> addresses."""
-    if not isinstance(url, str) or not url.startswith("pulsar://"):
-        raise InvalidConfiguration(f"service URL {url!r} must look like pulsar://host:port "
-                                   "(pulsar+ssl:// and http:// lookups are not supported)")
-    hosts = url[len("pulsar://"):].rstrip("/").split(",")
+    """``pulsar://host:port[,host:port...]`` or ``pulsar+ssl://...`` -> addresses."""
+    if not isinstance(url, str) or not url.startswith(("pulsar://", "pulsar+ssl://")):
+        raise InvalidConfiguration(f"service URL {url!r} must look like pulsar://host:port or "
+                                   "pulsar+ssl://host:port (http:// lookups are not supported)")
+    tls = service_url_uses_tls(url)
+    hosts = url[len("pulsar+ssl://" if tls else "pulsar://"):].rstrip("/").split(",")
     out = []
     for host in hosts:
         parts = urlsplit("pulsar://" + host)
         try:
-            port = parts.port or 6650
+            port = parts.port or (6651 if tls else 6650)
         except ValueError:
             raise InvalidConfiguration(f"service URL {url!r}: bad port in {host!r}") from None
         if not parts.hostname:
@@ -99,12 +107,40 @@ class Connection(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
-        transport.write(self.core.connect_frame())
+        authentication = self.client.security.authentication
+        try:
+            if authentication is None:
+                frame = self.core.connect_frame()
+            else:
+                frame = self.core.connect_frame(authentication.method, authentication.auth_data())
+        except Exception as exc:     # a token supplier that failed: this connection cannot start
+            self._fail(ConnectError(f"authentication data for {self.address[0]}:{self.address[1]}: {exc}"))
+            return
+        transport.write(frame)
+
+    def _on_auth_challenge(self, event: k.AuthChallenge) -> None:
+        """Fresh credentials for the broker (a supplier called again, a token file read again)."""
+        authentication = self.client.security.authentication
+        if authentication is None:
+            self._fail(ConnectError(f"broker {self.address[0]}:{self.address[1]} asked for credentials "
+                                    "and this client has none (authentication= not set)"))
+            return
+        try:
+            data = authentication.auth_data()
+        except Exception as exc:
+            self._fail(ConnectError(f"refreshing credentials for {self.address[0]}:{self.address[1]}: {exc}"))
+            return
+        log.info("event=auth_refreshed broker=%s:%d method=%s", *self.address, authentication.method)
+        self.write(self.core.auth_response_frame(authentication.method, data))
 
     def data_received(self, data: bytes) -> None:
         self.last_received_s = self.loop.time()
         try:
             events = self.core.feed(data)
+        except k.AuthenticationRefused as exc:
+            log.warning("event=authentication_refused broker=%s:%d error=%s", *self.address, exc)
+            self._fail(AuthenticationError(f"broker {self.address[0]}:{self.address[1]}: {exc}"))
+            return
         except (FrameError, k.ProtocolError) as exc:
             log.error("event=bad_frame broker=%s:%d error=%r", *self.address, exc)
             self._fail(ConnectError(f"broker {self.address[0]}:{self.address[1]} broke the "
@@ -147,6 +183,8 @@ class Connection(asyncio.Protocol):
             consumer = self.consumers.pop(event.consumer_id, None)
             if consumer is not None:
                 consumer._on_disconnected(self, "closed by the broker")
+        elif kind is k.AuthChallenge:
+            self._on_auth_challenge(event)
         elif kind is k.Connected:
             if not self.ready.done():
                 self.ready.set_result(event)
@@ -238,9 +276,15 @@ def _expire(future: asyncio.Future) -> None:
 class ClientImpl:
     def __init__(self, service_url: str, *, operation_timeout_seconds: float = 30,
                  connection_timeout_ms: int = 10_000, keep_alive_interval_seconds: float = 30,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop | None = None, security: ClientSecurity | None = None) -> None:
         self.service_addresses = parse_service_url(service_url)
         self.service_url = service_url
+        security = security or ClientSecurity()
+        if service_url_uses_tls(service_url) and not security.use_tls:
+            security = dataclasses.replace(security, use_tls=True)
+        self.security = security
+        # pulsar+ssl://: every connection (service URL and lookup answers) is TLS
+        self._ssl_context = security.ssl_context() if security.use_tls else None
         if not operation_timeout_seconds > 0 or not connection_timeout_ms > 0:
             raise InvalidConfiguration("operation_timeout_seconds and connection_timeout_ms "
                                        "must be > 0")
@@ -293,9 +337,15 @@ class ClientImpl:
     async def _open(self, address: tuple[str, int], waiting: asyncio.Future) -> None:
         try:
             try:
-                _, conn = await asyncio.wait_for(
-                    self.loop.create_connection(lambda: Connection(self, address), *address),
-                    self.connection_timeout_s)
+                if self._ssl_context is not None:
+                    connecting = self.loop.create_connection(lambda: Connection(self, address), *address,
+                                                             ssl=self._ssl_context, server_hostname=address[0],
+                                                             ssl_handshake_timeout=self.connection_timeout_s)
+                else:
+                    connecting = self.loop.create_connection(lambda: Connection(self, address), *address)
+                _, conn = await asyncio.wait_for(connecting, self.connection_timeout_s)
+            except ssl.SSLError as exc:
+                raise ConnectError(f"TLS with {address[0]}:{address[1]} failed: {exc.reason or exc}") from None
             except (OSError, asyncio.TimeoutError) as exc:
                 raise ConnectError(f"cannot connect to {address[0]}:{address[1]}: "
                                    f"{exc or 'timed out'}") from None
@@ -344,7 +394,12 @@ class ClientImpl:
             body = resp.command.lookupTopicResponse
             if body.proxy_through_service_url:
                 return conn.address
-            address = parse_service_url(body.brokerServiceUrl)[0]
+            url = body.brokerServiceUrlTls if self.security.use_tls else body.brokerServiceUrl
+            if not url:
+                raise LookupError_(f"lookup of {topic}: the broker named no "
+                                   f"{'pulsar+ssl://' if self.security.use_tls else 'pulsar://'} URL "
+                                   f"(does it have a TLS listener?)")
+            address = parse_service_url(url)[0]
             if body.response == pb.CommandLookupTopicResponse.Connect:
                 return address
             authoritative = body.authoritative

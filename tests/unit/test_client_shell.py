@@ -190,5 +190,7 @@ async def test_unsupported_and_unknown_arguments_are_refused_before_any_io():
             await client.subscribe("t", "")
         with pytest.raises(pla.InvalidTopicNameError):
             await client.create_producer("a/b/c/d")
-    with pytest.raises(pla.InvalidConfiguration, match="TLS"):
-        pla.Client("pulsar://127.0.0.1:1", use_tls=True)
+    with pytest.raises(pla.InvalidConfiguration, match="authentication"):   # [security]: not pulsar's object
+        pla.Client("pulsar://127.0.0.1:1", authentication=object())
+    with pytest.raises(pla.InvalidConfiguration, match="tls_private_key_file_path"):
+        pla.Client("pulsar+ssl://127.0.0.1:1", tls_certificate_file_path="/c.pem")

@@ -1,0 +1,177 @@
+"""pulsarlite's own client (blocking and asyncio) against a secured broker process: TLS
+(``pulsar+ssl://``, trust file, hostname validation) and authentication (token, token supplier
+refreshed through AUTH_CHALLENGE, basic, TLS certificate); a token made by ``pulsarlite tokens``
+is accepted from the official client too; refused credentials raise AuthenticationError at once
+(not retried until the timeout)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+
+import bcrypt
+import pytest
+
+import pulsarlite
+import pulsarlite.aio as aio
+from pulsarlite.cli import main as cli_main
+from pulsarlite.tokens import create_token
+from pulsarlite.zk_server import find_free_port
+from tests.integration.helpers import wait_for
+
+pulsar = pytest.importorskip("pulsar")
+trustme = pytest.importorskip("trustme")
+
+pytestmark = pytest.mark.integration
+
+PASSWORD = "pw-" + base64.urlsafe_b64encode(os.urandom(9)).decode()
+TIMEOUT_MS = 15_000
+
+
+class Secured:
+    def __init__(self, cluster, directory, key: bytes, port_tls: int) -> None:
+        self.cluster = cluster
+        self.dir = directory
+        self.key = key
+        self.url = f"pulsar+ssl://127.0.0.1:{port_tls}"
+
+    def token(self, role: str, expiry_s: int | None = None) -> str:
+        return create_token(subject=role, secret_key=self.key, now_s=time.time(), expiry_s=expiry_s)
+
+
+@pytest.fixture(scope="module")
+def secured(module_cluster_factory, module_tmp_path):
+    d = module_tmp_path
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    client_leaf = ca.issue_cert("tls-role", common_name="tls-role")
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    server.cert_chain_pems[0].write_to_path(str(d / "broker.pem"))
+    server.private_key_pem.write_to_path(str(d / "broker.key"))
+    client_leaf.cert_chain_pems[0].write_to_path(str(d / "client.pem"))
+    client_leaf.private_key_pem.write_to_path(str(d / "client.key"))
+    # the secret key made by our tool, in Pulsar's format (raw bytes)
+    assert cli_main(["tokens", "create-secret-key", "--output", str(d / "secret.key")]) == 0
+    (d / "users").write_bytes(b"alice:" + bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)) + b"\n")
+    port_tls = find_free_port()
+    cluster = module_cluster_factory(1, brokers=1, broker_overrides={
+        "ensemble_size": 1, "write_quorum": 1, "ack_quorum": 1,
+        "broker_service_port_tls": port_tls, "tls_certificate_file_path": str(d / "broker.pem"),
+        "tls_key_file_path": str(d / "broker.key"), "tls_trust_certs_file_path": str(d / "ca.pem"),
+        "authentication_enabled": True, "authentication_providers": "token,basic,tls",
+        "token_secret_key": f"file://{d / 'secret.key'}", "basic_auth_conf": str(d / "users"),
+        "authentication_refresh_check_interval_ms": 500})
+    return Secured(cluster, d, (d / "secret.key").read_bytes(), port_tls)
+
+
+def _round_trip(client, topic: str) -> None:
+    consumer = client.subscribe(topic, "s", initial_position=pulsarlite.InitialPosition.Earliest)
+    producer = client.create_producer(topic)
+    producer.send(b"hello")
+    assert consumer.receive(timeout_millis=TIMEOUT_MS).data() == b"hello"
+    producer.close()
+    consumer.close()
+
+
+def test_our_client_over_tls_with_a_token(secured):
+    client = pulsarlite.Client(secured.url, tls_trust_certs_file_path=str(secured.dir / "ca.pem"),
+                               tls_validate_hostname=True,
+                               authentication=pulsarlite.AuthenticationToken(secured.token("svc")))
+    try:
+        _round_trip(client, "persistent://public/default/ours-token")
+    finally:
+        client.close()
+
+
+def test_official_client_takes_a_token_made_by_our_tool(secured, capsys):
+    assert cli_main(["tokens", "create", "--secret-key", f"file://{secured.dir / 'secret.key'}",
+                     "--subject", "official", "--expiry-time", "1h"]) == 0
+    token = capsys.readouterr().out.strip()
+    client = pulsar.Client(secured.url, tls_trust_certs_file_path=str(secured.dir / "ca.pem"),
+                           authentication=pulsar.AuthenticationToken(token), operation_timeout_seconds=30)
+    try:
+        consumer = client.subscribe("persistent://public/default/official-token", "s",
+                                    initial_position=pulsar.InitialPosition.Earliest)
+        client.create_producer("persistent://public/default/official-token").send(b"x")
+        assert consumer.receive(timeout_millis=TIMEOUT_MS).data() == b"x"
+    finally:
+        client.close()
+
+
+def test_refused_credentials_raise_authentication_error(secured):
+    other_key = os.urandom(32)
+    forged = create_token(subject="svc", secret_key=other_key, now_s=time.time())
+    for authentication in (pulsarlite.AuthenticationToken(forged), pulsarlite.AuthenticationBasic("alice", "wrong"),
+                           None):
+        client = pulsarlite.Client(secured.url, tls_trust_certs_file_path=str(secured.dir / "ca.pem"),
+                                   authentication=authentication, operation_timeout_seconds=30)
+        try:
+            with pytest.raises(pulsarlite.AuthenticationError) as info:
+                client.create_producer("persistent://public/default/refused")
+            assert PASSWORD not in str(info.value) and forged not in str(info.value)
+        finally:
+            client.close()
+
+
+def test_basic_and_tls_certificate_with_the_asyncio_client(secured):
+    import asyncio
+
+    async def run(authentication, topic):
+        client = aio.Client(secured.url, tls_trust_certs_file_path=str(secured.dir / "ca.pem"),
+                            authentication=authentication)
+        try:
+            consumer = await client.subscribe(topic, "s", initial_position=aio.InitialPosition.Earliest)
+            producer = await client.create_producer(topic)
+            await producer.send(b"a")
+            assert (await consumer.receive()).data() == b"a"
+        finally:
+            await client.close()
+
+    asyncio.run(run(aio.AuthenticationBasic("alice", PASSWORD), "persistent://public/default/aio-basic"))
+    asyncio.run(run(aio.AuthenticationTLS(str(secured.dir / "client.pem"), str(secured.dir / "client.key")),
+                    "persistent://public/default/aio-tls"))
+
+
+def test_token_supplier_is_asked_again_on_auth_challenge(secured):
+    """Tokens that expire after 2 s: the broker's AUTH_CHALLENGE gets a fresh one from the supplier,
+    and the same producer keeps sending on the same connection past the first token's expiry."""
+    calls: list[float] = []
+
+    def supplier() -> str:
+        calls.append(time.time())
+        return secured.token("refreshing", expiry_s=2)
+
+    client = pulsarlite.Client(secured.url, tls_trust_certs_file_path=str(secured.dir / "ca.pem"),
+                               authentication=pulsarlite.AuthenticationToken(supplier))
+    try:
+        topic = "persistent://public/default/refresh"
+        consumer = client.subscribe(topic, "s", initial_position=pulsarlite.InitialPosition.Earliest)
+        producer = client.create_producer(topic)
+        producer.send(b"before")
+        first = len(calls)
+        wait_for(lambda: len(calls) >= first + 2, 30, "two refreshes through AUTH_CHALLENGE")
+        producer.send(b"after")
+        assert [consumer.receive(timeout_millis=TIMEOUT_MS).data() for _ in range(2)] == [b"before", b"after"]
+        log = open(secured.cluster.records["broker-1"].log, errors="replace").read()
+        assert "authentication refreshed" in log
+        for value in (PASSWORD, secured.key.hex()):
+            assert value not in log
+    finally:
+        client.close()
+
+
+def test_client_conf_style_plugins():
+    from pulsarlite.client.auth import (AuthenticationBasic, AuthenticationTLS, AuthenticationToken,
+                                        authentication_from_plugin)
+    token = authentication_from_plugin("org.apache.pulsar.client.impl.auth.AuthenticationToken", "token:abc")
+    assert isinstance(token, AuthenticationToken) and token.auth_data() == b"abc"
+    basic = authentication_from_plugin("org.apache.pulsar.client.impl.auth.AuthenticationBasic",
+                                       '{"userId":"u","password":"p"}')
+    assert isinstance(basic, AuthenticationBasic) and basic.auth_data() == b"u:p"
+    tls = authentication_from_plugin("org.apache.pulsar.client.impl.auth.AuthenticationTls",
+                                     "tlsCertFile:/c.pem,tlsKeyFile:/k.pem")
+    assert isinstance(tls, AuthenticationTLS) and tls.tls_certificate() == ("/c.pem", "/k.pem")
+    assert authentication_from_plugin("", "") is None
+    with pytest.raises(pulsarlite.InvalidConfiguration):
+        authentication_from_plugin("com.example.Kerberos", "")
