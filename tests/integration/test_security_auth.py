@@ -31,11 +31,16 @@ SECRET = os.urandom(32)
 ADMIN_PASSWORD = "pw-" + base64.urlsafe_b64encode(os.urandom(9)).decode()
 
 
+ISSUED: list[str] = []          # every token made here: none may show up anywhere (test_secrets_stay_secret)
+
+
 def token(sub: str, *, key: bytes = SECRET, exp_s: float | None = None) -> str:
     claims = {"sub": sub}
     if exp_s is not None:
         claims["exp"] = int(exp_s)
-    return jwt.encode(claims, key, algorithm="HS256")
+    made = jwt.encode(claims, key, algorithm="HS256")
+    ISSUED.append(made)
+    return made
 
 
 @pytest.fixture(scope="module")
@@ -242,3 +247,38 @@ def test_official_client_refreshes_a_token_from_its_supplier(secured):
         client.close()
     assert len(calls) >= 2, calls
     assert broker_log(secured).count("authentication refreshed role=admin") > refreshed_before
+
+
+def test_secrets_stay_secret(secured, module_tmp_path):
+    """Invariant 11: after everything above, no token, password, key or hash in the broker's
+    and bookies' logs, /metrics, topic stats, or any znode."""
+    from kazoo.client import KazooClient
+
+    admin = {"Authorization": f"Bearer {token('admin')}"}
+    metrics = _http(secured, "/metrics")[1]
+    stats = json.dumps(_http(secured, "/admin/v2/persistent/public/default/token-ok/stats", admin)[1])
+    internal = json.dumps(_http(secured, "/admin/v2/persistent/public/default/token-ok/internalStats", admin)[1])
+    places = {"metrics": str(metrics), "stats": stats, "internal stats": internal}
+    for log in (secured.dir / "logs").glob("*.log"):
+        places[f"log {log.name}"] = log.read_bytes().decode("latin-1")
+    zk = KazooClient(hosts=secured.zookeeper)
+    zk.start(timeout=15)
+    try:
+        pending, znodes = ["/"], []
+        while pending and len(znodes) < 100_000:
+            path = pending.pop()
+            data, _ = zk.get(path)
+            znodes.append(path + " " + (data or b"").decode("latin-1"))
+            pending.extend(path.rstrip("/") + "/" + child for child in zk.get_children(path))
+    finally:
+        zk.stop()
+        zk.close()
+    places["znodes"] = "\n".join(znodes)
+    hashed = (module_tmp_path / "users.htpasswd").read_bytes().split(b":", 1)[1].strip().decode()
+    secrets = {"password": ADMIN_PASSWORD, "bcrypt hash": hashed, "key (base64)": base64.b64encode(SECRET).decode(),
+               "key (hex)": SECRET.hex(), "key": SECRET.decode("latin-1")}
+    secrets.update({f"token {i}": t for i, t in enumerate(ISSUED)})
+    secrets.update({f"token signature {i}": t.rsplit(".", 1)[1] for i, t in enumerate(ISSUED)})
+    assert len(ISSUED) > 10 and len(places["znodes"]) > 1000 and "refused" in places["log broker-1.log"]
+    leaks = [(what, where) for where, text in places.items() for what, secret in secrets.items() if secret in text]
+    assert not leaks, leaks
