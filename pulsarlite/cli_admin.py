@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pulsarlite.client_config import add_connection_flags, resolve_connection
-from pulsarlite.errors import ConfigError
+from pulsarlite.errors import ConfigError, PulsarliteError
 from pulsarlite.topic_name import InvalidTopicNameError, NamespaceName, TopicName
 
 REQUEST_TIMEOUT_S = 30.0
@@ -146,9 +146,15 @@ _OPENER = urllib.request.build_opener(_NoRedirect)
 class AdminClient:
     """A small blocking client of the HTTP admin: JSON in, JSON out."""
 
-    def __init__(self, admin_url: str, *, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(self, admin_url: str, *, timeout_s: float = REQUEST_TIMEOUT_S, authorization: str | None = None,
+                 ssl_context=None) -> None:
+        """``authorization``: the Authorization header ([security]: Bearer or Basic), never printed;
+        ``ssl_context``: for https:// (ClientConfig.http_ssl_context)."""
         self.admin_url = admin_url.rstrip("/")
         self.timeout_s = timeout_s
+        self._authorization = authorization
+        self._opener = (urllib.request.build_opener(_NoRedirect, urllib.request.HTTPSHandler(context=ssl_context))
+                        if ssl_context is not None else _OPENER)
 
     def request(self, method: str, path: str, body: Any = None, *, query: dict[str, str] | None = None) -> Any:
         status, _, raw = self.exchange(method, path, body, query=query)
@@ -169,10 +175,12 @@ class AdminClient:
         for _ in range(REDIRECTS_MAX + 1):
             req = urllib.request.Request(url, data=data, method=method)
             req.add_header("Accept", "application/json")
+            if self._authorization:
+                req.add_header("Authorization", self._authorization)
             if data is not None:
                 req.add_header("Content-Type", "application/json")
             try:
-                with _OPENER.open(req, timeout=self.timeout_s) as resp:
+                with self._opener.open(req, timeout=self.timeout_s) as resp:
                     raw = resp.read(RESPONSE_BYTES_MAX + 1)
                     status = resp.status
                     headers = dict(resp.headers.items())
@@ -786,8 +794,11 @@ def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
                         help="output format (default: as pulsar-admin: lists a line each, objects as JSON)")
     if suppress:
         g = parser.add_argument_group("connection")
-        for flag in ("--service-url", "--admin-url", "--client-conf"):
+        for flag in ("--service-url", "--admin-url", "--client-conf", "--auth-plugin", "--auth-params",
+                     "--tls-trust-certs-file-path"):
             g.add_argument(flag, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        for flag in ("--tls-allow-insecure-connection", "--tls-enable-hostname-verification"):
+            g.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     else:
         add_connection_flags(parser)
 
@@ -820,7 +831,11 @@ def _run(args: argparse.Namespace) -> int:
         conn = resolve_connection(args)
     except ConfigError as e:
         return _fail(str(e), 2)
-    client = AdminClient(conn.admin_url)
+    try:
+        client = AdminClient(conn.admin_url, authorization=conn.http_authorization(),
+                             ssl_context=conn.http_ssl_context())
+    except PulsarliteError as e:
+        return _fail(str(e), 2)
     try:
         if op.run is not None:
             value = op.run(client, args)

@@ -78,7 +78,7 @@ def _client(args):
     from pulsarlite.client import Client
     from pulsarlite.client_config import resolve_connection
     conf = resolve_connection(args)
-    return Client(conf.service_url, operation_timeout_seconds=30)
+    return Client(conf.service_url, operation_timeout_seconds=30, **conf.client_kwargs())
 
 
 def run_produce(args) -> int:

@@ -144,7 +144,8 @@ def add_parser(subparsers) -> None:
 def _client(args):
     from pulsarlite.client import Client
     from pulsarlite.client_config import resolve_connection
-    return Client(resolve_connection(args).service_url, operation_timeout_seconds=30)
+    conf = resolve_connection(args)
+    return Client(conf.service_url, operation_timeout_seconds=30, **conf.client_kwargs())
 
 
 def _live(kind: str, stats: LatencyStats, elapsed_s: float, last_count: int, interval_s: float,

@@ -55,14 +55,18 @@ def secured(module_cluster_factory, module_tmp_path):
     assert cli_main(["tokens", "create-secret-key", "--output", str(d / "secret.key")]) == 0
     (d / "users").write_bytes(b"alice:" + bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)) + b"\n")
     port_tls = find_free_port()
+    https_port = find_free_port()
     cluster = module_cluster_factory(1, brokers=1, broker_overrides={
         "ensemble_size": 1, "write_quorum": 1, "ack_quorum": 1,
-        "broker_service_port_tls": port_tls, "tls_certificate_file_path": str(d / "broker.pem"),
+        "broker_service_port_tls": port_tls, "web_service_port_tls": https_port,
+        "tls_certificate_file_path": str(d / "broker.pem"),
         "tls_key_file_path": str(d / "broker.key"), "tls_trust_certs_file_path": str(d / "ca.pem"),
         "authentication_enabled": True, "authentication_providers": "token,basic,tls",
         "token_secret_key": f"file://{d / 'secret.key'}", "basic_auth_conf": str(d / "users"),
         "authentication_refresh_check_interval_ms": 500})
-    return Secured(cluster, d, (d / "secret.key").read_bytes(), port_tls)
+    secured = Secured(cluster, d, (d / "secret.key").read_bytes(), port_tls)
+    secured.https = f"https://127.0.0.1:{https_port}"
+    return secured
 
 
 def _round_trip(client, topic: str) -> None:
@@ -175,3 +179,36 @@ def test_client_conf_style_plugins():
     assert authentication_from_plugin("", "") is None
     with pytest.raises(pulsarlite.InvalidConfiguration):
         authentication_from_plugin("com.example.Kerberos", "")
+
+
+def test_cli_flags_and_client_conf(secured, tmp_path, capsys):
+    """produce / consume / admin with --auth-plugin/--auth-params and the TLS flags, and the same
+    settings from a client.conf; a wrong token exits non-zero and prints no secret."""
+    token = secured.token("cli")
+    ca = str(secured.dir / "ca.pem")
+    flags = ["--service-url", secured.url, "--admin-url", secured.https, "--tls-trust-certs-file-path", ca,
+             "--tls-enable-hostname-verification",
+             "--auth-plugin", "org.apache.pulsar.client.impl.auth.AuthenticationToken", "--auth-params",
+             f"token:{token}"]
+    topic = "persistent://public/default/cli-secured"
+    assert cli_main(["produce", topic, "-m", "one", *flags]) == 0
+    assert cli_main(["consume", topic, "-s", "s", "-n", "1", "-p", "earliest", "--timeout", "30", *flags]) == 0
+    assert "one" in capsys.readouterr().out
+    assert cli_main(["admin", *flags, "tenants", "list"]) == 0
+    assert "public" in capsys.readouterr().out
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    conf = tmp_path / "client.conf"
+    conf.write_text(f"brokerServiceUrl={secured.url}\nwebServiceUrl={secured.https}\n"
+                    f"authPlugin=org.apache.pulsar.client.impl.auth.AuthenticationToken\n"
+                    f"authParams=file://{token_file}\ntlsTrustCertsFilePath={ca}\n")
+    assert cli_main(["produce", topic, "-m", "two", "--client-conf", str(conf)]) == 0
+    assert cli_main(["admin", "--client-conf", str(conf), "tenants", "list"]) == 0
+    capsys.readouterr()
+    forged = create_token(subject="cli", secret_key=os.urandom(32), now_s=time.time())
+    assert cli_main(["produce", topic, "-m", "x", "--service-url", secured.url, "--tls-trust-certs-file-path", ca,
+                     "--auth-plugin", "token", "--auth-params", f"token:{forged}"]) != 0
+    assert cli_main(["admin", "--admin-url", secured.https, "--tls-trust-certs-file-path", ca, "--auth-plugin",
+                     "token", "--auth-params", f"token:{forged}", "tenants", "list"]) != 0
+    out = capsys.readouterr()
+    assert forged not in out.out + out.err

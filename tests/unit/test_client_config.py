@@ -45,7 +45,9 @@ tlsAllowInsecureConnection=false
     assert cfg.service_url == "pulsar://10.0.0.5:6650"
     assert cfg.admin_url == "http://10.0.0.5:8080"  # trailing slash dropped
     assert cfg.source == path
-    assert cfg.properties == {"authPlugin": "", "tlsAllowInsecureConnection": "false"}
+    # [security] keys are read into their fields (an empty value: not set)
+    assert cfg.properties == {}
+    assert cfg.auth_plugin == "" and cfg.tls_allow_insecure_connection is False
 
 
 def test_multi_host_service_url(tmp_path):
