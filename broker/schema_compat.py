@@ -8,12 +8,16 @@ A topic's schemas form a list of versions. A new schema is checked against the l
 - FULL: both.
 
 AVRO and JSON schemas (Pulsar's JSON schema is an Avro record definition) are checked with
-Avro's schema-resolution rules (https://avro.apache.org/docs/current/specification/#schema-resolution):
-fields matched by name (or reader alias), reader fields missing from the writer need a default,
-numeric promotions int -> long -> float -> double, string <-> bytes, unions branch by branch,
-enum symbols, fixed sizes. KEY_VALUE schemas check their key and value parts. Any other type is
-compatible only with the same type and the same definition bytes; primitive types (STRING,
-INT64, ...) carry no definition: the same type is the same schema, as in Pulsar.
+Avro's schema-resolution rules (https://avro.apache.org/docs/current/specification/#schema-resolution)
+as Pulsar applies them (Avro's SchemaValidator, whose resolving grammar does not compare record
+names, over definitions parsed without validating defaults):
+fields matched by name (or reader alias), reader fields missing from the writer need a default
+(any default, ``null`` included), numeric promotions int -> long -> float -> double,
+string <-> bytes, unions branch by branch, enum names and symbols, fixed names and sizes. A
+record may change its name (the official Python client names it after the class). KEY_VALUE
+schemas check their key and value parts. Any other type is compatible only with the same type
+and the same definition bytes; primitive types (STRING, INT64, ...) carry no definition: the
+same type is the same schema, as in Pulsar.
 
 Everything here is synchronous and deterministic; the registry (broker/schemas.py) calls it.
 """
@@ -186,17 +190,40 @@ _DEPTH_MAX = 64
 
 
 def parse_avro(data: bytes) -> Any:
-    """The Avro definition as JSON, validated by fastavro (clear error when it is not one)."""
+    """The Avro definition as JSON, validated by fastavro (clear error when it is not one).
+
+    Field defaults are not validated, as Pulsar parses with ``setValidateDefaults(false)``: the
+    official Python client writes ``"default": null`` for a required field declared with
+    ``required_default=True`` and no default, which Pulsar stores and resolves."""
     try:
         raw = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise InvalidSchemaError(f"schema definition is not valid JSON: {e}") from None
     try:
         import fastavro
-        fastavro.parse_schema(raw)
+        fastavro.parse_schema(_without_defaults(raw, 0))
+    except InvalidSchemaError:
+        raise
     except Exception as e:     # fastavro raises several kinds (SchemaParseException, KeyError, ...)
         raise InvalidSchemaError(f"not a valid Avro schema: {e}") from None
     return raw
+
+
+def _without_defaults(node: Any, depth: int) -> Any:
+    """A copy of a parsed Avro schema without the fields' defaults (for validation only)."""
+    if depth > _DEPTH_MAX:
+        raise InvalidSchemaError(f"Avro schema nested deeper than {_DEPTH_MAX}")
+    if isinstance(node, list):
+        return [_without_defaults(n, depth + 1) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _without_defaults(v, depth + 1) for k, v in node.items() if k != "fields"}
+    if isinstance(node.get("fields"), list):
+        out["fields"] = [{k: _without_defaults(v, depth + 1) for k, v in f.items() if k != "default"}
+                         if isinstance(f, dict) else f for f in node["fields"]]
+    elif "fields" in node:
+        out["fields"] = node["fields"]
+    return out
 
 
 class _Names:
@@ -294,7 +321,7 @@ def _check(rn: _Names, r: Any, wn: _Names, w: Any, path: str, out: list[str],
     if rk != wk:
         out.append(f"{where}: reader type {rk} cannot read writer type {wk}")
         return
-    if rk in ("record", "enum", "fixed"):
+    if rk in ("enum", "fixed"):          # records resolve by fields, whatever their names
         r_name, w_name = _short(str(r["name"])), _short(str(w["name"]))
         aliases = {_short(str(a)) for a in r.get("aliases", [])}
         if r_name != w_name and w_name not in aliases:

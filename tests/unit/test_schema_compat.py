@@ -93,10 +93,38 @@ def test_recursive_records_terminate():
     assert not avro_read_problems(node, node)
 
 
-def test_renamed_record_needs_an_alias():
-    other = dict(V1, name="Person")
-    assert avro_read_problems(other, V1)
-    assert not avro_read_problems(dict(other, aliases=["User"]), V1)
+def test_a_record_may_change_its_name_enums_and_fixed_may_not():
+    """Pulsar asks Avro's SchemaValidator, whose resolving grammar resolves records by their
+    fields whatever their names (the official Python client names the record after the class:
+    User1 -> User2 is accepted), and compares the names of enums and fixed types."""
+    renamed = dict(V1, name="Person")
+    assert not avro_read_problems(renamed, V1)
+    check_compatible(avro(dict(V2_OPTIONAL_ADDED, name="User2")), [avro(dict(V1, name="User1"))], S.FULL)
+    nested = record({"name": "inner", "type": record({"name": "x", "type": "int"}, name="In1")})
+    nested_renamed = record({"name": "inner", "type": record({"name": "x", "type": "int"}, name="In2")})
+    assert not avro_read_problems(nested_renamed, nested)
+    # renaming does not hide a real difference
+    assert avro_read_problems(dict(V3_REQUIRED_ADDED, name="Person"), V1)
+    color = {"type": "enum", "name": "Color", "symbols": ["RED"]}
+    assert avro_read_problems(dict(color, name="Colour"), color)
+    assert not avro_read_problems(dict(color, name="Colour", aliases=["Color"]), color)
+    assert avro_read_problems({"type": "fixed", "name": "G", "size": 4}, {"type": "fixed", "name": "F", "size": 4})
+
+
+def test_defaults_are_not_validated_and_any_default_fills_a_missing_field():
+    """Pulsar parses with ``setValidateDefaults(false)``: the official Python client writes
+    ``"default": null`` for ``Integer(required=True, required_default=True)``, a default Avro's
+    strict parser refuses; Pulsar stores it and counts it as the field's default."""
+    with_null_default = record({"name": "a", "type": "int"}, {"name": "n", "type": "int", "default": None})
+    check_compatible(avro(with_null_default), [], S.FULL)
+    check_compatible(avro(with_null_default), [avro(V1)], S.FULL)
+    check_compatible(avro(with_null_default, "JSON"), [avro(V1, "JSON")], S.FULL)
+    without = record({"name": "a", "type": "int"}, {"name": "n", "type": "int"})
+    with pytest.raises(IncompatibleSchemaError, match="no default"):
+        check_compatible(avro(without), [avro(V1)], S.BACKWARD)
+    # the structure is still validated
+    with pytest.raises(InvalidSchemaError, match="not a valid Avro schema"):
+        check_compatible(avro(record({"name": "a", "type": "no-such-type", "default": 1})), [], S.FULL)
 
 
 def test_invalid_definitions_are_refused_clearly():
