@@ -15,8 +15,11 @@ fields matched by name (or reader alias), reader fields missing from the writer 
 (any default, ``null`` included), numeric promotions int -> long -> float -> double,
 string <-> bytes, unions branch by branch, enum names and symbols, fixed names and sizes. A
 record may change its name (the official Python client names it after the class). KEY_VALUE
-schemas check their key and value parts. Any other type is compatible only with the same type
-and the same definition bytes; primitive types (STRING, INT64, ...) carry no definition: the
+schemas check their key and value parts. PROTOBUF_NATIVE schemas, as Pulsar's
+ProtobufNativeSchemaCompatibilityCheck, under every strategy that checks: the root message's
+full name must not change (the descriptor set is built, not compared byte for byte: the Go
+client orders its files differently per process). Any other type is compatible only with the
+same type and the same definition bytes; primitive types (STRING, INT64, ...) carry no definition: the
 same type is the same schema, as in Pulsar.
 
 Everything here is synchronous and deterministic; the registry (broker/schemas.py) calls it.
@@ -24,6 +27,7 @@ Everything here is synchronous and deterministic; the registry (broker/schemas.p
 
 from __future__ import annotations
 
+import base64
 import enum
 import json
 from dataclasses import dataclass, field
@@ -361,12 +365,69 @@ def _check(rn: _Names, r: Any, wn: _Names, w: Any, path: str, out: list[str],
         out.append(f"{where}: unsupported Avro type {rk}")
 
 
+# -- PROTOBUF_NATIVE -----------------------------------------------------------------------------
+
+PROTOBUF_FILES_MAX = 256       # files in one descriptor set
+
+
+def protobuf_native_root(data: bytes) -> str:
+    """The full name of the root message of a PROTOBUF_NATIVE definition (Pulsar's
+    ProtobufNativeSchemaData: JSON ``{"fileDescriptorSet": base64 FileDescriptorSet,
+    "rootMessageTypeName": "pkg.Msg", "rootFileDescriptorName": "x.proto"}``), after building
+    the descriptors as Pulsar's deserializer does: every dependency in the set, whatever the
+    order of its files, and the root message in the root file (InvalidSchemaError otherwise)."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidSchemaError(f"PROTOBUF_NATIVE definition is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise InvalidSchemaError("PROTOBUF_NATIVE definition must be a JSON object")
+    encoded, root, root_file = (doc.get("fileDescriptorSet"), doc.get("rootMessageTypeName"),
+                                doc.get("rootFileDescriptorName"))
+    if not all(isinstance(v, str) and v for v in (encoded, root, root_file)):
+        raise InvalidSchemaError("PROTOBUF_NATIVE definition needs fileDescriptorSet, rootMessageTypeName "
+                                 "and rootFileDescriptorName as non-empty strings")
+    from google.protobuf import descriptor_pb2, descriptor_pool
+    try:
+        files = descriptor_pb2.FileDescriptorSet.FromString(base64.b64decode(encoded, validate=True)).file
+    except Exception as e:          # binascii.Error, protobuf's DecodeError
+        raise InvalidSchemaError(f"PROTOBUF_NATIVE fileDescriptorSet does not decode: {e}") from None
+    if len(files) > PROTOBUF_FILES_MAX:
+        raise InvalidSchemaError(f"PROTOBUF_NATIVE fileDescriptorSet has {len(files)} files, more than "
+                                 f"{PROTOBUF_FILES_MAX}")
+    pool = descriptor_pool.DescriptorPool()
+    pending = list(files)
+    added: set[str] = set()
+    while pending:                  # dependencies first, in whatever order the set lists them
+        ready = [f for f in pending if all(d in added for d in f.dependency)]
+        if not ready:
+            raise InvalidSchemaError(f"PROTOBUF_NATIVE fileDescriptorSet lacks dependencies of "
+                                     f"{sorted(f.name for f in pending)}")
+        for f in ready:
+            try:
+                pool.Add(f)
+            except Exception as e:  # TypeError, duplicate symbols, unresolved types
+                raise InvalidSchemaError(f"PROTOBUF_NATIVE file {f.name} does not build: {e}") from None
+            added.add(f.name)
+        pending = [f for f in pending if f.name not in added]
+    try:
+        message = pool.FindMessageTypeByName(root)
+    except KeyError:
+        raise InvalidSchemaError(f"PROTOBUF_NATIVE root message {root} is not in the descriptor set") from None
+    if message.file.name != root_file:
+        raise InvalidSchemaError(f"PROTOBUF_NATIVE root message {root} is in {message.file.name}, "
+                                 f"not in {root_file}")
+    return message.full_name
+
+
 # -- the decision -----------------------------------------------------------------------------
 
 def validate(schema: SchemaDef) -> None:
     """InvalidSchemaError when the definition cannot be used at all."""
     if schema.type in STRUCT_TYPES:
         parse_avro(schema.data)
+    elif schema.type == "PROTOBUF_NATIVE":
+        protobuf_native_root(schema.data)
     elif schema.type == "KEY_VALUE":
         for part in split_key_value(schema):
             validate(part)
@@ -389,6 +450,11 @@ def pair_problems(new: SchemaDef, old: SchemaDef, strategy: CompatibilityStrateg
             problems += [f"forward: {p}" for p in avro_read_problems(old_avro, new_avro)]
         return problems
     if new.type in PRIMITIVE_TYPES:
+        return []
+    if new.type == "PROTOBUF_NATIVE":   # Pulsar compares the root message's full name only
+        new_root, old_root = protobuf_native_root(new.data), protobuf_native_root(old.data)
+        if new_root != old_root:
+            return [f"the root message changes from {old_root} to {new_root}"]
         return []
     if new.data != old.data:        # other types (PROTOBUF, ...): the definition must not change
         return [f"{new.type} schema definition differs from the existing one"]
@@ -418,4 +484,4 @@ def check_compatible(new: SchemaDef, existing: Sequence[SchemaDef],
 
 __all__ = ["CompatibilityStrategy", "DEFAULT_STRATEGY", "IncompatibleSchemaError", "InvalidSchemaError",
            "SchemaDef", "TYPE_CODES", "TYPE_NAMES", "avro_read_problems", "check_compatible", "pair_problems",
-           "parse_avro", "split_key_value", "type_code", "type_name", "validate"]
+           "parse_avro", "protobuf_native_root", "split_key_value", "type_code", "type_name", "validate"]

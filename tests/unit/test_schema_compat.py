@@ -202,3 +202,64 @@ def test_property_changing_a_type_without_promotion_is_not_full(schema, data):
                                    for i, f in enumerate(schema["fields"])])
     with pytest.raises(IncompatibleSchemaError):
         check_compatible(avro(changed), [avro(schema)], S.FULL)
+
+
+# -- PROTOBUF_NATIVE: the root message name, as Pulsar's ProtobufNativeSchemaCompatibilityCheck ----
+def _proto_files():
+    from google.protobuf import descriptor_pb2 as d
+    optional = d.FieldDescriptorProto.LABEL_OPTIONAL
+    dep = d.FileDescriptorProto(name="money.proto", package="demo", syntax="proto3")
+    dep.message_type.add(name="Money").field.add(name="cents", number=1, type=d.FieldDescriptorProto.TYPE_INT64,
+                                                 label=optional)
+    root = d.FileDescriptorProto(name="order.proto", package="demo", syntax="proto3", dependency=["money.proto"])
+    order = root.message_type.add(name="Order")
+    order.field.add(name="total", number=1, type=d.FieldDescriptorProto.TYPE_MESSAGE, type_name=".demo.Money",
+                    label=optional)
+    order.nested_type.add(name="Line")
+    root.message_type.add(name="Invoice")
+    return dep, root
+
+
+def proto_native(files, root="demo.Order", root_file="order.proto") -> SchemaDef:
+    import base64
+
+    from google.protobuf import descriptor_pb2
+    data = {"fileDescriptorSet": base64.b64encode(descriptor_pb2.FileDescriptorSet(file=files)
+                                                  .SerializeToString()).decode(),
+            "rootMessageTypeName": root, "rootFileDescriptorName": root_file}
+    return SchemaDef("PROTOBUF_NATIVE", json.dumps(data).encode())
+
+
+def test_protobuf_native_compares_root_message_names_not_bytes():
+    dep, root = _proto_files()
+    first, reordered = proto_native([dep, root]), proto_native([root, dep])
+    assert first.data != reordered.data and not first.same_as(reordered)
+    for strategy in (S.BACKWARD, S.FORWARD, S.FULL, S.FULL_TRANSITIVE):
+        check_compatible(reordered, [first], strategy)
+    check_compatible(proto_native([dep, root], "demo.Order.Line"), [], S.FULL)
+    with pytest.raises(IncompatibleSchemaError, match="root message changes from demo.Order to demo.Invoice"):
+        check_compatible(proto_native([dep, root], "demo.Invoice"), [first], S.BACKWARD)
+    check_compatible(proto_native([dep, root], "demo.Invoice"), [first], S.ALWAYS_COMPATIBLE)
+    with pytest.raises(IncompatibleSchemaError):
+        check_compatible(reordered, [first], S.ALWAYS_INCOMPATIBLE)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (b"{nope", "not valid JSON"),
+    (b'{"fileDescriptorSet": "", "rootMessageTypeName": "a.B", "rootFileDescriptorName": "b.proto"}', "non-empty"),
+    (b'{"fileDescriptorSet": "!!", "rootMessageTypeName": "a.B", "rootFileDescriptorName": "b.proto"}',
+     "does not decode"),
+])
+def test_protobuf_native_definitions_that_do_not_parse_are_refused(bad, match):
+    with pytest.raises(InvalidSchemaError, match=match):
+        check_compatible(SchemaDef("PROTOBUF_NATIVE", bad), [], S.FULL)
+
+
+def test_protobuf_native_set_must_build_and_hold_the_root():
+    dep, root = _proto_files()
+    with pytest.raises(InvalidSchemaError, match="lacks dependencies"):
+        check_compatible(proto_native([root]), [], S.FULL)
+    with pytest.raises(InvalidSchemaError, match="not in the descriptor set"):
+        check_compatible(proto_native([dep, root], "demo.Refund"), [], S.FULL)
+    with pytest.raises(InvalidSchemaError, match="not in other.proto"):
+        check_compatible(proto_native([dep, root], root_file="other.proto"), [], S.FULL)
