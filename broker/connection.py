@@ -64,6 +64,7 @@ for _f in T.DESCRIPTOR.fields:
 
 class ConnState(enum.Enum):
     AWAITING_CONNECT = "awaiting_connect"
+    AUTHENTICATING = "authenticating"    # [security] a slow check (bcrypt) runs off the loop
     CONNECTED = "connected"
     CLOSED = "closed"
 
@@ -76,6 +77,10 @@ class CoreOutput:
     out: list[bytes] = field(default_factory=list)
     frames: list[Frame] = field(default_factory=list)
     close: bool = False
+    # [security] credentials whose check is slow (basic: bcrypt): the shell runs
+    # ``authentication.authenticate`` off the event loop and hands the outcome to
+    # ConnectionCore.complete_authentication
+    authenticate: AuthenticationData | None = None
 
 
 def _request_id_of(command: pb.BaseCommand) -> int | None:
@@ -87,6 +92,8 @@ def _request_id_of(command: pb.BaseCommand) -> int | None:
 
 
 UNSUPPORTED_COMMANDS_MAX_DEFAULT = 1_000
+# [security] methods whose check is slow (bcrypt): run off the event loop by the shell
+SLOW_AUTH_METHODS = frozenset({"basic"})
 
 
 class ConnectionCore:
@@ -150,7 +157,28 @@ class ConnectionCore:
         self.state = ConnState.CLOSED
         return result
 
+    def _connected(self, result: CoreOutput) -> None:
+        result.out.append(c.connected(self.server_version, self.negotiated_protocol_version,
+                                      max_message_size=self.message_bytes_max,
+                                      supports_auth_refresh=self._authentication is not None))
+        self.state = ConnState.CONNECTED
+        self._decoder.frame_bytes_max = self.frame_bytes_max
+
     # -- [security] authentication ---------------------------------------------------------------
+    def complete_authentication(self, auth: AuthenticationData, role: str | None,
+                                error: AuthenticationError | None) -> CoreOutput:
+        """The outcome of a slow check the shell ran for ``CoreOutput.authenticate``: CONNECTED,
+        or ERROR(AuthenticationError) and close."""
+        result = CoreOutput()
+        if self.state is not ConnState.AUTHENTICATING:
+            return result                   # closed meanwhile
+        if error is not None or role is None:
+            log.info("authentication refused method=%r reason=%s", auth.method, error)
+            return self._fail(result, pb.AuthenticationError, str(error or "authentication failed"))
+        self.role, self.auth, self.auth_expires_at_s = role, auth, None
+        self._connected(result)
+        return result
+
     def _authenticate(self, auth: AuthenticationData, result: CoreOutput) -> bool:
         """The role ``auth`` proves becomes this connection's (its expiry remembered), or the
         client is told AuthenticationError and the connection closes. A refresh must prove the
@@ -220,14 +248,18 @@ class ConnectionCore:
                                                                            self.protocol_version)
             if self._authentication is not None:
                 auth = AuthenticationData(connect.auth_method_name, connect.auth_data, self.peer_certificate)
+                self.supports_auth_refresh = connect.feature_flags.supports_auth_refresh
+                if auth.method in SLOW_AUTH_METHODS:
+                    self.state = ConnState.AUTHENTICATING
+                    result.authenticate = auth
+                    return
                 if not self._authenticate(auth, result):
                     return
-                self.supports_auth_refresh = connect.feature_flags.supports_auth_refresh
-            result.out.append(c.connected(self.server_version, self.negotiated_protocol_version,
-                                          max_message_size=self.message_bytes_max,
-                                          supports_auth_refresh=self._authentication is not None))
-            self.state = ConnState.CONNECTED
-            self._decoder.frame_bytes_max = self.frame_bytes_max
+            self._connected(result)
+            return
+        if self.state is ConnState.AUTHENTICATING:
+            self._fail(result, pb.NotAllowedError, f"{T.Type.Name(kind)} before CONNECTED",
+                       _request_id_of(frame.command) or 0)
             return
         if kind == T.CONNECT:
             self._fail(result, pb.NotAllowedError, "CONNECT sent twice")
@@ -510,6 +542,8 @@ class ServerConnection(asyncio.Protocol):
             result = self.core.receive(data)
             for out in result.out:
                 self.write(out)
+            if result.authenticate is not None:
+                self._spawn(self._authenticate_off_loop(result.authenticate))
             frames = result.frames
             count = len(frames)
             i = 0
@@ -630,6 +664,21 @@ class ServerConnection(asyncio.Protocol):
                 return
             if idle >= interval and self.core.state is ConnState.CONNECTED:
                 self.write(c.ping())
+
+    async def _authenticate_off_loop(self, auth: AuthenticationData) -> None:
+        """[security] a slow credential check (bcrypt) in a worker thread: the loop serves others."""
+        role, error = None, None
+        try:
+            role = await asyncio.to_thread(self.service.authentication.authenticate, auth)
+        except AuthenticationError as e:
+            error = e
+        if self.closed:
+            return
+        result = self.core.complete_authentication(auth, role, error)
+        for out in result.out:
+            self.write(out)
+        if result.close:
+            self.close()
 
     async def _credentials_loop(self) -> None:
         """[security] every authentication_refresh_check_interval_ms: expired credentials get
