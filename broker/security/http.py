@@ -9,7 +9,9 @@ anonymous role if one is configured. ``/metrics`` needs a role only with
 
 What you may do (403 when not allowed), by route:
 
-- ``/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}``: lookup permission on the topic;
+- ``/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}``, and GET of a topic's stats,
+  internal stats, partitions, last message id and schemas: lookup permission on the topic
+  (produce or consume), as Pulsar's GET_STATS / GET_METADATA;
 - ``GET /admin/v2/namespaces/{tenant}/{namespace}/topics``: a role with a namespace permission;
 - ``GET /admin/v2/tenants/{tenant}`` and every path under ``/admin/v2/namespaces/{tenant}``,
   ``/admin/v2/persistent/{tenant}``, ``/admin/v2/schemas/{tenant}``: the tenant's admins;
@@ -46,6 +48,14 @@ AUTHORIZATION_HEADER_BYTES_MAX = 16 * 1024
 _TENANT_PREFIXES = ("/admin/v2/namespaces/{tenant}", "/admin/v2/persistent/{tenant}", "/admin/v2/schemas/{tenant}")
 _LOOKUP_ROUTE = "/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}"
 _NAMESPACE_TOPICS_ROUTE = "/admin/v2/namespaces/{tenant}/{namespace}/topics"
+# reads a role with lookup permission on the topic may make (Pulsar: GET_STATS, GET_METADATA ->
+# canLookup): the topic's stats, partitions, last message id and schemas
+_TOPIC = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
+_SCHEMA = "/admin/v2/schemas/{tenant}/{namespace}/{topic}"
+_LOOKUP_READ_ROUTES = frozenset({
+    _LOOKUP_ROUTE, _TOPIC + "/stats", _TOPIC + "/partitioned-stats", _TOPIC + "/internalStats",
+    _TOPIC + "/partitions", _TOPIC + "/lastMessageId", _SCHEMA + "/schema", _SCHEMA + "/schema/{version}",
+    _SCHEMA + "/schemas"})
 
 
 def _reason(status: int, reason: str) -> web.Response:
@@ -111,14 +121,15 @@ async def _authorize(service, authorization, role: str, request: web.Request, ro
     if not authorization.enabled or authorization.is_superuser(role) or route == "/metrics":
         return None
     info = request.match_info
-    if route == _LOOKUP_ROUTE:
+    if route in _LOOKUP_READ_ROUTES and request.method == "GET":
         from broker.security.authorization import AuthorizationError
+        from pulsarlite.topic_name import InvalidTopicNameError
         try:
             await service.authorize_topic(role, f"persistent://{info['tenant']}/{info['namespace']}/{info['topic']}",
                                           TopicOperation.LOOKUP)
         except AuthorizationError as e:
             return str(e)
-        except Exception:      # an invalid name: the handler answers it
+        except InvalidTopicNameError:      # the handler answers it (400)
             return None
         return None
     tenant = info.get("tenant")

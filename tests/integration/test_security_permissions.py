@@ -115,6 +115,7 @@ def test_permission_matrix(cluster, role):
     else:
         assert f"authorization refused role={name} {refused} topic={TOPIC}" in log
     assert http(cluster, "GET", "/lookup/v2/topic/persistent/acme/ns/orders", role)[0] == lookup
+    assert http(cluster, "GET", "/admin/v2/persistent/acme/ns/orders/stats", role)[0] == lookup
     status, body = http(cluster, "GET", "/admin/v2/namespaces/acme/ns/permissions", role)
     assert status == ns_admin
     if status == 200:
