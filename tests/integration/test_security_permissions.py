@@ -141,3 +141,32 @@ def test_topic_permissions_merge_and_revoke(cluster):
     status, policies = http(cluster, "GET", "/admin/v2/namespaces/acme/ns", "su")
     assert status == 200 and policies["auth_policies"]["namespace_auth"] == {}
     assert http(cluster, "POST", "/admin/v2/namespaces/acme/ns/permissions/app", "app", ["produce"])[0] == 403
+
+
+def test_cli_grant_permissions_and_revoke(cluster, capsys):
+    """`pulsarlite admin namespaces|topics grant-permission | permissions | revoke-permission` as
+    the tenant admin; the granted role can then produce; a role that is not an admin is refused."""
+    from pulsarlite.cli import main as cli_main
+
+    def admin(role, *args) -> int:
+        return cli_main(["admin", "--admin-url", cluster.admin_url, "--auth-plugin", "token",
+                         "--auth-params", f"token:{token(role)}", *args])
+
+    assert admin("tadmin", "namespaces", "grant-permission", "acme/ns", "--role", "cli", "--actions",
+                 "produce,consume") == 0
+    assert admin("tadmin", "topics", "grant-permission", TOPIC, "--role", "cli-topic", "--actions", "consume") == 0
+    capsys.readouterr()
+    assert admin("tadmin", "namespaces", "permissions", "acme/ns", "-o", "json") == 0
+    assert json.loads(capsys.readouterr().out) == {"cli": ["consume", "produce"]}
+    assert admin("tadmin", "topics", "permissions", TOPIC, "-o", "json") == 0
+    assert json.loads(capsys.readouterr().out) == {"cli": ["consume", "produce"], "cli-topic": ["consume"]}
+    assert can_produce(cluster, "cli")
+    assert admin("other", "namespaces", "grant-permission", "acme/ns", "--role", "other", "--actions",
+                 "produce") != 0
+    assert admin("tadmin", "namespaces", "grant-permission", "acme/ns", "--role", "x", "--actions", "fly") != 0
+    assert admin("tadmin", "namespaces", "revoke-permission", "acme/ns", "--role", "cli") == 0
+    assert admin("tadmin", "topics", "revoke-permission", TOPIC, "--role", "cli-topic") == 0
+    capsys.readouterr()
+    assert admin("tadmin", "topics", "permissions", TOPIC, "-o", "json") == 0
+    assert json.loads(capsys.readouterr().out) == {}
+    assert not can_produce(cluster, "cli")
