@@ -123,3 +123,69 @@ def test_standalone_refuses_a_bad_value_naming_the_key(tmp_path):
     assert run.returncode == 2
     assert "brokerServicePortTls" in run.stderr
     assert not (data / "cluster.json").exists()     # nothing was started
+
+
+# -- deploy/docker-compose.secure.yml ------------------------------------------------------------
+DEPLOY = REPO / "deploy"
+SECURE = DEPLOY / "docker-compose.secure.yml"
+
+
+def test_secure_compose_validates_and_its_brokers_are_secured():
+    import shutil
+
+    yaml = pytest.importorskip("yaml")
+    from broker.config import BrokerConfig
+    from pulsarlite.config import load_toml
+    exe = shutil.which("docker-compose")
+    if exe is not None:
+        result = subprocess.run([exe, "-f", str(SECURE), "config", "-q"], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(SECURE.read_text())["services"]
+    for name in ("broker-1", "broker-2"):
+        service = services[name]
+        mounts = dict(v.split(":")[:2] for v in service["volumes"])
+        toml = next(source for source, target in mounts.items() if target.endswith(f"{name}.toml"))
+        config = load_toml(BrokerConfig, DEPLOY / toml).validate()
+        assert config.authentication_enabled and config.authorization_enabled and config.tls_enabled
+        published = {int(p.split(":")[1]) for p in service["ports"]}
+        assert published == {config.broker_service_port_tls, config.web_service_port_tls}   # no plain port
+        secrets_target = mounts["./secrets"]
+        for path in (config.tls_certificate_file_path, config.tls_key_file_path,
+                     config.token_secret_key.removeprefix("file://")):
+            assert path.startswith(secrets_target + "/")
+        health = " ".join(service["healthcheck"]["test"])
+        assert f"127.0.0.1:{config.http_port}/metrics" in health and not config.authenticate_metrics_endpoint
+    for name in ("bookie-1", "bookie-2", "bookie-3", "zookeeper"):
+        assert "ports" not in services[name]
+    ignored = (REPO / ".gitignore").read_text().split()
+    assert "/deploy/secrets/" in ignored and "/deploy/secrets.ca.key.pem" in ignored
+
+
+def test_make_secrets_makes_what_the_secure_brokers_load(tmp_path):
+    """deploy/make-secrets.sh's files load as a broker loads them (TLS context, token provider) and its
+    admin token is accepted; a second run refuses to overwrite them."""
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not on PATH")
+    from broker.config import BrokerConfig
+    from broker.security.authentication import AuthenticationData, AuthenticationService
+    from broker.tls import server_ssl_context
+    out = tmp_path / "secrets"
+    env = {"PATH": "/usr/bin:/bin", "PULSARLITE": str(Path(sys.executable).parent / "pulsarlite")}
+    run = subprocess.run([str(DEPLOY / "make-secrets.sh"), str(out)], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    config = BrokerConfig(broker_service_port_tls=6651, tls_certificate_file_path=str(out / "broker.cert.pem"),
+                          tls_key_file_path=str(out / "broker.key.pem"),
+                          tls_trust_certs_file_path=str(out / "ca.cert.pem"),
+                          authentication_enabled=True, authentication_providers="token",
+                          token_secret_key=f"file://{out / 'token-secret.key'}").validate()
+    server_ssl_context(config)
+    token = (out / "admin.token").read_text().strip()
+    assert AuthenticationService.from_config(config).authenticate(
+        AuthenticationData("token", token.encode(), None)) == "admin"
+    assert not (out / "ca.key.pem").exists() and (tmp_path / "secrets.ca.key.pem").exists()
+    again = subprocess.run([str(DEPLOY / "make-secrets.sh"), str(out)], capture_output=True, text=True, env=env,
+                           timeout=120)
+    assert again.returncode != 0 and "exists" in again.stderr
