@@ -48,6 +48,7 @@ from pulsarlite.wire.entry import peek_metadata
 log = logging.getLogger("pulsarlite.broker.admin")
 
 RESET_SCAN_ENTRIES = 100        # entries read per request while looking for a publish time
+PEEK_READ_ENTRIES = 100         # entries read per request while peeking past acknowledged ones
 
 class ServiceUnavailable(PulsarliteError):
     """Another broker did not answer an admin call made on the caller's behalf (503, retry)."""
@@ -621,6 +622,132 @@ class BrokerAdminBackend:
         """Every durable subscription of the topic skips everything (Pulsar's clearBacklog)."""
         for name in await self.list_subscriptions(topic):
             await self.skip_messages(topic, name, None)
+
+    # -- expiry, reset to a message id, peek, examine (Pulsar's PersistentTopicsBase) ------------
+    async def _not_partitioned(self, name: TopicName, what: str) -> None:
+        """405 for a partitioned topic's parent, as Pulsar answers these operations there."""
+        if not name.is_partition and await self.service.partitions(str(name)) > 0:
+            raise MethodNotAllowedError(f"{what} on a partitioned topic is not allowed, "
+                                        f"please try it on a specific topic partition")
+
+    async def expire_messages(self, topic: str, subscription: str, expire_s: int, now_ms: int) -> bool:
+        """Pulsar's expireMessages/{seconds}: mark-delete the subscription through the newest
+        entry published more than ``expire_s`` before ``now_ms`` (expired when now > publish time
+        + ttl, PersistentMessageExpiryMonitor); later individual acks stay. True if the cursor
+        moved."""
+        name = self._name(topic)
+        await self._check_namespace(name)
+        await self._not_partitioned(name, "Expire messages")
+        live, sub = await self._subscription(topic, subscription)
+        if sub is not None and not sub.durable:
+            raise PreconditionFailedError(f"Subscription {subscription} is not durable")
+        first_kept = await self._position_at_time(live, now_ms - expire_s * 1000)
+        through = self._position_before(live, first_kept)
+        if through is None:
+            return False
+        if sub is not None:
+            moved = await sub.mark_delete_through(through)
+        else:
+            moved = await self._on_stored_cursor(live, subscription, lambda cursor: cursor.ack_cumulative(through))
+        log.info("expire messages topic=%s subscription=%s ttl_s=%d through=%d:%d moved=%s", live.key, subscription,
+                 expire_s, through.ledger_id, through.entry_id, moved)
+        return bool(moved)
+
+    async def expire_messages_all(self, topic: str, expire_s: int, now_ms: int) -> None:
+        """Pulsar's all_subscription/expireMessages/{seconds}: every durable subscription."""
+        name = self._name(topic)
+        await self._check_namespace(name)
+        await self._not_partitioned(name, "Expire messages for all subscriptions")
+        for subscription in await self.list_subscriptions(topic):
+            await self.expire_messages(topic, subscription, expire_s, now_ms)
+
+    @staticmethod
+    def _position_before(live, position: Position) -> Position | None:
+        """The last existing entry before ``position`` (None: there is none)."""
+        for info in reversed([i for i in live.ml.ledgers() if i.entries > 0]):
+            if info.ledger_id < position.ledger_id:
+                return Position(info.ledger_id, info.entries - 1)
+            if info.ledger_id == position.ledger_id and position.entry_id > 0:
+                return Position(info.ledger_id, min(position.entry_id, info.entries) - 1)
+        return None
+
+    async def reset_cursor_to_position(self, topic: str, subscription: str, ledger_id: int, entry_id: int,
+                                       excluded: bool) -> None:
+        """Pulsar's resetCursorOnPosition: the subscription delivers (ledger_id, entry_id) next,
+        or the entry after it when ``excluded``; its consumers are disconnected (they resume from
+        there); 405 on a partitioned topic's parent."""
+        name = self._name(topic)
+        await self._check_namespace(name)
+        await self._not_partitioned(name, "Reset-cursor at position")
+        live, sub = await self._subscription(topic, subscription)
+        position = Position(ledger_id, entry_id)
+        info = next((i for i in live.ml.ledgers() if i.ledger_id == ledger_id), None)
+        if info is None or entry_id >= info.entries + (0 if excluded else 1):
+            raise PreconditionFailedError(f"Unable to find position for position specified: {ledger_id}:{entry_id} "
+                                          f"is not a message of {name}")
+        if excluded:
+            position = live.next_after(position)
+        if sub is not None:
+            await sub.reset(position)
+        else:
+            await self._on_stored_cursor(live, subscription, lambda cursor: cursor.reset(position))
+        log.info("reset cursor topic=%s subscription=%s position=%d:%d", live.key, subscription,
+                 position.ledger_id, position.entry_id)
+
+    async def peek_entry(self, topic: str, subscription: str, nth: int) -> tuple[Position, bytes]:
+        """Pulsar's peekNthMessage: the ``nth`` (from 1) entry after the subscription's
+        mark-delete position, individually acknowledged entries skipped; 404 "Message not
+        found" past the last entry. Reads only: the cursor does not move."""
+        name = self._name(topic)
+        await self._check_namespace(name)
+        await self._not_partitioned(name, "Peek messages")
+        live, sub = await self._subscription(topic, subscription)
+        if sub is not None:
+            return await self._nth_unacked(live, sub.cursor, nth)
+        return await self._on_stored_cursor(live, subscription, lambda cursor: self._nth_unacked(live, cursor, nth))
+
+    async def _nth_unacked(self, live, cursor, nth: int) -> tuple[Position, bytes]:
+        last = live.ml.last_confirmed_position
+        position = live.next_after(cursor.mark_delete_position)
+        seen = 0
+        while last.entry_id >= 0 and position <= last:
+            got = [(p, d) for p, d in await live.ml.read_entries(position, PEEK_READ_ENTRIES) if p <= last]
+            if not got:
+                break
+            for p, data in got:
+                if cursor.is_acked(p):
+                    continue
+                seen += 1
+                if seen == nth:
+                    return p, bytes(data)
+            position = live.next_after(got[-1][0])
+        raise NotFoundError("Message not found")
+
+    async def examine_entry(self, topic: str, initial_position: str, nth: int) -> tuple[Position, bytes]:
+        """Pulsar's examineMessage: the ``nth`` (from 1) entry of the topic counted from its
+        first entry (``earliest``) or its last (``latest``), whatever the subscriptions; past
+        either end, the entry at that end; 412 for a topic without entries, 405 on a
+        partitioned topic's parent."""
+        name = self._name(topic)
+        await self._check_namespace(name)
+        await self._not_partitioned(name, "Examine messages")
+        await self._require_topic(name)
+        live = await self._load(name)
+        ledgers = [i for i in live.ml.ledgers() if i.entries > 0]
+        total = sum(i.entries for i in ledgers)
+        if total == 0:
+            raise PreconditionFailedError("Could not examine messages due to the total message is zero")
+        index = nth - 1 if initial_position == "earliest" else total - nth     # 0-based from the first
+        index = min(max(index, 0), total - 1)
+        for info in ledgers:
+            if index < info.entries:
+                position = Position(info.ledger_id, index)
+                break
+            index -= info.entries
+        got = await live.ml.read_entries(position, 1)
+        if not got or got[0][0] != position:
+            raise NotFoundError(f"Message ID {position.ledger_id}:{position.entry_id} not found in {name}")
+        return position, bytes(got[0][1])
 
     async def _position_at_time(self, live, timestamp_ms: int) -> Position:
         """The first entry whose publish time is >= ``timestamp_ms`` (publish-time bounds pick

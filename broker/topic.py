@@ -1253,6 +1253,26 @@ class Subscription:
         log.info("subscription %s/%s: skipped %d messages (asked %d)", topic.key, self.name, skipped, count)
         return skipped
 
+    async def mark_delete_through(self, position: Position) -> bool:
+        """Admin expiry (Pulsar's expireMessages): acknowledge cumulatively every entry up to
+        ``position``; messages acknowledged one by one after it stay acknowledged. Consumers
+        are disconnected first, as for a skip (what they were handed is dispatched again from
+        the cursor). False, and nothing disturbed, when the mark-delete position is already
+        there."""
+        if not self.durable:
+            raise TypeError("this subscription's cursor cannot be moved by an admin (not durable)")
+        cursor = self.cursor
+        if position <= cursor.mark_delete_position:
+            return False
+        self._disconnect_for_reset()
+        try:
+            changed = cursor.ack_cumulative(position)
+        finally:
+            self.read_position = self.topic.next_after(cursor.mark_delete_position)
+            await _maybe_await(cursor.flush())
+            self.wake()
+        return bool(changed)
+
     async def reset(self, position: Position) -> None:
         """Move the subscription so that ``position`` is delivered next: its consumers are
         disconnected first (they reconnect and receive from there), as Pulsar does."""

@@ -296,6 +296,12 @@ NAMESPACE = A("namespace", help="tenant/namespace")
 TENANT = A("tenant")
 SUB = A("-s", "--subscription", required=True, help="subscription name")
 FORCE = A("-f", "--force", action="store_true", help="also when producers/consumers are connected")
+RESET_CURSOR_ARGS = (TOPIC, SUB, A("-t", "--time", type=parse_time_s, help="this long ago, e.g. 1h"),
+                     A("--timestamp-ms", type=int, help="absolute publish time (ms since the epoch)"),
+                     A("-m", "--messageId", dest="message_id", type=parse_message_id,
+                       help="deliver this message next: LEDGER:ENTRY"),
+                     A("-e", "--exclude-reset-position", dest="exclude", action="store_true",
+                       help="with -m: deliver the message after it next"))
 
 
 @dataclass(frozen=True)
@@ -425,10 +431,17 @@ def _payload_json(payload: bytes) -> dict[str, str]:
 def _run_get_message_by_id(client: AdminClient, args: argparse.Namespace) -> Any:
     """pulsar-admin's ``topics get-message-by-id``: the message(s) of one entry as JSON, from
     the broker's getMessageById answer (payload + X-Pulsar-* headers); a batch's messages each."""
-    from pulsarlite.wire import pb
-    from pulsarlite.wire.entry import unpack_entry
     path = TP.format(topic=_topic_path(args.topic)) + f"/ledger/{args.ledger_id}/entry/{args.entry_id}"
     _, headers, body = client.exchange("GET", path)
+    emit(_entry_info(headers, body), args.output)
+    return None
+
+
+def _entry_info(headers: dict[str, str], body: bytes) -> dict[str, Any]:
+    """An entry as the broker answers it (getMessageById, peek, examine: payload + X-Pulsar-*
+    headers) as JSON: its message, or a batch's messages each."""
+    from pulsarlite.wire import pb
+    from pulsarlite.wire.entry import unpack_entry
     h = {k.lower(): v for k, v in headers.items()}
     info: dict[str, Any] = {"messageId": h.get("x-pulsar-message-id"), "publishTime": h.get("x-pulsar-publish-time"),
                             "producerName": h.get("x-pulsar-producer-name"),
@@ -446,7 +459,34 @@ def _run_get_message_by_id(client: AdminClient, args: argparse.Namespace) -> Any
         _, messages = unpack_entry(len(meta).to_bytes(4, "big") + meta + body)
         info["messages"] = [{"batchIndex": i, "key": m.key, "properties": dict(m.properties)}
                             | _payload_json(bytes(m.payload)) for i, m in enumerate(messages)]
-    emit(info, args.output)
+    return info
+
+
+def _run_peek_messages(client: AdminClient, args: argparse.Namespace) -> Any:
+    """pulsar-admin's ``topics peek-messages -s SUB -n N``: the subscription's next N
+    unacknowledged entries (Pulsar's GET .../position/{i} for i = 1..N), fewer when the backlog
+    is shorter; the cursor does not move."""
+    path = (TP + "/subscription/{sub}/position/").format(**_path_values(args))
+    found = []
+    for i in range(1, args.count + 1):
+        try:
+            _, headers, body = client.exchange("GET", path + str(i))
+        except AdminHttpError as e:
+            if e.status == 404 and e.reason == "Message not found":
+                break
+            raise
+        found.append(_entry_info(headers, body))
+    emit(found, args.output)
+    return None
+
+
+def _run_examine_message(client: AdminClient, args: argparse.Namespace) -> Any:
+    """pulsar-admin's ``topics examine-message -i earliest|latest -m N``: the topic's N-th entry
+    from that end."""
+    path = TP.format(topic=_topic_path(args.topic)) + "/examinemessage"
+    _, headers, body = client.exchange("GET", path, query={"initialPosition": args.initial_position,
+                                                           "messagePosition": str(args.message_position)})
+    emit(_entry_info(headers, body), args.output)
     return None
 
 
@@ -494,8 +534,17 @@ def _run_offload_status(client: AdminClient, args: argparse.Namespace) -> Any:
 
 
 def _run_reset_cursor(client: AdminClient, args: argparse.Namespace) -> Any:
-    if (args.time is None) == (args.timestamp_ms is None):
-        raise UsageError("give exactly one of -t/--time (relative, e.g. 1h) or --timestamp-ms")
+    given = [v for v in (args.time, args.timestamp_ms, args.message_id) if v is not None]
+    if len(given) != 1:
+        raise UsageError("give exactly one of -t/--time (relative, e.g. 1h), --timestamp-ms or "
+                         "-m/--messageId LEDGER:ENTRY")
+    if args.exclude and args.message_id is None:
+        raise UsageError("-e/--exclude-reset-position goes with -m/--messageId")
+    if args.message_id is not None:     # Pulsar's resetCursorOnPosition: a ResetCursorData body
+        ledger_id, entry_id = args.message_id
+        path = (TP + "/subscription/{sub}/resetcursor").format(**_path_values(args))
+        return client.request("POST", path, {"ledgerId": ledger_id, "entryId": entry_id, "partitionIndex": -1,
+                                             "isExcluded": bool(args.exclude), "batchIndex": -1})
     timestamp_ms = args.timestamp_ms if args.time is None else int(time.time() * 1000) - max(args.time, 0) * 1000
     path = (TP + "/subscription/{sub}/resetcursor/{ts}").format(ts=timestamp_ms, **_path_values(args))
     return client.request("POST", path)
@@ -743,9 +792,25 @@ COMMANDS: tuple[Op, ...] = (
     Op("topics", "offload-status", "the status of the last offload", run=_run_offload_status,
        args=(TOPIC, A("-w", "--wait-complete", dest="wait", action="store_true", help="wait until not RUNNING"),
              A("--timeout", type=float, default=OFFLOAD_WAIT_S_DEFAULT, help="seconds to wait at most"))),
-    Op("topics", "reset-cursor", "move a subscription to a time", run=_run_reset_cursor,
-       args=(TOPIC, SUB, A("-t", "--time", type=parse_time_s, help="this long ago, e.g. 1h"),
-             A("--timestamp-ms", type=int, help="absolute publish time (ms since the epoch)"))),
+    Op("topics", "reset-cursor", "move a subscription to a time or a message id", run=_run_reset_cursor,
+       args=RESET_CURSOR_ARGS),
+    Op("topics", "expire-messages", "acknowledge a subscription's messages older than a time", "POST",
+       TP + "/subscription/{sub}/expireMessages/{expire_s}",
+       args=(TOPIC, SUB, A("-t", "--expireTime", dest="expire_s", type=parse_time_s, required=True,
+                           help="older than this, e.g. 1h (seconds when no unit)"))),
+    Op("topics", "expire-messages-all-subscriptions", "expire-messages on every subscription", "POST",
+       TP + "/all_subscription/expireMessages/{expire_s}",
+       args=(TOPIC, A("-t", "--expireTime", dest="expire_s", type=parse_time_s, required=True,
+                      help="older than this, e.g. 1h (seconds when no unit)"))),
+    Op("topics", "peek-messages", "the next N unacknowledged messages of a subscription (nothing moves)",
+       run=_run_peek_messages,
+       args=(TOPIC, SUB, A("-n", "--count", type=_positive_int, default=1, help="how many (default 1)"))),
+    Op("topics", "examine-message", "the N-th message from the earliest or latest end of a topic",
+       run=_run_examine_message,
+       args=(TOPIC, A("-i", "--initialPosition", dest="initial_position", choices=("latest", "earliest"),
+                      default="latest"),
+             A("-m", "--messagePosition", dest="message_position", type=_positive_int, default=1,
+               help="the N-th from that end (default 1)"))),
     # subscriptions (also under topics, with pulsar-admin's names)
     Op("subscriptions", "list", "list the subscriptions of a topic", path=TP + "/subscriptions", args=(TOPIC,),
        aliases=(("topics", "subscriptions"),)),
@@ -760,9 +825,8 @@ COMMANDS: tuple[Op, ...] = (
        args=(TOPIC, SUB, A("-n", "--count", type=_positive_int, required=True)), aliases=(("topics", "skip"),)),
     Op("subscriptions", "clear-backlog", "skip every message of a subscription", "POST",
        TP + "/subscription/{sub}/skip_all", args=(TOPIC, SUB), aliases=(("topics", "clear-backlog"),)),
-    Op("subscriptions", "reset-cursor", "move a subscription to a time", run=_run_reset_cursor,
-       args=(TOPIC, SUB, A("-t", "--time", type=parse_time_s, help="this long ago, e.g. 1h"),
-             A("--timestamp-ms", type=int, help="absolute publish time (ms since the epoch)"))),
+    Op("subscriptions", "reset-cursor", "move a subscription to a time or a message id", run=_run_reset_cursor,
+       args=RESET_CURSOR_ARGS),
     # schemas
     Op("schemas", "get", "the topic's latest schema (or --version N)", run=_run_schema_get,
        args=(TOPIC, A("--version", type=_nonnegative_int, help="a version instead of the latest"))),
@@ -843,6 +907,8 @@ def _run(args: argparse.Namespace) -> int:
             values = _path_values(args)
             if "{count}" in op.path:
                 values["count"] = str(args.count)
+            if "{expire_s}" in op.path:
+                values["expire_s"] = str(_nonnegative("expire time", args.expire_s))
             body = op.body(args) if op.body else None
             query = op.query(args) if op.query else None
             value = client.request(op.method, op.path.format(**values), body, query=query)

@@ -810,6 +810,9 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
     r.add_post(topic_base + "/clearBacklog", at_owner(clear_backlog))
     r.add_get(topic_base + "/lastMessageId", at_owner(last_message_id))
     r.add_get(topic_base + "/ledger/{ledger}/entry/{entry}", at_owner(message_by_id))
+    from broker.admin.subscriptions_http import add_subscription_routes   # expire, reset to an id, peek, examine
+    add_subscription_routes(app, backend, topic_base=topic_base, topic_of=_topic, subscription_of=_subscription_name,
+                            json_body=_json_body, int_value=_int_value, at_owner=at_owner)
 
     async def terminate(request: web.Request) -> web.Response:
         return _json(await backend.terminate(_topic(request)))

@@ -1,0 +1,107 @@
+"""Pulsar's subscription and message admin paths that pulsar-admin uses beyond skip/reset by
+time (PersistentTopics), under ``/admin/v2/persistent/{tenant}/{namespace}/{topic}``:
+
+- ``POST .../subscription/{sub}/expireMessages/{seconds}``: mark-delete the subscription through
+  the newest entry published more than ``seconds`` ago (204; 404 unknown subscription);
+- ``POST .../all_subscription/expireMessages/{seconds}``: the same for every subscription;
+- ``POST .../subscription/{sub}/resetcursor`` with a ResetCursorData body ``{"ledgerId",
+  "entryId", "partitionIndex", "isExcluded", "batchIndex", "properties"}``: deliver that message
+  next (the one after it when ``isExcluded``) (204; 412 not a message of the topic);
+- ``GET .../subscription/{sub}/position/{n}``: peek the n-th unacknowledged entry (200 with the
+  entry as getMessageById answers it; 404 "Message not found");
+- ``GET .../examinemessage?initialPosition=earliest|latest&messagePosition=n``: the n-th entry
+  from either end of the topic.
+
+Every one of them is answered by the topic's owner (redirect otherwise) and refused on a
+partitioned topic's parent with 405, as Pulsar does for these (ask a partition). The cursor
+changes go through the subscription or the cursor (broker/admin_backend.py), never around them.
+Clock readings (the expiry's "now") are taken here, in the shell.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from aiohttp import web
+
+from broker.admin.messages_http import entry_response
+from broker.admin.policies import BadRequestError, PreconditionFailedError
+from pulsarlite.wire.entry import EntryFormatError
+
+EXPIRE_S_MAX = 100 * 365 * 86400          # a century: beyond it every message is kept anyway
+POSITION_MAX = 2 ** 31 - 1                # Pulsar's int message positions
+
+
+def add_subscription_routes(app: web.Application, backend: Any, *, topic_base: str,
+                            topic_of: Callable[[web.Request], str], subscription_of: Callable[[web.Request], str],
+                            json_body: Callable[..., Any], int_value: Callable[..., int],
+                            at_owner: Callable[[Callable], Callable],
+                            clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+    """Register the routes; ``topic_of``/``subscription_of``/``json_body``/``int_value``/
+    ``at_owner`` are http.py's helpers, so errors, limits and redirects behave as on every
+    other path."""
+    r = app.router
+
+    def entry(position, data: bytes, topic: str) -> web.Response:
+        try:
+            headers, body = entry_response(position.ledger_id, position.entry_id, data)
+        except EntryFormatError as e:
+            raise PreconditionFailedError(f"entry {position.ledger_id}:{position.entry_id} of {topic} is not "
+                                          f"readable: {e}") from None
+        return web.Response(body=body, headers=headers, content_type="application/octet-stream")
+
+    async def expire(request: web.Request) -> web.Response:
+        topic, sub = topic_of(request), subscription_of(request)
+        expire_s = int_value("expireTimeInSeconds", request.match_info["seconds"], minimum=0, maximum=EXPIRE_S_MAX)
+        await backend.expire_messages(topic, sub, expire_s, clock_ms())
+        return web.Response(status=204)
+
+    async def expire_all(request: web.Request) -> web.Response:
+        topic = topic_of(request)
+        expire_s = int_value("expireTimeInSeconds", request.match_info["seconds"], minimum=0, maximum=EXPIRE_S_MAX)
+        await backend.expire_messages_all(topic, expire_s, clock_ms())
+        return web.Response(status=204)
+
+    async def reset_to_message_id(request: web.Request) -> web.Response:
+        topic, sub = topic_of(request), subscription_of(request)
+        body = await json_body(request)
+        if not isinstance(body, dict):
+            raise BadRequestError("body must be a ResetCursorData object: {\"ledgerId\": L, \"entryId\": E, "
+                                  "\"isExcluded\": false}")
+        if "ledgerId" not in body or "entryId" not in body:
+            raise BadRequestError("ResetCursorData needs ledgerId and entryId")
+        ledger_id = int_value("ledgerId", body["ledgerId"], minimum=0)
+        entry_id = int_value("entryId", body["entryId"], minimum=0)
+        excluded = body.get("isExcluded", False)
+        if not isinstance(excluded, bool):
+            raise BadRequestError(f"isExcluded must be a boolean, got {excluded!r}")
+        int_value("batchIndex", body.get("batchIndex", -1), minimum=-1)       # checked; see decisions.md
+        int_value("partitionIndex", body.get("partitionIndex", -1), minimum=-1)
+        await backend.reset_cursor_to_position(topic, sub, ledger_id, entry_id, excluded)
+        return web.Response(status=204)
+
+    async def peek(request: web.Request) -> web.Response:
+        topic, sub = topic_of(request), subscription_of(request)
+        nth = int_value("messagePosition", request.match_info["position"], minimum=1, maximum=POSITION_MAX)
+        position, data = await backend.peek_entry(topic, sub, nth)
+        return entry(position, data, topic)
+
+    async def examine(request: web.Request) -> web.Response:
+        topic = topic_of(request)
+        initial = (request.query.get("initialPosition") or "latest").strip().lower()
+        if initial not in ("latest", "earliest"):
+            raise BadRequestError(f"initialPosition must be latest or earliest, got {initial!r}")
+        raw = request.query.get("messagePosition") or "1"
+        nth = max(1, int_value("messagePosition", raw, minimum=-POSITION_MAX, maximum=POSITION_MAX))   # < 1: 1
+        position, data = await backend.examine_entry(topic, initial, nth)
+        return entry(position, data, topic)
+
+    r.add_post(topic_base + "/subscription/{subscription}/expireMessages/{seconds}", at_owner(expire))
+    r.add_post(topic_base + "/all_subscription/expireMessages/{seconds}", at_owner(expire_all))
+    r.add_post(topic_base + "/subscription/{subscription}/resetcursor", at_owner(reset_to_message_id))
+    r.add_get(topic_base + "/subscription/{subscription}/position/{position}", at_owner(peek))
+    r.add_get(topic_base + "/examinemessage", at_owner(examine))
+
+
+__all__ = ["add_subscription_routes"]
