@@ -53,7 +53,7 @@ def secured(module_cluster_factory, module_tmp_path):
         "authentication_enabled": True, "authentication_providers": "token,basic",
         "authorization_enabled": True, "superuser_roles": "admin",
         "token_secret_key": f"file://{key_path}", "basic_auth_conf": str(users),
-        "authentication_refresh_check_interval_ms": 1_000})
+        "authentication_refresh_check_interval_ms": 1_000, "authenticate_metrics_endpoint": True})
 
 
 def broker_address(cluster) -> tuple[str, int]:
@@ -173,8 +173,10 @@ def test_http_bearer_basic_and_garbage(secured):
                             ({"Authorization": "Negotiate abc"}, "unsupported Authorization scheme")]:
         status, body = _http(secured, "/admin/v2/tenants", headers)
         assert status == 401 and reason in body["reason"], (headers.keys(), status, body)
-    # without authenticate_metrics_endpoint, /metrics stays open; a role that is not a superuser: 403
-    assert _http(secured, "/metrics")[0] == 200
+    # with authenticate_metrics_endpoint, /metrics needs a role (any); a role that is not a superuser: 403
+    status, body = _http(secured, "/metrics")
+    assert status == 401 and "no credentials" in body["reason"]
+    assert _http(secured, "/metrics", {"Authorization": f"Bearer {token('someone')}"})[0] == 200
     status, body = _http(secured, "/admin/v2/clusters", {"Authorization": f"Bearer {token('someone')}"})
     assert status == 403 and "not a superuser" in body["reason"]
 
@@ -255,10 +257,11 @@ def test_secrets_stay_secret(secured, module_tmp_path):
     from kazoo.client import KazooClient
 
     admin = {"Authorization": f"Bearer {token('admin')}"}
-    metrics = _http(secured, "/metrics")[1]
+    metrics = _http(secured, "/metrics", admin)[1]
     stats = json.dumps(_http(secured, "/admin/v2/persistent/public/default/token-ok/stats", admin)[1])
     internal = json.dumps(_http(secured, "/admin/v2/persistent/public/default/token-ok/internalStats", admin)[1])
     places = {"metrics": str(metrics), "stats": stats, "internal stats": internal}
+    assert "pulsar_" in places["metrics"] and "msgRateIn" in stats
     for log in (secured.dir / "logs").glob("*.log"):
         places[f"log {log.name}"] = log.read_bytes().decode("latin-1")
     zk = KazooClient(hosts=secured.zookeeper)
