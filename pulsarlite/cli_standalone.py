@@ -61,7 +61,8 @@ def _ports_and_broker_settings(args) -> tuple[int, int, dict]:
         return args.port or 6650, args.http_port or 8080, {}
     from broker.config import BrokerConfig
     from pulsarlite.pulsar_conf import STANDALONE_OWNED_FIELDS, read_pulsar_conf
-    conf = read_pulsar_conf(args.pulsar_conf)
+    import os
+    conf = read_pulsar_conf(args.pulsar_conf).with_paths_resolved(os.getcwd())   # children run elsewhere
     warning = conf.warning(f"--pulsar-conf {args.pulsar_conf}")
     if warning:
         logging.getLogger("pulsarlite.standalone").warning(warning)

@@ -14,6 +14,7 @@ them when it starts (broker/security/authentication.py).
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from pulsarlite.errors import ConfigError
@@ -54,6 +55,12 @@ PULSAR_KEYS: dict[str, tuple[str, str]] = {
     "zookeeperServers": ("zookeeper", ZK_URL),
 }
 
+# settings that name files (relative paths are resolved by PulsarConf.with_paths_resolved); the
+# key settings may also hold bare base64
+KEY_FIELDS = frozenset({"token_secret_key", "token_public_key"})
+PATH_FIELDS = frozenset({"tls_certificate_file_path", "tls_key_file_path", "tls_trust_certs_file_path",
+                         "basic_auth_conf"}) | KEY_FIELDS
+
 # keys a standalone decides itself (it runs its own ZooKeeper): read, not applied
 STANDALONE_OWNED_FIELDS = frozenset({"zookeeper"})
 
@@ -73,6 +80,22 @@ class PulsarConf:
         return (f"{source}: {len(self.unknown)} key(s) not used by pulsarlite (ignored): "
                 f"{', '.join(self.unknown)}")
 
+
+    def with_paths_resolved(self, base_dir: str) -> "PulsarConf":
+        """File settings given as relative paths made absolute against ``base_dir``: for a
+        process whose working directory is not the user's (the standalone's children run in
+        its data directory). ``file:`` and ``data:`` values and bare base64 keys are kept."""
+        resolved = dict(self.overrides)
+        for name in PATH_FIELDS:
+            value = resolved.get(name)
+            if not isinstance(value, str) or not value or os.path.isabs(value) \
+                    or value.startswith(("data:", "file:")):
+                continue
+            candidate = os.path.join(base_dir, value)
+            if name in KEY_FIELDS and not os.path.exists(candidate):
+                continue            # a bare base64 key, not a path
+            resolved[name] = os.path.abspath(candidate)
+        return PulsarConf(resolved, self.unknown)
 
     def fields(self, skip_fields: frozenset = frozenset()) -> dict:
         """The overrides less ``skip_fields``."""

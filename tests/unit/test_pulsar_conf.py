@@ -126,3 +126,24 @@ def test_standalone_flags_win_and_bad_files_refuse_before_start(tmp_path):
     assert _ports_and_broker_settings(args) == (6800, 8800, {"cluster_name": "c1"})   # its own ZooKeeper
     args = argparse.Namespace(pulsar_conf=str(path), port=7000, http_port=None)
     assert _ports_and_broker_settings(args)[:2] == (7000, 8800)
+
+
+def test_relative_paths_resolved_for_the_standalone(tmp_path, monkeypatch):
+    from pulsarlite.cli_standalone import _ports_and_broker_settings
+    (tmp_path / "certs").mkdir()
+    (tmp_path / "certs" / "secret.key").write_bytes(b"k" * 32)
+    conf = map_pulsar_conf(parse_properties(
+        "tlsCertificateFilePath=certs/b.pem\ntlsKeyFilePath=/abs/k.pem\ntokenSecretKey=certs/secret.key\n"
+        "tokenPublicKey=data:;base64,AAAA\nbasicAuthConf=file:///etc/users\n"))
+    resolved = conf.with_paths_resolved(str(tmp_path)).overrides
+    assert resolved["tls_certificate_file_path"] == str(tmp_path / "certs" / "b.pem")
+    assert resolved["tls_key_file_path"] == "/abs/k.pem"
+    assert resolved["token_secret_key"] == str(tmp_path / "certs" / "secret.key")
+    assert resolved["token_public_key"] == "data:;base64,AAAA" and resolved["basic_auth_conf"] == "file:///etc/users"
+    bare = map_pulsar_conf(parse_properties("tokenSecretKey=c2VjcmV0\n")).with_paths_resolved(str(tmp_path))
+    assert bare.overrides["token_secret_key"] == "c2VjcmV0"       # base64, not a file
+    # the standalone resolves against its own working directory
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "standalone.conf").write_text("clusterName=c\nbasicAuthConf=users.htpasswd\n")
+    args = argparse.Namespace(pulsar_conf="standalone.conf", port=None, http_port=None)
+    assert _ports_and_broker_settings(args)[2]["basic_auth_conf"] == str(tmp_path / "users.htpasswd")
