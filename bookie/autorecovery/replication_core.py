@@ -13,8 +13,10 @@ Protocol, for a ledger whose mark names ``lost`` bookies:
    keeps its shape.
 2. ``FragmentCopy`` (one per repair): the fragment's entries whose write set holds index i
    (fragment end: the next fragment's first entry - 1, or ``last_entry_id`` for the last
-   fragment of a CLOSED ledger) are read from a surviving replica of their write set (lost
-   bookies are never read; consecutive entries on the same replicas as one range), the CRC32C
+   fragment of a CLOSED ledger) are read from a replica of their write set: the unmarked ones
+   first, then the live marked ones, the bookie being replaced last (a bookie marked for one
+   missing or bad copy still holds good copies of other entries; consecutive entries on the
+   same replicas as one range), the CRC32C
    checked here (a replica that fails it is never used for that entry; the next one is
    tried), and written unchanged (entry id, lac, length, payload,
    checksum; recovery flag, so a fenced ledger cannot refuse it) to the replacement, at most
@@ -96,10 +98,15 @@ def fragment_bounds(md: LedgerMetadata) -> list[tuple[int, int, tuple[str, ...],
 
 
 def plan_repairs(md: LedgerMetadata, lost: frozenset[str] | set[str], writable: Sequence[str],
-                 rng: random.Random, racks: Mapping[str, str] | None = None
+                 rng: random.Random, racks: Mapping[str, str] | None = None,
+                 readable: Sequence[str] | None = None
                  ) -> tuple[list[FragmentRepair], list[Unrepairable]]:
-    """The repairs of ``md`` for the ``lost`` bookies, and what cannot be repaired now."""
+    """The repairs of ``md`` for the ``lost`` bookies, and what cannot be repaired now.
+    ``readable``: the live bookies (writable and read-only); a marked bookie among them is
+    read last, for entries no unmarked replica has a good copy of (None: marked bookies are
+    never read)."""
     lost = frozenset(lost)
+    live = frozenset(readable or ())
     repairs: list[FragmentRepair] = []
     blocked: list[Unrepairable] = []
     if md.state is LedgerState.IN_RECOVERY:
@@ -133,7 +140,15 @@ def plan_repairs(md: LedgerMetadata, lost: frozenset[str] | set[str], writable: 
                 # in ensemble order, so consecutive entries on the same replicas (all of a
                 # fragment when Qw = E) have equal sources and are read as one range
                 ws = set(write_set_indices(md.ensemble_size, md.write_quorum, e))
-                sources[e] = tuple(b for i, b in enumerate(ensemble) if i in ws and b not in lost)
+                # the live marked bookies last (the one replaced at the very end): a bookie
+                # marked for one missing or bad copy (the replica check, a decommission) still
+                # holds good copies of other entries, and with Qw = Qa two bookies each
+                # marked for a different entry each hold the only good copy of the other's;
+                # the checksum decides what is used
+                marked = [b for i, b in enumerate(ensemble) if i in ws and b in lost and b in live]
+                sources[e] = (tuple(b for i, b in enumerate(ensemble) if i in ws and b not in lost)
+                              + tuple(b for b in marked if b != bookie)
+                              + tuple(b for b in marked if b == bookie))
             repairs.append(FragmentRepair(md.ledger_id, first, last, tuple(ensemble), index, bookie,
                                           replacement, entries, sources,
                                           is_last and md.state is LedgerState.CLOSED))
@@ -230,6 +245,7 @@ class CopyDone:
 class CopyFailed:
     repair: FragmentRepair
     reason: str
+    replacement_failed: bool = False      # the replacement refused or did not answer a write
 
 
 class CopyState(enum.Enum):
@@ -312,11 +328,11 @@ class FragmentCopy:
             return self._read_next(first)
         return [ReadRange(first, last, self.repair.sources[first][self._tried[first] - 1])]
 
-    def _fail(self, reason: str) -> list:
+    def _fail(self, reason: str, replacement_failed: bool = False) -> list:
         if self.state is not CopyState.COPYING:
             return []
         self.state = CopyState.FAILED
-        return [CopyFailed(self.repair, reason)]
+        return [CopyFailed(self.repair, reason, replacement_failed)]
 
     def _usable(self, entry: StoredEntry, entry_id: int) -> bool:
         return entry.ledger_id == self.repair.ledger_id and entry.entry_id == entry_id and entry.verified()
@@ -324,7 +340,6 @@ class FragmentCopy:
     def on_read(self, entry_id: int, bookie: str, entry: StoredEntry | None, problem: str = "") -> list:
         if self.state is not CopyState.COPYING or entry_id not in self._in_flight:
             return []
-        check(bookie != self.repair.lost_bookie, f"read from the lost bookie {bookie}")
         if entry is None:
             return [ReplicaRejected(entry_id, bookie, problem or "unavailable")] + self._read_next(entry_id)
         if not self._usable(entry, entry_id):
@@ -335,7 +350,6 @@ class FragmentCopy:
                       problem: str = "") -> list:
         if self.state is not CopyState.COPYING or first not in self._in_flight:
             return []
-        check(bookie != self.repair.lost_bookie, f"read from the lost bookie {bookie}")
         if entries is None:          # no copy there at all, or unreachable: the next replica
             return [ReplicaRejected(first, bookie, problem or "unavailable")] + self._read_range_next(first, last)
         actions: list = []
@@ -366,7 +380,8 @@ class FragmentCopy:
         if self.state is not CopyState.COPYING or e not in self._in_flight:
             return []
         if not ok:
-            return self._fail(f"entry {e}: replacement {self.repair.replacement} refused it: {problem}")
+            return self._fail(f"entry {e}: replacement {self.repair.replacement} refused it: {problem}",
+                              replacement_failed=True)
         self._in_flight.discard(e)
         self._acked.add(e)
         self.bytes_copied += len(entry.payload)
@@ -392,3 +407,283 @@ class Throttle:
         self._at_ms = now_ms
         self._tokens -= nbytes
         return 0.0 if self._tokens >= 0 else -self._tokens * 1000 / self.rate
+
+
+# -- one worker's pass over one marked ledger ----------------------------------------------------
+
+def still_missing(md: LedgerMetadata, lost: frozenset[str] | set[str]) -> frozenset[str]:
+    """The bookies of ``lost`` that ``md`` still needs repaired: named by a fragment, or (a
+    CLOSED ledger) in ``under_replicated_bookies``. A mark may go only when this is empty."""
+    named = md.all_bookies()
+    if md.state is LedgerState.CLOSED:
+        named |= frozenset(md.under_replicated_bookies)
+    return frozenset(lost) & named
+
+
+def next_retry_delay_ms(last_delay_ms: float, poll_interval_ms: float, retry_delay_ms_max: float) -> float:
+    """Back-off of a ledger whose pass did not finish: doubles from the poll interval, bounded."""
+    return min(retry_delay_ms_max, max(poll_interval_ms, last_delay_ms * 2))
+
+
+@dataclass(frozen=True)
+class TakeLock:
+    """Create the ledger's ephemeral lock; answered ``on_lock(taken)``."""
+
+    ledger_id: int
+
+
+@dataclass(frozen=True)
+class ReleaseLock:
+    ledger_id: int
+
+
+@dataclass(frozen=True)
+class ReadMark:
+    """Read the mark and its version; answered ``on_mark(mark or None, version)``."""
+
+    ledger_id: int
+
+
+@dataclass(frozen=True)
+class ReadLedger:
+    """Read the ledger's metadata and version, and the writable bookies (and their racks);
+    answered ``on_ledger(md or None, version, writable, racks)``."""
+
+    ledger_id: int
+
+
+@dataclass(frozen=True)
+class CopyFragment:
+    """Run a FragmentCopy of ``repair``; answered ``on_copied(ok, bytes_copied)``."""
+
+    repair: FragmentRepair
+
+
+@dataclass(frozen=True)
+class WriteLedger:
+    """Compare-and-set the metadata at ``version``; answered ``on_written(ok)`` (False: the
+    version moved)."""
+
+    metadata: LedgerMetadata
+    version: int
+    repair: FragmentRepair
+
+
+@dataclass(frozen=True)
+class Unmark:
+    """Delete the mark if still at ``version``; answered ``on_unmarked(deleted)`` (False: the
+    mark changed since it was read, e.g. the auditor added a bookie to it)."""
+
+    ledger_id: int
+    version: int
+
+
+@dataclass(frozen=True)
+class FragmentBlocked:
+    """A log line: a fragment cannot be repaired now (the mark stays)."""
+
+    blocked: Unrepairable
+
+
+@dataclass(frozen=True)
+class FragmentRecorded:
+    """A log line / metric: ``repair`` is in the metadata now."""
+
+    repair: FragmentRepair
+    bytes_copied: int
+
+
+@dataclass(frozen=True)
+class RepairFinished:
+    """The pass is over (the lock was released just before, if taken). ``done``: nothing left
+    for this worker (mark deleted, ledger gone, or locked by another worker); else the ledger
+    is retried after a back-off. ``mark_ctime_ms``: when the mark was made (-1: not read)."""
+
+    ledger_id: int
+    done: bool
+    reason: str
+    repaired: bool = False
+    mark_ctime_ms: int = -1
+
+
+class RepairPhase(enum.Enum):
+    LOCKING = "locking"
+    READING_MARK = "reading_mark"
+    PLANNING = "planning"            # waiting for the metadata to plan from
+    COPYING = "copying"
+    RECORDING = "recording"          # waiting for fresh metadata to apply a copied repair to
+    WRITING = "writing"              # the CAS of a repair is in flight
+    CHECKING = "checking"            # waiting for the metadata to decide about the mark
+    UNMARKING = "unmarking"
+    FINISHED = "finished"
+
+
+class LedgerRepair:
+    """One replication worker's pass over one marked ledger (pure; the shell executes the
+    actions one at a time and feeds each answer back). Protocol:
+
+    1. ``TakeLock`` (ephemeral, one worker per ledger). Not taken: finished, done (another
+       worker has it).
+    2. ``ReadMark``: none: finished, done. The mark's bookies are the ``lost`` ones; its
+       version is kept for step 6.
+    3. ``ReadLedger``: gone: ``Unmark`` at that version. Else ``plan_repairs`` (blocked
+       fragments are logged; the mark stays for them).
+    4. Per repair: ``CopyFragment``. A copy the replacement failed (refused or unanswered
+       writes) re-plans from fresh metadata without that bookie (counted with the re-plans);
+       after another failed copy the next repair goes ahead (step 6 keeps the mark). After a
+       copy that is done,
+       ``ReadLedger`` and ``apply_repair`` on the fresh metadata: ``WriteLedger`` at its
+       version; a version conflict reads and applies again (at most ``cas_attempts_max``); a
+       ``RepairConflict`` re-plans from that metadata (at most ``replans_max`` times).
+    5. Nothing is ever written for a repair before its copy is done (invariant 10).
+    6. ``ReadLedger``; if it still names some of ``lost`` (``still_missing``), finished, not
+       done (retried). Else ``Unmark`` at the version read in 2: deleted, finished, done;
+       refused (the mark changed meanwhile), finished, not done.
+    Every finish after the lock was taken is preceded by ``ReleaseLock``."""
+
+    def __init__(self, ledger_id: int, rng: random.Random, *, replans_max: int = 5,
+                 cas_attempts_max: int = 10) -> None:
+        check(replans_max > 0 and cas_attempts_max > 0, "replans_max and cas_attempts_max must be > 0")
+        self.ledger_id = ledger_id
+        self.rng = rng
+        self.replans_max = replans_max
+        self.cas_attempts_max = cas_attempts_max
+        self.phase = RepairPhase.LOCKING
+        self.locked = False
+        self.lost: frozenset[str] = frozenset()
+        self.mark_version = -1
+        self.mark_ctime_ms = -1
+        self._queue: list[FragmentRepair] = []
+        self._copied: tuple[FragmentRepair, int] | None = None
+        self._replans = 0
+        self._cas_attempts = 0
+        self.fragments_repaired = 0
+        self.copies_failed = 0
+        self._avoid: set[str] = set()          # replacements that failed a copy in this pass
+
+    def _expect(self, *phases: RepairPhase) -> None:
+        check(self.phase in phases, f"ledger {self.ledger_id}: event in phase {self.phase.value}, "
+                                    f"expected {[p.value for p in phases]}")
+
+    def _finish(self, done: bool, reason: str, repaired: bool = False) -> list:
+        self.phase = RepairPhase.FINISHED
+        out: list = [ReleaseLock(self.ledger_id)] if self.locked else []
+        self.locked = False
+        return out + [RepairFinished(self.ledger_id, done, reason, repaired, self.mark_ctime_ms)]
+
+    def start(self) -> list:
+        self._expect(RepairPhase.LOCKING)
+        return [TakeLock(self.ledger_id)]
+
+    def on_lock(self, taken: bool) -> list:
+        self._expect(RepairPhase.LOCKING)
+        if not taken:
+            return self._finish(True, "locked by another worker")
+        self.locked = True
+        self.phase = RepairPhase.READING_MARK
+        return [ReadMark(self.ledger_id)]
+
+    def on_mark(self, mark, version: int) -> list:
+        """``mark``: an UnderReplicatedMark, or None (none any more)."""
+        self._expect(RepairPhase.READING_MARK)
+        if mark is None:
+            return self._finish(True, "no mark")
+        self.lost = frozenset(mark.missing_bookies)
+        self.mark_version = version
+        self.mark_ctime_ms = mark.ctime_ms
+        self.phase = RepairPhase.PLANNING
+        return [ReadLedger(self.ledger_id)]
+
+    def on_ledger(self, md: LedgerMetadata | None, version: int, writable: Sequence[str],
+                  racks: Mapping[str, str] | None = None, readable: Sequence[str] | None = None) -> list:
+        self._expect(RepairPhase.PLANNING, RepairPhase.RECORDING, RepairPhase.CHECKING)
+        if md is None:                      # deleted: nothing to repair, the mark goes
+            self.phase = RepairPhase.UNMARKING
+            return [Unmark(self.ledger_id, self.mark_version)]
+        if self.phase is RepairPhase.PLANNING:
+            return self._plan(md, writable, racks, readable)
+        if self.phase is RepairPhase.RECORDING:
+            repair, _ = self._copied
+            try:
+                new = apply_repair(md, repair)
+            except RepairConflict:
+                self._replans += 1
+                if self._replans >= self.replans_max:
+                    return self._check(md)
+                return self._plan(md, writable, racks, readable)
+            self.phase = RepairPhase.WRITING
+            return [WriteLedger(new, version, repair)]
+        return self._check(md)
+
+    def _plan(self, md: LedgerMetadata, writable: Sequence[str], racks: Mapping[str, str] | None,
+              readable: Sequence[str] | None) -> list:
+        # only the marked bookies the ledger still needs moved off: one the mark names but
+        # the ledger no longer does (moved off by an earlier pass whose unmark found the mark
+        # changed) must not be kept out of the candidates, or with few bookies nothing is left
+        writable = [b for b in writable if b not in self._avoid]
+        repairs, blocked = plan_repairs(md, still_missing(md, self.lost), writable, self.rng, racks, readable)
+        self._queue = list(repairs)
+        return [FragmentBlocked(b) for b in blocked] + self._next()
+
+    def _next(self) -> list:
+        if not self._queue:
+            self.phase = RepairPhase.CHECKING
+            return [ReadLedger(self.ledger_id)]
+        self.phase = RepairPhase.COPYING
+        self._cas_attempts = 0
+        return [CopyFragment(self._queue[0])]
+
+    def on_copied(self, ok: bool, bytes_copied: int = 0, replacement_failed: bool = False) -> list:
+        self._expect(RepairPhase.COPYING)
+        if not ok and replacement_failed and self._replans + 1 < self.replans_max:
+            # the replacement refused (it may hold a different copy of an entry: the first
+            # write wins) or did not answer: plan again from fresh metadata without it, else
+            # the same choice (racks make it deterministic) would fail on every pass
+            self._replans += 1
+            self._avoid.add(self._queue[0].replacement)
+            self.copies_failed += 1
+            self._queue = []
+            self.phase = RepairPhase.PLANNING
+            return [ReadLedger(self.ledger_id)]
+        if not ok:
+            # the other repairs still go ahead: a fragment whose only good copy of some entry
+            # is on a marked bookie that another repair of this pass moves first is repaired
+            # on the next pass, from the replacement (the mark stays: step 6)
+            self._queue.pop(0)
+            self.copies_failed += 1
+            return self._next()
+        self._copied = (self._queue.pop(0), bytes_copied)
+        self.phase = RepairPhase.RECORDING
+        return [ReadLedger(self.ledger_id)]
+
+    def on_written(self, ok: bool) -> list:
+        self._expect(RepairPhase.WRITING)
+        if not ok:
+            self._cas_attempts += 1
+            if self._cas_attempts >= self.cas_attempts_max:
+                return self._finish(False, f"repair lost {self.cas_attempts_max} metadata races")
+            self.phase = RepairPhase.RECORDING
+            return [ReadLedger(self.ledger_id)]
+        repair, nbytes = self._copied
+        self._copied = None
+        self.fragments_repaired += 1
+        return [FragmentRecorded(repair, nbytes)] + self._next()
+
+    def _check(self, md: LedgerMetadata) -> list:
+        remaining = still_missing(md, self.lost)
+        if remaining:
+            return self._finish(False, "still names " + ",".join(sorted(remaining)))
+        self.phase = RepairPhase.UNMARKING
+        return [Unmark(self.ledger_id, self.mark_version)]
+
+    def on_unmarked(self, deleted: bool) -> list:
+        self._expect(RepairPhase.UNMARKING)
+        if deleted:
+            return self._finish(True, "repaired: mark removed", repaired=True)
+        return self._finish(False, "the mark changed during the repair")
+
+    def on_error(self, reason: str) -> list:
+        """An operation failed (metadata store trouble, a bug in the shell): end the pass."""
+        if self.phase is RepairPhase.FINISHED:
+            return []
+        return self._finish(False, reason)

@@ -1,6 +1,8 @@
-"""The replication worker (shell): finds marked ledgers, takes a ledger's lock, runs the pure
-replication core against real bookies with a LedgerClient's connections, records each repaired
-fragment by compare-and-set, releases the lock.
+"""The replication worker (shell): finds marked ledgers and executes, against ZooKeeper and the
+real bookies (a LedgerClient's connections), the actions of the pure cores: ``LedgerRepair``
+(the pass over one ledger: lock, mark, plan, record, unmark) and ``FragmentCopy`` (one
+fragment's copy). The decisions are theirs (and simulated in tests/sim/autorecovery_sim.py);
+this module only does I/O, throttling and timeouts.
 
 Protocol, per marked ledger (at most ``ledgers_concurrent_max`` at once):
 
@@ -21,17 +23,19 @@ Protocol, per marked ledger (at most ``ledgers_concurrent_max`` at once):
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
 import time
 
 from bookie._proto import bookie_rpc_pb2 as pb
-from bookie.autorecovery.replication_core import (CopyDone, CopyFailed, FragmentCopy, FragmentRepair,
-                                                  ReadEntry, ReadRange, ReplicaRejected, RepairConflict,
-                                                  StoredEntry, Throttle, WriteEntry, apply_repair,
-                                                  plan_repairs)
+from bookie.autorecovery.replication_core import (CopyDone, CopyFailed, CopyFragment, FragmentBlocked,
+                                                  FragmentCopy, FragmentRecorded, FragmentRepair,
+                                                  LedgerRepair, ReadEntry, ReadLedger, ReadMark,
+                                                  ReadRange, ReleaseLock, RepairFinished,
+                                                  ReplicaRejected, StoredEntry, TakeLock, Throttle,
+                                                  Unmark, WriteEntry, WriteLedger, next_retry_delay_ms)
 from bookie.autorecovery.urmanager import UnderReplicationManager
-from bookie.client.metadata import LedgerState
 from bookie.transport import encode_add_entry
 from pulsarlite.errors import (BookieUnavailableError, MetadataNotFoundError, MetadataVersionConflict,
                                PulsarliteError)
@@ -50,7 +54,8 @@ class ReplicationWorker:
     def __init__(self, ledger_client, worker_id: str, *, poll_interval_ms: int, entries_in_flight_max: int,
                  bytes_per_s_max: int, ledgers_concurrent_max: int, retry_delay_ms_max: int,
                  copy_timeout_ms: int, read_run_entries_max: int = 16,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, racks: dict[str, str] | None = None) -> None:
+        self.racks = racks if racks is not None else {}     # bookie id -> rack (kept current by the service)
         self.read_run_entries_max = read_run_entries_max
         self.client = ledger_client
         self.worker_id = worker_id
@@ -118,81 +123,89 @@ class ReplicationWorker:
             self._retry_at_ms.pop(lid, None)
         else:
             _, last = self._retry_at_ms.get(lid, (0, 0))
-            delay = min(self.retry_delay_ms_max, max(self.poll_interval_ms, last * 2))
+            delay = next_retry_delay_ms(last, self.poll_interval_ms, self.retry_delay_ms_max)
             self._retry_at_ms[lid] = (_now_ms() + delay, delay)
         return done
 
     async def repair_ledger(self, lid: int) -> bool:
-        """One pass over ``lid`` under its lock. True: nothing left to do (mark deleted or not
-        ours to handle now: locked by another worker counts as done for this pass)."""
-        if not await self.urm.try_lock(lid, self.worker_id):
-            log.debug("ledger locked by another worker ledger=%d worker=%s", lid, self.worker_id)
-            return True
+        """One pass over ``lid``: the pure ``LedgerRepair`` decides (lock, mark, plan, copy,
+        record, unmark); this executes its actions one at a time. True: nothing left to do
+        (mark deleted, or locked by another worker: done for this pass)."""
+        core = LedgerRepair(lid, self.rng, replans_max=REPLANS_MAX, cas_attempts_max=CAS_ATTEMPTS_MAX)
+        pending = collections.deque(core.start())
         try:
-            got = await self.urm.read_mark(lid)
-            if got is None:
-                return True
-            mark, mark_version = got
-            lost = frozenset(mark.missing_bookies)
-            try:
-                md, _ = await self.client.ledger_manager.read(lid)
-            except MetadataNotFoundError:
-                await self.urm.unmark(lid, mark_version)
-                log.info("under-replicated ledger is gone: mark removed ledger=%d", lid)
-                return True
-            for _ in range(REPLANS_MAX):
-                repairs, blocked = plan_repairs(md, lost, self.client.writable_bookies, self.rng)
-                for b in blocked:
-                    log.warning("fragment not repairable now ledger=%d fragment=%d bookie=%s reason=%s",
-                                lid, b.fragment_first, b.lost_bookie, b.reason)
-                replan = False
-                for repair in repairs:
-                    if not await self._copy(repair):
-                        break
-                    try:
-                        md = await self._record(repair)
-                    except RepairConflict as e:
-                        log.info("metadata changed under a repair, re-planning ledger=%d: %s", lid, e)
-                        md, _ = await self.client.ledger_manager.read(lid)
-                        replan = True
-                        break
-                if not replan:
-                    break
-            md, _ = await self.client.ledger_manager.read(lid)
-            remaining = lost & (md.all_bookies() | (frozenset(md.under_replicated_bookies)
-                                                     if md.state is LedgerState.CLOSED else frozenset()))
-            if remaining:
-                log.info("ledger still under-replicated ledger=%d missing=%s", lid, ",".join(sorted(remaining)))
-                return False
-            if await self.urm.unmark(lid, mark_version):
-                self.ledgers_repaired += 1
-                log.info("ledger fully replicated: mark removed ledger=%d worker=%s under_replicated_ms=%d",
-                         lid, self.worker_id, max(0, int(time.time() * 1000) - mark.ctime_ms))
-                return True
-            log.info("mark changed during the repair: kept for another pass ledger=%d", lid)
-            return False
+            while pending:
+                a = pending.popleft()
+                try:
+                    pending.extend(await self._execute(core, a))
+                except PulsarliteError as e:
+                    pending.extend(core.on_error(f"{type(a).__name__} failed: {e}"))
+                if isinstance(a, RepairFinished):
+                    return a.done
+            raise RuntimeError(f"ledger {lid}: repair ended without finishing")
         finally:
+            if core.locked:          # an exception or cancellation mid-pass
+                try:
+                    await self.urm.unlock(lid)
+                except PulsarliteError as e:
+                    log.warning("could not release lock ledger=%d: %s (its session's end will)", lid, e)
+
+    async def _execute(self, core: LedgerRepair, a) -> list:
+        lid = core.ledger_id
+        lm = self.client.ledger_manager
+        if isinstance(a, TakeLock):
+            taken = await self.urm.try_lock(lid, self.worker_id)
+            if not taken:
+                log.debug("ledger locked by another worker ledger=%d worker=%s", lid, self.worker_id)
+            return core.on_lock(taken)
+        if isinstance(a, ReadMark):
+            got = await self.urm.read_mark(lid)
+            return core.on_mark(*(got if got is not None else (None, -1)))
+        if isinstance(a, ReadLedger):
+            try:
+                md, version = await lm.read(lid)
+            except MetadataNotFoundError:
+                md, version = None, -1
+            writable = list(self.client.writable_bookies)
+            readable = writable + await lm.readonly_bookies()
+            return core.on_ledger(md, version, writable, self.racks or None, readable)
+        if isinstance(a, CopyFragment):
+            ok, nbytes, replacement_failed = await self._copy(a.repair)
+            return core.on_copied(ok, nbytes, replacement_failed)
+        if isinstance(a, WriteLedger):
+            try:
+                await lm.write(a.metadata, a.version)
+            except MetadataVersionConflict:
+                return core.on_written(False)
+            return core.on_written(True)
+        if isinstance(a, Unmark):
+            return core.on_unmarked(await self.urm.unmark(lid, a.version))
+        if isinstance(a, ReleaseLock):
             try:
                 await self.urm.unlock(lid)
             except PulsarliteError as e:
                 log.warning("could not release lock ledger=%d: %s (its session's end will)", lid, e)
-
-    async def _record(self, repair: FragmentRepair):
-        """CAS apply_repair on fresh metadata; returns the metadata written."""
-        lm = self.client.ledger_manager
-        for _ in range(CAS_ATTEMPTS_MAX):
-            current, version = await lm.read(repair.ledger_id)
-            new = apply_repair(current, repair)         # RepairConflict: re-plan
-            try:
-                await lm.write(new, version)
-            except MetadataVersionConflict:
-                continue
+            return []
+        if isinstance(a, FragmentBlocked):
+            b = a.blocked
+            log.warning("fragment not repairable now ledger=%d fragment=%d bookie=%s reason=%s",
+                        lid, b.fragment_first, b.lost_bookie, b.reason)
+        elif isinstance(a, FragmentRecorded):
             self.fragments_repaired += 1
-            log.info("fragment re-replicated %s worker=%s", repair.describe(), self.worker_id)
-            return new
-        raise MetadataVersionConflict(f"ledger {repair.ledger_id}: repair lost {CAS_ATTEMPTS_MAX} races")
+            self.entries_copied += len(a.repair.entries)
+            self.bytes_copied += a.bytes_copied
+            log.info("fragment re-replicated %s worker=%s", a.repair.describe(), self.worker_id)
+        elif isinstance(a, RepairFinished):
+            if a.repaired:
+                self.ledgers_repaired += 1
+                log.info("ledger fully replicated: mark removed ledger=%d worker=%s under_replicated_ms=%d",
+                         lid, self.worker_id, max(0, int(time.time() * 1000) - a.mark_ctime_ms))
+            elif not a.done:
+                log.info("ledger still under-replicated ledger=%d worker=%s reason=%s", lid,
+                         self.worker_id, a.reason)
+        return []
 
-    async def _copy(self, repair: FragmentRepair) -> bool:
+    async def _copy(self, repair: FragmentRepair) -> tuple[bool, int, bool]:
         core = FragmentCopy(repair, self.window, self.read_run_entries_max)
         loop = asyncio.get_running_loop()
         outcome: asyncio.Future = loop.create_future()
@@ -234,10 +247,8 @@ class ReplicationWorker:
                 t.cancel()
         if isinstance(result, CopyFailed):
             log.warning("fragment copy failed %s reason=%s", repair.describe(), result.reason)
-            return False
-        self.entries_copied += len(repair.entries)
-        self.bytes_copied += result.bytes_copied
-        return True
+            return False, 0, result.replacement_failed
+        return True, result.bytes_copied, False
 
     async def _read(self, core: FragmentCopy, a: ReadEntry, execute) -> None:
         lid = core.repair.ledger_id
