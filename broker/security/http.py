@@ -137,13 +137,15 @@ async def _authorize(service, authorization, role: str, request: web.Request, ro
                                            or (route == "/admin/v2/tenants/{tenant}" and request.method == "GET"))
     if not tenant_route:
         return f"role {role} is not a superuser"
-    admin_roles, auth = await service.auth_context(f"{tenant}/{info.get('namespace', '')}")
-    if not admin_roles and "namespace" not in info:
+    namespace = info.get("namespace")
+    if namespace is not None:
+        admin_roles, auth = await service.auth_context(f"{tenant}/{namespace}")
+    else:
         from broker.admin.policies import AdminError
         try:
-            admin_roles = (await service.policies.get_tenant(tenant)).admin_roles
-        except AdminError:
-            admin_roles = ()
+            admin_roles, auth = (await service.policies.get_tenant(tenant)).admin_roles, AuthPolicies()
+        except AdminError:          # a tenant that does not exist has no admins
+            admin_roles, auth = (), AuthPolicies()
     if authorization.is_tenant_admin(role, admin_roles):
         return None
     if route == _NAMESPACE_TOPICS_ROUTE and request.method == "GET" and \

@@ -124,6 +124,8 @@ def test_permission_matrix(cluster, role):
         assert "not an admin of tenant acme" in body["reason"]
     assert http(cluster, "PUT", f"/admin/v2/tenants/t-{role}", role, {"allowedClusters": ["standalone"]})[0] \
         == su_admin
+    assert http(cluster, "GET", "/admin/v2/tenants/acme", role)[0] == ns_admin
+    assert http(cluster, "GET", "/admin/v2/namespaces/acme", role)[0] == ns_admin
 
 
 def test_topic_permissions_merge_and_revoke(cluster):
