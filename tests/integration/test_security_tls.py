@@ -221,3 +221,33 @@ def test_bad_tls_files_refuse_to_start(tmp_path, pki):
     assert "not-a-key" not in str(info.value)
     with pytest.raises(ConfigError, match="tls_certificate_file_path"):
         BrokerConfig(broker_service_port_tls=6651).validate()
+
+
+def test_our_client_over_tls(tls_urls, pki):
+    """pulsarlite's client: the right CA works (hostname validated), a wrong CA fails with a TLS
+    error, allow-insecure lets it through, and a name the certificate lacks fails validation."""
+    import pulsarlite
+    url, _ = tls_urls
+
+    def round_trip(client, topic):
+        consumer = client.subscribe(topic, "s", initial_position=pulsarlite.InitialPosition.Earliest)
+        client.create_producer(topic).send(b"m")
+        assert consumer.receive(timeout_millis=TIMEOUT_MS).data() == b"m"
+
+    for kwargs, topic in (({"tls_trust_certs_file_path": pki.ca_pem, "tls_validate_hostname": True}, "ours-right-ca"),
+                          ({"tls_trust_certs_file_path": pki.other_ca_pem, "tls_allow_insecure_connection": True},
+                           "ours-insecure")):
+        client = pulsarlite.Client(url, operation_timeout_seconds=30, **kwargs)
+        try:
+            round_trip(client, f"persistent://public/default/{topic}")
+        finally:
+            client.close()
+    for service_url, kwargs in ((url, {"tls_trust_certs_file_path": pki.other_ca_pem}),
+                                (url.replace("127.0.0.1", "localhost"),
+                                 {"tls_trust_certs_file_path": pki.ca_pem, "tls_validate_hostname": True})):
+        client = pulsarlite.Client(service_url, operation_timeout_seconds=3, **kwargs)
+        try:
+            with pytest.raises(pulsarlite.ConnectError, match="TLS .* failed"):
+                client.create_producer("persistent://public/default/ours-refused")
+        finally:
+            client.close()
