@@ -189,3 +189,47 @@ def test_make_secrets_makes_what_the_secure_brokers_load(tmp_path):
     again = subprocess.run([str(DEPLOY / "make-secrets.sh"), str(out)], capture_output=True, text=True, env=env,
                            timeout=120)
     assert again.returncode != 0 and "exists" in again.stderr
+
+
+def test_broker_from_a_pulsar_broker_conf_alone(cluster_factory, tmp_path):
+    """``pulsarlite broker --pulsar-conf broker.conf`` without a TOML config: ZooKeeper from
+    metadataStoreUrl, ports and TLS from the conf; the official client over pulsar+ssl://. A bad
+    value exits 2 naming the key."""
+    from tests.integration.helpers import wait_for as wait
+    cluster = cluster_factory(3, brokers=0)
+    pki = _pki(tmp_path)
+    port, http_port, port_tls = find_free_port(), find_free_port(), find_free_port()
+    conf = tmp_path / "broker.conf"
+    conf.write_text(f"metadataStoreUrl=zk:{cluster.zookeeper}\nbrokerServicePort={port}\nwebServicePort={http_port}\n"
+                    f"brokerServicePortTls={port_tls}\ntlsCertificateFilePath={pki['cert']}\n"
+                    f"tlsKeyFilePath={pki['key']}\nclusterName=conf-cluster\nloadBalancerEnabled=true\n")
+    log_path = tmp_path / "broker.log"
+    with open(log_path, "w") as log:
+        popen = subprocess.Popen([sys.executable, "-m", "pulsarlite", "broker", "--pulsar-conf", str(conf)],
+                                 stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        wait(lambda: popen.poll() is not None or "broker ready" in log_path.read_text(), READY_TIMEOUT_S,
+             "broker ready")
+        assert popen.poll() is None, log_path.read_text()
+        text = log_path.read_text()
+        assert text.count("not used by pulsarlite") == 1 and "loadBalancerEnabled" in text
+        client = pulsar.Client(f"pulsar+ssl://127.0.0.1:{port_tls}", tls_trust_certs_file_path=pki["ca"],
+                               operation_timeout_seconds=30)
+        try:
+            consumer = client.subscribe("persistent://public/default/broker-conf", "s",
+                                        initial_position=pulsar.InitialPosition.Earliest)
+            client.create_producer("persistent://public/default/broker-conf").send(b"x")
+            assert consumer.receive(timeout_millis=15_000).data() == b"x"
+        finally:
+            client.close()
+    finally:
+        popen.terminate()
+        try:
+            popen.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+    conf.write_text("tlsRequireTrustedClientCertOnConnect=sometimes\n")
+    bad = subprocess.run([sys.executable, "-m", "pulsarlite", "broker", "--pulsar-conf", str(conf)],
+                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert bad.returncode == 2 and "tlsRequireTrustedClientCertOnConnect" in bad.stderr
