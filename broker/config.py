@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bookie.client.metadata import validate_quorum
 from broker.managed_ledger.config import ManagedLedgerConfig
@@ -102,15 +102,16 @@ class BrokerConfig:
     authorization_enabled: bool = False      # authorizationEnabled (needs authentication_enabled)
     superuser_roles: str = ""                # superUserRoles, comma-separated: may do everything
     anonymous_user_role: str = ""            # anonymousUserRole: the role of a client without credentials; "": refused
-    # tokenSecretKey / tokenPublicKey: "file:///path", "data:;base64,...", a path, or base64 (Pulsar's forms)
-    token_secret_key: str = ""               # HS256 (HS384, HS512) secret key
+    # tokenSecretKey / tokenPublicKey: "file:///path", "data:;base64,...", a path, or base64 (Pulsar's
+    # forms); the secret one may hold the key itself: never in a repr (nor basic_auth_conf's data:)
+    token_secret_key: str = field(default="", repr=False)  # HS256 (HS384, HS512) secret key
     token_public_key: str = ""               # RS256/ES256... public key (DER or PEM)
     token_public_alg: str = ""               # tokenPublicAlg; "": every RS/PS/ES algorithm the key type allows
     token_auth_claim: str = "sub"            # tokenAuthClaim: the claim that names the role
     token_audience_claim: str = "aud"        # tokenAudienceClaim
     token_audience: str = ""                 # tokenAudience: when set, a token must name this audience
     token_bytes_max: int = 16 * KiB          # a longer token is refused before it is parsed
-    basic_auth_conf: str = ""                # basicAuthConf: a file of "user:bcrypt-hash" lines (path, file:// or data:)
+    basic_auth_conf: str = field(default="", repr=False)  # basicAuthConf: "user:bcrypt-hash" lines (path, file://, data:)
     authenticate_metrics_endpoint: bool = False  # authenticateMetricsEndpoint: /metrics needs a role too
     # authenticationRefreshCheckSeconds: how often a connection's credentials are checked for expiry;
     # an expired one is sent AUTH_CHALLENGE and must answer before the next check, else it is closed

@@ -165,3 +165,9 @@ def test_config_errors():
     with pytest.raises(ConfigError, match="needs authentication_providers"):
         BrokerConfig(authentication_enabled=True).validate()
     assert not AuthenticationService.from_config(BrokerConfig()).enabled
+
+
+def test_config_repr_never_shows_secrets():
+    cfg = BrokerConfig(authentication_enabled=True, authentication_providers="token,basic",
+                       token_secret_key="data:;base64,U0VDUkVUS0VZ", basic_auth_conf="data:,u:$2y$hash").validate()
+    assert "U0VDUkVUS0VZ" not in repr(cfg) and "$2y$hash" not in repr(cfg)
