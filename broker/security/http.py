@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 import logging
 from collections.abc import Awaitable, Callable
 
