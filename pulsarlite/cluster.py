@@ -159,6 +159,13 @@ class LocalCluster:
         return "pulsar://" + ",".join(f"{LOOPBACK}:{p}" for p in ports)
 
     @property
+    def service_url_tls(self) -> str | None:
+        """``pulsar+ssl://127.0.0.1:P1,...`` over the brokers with a TLS listener (None without)."""
+        ports = [config.broker_service_port_tls for _, config in self._configs_of(BROKER)
+                 if config.broker_service_port_tls]
+        return "pulsar+ssl://" + ",".join(f"{LOOPBACK}:{p}" for p in ports) if ports else None
+
+    @property
     def admin_url(self) -> str | None:
         """The admin HTTP URL of the first broker (None without brokers)."""
         names = self.broker_names
@@ -490,7 +497,8 @@ class LocalCluster:
                 entry["healthy"] = bool(alive and mode and port_accepts(LOOPBACK, record.ports["bookie"]))
             processes.append(entry)
         return {"dir": str(self.dir), "zookeeper": self.zookeeper if ZOOKEEPER in self.records else None,
-                "service_url": self.service_url, "admin_url": self.admin_url, "processes": processes}
+                "service_url": self.service_url, "admin_url": self.admin_url,
+                **({"service_url_tls": tls} if (tls := self.service_url_tls) else {}), "processes": processes}
 
     # -- kill, restart, stop ----------------------------------------------------------------
     def kill(self, name: str) -> None:
@@ -681,6 +689,8 @@ def format_status(status: dict) -> str:
     lines = [f"cluster {status['dir']}  zookeeper {status['zookeeper']}"]
     if status.get("service_url"):
         lines[0] += f"  service_url {status['service_url']}  admin_url {status['admin_url']}"
+    if status.get("service_url_tls"):
+        lines[0] += f"  service_url_tls {status['service_url_tls']}"
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     return "\n".join(lines)
 

@@ -86,8 +86,9 @@ def tls_cluster(module_cluster_factory, pki):
 @pytest.fixture(scope="module")
 def tls_urls(tls_cluster):
     config = _config(tls_cluster)
-    return (f"pulsar+ssl://127.0.0.1:{config.broker_service_port_tls}",
-            f"https://127.0.0.1:{config.web_service_port_tls}")
+    url = f"pulsar+ssl://127.0.0.1:{config.broker_service_port_tls}"
+    assert tls_cluster.status()["service_url_tls"] == url == tls_cluster.service_url_tls   # the launcher says it
+    return url, f"https://127.0.0.1:{config.web_service_port_tls}"
 
 
 def _round_trip(client, topic: str, n: int = 20) -> None:
