@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol
 from sortedcontainers import SortedSet
 
 from broker.cursor import ManagedCursor
+from broker.errors import ServiceNotReadyError
 from broker.managed_ledger import Position, next_position
 from pulsarlite.topic_name import InvalidTopicNameError, TopicName
 
@@ -45,11 +46,23 @@ class ManagedOwnership:
     async def close(self) -> None:
         await self.manager.close()
 
-    async def lookup(self, topic, *, authoritative: bool = False) -> tuple[str, bool, bool, str]:
-        """(owner's pulsar:// URL, ours, authoritative, owner's pulsar+ssl:// URL or "")."""
+    async def lookup(self, topic, *, authoritative: bool = False,
+                     listener_name: str = "") -> tuple[str, bool, bool, str]:
+        """(owner's pulsar:// URL, ours, authoritative, owner's pulsar+ssl:// URL or ""); with
+        ``listener_name`` (the LOOKUP's advertised_listener_name) that listener's URLs of the
+        owner, as Pulsar's lookup: ServiceNotReadyError when this broker does not advertise the
+        name ("the advertised listener name ... is not found") or the owner does not."""
+        if listener_name and listener_name not in {name for name, _, _ in self.manager.listeners}:
+            raise ServiceNotReadyError(f"the advertised listener name {listener_name} is not found")
         result = await self.manager.lookup(topic, authoritative=authoritative)
-        return (result.pulsar_url, result.owned_by_self, result.authoritative or result.owned_by_self,
-                result.pulsar_url_tls)
+        url, url_tls = result.pulsar_url, result.pulsar_url_tls
+        if listener_name:
+            chosen = next((urls for urls in result.listeners if urls[0] == listener_name), None)
+            if chosen is None:
+                raise ServiceNotReadyError(f"the broker {result.broker_id} does not have the advertised listener "
+                                           f"{listener_name}")
+            _, url, url_tls = chosen
+        return url, result.owned_by_self, result.authoritative or result.owned_by_self, url_tls
 
     def owns(self, topic) -> bool:
         return self.manager.owns(topic)
@@ -86,14 +99,18 @@ class ManagedOwnership:
 
 
 def make_ownership(store, broker_id: str, service_url: str, web_service_url: str, *,
-                   lease_ms: int | None = None, service_url_tls: str = "", web_service_url_tls: str = ""):
+                   lease_ms: int | None = None, service_url_tls: str = "", web_service_url_tls: str = "",
+                   listeners: dict[str, tuple[str, str]] | None = None):
     """``lease_ms``: see OwnershipManager; the broker passes half its ZooKeeper session timeout.
-    The TLS URLs ("" without such a listener) are published beside the plain ones."""
+    The TLS URLs ("" without such a listener) are published beside the plain ones, and the
+    advertised listeners (BrokerConfig.listeners()) beside them."""
     from broker.ownership import OwnershipManager
 
     return ManagedOwnership(OwnershipManager(store, broker_id, pulsar_url=service_url,
                                              http_url=web_service_url, lease_ms=lease_ms,
-                                             pulsar_url_tls=service_url_tls, http_url_tls=web_service_url_tls))
+                                             pulsar_url_tls=service_url_tls, http_url_tls=web_service_url_tls,
+                                             listeners=tuple((name, url, url_tls) for name, (url, url_tls)
+                                                             in (listeners or {}).items())))
 
 
 # -- cursors ------------------------------------------------------------------------------------

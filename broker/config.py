@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from bookie.client.metadata import validate_quorum
@@ -33,6 +34,15 @@ class BrokerConfig:
     tls_trust_certs_file_path: str = ""      # CAs that sign client certificates, PEM
     tls_require_trusted_client_cert_on_connect: bool = False
     tls_allow_insecure_connection: bool = False  # accept a client certificate that does not verify
+    # -- advertised listeners (Pulsar's advertisedListeners, internalListenerName) -------------
+    # "name:pulsar://host:port,name:pulsar+ssl://host:port,...": the addresses clients reach this
+    # broker at, per network (each name at most one pulsar:// and one pulsar+ssl:// URL). A
+    # LOOKUP naming a listener (the client's listener_name) answers the owner's URLs of that
+    # listener; a LOOKUP naming none, the internal listener's (default: the first named), which
+    # are also this broker's service URLs. A name not advertised fails the lookup
+    # (ServiceNotReady). Empty: no listeners, the URLs come from advertised_host and the ports.
+    advertised_listeners: str = ""
+    internal_listener_name: str = ""
     zookeeper: str = "127.0.0.1:2181"
     zk_session_timeout_ms: int = 10_000
     # storage of every topic (managed ledger defaults)
@@ -173,7 +183,45 @@ class BrokerConfig:
         self.managed_ledger_config().validate()
         self._validate_tier()
         self._validate_tls()
+        self.listeners()           # ConfigError for a malformed advertised_listeners
         return self
+
+    def listeners(self) -> dict[str, tuple[str, str]]:
+        """``advertised_listeners`` parsed: name -> (pulsar:// URL or "", pulsar+ssl:// URL or
+        ""), in the order given; ConfigError for a malformed list (Pulsar's
+        MultipleListenerValidator: names and URLs well formed, one URL per scheme and name,
+        ``internal_listener_name`` among them)."""
+        if not isinstance(self.advertised_listeners, str) or not isinstance(self.internal_listener_name, str):
+            raise ConfigError("BrokerConfig.advertised_listeners and internal_listener_name must be strings")
+        found: dict[str, dict[str, str]] = {}
+        for item in (i.strip() for i in self.advertised_listeners.split(",")):
+            if not item:
+                continue
+            name, sep, url = item.partition(":")
+            name = name.strip()
+            scheme, sep2, address = url.strip().partition("://")
+            host, sep3, port = address.rpartition(":")
+            if not (sep and sep2 and sep3 and name and host and "/" not in address) \
+                    or not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"BrokerConfig.advertised_listeners: {item!r} is not name:pulsar://host:port "
+                                  f"or name:pulsar+ssl://host:port")
+            if scheme not in ("pulsar", "pulsar+ssl"):
+                raise ConfigError(f"BrokerConfig.advertised_listeners: {item!r}: the scheme must be pulsar or "
+                                  f"pulsar+ssl")
+            urls = found.setdefault(name, {})
+            if scheme in urls:
+                raise ConfigError(f"BrokerConfig.advertised_listeners: listener {name} has more than one "
+                                  f"{scheme}:// URL")
+            urls[scheme] = f"{scheme}://{host}:{port}"
+        if self.internal_listener_name and self.internal_listener_name not in found:
+            raise ConfigError(f"BrokerConfig.internal_listener_name {self.internal_listener_name!r} is not one of "
+                              f"advertised_listeners ({', '.join(found) or 'none'})")
+        return {name: (urls.get("pulsar", ""), urls.get("pulsar+ssl", "")) for name, urls in found.items()}
+
+    @property
+    def effective_internal_listener_name(self) -> str:
+        """The listener a LOOKUP without a name answers ("" without listeners)."""
+        return self.internal_listener_name or next(iter(self.listeners()), "")
 
     def _validate_tls(self) -> None:
         for name in ("broker_service_port_tls", "web_service_port_tls"):
@@ -288,7 +336,9 @@ class BrokerConfig:
 
     @property
     def service_url(self) -> str:
-        return f"pulsar://{self.effective_advertised_host}:{self.port}"
+        """The internal listener's pulsar:// URL when listeners are advertised and it has one."""
+        internal = self.listeners().get(self.effective_internal_listener_name, ("", ""))[0]
+        return internal or f"pulsar://{self.effective_advertised_host}:{self.port}"
 
     @property
     def web_service_url(self) -> str:
@@ -296,7 +346,11 @@ class BrokerConfig:
 
     @property
     def service_url_tls(self) -> str:
-        """``pulsar+ssl://host:port``, or "" without a TLS listener."""
+        """``pulsar+ssl://host:port``, or "" without a TLS listener; the internal listener's
+        pulsar+ssl:// URL when listeners are advertised and it has one."""
+        internal = self.listeners().get(self.effective_internal_listener_name, ("", ""))[1]
+        if internal:
+            return internal
         port = self.broker_service_port_tls
         return f"pulsar+ssl://{self.effective_advertised_host}:{port}" if port else ""
 

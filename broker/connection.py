@@ -860,8 +860,8 @@ class ServerConnection(asyncio.Protocol):
     async def _on_lookup(self, body: pb.CommandLookupTopic) -> None:
         try:
             await self._authorize(body.topic, TopicOperation.LOOKUP)
-            url, ours, authoritative, url_tls = await self.service.lookup(body.topic,
-                                                                          authoritative=body.authoritative)
+            url, ours, authoritative, url_tls = await self.service.lookup(
+                body.topic, authoritative=body.authoritative, listener_name=body.advertised_listener_name)
         except Exception as e:
             self.write(c.lookup_failed(body.request_id, server_error_of(e), str(e)))
             return

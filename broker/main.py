@@ -87,7 +87,8 @@ async def run_broker(config: BrokerConfig, *, stop_event: asyncio.Event | None =
         ownership = make_ownership(store, config.effective_broker_id, config.service_url, config.web_service_url,
                                    lease_ms=config.zk_session_timeout_ms // 2,
                                    service_url_tls=config.service_url_tls,
-                                   web_service_url_tls=config.web_service_url_tls)
+                                   web_service_url_tls=config.web_service_url_tls,
+                                   listeners=config.listeners())
         await ownership.start()
         service = BrokerService(config, store=store, ledger_client=ledger_client, ownership=ownership)
         await service.policies.ensure_defaults(cluster=config.cluster_name, service_url=config.web_service_url,

@@ -151,12 +151,16 @@ class BrokerService:
         return info.admin_roles, policies.auth_policies
 
     # -- discovery -------------------------------------------------------------------------------
-    async def lookup(self, topic_name: str, *, authoritative: bool = False) -> tuple[str, bool, bool, str]:
+    async def lookup(self, topic_name: str, *, authoritative: bool = False,
+                     listener_name: str = "") -> tuple[str, bool, bool, str]:
         """(service URL of the owner, whether it is this broker, authoritative, the owner's TLS
-        service URL or "" when it has no TLS listener)."""
+        service URL or "" when it has no TLS listener); with ``listener_name``, the URLs of that
+        advertised listener of the owner (BrokerConfig.advertised_listeners)."""
         topic = parse_topic(topic_name)
         if not _is_persistent(topic):
             raise NotAllowedError("non-persistent topics are not supported")
+        if listener_name:
+            return await self.ownership.lookup(topic, authoritative=authoritative, listener_name=listener_name)
         return await self.ownership.lookup(topic, authoritative=authoritative)
 
     async def partitions(self, topic_name: str) -> int:

@@ -56,6 +56,8 @@ class LookupResult:
     broker_id: str
     pulsar_url_tls: str = ""      # pulsar+ssl://host:port of that broker; "" without a TLS listener
     http_url_tls: str = ""        # https://host:port; "" without one
+    # that broker's advertised listeners: ((name, pulsar URL or "", pulsar+ssl URL or ""), ...)
+    listeners: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def redirect(self) -> bool:
@@ -70,6 +72,13 @@ class BrokerInfo:
     load: BrokerLoad
     pulsar_url_tls: str = ""
     http_url_tls: str = ""
+    listeners: tuple[tuple[str, str, str], ...] = ()   # (name, pulsar URL, pulsar+ssl URL)
+
+
+def _listeners_of(doc: dict) -> tuple[tuple[str, str, str], ...]:
+    """The advertised listeners of an owner or registration znode (none when absent)."""
+    return tuple((str(name), str(urls.get("pulsar_url", "")), str(urls.get("pulsar_url_tls", "")))
+                 for name, urls in (doc.get("listeners") or {}).items())
 
 
 class OwnershipManager:
@@ -77,6 +86,7 @@ class OwnershipManager:
 
     def __init__(self, store: MetadataStore, broker_id: str, *, pulsar_url: str, http_url: str,
                  pulsar_url_tls: str = "", http_url_tls: str = "",
+                 listeners: tuple[tuple[str, str, str], ...] = (),
                  bundles_per_namespace: int = 4, rng: random.Random | None = None,
                  registration_stale_wait_s: float = 30.0, lookup_attempts_max: int = 5,
                  lease_ms: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -90,6 +100,7 @@ class OwnershipManager:
         self.http_url = http_url
         self.pulsar_url_tls = pulsar_url_tls
         self.http_url_tls = http_url_tls
+        self.listeners = tuple(listeners)
         self.bundles_per_namespace = check_bundles_per_namespace(bundles_per_namespace)
         if registration_stale_wait_s < 0 or lookup_attempts_max < 1:
             raise ValueError("registration_stale_wait_s must be >= 0 and lookup_attempts_max >= 1")
@@ -252,7 +263,8 @@ class OwnershipManager:
                     info = brokers[promised]
                     return LookupResult(info.pulsar_url, info.http_url, owned_by_self=False,
                                         authoritative=True, broker_id=info.broker_id,
-                                        pulsar_url_tls=info.pulsar_url_tls, http_url_tls=info.http_url_tls)
+                                        pulsar_url_tls=info.pulsar_url_tls, http_url_tls=info.http_url_tls,
+                                        listeners=info.listeners)
             decision = decide_lookup(
                 owner=owner[0].broker_id if owner is not None else None,
                 owned_by_self=self._table.owns(bundle),
@@ -268,7 +280,8 @@ class OwnershipManager:
                     self._promise(bundle, decision.broker_id, info.load.bundles)
                 return LookupResult(info.pulsar_url, info.http_url, owned_by_self=False,
                                     authoritative=decision.authoritative, broker_id=info.broker_id,
-                                    pulsar_url_tls=info.pulsar_url_tls, http_url_tls=info.http_url_tls)
+                                    pulsar_url_tls=info.pulsar_url_tls, http_url_tls=info.http_url_tls,
+                                    listeners=info.listeners)
             if isinstance(decision, AcquireSelf):
                 if await self._acquire_bundle(bundle):
                     return self._self_result()
@@ -319,13 +332,14 @@ class OwnershipManager:
                 load = doc.get("load", {})
                 info = BrokerInfo(name, str(doc["pulsar_url"]), str(doc["http_url"]),
                                   BrokerLoad(int(load.get("bundles", 0)), int(load.get("topics", 0))),
-                                  str(doc.get("pulsar_url_tls", "")), str(doc.get("http_url_tls", "")))
+                                  str(doc.get("pulsar_url_tls", "")), str(doc.get("http_url_tls", "")),
+                                  _listeners_of(doc))
             except (ValueError, KeyError, TypeError, AttributeError) as e:
                 log.warning("ignoring malformed broker registration %s: %s", name, e)
                 continue
             if name == self.broker_id:
                 info = BrokerInfo(name, self.pulsar_url, self.http_url, self._load(),
-                                  self.pulsar_url_tls, self.http_url_tls)
+                                  self.pulsar_url_tls, self.http_url_tls, self.listeners)
             brokers[name] = info
         return brokers
 
@@ -363,7 +377,7 @@ class OwnershipManager:
     def _self_result(self) -> LookupResult:
         return LookupResult(self.pulsar_url, self.http_url, owned_by_self=True, authoritative=False,
                             broker_id=self.broker_id, pulsar_url_tls=self.pulsar_url_tls,
-                            http_url_tls=self.http_url_tls)
+                            http_url_tls=self.http_url_tls, listeners=self.listeners)
 
     PROMISE_S = 30.0
     PROMISES_MAX = 10_000
@@ -417,6 +431,9 @@ class OwnershipManager:
             urls["pulsar_url_tls"] = self.pulsar_url_tls
         if self.http_url_tls:
             urls["http_url_tls"] = self.http_url_tls
+        if self.listeners:        # advertised listeners: {name: {"pulsar_url", "pulsar_url_tls"}}
+            urls["listeners"] = {name: {"pulsar_url": url, "pulsar_url_tls": url_tls}
+                                 for name, url, url_tls in self.listeners}
         return urls
 
     def _owner_doc(self) -> bytes:
@@ -438,8 +455,9 @@ class OwnershipManager:
         try:
             doc = json.loads(read[0])
             info = BrokerInfo(str(doc["broker_id"]), str(doc["pulsar_url"]), str(doc["http_url"]), BrokerLoad(),
-                              str(doc.get("pulsar_url_tls", "")), str(doc.get("http_url_tls", "")))
-        except (ValueError, KeyError, TypeError) as e:
+                              str(doc.get("pulsar_url_tls", "")), str(doc.get("http_url_tls", "")),
+                              _listeners_of(doc))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise OwnershipError(f"malformed owner znode {path}: {e}") from None
         return info, stat.ephemeral_owner
 

@@ -144,7 +144,7 @@ class FakeService:
         self.entry_cache = EntryCache(1 << 20)
         self.publish_buffer = PublishBuffer(self.config.publish_buffer_bytes_max)
 
-    async def lookup(self, topic, *, authoritative=False):
+    async def lookup(self, topic, *, authoritative=False, listener_name=""):
         return "pulsar://127.0.0.1:6650", True, True, ""
 
     async def partitions_or_create(self, topic):
