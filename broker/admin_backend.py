@@ -870,12 +870,15 @@ class BrokerAdminBackend:
         answer (None for 204); its 4xx error as ours; 503 if it cannot be reached."""
         import aiohttp
         from urllib.parse import quote
+
+        from broker.security.http import forwarded_headers
         path = (f"/admin/v2/persistent/{name.tenant}/{name.namespace_local_name}/"
                 f"{quote(name.local_name, safe='')}{suffix}")
         timeout = aiohttp.ClientTimeout(total=60)
         try:
             async with aiohttp.ClientSession(timeout=timeout) as session:
                 async with session.request(method, url + path, params={**(params or {}), "authoritative": "true"},
+                                           headers=forwarded_headers(),      # [security] the caller's role
                                            allow_redirects=False) as resp:
                     if resp.status == 204:
                         return None

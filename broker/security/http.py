@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -43,6 +44,20 @@ log = logging.getLogger("pulsarlite.broker.security")
 
 ROLE_KEY = "pulsarlite_role"          # request[ROLE_KEY]: the role the request proved
 AUTHORIZATION_HEADER_BYTES_MAX = 16 * 1024
+
+# the Authorization header of the request being served: an admin call this broker makes on the
+# caller's behalf to a topic's owner (BrokerAdminBackend._call_owner) carries it, so the owner
+# authenticates and authorizes the same role (a caller proven by its TLS certificate has no
+# header to forward: such calls reach the owner without credentials)
+_FORWARDED_AUTHORIZATION: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "pulsarlite_forwarded_authorization", default=None)
+
+
+def forwarded_headers() -> dict[str, str]:
+    """Headers for an admin call made on behalf of the request being served ({} without one)."""
+    value = _FORWARDED_AUTHORIZATION.get()
+    return {"Authorization": value} if value else {}
+
 
 _TENANT_PREFIXES = ("/admin/v2/namespaces/{tenant}", "/admin/v2/persistent/{tenant}", "/admin/v2/schemas/{tenant}")
 _LOOKUP_ROUTE = "/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}"
@@ -110,7 +125,11 @@ def make_security_middleware(service) -> Callable:
         if refusal is not None:
             log.info("http authorization refused role=%s method=%s path=%s", role, request.method, request.path)
             return _reason(403, refusal)
-        return await handler(request)
+        token = _FORWARDED_AUTHORIZATION.set(request.headers.get("Authorization"))
+        try:
+            return await handler(request)
+        finally:
+            _FORWARDED_AUTHORIZATION.reset(token)
 
     return security
 
@@ -232,4 +251,4 @@ def add_permission_routes(app: web.Application, policies: Callable[[], object], 
     r.add_delete(tp + "/{role}", revoke_topic)
 
 
-__all__ = ["ROLE_KEY", "add_permission_routes", "credentials_of", "make_security_middleware"]
+__all__ = ["ROLE_KEY", "add_permission_routes", "credentials_of", "forwarded_headers", "make_security_middleware"]

@@ -172,3 +172,35 @@ def test_cli_grant_permissions_and_revoke(cluster, capsys):
     assert admin("tadmin", "topics", "permissions", TOPIC, "-o", "json") == 0
     assert json.loads(capsys.readouterr().out) == {}
     assert not can_produce(cluster, "cli")
+
+
+@pytest.fixture(scope="module")
+def two_brokers(module_cluster_factory, module_tmp_path):
+    key = module_tmp_path / "secret2.key"
+    key.write_bytes(SECRET)
+    return module_cluster_factory(3, brokers=2, name="two", broker_overrides={
+        "authentication_enabled": True, "authentication_providers": "token", "authorization_enabled": True,
+        "superuser_roles": "su", "token_secret_key": f"file://{key}"})
+
+
+def test_admin_calls_to_the_owner_carry_the_callers_role(two_brokers):
+    """partitioned-stats of a topic whose partitions two brokers own: the first broker asks the
+    other's admin API for its partitions with the caller's credentials (else the owner answers 401)."""
+    cluster = two_brokers
+    admins = [f"http://127.0.0.1:{cluster.records[n].ports['http']}" for n in cluster.broker_names]
+    assert http(cluster, "PUT", "/admin/v2/persistent/public/default/spread/partitions", "su", 8)[0] == 204
+    owners = set()
+    for i in range(8):       # place each partition (lookup, then the authoritative lookup at the broker named)
+        path = f"/lookup/v2/topic/persistent/public/default/spread-partition-{i}"
+        status, named = http(cluster, "GET", path, "su")
+        assert status == 200, named
+        chosen = named["httpUrl"].rstrip("/")
+        request = urllib.request.Request(chosen + path + "?authoritative=true",
+                                         headers={"Authorization": f"Bearer {token('su')}"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            owners.add(json.loads(response.read())["httpUrl"].rstrip("/"))
+    assert owners == set(admins), owners
+    status, stats = http(cluster, "GET", "/admin/v2/persistent/public/default/spread/partitioned-stats?perPartition=true",
+                         "su")
+    assert status == 200 and len(stats["partitions"]) == 8, stats
+    assert http(cluster, "GET", "/admin/v2/persistent/public/default/spread/partitioned-stats", "other")[0] == 403
