@@ -111,9 +111,11 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
         used, _, _ = store.disk_usage()
         disk_read_only = policy.next_read_only(False, used)
         store.read_only = disk_read_only or decommissioning["now"]
+        from bookie.autorecovery.racks import publish_rack
+        await publish_rack(zk, bookie_id, config.rack)      # before registering: placement reads it
         await register_bookie(zk, bookie_id, read_only=store.read_only)
-        log.info("bookie ready bookie=%s read_only=%s journal=%s ledgers=%s entries=%d", bookie_id,
-                 store.read_only, config.journal_dir, config.ledger_dir, store.entry_count())
+        log.info("bookie ready bookie=%s rack=%s read_only=%s journal=%s ledgers=%s entries=%d", bookie_id,
+                 config.rack or "-", store.read_only, config.journal_dir, config.ledger_dir, store.entry_count())
 
         def on_session(state) -> None:
             if state is SessionState.CONNECTED:

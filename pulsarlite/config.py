@@ -102,6 +102,11 @@ class BookieConfig:
     replication_ledgers_concurrent_max: int = 2  # ledgers one worker repairs at once
     replication_retry_delay_ms_max: int = 60_000  # back-off cap for a ledger that could not be repaired
     replication_copy_timeout_ms: int = 30_000  # one entry's read or write to a bookie
+    # the bookie's rack (placement spreads ensembles and re-replicated fragments over racks);
+    # published at /ledgers/racks/<bookie-id> (bookie/autorecovery/racks.py). Empty: none
+    rack: str = ""
+    # HTTP port of the bookie's Prometheus /metrics (bookie/metrics.py); 0 = off
+    metrics_port: int = 0
 
     def validate(self) -> "BookieConfig":
         _positive(self, "port", "zk_session_timeout_ms", "journal_bytes_buffered_max",
@@ -122,6 +127,10 @@ class BookieConfig:
             raise ConfigError("audit_replica_check_entries_per_fragment and audit_replica_check_probes_max must be >= 1")
         if self.lost_bookie_recovery_delay_ms < 0:
             raise ConfigError("lost_bookie_recovery_delay_ms must be >= 0")
+        if "/" in self.rack or len(self.rack.encode()) > 256:
+            raise ConfigError("rack must have no '/' and at most 256 bytes")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be in [0, 65535] (0: off), got {self.metrics_port}")
         if self.replication_entries_in_flight_max > 10_000 or self.replication_ledgers_concurrent_max > 100:
             raise ConfigError("replication_entries_in_flight_max must be <= 10000 and "
                               "replication_ledgers_concurrent_max <= 100")

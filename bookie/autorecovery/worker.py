@@ -35,6 +35,7 @@ from bookie.autorecovery.replication_core import (CopyDone, CopyFailed, CopyFrag
                                                   ReadRange, ReleaseLock, RepairFinished,
                                                   ReplicaRejected, StoredEntry, TakeLock, Throttle,
                                                   Unmark, WriteEntry, WriteLedger, next_retry_delay_ms)
+from bookie.autorecovery.racks import read_racks
 from bookie.autorecovery.urmanager import UnderReplicationManager
 from bookie.transport import encode_add_entry
 from pulsarlite.errors import (BookieUnavailableError, MetadataNotFoundError, MetadataVersionConflict,
@@ -97,6 +98,8 @@ class ReplicationWorker:
         started = []
         now = _now_ms()
         marked = await self.urm.list_marked()
+        if marked:
+            self.racks = await read_racks(self.client.store)
         for lid in list(self._retry_at_ms):
             if lid not in marked:
                 del self._retry_at_ms[lid]
