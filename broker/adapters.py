@@ -52,16 +52,9 @@ class ManagedOwnership:
         ``listener_name`` (the LOOKUP's advertised_listener_name) that listener's URLs of the
         owner, as Pulsar's lookup: ServiceNotReadyError when this broker does not advertise the
         name ("the advertised listener name ... is not found") or the owner does not."""
-        if listener_name and listener_name not in {name for name, _, _ in self.manager.listeners}:
-            raise ServiceNotReadyError(f"the advertised listener name {listener_name} is not found")
+        check_listener_name(self.manager.listeners, listener_name)
         result = await self.manager.lookup(topic, authoritative=authoritative)
-        url, url_tls = result.pulsar_url, result.pulsar_url_tls
-        if listener_name:
-            chosen = next((urls for urls in result.listeners if urls[0] == listener_name), None)
-            if chosen is None:
-                raise ServiceNotReadyError(f"the broker {result.broker_id} does not have the advertised listener "
-                                           f"{listener_name}")
-            _, url, url_tls = chosen
+        url, url_tls = listener_urls(result, listener_name)
         return url, result.owned_by_self, result.authoritative or result.owned_by_self, url_tls
 
     def owns(self, topic) -> bool:
@@ -96,6 +89,24 @@ class ManagedOwnership:
                 callback(lambda topic: self.manager.bundle_of(topic) in bundles)
 
         self.manager.add_ownership_listener(on_change)
+
+
+def check_listener_name(own_listeners, listener_name: str) -> None:
+    """ServiceNotReadyError when a lookup names a listener this broker does not advertise (Pulsar
+    checks its own listeners before it looks the topic up); "" names none."""
+    if listener_name and listener_name not in {name for name, _, _ in own_listeners}:
+        raise ServiceNotReadyError(f"the advertised listener name {listener_name} is not found")
+
+
+def listener_urls(result, listener_name: str) -> tuple[str, str]:
+    """(pulsar:// URL, pulsar+ssl:// URL or "") of a lookup's owner for ``listener_name`` (""
+    names none: the owner's service URLs); ServiceNotReadyError if the owner lacks it."""
+    if not listener_name:
+        return result.pulsar_url, result.pulsar_url_tls
+    for name, url, url_tls in result.listeners:
+        if name == listener_name:
+            return url, url_tls
+    raise ServiceNotReadyError(f"the broker {result.broker_id} does not have the advertised listener {listener_name}")
 
 
 def make_ownership(store, broker_id: str, service_url: str, web_service_url: str, *,

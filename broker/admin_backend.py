@@ -27,7 +27,7 @@ import json
 import logging
 from datetime import datetime, timezone
 
-from broker.adapters import open_cursor
+from broker.adapters import check_listener_name, listener_urls, open_cursor
 from broker.admin.http import (ConsumerStats, CursorStats, InternalStats, LedgerInfoStats, LookupData,
                                MessageIdData, PublisherStats, SubscriptionPosition, SubscriptionStats, TopicStats,
                                lookup_data)
@@ -796,11 +796,17 @@ class BrokerAdminBackend:
         return bytes(got[0][1])
 
     # -- lookup ----------------------------------------------------------------------------------
-    async def lookup(self, topic: str, *, authoritative: bool = False) -> LookupData:
+    async def lookup(self, topic: str, *, authoritative: bool = False, listener_name: str = "") -> LookupData:
+        """Pulsar's HTTP lookup; ``listener_name`` (``?listenerName=`` or ``X-Pulsar-ListenerName``)
+        picks the owner's advertised listener for the broker URLs, as the binary LOOKUP does (an
+        unknown name: ServiceNotReadyError, 503)."""
         name = self._name(topic)
         await self._check_namespace(name)
-        result = await self.service.ownership.manager.lookup(name, authoritative=authoritative)
-        return lookup_data(result.pulsar_url, result.http_url, broker_url_tls=result.pulsar_url_tls or None,
+        manager = self.service.ownership.manager
+        check_listener_name(manager.listeners, listener_name)
+        result = await manager.lookup(name, authoritative=authoritative)
+        url, url_tls = listener_urls(result, listener_name)
+        return lookup_data(url, result.http_url, broker_url_tls=url_tls or None,
                            http_url_tls=result.http_url_tls or None)
 
     async def admin_redirect_url(self, topic: str) -> str | None:

@@ -773,9 +773,12 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
         return web.Response(body=body, headers=headers, content_type="application/octet-stream")
 
     async def lookup(request: web.Request) -> web.Response:
+        # Pulsar's listener name: ?listenerName= or the X-Pulsar-ListenerName header
+        listener = {"listener_name": name} if (name := request.query.get("listenerName")
+                                               or request.headers.get("X-Pulsar-ListenerName")) else {}
         if _bool_query(request, "authoritative"):     # Pulsar's: the broker chosen before acquires
-            return _json(await backend.lookup(_topic(request), authoritative=True))
-        return _json(await backend.lookup(_topic(request)))
+            return _json(await backend.lookup(_topic(request), authoritative=True, **listener))
+        return _json(await backend.lookup(_topic(request), **listener))
 
     async def namespace_topics(request: web.Request) -> web.Response:
         """Pulsar's Namespaces.getTopics: ``mode`` PERSISTENT (default), NON_PERSISTENT or ALL;

@@ -114,3 +114,18 @@ def test_unknown_listener_fails_the_lookup(setup):
             client.create_producer(TOPIC)
     finally:
         client.close()
+
+
+def test_http_lookup_takes_the_listener_name(setup):
+    """Pulsar's HTTP lookup takes the listener as ``?listenerName=`` or the
+    ``X-Pulsar-ListenerName`` header, answering that listener's broker URL."""
+    import requests
+    cluster, proxy, port = setup
+    url = f"{cluster.admin_url}/lookup/v2/topic/persistent/public/default/listeners"
+    assert requests.get(url, timeout=30).json()["brokerUrl"] == f"pulsar://127.0.0.1:{port}"
+    got = requests.get(url, params={"listenerName": "external"}, timeout=30).json()
+    assert got["brokerUrl"] == got["nativeUrl"] == f"pulsar://127.0.0.1:{proxy.port}"
+    got = requests.get(url, headers={"X-Pulsar-ListenerName": "external"}, timeout=30).json()
+    assert got["brokerUrl"] == f"pulsar://127.0.0.1:{proxy.port}"
+    r = requests.get(url, params={"listenerName": "nope"}, timeout=30)
+    assert r.status_code == 503 and "nope" in r.json()["reason"], r.text
