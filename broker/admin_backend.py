@@ -637,7 +637,11 @@ class BrokerAdminBackend:
         moved."""
         name = self._name(topic)
         await self._check_namespace(name)
-        await self._not_partitioned(name, "Expire messages")
+        if not name.is_partition and await self.service.partitions(str(name)) > 0:     # each partition
+            from urllib.parse import quote
+            await self._each_partition(name, f"/subscription/{quote(subscription, safe='')}/expireMessages/{expire_s}",
+                                       lambda part: self.expire_messages(part, subscription, expire_s, now_ms))
+            return True
         live, sub = await self._subscription(topic, subscription)
         if sub is not None and not sub.durable:
             raise PreconditionFailedError(f"Subscription {subscription} is not durable")
@@ -657,9 +661,23 @@ class BrokerAdminBackend:
         """Pulsar's all_subscription/expireMessages/{seconds}: every durable subscription."""
         name = self._name(topic)
         await self._check_namespace(name)
-        await self._not_partitioned(name, "Expire messages for all subscriptions")
+        if not name.is_partition and await self.service.partitions(str(name)) > 0:     # each partition
+            await self._each_partition(name, f"/all_subscription/expireMessages/{expire_s}",
+                                       lambda part: self.expire_messages_all(part, expire_s, now_ms))
+            return
         for subscription in await self.list_subscriptions(topic):
             await self.expire_messages(topic, subscription, expire_s, now_ms)
+
+    async def _each_partition(self, name: TopicName, suffix: str, here) -> None:
+        """A POST ``suffix`` on every partition of ``name``, as Pulsar fans these out: ``here(partition)``
+        where this broker serves it (or nobody does), the owner's admin API elsewhere."""
+        for i in range(await self.service.partitions(str(name))):
+            part = name.partition(i)
+            url = await self.admin_redirect_url(str(part))
+            if url is None:
+                await here(str(part))
+            else:
+                await self._call_owner(url, "POST", part, suffix)
 
     @staticmethod
     def _position_before(live, position: Position) -> Position | None:

@@ -12,8 +12,9 @@ time (PersistentTopics), under ``/admin/v2/persistent/{tenant}/{namespace}/{topi
 - ``GET .../examinemessage?initialPosition=earliest|latest&messagePosition=n``: the n-th entry
   from either end of the topic.
 
-Every one of them is answered by the topic's owner (redirect otherwise) and refused on a
-partitioned topic's parent with 405, as Pulsar does for these (ask a partition). The cursor
+Every one of them is answered by the topic's owner (redirect otherwise). On a partitioned
+topic's parent, as Pulsar: the expiries are applied to every partition (at each partition's
+owner), the others are refused with 405 (ask a partition). The cursor
 changes go through the subscription or the cursor (broker/admin_backend.py), never around them.
 Clock readings (the expiry's "now") are taken here, in the shell.
 """

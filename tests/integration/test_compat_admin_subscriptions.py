@@ -152,6 +152,33 @@ def test_expire_messages_keeps_individual_acks_after_the_expired_range(client, a
     b.close()
 
 
+def test_expire_messages_on_a_partitioned_topic_expires_every_partition(client, admin):
+    """On a partitioned topic's parent Pulsar expires each partition (its admin calls every
+    partition's owner), per subscription and for all of them."""
+    topic = "expire-parted"
+    assert requests.put(f"{admin}/{topic}/partitions", json=2, timeout=30).status_code == 204
+    full = f"persistent://{NS}/{topic}"
+    for sub in ("a", "b"):
+        client.subscribe(full, sub).close()
+    producer = client.create_producer(full, batching_enabled=False)
+    for i in range(6):
+        producer.send(b"m%d" % i, partition_key=f"k{i}")
+    producer.close()
+
+    def backlogs(sub: str) -> list[int]:
+        stats = requests.get(f"{admin}/{topic}/partitioned-stats", params={"perPartition": "true"}, timeout=30).json()
+        return [p["subscriptions"][sub]["msgBacklog"] for _, p in sorted(stats["partitions"].items())]
+
+    assert sum(backlogs("a")) == sum(backlogs("b")) == 6
+    assert all(n > 0 for n in backlogs("a")), "the keys should spread over both partitions"
+    r = requests.post(f"{admin}/{topic}/subscription/a/expireMessages/0", timeout=30)
+    assert r.status_code == 204, r.text
+    assert backlogs("a") == [0, 0] and sum(backlogs("b")) == 6
+    r = requests.post(f"{admin}/{topic}/all_subscription/expireMessages/0", timeout=30)
+    assert r.status_code == 204, r.text
+    assert backlogs("b") == [0, 0]
+
+
 # -- reset-cursor to a message id -----------------------------------------------------------------
 def test_reset_cursor_to_a_message_id(client, admin, cluster):
     """Pulsar's resetCursorOnPosition (``POST .../subscription/{sub}/resetcursor`` with a
