@@ -50,6 +50,8 @@ PULSAR_KEYS: dict[str, tuple[str, str]] = {
     "basicAuthConf": ("basic_auth_conf", SECRET),
     "authenticateMetricsEndpoint": ("authenticate_metrics_endpoint", BOOL),
     "advertisedAddress": ("advertised_host", STRING),
+    "advertisedListeners": ("advertised_listeners", STRING),
+    "internalListenerName": ("internal_listener_name", STRING),
     "clusterName": ("cluster_name", STRING),
     "metadataStoreUrl": ("zookeeper", ZK_URL),
     "zookeeperServers": ("zookeeper", ZK_URL),

@@ -40,3 +40,17 @@ def test_without_listeners_nothing_changes():
 def test_malformed_listeners_are_refused(listeners, internal, match):
     with pytest.raises(ConfigError, match=match):
         BrokerConfig(advertised_listeners=listeners, internal_listener_name=internal).validate()
+
+
+def test_pulsar_conf_keys_map_to_the_listener_fields():
+    """Pulsar's broker.conf ``advertisedListeners`` / ``internalListenerName`` (--pulsar-conf)."""
+    import dataclasses
+
+    from pulsarlite.pulsar_conf import map_pulsar_conf, parse_properties
+    conf = map_pulsar_conf(parse_properties(
+        "advertisedListeners=internal:pulsar://10.0.0.5:6650,external:pulsar://gw.example:16650\n"
+        "internalListenerName=internal\n"))
+    assert conf.unknown == ()
+    config = dataclasses.replace(BrokerConfig(), **conf.overrides).validate()
+    assert config.listeners()["external"] == ("pulsar://gw.example:16650", "")
+    assert config.service_url == "pulsar://10.0.0.5:6650"
