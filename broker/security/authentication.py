@@ -18,23 +18,16 @@ Errors name the method and what was wrong, never the credential (invariant 11).
 
 from __future__ import annotations
 
-import base64
-import binascii
-import os
-import pathlib
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import bcrypt
-import jwt
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from broker.errors import BrokerError
 from pulsarlite.errors import ConfigError
+from pulsarlite.security.tokens import HMAC_ALGORITHMS, TokenInvalid, TokenVerifier, load_public_key, read_key_bytes
 from pulsarlite.wire import pb
 
 
@@ -66,61 +59,8 @@ class AuthenticationProvider(Protocol):
     def authenticate(self, auth: AuthenticationData) -> str: ...
 
 
-# -- key material (read once, at broker start) ------------------------------------------------------
-def read_key_bytes(value: str, *, setting: str) -> bytes:
-    """The bytes a key setting names, in Pulsar's forms: ``file:///path``, ``data:[type][;base64],...``,
-    a path to an existing file, or bare base64. ConfigError names the setting, never the value."""
-    if value.startswith("data:"):
-        header, sep, body = value[5:].partition(",")
-        if not sep:
-            raise ConfigError(f"{setting}: a data: URL needs a ',' before its data")
-        if header.endswith(";base64"):
-            try:
-                return base64.b64decode(body, validate=True)
-            except (binascii.Error, ValueError):
-                raise ConfigError(f"{setting}: the data: URL's base64 does not decode") from None
-        return urllib.parse.unquote_to_bytes(body)
-    if value.startswith("file:"):
-        path = urllib.parse.unquote(urllib.parse.urlparse(value).path)
-        try:
-            return pathlib.Path(path).read_bytes()
-        except OSError as e:
-            raise ConfigError(f"{setting}: cannot read {path}: {e.strerror}") from None
-    if value and os.path.isfile(value):
-        return pathlib.Path(value).read_bytes()
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise ConfigError(f"{setting}: neither a file:// or data: URL, an existing file, nor base64") from None
-
-
-_RSA_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
-_EC_ALGORITHMS = ("ES256", "ES384", "ES512")
-_HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
-
-
-def load_public_key(raw: bytes, *, alg: str = "", setting: str = "token_public_key"):
-    """(key, algorithms) from a DER (Pulsar's ``tokens create-key-pair``) or PEM public key."""
-    try:
-        if raw.lstrip().startswith(b"-----BEGIN"):
-            key = serialization.load_pem_public_key(raw)
-        else:
-            key = serialization.load_der_public_key(raw)
-    except ValueError:
-        raise ConfigError(f"{setting}: not a DER or PEM public key") from None
-    if isinstance(key, rsa.RSAPublicKey):
-        algorithms = _RSA_ALGORITHMS
-    elif isinstance(key, ec.EllipticCurvePublicKey):
-        algorithms = _EC_ALGORITHMS
-    elif isinstance(key, ed25519.Ed25519PublicKey):
-        algorithms = ("EdDSA",)
-    else:
-        raise ConfigError(f"{setting}: unsupported key type {type(key).__name__}")
-    if alg:
-        if alg not in algorithms:
-            raise ConfigError(f"token_public_alg: {alg} does not fit a {type(key).__name__.lstrip('_')}")
-        algorithms = (alg,)
-    return key, algorithms
+# key material (read_key_bytes, load_public_key) and the token verification itself live in
+# pulsarlite/security/tokens.py: the bookies verify tokens the same way (bookie/ must not import broker/)
 
 
 # -- providers -------------------------------------------------------------------------------------
@@ -136,55 +76,21 @@ class TokenAuthenticationProvider:
     def __init__(self, *, key, algorithms: tuple[str, ...], clock_s: Callable[[], float],
                  role_claim: str = "sub", audience_claim: str = "aud", audience: str = "",
                  token_bytes_max: int = 16 * 1024) -> None:
-        self._key = key
-        self.algorithms = tuple(algorithms)
-        self._clock_s = clock_s
+        # the verification itself is pulsarlite.security.tokens (the bookies verify the same way)
+        self._verifier = TokenVerifier(key=key, algorithms=algorithms, clock_s=clock_s, role_claim=role_claim,
+                                       audience_claim=audience_claim, audience=audience,
+                                       token_bytes_max=token_bytes_max, server="the broker")
+        self.algorithms = self._verifier.algorithms
         self.role_claim = role_claim
         self.audience_claim = audience_claim
         self.audience = audience
         self.token_bytes_max = token_bytes_max
 
     def _claims(self, data: bytes) -> dict:
-        if len(data) > self.token_bytes_max:
-            raise AuthenticationError(f"token: longer than {self.token_bytes_max} bytes")
         try:
-            token = bytes(data).decode("ascii").strip()
-        except UnicodeDecodeError:
-            raise AuthenticationError("token: not a JWT (not ASCII)") from None
-        if token[:7].lower() == "bearer ":
-            token = token[7:].strip()
-        if not token:
-            raise AuthenticationError("token: empty")
-        try:
-            header = jwt.get_unverified_header(token)
-        except jwt.PyJWTError:
-            raise AuthenticationError("token: malformed (not a JWT)") from None
-        alg = header.get("alg")
-        if alg not in self.algorithms:
-            raise AuthenticationError(f"token: signed with {str(alg)[:16]!r}, the broker takes "
-                                      f"{'/'.join(self.algorithms)}")
-        try:
-            claims = jwt.decode(token, self._key, algorithms=list(self.algorithms),
-                                options={"verify_exp": False, "verify_nbf": False, "verify_iat": False,
-                                         "verify_aud": False, "verify_iss": False})
-        except jwt.InvalidSignatureError:
-            raise AuthenticationError("token: signature does not verify") from None
-        except jwt.PyJWTError as e:
-            raise AuthenticationError(f"token: malformed ({type(e).__name__})") from None
-        now_s = self._clock_s()
-        for name, expired_if in (("exp", lambda v: now_s >= v), ("nbf", lambda v: now_s < v)):
-            if name in claims:
-                value = claims[name]
-                if not isinstance(value, (int, float)) or isinstance(value, bool):
-                    raise AuthenticationError(f"token: claim {name} is not a number")
-                if expired_if(value):
-                    raise AuthenticationError("token: expired" if name == "exp" else "token: not valid yet (nbf)")
-        if self.audience:
-            aud = claims.get(self.audience_claim)
-            auds = aud if isinstance(aud, list) else [aud]
-            if self.audience not in auds:
-                raise AuthenticationError(f"token: audience ({self.audience_claim}) is not this broker's")
-        return claims
+            return self._verifier.claims(data)
+        except TokenInvalid as e:
+            raise AuthenticationError(str(e)) from None
 
     def authenticate(self, auth: AuthenticationData) -> str:
         role = self._claims(auth.data).get(self.role_claim)
@@ -343,7 +249,7 @@ def _token_provider(config, clock_s) -> TokenAuthenticationProvider:
         key = read_key_bytes(config.token_secret_key, setting="token_secret_key")
         if not key:
             raise ConfigError("token_secret_key: the key is empty")
-        algorithms = _HMAC_ALGORITHMS
+        algorithms = HMAC_ALGORITHMS
     else:
         key, algorithms = load_public_key(read_key_bytes(config.token_public_key, setting="token_public_key"),
                                           alg=config.token_public_alg)

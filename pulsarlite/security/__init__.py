@@ -1,0 +1,1 @@
+"""Security pieces every component shares (floor 1): token verification (tokens.py)."""
