@@ -82,6 +82,15 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+def _write_private(path: Path, text: str) -> None:
+    """Write a broker config readable by its owner only: it may hold secrets ([security]: a
+    ``data:`` token key, TLS key paths)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)          # an existing file keeps its mode through O_CREAT
+
+
 class LocalCluster:
     """ZooKeeper and bookies on loopback, under one directory.
 
@@ -322,7 +331,7 @@ class LocalCluster:
             raise
         config_path = self.dir / "conf" / f"{name}.toml"
         config_path.parent.mkdir(parents=True, exist_ok=True)
-        config_path.write_text(to_toml(config))
+        _write_private(config_path, to_toml(config))
         self.records[name] = ProcessRecord(
             name=name, role=BROKER, argv=self.broker_command(config_path),
             ports={"pulsar": config.port, "http": config.http_port}, config=str(config_path),
@@ -359,7 +368,7 @@ class LocalCluster:
                 raise ConfigError(f"broker settings: {e}") from None
             if updated != current:
                 tmp = path.with_suffix(".toml.tmp")
-                tmp.write_text(to_toml(updated))
+                _write_private(tmp, to_toml(updated))
                 os.replace(tmp, path)
                 changed.append(name)
         return changed

@@ -88,6 +88,10 @@ def tls_urls(tls_cluster):
     config = _config(tls_cluster)
     url = f"pulsar+ssl://127.0.0.1:{config.broker_service_port_tls}"
     assert tls_cluster.status()["service_url_tls"] == url == tls_cluster.service_url_tls   # the launcher says it
+    import os
+    import stat
+    mode = stat.S_IMODE(os.stat(tls_cluster.records["broker-1"].config).st_mode)
+    assert mode == 0o600                     # broker configs may hold secrets: owner only
     return url, f"https://127.0.0.1:{config.web_service_port_tls}"
 
 
