@@ -29,7 +29,9 @@ chaos-quick:
 	.venv/bin/python -m pytest -q -p no:cacheprovider tests/chaos
 compose-check:
 	docker-compose -f deploy/docker-compose.yml config -q
+	docker-compose -f deploy/docker-compose.secure.yml config -q
 	.venv/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_deploy.py
+	.venv/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_security_conf.py -k "secure_compose or make_secrets"
 proto:
 	.venv/bin/python scripts/gen_proto.py
 proto-check:
