@@ -700,7 +700,7 @@ class BrokerAdminBackend:
         live, sub = await self._subscription(topic, subscription)
         position = Position(ledger_id, entry_id)
         info = next((i for i in live.ml.ledgers() if i.ledger_id == ledger_id), None)
-        if info is None or entry_id >= info.entries + (0 if excluded else 1):
+        if info is None or entry_id >= info.entries:
             raise PreconditionFailedError(f"Unable to find position for position specified: {ledger_id}:{entry_id} "
                                           f"is not a message of {name}")
         if excluded:

@@ -207,6 +207,8 @@ def test_reset_cursor_to_a_message_id(client, admin, cluster):
 
     r = requests.post(f"{admin}/{topic}/subscription/nope/resetcursor", json=body, timeout=30)
     assert r.status_code == 404, r.text
+    r = requests.post(f"{admin}/{topic}/subscription/s/resetcursor", json=dict(body, entryId=10 ** 6), timeout=30)
+    assert r.status_code == 412, r.text          # not a message of the topic: nothing moved
     r = requests.post(f"{admin}/{topic}/subscription/s/resetcursor", json={"entryId": 1}, timeout=30)
     assert r.status_code in (400, 412), r.text
     assert requests.put(f"{admin}/reset-parted/partitions", json=2, timeout=30).status_code == 204
