@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage)
@@ -38,6 +38,26 @@ class WriteOptions:
     batching: bool
     send_timeout_ms: int
     producer_name_prefix: str | None
+    # [security] client.conf's names: authPlugin, authParams, tlsTrustCertsFilePath,
+    # tlsAllowInsecureConnection, tlsEnableHostnameVerification (the Authentication object is made
+    # on the executor from these strings; auth_params is kept out of repr: it may hold a secret)
+    auth_plugin: str = ""
+    auth_params: str = field(default="", repr=False)
+    tls_trust_certs_file_path: str = ""
+    tls_allow_insecure_connection: bool = False
+    tls_validate_hostname: bool = False
+
+    def client_kwargs(self) -> dict:
+        """pulsarlite.Client keyword arguments for the security options."""
+        from pulsarlite.client.auth import authentication_from_plugin
+        kwargs: dict = {"authentication": authentication_from_plugin(self.auth_plugin, self.auth_params)}
+        if self.tls_trust_certs_file_path:
+            kwargs["tls_trust_certs_file_path"] = self.tls_trust_certs_file_path
+        if self.tls_allow_insecure_connection:
+            kwargs["tls_allow_insecure_connection"] = True
+        if self.tls_validate_hostname:
+            kwargs["tls_validate_hostname"] = True
+        return kwargs
 
 
 def parse_write_options(options, schema) -> WriteOptions:
@@ -65,7 +85,21 @@ def parse_write_options(options, schema) -> WriteOptions:
         send_timeout_ms = int(o.get("sendtimeoutms", "30000"))
     except ValueError:
         raise OptionError("option sendTimeoutMs: expected an integer") from None
-    return WriteOptions(service_url, topic, batching, send_timeout_ms, (o.get("producername") or None))
+    flags = {}
+    for option, name in (("tlsallowinsecureconnection", "tls_allow_insecure_connection"),
+                         ("tlsenablehostnameverification", "tls_validate_hostname")):
+        value = str(o.get(option, "false")).strip().lower()
+        if value not in ("true", "false"):
+            raise OptionError(f"option {option}: expected true or false")
+        flags[name] = value == "true"
+    opts = WriteOptions(service_url, topic, batching, send_timeout_ms, (o.get("producername") or None),
+                        auth_plugin=str(o.get("authplugin") or "").strip(), auth_params=str(o.get("authparams") or ""),
+                        tls_trust_certs_file_path=str(o.get("tlstrustcertsfilepath") or "").strip(), **flags)
+    try:
+        opts.client_kwargs()             # a bad plugin or parameters: refused on the driver
+    except ValueError as e:
+        raise OptionError(f"option authPlugin/authParams: {e}") from None
+    return opts
 
 
 def _to_bytes(v) -> bytes:
@@ -82,7 +116,8 @@ def send_batches(opts: WriteOptions, batches: Iterator, *, producer_name: str | 
     a retry of the same task (same name, same rows) is dropped by a broker with deduplication."""
     import pulsarlite
 
-    client = pulsarlite.Client(opts.service_url, operation_timeout_seconds=max(30, opts.send_timeout_ms // 1000))
+    client = pulsarlite.Client(opts.service_url, operation_timeout_seconds=max(30, opts.send_timeout_ms // 1000),
+                               **opts.client_kwargs())
     producers: dict[str, object] = {}
     failures: list[str] = []
     lock = threading.Lock()

@@ -212,3 +212,38 @@ def test_cli_flags_and_client_conf(secured, tmp_path, capsys):
                      "token", "--auth-params", f"token:{forged}", "tenants", "list"]) != 0
     out = capsys.readouterr()
     assert forged not in out.out + out.err
+
+
+def test_spark_writer_options_reach_a_secured_broker(secured):
+    """The Spark sink's write path (spark_source/writer.py: parse_write_options on the driver,
+    send_batches on an executor) with client.conf-style options: token over TLS; a bad plugin is
+    refused on the driver, a forged token fails the write."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from spark_source.options import OptionError
+    from spark_source.writer import parse_write_options, send_batches
+    schema = SimpleNamespace(fields=[SimpleNamespace(name="value")])
+    topic = "persistent://public/default/spark-secured"
+    options = {"service_url": secured.url, "topic": topic, "authPlugin": "token",
+               "authParams": f"token:{secured.token('spark')}",
+               "tlsTrustCertsFilePath": str(secured.dir / "ca.pem"), "tlsEnableHostnameVerification": "true"}
+    opts = parse_write_options(options, schema)
+    assert secured.token("spark") not in repr(opts)
+    batch = pa.RecordBatch.from_pydict({"value": [f"v{i}".encode() for i in range(20)]})
+    assert send_batches(opts, iter([batch])).messages == 20
+    client = pulsarlite.Client(secured.url, tls_trust_certs_file_path=str(secured.dir / "ca.pem"),
+                               authentication=pulsarlite.AuthenticationToken(secured.token("reader")))
+    try:
+        consumer = client.subscribe(topic, "s", initial_position=pulsarlite.InitialPosition.Earliest)
+        assert [consumer.receive(timeout_millis=TIMEOUT_MS).data() for _ in range(20)] == \
+            [f"v{i}".encode() for i in range(20)]
+    finally:
+        client.close()
+    with pytest.raises(OptionError, match="authPlugin"):
+        parse_write_options({**options, "authPlugin": "com.example.Nope"}, schema)
+    forged = parse_write_options({**options, "authParams": "token:" + create_token(
+        subject="spark", secret_key=os.urandom(32), now_s=time.time())}, schema)
+    with pytest.raises(pulsarlite.AuthenticationError):
+        send_batches(forged, iter([batch]))
