@@ -91,6 +91,13 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
         service = BookieService(store, config)
         server = BookieServer(service, config)
         await server.start()
+        metrics = metrics_runner = None
+        if config.metrics_port:
+            from bookie.metrics import BookieMetrics, start_metrics_server
+            metrics = BookieMetrics()
+            service.metrics = metrics
+            store._journal.on_sync = metrics.journal_sync_s.observe     # runs on the journal thread
+            metrics_runner = await start_metrics_server(metrics, config.host, config.metrics_port)
         from pulsarlite.loop_monitor import start_from_env
         start_from_env()      # diagnostics, off unless PULSARLITE_LOOP_MONITOR_MS is set
 
@@ -161,7 +168,7 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
         autorecovery = None
         if config.autorecovery_enabled:
             from bookie.autorecovery.service import start_in_bookie
-            autorecovery = await start_in_bookie(zk, config, bookie_id, _report_death)
+            autorecovery = await start_in_bookie(zk, config, bookie_id, _report_death, metrics)
         await stop_event.wait()
         log.info("bookie stopping bookie=%s", bookie_id)
         for task in tasks:
@@ -177,6 +184,8 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
         except PulsarliteError:
             pass
         await server.stop(grace_s=2)
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         await store.close()
     finally:
         await zk.close()

@@ -292,21 +292,36 @@ class LocalCluster:
         common = {k: v for k, v in overrides.items() if not k.startswith("bookie-")}
         own = overrides.get(name, {})
         port = own.get("port") or self._free_port()
+        # every bookie serves /metrics on a port of its own (an override of metrics_port, 0
+        # included, wins); the placeholder keeps _free_port from handing out the bookie's port
+        self.records[name] = ProcessRecord(name=name, role=BOOKIE, argv=[], ports={"bookie": port},
+                                           config="", log="")
+        metrics_port = self._free_port()
         config = BookieConfig(
             bookie_id=f"{LOOPBACK}:{port}", host=LOOPBACK, port=port, zookeeper=self.zookeeper,
-            journal_dir=str(self.dir / name / "journal"), ledger_dir=str(self.dir / name / "ledgers"))
+            journal_dir=str(self.dir / name / "journal"), ledger_dir=str(self.dir / name / "ledgers"),
+            metrics_port=metrics_port)
         try:
             config = dataclasses.replace(config, **common, **own).validate()
         except TypeError as e:
+            del self.records[name]
             raise ConfigError(f"bookie_overrides: {e}") from None
-        self._check_sizes_agree([(name, config)], self._configs_of(BROKER))
+        except ConfigError:
+            del self.records[name]
+            raise
+        try:
+            self._check_sizes_agree([(name, config)], self._configs_of(BROKER))
+        except ConfigError:
+            del self.records[name]
+            raise
         config_path = self.dir / "conf" / f"{name}.toml"
         config_path.parent.mkdir(parents=True, exist_ok=True)
         Path(config.journal_dir).mkdir(parents=True, exist_ok=True)
         Path(config.ledger_dir).mkdir(parents=True, exist_ok=True)
         config_path.write_text(to_toml(config))
         self.records[name] = ProcessRecord(
-            name=name, role=BOOKIE, argv=self.bookie_command(config_path), ports={"bookie": config.port},
+            name=name, role=BOOKIE, argv=self.bookie_command(config_path),
+            ports={"bookie": config.port, **({"metrics": config.metrics_port} if config.metrics_port else {})},
             config=str(config_path), log=str(self.dir / "logs" / f"{name}.log"),
             bookie_id=config.effective_bookie_id)
 

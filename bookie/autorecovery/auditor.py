@@ -52,7 +52,8 @@ class Auditor:
     def __init__(self, store: MetadataStore, candidate_id: str, *, lost_bookie_recovery_delay_ms: int,
                  audit_interval_ms: int, pool=None, replica_check_interval_ms: int = 0,
                  replica_check_entries_per_fragment: int = 3, replica_check_probes_max: int = 10_000,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, metrics=None) -> None:
+        self.metrics = metrics       # a bookie.metrics.BookieMetrics, or None
         self.pool = pool
         self.replica_check_interval_ms = replica_check_interval_ms if pool is not None else 0
         self.replica_check_entries_per_fragment = replica_check_entries_per_fragment
@@ -88,6 +89,8 @@ class Auditor:
                             await self._audit_while_elected(my_node)
                         finally:
                             self.is_auditor = False
+                        if self.metrics is not None:
+                            self.metrics.under_replicated_ledgers.set(-1)
                         log.info("auditor stepped down auditor=%s", self.candidate_id)
                         continue
                 except PulsarliteError as e:
@@ -190,6 +193,8 @@ class Auditor:
         marks = {m.ledger_id: m.missing_bookies for m in await self.urm.list_marks()}
         decommissioning = await self.urm.decommissioning()
         self.scans += 1
+        if self.metrics is not None:
+            self.metrics.under_replicated_ledgers.set(len(marks))
         return core.on_scan(ledgers, marks, decommissioning, _now_ms())
 
     async def _check_replicas(self, core: AuditorCore) -> list:

@@ -19,13 +19,14 @@ log = logging.getLogger("pulsarlite.autorecovery")
 
 
 class AutoRecovery:
-    def __init__(self, ledger_client, config: BookieConfig, node_id: str) -> None:
+    def __init__(self, ledger_client, config: BookieConfig, node_id: str, metrics=None) -> None:
         self.auditor = Auditor(ledger_client.store, node_id,
                                lost_bookie_recovery_delay_ms=config.lost_bookie_recovery_delay_ms,
                                audit_interval_ms=config.audit_interval_ms, pool=ledger_client.pool,
                                replica_check_interval_ms=config.audit_replica_check_interval_ms,
                                replica_check_entries_per_fragment=config.audit_replica_check_entries_per_fragment,
-                               replica_check_probes_max=config.audit_replica_check_probes_max)
+                               replica_check_probes_max=config.audit_replica_check_probes_max,
+                               metrics=metrics)
         self.worker = ReplicationWorker(
             ledger_client, node_id, poll_interval_ms=config.replication_poll_interval_ms,
             entries_in_flight_max=config.replication_entries_in_flight_max,
@@ -33,7 +34,7 @@ class AutoRecovery:
             ledgers_concurrent_max=config.replication_ledgers_concurrent_max,
             retry_delay_ms_max=config.replication_retry_delay_ms_max,
             copy_timeout_ms=config.replication_copy_timeout_ms,
-            read_run_entries_max=config.replication_read_run_entries_max)
+            read_run_entries_max=config.replication_read_run_entries_max, metrics=metrics)
         self._tasks: list[asyncio.Task] = []
 
     def start(self, on_death=None) -> list[asyncio.Task]:
@@ -49,12 +50,12 @@ class AutoRecovery:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-async def start_in_bookie(zk, config: BookieConfig, bookie_id: str, on_death=None):
+async def start_in_bookie(zk, config: BookieConfig, bookie_id: str, on_death=None, metrics=None):
     """Inside a bookie: shares the bookie's ZooKeeper session. Returns (AutoRecovery, LedgerClient)."""
     from bookie.client.ledger_client import LedgerClient
 
     client = await LedgerClient.connect(LedgerClientConfig(zookeeper=config.zookeeper), store=zk)
-    service = AutoRecovery(client, config, bookie_id)
+    service = AutoRecovery(client, config, bookie_id, metrics)
     service.start(on_death)
     log.info("autorecovery started bookie=%s delay_ms=%d", bookie_id, config.lost_bookie_recovery_delay_ms)
     return service, client
@@ -89,8 +90,14 @@ async def run_standalone(config: BookieConfig, *, stop_event: asyncio.Event | No
     node_id = f"autorecovery-{uuid.uuid4().hex[:8]}"
     client = await LedgerClient.connect(LedgerClientConfig(zookeeper=config.zookeeper,
                                                            zk_session_timeout_ms=config.zk_session_timeout_ms))
+    metrics_runner = None
     try:
-        service = AutoRecovery(client, config, node_id)
+        metrics = None
+        if config.metrics_port:        # the same metrics as a bookie's (the autorecovery ones move)
+            from bookie.metrics import BookieMetrics, start_metrics_server
+            metrics = BookieMetrics()
+            metrics_runner = await start_metrics_server(metrics, config.host, config.metrics_port)
+        service = AutoRecovery(client, config, node_id, metrics)
         died = asyncio.Event()
 
         def on_death(t: asyncio.Task) -> None:
@@ -107,4 +114,6 @@ async def run_standalone(config: BookieConfig, *, stop_event: asyncio.Event | No
             w.cancel()
         await service.stop()
     finally:
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         await client.close()

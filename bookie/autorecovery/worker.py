@@ -55,7 +55,9 @@ class ReplicationWorker:
     def __init__(self, ledger_client, worker_id: str, *, poll_interval_ms: int, entries_in_flight_max: int,
                  bytes_per_s_max: int, ledgers_concurrent_max: int, retry_delay_ms_max: int,
                  copy_timeout_ms: int, read_run_entries_max: int = 16,
-                 rng: random.Random | None = None, racks: dict[str, str] | None = None) -> None:
+                 rng: random.Random | None = None, racks: dict[str, str] | None = None,
+                 metrics=None) -> None:
+        self.metrics = metrics       # a bookie.metrics.BookieMetrics, or None
         self.racks = racks if racks is not None else {}     # bookie id -> rack (kept current by the service)
         self.read_run_entries_max = read_run_entries_max
         self.client = ledger_client
@@ -197,12 +199,17 @@ class ReplicationWorker:
             self.fragments_repaired += 1
             self.entries_copied += len(a.repair.entries)
             self.bytes_copied += a.bytes_copied
+            if self.metrics is not None:
+                self.metrics.fragment_replicated(len(a.repair.entries), a.bytes_copied)
             log.info("fragment re-replicated %s worker=%s", a.repair.describe(), self.worker_id)
         elif isinstance(a, RepairFinished):
             if a.repaired:
                 self.ledgers_repaired += 1
+                under_replicated_ms = max(0, int(time.time() * 1000) - a.mark_ctime_ms)
+                if self.metrics is not None:
+                    self.metrics.ledger_replicated(under_replicated_ms)
                 log.info("ledger fully replicated: mark removed ledger=%d worker=%s under_replicated_ms=%d",
-                         lid, self.worker_id, max(0, int(time.time() * 1000) - a.mark_ctime_ms))
+                         lid, self.worker_id, under_replicated_ms)
             elif not a.done:
                 log.info("ledger still under-replicated ledger=%d worker=%s reason=%s", lid,
                          self.worker_id, a.reason)

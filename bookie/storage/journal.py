@@ -168,6 +168,8 @@ class JournalWriter:
         self.error: BaseException | None = None
         self.groups_written = 0
         self.bytes_written = 0
+        # metrics hook: called with each group's fdatasync time in seconds (any thread)
+        self.on_sync: Callable[[float], None] | None = None
 
     @property
     def position(self) -> JournalPosition:
@@ -232,7 +234,12 @@ class JournalWriter:
         if end > self._allocated and self.preallocate_bytes > 0:
             self._zero_fill_to(self._preallocation_target(end))
         pwritev_all(self._fd, pieces, self._offset)
-        os.fdatasync(self._fd)
+        if self.on_sync is None:
+            os.fdatasync(self._fd)
+        else:
+            started = time.perf_counter()
+            os.fdatasync(self._fd)
+            self.on_sync(time.perf_counter() - started)
         self._offset = end
         self.groups_written += 1
         self.bytes_written += nbytes

@@ -77,7 +77,8 @@ async def test_cluster_lifecycle(cluster_factory):
         await asyncio.to_thread(cluster.restart, "bookie-2")
         by_name = {p["name"]: p for p in cluster.status()["processes"]}
         assert by_name["bookie-2"]["healthy"] and by_name["bookie-2"]["pid"] != old_pid
-        assert by_name["bookie-2"]["ports"] == {"bookie": bookie_ports[1]}
+        assert by_name["bookie-2"]["ports"]["bookie"] == bookie_ports[1]
+        assert set(by_name["bookie-2"]["ports"]) == {"bookie", "metrics"}       # [autorecovery] metrics
         assert await manager.writable_bookies() == sorted(cluster.bookie_ids)
 
         # lost for good and replaced: a new identity on empty disks, under the same name
@@ -119,7 +120,7 @@ def test_cli_start_status_restart_stop_resume(tmp_path):
             assert set(p) >= {"name", "role", "pid", "healthy", "ports"}
             assert p["healthy"] and process_alive(p["pid"])  # outlived the CLI that started them
         ports = {p["name"]: p["ports"] for p in status["processes"]}
-        assert set(ports["zookeeper"]) == {"client"} and set(ports["bookie-1"]) == {"bookie"}
+        assert set(ports["zookeeper"]) == {"client"} and set(ports["bookie-1"]) == {"bookie", "metrics"}
         assert "HEALTHY" in cli("status", "--dir", str(directory)).stdout
 
         # restart a running bookie (clean stop, so no stale registration to wait for)
