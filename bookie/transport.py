@@ -24,10 +24,11 @@ FRAME_OVERHEAD = HEADER_BYTES - LENGTH.size  # 9: counted in frame_bytes
 REQUEST_ID_MAX = (1 << 64) - 1
 
 REQUEST_TYPES = frozenset({pb.FRAME_ADD_REQUEST, pb.FRAME_READ_REQUEST, pb.FRAME_READ_LAC_REQUEST,
-                           pb.FRAME_DELETE_LEDGER_REQUEST, pb.FRAME_BOOKIE_INFO_REQUEST})
+                           pb.FRAME_DELETE_LEDGER_REQUEST, pb.FRAME_BOOKIE_INFO_REQUEST,
+                           pb.FRAME_AUTH_REQUEST})
 RESPONSE_TYPES = frozenset({pb.FRAME_ADD_RESPONSE, pb.FRAME_READ_RESPONSE, pb.FRAME_READ_LAC_RESPONSE,
                             pb.FRAME_DELETE_LEDGER_RESPONSE, pb.FRAME_BOOKIE_INFO_RESPONSE,
-                            pb.FRAME_ERROR_RESPONSE})
+                            pb.FRAME_ERROR_RESPONSE, pb.FRAME_AUTH_RESPONSE})
 
 # frame type -> the message class of its body
 MESSAGE_TYPES = {
@@ -42,6 +43,8 @@ MESSAGE_TYPES = {
     pb.FRAME_BOOKIE_INFO_REQUEST: pb.BookieInfoRequest,
     pb.FRAME_BOOKIE_INFO_RESPONSE: pb.BookieInfoResponse,
     pb.FRAME_ERROR_RESPONSE: pb.ErrorResponse,
+    pb.FRAME_AUTH_REQUEST: pb.AuthRequest,
+    pb.FRAME_AUTH_RESPONSE: pb.AuthResponse,
 }
 
 

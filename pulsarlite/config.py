@@ -107,6 +107,22 @@ class BookieConfig:
     rack: str = ""
     # HTTP port of the bookie's Prometheus /metrics (bookie/metrics.py); 0 = off
     metrics_port: int = 0
+    # client authentication on the bookie port (bookie/server.py; docs/security.md): every
+    # connection must first prove, with a token (JWT) whose role is in bookie_auth_roles, that it
+    # is a ledger client of this cluster. Off only where everything listens on 127.0.0.1: a bookie
+    # with it off and a non-loopback host refuses to start unless bookie_auth_insecure_allow
+    bookie_auth_enabled: bool = False
+    bookie_auth_insecure_allow: bool = False
+    bookie_auth_roles: str = "broker,autorecovery,spark,admin"   # comma-separated
+    # the key that verifies the tokens, in the broker's forms (file:///path, data:;base64,...,
+    # a path, bare base64): exactly one of the secret key (HS*) and the public key (RS*/ES*)
+    bookie_auth_token_secret_key: str = field(default="", repr=False)
+    bookie_auth_token_public_key: str = ""
+    bookie_auth_token_public_alg: str = ""
+    # the credential this bookie's own ledger client (autorecovery) presents to the other
+    # bookies: a token, or a file holding one (read at each connection). Never logged
+    bookie_auth_token: str = field(default="", repr=False)
+    bookie_auth_token_file: str = ""
 
     def validate(self) -> "BookieConfig":
         _positive(self, "port", "zk_session_timeout_ms", "journal_bytes_buffered_max",
@@ -150,11 +166,48 @@ class BookieConfig:
             raise ConfigError("compaction_live_ratio_max must be in (0, 1)")
         if not self.journal_dir or not self.ledger_dir:
             raise ConfigError("journal_dir and ledger_dir must be set")
+        self._validate_auth()
         return self
+
+    def _validate_auth(self) -> None:
+        if self.bookie_auth_enabled:
+            if bool(self.bookie_auth_token_secret_key) == bool(self.bookie_auth_token_public_key):
+                raise ConfigError("bookie_auth_enabled needs exactly one of bookie_auth_token_secret_key "
+                                  "and bookie_auth_token_public_key")
+            if not self.bookie_auth_role_names:
+                raise ConfigError("bookie_auth_roles must name at least one role when bookie_auth_enabled")
+        elif not is_loopback_host(self.host) and not self.bookie_auth_insecure_allow:
+            raise ConfigError(f"host={self.host!r} is not a loopback address and bookie_auth_enabled is false: "
+                              f"anyone who reaches this port could overwrite entries or delete ledgers. Turn "
+                              f"bookie_auth_enabled on (docs/security.md), listen on 127.0.0.1, or set "
+                              f"bookie_auth_insecure_allow = true if the network is private")
+        if self.bookie_auth_token and self.bookie_auth_token_file:
+            raise ConfigError("set at most one of bookie_auth_token and bookie_auth_token_file")
+
+    @property
+    def bookie_auth_role_names(self) -> frozenset[str]:
+        return frozenset(r.strip() for r in self.bookie_auth_roles.split(",") if r.strip())
 
     @property
     def effective_bookie_id(self) -> str:
         return self.bookie_id or f"{self.host}:{self.port}"
+
+    def ledger_client_config(self) -> "LedgerClientConfig":
+        """The config of this bookie's own ledger client (autorecovery): its credential included."""
+        return LedgerClientConfig(zookeeper=self.zookeeper, zk_session_timeout_ms=self.zk_session_timeout_ms,
+                                  bookie_auth_token=self.bookie_auth_token,
+                                  bookie_auth_token_file=self.bookie_auth_token_file)
+
+
+def is_loopback_host(host: str) -> bool:
+    """``host`` (a listen address) is reachable from this machine only."""
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -185,6 +238,12 @@ class LedgerClientConfig:
     recovery_attempts_max: int = 5
     read_entries_per_request_max: int = 1_000
     request_bytes_max: int = 16 * MiB
+    # the credential presented to bookies (AuthRequest, first frame of every connection): a
+    # token, or a file holding one (read at each connection, so a rotated file is picked up).
+    # Neither set: the client presents none (served only by bookies with authentication off).
+    # Never logged; kept out of the repr
+    bookie_auth_token: str = field(default="", repr=False)
+    bookie_auth_token_file: str = ""
 
     def validate(self) -> "LedgerClientConfig":
         _positive(self, "zk_session_timeout_ms", "add_timeout_ms", "read_timeout_ms",
@@ -198,6 +257,8 @@ class LedgerClientConfig:
         if not (type(self.add_flush_on_idle_adds_max) is int and 0 <= self.add_flush_on_idle_adds_max <= 1_000_000):
             raise ConfigError(f"LedgerClientConfig.add_flush_on_idle_adds_max must be an integer in [0, 1000000], "
                               f"got {self.add_flush_on_idle_adds_max!r}")
+        if self.bookie_auth_token and self.bookie_auth_token_file:
+            raise ConfigError("LedgerClientConfig: set at most one of bookie_auth_token and bookie_auth_token_file")
         return self
 
 

@@ -10,6 +10,13 @@ next loop iteration, together with whatever else was queued in this one). Acks c
 coalesced too and are dispatched to per-entry callbacks. If the connection breaks, every add
 waiting on it gets an UNAVAILABLE result (the ledger's write core then changes the ensemble)
 and every call waiting on it raises BookieUnavailableError.
+
+Authentication: the first frame of every connection is an AuthRequest carrying the configured
+credential (``LedgerClientConfig.bookie_auth_token`` or ``bookie_auth_token_file``, read at each
+connection; method "" without one); the connection is used only once the bookie answered it OK.
+A refusal fails the connection attempt like an unreachable bookie, with the bookie's reason
+(never the token) in the BookieUnavailableError. Once per connection: adds and reads then go as
+before.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import pathlib
 import socket
 from itertools import chain
 from typing import Callable, Sequence
@@ -61,6 +69,8 @@ class _Connection(asyncio.Protocol):
         self.decoder = FrameDecoder(frame_bytes_max, RESPONSE_TYPES)
         self.transport: asyncio.Transport | None = None
         self.write_paused = False
+        # until the bookie answered the AuthRequest: the future of its answer (frame type, body)
+        self.auth_answer: asyncio.Future | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -73,13 +83,31 @@ class _Connection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES, low=WRITE_BUFFER_LOW_BYTES)
 
     def data_received(self, data: bytes) -> None:
-        self.client._on_data(self, data)
+        waiter = self.auth_answer
+        if waiter is None:
+            self.client._on_data(self, data)
+            return
+        try:                 # the bookie sends nothing else before its answer to the AuthRequest
+            for frame_type, _, body in self.decoder.feed(data):
+                if not waiter.done():
+                    waiter.set_result((frame_type, body))
+        except FrameError as e:
+            if not waiter.done():
+                waiter.set_exception(BookieUnavailableError(f"bookie {self.client.bookie_id}: bad frame: {e}"))
+
+    def _fail_auth(self, reason: str) -> None:
+        waiter = self.auth_answer
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(BookieUnavailableError(f"bookie {self.client.bookie_id}: {reason} "
+                                                        f"before answering the AuthRequest"))
 
     def eof_received(self):
+        self._fail_auth("connection closed by the bookie")
         self.client._drop_connection(self, "connection closed by the bookie")
         return False
 
     def connection_lost(self, exc) -> None:
+        self._fail_auth("connection lost")
         self.client._drop_connection(self, f"connection lost: {exc!r}" if exc else "connection closed by the bookie")
 
     def pause_writing(self) -> None:
@@ -200,20 +228,51 @@ class BookieClient:
     async def _connect(self) -> _Connection:
         host, port = parse_bookie_address(self.bookie_id)
         loop = asyncio.get_running_loop()
+        method, data = bookie_credential(self._config)
+        conn: _Connection | None = None
         try:
             async with asyncio.timeout(self._config.connect_timeout_ms / 1000):
                 _, conn = await loop.create_connection(
                     lambda: _Connection(self, self._config.request_bytes_max), host, port)
+                await self._authenticate(conn, method, data)
         except TimeoutError:
+            if conn is not None:
+                conn.transport.abort()
             raise BookieUnavailableError(f"bookie {self.bookie_id}: connect timed out after "
                                          f"{self._config.connect_timeout_ms} ms") from None
         except OSError as e:
             raise BookieUnavailableError(f"bookie {self.bookie_id}: cannot connect: {e}") from None
+        except BaseException:
+            if conn is not None:
+                conn.transport.abort()
+            raise
         if self._closed:
             conn.transport.close()
             raise BookieUnavailableError(f"bookie {self.bookie_id}: client closed")
         self._conn = conn
         return conn
+
+    async def _authenticate(self, conn: _Connection, method: str, data: bytes) -> None:
+        """Send the AuthRequest and wait for the bookie's AuthResponse(OK); raises
+        BookieUnavailableError with the bookie's reason."""
+        conn.auth_answer = asyncio.get_running_loop().create_future()
+        request = pb.AuthRequest(method=method, data=data)
+        conn.transport.write(encode_frame(pb.FRAME_AUTH_REQUEST, self._new_request_id(), request.SerializeToString()))
+        frame_type, body = await conn.auth_answer
+        conn.auth_answer = None
+        try:
+            if frame_type == pb.FRAME_AUTH_RESPONSE:
+                answer = pb.AuthResponse.FromString(body)
+            elif frame_type == pb.FRAME_ERROR_RESPONSE:
+                answer = pb.ErrorResponse.FromString(body)
+            else:
+                raise BookieUnavailableError(f"bookie {self.bookie_id}: answered frame type {frame_type} "
+                                             f"to the AuthRequest")
+        except DecodeError as e:
+            raise BookieUnavailableError(f"bookie {self.bookie_id}: unparsable answer to the AuthRequest: {e}") from None
+        if answer.code != pb.OK:
+            log.error("bookie refused the connection bookie=%s: %s", self.bookie_id, answer.message)
+            raise BookieUnavailableError(f"bookie {self.bookie_id}: authentication refused: {answer.message}")
 
     def _connect_done(self, task: asyncio.Task) -> None:
         if task.cancelled():
@@ -531,6 +590,22 @@ class BookieClient:
         if conn is not None and conn.transport is not None:
             conn.transport.close()
         self._fail_all("client closed")
+
+
+def bookie_credential(config: LedgerClientConfig) -> tuple[str, bytes]:
+    """(method, data) of the AuthRequest: ("token", the token) from ``bookie_auth_token`` or the
+    file ``bookie_auth_token_file`` (read now, so a rotated file is picked up by the next
+    connection), else ("", b"") (no credential)."""
+    if config.bookie_auth_token:
+        return "token", config.bookie_auth_token.strip().encode()
+    if config.bookie_auth_token_file:
+        path = config.bookie_auth_token_file
+        try:
+            token = pathlib.Path(path).read_bytes().strip()
+        except OSError as e:
+            raise BookieUnavailableError(f"bookie_auth_token_file: cannot read {path}: {e.strerror}") from None
+        return "token", token
+    return "", b""
 
 
 def _dispatch(bookie_id: str, answers: list[tuple[int, AddCallback, int]]) -> None:

@@ -113,7 +113,8 @@ def test_limit_is_inclusive():
         decode_all(FrameDecoder(99, REQUEST_TYPES), [encode_frame(pb.FRAME_ADD_REQUEST, 3, body)])
 
 
-@pytest.mark.parametrize("frame_type", [0, 12, 200, pb.FRAME_ADD_RESPONSE, pb.FRAME_ERROR_RESPONSE])
+@pytest.mark.parametrize("frame_type", [0, 14, 200, pb.FRAME_ADD_RESPONSE, pb.FRAME_ERROR_RESPONSE,
+                                        pb.FRAME_AUTH_RESPONSE])
 def test_unknown_frame_type_is_bad_request(frame_type):
     decoder = FrameDecoder(1000, REQUEST_TYPES)
     with pytest.raises(FrameError) as err:
