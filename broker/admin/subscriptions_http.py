@@ -22,7 +22,7 @@ Clock readings (the expiry's "now") are taken here, in the shell.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from aiohttp import web
 
@@ -34,7 +34,29 @@ EXPIRE_S_MAX = 100 * 365 * 86400          # a century: beyond it every message i
 POSITION_MAX = 2 ** 31 - 1                # Pulsar's int message positions
 
 
-def add_subscription_routes(app: web.Application, backend: Any, *, topic_base: str,
+class SubscriptionAdminBackend(Protocol):
+    """What these routes need from the broker (broker/admin_backend.py implements it). Errors as
+    for AdminBackend: NotFoundError 404, PreconditionFailedError 412, MethodNotAllowedError 405."""
+
+    async def expire_messages(self, topic: str, subscription: str, expire_s: int, now_ms: int) -> bool:
+        """Mark-delete through the newest entry published more than ``expire_s`` before
+        ``now_ms``; True if the cursor moved (a partitioned parent: every partition)."""
+
+    async def expire_messages_all(self, topic: str, expire_s: int, now_ms: int) -> None:
+        """expire_messages on every durable subscription of the topic."""
+
+    async def reset_cursor_to_position(self, topic: str, subscription: str, ledger_id: int, entry_id: int,
+                                       excluded: bool) -> None:
+        """Deliver (ledger_id, entry_id) next, or the entry after it when ``excluded``."""
+
+    async def peek_entry(self, topic: str, subscription: str, nth: int) -> tuple[Any, bytes]:
+        """(position, stored entry) of the ``nth`` unacknowledged entry after the mark-delete."""
+
+    async def examine_entry(self, topic: str, initial_position: str, nth: int) -> tuple[Any, bytes]:
+        """(position, stored entry) of the ``nth`` entry from the ``earliest``/``latest`` end."""
+
+
+def add_subscription_routes(app: web.Application, backend: SubscriptionAdminBackend, *, topic_base: str,
                             topic_of: Callable[[web.Request], str], subscription_of: Callable[[web.Request], str],
                             json_body: Callable[..., Any], int_value: Callable[..., int],
                             at_owner: Callable[[Callable], Callable],
@@ -105,4 +127,4 @@ def add_subscription_routes(app: web.Application, backend: Any, *, topic_base: s
     r.add_get(topic_base + "/examinemessage", at_owner(examine))
 
 
-__all__ = ["add_subscription_routes"]
+__all__ = ["SubscriptionAdminBackend", "add_subscription_routes"]
