@@ -86,10 +86,23 @@ class UnderReplicationManager:
         except MetadataExistsError:
             return False
 
-    async def unlock(self, ledger_id: int) -> None:
+    async def unlock(self, ledger_id: int, session_id: int | None = None) -> None:
+        """Delete the lock. With ``session_id`` (the session that took it), only if that
+        session still owns it: after a session loss the node went with the old session, and
+        one that exists now is another worker's (or ours under a new session, taken again)."""
+        path = lock_path(ledger_id)
         try:
-            await self.store.delete(lock_path(ledger_id))
-        except MetadataNotFoundError:
+            if session_id is None:
+                await self.store.delete(path)
+                return
+            stat = await self.store.stat(path)
+            if stat is None:
+                return
+            if stat.ephemeral_owner != session_id:
+                log.info("lock not released: held by another session ledger=%d", ledger_id)
+                return
+            await self.store.delete(path, stat.version)
+        except (MetadataNotFoundError, MetadataVersionConflict):
             pass
 
     async def lock_holder(self, ledger_id: int) -> str | None:

@@ -40,6 +40,7 @@ from bookie.autorecovery.urmanager import UnderReplicationManager
 from bookie.transport import encode_add_entry
 from pulsarlite.errors import (BookieUnavailableError, MetadataNotFoundError, MetadataVersionConflict,
                                PulsarliteError)
+from pulsarlite.metadata import SessionState
 
 log = logging.getLogger("pulsarlite.autorecovery")
 
@@ -71,6 +72,7 @@ class ReplicationWorker:
         self.copy_timeout_s = copy_timeout_ms / 1000
         self.rng = rng or random.Random()
         self._busy: dict[int, asyncio.Task] = {}
+        self._lock_sessions: dict[int, int | None] = {}           # ledger -> session its lock is on
         self._retry_at_ms: dict[int, tuple[float, float]] = {}   # ledger -> (when, last delay)
         # what this worker did (tests and `autorecovery status`)
         self.fragments_repaired = 0
@@ -78,8 +80,22 @@ class ReplicationWorker:
         self.bytes_copied = 0
         self.ledgers_repaired = 0
 
+    def on_session_state(self, state: SessionState) -> None:
+        """LOST (the session expired): its ephemeral locks are gone and another worker may hold
+        a ledger now, so every repair under way is abandoned (each is retried later under a new
+        lock; a copy already acknowledged is simply done again). SUSPENDED is not enough: the
+        session, and so the locks, may still be ours. Simulated: tests/sim/autorecovery_sim.py
+        (worker pauses past the session timeout)."""
+        if state is SessionState.LOST and self._busy:
+            log.warning("zookeeper session lost: repairs abandoned worker=%s ledgers=%s", self.worker_id,
+                        ",".join(str(lid) for lid in sorted(self._busy)))
+            for task in list(self._busy.values()):
+                task.cancel()
+
     async def run(self) -> None:
         """Until cancelled: poll the marks, repair what is due."""
+        store = self.client.store
+        store.add_session_listener(self.on_session_state)
         try:
             while True:
                 try:
@@ -90,6 +106,7 @@ class ReplicationWorker:
                     log.exception("replication poll crashed worker=%s", self.worker_id)
                 await asyncio.sleep(self.poll_interval_ms / 1000)
         finally:
+            store.remove_session_listener(self.on_session_state)
             tasks = list(self._busy.values())
             for t in tasks:
                 t.cancel()
@@ -151,14 +168,16 @@ class ReplicationWorker:
         finally:
             if core.locked:          # an exception or cancellation mid-pass
                 try:
-                    await self.urm.unlock(lid)
+                    await self.urm.unlock(lid, self._lock_sessions.get(lid))
                 except PulsarliteError as e:
                     log.warning("could not release lock ledger=%d: %s (its session's end will)", lid, e)
+            self._lock_sessions.pop(lid, None)
 
     async def _execute(self, core: LedgerRepair, a) -> list:
         lid = core.ledger_id
         lm = self.client.ledger_manager
         if isinstance(a, TakeLock):
+            self._lock_sessions[lid] = self.client.store.session_id    # the session the lock is taken on
             taken = await self.urm.try_lock(lid, self.worker_id)
             if not taken:
                 log.debug("ledger locked by another worker ledger=%d worker=%s", lid, self.worker_id)
@@ -187,7 +206,7 @@ class ReplicationWorker:
             return core.on_unmarked(await self.urm.unmark(lid, a.version))
         if isinstance(a, ReleaseLock):
             try:
-                await self.urm.unlock(lid)
+                await self.urm.unlock(lid, self._lock_sessions.get(lid))
             except PulsarliteError as e:
                 log.warning("could not release lock ledger=%d: %s (its session's end will)", lid, e)
             return []

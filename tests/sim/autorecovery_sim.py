@@ -83,6 +83,12 @@ class AutorecoveryConfig:
     decommission_probability: float = 0.3
     rots: tuple[int, int] = (0, 3)
     worker_crashes: tuple[int, int] = (0, 3)
+    # a worker stalls (GC pause, a partition from ZooKeeper); past the session timeout its
+    # session expires and its locks go while it still holds its repairs in memory
+    worker_pauses: tuple[int, int] = (0, 2)
+    # the worker shell's reaction when it learns its session expired: abandon every repair
+    # (False: carry on with a new session, the defect this switch plants)
+    abandon_on_session_loss: bool = True
     # network
     delay_ms: tuple[int, int] = (1, 10)
     slow_probability: float = 0.05
@@ -249,16 +255,25 @@ class Simulation:
             return self.net_rng.randint(*c.slow_delay_ms)
         return self.net_rng.randint(*c.delay_ms)
 
+    def _deliver(self, alive: Callable[[], bool], fn: Callable[[], None]) -> None:
+        """Run a reply's handler: dropped if its caller died; held while the caller is paused."""
+        if not alive():
+            return
+        hold = alive.hold_ms() if hasattr(alive, "hold_ms") else 0
+        if hold > 0:
+            self.at(hold, lambda: self._deliver(alive, fn))
+            return
+        fn()
+
     def metadata_op(self, alive: Callable[[], bool], op: Callable[[], Any], reply: Callable[[Any], None]) -> None:
-        """A ZooKeeper request: delayed both ways, applied atomically on arrival, never lost
-        (the client library retries); the reply is dropped if the caller died meanwhile."""
+        """A ZooKeeper request: delayed both ways, applied atomically on arrival (also when its
+        sender died meanwhile: it was in flight), never lost (the client library retries); the
+        reply is dropped if the caller died meanwhile, held while it is paused."""
         c = self.config
 
         def arrive() -> None:
-            if not alive():
-                return
             result = op()
-            self.at(self.net_rng.randint(*c.metadata_delay_ms), lambda: reply(result) if alive() else None)
+            self.at(self.net_rng.randint(*c.metadata_delay_ms), lambda: self._deliver(alive, lambda: reply(result)))
         self.at(self.net_rng.randint(*c.metadata_delay_ms), arrive)
 
     def bookie_rpc(self, alive: Callable[[], bool], bookie_id: str, op: Callable[[SimBookie], Any],
@@ -269,10 +284,10 @@ class Simulation:
         state = {"done": False}
 
         def deliver(result: Any, answered: bool) -> None:
-            if state["done"] or not alive():
+            if state["done"]:
                 return
             state["done"] = True
-            reply(result, answered)
+            self._deliver(alive, lambda: reply(result, answered))
 
         def arrive() -> None:
             b = self.bookies[bookie_id]
@@ -359,6 +374,8 @@ class Simulation:
             self.at(rng.randint(0, span), self.rot)
         for _ in range(rng.randint(*c.worker_crashes)):
             self.at(rng.randint(0, span), self.crash_worker)
+        for _ in range(rng.randint(*c.worker_pauses)):
+            self.at(rng.randint(0, span), self.pause_worker)
 
     # -- faults --
     def clean_writable(self) -> list[str]:
@@ -448,6 +465,15 @@ class Simulation:
             self.count("crashes_mid_copy")
         w.crash()
 
+    def pause_worker(self) -> None:
+        ready = [w for w in self.workers if w.alive and w.paused_until <= self.now_ms]
+        if not ready:
+            return
+        copying = [w for w in ready if w.name in self.copying.values()]
+        w = self.rng.choice(copying or ready)
+        st = self.config.session_timeout_ms
+        w.pause(self.rng.randint(st // 3, 3 * st))
+
     # -- checks --
     def check_metadata_change(self, old: LedgerMetadata, new: LedgerMetadata, writer: str) -> None:
         for _, bookies in new.ensembles:
@@ -463,9 +489,9 @@ class Simulation:
                     self.violation(f"ledger {new.ledger_id} entry {e}: metadata written by {writer} "
                                    f"names {b}, which lacks it (invariant 10)")
 
-    def check_lock(self, lid: int, worker: "SimWorker", what: str) -> None:
+    def check_lock(self, lid: int, worker: "SimWorker", session: int, what: str) -> None:
         node = self.store.get(lock_path(lid))
-        if node is None or node.session != worker.session:
+        if node is None or node.session != session:
             self.violation(f"ledger {lid}: {worker.name} {what} without holding the ledger's lock")
 
     def settled(self) -> bool:
@@ -633,10 +659,54 @@ class SimWorker:
         self.alive = True
         self.busy: dict[int, LedgerRepair] = {}
         self.retry_at: dict[int, tuple[int, int]] = {}
+        self.paused_until = 0
 
-    def guard(self) -> Callable[[], bool]:
-        gen = self.generation
-        return lambda: self.alive and self.generation == gen
+    def guard(self) -> "Guard":
+        return Guard(self)
+
+    def pause(self, pause_ms: int) -> None:
+        """Stall for ``pause_ms``: replies wait; past the session timeout the session expires
+        (its locks go) and, on waking, the worker learns it (kazoo's LOST)."""
+        sim = self.sim
+        self.paused_until = sim.now_ms + pause_ms
+        session, gen = self.session, self.generation
+        sim.count("worker_pauses")
+        sim.log(f"worker {self.name} paused for {pause_ms} ms")
+        if pause_ms <= sim.config.session_timeout_ms:
+            return
+
+        def expire() -> None:
+            if self.session != session:
+                return
+            gone = sim.store.end_session(session)
+            for lid in sorted(self.busy):
+                if sim.copying.get(lid) == self.name:
+                    del sim.copying[lid]        # it holds no lock any more
+            sim.count("sessions_expired_in_pause")
+            sim.log(f"session {session} of paused {self.name} expired: removed {gone}")
+
+        def wake() -> None:
+            if self.generation != gen or not self.alive:
+                return
+            self.session_lost()
+        sim.at(sim.config.session_timeout_ms, expire)
+        sim.at(pause_ms, wake)
+
+    def session_lost(self) -> None:
+        """The shell's reaction to LOST (bookie/autorecovery/worker.py): every repair is
+        abandoned (its lock is gone; another worker may have the ledger now); a new session."""
+        sim = self.sim
+        sim.log(f"worker {self.name} learns its session expired; abandons={sim.config.abandon_on_session_loss}")
+        if sim.config.abandon_on_session_loss:
+            self.generation += 1
+            for lid in sorted(self.busy):
+                if sim.copying.get(lid) == self.name:
+                    del sim.copying[lid]
+            self.busy.clear()
+            self.retry_at.clear()
+        self.session = sim.new_session()
+        if sim.config.abandon_on_session_loss:
+            self.poll()
 
     def start(self) -> None:
         self.sim.at(self.sim.rng.randint(0, self.sim.config.poll_interval_ms), self.poll)
@@ -670,6 +740,10 @@ class SimWorker:
         sim = self.sim
         if not self.alive:
             return
+        if self.paused_until > sim.now_ms:
+            gen = self.generation
+            sim.at(self.paused_until - sim.now_ms, lambda: self.poll() if self.generation == gen else None)
+            return
         alive = self.guard()
         gen = self.generation
 
@@ -696,9 +770,10 @@ class SimWorker:
         sim = self.sim
         alive = self.guard()
         lid = core.ledger_id
+        session = self.session          # requests carry the session they were sent on
         for a in actions:
             if isinstance(a, TakeLock):
-                sim.metadata_op(alive, lambda: sim.store.create(lock_path(lid), self.name, self.session),
+                sim.metadata_op(alive, lambda: sim.store.create(lock_path(lid), self.name, session),
                                 lambda ok: self.execute(core, core.on_lock(ok)))
             elif isinstance(a, ReadMark):
                 def read_mark() -> tuple:
@@ -719,13 +794,13 @@ class SimWorker:
                 sim.copying[lid] = self.name
                 sim.count("copies")
                 copy = FragmentCopy(a.repair, sim.config.entries_in_flight_max, sim.config.read_run_entries_max)
-                self.copy_execute(core, copy, copy.start())
+                self.copy_execute(core, copy, copy.start(), started=True)
             elif isinstance(a, WriteLedger):
                 def cas(a=a) -> bool:
                     node = sim.store.get(ledger_node(lid))
                     if node is None or node.version != a.version:
                         return False
-                    sim.check_lock(lid, self, "writes ledger metadata")
+                    sim.check_lock(lid, self, session, "writes ledger metadata")
                     sim.check_metadata_change(node.value, a.metadata, self.name)
                     sim.log(f"{self.name}: ledger {lid} metadata v{node.version + 1} "
                             f"{[(f, list(bs)) for f, bs in a.metadata.ensembles]} "
@@ -736,7 +811,7 @@ class SimWorker:
                 def unmark(a=a) -> bool:
                     node = sim.store.get(mark_path(lid))
                     if node is not None and (a.version == -1 or node.version == a.version):
-                        sim.check_lock(lid, self, "deletes the mark")
+                        sim.check_lock(lid, self, session, "deletes the mark")
                         mark = UnderReplicatedMark.from_json(node.value)
                         md_node = sim.store.get(ledger_node(lid))
                         if md_node is not None:
@@ -753,7 +828,7 @@ class SimWorker:
             elif isinstance(a, ReleaseLock):
                 def release() -> None:
                     node = sim.store.get(lock_path(lid))
-                    if node is not None and node.session == self.session:
+                    if node is not None and node.session == session:
                         sim.store.delete(lock_path(lid), -1)
                 sim.metadata_op(alive, release, lambda _: None)
             elif isinstance(a, FragmentBlocked):
@@ -779,10 +854,14 @@ class SimWorker:
             else:
                 raise TypeError(f"unknown action {a!r}")
 
-    def copy_execute(self, core: LedgerRepair, copy: FragmentCopy, actions: list) -> None:
+    def copy_execute(self, core: LedgerRepair, copy: FragmentCopy, actions: list, started: bool = False) -> None:
         sim = self.sim
         alive = self.guard()
         lid = core.ledger_id
+        if not started and actions and sim.copying.get(lid) != self.name:    # (late replies to an ended copy: [])
+            sim.violation(f"ledger {lid}: {self.name} goes on copying without the ledger's lock "
+                          f"(now {sim.copying.get(lid) or 'nobody'}'s)")
+            sim.copying[lid] = self.name        # one report per takeover
         for a in actions:
             if isinstance(a, ReadEntry):
                 sim.bookie_rpc(alive, a.bookie, lambda b, a=a: b.entries.get((lid, a.entry_id)),
@@ -834,6 +913,21 @@ class SimWorker:
                                                   not done and a.replacement_failed))
             else:
                 raise TypeError(f"unknown copy action {a!r}")
+
+
+class Guard:
+    """What a worker's reply handlers check: its process is the one that sent the request
+    (dropped after a crash) and is running (held while it is paused)."""
+
+    def __init__(self, worker: SimWorker) -> None:
+        self.worker = worker
+        self.generation = worker.generation
+
+    def __call__(self) -> bool:
+        return self.worker.alive and self.worker.generation == self.generation
+
+    def hold_ms(self) -> int:
+        return max(0, self.worker.paused_until - self.worker.sim.now_ms)
 
 
 # -- entry points -------------------------------------------------------------------------------

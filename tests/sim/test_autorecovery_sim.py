@@ -8,11 +8,12 @@ with the command that replays it.
 Planted defects (each in the real cores, each found within DEFECT_SEED_BUDGET seeds of some
 configuration, and that seed is clean without it): a fragment copy reported done one entry
 early; a worker that takes no lock; a worker deleting the mark without the version check; a
-copy that does not verify the replicas' checksums. Not planted: ``apply_repair`` without its
-re-check. With the lock held by every writer of a closed ledger's metadata, nothing in this
-model changes a fragment under a repair, so the re-check can never fire (found by planting it:
-no seed of 200 per configuration fails). It guards against a worker that keeps copying after its
-session expired (a long pause), which this model does not simulate.
+copy that does not verify the replicas' checksums; a worker that goes on after its session
+expired during a pause. Not planted: ``apply_repair`` without its re-check. With the lock held
+by every writer of a closed ledger's metadata and a worker abandoning its repairs when its
+session is lost, nothing in this model changes a fragment under a repair, so the re-check never
+fires (planting its removal: no seed of 200 per configuration failed). It remains the guard for
+the window the model leaves out (a reply handled before the LOST notice).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ pytestmark = pytest.mark.sim
 COVERAGE = ("losses", "fragments_repaired", "ledgers_repaired", "worker_crashes", "copies_failed",
             "passes_retried", "replica_check_found", "replicas_rejected", "rots")
 COVERAGE_ANY = ("crashes_mid_copy", "decommissions", "transient_downs", "unmark_refused",
-                "short_answers", "entry_exists", "blocked")
+                "short_answers", "entry_exists", "blocked", "worker_pauses", "sessions_expired_in_pause")
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
@@ -125,6 +126,20 @@ def test_planted_copy_without_the_checksum_check_is_caught(monkeypatch):
     monkeypatch.setattr(rc.FragmentCopy, "_usable", lambda self, entry, entry_id:
                         entry.ledger_id == self.repair.ledger_id and entry.entry_id == entry_id)
     _found_then_clean(monkeypatch, "which lacks it (invariant 10)")
+
+
+def test_planted_worker_going_on_after_its_session_expired_is_caught():
+    """A worker paused past the session timeout loses its locks; the shell abandons its repairs
+    when it learns the session is LOST (worker.py ``on_session_state``). Switched off, it goes
+    on copying a ledger another worker may hold now."""
+    for config in sorted(CONFIGS):
+        for seed in range(DEFECT_SEED_BUDGET):
+            result = run_seed(seed, config, abandon_on_session_loss=False)
+            if not result.ok:
+                assert any("without the ledger's lock" in v or "is copying it" in v for v in result.violations)
+                check_seed(seed, config)            # clean with the shell's reaction
+                return
+    raise AssertionError("no seed found the worker going on after its session expired")
 
 
 def test_without_a_replica_check_a_rotten_copy_stays_and_the_final_check_says_so():
