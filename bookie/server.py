@@ -26,6 +26,16 @@ racing its next add as a failed bookie (an ensemble change). Closing a connectio
 acknowledged add: acks leave only after the fsync, and requests in progress still complete
 in the store; only their answers are dropped, and the client retries. Closes and refusals are
 logged at a bounded rate per cause (CountedCause).
+
+Authentication (``bookie_auth_enabled``; protocol in proto/bookie_rpc.proto, trust model in
+docs/security.md): the first frame of a connection must be an AuthRequest whose token verifies
+(pulsarlite/security/tokens.py, the broker's verification) and names a role in
+``bookie_auth_roles``. It is answered AuthResponse(OK); a refused AuthRequest is answered
+AuthResponse(AUTHENTICATION_ERROR), any other first frame ErrorResponse(AUTHENTICATION_ERROR),
+naming the reason (never the token), and the connection is closed as after a bad frame: nothing
+it sent is served. Verification happens once per connection, in ``data_received`` (a JWT check
+is tens of microseconds); afterwards the connection's frames take the path they always took.
+With authentication off an AuthRequest is answered OK and clients that send none are served.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from bookie.transport import (REQUEST_TYPES, FrameDecoder, FrameError, encode_ad
 from pulsarlite.config import BookieConfig
 from pulsarlite.counted_log import CountedCause
 from pulsarlite.errors import ChecksumError, PulsarliteError, check
+from pulsarlite.security.tokens import TokenInvalid, TokenVerifier
 
 log = logging.getLogger("pulsarlite.bookie.server")
 
@@ -61,6 +72,7 @@ CLOSE_NO_REQUEST = "no request"
 CLOSE_SLOW_FRAME = "frame not whole in time"
 CLOSE_WRITE_STALL = "answers not read"
 CLOSE_BAD_FRAME = "bad frame"
+CLOSE_AUTH = "authentication failed"
 
 
 # pb.Entry -> StoredEntry without Python bytecode per field (the add path's largest per-entry cost)
@@ -227,9 +239,19 @@ def add_response(request: pb.AddRequest, status: Status) -> pb.AddResponse:
 class BookieServer:
     """Listens on ``config.host:config.port`` and serves BookieService over framed TCP."""
 
-    def __init__(self, service: BookieService, config: BookieConfig) -> None:
+    def __init__(self, service: BookieService, config: BookieConfig, *,
+                 clock_s: Callable[[], float] = time.time) -> None:
         self.service = service
         self._config = config
+        # the token verifier (keys read here, at start; ConfigError names the setting), or None:
+        # authentication off
+        self.verifier: TokenVerifier | None = None
+        self.roles_allowed = config.bookie_auth_role_names
+        if config.bookie_auth_enabled:
+            self.verifier = TokenVerifier.from_settings(
+                secret_key=config.bookie_auth_token_secret_key, public_key=config.bookie_auth_token_public_key,
+                public_alg=config.bookie_auth_token_public_alg, clock_s=clock_s, setting_prefix="bookie_auth_",
+                server="this bookie")
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[_Connection] = set()
         # connections closed or refused, per cause: logged at a bounded rate (a client can
@@ -241,6 +263,8 @@ class BookieServer:
             pb.FRAME_READ_LAC_REQUEST: (service.read_lac, pb.FRAME_READ_LAC_RESPONSE),
             pb.FRAME_DELETE_LEDGER_REQUEST: (service.delete_ledger, pb.FRAME_DELETE_LEDGER_RESPONSE),
             pb.FRAME_BOOKIE_INFO_REQUEST: (service.info, pb.FRAME_BOOKIE_INFO_RESPONSE),
+            # the first AuthRequest is taken by _Connection._authenticate; a second one is refused
+            pb.FRAME_AUTH_REQUEST: (self._auth_again, pb.FRAME_AUTH_RESPONSE),
         }
         # adds are taken by BookieService.add, without a task (_Connection.data_received)
         check(set(self.handlers) | {pb.FRAME_ADD_REQUEST} == REQUEST_TYPES,
@@ -249,6 +273,23 @@ class BookieServer:
     @property
     def bookie_id(self) -> str:
         return self._config.effective_bookie_id
+
+    def authenticate(self, request: pb.AuthRequest) -> str:
+        """The role an AuthRequest proves, allowed on this bookie; raises TokenInvalid naming the
+        reason (never the token). Only with authentication on."""
+        if request.method != "token":
+            if not request.method and not request.data:
+                raise TokenInvalid("authentication required: no credential presented")
+            raise TokenInvalid(f"authentication method {request.method[:32]!r} is not enabled on this bookie "
+                               f"(enabled: token)")
+        role = self.verifier.role(request.data)
+        if role not in self.roles_allowed:
+            raise TokenInvalid(f"role {role[:64]!r} is not allowed on this bookie "
+                               f"(bookie_auth_roles: {', '.join(sorted(self.roles_allowed))})")
+        return role
+
+    async def _auth_again(self, request: pb.AuthRequest) -> pb.AuthResponse:
+        return pb.AuthResponse(code=pb.BAD_REQUEST, message="one AuthRequest per connection, as its first frame")
 
     @property
     def connection_count(self) -> int:
@@ -326,6 +367,8 @@ class _Connection(asyncio.Protocol):
         self._discarding = False         # a bad frame was refused: input is dropped until close
         self._peer_done = False          # the peer sent EOF: close once the last answer is out
         self._closed = False
+        self._gated = True               # the first frame not taken yet (it may be an AuthRequest)
+        self.role = ""                   # the role the connection proved (authentication on)
 
     # -- asyncio.Protocol ----------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -437,6 +480,10 @@ class _Connection(asyncio.Protocol):
             for frame_type, request_id, body in self._decoder.feed(data):
                 request = parse_body(frame_type, request_id, body)
                 completed = True
+                if self._gated and self._authenticate(frame_type, request_id, request):
+                    if self._discarding or self._closed:
+                        return       # refused: nothing after it is read
+                    continue
                 if frame_type == pb.FRAME_ADD_REQUEST:
                     self.adds_in_flight += 1
                     add(request_id, request, self._add_answered)
@@ -467,6 +514,38 @@ class _Connection(asyncio.Protocol):
         if not self.tasks and not self.adds_in_flight:
             return False  # close the transport (after what is buffered is written)
         self._peer_done = True  # half-closed: answer what is in progress, then close
+        return True
+
+    # -- authentication ------------------------------------------------------------------
+    def _authenticate(self, frame_type: int, request_id: int, request) -> bool:
+        """The connection's first frame: True if it was taken here (an AuthRequest, or a frame
+        refused for want of one), False if it is served as any request (authentication off)."""
+        server = self._server
+        if server.verifier is None:                  # authentication off: served as before
+            self._gated = False
+            if frame_type != pb.FRAME_AUTH_REQUEST:
+                return False
+            self._send(pb.FRAME_AUTH_RESPONSE, request_id, pb.AuthResponse(code=pb.OK).SerializeToString())
+            return True
+        if frame_type != pb.FRAME_AUTH_REQUEST:
+            reason = (f"authentication required: the first frame must be an AuthRequest, got "
+                      f"{pb.FrameType.Name(frame_type)}")
+            server.log_close(CLOSE_AUTH, self._peer, reason)
+            self._close_refused(encode_error(request_id, pb.AUTHENTICATION_ERROR,
+                                             f"bookie {server.bookie_id}: {reason}"))
+            return True
+        try:
+            role = server.authenticate(request)
+        except TokenInvalid as e:
+            server.log_close(CLOSE_AUTH, self._peer, str(e))
+            body = pb.AuthResponse(code=pb.AUTHENTICATION_ERROR, message=f"bookie {server.bookie_id}: {e}")
+            self._close_refused(encode_header(pb.FRAME_AUTH_RESPONSE, request_id, body.ByteSize())
+                                + body.SerializeToString())
+            return True
+        self._gated = False
+        self.role = role
+        log.info("client authenticated bookie=%s peer=%s role=%s", server.bookie_id, self._peer, role)
+        self._send(pb.FRAME_AUTH_RESPONSE, request_id, pb.AuthResponse(code=pb.OK, role=role).SerializeToString())
         return True
 
     # -- requests ------------------------------------------------------------------------
@@ -541,11 +620,15 @@ class _Connection(asyncio.Protocol):
         and discards what still arrives for up to REFUSED_LINGER_S before closing, so that the
         peer reads the error instead of a reset (closing with unread input sends a TCP RST)."""
         self._server.log_close(CLOSE_BAD_FRAME, self._peer, str(error))
+        self._close_refused(encode_error(error.request_id, error.code, str(error)))
+
+    def _close_refused(self, frame: bytes) -> None:
+        """Answer ``frame`` (the refusal), then close as :meth:`_refuse` says."""
         self._frame_started_s = None
         if self._first_request_timer is not None:
             self._first_request_timer.cancel()
             self._first_request_timer = None
-        self._out.append(encode_error(error.request_id, error.code, str(error)))
+        self._out.append(frame)
         self._flush()
         self._discarding = True
         if self._read_paused:

@@ -126,6 +126,11 @@ class BrokerConfig:
     # authenticationRefreshCheckSeconds: how often a connection's credentials are checked for expiry;
     # an expired one is sent AUTH_CHALLENGE and must answer before the next check, else it is closed
     authentication_refresh_check_interval_ms: int = 60_000
+    # the credential this broker's ledger client presents to bookies with bookie_auth_enabled
+    # (AuthRequest; docs/security.md): a token whose role the bookies allow (bookie_auth_roles),
+    # or a file holding one (read at each bookie connection). Never logged, never in a repr
+    bookie_auth_token: str = field(default="", repr=False)
+    bookie_auth_token_file: str = ""
 
     def validate(self) -> "BrokerConfig":
         for name in ("retention_time_default_minutes", "retention_size_default_mb"):
@@ -369,7 +374,9 @@ class BrokerConfig:
     def ledger_client_config(self) -> LedgerClientConfig:
         return LedgerClientConfig(zookeeper=self.zookeeper, zk_session_timeout_ms=self.zk_session_timeout_ms,
                                   add_flush_interval_ms=self.bookie_add_flush_interval_ms,
-                                  add_flush_on_idle_adds_max=self.bookie_add_flush_on_idle_adds_max).validate()
+                                  add_flush_on_idle_adds_max=self.bookie_add_flush_on_idle_adds_max,
+                                  bookie_auth_token=self.bookie_auth_token,
+                                  bookie_auth_token_file=self.bookie_auth_token_file).validate()
 
 
 __all__ = ["BrokerConfig"]

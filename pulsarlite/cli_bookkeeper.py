@@ -24,6 +24,9 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bookkeeper", help="operator shell for bookies and ledgers")
     p.add_argument("--zookeeper", default=os.environ.get("PULSARLITE_ZOOKEEPER", "127.0.0.1:2181"),
                    help="ZooKeeper connect string (default $PULSARLITE_ZOOKEEPER or 127.0.0.1:2181)")
+    p.add_argument("--bookie-auth-token-file", default=os.environ.get("PULSARLITE_BOOKIE_AUTH_TOKEN_FILE", ""),
+                   help="file holding the token presented to bookies with bookie_auth_enabled (default "
+                        "$PULSARLITE_BOOKIE_AUTH_TOKEN_FILE; or the token itself in $PULSARLITE_BOOKIE_AUTH_TOKEN)")
     sub = p.add_subparsers(dest="bk_command", required=True)
 
     s = sub.add_parser("listbookies", help="list live bookies (writable and read-only)")
@@ -103,7 +106,10 @@ async def _with_client(coro_fn, args) -> int:
     from bookie.client.ledger_client import LedgerClient
     from pulsarlite.config import LedgerClientConfig
 
-    client = await LedgerClient.connect(LedgerClientConfig(zookeeper=args.zookeeper))
+    client = await LedgerClient.connect(LedgerClientConfig(
+        zookeeper=args.zookeeper,
+        bookie_auth_token="" if args.bookie_auth_token_file else os.environ.get("PULSARLITE_BOOKIE_AUTH_TOKEN", ""),
+        bookie_auth_token_file=args.bookie_auth_token_file).validate())
     try:
         return await coro_fn(client, args)
     finally:

@@ -121,6 +121,54 @@ class StandaloneSettings:
         return self.tier_uri
 
 
+BOOKIE_AUTH_ROLES = ("broker", "autorecovery", "admin")
+
+
+def bookie_auth_settings(directory: Path) -> tuple[dict, dict]:
+    """(BookieConfig fields, BrokerConfig fields) for bookie authentication in a standalone: a
+    secret key and one token per role (broker, autorecovery, admin: the operator shell) in
+    ``directory`` (0700, files 0600), made on first use and kept. The configs name the files,
+    never the key or a token."""
+    import secrets
+    from pulsarlite.tokens import create_token
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    key_path = directory / "secret.key"
+    if not key_path.exists():
+        _write_private_file(key_path, secrets.token_bytes(32))
+    key = key_path.read_bytes()
+    for role in BOOKIE_AUTH_ROLES:
+        path = directory / f"{role}.token"
+        if not path.exists():
+            _write_private_file(path, create_token(subject=role, now_s=time.time(), secret_key=key).encode())
+    bookie = {"bookie_auth_enabled": True, "bookie_auth_token_secret_key": key_path.resolve().as_uri(),
+              "bookie_auth_roles": ",".join(BOOKIE_AUTH_ROLES),
+              "bookie_auth_token_file": str((directory / "autorecovery.token").resolve())}
+    broker = {"bookie_auth_token_file": str((directory / "broker.token").resolve())}
+    return bookie, broker
+
+
+def _write_private_file(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def update_bookie_configs(cluster: LocalCluster, settings: dict) -> None:
+    """Set BookieConfig fields in the existing bookies' config files (next start)."""
+    from pulsarlite.config import BookieConfig, load_toml, to_toml
+    for record in cluster.records.values():
+        if record.role != "bookie" or not record.config:
+            continue
+        path = Path(record.config)
+        current = load_toml(BookieConfig, path)
+        updated = dataclasses.replace(current, **settings).validate()
+        if updated != current:
+            tmp = path.with_suffix(".toml.tmp")
+            tmp.write_text(to_toml(updated))
+            os.replace(tmp, path)
+
+
 def broker_supports_tier() -> bool:
     """The broker has the ``tier_uri`` setting and the object store module exists."""
     import importlib.util
@@ -147,6 +195,7 @@ class Standalone:
         self.book = RestartBook()
         self._stopping = False
         self._lock_fd: int | None = None
+        self.bookie_admin_token_file: Path | None = None   # with authentication on: the operator's token
 
     def _print(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -232,6 +281,15 @@ class Standalone:
                 tier = ""
         self.tier_uri = tier
         bookies = {f"bookie-{i + 1}": {"port": s.bookie_port + i} for i in range(BOOKIES)}
+        if s.broker_settings.get("authentication_enabled"):
+            # a secured standalone: its bookies authenticate their clients too (docs/security.md)
+            bookie_auth, broker_auth = bookie_auth_settings(s.data_dir / "bookie-auth")
+            broker.update(broker_auth)
+            cluster.update_broker_configs(broker_auth)
+            for settings in bookies.values():
+                settings.update(bookie_auth)
+            update_bookie_configs(cluster, bookie_auth)          # a directory created without them
+            self.bookie_admin_token_file = s.data_dir / "bookie-auth" / "admin.token"
         fresh = not cluster.records
         self._print(f"pulsarlite standalone: {'creating' if fresh else 'resuming'} {s.data_dir} "
                     f"(ZooKeeper, {BOOKIES} bookies, 1 broker); logs in {s.data_dir / 'logs'}")
@@ -252,6 +310,8 @@ class Standalone:
               if self.settings.broker_settings.get("web_service_port_tls") else []),
             f"  ZooKeeper    {cluster.zookeeper}",
             f"  bookies      {', '.join(cluster.bookie_ids)}",
+            *([f"  bookie token {self.bookie_admin_token_file} (pulsarlite bookkeeper --bookie-auth-token-file)"]
+              if self.bookie_admin_token_file else []),
             f"  tier         {self.tier_uri or '(none)'}",
             f"  data         {cluster.dir}",
             "Press Ctrl-C to stop.",

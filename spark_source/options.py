@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from pulsarlite.topic_name import TopicName
@@ -109,6 +109,10 @@ class SourceOptions:
     s3_endpoint_url: str | None
     aws_env: tuple[tuple[str, str], ...]
     metrics_dir: str | None
+    # the credential presented to bookies with bookie_auth_enabled (docs/security.md): options
+    # bookieAuthToken / bookieAuthTokenFile, else $PULSARLITE_BOOKIE_AUTH_TOKEN(_FILE) on the driver
+    bookie_auth_token: str = field(default="", repr=False)
+    bookie_auth_token_file: str = ""
 
     def apply_aws_env(self) -> None:
         """Credentials given as options become the standard AWS variables of this worker."""
@@ -159,7 +163,26 @@ def parse_options(options: Mapping[str, str], *, streaming: bool, need_topics: b
         max_entries_per_trigger=(_opt_int(o, "maxEntriesPerTrigger", minimum=1)
                                  or _opt_int(o, "maxRecordsPerTrigger", minimum=1)),
         s3_endpoint_url=endpoint, aws_env=aws_env,
-        metrics_dir=(o.get("metricsdir") or "").strip() or None)
+        metrics_dir=(o.get("metricsdir") or "").strip() or None,
+        **_bookie_auth(o))
+
+
+def _bookie_auth(o: Mapping[str, str]) -> dict[str, str]:
+    token = str(o.get("bookieauthtoken") or "").strip()
+    token_file = str(o.get("bookieauthtokenfile") or "").strip()
+    if token and token_file:
+        raise OptionError("give at most one of the options bookieAuthToken and bookieAuthTokenFile")
+    if not token and not token_file:
+        token = os.environ.get("PULSARLITE_BOOKIE_AUTH_TOKEN", "").strip()
+        token_file = "" if token else os.environ.get("PULSARLITE_BOOKIE_AUTH_TOKEN_FILE", "").strip()
+    return {"bookie_auth_token": token, "bookie_auth_token_file": token_file}
+
+
+def ledger_client_config(zookeeper: str, bookie_auth_token: str = "", bookie_auth_token_file: str = ""):
+    """The LedgerClientConfig of the source's bookie reads (its bookie credential included)."""
+    from pulsarlite.config import LedgerClientConfig
+    return LedgerClientConfig(zookeeper=zookeeper, bookie_auth_token=bookie_auth_token,
+                              bookie_auth_token_file=bookie_auth_token_file).validate()
 
 
 __all__ = ["OffsetSpec", "OptionError", "SourceOptions", "parse_offsets", "parse_options"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Iterator
@@ -45,6 +46,8 @@ class ReadSettings:
     # Arrow schema as Spark expects it back; None: every column, in the source's order
     columns: tuple[str, ...] | None = None
     output_schema: pa.Schema | None = None
+    bookie_auth_token: str = dataclasses.field(default="", repr=False)   # spark_source/options.py
+    bookie_auth_token_file: str = ""
 
 
 # the ROW_SCHEMA columns (offload.format) each metadata output column is built from
@@ -239,7 +242,7 @@ def read_scans(scans: tuple[SegmentScan, ...], settings: ReadSettings) -> Iterat
             else:
                 if loop is None:
                     loop = asyncio.new_event_loop()
-                    client = loop.run_until_complete(_connect(settings.zookeeper))
+                    client = loop.run_until_complete(_connect(settings))
                 tables = _read_bookies(scan, settings, loop, client)
             record(settings.metrics_dir, "opened", {"topic": scan.topic, "ledger_id": scan.ledger_id,
                                                     "location": location.value})
@@ -260,10 +263,11 @@ def read_scans(scans: tuple[SegmentScan, ...], settings: ReadSettings) -> Iterat
             loop.close()
 
 
-async def _connect(zookeeper: str):
+async def _connect(settings: ReadSettings):
     from bookie.client.ledger_client import LedgerClient
-    from pulsarlite.config import LedgerClientConfig
-    return await LedgerClient.connect(LedgerClientConfig(zookeeper=zookeeper))
+    from spark_source.options import ledger_client_config
+    return await LedgerClient.connect(ledger_client_config(settings.zookeeper, settings.bookie_auth_token,
+                                                           settings.bookie_auth_token_file))
 
 
 def _read_bookies(scan: SegmentScan, settings: ReadSettings, loop, client) -> Iterator[pa.Table]:

@@ -42,16 +42,20 @@ class _LazyLedgerClient:
     only when an open ledger's LAC has to be read, so that a plan over closed and offloaded
     segments costs one ZooKeeper session and nothing more."""
 
-    def __init__(self, store, zookeeper: str) -> None:
+    def __init__(self, store, zookeeper: str, opts: SourceOptions | None = None) -> None:
         self.store = store
         self._zookeeper = zookeeper
+        self._opts = opts
         self._client = None
 
     async def _get(self):
         if self._client is None:
             from bookie.client.ledger_client import LedgerClient
-            from pulsarlite.config import LedgerClientConfig
-            self._client = await LedgerClient.connect(LedgerClientConfig(zookeeper=self._zookeeper), store=self.store)
+            from spark_source.options import ledger_client_config
+            opts = self._opts
+            config = ledger_client_config(self._zookeeper, opts.bookie_auth_token if opts else "",
+                                          opts.bookie_auth_token_file if opts else "")
+            self._client = await LedgerClient.connect(config, store=self.store)
         return self._client
 
     async def open_ledger(self, ledger_id: int, **kw):
@@ -73,7 +77,7 @@ async def _with_metadata(opts: SourceOptions, fn):
     store = await MetadataStore.connect(opts.zookeeper)
     log.debug("zookeeper session for planning connect_ms=%d", (time.monotonic() - started) * 1000)
     try:
-        client = _LazyLedgerClient(store, opts.zookeeper)
+        client = _LazyLedgerClient(store, opts.zookeeper, opts)
         try:
             return await fn(store, client)
         finally:
@@ -144,7 +148,8 @@ def _settings(opts: SourceOptions, typed=None, columns=None, output_schema=None)
     from spark_source.scan import ReadSettings
     return ReadSettings(zookeeper=opts.zookeeper or "", s3_endpoint_url=opts.s3_endpoint_url,
                         metrics_dir=opts.metrics_dir, fail_on_data_loss=opts.fail_on_data_loss, typed=typed,
-                        columns=columns, output_schema=output_schema)
+                        columns=columns, output_schema=output_schema, bookie_auth_token=opts.bookie_auth_token,
+                        bookie_auth_token_file=opts.bookie_auth_token_file)
 
 
 def _value_schema_mode(options) -> str:

@@ -13,7 +13,7 @@ import uuid
 
 from bookie.autorecovery.auditor import Auditor
 from bookie.autorecovery.worker import ReplicationWorker
-from pulsarlite.config import BookieConfig, LedgerClientConfig
+from pulsarlite.config import BookieConfig
 
 log = logging.getLogger("pulsarlite.autorecovery")
 
@@ -54,7 +54,7 @@ async def start_in_bookie(zk, config: BookieConfig, bookie_id: str, on_death=Non
     """Inside a bookie: shares the bookie's ZooKeeper session. Returns (AutoRecovery, LedgerClient)."""
     from bookie.client.ledger_client import LedgerClient
 
-    client = await LedgerClient.connect(LedgerClientConfig(zookeeper=config.zookeeper), store=zk)
+    client = await LedgerClient.connect(config.ledger_client_config(), store=zk)   # its bookie credential too
     service = AutoRecovery(client, config, bookie_id, metrics)
     service.start(on_death)
     log.info("autorecovery started bookie=%s delay_ms=%d", bookie_id, config.lost_bookie_recovery_delay_ms)
@@ -88,8 +88,7 @@ async def run_standalone(config: BookieConfig, *, stop_event: asyncio.Event | No
         except (NotImplementedError, RuntimeError):
             pass
     node_id = f"autorecovery-{uuid.uuid4().hex[:8]}"
-    client = await LedgerClient.connect(LedgerClientConfig(zookeeper=config.zookeeper,
-                                                           zk_session_timeout_ms=config.zk_session_timeout_ms))
+    client = await LedgerClient.connect(config.ledger_client_config())
     metrics_runner = None
     try:
         metrics = None
