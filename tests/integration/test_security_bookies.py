@@ -229,3 +229,65 @@ async def test_bookies_refuse_unauthenticated_clients_and_serve_the_cluster(clus
     finally:
         await client.close()
     assert_no_secret_in_logs(cluster, d)
+
+
+# -- deploy/: bookie authentication in every compose configuration ---------------------------------
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+@pytest.mark.parametrize("compose_file", ["docker-compose.yml", "docker-compose.secure.yml"])
+def test_every_compose_bookie_authenticates_and_every_client_has_a_token(compose_file):
+    import shutil
+
+    yaml = pytest.importorskip("yaml")
+    from broker.config import BrokerConfig
+    from pulsarlite.config import BookieConfig, load_toml
+    exe = shutil.which("docker-compose")
+    if exe is not None:
+        result = subprocess.run([exe, "-f", str(DEPLOY / compose_file), "config", "-q"], capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+    services = yaml.safe_load((DEPLOY / compose_file).read_text())["services"]
+    init = services["bookie-auth-init"]
+    assert "bookie-auth:/var/lib/pulsarlite-auth" in init["volumes"]
+    checked = 0
+    for name, service in services.items():
+        role = name.rsplit("-", 1)[0]
+        if role not in ("bookie", "broker"):
+            continue
+        assert "bookie-auth:/var/lib/pulsarlite-auth:ro" in service["volumes"], name
+        assert service["depends_on"]["bookie-auth-init"]["condition"] == "service_completed_successfully", name
+        source = next(v.split(":")[0] for v in service["volumes"] if v.split(":")[1].endswith(f"{name}.toml"))
+        if role == "bookie":
+            config = load_toml(BookieConfig, DEPLOY / source)
+            assert config.bookie_auth_enabled and not config.bookie_auth_insecure_allow and config.host == "0.0.0.0"
+            assert config.bookie_auth_token_secret_key == "file:///var/lib/pulsarlite-auth/secret.key"
+            assert config.bookie_auth_token_file == "/var/lib/pulsarlite-auth/autorecovery.token"
+            assert {"broker", "autorecovery", "admin"} <= config.bookie_auth_role_names
+        else:
+            assert load_toml(BrokerConfig, DEPLOY / source).bookie_auth_token_file == \
+                "/var/lib/pulsarlite-auth/broker.token"
+        checked += 1
+    assert checked == 5
+
+
+def test_bookie_auth_init_makes_tokens_the_bookies_accept(tmp_path):
+    """deploy/bookie-auth-init.sh: a key and three tokens, 0600, verified as a bookie verifies them;
+    a second run keeps them."""
+    from pulsarlite.security.tokens import TokenVerifier
+    env = {"PATH": "/usr/bin:/bin", "PULSARLITE": str(Path(sys.executable).parent / "pulsarlite")}
+    run = subprocess.run(["/bin/sh", str(DEPLOY / "bookie-auth-init.sh"), str(tmp_path)], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    verifier = TokenVerifier.from_settings(secret_key=f"file://{tmp_path / 'secret.key'}", public_key="",
+                                           clock_s=time.time)
+    before = {}
+    for role in ("broker", "autorecovery", "admin"):
+        path = tmp_path / f"{role}.token"
+        assert path.stat().st_mode & 0o777 == 0o600
+        before[role] = path.read_text()
+        assert verifier.role(before[role].strip().encode()) == role
+        assert before[role].strip() not in run.stdout + run.stderr
+    again = subprocess.run(["/bin/sh", str(DEPLOY / "bookie-auth-init.sh"), str(tmp_path)], capture_output=True,
+                           text=True, env=env, timeout=120)
+    assert again.returncode == 0 and all((tmp_path / f"{r}.token").read_text() == t for r, t in before.items())
