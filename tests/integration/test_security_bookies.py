@@ -291,3 +291,49 @@ def test_bookie_auth_init_makes_tokens_the_bookies_accept(tmp_path):
     again = subprocess.run(["/bin/sh", str(DEPLOY / "bookie-auth-init.sh"), str(tmp_path)], capture_output=True,
                            text=True, env=env, timeout=120)
     assert again.returncode == 0 and all((tmp_path / f"{r}.token").read_text() == t for r, t in before.items())
+
+
+# -- a secured standalone: bookie authentication comes with authentication -------------------------
+def test_secured_standalone_turns_bookie_authentication_on(tmp_path):
+    from tests.integration.test_security_conf import Run
+    from tests.integration.test_standalone import free_port_run
+    from pulsarlite.zk_server import find_free_port
+    (tmp_path / "client.key").write_bytes(SECRET)
+    base = free_port_run(3)
+    port, http_port = find_free_port(), find_free_port()
+    conf = tmp_path / "standalone.conf"
+    conf.write_text(f"brokerServicePort={port}\nwebServicePort={http_port}\nauthenticationEnabled=true\n"
+                    f"authenticationProviders=org.apache.pulsar.broker.authentication.AuthenticationProviderToken\n"
+                    f"tokenSecretKey=file://{tmp_path / 'client.key'}\nsuperUserRoles=admin\n")
+    data = tmp_path / "data"
+    run = Run(["--data-dir", str(data), "--pulsar-conf", str(conf), "--zookeeper-port", str(find_free_port()),
+               "--bookie-port", str(base)])
+    try:
+        run.wait_output("pulsarlite standalone is ready")
+        admin_token = data / "bookie-auth" / "admin.token"
+        assert str(admin_token) in run.output
+        assert (data / "bookie-auth").stat().st_mode & 0o777 == 0o700
+        assert (data / "bookie-auth" / "secret.key").stat().st_mode & 0o777 == 0o600
+        client = pulsar.Client(f"pulsar://127.0.0.1:{port}", operation_timeout_seconds=30,
+                               authentication=pulsar.AuthenticationToken(
+                                   create_token(subject="admin", now_s=time.time(), secret_key=SECRET)))
+        try:
+            producer = client.create_producer("persistent://public/default/standalone-bookie-auth")
+            for i in range(5):
+                producer.send(b"m%d" % i)           # acknowledged: the broker's bookie token works
+        finally:
+            client.close()
+        # a raw request to a bookie without AuthRequest is refused
+        got = asyncio.run(raw_exchange(f"127.0.0.1:{base}", [
+            encode_message(pb.FRAME_DELETE_LEDGER_REQUEST, 5, pb.DeleteLedgerRequest(ledger_id=0))]))
+        assert [pb.ErrorResponse.FromString(b).code for _, _, b in got] == [pb.AUTHENTICATION_ERROR]
+        zookeeper = next(line.split()[-1] for line in run.lines if line.strip().startswith("ZooKeeper"))
+        cmd = [sys.executable, "-m", "pulsarlite", "bookkeeper", "--zookeeper", zookeeper,
+               "--bookie-auth-token-file", str(admin_token), "readledger", "0", "--print-entries"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "m0" in proc.stdout, proc.stdout + proc.stderr   # up to the LAC
+        logs = "".join(p.read_text(errors="replace") for p in (data / "logs").glob("*.log"))
+        for role in ROLES:
+            assert (data / "bookie-auth" / f"{role}.token").read_text().strip() not in logs + run.output
+    finally:
+        run.stop()
