@@ -73,6 +73,7 @@ CLOSE_SLOW_FRAME = "frame not whole in time"
 CLOSE_WRITE_STALL = "answers not read"
 CLOSE_BAD_FRAME = "bad frame"
 CLOSE_AUTH = "authentication failed"
+REFUSED_READ_ONLY = "read-only role"
 
 
 # pb.Entry -> StoredEntry without Python bytecode per field (the add path's largest per-entry cost)
@@ -247,6 +248,7 @@ class BookieServer:
         # authentication off
         self.verifier: TokenVerifier | None = None
         self.roles_allowed = config.bookie_auth_role_names
+        self.roles_read_only = config.bookie_auth_read_only_role_names
         if config.bookie_auth_enabled:
             self.verifier = TokenVerifier.from_settings(
                 secret_key=config.bookie_auth_token_secret_key, public_key=config.bookie_auth_token_public_key,
@@ -269,6 +271,13 @@ class BookieServer:
         # adds are taken by BookieService.add, without a task (_Connection.data_received)
         check(set(self.handlers) | {pb.FRAME_ADD_REQUEST} == REQUEST_TYPES,
               "every request frame type needs a handler")
+        # the handlers of a read-only role's connection: what writes or fences is refused
+        self.read_only_handlers = dict(self.handlers)
+        self.read_only_handlers.update({
+            pb.FRAME_READ_REQUEST: (self._read_unless_fencing, pb.FRAME_READ_RESPONSE),
+            pb.FRAME_READ_LAC_REQUEST: (self._read_lac_unless_fencing, pb.FRAME_READ_LAC_RESPONSE),
+            pb.FRAME_DELETE_LEDGER_REQUEST: (self._delete_refused, pb.FRAME_DELETE_LEDGER_RESPONSE),
+        })
 
     @property
     def bookie_id(self) -> str:
@@ -287,6 +296,37 @@ class BookieServer:
             raise TokenInvalid(f"role {role[:64]!r} is not allowed on this bookie "
                                f"(bookie_auth_roles: {', '.join(sorted(self.roles_allowed))})")
         return role
+
+    # -- a read-only role's connection (bookie_auth_read_only_roles) ------------------------
+    def refuse_read_only(self, what: str, ledger_id: int) -> None:
+        """Log (at a bounded rate) that a read-only role was refused ``what``."""
+        counted = self._closes_counted.get(REFUSED_READ_ONLY)
+        if counted is None:
+            counted = self._closes_counted[REFUSED_READ_ONLY] = CountedCause()
+        if counted.due():
+            log.warning("request refused bookie=%s cause=%s: %s ledger=%d, answered NOT_AUTHORIZED (%d so far)",
+                        self.bookie_id, REFUSED_READ_ONLY, what, ledger_id, counted.count)
+
+    def add_refused(self, request_id: int, request: pb.AddRequest, answer) -> None:
+        entries = request.entries
+        self.refuse_read_only("add", entries[0].ledger_id if entries else -1)
+        answer(request_id, encode_add_response(request_id, entries, [pb.NOT_AUTHORIZED] * len(entries)))
+
+    async def _read_unless_fencing(self, request: pb.ReadRequest) -> pb.ReadResponse:
+        if request.fence:
+            self.refuse_read_only("fencing read", request.ledger_id)
+            return pb.ReadResponse(code=pb.NOT_AUTHORIZED, lac=-1)
+        return await self.service.read(request)
+
+    async def _read_lac_unless_fencing(self, request: pb.ReadLacRequest) -> pb.ReadLacResponse:
+        if request.fence:
+            self.refuse_read_only("fencing read", request.ledger_id)
+            return pb.ReadLacResponse(code=pb.NOT_AUTHORIZED, lac=-1, last_entry_id=-1)
+        return await self.service.read_lac(request)
+
+    async def _delete_refused(self, request: pb.DeleteLedgerRequest) -> pb.DeleteLedgerResponse:
+        self.refuse_read_only("delete", request.ledger_id)
+        return pb.DeleteLedgerResponse(code=pb.NOT_AUTHORIZED)
 
     async def _auth_again(self, request: pb.AuthRequest) -> pb.AuthResponse:
         return pb.AuthResponse(code=pb.BAD_REQUEST, message="one AuthRequest per connection, as its first frame")
@@ -483,6 +523,7 @@ class _Connection(asyncio.Protocol):
                 if self._gated and self._authenticate(frame_type, request_id, request):
                     if self._discarding or self._closed:
                         return       # refused: nothing after it is read
+                    handlers, add = self._handlers, self._add     # a read-only role's, maybe
                     continue
                 if frame_type == pb.FRAME_ADD_REQUEST:
                     self.adds_in_flight += 1
@@ -544,7 +585,11 @@ class _Connection(asyncio.Protocol):
             return True
         self._gated = False
         self.role = role
-        log.info("client authenticated bookie=%s peer=%s role=%s", server.bookie_id, self._peer, role)
+        read_only = role in server.roles_read_only
+        if read_only:
+            self._handlers, self._add = server.read_only_handlers, server.add_refused
+        log.info("client authenticated bookie=%s peer=%s role=%s%s", server.bookie_id, self._peer, role,
+                 " (read-only)" if read_only else "")
         self._send(pb.FRAME_AUTH_RESPONSE, request_id, pb.AuthResponse(code=pb.OK, role=role).SerializeToString())
         return True
 

@@ -114,6 +114,9 @@ class BookieConfig:
     bookie_auth_enabled: bool = False
     bookie_auth_insecure_allow: bool = False
     bookie_auth_roles: str = "broker,autorecovery,spark,admin"   # comma-separated
+    # roles (of bookie_auth_roles) that may only read: no add, delete or fencing read (the Spark
+    # source reads up to the LAC and never fences)
+    bookie_auth_read_only_roles: str = "spark"
     # the key that verifies the tokens, in the broker's forms (file:///path, data:;base64,...,
     # a path, bare base64): exactly one of the secret key (HS*) and the public key (RS*/ES*)
     bookie_auth_token_secret_key: str = field(default="", repr=False)
@@ -187,6 +190,10 @@ class BookieConfig:
     @property
     def bookie_auth_role_names(self) -> frozenset[str]:
         return frozenset(r.strip() for r in self.bookie_auth_roles.split(",") if r.strip())
+
+    @property
+    def bookie_auth_read_only_role_names(self) -> frozenset[str]:
+        return frozenset(r.strip() for r in self.bookie_auth_read_only_roles.split(",") if r.strip())
 
     @property
     def effective_bookie_id(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import contextlib
 import time
 
@@ -235,3 +236,40 @@ def test_client_credential_forms(tmp_path):
         bookie_credential(LedgerClientConfig(bookie_auth_token_file=str(tmp_path / "missing")))
     with pytest.raises(ConfigError, match="at most one"):
         LedgerClientConfig(bookie_auth_token="a", bookie_auth_token_file="b").validate()
+
+
+async def test_a_read_only_role_reads_but_cannot_write_delete_or_fence(tmp_path):
+    async with bookie(tmp_path) as (cfg, store, server):
+        writer = pool_with(token("broker"))
+        reader_cfg = dataclasses.replace(cfg, bookie_auth_roles="broker,spark", bookie_auth_read_only_roles="spark")
+        read_only_server = BookieServer(server.service, dataclasses.replace(reader_cfg, port=free_port()))
+        await read_only_server.start()
+        reader = BookieClientPool(LedgerClientConfig(bookie_auth_token=token("spark")))
+        try:
+            assert await add(writer.get(cfg.effective_bookie_id), LEDGER, 0, payload=b"acknowledged") == pb.OK
+            client = reader.get(f"127.0.0.1:{read_only_server._config.port}")
+            r = await client.read(LEDGER, 0, 0)
+            assert r.code == pb.OK and r.entries[0].payload == b"acknowledged" and not r.fenced
+            assert (await client.read_lac(LEDGER)).code == pb.OK
+            assert await add(client, LEDGER, 0, payload=b"forged") == pb.NOT_AUTHORIZED
+            assert await add(client, LEDGER, 1) == pb.NOT_AUTHORIZED
+            assert (await client.delete_ledger(LEDGER)).code == pb.NOT_AUTHORIZED
+            assert (await client.read(LEDGER, 0, 0, fence=True)).code == pb.NOT_AUTHORIZED
+            assert (await client.read_lac(LEDGER, fence=True)).code == pb.NOT_AUTHORIZED
+            assert read_only_server.closes_of("read-only role") == 5
+            info = store.ledger_info(LEDGER)
+            assert info.exists and not info.fenced and info.last_entry_id == 0
+            r = await client.read(LEDGER, 0, 0)
+            assert r.entries[0].payload == b"acknowledged"
+            # an AuthRequest and an add in one write: the add is refused too (not served by the
+            # handlers the connection had before it authenticated)
+            frames = [encode_message(pb.FRAME_AUTH_REQUEST, 1, pb.AuthRequest(method="token", data=token("spark").encode())),
+                      entry_frame(2, LEDGER, 5, b"x")]
+            got = await raw_exchange_half(read_only_server._config.port, frames)
+            answers = {rid: (t, b) for t, rid, b in got}
+            assert [r.code for r in pb.AddResponse.FromString(answers[2][1]).results] == [pb.NOT_AUTHORIZED]
+            assert store.ledger_info(LEDGER).last_entry_id == 0
+        finally:
+            await reader.close()
+            await writer.close()
+            await read_only_server.stop(1.0)
