@@ -31,7 +31,7 @@ from spark_source.options import ledger_client_config, parse_options
 pytestmark = pytest.mark.integration
 
 SECRET = bytes(range(32))
-ROLES = ("broker", "autorecovery", "admin")
+ROLES = ("broker", "autorecovery", "admin", "spark")
 FAST = {"lost_bookie_recovery_delay_ms": 1_000, "replication_poll_interval_ms": 200,
         "audit_interval_ms": 5_000, "replication_retry_delay_ms_max": 1_000}
 REPAIR_TIMEOUT_S = 120.0
@@ -59,7 +59,7 @@ def token_of(d: Path, name: str) -> str:
 
 
 def secured_cluster(cluster_factory, d: Path, bookies: int = 4):
-    bookie = {"bookie_auth_enabled": True, "bookie_auth_roles": ",".join(ROLES),
+    bookie = {"bookie_auth_enabled": True, "bookie_auth_roles": ",".join(ROLES), "bookie_auth_read_only_roles": "spark",
               "bookie_auth_token_secret_key": f"file://{d / 'secret.key'}",
               "bookie_auth_token_file": str(d / "autorecovery.token"), **FAST}
     return cluster_factory(bookies, brokers=1, bookie_overrides=bookie,
@@ -191,16 +191,20 @@ async def test_bookies_refuse_unauthenticated_clients_and_serve_the_cluster(clus
         assert proc.returncode != 0
 
         # the Spark source's ledger client takes the option (and the environment), and reads
+        # with its read-only role; a delete with it is refused
         opts = parse_options({"zookeeper": cluster.zookeeper, "topic": "t",
-                              "bookieAuthTokenFile": str(d / "admin.token")}, streaming=False)
-        assert token_of(d, "admin") not in repr(opts)
+                              "bookieAuthTokenFile": str(d / "spark.token")}, streaming=False)
         spark_client = await LedgerClient.connect(ledger_client_config(opts.zookeeper, opts.bookie_auth_token,
                                                                        opts.bookie_auth_token_file))
         try:
             reader = await spark_client.open_ledger(lid, recovery=False)
             assert (await reader.read(9, 9))[0].payload == payload_for(lid, 9)
+            assert (await spark_client.pool.get(ensemble[1]).delete_ledger(lid)).code == pb.NOT_AUTHORIZED
         finally:
             await spark_client.close()
+        opts = parse_options({"zookeeper": cluster.zookeeper, "topic": "t",
+                              "bookieAuthToken": token_of(d, "spark")}, streaming=False)
+        assert opts.bookie_auth_token and token_of(d, "spark") not in repr(opts)
 
         # autorecovery: a bookie of the ledger lost for good; the workers (their own token)
         # copy its fragments to the fourth bookie
@@ -333,7 +337,7 @@ def test_secured_standalone_turns_bookie_authentication_on(tmp_path):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and "m0" in proc.stdout, proc.stdout + proc.stderr   # up to the LAC
         logs = "".join(p.read_text(errors="replace") for p in (data / "logs").glob("*.log"))
-        for role in ROLES:
+        for role in ("broker", "autorecovery", "admin"):
             assert (data / "bookie-auth" / f"{role}.token").read_text().strip() not in logs + run.output
     finally:
         run.stop()
