@@ -109,7 +109,6 @@ class AuditorCore:
         if self._live is None:
             return []
         named = {b for md in self._ledgers.values() for b in md.all_bookies()}
-        named |= {b for md in self._ledgers.values() for b in md.under_replicated_bookies}
         for b in list(self._missing_since_ms):
             if b in self._live or b not in named:
                 del self._missing_since_ms[b]       # back before the delay (or named by nothing)
@@ -124,7 +123,7 @@ class AuditorCore:
             md = self._ledgers[ledger_id]
             missing = md.all_bookies() & lost
             if md.state is LedgerState.CLOSED:
-                missing |= frozenset(md.under_replicated_bookies)
+                missing |= md.lacking_bookies()
             for b in missing:
                 counts[b] = counts.get(b, 0) + 1
             new = missing - self._marked.get(ledger_id, frozenset())

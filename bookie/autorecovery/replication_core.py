@@ -183,6 +183,10 @@ def apply_repair(current: LedgerMetadata, repair: FragmentRepair) -> LedgerMetad
     urb = current.under_replicated_bookies
     if is_last and current.state is LedgerState.CLOSED:
         urb = tuple(b for b in urb if b != repair.lost_bookie)
+    # and a bookie no fragment names any more lacks nothing (the ledger left it by an
+    # ensemble change, and this repair moved the last fragment that still named it)
+    named = {b for _, bs in fragments for b in bs}
+    urb = tuple(b for b in urb if b in named)
     return replace(current, ensembles=tuple(fragments), under_replicated_bookies=urb)
 
 
@@ -412,12 +416,10 @@ class Throttle:
 # -- one worker's pass over one marked ledger ----------------------------------------------------
 
 def still_missing(md: LedgerMetadata, lost: frozenset[str] | set[str]) -> frozenset[str]:
-    """The bookies of ``lost`` that ``md`` still needs repaired: named by a fragment, or (a
-    CLOSED ledger) in ``under_replicated_bookies``. A mark may go only when this is empty."""
-    named = md.all_bookies()
-    if md.state is LedgerState.CLOSED:
-        named |= frozenset(md.under_replicated_bookies)
-    return frozenset(lost) & named
+    """The bookies of ``lost`` that ``md`` still needs repaired: those a fragment names (an
+    ``under_replicated_bookies`` entry that no fragment names lacks nothing:
+    ``LedgerMetadata.lacking_bookies``). A mark may go only when this is empty."""
+    return frozenset(lost) & md.all_bookies()
 
 
 def next_retry_delay_ms(last_delay_ms: float, poll_interval_ms: float, retry_delay_ms_max: float) -> float:

@@ -137,6 +137,15 @@ class LedgerMetadata:
     def all_bookies(self) -> frozenset[str]:
         return frozenset(b for _, bookies in self.ensembles for b in bookies)
 
+    def lacking_bookies(self) -> frozenset[str]:
+        """The bookies of ``under_replicated_bookies`` that some fragment still names: they
+        may lack entries of it. One that no fragment names any more (an ensemble change moved
+        the ledger off it, then a repair moved its older fragments) lacks nothing this ledger
+        needs, whatever the field still says."""
+        if not self.under_replicated_bookies:
+            return frozenset()
+        return frozenset(self.under_replicated_bookies) & self.all_bookies()
+
     @property
     def recovery_writer_fragment(self) -> tuple[int, tuple[str, ...]]:
         """The fragment a recovery fences and reads: the writer's last one (``writer_fragment``

@@ -77,6 +77,17 @@ def test_closed_ledgers_with_under_replicated_bookies_are_marked_open_ones_not()
     assert marks(got) == {1: (B[1],)}
 
 
+def test_an_under_replicated_bookie_no_fragment_names_is_not_marked():
+    """(CHAOS finding, seed 15) an ensemble change and a repair moved the ledger off the
+    bookie: the delayed-ensemble-change list still naming it must not mark the ledger
+    (nothing could ever clear that mark)."""
+    core = AuditorCore(DELAY)
+    core.on_bookies(B[:5], [], 0)
+    got = core.on_scan([md(1, (0, B[:3]), (5, [B[0], B[1], B[3]]), urb=[B[2]]),
+                        md(2, (0, [B[0], B[1], B[4]]), (5, [B[0], B[1], B[3]]), urb=[B[2]])], {}, [], 0)
+    assert marks(got) == {1: (B[2],)}
+
+
 def test_existing_marks_are_not_repeated_and_a_failed_mark_is_retried():
     core = AuditorCore(0)
     core.on_bookies(B[1:5], [], 0)

@@ -231,6 +231,31 @@ def test_a_closed_ledgers_delayed_ensemble_change_is_repaired_and_cleared():
     assert B[2] not in repaired.all_bookies()
 
 
+def test_a_bookie_an_ensemble_change_replaced_leaves_the_delayed_list_once_its_old_fragment_moves():
+    """CHAOS finding (seed 15, 3 bookies, lose_bookie): the writer kept a failed bookie with no
+    replacement (delayed ensemble change), then replaced it by an ensemble change; the closed
+    ledger's last fragment no longer names it, but under_replicated_bookies still did. Once
+    the repair moves the older fragment off it, nothing names it: the field must not either,
+    or the auditor marks the ledger again forever (and no repair can ever clear it)."""
+    from bookie.autorecovery.replication_core import still_missing
+
+    md = closed(11, (0, B[0:3]), (8, [B[0], B[1], B[3]]), last=11, urb=[B[2]])
+    assert md.lacking_bookies() == {B[2]}
+    bookies = FakeBookies()
+    for e in range(12):
+        for b in md.write_set(e):
+            if b != B[2] or e <= 4:
+                bookies.stored[b][(11, e)] = entry(11, e)
+    repaired, blocked = repair_all(md, {B[2]}, bookies, [B[0], B[1], B[3], B[4]], random.Random(3))
+    assert not blocked
+    assert B[2] not in repaired.all_bookies()
+    assert repaired.under_replicated_bookies == () and repaired.lacking_bookies() == frozenset()
+    assert still_missing(repaired, {B[2]}) == frozenset()
+    # a stale entry that no fragment names (whatever wrote it) lacks nothing: not marked again
+    stale = dataclasses.replace(repaired, under_replicated_bookies=(B[2],))
+    assert stale.lacking_bookies() == frozenset() and still_missing(stale, {B[2]}) == frozenset()
+
+
 def test_an_empty_last_fragment_is_replaced_without_copying():
     md = closed(10, (0, B[0:3]), (5, [B[0], B[1], B[3]]), last=4)
     repairs, _ = plan_repairs(md, {B[1]}, B[:6], random.Random(0))
