@@ -31,14 +31,6 @@ def cluster(tmp_path_factory):
         c.stop()
 
 
-@pytest.fixture
-def client(cluster):
-    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
-    try:
-        yield c
-    finally:
-        c.close()
-
 
 class Admin:
     def __init__(self, base: str) -> None:

@@ -21,14 +21,6 @@ def cluster(cluster_factory):
     return cluster_factory(3, brokers=1)
 
 
-@pytest.fixture
-def client(cluster):
-    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
-    try:
-        yield c
-    finally:
-        c.close()
-
 
 def receive_all(consumer, n: int) -> list:
     return [consumer.receive(timeout_millis=TIMEOUT_MS) for _ in range(n)]

@@ -26,14 +26,6 @@ def admin(cluster) -> str:
     return cluster.admin_url + "/admin/v2"
 
 
-@pytest.fixture
-def client(cluster):
-    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
-    try:
-        yield c
-    finally:
-        c.close()
-
 
 # -- item 10: creating a partitioned topic as the Go admin client does --------------------------
 def test_create_partitioned_topic_with_go_clients_metadata_body(admin):

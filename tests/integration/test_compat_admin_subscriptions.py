@@ -33,14 +33,6 @@ def admin(cluster) -> str:
     return cluster.admin_url + "/admin/v2/persistent/" + NS
 
 
-@pytest.fixture
-def client(cluster):
-    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
-    try:
-        yield c
-    finally:
-        c.close()
-
 
 def produce(client, topic: str, payloads: list[bytes]) -> list:
     producer = client.create_producer(f"persistent://{NS}/{topic}", batching_enabled=False)

@@ -25,14 +25,6 @@ def cluster(module_cluster_factory):
     return module_cluster_factory(3, brokers=1)
 
 
-@pytest.fixture
-def client(cluster):
-    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
-    try:
-        yield c
-    finally:
-        c.close()
-
 
 def versions(cluster, topic: str) -> list[dict]:
     r = requests.get(f"{cluster.admin_url}/admin/v2/schemas/{NS}/{topic}/schemas", timeout=30)

@@ -26,14 +26,6 @@ def cluster(cluster_factory):
     return cluster_factory(3, brokers=1)
 
 
-@pytest.fixture
-def client(cluster):
-    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
-    try:
-        yield c
-    finally:
-        c.close()
-
 
 def assert_nothing_more(consumer) -> None:
     with pytest.raises(Exception, match="(?i)timeout"):

@@ -34,14 +34,6 @@ def cluster(cluster_factory):
     return cluster_factory(3, brokers=1, broker_overrides=FAST)
 
 
-@pytest.fixture
-def client(cluster):
-    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
-    try:
-        yield c
-    finally:
-        c.close()
-
 
 def ns_url(cluster, what: str) -> str:
     return f"{cluster.admin_url}/admin/v2/namespaces/{NS}/{what}"

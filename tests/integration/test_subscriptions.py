@@ -33,14 +33,6 @@ def cluster(tmp_path_factory):
         c.stop()
 
 
-@pytest.fixture
-def client(cluster):
-    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
-    try:
-        yield c
-    finally:
-        c.close()
-
 
 _n = [0]
 

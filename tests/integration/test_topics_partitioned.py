@@ -25,14 +25,6 @@ def cluster(cluster_factory):
     return cluster_factory(3, brokers=2)
 
 
-@pytest.fixture
-def client(cluster):
-    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
-    try:
-        yield c
-    finally:
-        c.close()
-
 
 def admin_urls(cluster) -> list[str]:
     return [f"http://127.0.0.1:{cluster.records[n].ports['http']}" for n in cluster.broker_names]
