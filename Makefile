@@ -1,4 +1,4 @@
-.PHONY: setup test run standalone chaos chaos-quick sim sim-whole fuzz compose-check proto proto-check bench
+.PHONY: setup test run standalone chaos chaos-quick sim sim-whole sim-ledger sim-autorecovery fuzz compose-check proto proto-check bench
 setup:
 	bash scripts/setup.sh
 test:
@@ -19,6 +19,18 @@ sim:
 # runs the same 10,000 seeds beside the rest of the suite, tests/sim/background_sweep.py)
 sim-whole:
 	.venv/bin/python -m tests.sim.whole_path_sim --seeds $(or $(SEEDS),0-9999)
+# the ledger write/recovery simulation (tests/sim/simulator.py, recovery changing the ensemble,
+# bookies lost for good) beyond the suite's seeds 0-1899: make sim-ledger SEEDS=N runs N seeds of
+# every configuration from seed 10000 (default 5000: ~1 min); one line per seed, stops at a failure
+sim-ledger:
+	for c in $$(.venv/bin/python -c "from tests.sim.simulator import CONFIGS; print(' '.join(CONFIGS))"); do \
+	  .venv/bin/python -m tests.sim.simulator --seed 10000 --seeds $(or $(SEEDS),5000) --config $$c || exit 1; done
+# the autorecovery simulation (tests/sim/autorecovery_sim.py: auditor, 1-3 workers, losses, crashes,
+# rot) beyond the suite's 40 seeds per configuration: make sim-autorecovery SEEDS=N (default 2000:
+# ~3 min), from seed 10000
+sim-autorecovery:
+	for c in $$(.venv/bin/python -c "from tests.sim.autorecovery_sim import CONFIGS; print(' '.join(CONFIGS))"); do \
+	  .venv/bin/python -m tests.sim.autorecovery_sim --seed 10000 --seeds $(or $(SEEDS),2000) --config $$c || exit 1; done
 # the fuzz suite: malformed input to the broker port, the admin API and the bookie port with a
 # canary producer (tests/fuzz), 20 s per target (the README's test command runs it with 5 s);
 # longer: PULSARLITE_FUZZ_SECONDS=600 make fuzz
