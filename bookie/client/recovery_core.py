@@ -115,7 +115,7 @@ class LedgerRecoveryCore:
         self._read_targets: dict[int, tuple[str, ...]] = {}
         self._found: dict[int, EntryData] = {}
         self._missing: set[int] = set()
-        self._undecidable: set[int] = set()
+        self._undecidable: dict[int, str] = {}     # entry -> the answers (for the error)
         # re-writes, per entry whose re-write started: bookies that acked / have an add in
         # flight / failed it (members of its current write set only); _pending: not done yet
         self._acks: dict[int, set[str]] = {}
@@ -227,7 +227,7 @@ class LedgerRecoveryCore:
               >= md.write_quorum - md.ack_quorum + 1):
             self._missing.add(entry_id)
         elif len(answers) == len(self._read_targets[entry_id]):
-            self._undecidable.add(entry_id)
+            self._undecidable[entry_id] = ", ".join(f"{b}={o.name}" for b, o in sorted(answers.items()))
         else:
             return []
         del self._read_answers[entry_id]
@@ -397,7 +397,8 @@ class LedgerRecoveryCore:
                 self._end = entry_id
             elif entry_id in self._undecidable:
                 return self._fail(BookieUnavailableError(
-                    f"ledger {md.ledger_id}: cannot decide whether entry {entry_id} exists"))
+                    f"ledger {md.ledger_id}: cannot decide whether entry {entry_id} exists "
+                    f"(answers: {self._undecidable[entry_id]})"))
             else:
                 break
         if self._end is None:

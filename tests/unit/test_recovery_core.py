@@ -156,6 +156,8 @@ def test_not_enough_missing_answers_is_undecidable():
     actions = core.on_read("b2", 0, RERR)
     assert len(actions) == 1 and isinstance(actions[0], RecoveryFailed)
     assert actions[0].error.retriable and core.phase is RecoveryPhase.FAILED
+    # the error names every bookie's answer (what an operator needs when it repeats)
+    assert "answers: b0=NO_SUCH_ENTRY, b1=ERROR, b2=ERROR" in str(actions[0].error)
     assert core.on_read("b2", 1, NO_ENTRY) == []
 
 
