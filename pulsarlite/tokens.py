@@ -19,7 +19,8 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from pulsarlite.errors import PulsarliteError
+from pulsarlite.errors import ConfigError, PulsarliteError
+from pulsarlite.security.tokens import HMAC_ALGORITHMS, TokenInvalid, TokenVerifier, load_public_key
 
 
 class TokenError(PulsarliteError):
@@ -132,31 +133,23 @@ def show_token(token: str) -> dict:
 def validate_token(token: str, *, now_s: float, secret_key: bytes | None = None,
                    public_key: bytes | None = None) -> dict:
     """The claims of a token whose signature verifies with the key and that has not expired
-    (``tokens validate``); TokenError saying why not."""
+    (``tokens validate``), checked as the broker and the bookies check them
+    (pulsarlite/security/tokens.py); TokenError saying why not."""
     token = _strip(token)
     if (secret_key is None) == (public_key is None):
         raise TokenError("give exactly one of --secret-key and --public-key")
     if secret_key is not None:
-        key, algorithms = secret_key, list(HMAC_KEY_BYTES)
+        key, algorithms = secret_key, HMAC_ALGORITHMS
     else:
         try:
-            if public_key.lstrip().startswith(b"-----BEGIN"):
-                key = serialization.load_pem_public_key(public_key)
-            else:
-                key = serialization.load_der_public_key(public_key)
-        except ValueError:
-            raise TokenError("--public-key: not a DER or PEM public key") from None
-        algorithms = list(RSA_ALGORITHMS) if isinstance(key, rsa.RSAPublicKey) else list(EC_CURVES)
+            key, algorithms = load_public_key(public_key, setting="--public-key")
+        except ConfigError as e:
+            raise TokenError(str(e)) from None
+    verifier = TokenVerifier(key=key, algorithms=algorithms, clock_s=lambda: now_s, server="this key")
     try:
-        claims = jwt.decode(token, key, algorithms=algorithms, options={"verify_exp": False, "verify_aud": False})
-    except jwt.InvalidSignatureError:
-        raise TokenError("invalid: the signature does not verify with this key") from None
-    except jwt.PyJWTError as e:
-        raise TokenError(f"invalid: {type(e).__name__}") from None
-    exp = claims.get("exp")
-    if exp is not None and now_s >= exp:
-        raise TokenError(f"invalid: expired (exp {exp})")
-    return claims
+        return verifier.claims(token.encode("ascii", "replace"))
+    except TokenInvalid as e:
+        raise TokenError(f"invalid: {e}") from None
 
 
 def encode_key_output(raw: bytes, as_base64: bool) -> bytes:
