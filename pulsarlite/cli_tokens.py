@@ -56,7 +56,7 @@ def add_parser(subparsers) -> None:
 
 
 def _read_key(value: str, option: str) -> bytes:
-    from broker.security.authentication import read_key_bytes
+    from pulsarlite.security.tokens import read_key_bytes
     return read_key_bytes(value, setting=option)
 
 
