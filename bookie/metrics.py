@@ -41,6 +41,9 @@ class BookieMetrics:
                                    ["success"], registry=r)
         self.read_requests = Counter("bookkeeper_server_READ_ENTRY", "Read requests answered OK or not",
                                      ["success"], registry=r)
+        # the labelled children, resolved once: the hooks run per add and per read
+        self._added_ok, self._added_refused = self.add_entries.labels("true"), self.add_entries.labels("false")
+        self._read_ok, self._read_failed = self.read_requests.labels("true"), self.read_requests.labels("false")
         self.under_replicated_ledgers = Gauge("auditor_NUM_UNDER_REPLICATED_LEDGERS",
                                               "Under-replicated ledgers at the auditor's last scan "
                                               "(-1: this bookie is not the auditor)", registry=r)
@@ -60,12 +63,12 @@ class BookieMetrics:
     # hooks (called from the server, the journal thread, the auditor and the worker)
     def entries_added(self, ok: int, refused: int) -> None:
         if ok:
-            self.add_entries.labels("true").inc(ok)
+            self._added_ok.inc(ok)
         if refused:
-            self.add_entries.labels("false").inc(refused)
+            self._added_refused.inc(refused)
 
     def read_answered(self, ok: bool) -> None:
-        self.read_requests.labels("true" if ok else "false").inc()
+        (self._read_ok if ok else self._read_failed).inc()
 
     def fragment_replicated(self, entries: int, nbytes: int) -> None:
         self.fragments_replicated.inc()

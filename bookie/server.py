@@ -131,8 +131,8 @@ class BookieService:
     def add_answer(self, request_id: int, stored: list[StoredEntry], statuses: list[Status]) -> bytes:
         """The AddResponse body for these entries' statuses (refusals logged)."""
         if self.metrics is not None:
-            refused = sum(1 for s in statuses if s)
-            self.metrics.entries_added(len(statuses) - refused, refused)
+            ok = statuses.count(Status.OK)
+            self.metrics.entries_added(ok, len(statuses) - ok)
         if any(statuses):
             self.log_refused(stored, statuses)
         return encode_add_response(request_id, stored, statuses)
