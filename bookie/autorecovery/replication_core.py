@@ -117,11 +117,11 @@ def plan_repairs(md: LedgerMetadata, lost: frozenset[str] | set[str], writable: 
                                  "last fragment of an open ledger: repaired once the ledger is closed")
                     for b in sorted(lost & set(md.current_ensemble))]
     for first, last, ensemble, is_last in fragment_bounds(md):
+        survivors = [b for b in ensemble if b not in lost]
         chosen: list[str] = []
         for index, bookie in enumerate(ensemble):
             if bookie not in lost:
                 continue
-            survivors = [b for b in ensemble if b not in lost]
             candidates = sorted(set(writable) - set(ensemble) - lost - set(chosen))
             if not candidates:
                 blocked.append(Unrepairable(md.ledger_id, first, bookie,
@@ -133,13 +133,15 @@ def plan_repairs(md: LedgerMetadata, lost: frozenset[str] | set[str], writable: 
                 candidates = spread or candidates
             replacement = rng.choice(candidates)
             chosen.append(replacement)
-            entries = tuple(e for e in range(first, last + 1)
-                            if index in write_set_indices(md.ensemble_size, md.write_quorum, e))
+            entries: list[int] = []
             sources = {}
-            for e in entries:
+            for e in range(first, last + 1):
+                ws = write_set_indices(md.ensemble_size, md.write_quorum, e)
+                if index not in ws:
+                    continue
+                entries.append(e)
                 # in ensemble order, so consecutive entries on the same replicas (all of a
                 # fragment when Qw = E) have equal sources and are read as one range
-                ws = set(write_set_indices(md.ensemble_size, md.write_quorum, e))
                 # the live marked bookies last (the one replaced at the very end): a bookie
                 # marked for one missing or bad copy (the replica check, a decommission) still
                 # holds good copies of other entries, and with Qw = Qa two bookies each
@@ -150,7 +152,7 @@ def plan_repairs(md: LedgerMetadata, lost: frozenset[str] | set[str], writable: 
                               + tuple(b for b in marked if b != bookie)
                               + tuple(b for b in marked if b == bookie))
             repairs.append(FragmentRepair(md.ledger_id, first, last, tuple(ensemble), index, bookie,
-                                          replacement, entries, sources,
+                                          replacement, tuple(entries), sources,
                                           is_last and md.state is LedgerState.CLOSED))
     return repairs, blocked
 
