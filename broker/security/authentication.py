@@ -27,7 +27,7 @@ import bcrypt
 
 from broker.errors import BrokerError
 from pulsarlite.errors import ConfigError
-from pulsarlite.security.tokens import HMAC_ALGORITHMS, TokenInvalid, TokenVerifier, load_public_key, read_key_bytes
+from pulsarlite.security.tokens import TokenInvalid, TokenVerifier, load_public_key, read_key_bytes
 from pulsarlite.wire import pb
 
 
@@ -73,35 +73,26 @@ class TokenAuthenticationProvider:
 
     method = "token"
 
-    def __init__(self, *, key, algorithms: tuple[str, ...], clock_s: Callable[[], float],
-                 role_claim: str = "sub", audience_claim: str = "aud", audience: str = "",
-                 token_bytes_max: int = 16 * 1024) -> None:
-        # the verification itself is pulsarlite.security.tokens (the bookies verify the same way)
-        self._verifier = TokenVerifier(key=key, algorithms=algorithms, clock_s=clock_s, role_claim=role_claim,
-                                       audience_claim=audience_claim, audience=audience,
-                                       token_bytes_max=token_bytes_max, server="the broker")
-        self.algorithms = self._verifier.algorithms
-        self.role_claim = role_claim
-        self.audience_claim = audience_claim
-        self.audience = audience
-        self.token_bytes_max = token_bytes_max
-
-    def _claims(self, data: bytes) -> dict:
-        try:
-            return self._verifier.claims(data)
-        except TokenInvalid as e:
-            raise AuthenticationError(str(e)) from None
+    def __init__(self, verifier: TokenVerifier | None = None, /, **verifier_settings) -> None:
+        """``verifier``, or one made of ``verifier_settings`` (TokenVerifier's keyword arguments:
+        key, algorithms, clock_s, role_claim, ...): the verification itself is
+        pulsarlite.security.tokens (the bookies verify the same way)."""
+        self._verifier = verifier if verifier is not None else TokenVerifier(server="the broker",
+                                                                             **verifier_settings)
 
     def authenticate(self, auth: AuthenticationData) -> str:
-        role = self._claims(auth.data).get(self.role_claim)
-        if not isinstance(role, str) or not role:
-            raise AuthenticationError(f"token: no role in claim {self.role_claim!r}")
-        return role
+        try:
+            return self._verifier.role(auth.data)
+        except TokenInvalid as e:
+            raise AuthenticationError(str(e)) from None
 
     def expires_at_s(self, auth: AuthenticationData) -> float | None:
         """When the token ``auth`` carries expires (its ``exp``), None if never; raises as
         :meth:`authenticate` for a token that does not verify."""
-        exp = self._claims(auth.data).get("exp")
+        try:
+            exp = self._verifier.claims(auth.data).get("exp")
+        except TokenInvalid as e:
+            raise AuthenticationError(str(e)) from None
         return float(exp) if exp is not None else None
 
 
@@ -243,20 +234,10 @@ class AuthenticationService:
 
 
 def _token_provider(config, clock_s) -> TokenAuthenticationProvider:
-    if bool(config.token_secret_key) == bool(config.token_public_key):
-        raise ConfigError("the token provider needs exactly one of token_secret_key and token_public_key")
-    if config.token_secret_key:
-        key = read_key_bytes(config.token_secret_key, setting="token_secret_key")
-        if not key:
-            raise ConfigError("token_secret_key: the key is empty")
-        algorithms = HMAC_ALGORITHMS
-    else:
-        key, algorithms = load_public_key(read_key_bytes(config.token_public_key, setting="token_public_key"),
-                                          alg=config.token_public_alg)
-    return TokenAuthenticationProvider(key=key, algorithms=algorithms, clock_s=clock_s,
-                                       role_claim=config.token_auth_claim,
-                                       audience_claim=config.token_audience_claim,
-                                       audience=config.token_audience, token_bytes_max=config.token_bytes_max)
+    return TokenAuthenticationProvider(TokenVerifier.from_settings(
+        secret_key=config.token_secret_key, public_key=config.token_public_key, public_alg=config.token_public_alg,
+        clock_s=clock_s, role_claim=config.token_auth_claim, audience_claim=config.token_audience_claim,
+        audience=config.token_audience, token_bytes_max=config.token_bytes_max, server="the broker"))
 
 
 __all__ = ["AuthenticationData", "AuthenticationError", "AuthenticationProvider", "AuthenticationService",
