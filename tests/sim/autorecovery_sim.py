@@ -794,7 +794,7 @@ class SimWorker:
                 sim.copying[lid] = self.name
                 sim.count("copies")
                 copy = FragmentCopy(a.repair, sim.config.entries_in_flight_max, sim.config.read_run_entries_max)
-                self.copy_execute(core, copy, copy.start(), started=True)
+                self.copy_execute(core, copy, copy.start())
             elif isinstance(a, WriteLedger):
                 def cas(a=a) -> bool:
                     node = sim.store.get(ledger_node(lid))
@@ -854,11 +854,11 @@ class SimWorker:
             else:
                 raise TypeError(f"unknown action {a!r}")
 
-    def copy_execute(self, core: LedgerRepair, copy: FragmentCopy, actions: list, started: bool = False) -> None:
+    def copy_execute(self, core: LedgerRepair, copy: FragmentCopy, actions: list) -> None:
         sim = self.sim
         alive = self.guard()
         lid = core.ledger_id
-        if not started and actions and sim.copying.get(lid) != self.name:    # (late replies to an ended copy: [])
+        if actions and sim.copying.get(lid) != self.name:    # (late replies to an ended copy: [])
             sim.violation(f"ledger {lid}: {self.name} goes on copying without the ledger's lock "
                           f"(now {sim.copying.get(lid) or 'nobody'}'s)")
             sim.copying[lid] = self.name        # one report per takeover
