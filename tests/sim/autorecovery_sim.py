@@ -679,9 +679,7 @@ class SimWorker:
             if self.session != session:
                 return
             gone = sim.store.end_session(session)
-            for lid in sorted(self.busy):
-                if sim.copying.get(lid) == self.name:
-                    del sim.copying[lid]        # it holds no lock any more
+            self._stop_copying()                # it holds no lock any more
             sim.count("sessions_expired_in_pause")
             sim.log(f"session {session} of paused {self.name} expired: removed {gone}")
 
@@ -698,12 +696,7 @@ class SimWorker:
         sim = self.sim
         sim.log(f"worker {self.name} learns its session expired; abandons={sim.config.abandon_on_session_loss}")
         if sim.config.abandon_on_session_loss:
-            self.generation += 1
-            for lid in sorted(self.busy):
-                if sim.copying.get(lid) == self.name:
-                    del sim.copying[lid]
-            self.busy.clear()
-            self.retry_at.clear()
+            self._abandon()
         self.session = sim.new_session()
         if sim.config.abandon_on_session_loss:
             self.poll()
@@ -711,15 +704,22 @@ class SimWorker:
     def start(self) -> None:
         self.sim.at(self.sim.rng.randint(0, self.sim.config.poll_interval_ms), self.poll)
 
+    def _stop_copying(self) -> None:
+        for lid in sorted(self.busy):
+            if self.sim.copying.get(lid) == self.name:
+                del self.sim.copying[lid]
+
+    def _abandon(self) -> None:
+        """Drop every repair: replies to what was sent before are dropped (new generation)."""
+        self.generation += 1
+        self._stop_copying()
+        self.busy.clear()
+        self.retry_at.clear()
+
     def crash(self) -> None:
         sim = self.sim
         self.alive = False
-        self.generation += 1
-        for lid in sorted(self.busy):
-            if sim.copying.get(lid) == self.name:
-                del sim.copying[lid]
-        self.busy.clear()
-        self.retry_at.clear()
+        self._abandon()
         session = self.session
         sim.log(f"worker {self.name} crashed (session {session} ends in {sim.config.session_timeout_ms} ms)")
         sim.count("worker_crashes")
