@@ -26,6 +26,7 @@ import inspect
 import json
 import logging
 from datetime import datetime, timezone
+from typing import Any
 
 from broker.adapters import check_listener_name, listener_urls, open_cursor
 from broker.admin.http import (ConsumerStats, CursorStats, InternalStats, LedgerInfoStats, LookupData,
@@ -178,18 +179,9 @@ class BrokerAdminBackend:
     async def terminate_partitioned(self, topic: str) -> dict[str, MessageIdData]:
         name = self._name(topic)
         await self._check_namespace(name)
-        n = 0 if name.is_partition else await self.service.partitions(str(name))
-        if n <= 0:
+        if await self.service.partitions(str(name)) <= 0:
             raise NotFoundError(f"Partitioned topic {name} does not exist")
-        out: dict[str, MessageIdData] = {}
-        for i in range(n):
-            part = name.partition(i)
-            url = await self.admin_redirect_url(str(part))
-            if url is None:
-                out[str(i)] = await self.terminate(str(part))
-            else:                    # served by another broker: it terminates it
-                out[str(i)] = await self._call_owner(url, "POST", part, "/terminate")
-        return out
+        return await self._each_partition(name, "/terminate", self.terminate)
 
     async def create_partitioned_topic(self, topic: str, partitions: int,
                                        properties: dict[str, str] | None = None) -> None:
@@ -668,16 +660,16 @@ class BrokerAdminBackend:
         for subscription in await self.list_subscriptions(topic):
             await self.expire_messages(topic, subscription, expire_s, now_ms)
 
-    async def _each_partition(self, name: TopicName, suffix: str, here) -> None:
+    async def _each_partition(self, name: TopicName, suffix: str, here) -> dict[str, Any]:
         """A POST ``suffix`` on every partition of ``name``, as Pulsar fans these out: ``here(partition)``
-        where this broker serves it (or nobody does), the owner's admin API elsewhere."""
+        where this broker serves it (or nobody does), the owner's admin API elsewhere. The
+        answers by partition index, ``{"0": answer, ...}``."""
+        out: dict[str, Any] = {}
         for i in range(await self.service.partitions(str(name))):
             part = name.partition(i)
             url = await self.admin_redirect_url(str(part))
-            if url is None:
-                await here(str(part))
-            else:
-                await self._call_owner(url, "POST", part, suffix)
+            out[str(i)] = await here(str(part)) if url is None else await self._call_owner(url, "POST", part, suffix)
+        return out
 
     @staticmethod
     def _position_before(live, position: Position) -> Position | None:
