@@ -63,12 +63,12 @@ def peer_certificate_of(transport) -> dict | None:
 
 
 def common_name_of(peer_certificate: dict | None) -> str | None:
-    """The subject's CN of a getpeercert() dict (the TLS provider's role), or None."""
+    """The subject's (non-empty) CN of a getpeercert() dict (the TLS provider's role), or None."""
     if not peer_certificate:
         return None
     for rdn in peer_certificate.get("subject", ()):
         for key, value in rdn:
-            if key == "commonName":
+            if key == "commonName" and value:
                 return value
     return None
 

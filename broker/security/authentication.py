@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 import bcrypt
 
 from broker.errors import BrokerError
+from broker.tls import common_name_of
 from pulsarlite.errors import ConfigError
 from pulsarlite.security.tokens import TokenInvalid, TokenVerifier, load_public_key, read_key_bytes
 from pulsarlite.wire import pb
@@ -158,14 +159,12 @@ class TlsAuthenticationProvider:
     method = "tls"
 
     def authenticate(self, auth: AuthenticationData) -> str:
-        cert = auth.peer_certificate
-        if not cert:
+        if not auth.peer_certificate:
             raise AuthenticationError("tls: no verified client certificate on this connection")
-        for rdn in cert.get("subject", ()):
-            for name, value in rdn:
-                if name == "commonName" and value:
-                    return value
-        raise AuthenticationError("tls: the client certificate has no common name (CN)")
+        role = common_name_of(auth.peer_certificate)
+        if role is None:
+            raise AuthenticationError("tls: the client certificate has no common name (CN)")
+        return role
 
 
 # Pulsar's class names for the providers (authenticationProviders in broker.conf)
