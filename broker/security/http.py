@@ -39,6 +39,7 @@ from aiohttp import web
 from broker.security.authentication import AuthenticationData, AuthenticationError
 from broker.security.authorization import (AuthPolicies, PermissionError_, TopicOperation, check_actions,
                                            check_role)
+from broker.tls import peer_certificate_of
 
 log = logging.getLogger("pulsarlite.broker.security")
 
@@ -92,8 +93,7 @@ def credentials_of(request: web.Request, providers) -> AuthenticationData:
         return AuthenticationData("basic", decoded)
     if header:
         raise AuthenticationError(f"unsupported Authorization scheme {scheme[:16]!r} (Bearer or Basic)")
-    transport = request.transport
-    cert = transport.get_extra_info("peercert") if transport is not None else None
+    cert = peer_certificate_of(request.transport)
     if cert and "tls" in providers:
         return AuthenticationData("tls", b"", cert)
     return AuthenticationData("", b"")
