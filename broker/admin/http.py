@@ -24,9 +24,9 @@ from typing import Any, Awaitable, Callable, Literal, Protocol, TypedDict, Union
 
 from aiohttp import web
 
-from broker.admin.messages_http import entry_response
 from broker.admin.metrics import BrokerMetrics
 from broker.admin.serving import release_request_body
+from broker.admin.subscriptions_http import add_subscription_routes, entry_answer
 from broker.admin.policies import (BACKLOG_QUOTA_TYPES, PARTITIONS_MAX, AdminError, AutoTopicCreation, BacklogQuota,
                                    BadRequestError, ClusterData, NamespacePolicies, PolicyStore,
                                    PreconditionFailedError, RetentionPolicy, RolloverPolicy, TenantInfo,
@@ -34,7 +34,6 @@ from broker.admin.policies import (BACKLOG_QUOTA_TYPES, PARTITIONS_MAX, AdminErr
 from broker.schema_compat import CompatibilityStrategy
 from broker.schemas import SchemaRegistry
 from pulsarlite.errors import PulsarliteError
-from pulsarlite.wire.entry import EntryFormatError
 from pulsarlite.topic_name import (PARTITION_SUFFIX, InvalidTopicNameError, TopicDomain, TopicName,
                                    subscription_name_problem)
 
@@ -765,12 +764,7 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
         topic = _topic(request)
         ledger_id = _int_value("ledgerId", request.match_info["ledger"], minimum=0)
         entry_id = _int_value("entryId", request.match_info["entry"], minimum=0)
-        entry = await backend.read_entry(topic, ledger_id, entry_id)
-        try:
-            headers, body = entry_response(ledger_id, entry_id, entry)
-        except EntryFormatError as e:
-            raise PreconditionFailedError(f"entry {ledger_id}:{entry_id} of {topic} is not readable: {e}") from None
-        return web.Response(body=body, headers=headers, content_type="application/octet-stream")
+        return entry_answer(ledger_id, entry_id, await backend.read_entry(topic, ledger_id, entry_id), topic)
 
     async def lookup(request: web.Request) -> web.Response:
         # Pulsar's listener name: ?listenerName= or the X-Pulsar-ListenerName header
@@ -813,7 +807,7 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
     r.add_post(topic_base + "/clearBacklog", at_owner(clear_backlog))
     r.add_get(topic_base + "/lastMessageId", at_owner(last_message_id))
     r.add_get(topic_base + "/ledger/{ledger}/entry/{entry}", at_owner(message_by_id))
-    from broker.admin.subscriptions_http import add_subscription_routes   # expire, reset to an id, peek, examine
+    # expire, reset to a message id, peek, examine (broker/admin/subscriptions_http.py)
     add_subscription_routes(app, backend, topic_base=topic_base, topic_of=_topic, subscription_of=_subscription_name,
                             json_body=_json_body, int_value=_int_value, at_owner=at_owner)
 

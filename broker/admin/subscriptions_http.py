@@ -56,6 +56,16 @@ class SubscriptionAdminBackend(Protocol):
         """(position, stored entry) of the ``nth`` entry from the ``earliest``/``latest`` end."""
 
 
+def entry_answer(ledger_id: int, entry_id: int, data: bytes, topic: str) -> web.Response:
+    """A stored entry as getMessageById, peek and examine answer it (broker/admin/messages_http.py);
+    412 if it does not parse."""
+    try:
+        headers, body = entry_response(ledger_id, entry_id, data)
+    except EntryFormatError as e:
+        raise PreconditionFailedError(f"entry {ledger_id}:{entry_id} of {topic} is not readable: {e}") from None
+    return web.Response(body=body, headers=headers, content_type="application/octet-stream")
+
+
 def add_subscription_routes(app: web.Application, backend: SubscriptionAdminBackend, *, topic_base: str,
                             topic_of: Callable[[web.Request], str], subscription_of: Callable[[web.Request], str],
                             json_body: Callable[..., Any], int_value: Callable[..., int],
@@ -65,14 +75,6 @@ def add_subscription_routes(app: web.Application, backend: SubscriptionAdminBack
     ``at_owner`` are http.py's helpers, so errors, limits and redirects behave as on every
     other path."""
     r = app.router
-
-    def entry(position, data: bytes, topic: str) -> web.Response:
-        try:
-            headers, body = entry_response(position.ledger_id, position.entry_id, data)
-        except EntryFormatError as e:
-            raise PreconditionFailedError(f"entry {position.ledger_id}:{position.entry_id} of {topic} is not "
-                                          f"readable: {e}") from None
-        return web.Response(body=body, headers=headers, content_type="application/octet-stream")
 
     async def expire(request: web.Request) -> web.Response:
         topic, sub = topic_of(request), subscription_of(request)
@@ -108,7 +110,7 @@ def add_subscription_routes(app: web.Application, backend: SubscriptionAdminBack
         topic, sub = topic_of(request), subscription_of(request)
         nth = int_value("messagePosition", request.match_info["position"], minimum=1, maximum=POSITION_MAX)
         position, data = await backend.peek_entry(topic, sub, nth)
-        return entry(position, data, topic)
+        return entry_answer(position.ledger_id, position.entry_id, data, topic)
 
     async def examine(request: web.Request) -> web.Response:
         topic = topic_of(request)
@@ -118,7 +120,7 @@ def add_subscription_routes(app: web.Application, backend: SubscriptionAdminBack
         raw = request.query.get("messagePosition") or "1"
         nth = max(1, int_value("messagePosition", raw, minimum=-POSITION_MAX, maximum=POSITION_MAX))   # < 1: 1
         position, data = await backend.examine_entry(topic, initial, nth)
-        return entry(position, data, topic)
+        return entry_answer(position.ledger_id, position.entry_id, data, topic)
 
     r.add_post(topic_base + "/subscription/{subscription}/expireMessages/{seconds}", at_owner(expire))
     r.add_post(topic_base + "/all_subscription/expireMessages/{seconds}", at_owner(expire_all))
@@ -127,4 +129,4 @@ def add_subscription_routes(app: web.Application, backend: SubscriptionAdminBack
     r.add_get(topic_base + "/examinemessage", at_owner(examine))
 
 
-__all__ = ["SubscriptionAdminBackend", "add_subscription_routes"]
+__all__ = ["SubscriptionAdminBackend", "add_subscription_routes", "entry_answer"]
