@@ -36,11 +36,7 @@ import pulsarlite  # noqa: E402
 from pulsarlite.cluster import LocalCluster  # noqa: E402
 from pulsarlite.zk_server import find_free_port  # noqa: E402
 
-
-def process_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from bench_broker import process_cpu_s  # noqa: E402
 
 
 class Phase:
