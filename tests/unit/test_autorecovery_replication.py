@@ -54,6 +54,13 @@ class FakeBookies:
     def holds(self, bookie: str, lid: int, eid: int) -> bool:
         return bookie not in self.down and (lid, eid) in self.stored[bookie]
 
+    def rot(self, bookie: str, lid: int, eid: int) -> StoredEntry:
+        """Replace ``bookie``'s copy of the entry by one failing its checksum; returns the copy
+        it held."""
+        held = self.stored[bookie][(lid, eid)]
+        self.stored[bookie][(lid, eid)] = StoredEntry(lid, eid, held.lac, held.length, b"rotten", held.checksum)
+        return held
+
 
 def run_copy(copy: FragmentCopy, bookies: FakeBookies, *, steps_max: int | None = None):
     """Execute the core's actions FIFO; stops after ``steps_max`` actions (a crash). Returns
@@ -161,15 +168,14 @@ def test_a_replica_failing_its_checksum_is_never_used():
     bookies.down.add(B[0])
     (r,), _ = plan_repairs(md, {B[0]}, B[:5], random.Random(3))
     bad_source = r.sources[2][0]
-    good = bookies.stored[bad_source][(4, 2)]
-    bookies.stored[bad_source][(4, 2)] = StoredEntry(4, 2, good.lac, good.length, b"rotten", good.checksum)
+    good = bookies.rot(bad_source, 4, 2)
     done, _, seen = run_copy(FragmentCopy(r, 2), bookies)
     assert isinstance(done, CopyDone)
     assert ReplicaRejected(2, bad_source, "checksum mismatch") in seen
     assert bookies.stored[r.replacement][(4, 2)] == good
     # every replica bad: the copy fails, nothing is proposed
     for b in r.sources[2]:
-        bookies.stored[b][(4, 2)] = StoredEntry(4, 2, good.lac, good.length, b"rotten", good.checksum)
+        bookies.rot(b, 4, 2)
     done, _, _ = run_copy(FragmentCopy(r, 2), bookies)
     assert isinstance(done, CopyFailed) and "entry 2" in done.reason
 
@@ -310,8 +316,7 @@ def test_a_range_stops_at_a_bad_or_missing_copy_and_that_entry_comes_from_the_ne
     bookies.down.add(B[2])
     (r,), _ = plan_repairs(md, {B[2]}, B[:5], random.Random(0))
     first_source = r.sources[0][0]
-    good = bookies.stored[first_source][(15, 7)]
-    bookies.stored[first_source][(15, 7)] = StoredEntry(15, 7, good.lac, good.length, b"rotten", good.checksum)
+    good = bookies.rot(first_source, 15, 7)
     del bookies.stored[first_source][(15, 12)]
     done, _, seen = run_copy(FragmentCopy(r, 20, 20), bookies)
     assert isinstance(done, CopyDone)
