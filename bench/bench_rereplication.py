@@ -65,19 +65,18 @@ async def run(args, directory: pathlib.Path) -> dict:
                 await asyncio.gather(*futs)
                 await writer.close()
             print(f"wrote {written / MB:.0f} MB in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
-            ids = await client.ledger_manager.list_ledger_ids()
+            mds = [(await client.ledger_manager.read(lid))[0] for lid in await client.ledger_manager.list_ledger_ids()]
             counts: dict[str, int] = {}
-            for lid in ids:
-                for b in (await client.ledger_manager.read(lid))[0].all_bookies():
+            for md in mds:
+                for b in md.all_bookies():
                     counts[b] = counts.get(b, 0) + 1
             victim = max(sorted(counts), key=counts.get)
             name = next(n for n in cluster.bookie_names if cluster.records[n].bookie_id == victim)
             await asyncio.to_thread(cluster.kill, name)
             urm = UnderReplicationManager(client.store)
-            for lid in ids:
-                md, _ = await client.ledger_manager.read(lid)
+            for md in mds:                  # closed, autorecovery off: the kill changes no metadata
                 if victim in md.all_bookies():
-                    await urm.mark(lid, [victim], 0)
+                    await urm.mark(md.ledger_id, [victim], 0)
             marked = len(await urm.list_marked())
             workers = [ReplicationWorker(c, f"bench-{i}", poll_interval_ms=50, entries_in_flight_max=args.window,
                                          bytes_per_s_max=10 ** 12, ledgers_concurrent_max=2,
