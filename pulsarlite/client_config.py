@@ -101,12 +101,7 @@ class ClientConfig:
         if not self.admin_url.startswith("https://"):
             return None
         from pulsarlite.client.auth import ClientSecurity
-        return ClientSecurity(authentication=self.authentication(), use_tls=True,
-                              tls_trust_certs_file_path=self.tls_trust_certs_file_path or None,
-                              tls_allow_insecure_connection=self.tls_allow_insecure_connection,
-                              tls_validate_hostname=self.tls_enable_hostname_verification,
-                              tls_certificate_file_path=self.tls_certificate_file_path or None,
-                              tls_private_key_file_path=self.tls_key_file_path or None).ssl_context()
+        return ClientSecurity(use_tls=True, **self.client_kwargs()).ssl_context()
 
 
 def validate_service_url(url: str, where: str = "service URL") -> str:
