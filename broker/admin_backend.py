@@ -519,9 +519,6 @@ class BrokerAdminBackend:
         tname = self._name(topic)
         await self._require_topic(tname)
         live = await self._load(tname)
-        ml_name = tname.managed_ledger_name
-        if name in live.subscriptions or await self.store.exists(cursor_path(ml_name, name)):
-            raise ConflictError(f"Subscription {name} already exists on {tname}")
         if position == "earliest":
             initial = live.earliest_mark_delete()
         elif position == "latest":
@@ -529,9 +526,8 @@ class BrokerAdminBackend:
         else:
             ledger_id, entry_id = position
             initial = Position(ledger_id, entry_id - 1)
-        cursor = await open_cursor(self.store, ml_name, name, initial=initial, durable=True,
-                                   ledgers_of=live.ml.ledgers)
-        await cursor.close()
+        if not await live.create_stored_subscription(name, initial):
+            raise ConflictError(f"Subscription {name} already exists on {tname}")
 
     async def delete_subscription(self, topic: str, name: str, force: bool) -> None:
         tname = self._name(topic)

@@ -21,8 +21,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from broker.adapters import open_cursor, parse_topic
-from broker.cursor import cursor_path
+from broker.adapters import parse_topic
 from broker.dispatch import ConsumerBusyError, KeySharedMode, SubType
 from broker.errors import CumulativeAckNotAllowedError, NotAllowedError, server_error_of
 from broker.managed_ledger import Position
@@ -364,13 +363,8 @@ async def _ensure_initial_subscription(topic, name: str) -> None:
     problem = subscription_name_problem(name)
     if problem is not None:
         raise NotAllowedError(f"invalid initial subscription name: {problem}")
-    ml_name = topic.name.managed_ledger_name
-    if name in topic.subscriptions or await topic.service.store.exists(cursor_path(ml_name, name)):
-        return
-    cursor = await open_cursor(topic.service.store, ml_name, name, initial=topic.earliest_mark_delete(),
-                               durable=True, ledgers_of=topic.ml.ledgers)
-    await cursor.close()
-    log.info("initial subscription created topic=%s subscription=%s", topic.key, name)
+    if await topic.create_stored_subscription(name, topic.earliest_mark_delete()):
+        log.info("initial subscription created topic=%s subscription=%s", topic.key, name)
 
 
 class _ProducerRef:

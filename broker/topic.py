@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from broker.adapters import open_cursor
 from broker.admin.policies import NotFoundError, PreconditionFailedError
-from broker.cursor import InvalidAckError
+from broker.cursor import InvalidAckError, cursor_path
 from broker.dedup import DedupSnapshotStore, DedupState, entry_sequence
 from broker.dispatch import Delivery, DispatcherCore, KeySharedMode, SubType
 from broker.errors import (ConsumerAssignError, NotAllowedError, ProducerBusyError, ProducerFencedError,
@@ -665,6 +665,17 @@ class PersistentTopic:
                 return self.last_position()
             return self.earliest_mark_delete()
         return Position(ledger, entry - 1)    # deliver from the start id on (the client filters)
+
+    async def create_stored_subscription(self, name: str, initial: Position) -> bool:
+        """Create the durable subscription ``name``, its cursor stored (not loaded) with the
+        mark-delete position ``initial``; False, nothing changed, when the topic has it already
+        (loaded or stored)."""
+        store, ml_name = self.service.store, self.name.managed_ledger_name
+        if name in self.subscriptions or await store.exists(cursor_path(ml_name, name)):
+            return False
+        cursor = await open_cursor(store, ml_name, name, initial=initial, durable=True, ledgers_of=self.ml.ledgers)
+        await cursor.close()
+        return True
 
     def earliest_mark_delete(self) -> Position:
         ledgers = self.ml.ledgers()
