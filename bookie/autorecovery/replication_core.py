@@ -561,8 +561,6 @@ class LedgerRepair:
         self._copied: tuple[FragmentRepair, int] | None = None
         self._replans = 0
         self._cas_attempts = 0
-        self.fragments_repaired = 0
-        self.copies_failed = 0
         self._avoid: set[str] = set()          # replacements that failed a copy in this pass
 
     def _expect(self, *phases: RepairPhase) -> None:
@@ -645,7 +643,6 @@ class LedgerRepair:
             # the same choice (racks make it deterministic) would fail on every pass
             self._replans += 1
             self._avoid.add(self._queue[0].replacement)
-            self.copies_failed += 1
             self._queue = []
             self.phase = RepairPhase.PLANNING
             return [ReadLedger(self.ledger_id)]
@@ -654,7 +651,6 @@ class LedgerRepair:
             # is on a marked bookie that another repair of this pass moves first is repaired
             # on the next pass, from the replacement (the mark stays: step 6)
             self._queue.pop(0)
-            self.copies_failed += 1
             return self._next()
         self._copied = (self._queue.pop(0), bytes_copied)
         self.phase = RepairPhase.RECORDING
@@ -670,7 +666,6 @@ class LedgerRepair:
             return [ReadLedger(self.ledger_id)]
         repair, nbytes = self._copied
         self._copied = None
-        self.fragments_repaired += 1
         return [FragmentRecorded(repair, nbytes)] + self._next()
 
     def _check(self, md: LedgerMetadata) -> list:
