@@ -95,16 +95,21 @@ def tls_urls(tls_cluster):
     return url, f"https://127.0.0.1:{config.web_service_port_tls}"
 
 
-def _round_trip(client, topic: str, n: int = 20) -> None:
-    consumer = client.subscribe(topic, "sub", initial_position=pulsar.InitialPosition.Earliest)
-    producer = client.create_producer(topic)
-    payloads = [f"m-{i}".encode() for i in range(n)]
-    for p in payloads:
-        producer.send(p)
-    got = [consumer.receive(timeout_millis=TIMEOUT_MS) for _ in payloads]
-    assert [m.data() for m in got] == payloads
-    for m in got:
-        consumer.acknowledge(m)
+def _round_trip(url: str, topic: str, n: int = 20, **client_kwargs) -> None:
+    """A pulsar.Client(url, **client_kwargs) produces n messages to ``topic`` and consumes them."""
+    client = pulsar.Client(url, operation_timeout_seconds=30, **client_kwargs)
+    try:
+        consumer = client.subscribe(topic, "sub", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(topic)
+        payloads = [f"m-{i}".encode() for i in range(n)]
+        for p in payloads:
+            producer.send(p)
+        got = [consumer.receive(timeout_millis=TIMEOUT_MS) for _ in payloads]
+        assert [m.data() for m in got] == payloads
+        for m in got:
+            consumer.acknowledge(m)
+    finally:
+        client.close()
 
 
 def _refused(url: str, topic: str, **kwargs) -> None:
@@ -118,28 +123,16 @@ def _refused(url: str, topic: str, **kwargs) -> None:
 
 def test_right_ca_works_and_plain_port_still_serves(tls_cluster, tls_urls, pki):
     url, _ = tls_urls
-    client = pulsar.Client(url, tls_trust_certs_file_path=pki.ca_pem, tls_validate_hostname=True,
-                           operation_timeout_seconds=30)
-    try:
-        _round_trip(client, "persistent://public/default/tls-right-ca")
-    finally:
-        client.close()
-    plain = pulsar.Client(tls_cluster.service_url, operation_timeout_seconds=30)
-    try:
-        _round_trip(plain, "persistent://public/default/tls-plain-beside")
-    finally:
-        plain.close()
+    _round_trip(url, "persistent://public/default/tls-right-ca", tls_trust_certs_file_path=pki.ca_pem,
+                tls_validate_hostname=True)
+    _round_trip(tls_cluster.service_url, "persistent://public/default/tls-plain-beside")
 
 
 def test_wrong_ca_fails_unless_insecure_allowed(tls_urls, pki):
     url, _ = tls_urls
     _refused(url, "persistent://public/default/tls-wrong-ca", tls_trust_certs_file_path=pki.other_ca_pem)
-    client = pulsar.Client(url, tls_trust_certs_file_path=pki.other_ca_pem, tls_allow_insecure_connection=True,
-                           operation_timeout_seconds=30)
-    try:
-        _round_trip(client, "persistent://public/default/tls-insecure")
-    finally:
-        client.close()
+    _round_trip(url, "persistent://public/default/tls-insecure", tls_trust_certs_file_path=pki.other_ca_pem,
+                tls_allow_insecure_connection=True)
 
 
 def test_hostname_validation(tls_urls, pki):
@@ -147,12 +140,8 @@ def test_hostname_validation(tls_urls, pki):
     by_name = url.replace("127.0.0.1", "localhost")   # the certificate names 127.0.0.1 only
     _refused(by_name, "persistent://public/default/tls-hostname", tls_trust_certs_file_path=pki.ca_pem,
              tls_validate_hostname=True)
-    client = pulsar.Client(by_name, tls_trust_certs_file_path=pki.ca_pem, tls_validate_hostname=False,
-                           operation_timeout_seconds=30)
-    try:
-        _round_trip(client, "persistent://public/default/tls-hostname-off")
-    finally:
-        client.close()
+    _round_trip(by_name, "persistent://public/default/tls-hostname-off", tls_trust_certs_file_path=pki.ca_pem,
+                tls_validate_hostname=False)
 
 
 def test_lookups_answer_tls_urls(tls_cluster, tls_urls, pki):
@@ -172,11 +161,7 @@ def test_lookups_answer_tls_urls(tls_cluster, tls_urls, pki):
         urllib.request.urlopen(f"{https}/admin/v2/clusters",
                                context=ssl.create_default_context(cafile=pki.other_ca_pem), timeout=30)
     # the official client with an https:// service URL (HTTP lookup, then pulsar+ssl://)
-    client = pulsar.Client(https, tls_trust_certs_file_path=pki.ca_pem, operation_timeout_seconds=30)
-    try:
-        _round_trip(client, "persistent://public/default/tls-http-lookup")
-    finally:
-        client.close()
+    _round_trip(https, "persistent://public/default/tls-http-lookup", tls_trust_certs_file_path=pki.ca_pem)
 
 
 @pytest.fixture(scope="module")
@@ -192,13 +177,8 @@ def test_mtls_requires_a_trusted_client_certificate(mtls_cluster, pki):
     _refused(url, topic, tls_trust_certs_file_path=pki.ca_pem)
     _refused(url, topic, tls_trust_certs_file_path=pki.ca_pem,
              authentication=pulsar.AuthenticationTLS(pki.stranger_cert, pki.stranger_key))
-    client = pulsar.Client(url, tls_trust_certs_file_path=pki.ca_pem,
-                           authentication=pulsar.AuthenticationTLS(pki.client_cert, pki.client_key),
-                           operation_timeout_seconds=30)
-    try:
-        _round_trip(client, topic)
-    finally:
-        client.close()
+    _round_trip(url, topic, tls_trust_certs_file_path=pki.ca_pem,
+                authentication=pulsar.AuthenticationTLS(pki.client_cert, pki.client_key))
     # HTTPS: refused without a client certificate, served with one
     https = f"https://127.0.0.1:{config.web_service_port_tls}/admin/v2/clusters"
     context = ssl.create_default_context(cafile=pki.ca_pem)
