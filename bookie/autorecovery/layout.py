@@ -34,6 +34,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
+from bookie.client.ledger_manager import check_bookie_id
+
 UNDERREPLICATION_ROOT = "/ledgers/underreplication"
 MARKS_ROOT = f"{UNDERREPLICATION_ROOT}/ledgers"
 LOCKS_ROOT = f"{UNDERREPLICATION_ROOT}/locks"
@@ -79,8 +81,7 @@ def lock_path(ledger_id: int) -> str:
 
 
 def decommissioning_path(bookie_id: str) -> str:
-    if not bookie_id or "/" in bookie_id or bookie_id in (".", ".."):
-        raise ValueError(f"invalid bookie id {bookie_id!r}")
+    check_bookie_id(bookie_id)
     return f"{DECOMMISSIONING_ROOT}/{bookie_id}"
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bookie.autorecovery.layout import decommissioning_path
+from bookie.client.ledger_manager import check_bookie_id
 from pulsarlite.errors import MetadataNotFoundError
 from pulsarlite.metadata import MetadataExistsError, MetadataStore
 
@@ -21,7 +21,7 @@ RACK_BYTES_MAX = 256
 
 
 def rack_path(bookie_id: str) -> str:
-    decommissioning_path(bookie_id)          # the same validation of the id
+    check_bookie_id(bookie_id)
     return f"{RACKS_ROOT}/{bookie_id}"
 
 

@@ -43,11 +43,13 @@ BookiesCallback = Callable[[list[str], list[str]], Any]
 
 
 def bookie_registration_path(bookie_id: str, *, read_only: bool) -> str:
-    _check_bookie_id(bookie_id)
+    check_bookie_id(bookie_id)
     return f"{READONLY_PATH}/{bookie_id}" if read_only else f"{AVAILABLE_PATH}/{bookie_id}"
 
 
-def _check_bookie_id(bookie_id: str) -> None:
+def check_bookie_id(bookie_id: str) -> None:
+    """ValueError unless ``bookie_id`` can name a znode under the bookie registrations (and
+    under autorecovery's per-bookie paths)."""
     if not bookie_id or "/" in bookie_id or bookie_id in (READONLY_CHILD, ".", ".."):
         raise ValueError(f"invalid bookie id {bookie_id!r}")
 
