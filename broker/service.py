@@ -159,9 +159,7 @@ class BrokerService:
         topic = parse_topic(topic_name)
         if not _is_persistent(topic):
             raise NotAllowedError("non-persistent topics are not supported")
-        if listener_name:
-            return await self.ownership.lookup(topic, authoritative=authoritative, listener_name=listener_name)
-        return await self.ownership.lookup(topic, authoritative=authoritative)
+        return await self.ownership.lookup(topic, authoritative=authoritative, listener_name=listener_name)
 
     async def partitions(self, topic_name: str) -> int:
         """Partition count from ``/admin/partitioned-topics/<tenant>/<ns>/persistent/<topic>``

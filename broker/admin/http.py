@@ -250,9 +250,10 @@ class AdminBackend(Protocol):
     async def clear_backlog(self, topic: str) -> None:
         """Every durable subscription of the topic skips all its backlog."""
 
-    async def lookup(self, topic: str, *, authoritative: bool = False) -> LookupData:
+    async def lookup(self, topic: str, *, authoritative: bool = False, listener_name: str = "") -> LookupData:
         """The broker that owns (or will own) the topic (``authoritative``: asked because of a
-        previous redirect; the broker may then take the topic's bundle itself)."""
+        previous redirect; the broker may then take the topic's bundle itself); with
+        ``listener_name``, that advertised listener's broker URLs (503 if unknown)."""
 
     async def last_message_id(self, topic: str) -> MessageIdData:
         """The id of the last confirmed entry (``{"ledgerId", "entryId", "partitionIndex"}``)."""
@@ -768,11 +769,9 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
 
     async def lookup(request: web.Request) -> web.Response:
         # Pulsar's listener name: ?listenerName= or the X-Pulsar-ListenerName header
-        listener = {"listener_name": name} if (name := request.query.get("listenerName")
-                                               or request.headers.get("X-Pulsar-ListenerName")) else {}
-        if _bool_query(request, "authoritative"):     # Pulsar's: the broker chosen before acquires
-            return _json(await backend.lookup(_topic(request), authoritative=True, **listener))
-        return _json(await backend.lookup(_topic(request), **listener))
+        listener_name = request.query.get("listenerName") or request.headers.get("X-Pulsar-ListenerName") or ""
+        authoritative = _bool_query(request, "authoritative")    # Pulsar's: the broker chosen before acquires
+        return _json(await backend.lookup(_topic(request), authoritative=authoritative, listener_name=listener_name))
 
     async def namespace_topics(request: web.Request) -> web.Response:
         """Pulsar's Namespaces.getTopics: ``mode`` PERSISTENT (default), NON_PERSISTENT or ALL;

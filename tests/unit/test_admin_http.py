@@ -128,7 +128,7 @@ class DictBackend:
             raise NotFoundError(f"Subscription {subscription} not found")
         self.calls.append(("reset", topic, subscription, timestamp_ms))
 
-    async def lookup(self, topic: str):
+    async def lookup(self, topic: str, *, authoritative: bool = False, listener_name: str = ""):
         return {"brokerUrl": "pulsar://127.0.0.1:6650", "httpUrl": "http://127.0.0.1:8080"}
 
     async def last_message_id(self, topic: str):
