@@ -67,10 +67,8 @@ def _ports_and_broker_settings(args) -> tuple[int, int, dict]:
     if warning:
         logging.getLogger("pulsarlite.standalone").warning(warning)
     settings = conf.fields(STANDALONE_OWNED_FIELDS)
-    port = args.port or settings.pop("port", 6650)
-    http_port = args.http_port or settings.pop("http_port", 8080)
-    settings.pop("port", None)
-    settings.pop("http_port", None)
+    conf_port, conf_http_port = settings.pop("port", 6650), settings.pop("http_port", 8080)   # ours, not the broker's
+    port, http_port = args.port or conf_port, args.http_port or conf_http_port
     config = conf.apply(BrokerConfig(port=port, http_port=http_port), f"--pulsar-conf {args.pulsar_conf}",
                         skip_fields=STANDALONE_OWNED_FIELDS | {"port", "http_port"})
     # the files and keys it names are read now too: the broker would only crash-loop on them
