@@ -42,9 +42,8 @@ class _LazyLedgerClient:
     only when an open ledger's LAC has to be read, so that a plan over closed and offloaded
     segments costs one ZooKeeper session and nothing more."""
 
-    def __init__(self, store, zookeeper: str, opts: SourceOptions | None = None) -> None:
+    def __init__(self, store, opts: SourceOptions) -> None:
         self.store = store
-        self._zookeeper = zookeeper
         self._opts = opts
         self._client = None
 
@@ -53,8 +52,7 @@ class _LazyLedgerClient:
             from bookie.client.ledger_client import LedgerClient
             from spark_source.options import ledger_client_config
             opts = self._opts
-            config = ledger_client_config(self._zookeeper, opts.bookie_auth_token if opts else "",
-                                          opts.bookie_auth_token_file if opts else "")
+            config = ledger_client_config(opts.zookeeper, opts.bookie_auth_token, opts.bookie_auth_token_file)
             self._client = await LedgerClient.connect(config, store=self.store)
         return self._client
 
@@ -77,7 +75,7 @@ async def _with_metadata(opts: SourceOptions, fn):
     store = await MetadataStore.connect(opts.zookeeper)
     log.debug("zookeeper session for planning connect_ms=%d", (time.monotonic() - started) * 1000)
     try:
-        client = _LazyLedgerClient(store, opts.zookeeper, opts)
+        client = _LazyLedgerClient(store, opts)
         try:
             return await fn(store, client)
         finally:
