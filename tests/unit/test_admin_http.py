@@ -4,6 +4,9 @@ PolicyStore and ZooKeeper are in tests/integration/test_admin_policies.py."""
 
 from __future__ import annotations
 
+import contextlib
+from typing import AsyncIterator
+
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -17,20 +20,40 @@ NS = "public/default"
 T = "persistent://public/default/t1"
 
 
-class DictBackend:
-    """AdminBackend over dicts: topic -> {"subs": {name: position}}; partitioned -> count."""
+class BackendBase:
+    """What every in-test admin backend has (tests/unit/test_admin_*.py): every topic served
+    here, metrics, no policy routes (tested against ZooKeeper), no schema routes (tested
+    against a broker)."""
 
     def __init__(self) -> None:
-        self.policies = None  # policy routes are tested against ZooKeeper
+        self.policies = None
         self.metrics = BrokerMetrics(MetricsConfig(process_metrics=False))
-        self.schemas = None   # no schema routes (tested against a broker)
-        self.topics: dict[str, dict] = {}
-        self.partitioned: dict[str, int] = {}
+        self.schemas = None
         self.calls: list[tuple] = []
-        self.producers: dict[str, int] = {}
 
     async def admin_redirect_url(self, topic: str) -> str | None:
         return None
+
+
+@contextlib.asynccontextmanager
+async def admin_client(backend) -> AsyncIterator[TestClient]:
+    """A test client of the admin app over ``backend``."""
+    c = TestClient(TestServer(make_admin_app(backend, body_bytes_max=64 * 1024, partitions_max=100)))
+    await c.start_server()
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+class DictBackend(BackendBase):
+    """AdminBackend over dicts: topic -> {"subs": {name: position}}; partitioned -> count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.topics: dict[str, dict] = {}
+        self.partitioned: dict[str, int] = {}
+        self.producers: dict[str, int] = {}
 
     def _get(self, topic: str) -> dict:
         if topic not in self.topics:
@@ -147,12 +170,8 @@ def backend() -> DictBackend:
 
 @pytest.fixture
 async def client(backend):
-    c = TestClient(TestServer(make_admin_app(backend, body_bytes_max=64 * 1024, partitions_max=100)))
-    await c.start_server()
-    try:
+    async with admin_client(backend) as c:
         yield c
-    finally:
-        await c.close()
 
 
 P = "/admin/v2/persistent/public/default"

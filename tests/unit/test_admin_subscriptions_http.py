@@ -5,10 +5,8 @@ what bad input is refused before it (400/412, nothing called)."""
 from __future__ import annotations
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from test_admin_http import BackendBase, admin_client
 
-from broker.admin.http import make_admin_app
-from broker.admin.metrics import BrokerMetrics, MetricsConfig
 from broker.admin.policies import NotFoundError
 from broker.admin.subscriptions_http import SubscriptionAdminBackend
 from broker.managed_ledger import Position
@@ -23,16 +21,7 @@ def entry(payload: bytes) -> bytes:
     return len(meta).to_bytes(4, "big") + meta + payload
 
 
-class RecordingBackend:
-    def __init__(self) -> None:
-        self.policies = None
-        self.metrics = BrokerMetrics(MetricsConfig(process_metrics=False))
-        self.schemas = None
-        self.calls: list[tuple] = []
-
-    async def admin_redirect_url(self, topic: str) -> str | None:
-        return None
-
+class RecordingBackend(BackendBase):
     async def expire_messages(self, topic, subscription, expire_s, now_ms):
         self.calls.append(("expire", topic, subscription, expire_s, type(now_ms)))
         return True
@@ -65,12 +54,8 @@ def backend() -> RecordingBackend:
 
 @pytest.fixture
 async def client(backend):
-    c = TestClient(TestServer(make_admin_app(backend, body_bytes_max=64 * 1024, partitions_max=100)))
-    await c.start_server()
-    try:
+    async with admin_client(backend) as c:
         yield c
-    finally:
-        await c.close()
 
 
 async def test_expire_routes_reach_the_backend_with_a_clock_reading(client, backend):
