@@ -576,7 +576,7 @@ class LocalCluster:
         port = self._free_port()
         config = dataclasses.replace(old, port=port, bookie_id=f"{LOOPBACK}:{port}").validate()
         Path(record.config).write_text(to_toml(config))
-        record.ports = {"bookie": port}
+        record.ports = {**record.ports, "bookie": port}   # the metrics port stays
         record.bookie_id = config.effective_bookie_id
         self._launch(name)
         self._save_state()

@@ -86,7 +86,9 @@ async def test_cluster_lifecycle(cluster_factory):
         old_config = load_toml(BookieConfig, cluster.bookie_config_path("bookie-3"))
         marker = Path(old_config.ledger_dir) / "marker"
         marker.write_text("from the dead disk")
+        metrics_port = cluster.records["bookie-3"].ports["metrics"]
         new_id = await asyncio.to_thread(cluster.replace_bookie, "bookie-3")
+        assert cluster.records["bookie-3"].ports["metrics"] == metrics_port   # still served there
         assert new_id != old_id and cluster.records["bookie-3"].bookie_id == new_id
         assert not marker.exists()
         new_config = load_toml(BookieConfig, cluster.bookie_config_path("bookie-3"))
