@@ -18,6 +18,7 @@ again (cache, else the managed ledger), so nothing but read-ahead is held per su
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
@@ -1244,6 +1245,19 @@ class Subscription:
         self.core.clear_pending()
         self._payloads.clear()
 
+    @contextlib.asynccontextmanager
+    async def _admin_cursor_move(self):
+        """Around an admin move of the mark-delete position (skip, expiry): the consumers are
+        disconnected first; after it, failed or not, reading resumes after the mark-delete
+        position, the cursor is flushed and dispatch woken."""
+        self._disconnect_for_reset()
+        try:
+            yield
+        finally:
+            self.read_position = self.topic.next_after(self.cursor.mark_delete_position)
+            await _maybe_await(self.cursor.flush())
+            self.wake()
+
     async def skip(self, count: int) -> int:
         """Admin skip: acknowledge the next ``count`` unacknowledged messages after the
         mark-delete position (whole entries; of a batch only as many indexes as are left to
@@ -1254,13 +1268,9 @@ class Subscription:
             raise ValueError(f"count must be >= 0, got {count}")
         if not self.durable:
             raise TypeError("this subscription's cursor cannot skip (not durable)")
-        self._disconnect_for_reset()
-        try:
+        # resumed and flushed also when it stops at a batch it cannot skip part of (what it skipped stays)
+        async with self._admin_cursor_move():
             skipped = await skip_messages(topic, cursor, count)
-        finally:      # also when it stopped at a batch it cannot skip part of (what it skipped stays)
-            self.read_position = topic.next_after(cursor.mark_delete_position)
-            await _maybe_await(cursor.flush())
-            self.wake()
         log.info("subscription %s/%s: skipped %d messages (asked %d)", topic.key, self.name, skipped, count)
         return skipped
 
@@ -1275,13 +1285,8 @@ class Subscription:
         cursor = self.cursor
         if position <= cursor.mark_delete_position:
             return False
-        self._disconnect_for_reset()
-        try:
+        async with self._admin_cursor_move():
             changed = cursor.ack_cumulative(position)
-        finally:
-            self.read_position = self.topic.next_after(cursor.mark_delete_position)
-            await _maybe_await(cursor.flush())
-            self.wake()
         return bool(changed)
 
     async def reset(self, position: Position) -> None:
