@@ -81,6 +81,20 @@ def _listeners_of(doc: dict) -> tuple[tuple[str, str, str], ...]:
                  for name, urls in (doc.get("listeners") or {}).items())
 
 
+def _broker_info(broker_id: str, doc: dict, load: BrokerLoad) -> BrokerInfo:
+    """A broker's URLs from its owner or registration znode (KeyError, TypeError or
+    AttributeError when the znode is malformed)."""
+    return BrokerInfo(broker_id, str(doc["pulsar_url"]), str(doc["http_url"]), load,
+                      str(doc.get("pulsar_url_tls", "")), str(doc.get("http_url_tls", "")), _listeners_of(doc))
+
+
+def _redirect_to(info: BrokerInfo, *, authoritative: bool) -> LookupResult:
+    """A lookup's answer naming another broker."""
+    return LookupResult(info.pulsar_url, info.http_url, owned_by_self=False, authoritative=authoritative,
+                        broker_id=info.broker_id, pulsar_url_tls=info.pulsar_url_tls, http_url_tls=info.http_url_tls,
+                        listeners=info.listeners)
+
+
 class OwnershipManager:
     """Bundle ownership and LOOKUP for one broker. Use from the loop that owns ``store``."""
 
@@ -261,10 +275,7 @@ class OwnershipManager:
                 promised = self._promised_to(bundle)
                 if promised is not None and promised in brokers and promised != self.broker_id:
                     info = brokers[promised]
-                    return LookupResult(info.pulsar_url, info.http_url, owned_by_self=False,
-                                        authoritative=True, broker_id=info.broker_id,
-                                        pulsar_url_tls=info.pulsar_url_tls, http_url_tls=info.http_url_tls,
-                                        listeners=info.listeners)
+                    return _redirect_to(info, authoritative=True)
             decision = decide_lookup(
                 owner=owner[0].broker_id if owner is not None else None,
                 owned_by_self=self._table.owns(bundle),
@@ -278,10 +289,7 @@ class OwnershipManager:
                 info = owner[0] if owner is not None else brokers[decision.broker_id]
                 if owner is None:
                     self._promise(bundle, decision.broker_id, info.load.bundles)
-                return LookupResult(info.pulsar_url, info.http_url, owned_by_self=False,
-                                    authoritative=decision.authoritative, broker_id=info.broker_id,
-                                    pulsar_url_tls=info.pulsar_url_tls, http_url_tls=info.http_url_tls,
-                                    listeners=info.listeners)
+                return _redirect_to(info, authoritative=decision.authoritative)
             if isinstance(decision, AcquireSelf):
                 if await self._acquire_bundle(bundle):
                     return self._self_result()
@@ -330,10 +338,7 @@ class OwnershipManager:
             try:
                 doc = json.loads(read[0])
                 load = doc.get("load", {})
-                info = BrokerInfo(name, str(doc["pulsar_url"]), str(doc["http_url"]),
-                                  BrokerLoad(int(load.get("bundles", 0)), int(load.get("topics", 0))),
-                                  str(doc.get("pulsar_url_tls", "")), str(doc.get("http_url_tls", "")),
-                                  _listeners_of(doc))
+                info = _broker_info(name, doc, BrokerLoad(int(load.get("bundles", 0)), int(load.get("topics", 0))))
             except (ValueError, KeyError, TypeError, AttributeError) as e:
                 log.warning("ignoring malformed broker registration %s: %s", name, e)
                 continue
@@ -454,9 +459,7 @@ class OwnershipManager:
             return None
         try:
             doc = json.loads(read[0])
-            info = BrokerInfo(str(doc["broker_id"]), str(doc["pulsar_url"]), str(doc["http_url"]), BrokerLoad(),
-                              str(doc.get("pulsar_url_tls", "")), str(doc.get("http_url_tls", "")),
-                              _listeners_of(doc))
+            info = _broker_info(str(doc["broker_id"]), doc, BrokerLoad())
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise OwnershipError(f"malformed owner znode {path}: {e}") from None
         return info, stat.ephemeral_owner
