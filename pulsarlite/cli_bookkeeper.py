@@ -197,21 +197,6 @@ async def _simpletest(client, args) -> int:
 
 # -- autorecovery ---------------------------------------------------------------------------
 
-async def _ledgers_naming(client, bookie: str) -> list:
-    """Metadata of every ledger whose ensembles (or under-replicated bookies) name ``bookie``."""
-    from pulsarlite.errors import MetadataNotFoundError
-
-    out = []
-    for lid in await client.ledger_manager.list_ledger_ids():
-        try:
-            md, _ = await client.ledger_manager.read(lid)
-        except MetadataNotFoundError:
-            continue
-        if bookie in md.all_bookies() or bookie in md.under_replicated_bookies:
-            out.append(md)
-    return out
-
-
 async def _listunderreplicated(client, args) -> int:
     from bookie.autorecovery.urmanager import UnderReplicationManager
 
@@ -234,7 +219,7 @@ async def _recover(client, args) -> int:
 
     urm = UnderReplicationManager(client.store)
     marked = []
-    for md in await _ledgers_naming(client, args.bookie):
+    for md in await client.ledger_manager.ledgers_naming([args.bookie]):
         await urm.mark(md.ledger_id, [args.bookie], int(time.time() * 1000))
         marked.append(md.ledger_id)
     if args.wait_s < 0:
@@ -243,7 +228,7 @@ async def _recover(client, args) -> int:
     if args.wait_s > 0:
         deadline = time.monotonic() + args.wait_s
         while True:
-            remaining = [md.ledger_id for md in await _ledgers_naming(client, args.bookie)]
+            remaining = [md.ledger_id for md in await client.ledger_manager.ledgers_naming([args.bookie])]
             if not remaining or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(min(1.0, args.wait_s / 10))
@@ -273,7 +258,7 @@ async def _decommission(client, args) -> int:
     first = None
     marked: set[int] = set()
     while True:
-        naming = await _ledgers_naming(client, args.bookie)
+        naming = await client.ledger_manager.ledgers_naming([args.bookie])
         if first is None:
             first = len(naming)
         for md in naming:       # ledgers created on it meanwhile too (while it is writable)

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import re
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from bookie.client.metadata import LedgerMetadata, ledger_id_from_path, ledger_path
 from pulsarlite.errors import MetadataError, MetadataNotFoundError
@@ -123,6 +123,20 @@ class LedgerManager:
             paths = await self._expand(paths, _MIDDLE_LEVEL)
         leaves = await self._expand(paths, _LEAF)
         return sorted(ledger_id_from_path(p) for p in leaves)
+
+    async def ledgers_naming(self, bookies: Iterable[str]) -> list[LedgerMetadata]:
+        """The metadata of every ledger whose ensembles or ``under_replicated_bookies`` name one
+        of ``bookies``, ascending by id (ledgers deleted meanwhile are skipped)."""
+        wanted = frozenset(bookies)
+        out = []
+        for ledger_id in await self.list_ledger_ids():
+            try:
+                md, _ = await self.read(ledger_id)
+            except MetadataNotFoundError:
+                continue
+            if wanted & (md.all_bookies() | frozenset(md.under_replicated_bookies)):
+                out.append(md)
+        return out
 
     async def _expand(self, parents: list[str], pattern: re.Pattern) -> list[str]:
         listed = await asyncio.gather(*(self.store.children(p) for p in parents))

@@ -755,21 +755,12 @@ async def _closed_ledgers_naming(zookeeper: str, bookies: set[str]) -> list[int]
     under-replicated)."""
     from bookie.client.ledger_manager import LedgerManager
     from bookie.client.metadata import LedgerState
-    from pulsarlite.errors import MetadataNotFoundError
     from pulsarlite.metadata import MetadataStore
 
     store = await MetadataStore.connect(zookeeper)
     try:
-        manager = LedgerManager(store)
-        naming = []
-        for ledger_id in await manager.list_ledger_ids():
-            try:
-                md, _ = await manager.read(ledger_id)
-            except MetadataNotFoundError:
-                continue             # deleted meanwhile (retention, offload)
-            if md.state is LedgerState.CLOSED and bookies & (md.all_bookies() | set(md.under_replicated_bookies)):
-                naming.append(ledger_id)
-        return naming
+        return [md.ledger_id for md in await LedgerManager(store).ledgers_naming(bookies)
+                if md.state is LedgerState.CLOSED]
     finally:
         await store.close()
 

@@ -52,12 +52,7 @@ async def bookkeeper(cluster, *args: str, timeout_s: float = 180) -> subprocess.
 
 
 async def ledgers_naming(client, bookie: str) -> list[int]:
-    out = []
-    for lid in await client.ledger_manager.list_ledger_ids():
-        md, _ = await client.ledger_manager.read(lid)
-        if bookie in md.all_bookies() or bookie in md.under_replicated_bookies:
-            out.append(lid)
-    return out
+    return [md.ledger_id for md in await client.ledger_manager.ledgers_naming([bookie])]
 
 
 async def wait_until_nothing_names(client, cluster, bookie: str) -> None:
