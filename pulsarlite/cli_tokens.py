@@ -7,10 +7,11 @@ and never printed unless asked for (``create-secret-key`` without ``--output``).
 
 from __future__ import annotations
 
-import os
 import secrets
 import sys
 import time
+
+from pulsarlite.process import write_private_file
 
 
 def add_parser(subparsers) -> None:
@@ -60,12 +61,6 @@ def _read_key(value: str, option: str) -> bytes:
     return read_key_bytes(value, setting=option)
 
 
-def _write_private(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-
-
 def _token_of(args) -> str:
     if args.token:
         return args.token
@@ -90,7 +85,7 @@ def _create_secret_key(args) -> int:
     def body() -> int:
         data = encode_key_output(create_secret_key(args.signature_algorithm, secrets.token_bytes), args.base64)
         if args.output:
-            _write_private(args.output, data)
+            write_private_file(args.output, data)
         else:
             sys.stdout.buffer.write(data)
             sys.stdout.buffer.flush()
@@ -103,7 +98,7 @@ def _create_key_pair(args) -> int:
 
     def body() -> int:
         private, public = create_key_pair(args.signature_algorithm)
-        _write_private(args.output_private_key, private)
+        write_private_file(args.output_private_key, private)
         with open(args.output_public_key, "wb") as f:
             f.write(public)
         return 0

@@ -32,6 +32,7 @@ from typing import Callable
 
 from pulsarlite.config import BookieConfig, load_toml, to_toml
 from pulsarlite.errors import ConfigError, PulsarliteError
+from pulsarlite.process import write_private_file
 from pulsarlite.zk_server import (LOOPBACK, ZooKeeperServer, find_free_port, kill_process,
                                   log_tail, port_accepts, process_matches, signal_process,
                                   zookeeper_healthy)
@@ -80,15 +81,6 @@ def _child_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     return env
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write a broker config readable by its owner only: it may hold secrets ([security]: a
-    ``data:`` token key, TLS key paths)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(path, 0o600)          # an existing file keeps its mode through O_CREAT
 
 
 class LocalCluster:
@@ -346,7 +338,7 @@ class LocalCluster:
             raise
         config_path = self.dir / "conf" / f"{name}.toml"
         config_path.parent.mkdir(parents=True, exist_ok=True)
-        _write_private(config_path, to_toml(config))
+        write_private_file(config_path, to_toml(config))
         self.records[name] = ProcessRecord(
             name=name, role=BROKER, argv=self.broker_command(config_path),
             ports={"pulsar": config.port, "http": config.http_port}, config=str(config_path),
@@ -383,7 +375,7 @@ class LocalCluster:
                 raise ConfigError(f"broker settings: {e}") from None
             if updated != current:
                 tmp = path.with_suffix(".toml.tmp")
-                _write_private(tmp, to_toml(updated))
+                write_private_file(tmp, to_toml(updated))
                 os.replace(tmp, path)
                 changed.append(name)
         return changed

@@ -13,6 +13,16 @@ from pulsarlite.errors import PulsarliteError
 
 T = typing.TypeVar("T")
 
+
+def write_private_file(path: "str | os.PathLike", data: bytes | str) -> None:
+    """Write ``data`` to ``path`` readable and writable by its owner only (0600), also when the
+    file exists already with a wider mode (O_CREAT keeps an existing file's mode): tokens, keys
+    and configs that may hold secrets."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(data.encode() if isinstance(data, str) else data)
+
 # Young-generation collections after this many net allocations (CPython's default is 700): a
 # server allocates a few objects per message, so the default runs a collection every few
 # hundred messages and a full one often enough to stall the loop for tens of milliseconds with

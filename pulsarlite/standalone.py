@@ -32,6 +32,7 @@ from pathlib import Path
 
 from pulsarlite.cluster import ClusterError, LocalCluster
 from pulsarlite.errors import ConfigError, PulsarliteError
+from pulsarlite.process import write_private_file
 
 log = logging.getLogger("pulsarlite.standalone")
 
@@ -135,23 +136,17 @@ def bookie_auth_settings(directory: Path) -> tuple[dict, dict]:
     os.chmod(directory, 0o700)
     key_path = directory / "secret.key"
     if not key_path.exists():
-        _write_private_file(key_path, secrets.token_bytes(32))
+        write_private_file(key_path, secrets.token_bytes(32))
     key = key_path.read_bytes()
     for role in BOOKIE_AUTH_ROLES:
         path = directory / f"{role}.token"
         if not path.exists():
-            _write_private_file(path, create_token(subject=role, now_s=time.time(), secret_key=key).encode())
+            write_private_file(path, create_token(subject=role, now_s=time.time(), secret_key=key).encode())
     bookie = {"bookie_auth_enabled": True, "bookie_auth_token_secret_key": key_path.resolve().as_uri(),
               "bookie_auth_roles": ",".join(BOOKIE_AUTH_ROLES),
               "bookie_auth_token_file": str((directory / "autorecovery.token").resolve())}
     broker = {"bookie_auth_token_file": str((directory / "broker.token").resolve())}
     return bookie, broker
-
-
-def _write_private_file(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
 
 
 def update_bookie_configs(cluster: LocalCluster, settings: dict) -> None:

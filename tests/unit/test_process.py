@@ -31,3 +31,19 @@ def test_gil_switch_interval_rejects_bad_values_and_changes_nothing():
         with pytest.raises(PulsarliteError, match="PULSARLITE_GIL_SWITCH_INTERVAL_MS"):
             set_gil_switch_interval({"PULSARLITE_GIL_SWITCH_INTERVAL_MS": bad})
         assert sys.getswitchinterval() == before
+
+
+def test_write_private_file_is_owner_only_also_over_a_wider_existing_file(tmp_path):
+    import stat
+
+    from pulsarlite.process import write_private_file
+
+    path = tmp_path / "secret.key"
+    path.write_text("old")
+    path.chmod(0o644)                          # an existing, world-readable file
+    write_private_file(path, b"new key")
+    assert path.read_bytes() == b"new key"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    fresh = tmp_path / "fresh.toml"
+    write_private_file(fresh, "text = 1\n")
+    assert fresh.read_text() == "text = 1\n" and stat.S_IMODE(fresh.stat().st_mode) == 0o600
