@@ -26,7 +26,8 @@ from broker.dispatch import ConsumerBusyError, KeySharedMode, SubType
 from broker.errors import CumulativeAckNotAllowedError, NotAllowedError, server_error_of
 from broker.managed_ledger import Position
 from broker.schemas import decode_version, encode_version
-from broker.security.authentication import AuthenticationData, AuthenticationError, AuthenticationService
+from broker.security.authentication import (SLOW_AUTH_METHODS, AuthenticationData, AuthenticationError,
+                                            AuthenticationService)
 from broker.security.authorization import TopicOperation
 from broker.tls import peer_certificate_of
 from broker.topic import AccessMode
@@ -91,8 +92,6 @@ def _request_id_of(command: pb.BaseCommand) -> int | None:
 
 
 UNSUPPORTED_COMMANDS_MAX_DEFAULT = 1_000
-# [security] methods whose check is slow (bcrypt): run off the event loop by the shell
-SLOW_AUTH_METHODS = frozenset({"basic"})
 
 
 class ConnectionCore:

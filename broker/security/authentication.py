@@ -39,6 +39,10 @@ class AuthenticationError(BrokerError):
     server_error = pb.AuthenticationError
 
 
+# methods whose check is slow (bcrypt): the shells (binary protocol, HTTP) run it off the event loop
+SLOW_AUTH_METHODS = frozenset({"basic"})
+
+
 @dataclass(frozen=True)
 class AuthenticationData:
     """What a client presented. ``peer_certificate``: the peer certificate of its TLS connection in

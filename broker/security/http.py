@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from broker.security.authentication import AuthenticationData, AuthenticationError
+from broker.security.authentication import SLOW_AUTH_METHODS, AuthenticationData, AuthenticationError
 from broker.security.authorization import (AuthPolicies, PermissionError_, TopicOperation, check_actions,
                                            check_role)
 from broker.tls import peer_certificate_of
@@ -113,7 +113,7 @@ def make_security_middleware(service) -> Callable:
             return await handler(request)
         try:
             auth = credentials_of(request, authentication.providers)
-            if auth.method == "basic":      # bcrypt: off the event loop
+            if auth.method in SLOW_AUTH_METHODS:      # bcrypt: off the event loop
                 role = await asyncio.to_thread(authentication.authenticate, auth)
             else:
                 role = authentication.authenticate(auth)
