@@ -80,6 +80,15 @@ def _acked_ranges(cursor: ManagedCursor | CursorState) -> str:
     return "[" + ", ".join(f"({lid}:{a - 1}..{lid}:{b}]" for lid, a, b in ranges) + "]"
 
 
+def _owner_id(data: bytes) -> str:
+    """The broker id of a bundle ownership znode (JSON ``{"broker_id", ...}``; "" if unreadable)."""
+    try:
+        got = json.loads(data.decode())
+    except (UnicodeDecodeError, ValueError):
+        return ""
+    return str(got.get("broker_id") or "") if isinstance(got, dict) else ""
+
+
 class BrokerAdminBackend:
     def __init__(self, service: BrokerService) -> None:
         self.service = service
@@ -413,6 +422,78 @@ class BrokerAdminBackend:
             "ledgers": ledger_stats,
             "cursors": cursors,
         }
+
+    # -- console (broker/admin/console.py shapes these) -------------------------------------------
+    async def console_cluster(self) -> dict:
+        """The cluster page, read from ZooKeeper: live brokers and the bundles each owns (with
+        the topics placed in them), live bookies and their mode, under-replicated ledgers."""
+        from bookie.autorecovery.urmanager import UnderReplicationManager
+        from broker.admin.console import cluster_view, parse_broker, topics_by_bundle
+        from broker.ownership.core import BROKERS_ROOT, NAMESPACE_ROOT, is_bundle_key
+        store = self.store
+        brokers = []
+        for broker_id in await store.children(BROKERS_ROOT):
+            got = await store.get_or_none(f"{BROKERS_ROOT}/{broker_id}")
+            if got is not None:
+                brokers.append(parse_broker(broker_id, got[0]))
+        owners: dict[str, str] = {}
+        namespaces = []
+        for tenant in await store.children(NAMESPACE_ROOT):
+            for ns in await store.children(f"{NAMESPACE_ROOT}/{tenant}"):
+                namespaces.append(f"{tenant}/{ns}")
+                for bundle in await store.children(f"{NAMESPACE_ROOT}/{tenant}/{ns}"):
+                    key = f"{tenant}/{ns}/{bundle}"
+                    got = await store.get_or_none(f"{NAMESPACE_ROOT}/{key}") if is_bundle_key(key) else None
+                    if got is not None:
+                        owners[key] = _owner_id(got[0])
+        topics = []
+        for namespace in namespaces:
+            topics += await self.service.topics_of_namespace(namespace)
+        placement = self.service.ownership.manager.bundle_of
+        lm = self.service.ledger_client.ledger_manager
+        return cluster_view(brokers, owners, topics_by_bundle(topics, placement), await lm.writable_bookies(),
+                            await lm.readonly_bookies(), await UnderReplicationManager(store).list_marked())
+
+    async def topic_segments(self, topic: str) -> dict:
+        """The topic page's segments (oldest first) with each ledger's ensembles from its
+        metadata; 404 if the topic does not exist."""
+        from bookie.autorecovery.urmanager import UnderReplicationManager
+        from broker.admin.console import SEGMENTS_LISTED_MAX, segments_view
+        name = self._name(topic)
+        await self._require_topic(name)
+        live = self.service.loaded_topic(str(name))
+        if live is not None:
+            ledgers = live.ml.ledgers()
+        else:
+            md = await self._ledger_list(name)
+            ledgers = md.ledgers if md is not None else ()
+        total = len(ledgers)
+        ledgers = ledgers[-SEGMENTS_LISTED_MAX:]          # the newest; the page says how many it left out
+        lm = self.service.ledger_client.ledger_manager
+        ensembles = {}
+        for info in ledgers:
+            try:
+                ensembles[info.ledger_id] = (await lm.read(info.ledger_id))[0].ensembles
+            except MetadataNotFoundError:
+                pass                      # deleted from the bookies (offloaded) or never created
+        marked = await UnderReplicationManager(self.store).list_marked()
+        return {"topic": str(name), "loadedHere": live is not None, "segmentsTotal": total,
+                "segments": segments_view(ledgers, ensembles, marked, open_current=live is not None)}
+
+    async def console_topic(self, topic: str) -> dict:
+        """The console's topic page in one answer: ``{"topic", "ownerAdminUrl", "stats",
+        "loadedHere", "segmentsTotal", "segments"}``. Asked of any broker: a topic another
+        broker owns is read from its owner (the caller's credentials forwarded), so the browser
+        stays on the broker that served the page (a 307 to another origin would lose the
+        token and meet CORS)."""
+        name = self._name(topic)
+        url = await self.admin_redirect_url(str(name))
+        if url is None:
+            stats, segments = await self.topic_stats(str(name)), await self.topic_segments(str(name))
+        else:
+            stats = await self._call_owner(url, "GET", name, "/stats")
+            segments = await self._call_owner(url, "GET", name, "/segments")
+        return {"ownerAdminUrl": url, "stats": stats, **segments, "topic": str(name)}
 
     # -- offload ---------------------------------------------------------------------------------
     async def offload(self, topic: str, ledger_id: int, entry_id: int) -> None:

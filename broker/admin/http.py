@@ -268,6 +268,17 @@ class AdminBackend(Protocol):
         """Pulsar's terminatePartitionedTopic: terminate every partition (wherever it is served);
         ``{"<partition index>": last message id, ...}``; 404 if the topic is not partitioned."""
 
+    async def console_cluster(self) -> dict:
+        """The console's cluster page (broker/admin/console.py ``cluster_view``); optional: a
+        backend without it has no console data routes."""
+
+    async def console_topic(self, topic: str) -> dict:
+        """The console's topic page: stats and segments, read from the owner by this broker."""
+
+    async def topic_segments(self, topic: str) -> dict:
+        """The console's topic segments (``{"topic", "loadedHere", "segmentsTotal", "segments"}``,
+        broker/admin/console.py ``segments_view``); 404 if the topic does not exist."""
+
     async def read_entry(self, topic: str, ledger_id: int, entry_id: int) -> bytes:
         """The stored entry ``[u32 meta_size][MessageMetadata][payload]`` at (ledger_id,
         entry_id); 404 if the topic or the entry does not exist (never confirmed, trimmed), 405
@@ -857,6 +868,36 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
     r.add_put(topic_base + "/offloadPolicies", set_offload_policies)
     r.add_delete(topic_base + "/offloadPolicies", remove_offload_policies)
     r.add_get("/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}", lookup)
+
+    # -- the web console (broker/admin/console.py): static files at / and /console/<file>, served
+    # without authentication (they hold no data); its data calls are admin routes like any other
+    from broker.admin.console import static_file
+
+    async def console_file(request: web.Request) -> web.Response:
+        found = static_file(request.match_info.get("name", "index.html"))
+        if found is None:
+            raise web.HTTPNotFound(text="no such console file")
+        body, content_type = found
+        return web.Response(body=body, content_type=content_type, headers={
+            "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"})
+
+    r.add_get("/", console_file)
+    r.add_get("/console/{name}", console_file)
+
+    async def console_cluster(request: web.Request) -> web.Response:
+        return _json(await backend.console_cluster())
+
+    async def topic_segments(request: web.Request) -> web.Response:
+        return _json(await backend.topic_segments(_topic(request)))
+
+    async def console_topic(request: web.Request) -> web.Response:
+        return _json(await backend.console_topic(_topic(request)))
+
+    if hasattr(backend, "console_cluster"):
+        r.add_get("/admin/v2/console/cluster", console_cluster)
+        r.add_get(topic_base + "/segments", at_owner(topic_segments))
+        r.add_get(topic_base + "/console", console_topic)          # asks the owner itself
 
     # -- metrics ----------------------------------------------------------------------------
     async def metrics(request: web.Request) -> web.Response:

@@ -5,12 +5,14 @@ Who you are (401 when not proven): ``Authorization: Bearer <token>`` (method ``t
 ``Authorization: Basic <base64 user:password>`` (method ``basic``), else the TLS client
 certificate of an https connection (method ``tls``, when that provider is on), else the
 anonymous role if one is configured. ``/metrics`` needs a role only with
-``authenticate_metrics_endpoint``.
+``authenticate_metrics_endpoint``. The web console's static files (``/``, ``/console/<file>``)
+need none: they hold no data; every call they make for data is one of the routes below.
 
 What you may do (403 when not allowed), by route:
 
 - ``/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}``, and GET of a topic's stats,
-  internal stats, partitions, last message id and schemas: lookup permission on the topic
+  internal stats, segments and console page, partitions, last message id and schemas: lookup
+  permission on the topic
   (produce or consume), as Pulsar's GET_STATS / GET_METADATA;
 - ``GET /admin/v2/namespaces/{tenant}/{namespace}/topics``: a role with a namespace permission;
 - ``GET /admin/v2/tenants/{tenant}`` and every path under ``/admin/v2/namespaces/{tenant}``,
@@ -60,6 +62,7 @@ def forwarded_headers() -> dict[str, str]:
     return {"Authorization": value} if value else {}
 
 
+_CONSOLE_FILE_ROUTES = frozenset({"/", "/console/{name}"})
 _TENANT_PREFIXES = ("/admin/v2/namespaces/{tenant}", "/admin/v2/persistent/{tenant}", "/admin/v2/schemas/{tenant}")
 _LOOKUP_ROUTE = "/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}"
 _NAMESPACE_TOPICS_ROUTE = "/admin/v2/namespaces/{tenant}/{namespace}/topics"
@@ -69,8 +72,8 @@ _TOPIC = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 _SCHEMA = "/admin/v2/schemas/{tenant}/{namespace}/{topic}"
 _LOOKUP_READ_ROUTES = frozenset({
     _LOOKUP_ROUTE, _TOPIC + "/stats", _TOPIC + "/partitioned-stats", _TOPIC + "/internalStats",
-    _TOPIC + "/partitions", _TOPIC + "/lastMessageId", _SCHEMA + "/schema", _SCHEMA + "/schema/{version}",
-    _SCHEMA + "/schemas"})
+    _TOPIC + "/partitions", _TOPIC + "/lastMessageId", _TOPIC + "/segments",
+    _TOPIC + "/console", _SCHEMA + "/schema", _SCHEMA + "/schema/{version}", _SCHEMA + "/schemas"})
 
 
 def _reason(status: int, reason: str) -> web.Response:
@@ -111,6 +114,8 @@ def make_security_middleware(service) -> Callable:
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else ""
         if route == "/metrics" and not config.authenticate_metrics_endpoint:
             return await handler(request)
+        if route in _CONSOLE_FILE_ROUTES and request.method in ("GET", "HEAD"):
+            return await handler(request)      # the console's static files: no data in them
         try:
             auth = credentials_of(request, authentication.providers)
             if auth.method in SLOW_AUTH_METHODS:      # bcrypt: off the event loop
