@@ -138,6 +138,8 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
                 used_fraction, free_bytes, _ = store.disk_usage()
                 disk_read_only = policy.next_read_only(disk_read_only, used_fraction)
                 read_only = disk_read_only or decommissioning["now"]
+                if metrics is not None:
+                    metrics.disk_checked(used_fraction, free_bytes, read_only)
                 if read_only != store.read_only or reregister.is_set():
                     if read_only != store.read_only:
                         log.warning("bookie mode change bookie=%s read_only=%s used=%.3f free_bytes=%d "

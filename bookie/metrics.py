@@ -16,6 +16,9 @@ seconds (BookKeeper's provider exports milliseconds as summaries).
 | replication_worker_NUM_FRAGMENTS_REPLICATED | counter | fragments re-replicated (recorded in the metadata) |
 | replication_worker_NUM_FULL_OR_PARTIAL_LEDGERS_REPLICATED | counter | ledgers whose mark this worker removed |
 | replication_worker_UNDER_REPLICATED_seconds | histogram | from a ledger's mark to its removal (wall clock) |
+| bookie_disk_free_bytes | gauge | free bytes of the fuller of the journal and ledger disks (each disk check) |
+| bookie_disk_used_ratio | gauge | used fraction of that disk (read-only above disk_usage_readonly_threshold) |
+| bookie_read_only | gauge | 1 while the bookie is read-only (disk full or decommissioning) |
 """
 
 from __future__ import annotations
@@ -60,7 +63,19 @@ class BookieMetrics:
                                             "Time from a ledger's mark to its removal",
                                             buckets=_UNDER_REPLICATED_BUCKETS_S, registry=r)
 
-    # hooks (called from the server, the journal thread, the auditor and the worker)
+        self.disk_free_bytes = Gauge("bookie_disk_free_bytes",
+                                     "Free bytes of the fuller of the journal and ledger disks", registry=r)
+        self.disk_used_ratio = Gauge("bookie_disk_used_ratio",
+                                     "Used fraction of the fuller of the journal and ledger disks", registry=r)
+        self.read_only = Gauge("bookie_read_only", "1 while the bookie is read-only (disk full, decommissioning)",
+                               registry=r)
+
+    # hooks (called from the server, the journal thread, the auditor, the worker and the disk monitor)
+    def disk_checked(self, used_fraction: float, free_bytes: int, read_only: bool) -> None:
+        self.disk_used_ratio.set(used_fraction)
+        self.disk_free_bytes.set(free_bytes)
+        self.read_only.set(1 if read_only else 0)
+
     def entries_added(self, ok: int, refused: int) -> None:
         if ok:
             self._added_ok.inc(ok)

@@ -660,7 +660,8 @@ def tier_settings(tier_uri: str | None, s3_endpoint_url: str | None) -> dict:
 
 
 # settings the launcher chooses itself for each process (addresses, identities, directories)
-BOOKIE_LAUNCHER_KEYS = frozenset({"bookie_id", "host", "port", "zookeeper", "journal_dir", "ledger_dir"})
+BOOKIE_LAUNCHER_KEYS = frozenset({"bookie_id", "host", "port", "metrics_port", "zookeeper", "journal_dir",
+                                  "ledger_dir"})
 BROKER_LAUNCHER_KEYS = frozenset({"broker_id", "host", "port", "http_port", "advertised_host", "zookeeper"})
 
 
