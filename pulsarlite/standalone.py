@@ -299,6 +299,7 @@ class Standalone:
             "pulsarlite standalone is ready",
             f"  service URL  {cluster.service_url}",
             f"  admin URL    {cluster.admin_url}",
+            f"  web console  {cluster.admin_url}/   (open it in a browser)",
             *([f"  TLS service  pulsar+ssl://127.0.0.1:{self.settings.broker_settings['broker_service_port_tls']}"]
               if self.settings.broker_settings.get("broker_service_port_tls") else []),
             *([f"  TLS admin    https://127.0.0.1:{self.settings.broker_settings['web_service_port_tls']}"]

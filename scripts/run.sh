@@ -64,19 +64,23 @@ sed -n '/pulsarlite standalone is ready/,/Press Ctrl-C/p' "$OUT"
 SERVICE_URL=$(sed -n 's/^  service URL  //p' "$OUT" | head -1)
 ADMIN_URL=$(sed -n 's/^  admin URL    //p' "$OUT" | head -1)
 
+DEMO_TOPIC="demo-$(date +%s)"
 echo "== producing and consuming 1000 messages through $SERVICE_URL with the official Pulsar client"
 DEMO_STATUS=0
-.venv/bin/python scripts/demo_pubsub.py "$SERVICE_URL" --messages 1000 || DEMO_STATUS=$?
+.venv/bin/python scripts/demo_pubsub.py "$SERVICE_URL" --messages 1000 \
+  --topic "persistent://public/default/$DEMO_TOPIC" || DEMO_STATUS=$?
 echo "== topics: curl $ADMIN_URL/admin/v2/persistent/public/default"
 curl -fsS "$ADMIN_URL/admin/v2/persistent/public/default" 2>/dev/null | head -c 2000 || true
 echo
+echo "== web console: open $ADMIN_URL/ in a browser (cluster, tenants, topics);"
+echo "   the demo topic's segments: $ADMIN_URL/#/topic/public/default/$DEMO_TOPIC"
 
 if [ "$DEMO_ONLY" = 1 ] || [ "$DEMO_STATUS" != 0 ]; then
   stop_standalone
   exit "$DEMO_STATUS"
 fi
 
-echo "== serving until Ctrl-C (service URL $SERVICE_URL, admin URL $ADMIN_URL); standalone output follows"
+echo "== serving until Ctrl-C (service URL $SERVICE_URL, web console and admin $ADMIN_URL/); standalone output follows"
 SERVING=1
 tail -n 0 -f --pid="$PID" "$OUT" &
 wait "$PID" || STATUS=$?

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 
 import pulsar
@@ -131,6 +132,9 @@ def test_standalone_serves_supervises_stops_and_keeps_data(tmp_path):
         first.wait_output("pulsarlite standalone is ready")
         assert f"service URL  {service_url}" in first.output
         assert f"admin URL    http://127.0.0.1:{ports['http']}" in first.output
+        assert f"web console  http://127.0.0.1:{ports['http']}/ " in first.output
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports['http']}/", timeout=30) as resp:
+            assert b"/console/console.js" in resp.read()       # the banner's URL serves the console
         assert f"tier         file://{data_dir}/tier" in first.output
         children = first.child_pids()
         assert sorted(children) == ["bookie-1", "bookie-2", "bookie-3", "broker-1", "zookeeper"]
