@@ -44,6 +44,7 @@ compose-check:
 	docker-compose -f deploy/docker-compose.secure.yml config -q
 	.venv/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_deploy.py
 	.venv/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_security_conf.py -k "secure_compose or make_secrets"
+	.venv/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_dashboard_metrics.py -k "provisioning or extraction"
 proto:
 	.venv/bin/python scripts/gen_proto.py
 proto-check:

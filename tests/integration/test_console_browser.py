@@ -169,6 +169,12 @@ def test_console_shows_segments_bookies_and_brokers(open_cluster, browser, modul
         wait_for(lambda: browser.find_element("css selector", "#segments .segment:last-child").text != before,
                  PAGE_WAIT_S, "the open segment redrawn with the new entry", interval_s=0.2)
 
+        # tenants and namespaces with their policies (the retention set above among them)
+        browser.get(page_base + "/#/tenants")
+        text = wait_text(browser, lambda t: "Namespace public/default" in t and TOPIC in t, "tenants page")
+        browser.find_element("css selector", "details summary").click()
+        assert '"retentionTimeInMinutes": -1' in page_text(browser)
+
         # a topic that does not exist: a clear message, not a blank page
         browser.get(page_base + "/#/topic/public/default/no-such-topic")
         wait_text(browser, lambda t: "404" in t and "not found" in t.lower(), "404 message")
