@@ -143,9 +143,10 @@ class BrokerAdminBackend:
         return True
 
     # -- topics ----------------------------------------------------------------------------------
-    async def list_topics(self, namespace: str) -> list[str]:
+    async def list_topics(self, namespace: str, mode: str = "PERSISTENT") -> list[str]:
+        """``mode``: PERSISTENT, NON_PERSISTENT or ALL (Pulsar's getTopics modes)."""
         await self._check_namespace(namespace)
-        return sorted(await self.service.topics_of_namespace(namespace))
+        return sorted(await self.service.topics_of_namespace(namespace, mode))
 
     async def list_partitioned_topics(self, namespace: str) -> list[str]:
         await self._check_namespace(namespace)
@@ -205,8 +206,9 @@ class BrokerAdminBackend:
             await self.store.create(self._partitions_path(name), json.dumps(metadata).encode())
         except MetadataExistsError:
             raise ConflictError(f"Partitioned topic {name} already exists") from None
-        for i in range(partitions):
-            await self._create_ledger_list(name.partition(i))
+        if name.is_persistent:           # a non-persistent partition is created on first use
+            for i in range(partitions):
+                await self._create_ledger_list(name.partition(i))
 
     async def update_partitioned_topic(self, topic: str, partitions: int) -> None:
         name = self._name(topic)
@@ -360,6 +362,60 @@ class BrokerAdminBackend:
             "msgOutCounter": msg_out, "bytesOutCounter": bytes_out,
             "averageMsgSize": (bytes_in / msg_in) if msg_in else 0.0,
             "storageSize": storage, "backlogSize": int(slowest * avg),
+            "publishers": publishers, "subscriptions": subscriptions,
+        }
+
+    async def nonpersistent_stats(self, topic: str) -> dict:
+        """Pulsar's NonPersistentTopicStats of a topic loaded on this broker (404 otherwise: a
+        non-persistent topic exists only while loaded): the persistent fields that apply, and
+        ``msgDropRate`` (messages/s dropped for consumers without permits, over the last stats
+        interval) for the topic, each subscription and each consumer; ``msgDropCounter`` is
+        our total since load."""
+        name = self._name(topic)
+        await self._check_namespace(name)
+        service = self.service
+        key = str(name)
+        live = service.nonpersistent.get(key)
+        if live is None:
+            raise NotFoundError(f"Topic {name} not found")
+        subscriptions: dict = {}
+        for sub in live.subscriptions.values():
+            rate, throughput = service.rate(("s", key, sub.name))
+            drop_rate = service.rate(("sd", key, sub.name))[0]
+            consumers: list[ConsumerStats] = []
+            for handle in sub.consumers.values():
+                consumers.append({
+                    "consumerName": handle.consumer_name,
+                    "msgRateOut": 0.0, "msgThroughputOut": 0.0, "msgDropRate": 0.0,
+                    "availablePermits": sub.core.permits(id(handle)), "unackedMessages": 0,
+                    "priorityLevel": sub.core.priority(id(handle)), "address": handle.address,
+                    "connectedSince": _iso(handle.connected_since_ms),
+                    "clientVersion": handle.client_version, "metadata": dict(handle.metadata),
+                })
+            if len(consumers) == 1:
+                consumers[0]["msgRateOut"], consumers[0]["msgThroughputOut"] = rate, throughput
+                consumers[0]["msgDropRate"] = drop_rate
+            subscriptions[sub.name] = {
+                "msgBacklog": 0, "type": sub.sub_type.value, "msgRateOut": rate, "msgThroughputOut": throughput,
+                "msgDropRate": drop_rate, "msgDropCounter": sub.msg_dropped, "consumers": consumers,
+                "isDurable": False,
+            }
+        publishers: list = []
+        for p in live.producers.values():
+            r, t = service.rate(("p", key, p.name))
+            publishers.append({"producerId": p.producer_id, "producerName": p.name, "msgRateIn": r,
+                               "msgThroughputIn": t, "msgDropRate": 0.0, "address": p.address,
+                               "connectedSince": _iso(p.connected_since_ms),
+                               "clientVersion": p.handle.client_version, "metadata": dict(p.handle.metadata)})
+        rate_in, rate_out = service.rate(("t", key)), service.rate(("to", key))
+        return {
+            "msgRateIn": rate_in[0], "msgThroughputIn": rate_in[1],
+            "msgRateOut": rate_out[0], "msgThroughputOut": rate_out[1],
+            "msgInCounter": live.msg_in, "bytesInCounter": live.bytes_in,
+            "msgOutCounter": live.msg_out, "bytesOutCounter": live.bytes_out,
+            "averageMsgSize": (live.bytes_in / live.msg_in) if live.msg_in else 0.0,
+            "storageSize": 0, "backlogSize": 0,
+            "msgDropRate": service.rate(("d", key))[0], "msgDropCounter": live.msg_dropped,
             "publishers": publishers, "subscriptions": subscriptions,
         }
 

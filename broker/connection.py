@@ -874,9 +874,8 @@ class ServerConnection(asyncio.Protocol):
         try:
             if self._authorization_enabled:
                 await self.service.authorize_namespace_topics(self.core.role, body.namespace)
-            topics = await self.service.topics_of_namespace(body.namespace)
-            if body.HasField("mode") and body.mode == pb.CommandGetTopicsOfNamespace.NON_PERSISTENT:
-                topics = []        # only persistent topics are served (mode ALL: the persistent ones)
+            mode = pb.CommandGetTopicsOfNamespace.Mode.Name(body.mode) if body.HasField("mode") else "PERSISTENT"
+            topics = await self.service.topics_of_namespace(body.namespace, mode)
         except Exception as e:
             self.write(c.error(body.request_id, server_error_of(e), str(e)))
             return

@@ -361,6 +361,22 @@ class DispatcherCore:
                 break
         return out
 
+    def dispatch_best_effort(self, entries: Iterable[tuple]) -> tuple[list[Delivery], int]:
+        """Non-persistent topics (Pulsar's NonPersistentDispatcher*): offer ``entries`` (as
+        :meth:`offer`) and give them out at once by the same policy as :meth:`dispatch`; what no
+        consumer has a permit for now is dropped, and nothing is tracked afterwards (no acks, no
+        redelivery: a delivered entry is forgotten). Returns (deliveries, messages dropped).
+        Only for a core used this way alone: it keeps nothing between calls."""
+        check(not self._pending and not self._owner and not self._delayed,
+              "dispatch_best_effort on a core that tracks entries")
+        self.offer(entries)
+        out = self.dispatch()
+        dropped = sum(self._pending.values())
+        self.clear_pending()
+        for d in out:
+            self._forget(d.position)
+        return out, dropped
+
     # -- acks and redelivery --------------------------------------------------------------------
     def ack(self, positions: Iterable[Any]) -> list[Any]:
         """Individual acks (from any consumer of the subscription); returns the positions that

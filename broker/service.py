@@ -24,6 +24,7 @@ from broker.errors import (BrokerError, NotAllowedError, ProducerBusyError, Serv
                            SubscriptionBusyError, TopicNotFoundError, server_error_of)
 from broker.latency import LatencyBuckets
 from broker.managed_ledger import ManagedLedger, ManagedLedgerClosedError, managed_ledger_path
+from broker.nonpersistent import NON_PERSISTENT_ROOT, NonPersistentTopic, registration_path
 from broker.offloader import BrokerOffloader
 from broker.retention import RetentionService, publish_time_of
 from broker.schema_compat import CompatibilityStrategy
@@ -70,6 +71,8 @@ class BrokerService:
         self.publish_buffer = PublishBuffer(config.publish_buffer_bytes_max)
         self.schemas = SchemaRegistry(store, policy_lookup=self._schema_policy)
         self.topics: dict[str, asyncio.Task] = {}
+        # non-persistent topics (broker/nonpersistent.py): in memory, loaded at once on first use
+        self.nonpersistent: dict[str, NonPersistentTopic] = {}
         self._producer_names = itertools.count()
         self._producer_name_token = secrets.token_hex(4)
         self.closing = False
@@ -102,6 +105,15 @@ class BrokerService:
             if lost:
                 log.warning("ownership of %s lost: unloading", key)
                 task = asyncio.ensure_future(self.unload_topic(key))
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        for key in list(self.nonpersistent):
+            try:
+                lost = is_lost(parse_topic(key))
+            except Exception:
+                lost = True
+            if lost:
+                log.warning("ownership of %s lost: unloading", key)
+                task = asyncio.ensure_future(self.unload_nonpersistent(key))
                 task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     # -- names -----------------------------------------------------------------------------------
@@ -157,8 +169,6 @@ class BrokerService:
         service URL or "" when it has no TLS listener); with ``listener_name``, the URLs of that
         advertised listener of the owner (BrokerConfig.advertised_listeners)."""
         topic = parse_topic(topic_name)
-        if not _is_persistent(topic):
-            raise NotAllowedError("non-persistent topics are not supported")
         return await self.ownership.lookup(topic, authoritative=authoritative, listener_name=listener_name)
 
     async def partitions(self, topic_name: str) -> int:
@@ -205,22 +215,34 @@ class BrokerService:
             pass
         return await self.partitions(topic_name)
 
-    async def topics_of_namespace(self, namespace: str) -> list[str]:
+    async def topics_of_namespace(self, namespace: str, mode: str = "PERSISTENT") -> list[str]:
+        """The namespace's topics as Pulsar's getTopicsOfNamespace lists them, by ``mode``
+        PERSISTENT (managed ledgers), NON_PERSISTENT (the non-persistent topics loaded on any
+        broker now: their ephemeral znodes) or ALL; the partitions of partitioned topics of
+        that kind, also those not created yet (they are on first use): pattern consumers
+        subscribe to them."""
         parts = namespace.split("/")
         if len(parts) != 2:
             raise NotAllowedError(f"invalid namespace {namespace!r}")
-        names = await self.store.children(f"/managed-ledgers/{namespace}/persistent")
-        topics = [f"persistent://{namespace}/{unquote_plus(n)}" for n in names]
-        # the partitions of partitioned topics, also those not created yet (they are on first
-        # use), as Pulsar lists them: pattern consumers subscribe to them
-        seen = set(topics)
-        for parent in await self.store.children(f"{PARTITIONED_TOPICS_ROOT}/{namespace}/persistent"):
-            full = f"persistent://{namespace}/{unquote_plus(parent)}"
-            for i in range(await self.partitions(full)):
-                name = f"{full}-partition-{i}"
-                if name not in seen:
-                    seen.add(name)
-                    topics.append(name)
+        if mode not in ("PERSISTENT", "NON_PERSISTENT", "ALL"):
+            raise NotAllowedError(f"mode must be PERSISTENT, NON_PERSISTENT or ALL, got {mode!r}")
+        topics: list[str] = []
+        domains = {"PERSISTENT": ("persistent",), "NON_PERSISTENT": ("non-persistent",),
+                   "ALL": ("persistent", "non-persistent")}[mode]
+        for domain in domains:
+            root = f"/managed-ledgers/{namespace}/persistent" if domain == "persistent" else \
+                f"{NON_PERSISTENT_ROOT}/{namespace}"
+            names = await self.store.children(root)
+            listed = [f"{domain}://{namespace}/{unquote_plus(n)}" for n in names]
+            seen = set(listed)
+            for parent in await self.store.children(f"{PARTITIONED_TOPICS_ROOT}/{namespace}/{domain}"):
+                full = f"{domain}://{namespace}/{unquote_plus(parent)}"
+                for i in range(await self.partitions(full)):
+                    name = f"{full}-partition-{i}"
+                    if name not in seen:
+                        seen.add(name)
+                        listed.append(name)
+            topics.extend(listed)
         return topics
 
     async def namespace_topics_and_partitioned(self, namespace: str) -> list[str]:
@@ -244,10 +266,10 @@ class BrokerService:
         if self.closing:
             raise ServiceNotReadyError("broker is shutting down")
         topic = parse_topic(topic_name)
-        if not _is_persistent(topic):
-            raise NotAllowedError("non-persistent topics are not supported")
         if not self.ownership.owns(topic) and not await self.ownership.ensure_owned(topic):
             raise ServiceNotReadyError(f"topic {topic} is not owned by this broker")
+        if not _is_persistent(topic):
+            return await self._get_nonpersistent(topic, create)
         key = str(topic)
         unloading = self._unloading.get(key)
         if unloading is not None:     # a close in progress finishes before the topic loads again
@@ -267,6 +289,50 @@ class BrokerService:
             if self.topics.get(key) is task and task.done():
                 del self.topics[key]
             raise
+
+    async def _get_nonpersistent(self, topic: TopicName, create: bool) -> NonPersistentTopic:
+        """The loaded non-persistent topic, or a new one (``create``: auto-creation rules as
+        for persistent topics; registered by an ephemeral znode so every broker lists it)."""
+        key = str(topic)
+        loaded = self.nonpersistent.get(key)
+        if loaded is not None:
+            return loaded
+        if not create:
+            raise TopicNotFoundError(f"topic {topic} does not exist")
+        await self.check_auto_creation(topic)
+        loaded = self.nonpersistent.get(key)       # another load won meanwhile
+        if loaded is not None:
+            return loaded
+        created = NonPersistentTopic(self, topic)
+        self.nonpersistent[key] = created
+        from pulsarlite.metadata import MetadataExistsError
+        try:
+            await self.store.create(registration_path(topic), self.broker_id.encode(), ephemeral=True)
+        except MetadataExistsError:
+            pass             # a previous owner's znode, gone with its session
+        except Exception:
+            self.nonpersistent.pop(key, None)
+            raise
+        log.info("topic loaded %s", topic)
+        return created
+
+    async def unload_nonpersistent(self, key: str) -> bool:
+        """Close a non-persistent topic: clients are disconnected (they look it up again), its
+        in-flight messages are gone, its znode removed. False if it was not loaded."""
+        topic = self.nonpersistent.pop(key, None)
+        if topic is None:
+            return False
+        self._flush_topic(topic)
+        await topic.close()
+        try:
+            got = await self.store.get_or_none(registration_path(topic.name))
+            if got is not None and got[0] == self.broker_id.encode():
+                await self.store.delete(registration_path(topic.name), got[1])
+        except Exception as e:    # noqa: BLE001 - the ephemeral znode goes with the session anyway
+            log.info("topic znode not removed topic=%s error=%r", key, e)
+        self.metrics.forget_topic(key)
+        log.info("topic unloaded %s", key)
+        return True
 
     async def _load(self, topic, create: bool) -> PersistentTopic:
         name = topic.managed_ledger_name
@@ -375,7 +441,27 @@ class BrokerService:
                 samples[("s", topic.key, sub.name)] = (now, sub.msg_out, sub.bytes_out)
             backlog, backlog_bytes, storage = self.topic_backlog(topic)
             self.metrics.set_backlog(topic.key, backlog, backlog_bytes, storage)
+        # non-persistent counters start at 0 when their topic or subscription is created: that
+        # is their first sample, so what happened before the first tick shows in the rates
+        # (drops come in bursts, often right after a subscription appears)
+        baselines: dict[tuple, tuple[float, int, int]] = {}
+        for topic in list(self.nonpersistent.values()):
+            for key in (("t", topic.key), ("to", topic.key), ("d", topic.key)):
+                baselines[key] = (topic.created_s, 0, 0)
+            for sub in topic.subscriptions.values():
+                baselines[("s", topic.key, sub.name)] = (sub.created_s, 0, 0)
+                baselines[("sd", topic.key, sub.name)] = (sub.created_s, 0, 0)
+            samples[("t", topic.key)] = (now, topic.msg_in, topic.bytes_in)
+            samples[("to", topic.key)] = (now, topic.msg_out, topic.bytes_out)
+            samples[("d", topic.key)] = (now, topic.msg_dropped, 0)
+            for p in topic.producers.values():
+                samples[("p", topic.key, p.name)] = (now, p.msg_in, p.bytes_in)
+            for sub in topic.subscriptions.values():
+                samples[("s", topic.key, sub.name)] = (now, sub.msg_out, sub.bytes_out)
+                samples[("sd", topic.key, sub.name)] = (now, sub.msg_dropped, 0)
         self._samples_prev, self._samples = self._samples, samples
+        for key, baseline in baselines.items():
+            self._samples_prev.setdefault(key, baseline)
         self.flush_metrics()
 
     def rate(self, key: tuple) -> tuple[float, float]:
@@ -416,6 +502,8 @@ class BrokerService:
         topics = self.loaded_topics()
         for topic in topics:
             self._flush_topic(topic)
+        for np_topic in list(self.nonpersistent.values()):
+            self._flush_topic(np_topic)
         hits, misses = self._cache_flushed
         if self.cache_hits > hits:
             self.metrics.on_cache_hit(self.cache_hits - hits)
@@ -449,6 +537,8 @@ class BrokerService:
         await self.retention.close()
         keys = list(self.topics)
         await asyncio.gather(*(self.unload_topic(k) for k in keys), return_exceptions=True)
+        await asyncio.gather(*(self.unload_nonpersistent(k) for k in list(self.nonpersistent)),
+                             return_exceptions=True)
         if self.offloader is not None:
             await self.offloader.close()
 

@@ -758,8 +758,8 @@ COMMANDS: tuple[Op, ...] = (
     Op("namespaces", "get-deduplication", "deduplication (null: broker default)", path=NS + "/deduplication",
        args=(NAMESPACE,)),
     # topics
-    Op("topics", "list", "list the topics of a namespace (partitions included)",
-       path="/admin/v2/persistent/{namespace}", args=(NAMESPACE,)),
+    Op("topics", "list", "list the topics of a namespace, persistent and non-persistent (partitions included)",
+       path="/admin/v2/namespaces/{namespace}/topics", args=(NAMESPACE,), query=lambda a: {"mode": "ALL"}),
     Op("topics", "list-partitioned-topics", "list the partitioned topics of a namespace",
        path="/admin/v2/persistent/{namespace}/partitioned", args=(NAMESPACE,)),
     Op("topics", "create", "create a non-partitioned topic", "PUT", TP, args=(TOPIC,)),

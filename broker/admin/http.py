@@ -176,8 +176,13 @@ class AdminBackend(Protocol):
         """The admin base URL (``http://host:port``) of another broker that owns ``topic``: the
         call is redirected there (307); None: served here."""
 
-    async def list_topics(self, namespace: str) -> list[str]:
-        """Every persistent topic of the namespace, partitions included (full names)."""
+    async def list_topics(self, namespace: str, mode: str = "PERSISTENT") -> list[str]:
+        """The namespace's topics of ``mode`` PERSISTENT, NON_PERSISTENT (loaded now on some
+        broker) or ALL, partitions included (full names)."""
+
+    async def nonpersistent_stats(self, topic: str) -> dict:
+        """A non-persistent topic's stats (Pulsar's NonPersistentTopicStats, with msgDropRate);
+        404 if it is not loaded."""
 
     async def list_partitioned_topics(self, namespace: str) -> list[str]:
         """The partitioned topics of the namespace (full names of the parents)."""
@@ -354,9 +359,9 @@ def _namespace(request: web.Request) -> str:
     return f"{tenant}/{ns}"
 
 
-def _topic(request: web.Request) -> str:
+def _topic(request: web.Request, domain: TopicDomain = TopicDomain.PERSISTENT) -> str:
     try:
-        name = TopicName(TopicDomain.PERSISTENT, request.match_info["tenant"], request.match_info["namespace"],
+        name = TopicName(domain, request.match_info["tenant"], request.match_info["namespace"],
                          request.match_info["topic"])
     except InvalidTopicNameError as e:
         raise BadRequestError(str(e)) from None
@@ -691,7 +696,9 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
         serves it rather than redirecting again)."""
         if _bool_query(request, "authoritative"):
             return
-        url = await backend.admin_redirect_url(_topic(request))
+        non_persistent = request.path.startswith("/admin/v2/non-persistent/")
+        url = await backend.admin_redirect_url(
+            _topic(request, TopicDomain.NON_PERSISTENT if non_persistent else TopicDomain.PERSISTENT))
         if url is not None:
             raise web.HTTPTemporaryRedirect(url + str(request.rel_url.update_query(authoritative="true")))
 
@@ -786,14 +793,42 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
 
     async def namespace_topics(request: web.Request) -> web.Response:
         """Pulsar's Namespaces.getTopics: ``mode`` PERSISTENT (default), NON_PERSISTENT or ALL;
-        partitions by their partition names. There are no non-persistent topics here."""
+        partitions by their partition names; non-persistent topics while loaded on a broker."""
         namespace = _namespace(request)
         mode = (request.query.get("mode") or "PERSISTENT").upper()
         if mode not in ("PERSISTENT", "NON_PERSISTENT", "ALL"):
             raise BadRequestError(f"mode must be PERSISTENT, NON_PERSISTENT or ALL, got {request.query['mode']!r}")
         _bool_query(request, "includeSystemTopic")        # accepted; there are no system topics
-        topics = await backend.list_topics(namespace)
-        return _json([] if mode == "NON_PERSISTENT" else topics)
+        return _json(await backend.list_topics(namespace, mode))
+
+    # non-persistent topics (broker/nonpersistent.py): listing, stats, partitioned metadata
+    np_base = "/admin/v2/non-persistent/{tenant}/{namespace}"
+    np_topic_base = np_base + "/{topic}"
+
+    def _np(request: web.Request) -> str:
+        return _topic(request, TopicDomain.NON_PERSISTENT)
+
+    async def np_list_topics(request: web.Request) -> web.Response:
+        return _json(await backend.list_topics(_namespace(request), "NON_PERSISTENT"))
+
+    async def np_stats(request: web.Request) -> web.Response:
+        return _json(await backend.nonpersistent_stats(_np(request)))
+
+    async def np_get_partitions(request: web.Request) -> web.Response:
+        return _json({"partitions": await backend.partitioned_metadata(_np(request))})
+
+    async def np_create_partitioned(request: web.Request) -> web.Response:
+        topic = _np(request)
+        n, properties = partitioned_topic_metadata(await _json_body(request), partitions_max=partitions_max)
+        if PARTITION_SUFFIX in request.match_info["topic"]:
+            raise PreconditionFailedError(f"partitioned topic name should not contain '{PARTITION_SUFFIX}'")
+        await backend.create_partitioned_topic(topic, n, properties)
+        return _no_content()
+
+    r.add_get(np_base, np_list_topics)
+    r.add_get(np_topic_base + "/stats", at_owner(np_stats))
+    r.add_get(np_topic_base + "/partitions", np_get_partitions)
+    r.add_put(np_topic_base + "/partitions", np_create_partitioned)
 
     r.add_get("/admin/v2/namespaces/{tenant}/{namespace}/topics", namespace_topics)
     r.add_get(base, list_topics)

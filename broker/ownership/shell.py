@@ -34,7 +34,7 @@ from broker.ownership.core import (AcquireSelf, BrokerLoad, BundleState, Connect
                                    decide_lookup, is_bundle_key, BROKERS_ROOT)
 from pulsarlite.errors import MetadataError, MetadataNotFoundError
 from pulsarlite.metadata import MetadataExistsError, MetadataStore, SessionState
-from pulsarlite.topic_name import InvalidTopicNameError, TopicName
+from pulsarlite.topic_name import TopicName
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +247,7 @@ class OwnershipManager:
         Redirect to it (that broker then acquires on the client's authoritative LOOKUP).
         Raises OwnershipError (retriable) when no answer can be given now (at once while the
         session is SUSPENDED or before the re-registration after LOST), MetadataError on
-        ZooKeeper trouble, InvalidTopicNameError for a bad or non-persistent topic."""
+        ZooKeeper trouble, InvalidTopicNameError for a bad topic name."""
         self._check_open()
         bundle = self.bundle_of(topic)
         path = bundle_path(bundle)
@@ -604,10 +604,9 @@ class OwnershipManager:
 
 
 def _persistent(topic: "str | TopicName") -> TopicName:
-    t = TopicName.parse(topic)
-    if not t.is_persistent:
-        raise InvalidTopicNameError(f"{t}: only persistent topics are supported")
-    return t
+    """The parsed name; persistent and non-persistent topics share bundles and ownership (the
+    bundle is chosen by the hash of the full name, domain included, as Pulsar's)."""
+    return TopicName.parse(topic)
 
 
 __all__ = ["BrokerInfo", "LookupResult", "OwnershipListener", "OwnershipManager"]

@@ -15,11 +15,11 @@ from pulsarlite.client.errors import (IncompatibleSchema, AlreadyClosed, BrokerE
                                       LookupError_, MessageTooBig, NotConnected, ProducerBusy,
                                       ProducerQueueIsFull, Timeout, TopicNotFound)
 from pulsarlite.client.types import (BatchingType, CompressionType, ConsumerType, InitialPosition, Message,
-                                     MessageId, Result)
+                                     MessageId, RegexSubscriptionMode, Result)
 
 __all__ = [
     "Client", "Producer", "Consumer", "Reader", "BatchingType", "CompressionType", "ConsumerType",
-    "InitialPosition", "Message", "MessageId", "Result", "HashingScheme",
+    "InitialPosition", "Message", "MessageId", "RegexSubscriptionMode", "Result", "HashingScheme",
     "ClientError", "AlreadyClosed", "BrokerError", "ConnectError", "ConsumerBusy",
     "InvalidConfiguration", "InvalidTopicNameError", "LookupError_", "MessageTooBig",
     "NotConnected", "ProducerBusy", "ProducerQueueIsFull", "Timeout", "TopicNotFound",

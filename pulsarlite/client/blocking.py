@@ -17,11 +17,11 @@ import threading
 
 from pulsarlite.client import impl
 from pulsarlite.client.common import (result_of, check_client_kwargs, check_schema, check_topic_arg,
-                                      consumer_conf, make_message, mid_of, producer_conf)
+                                      consumer_conf, make_message, mid_of, producer_conf, regex_mode_of)
 from pulsarlite.client.core import HashingScheme
 from pulsarlite.client.errors import (AlreadyClosed, MessageTooBig,
                                       ProducerQueueIsFull, Timeout)
-from pulsarlite.client.types import Message, MessageId, Result
+from pulsarlite.client.types import Message, MessageId, RegexSubscriptionMode, Result
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -109,12 +109,14 @@ class Client:
     def subscribe(self, topic, subscription_name: str, consumer_type=None, **kwargs) -> "Consumer":
         topic = check_topic_arg(topic)
         pattern_period = kwargs.pop("pattern_auto_discovery_period", 60)
+        regex_mode = regex_mode_of(kwargs.pop("regex_subscription_mode", RegexSubscriptionMode.PersistentOnly))
         if consumer_type is not None:
             kwargs["consumer_type"] = consumer_type
         conf = consumer_conf(subscription_name, **kwargs)
         sink = impl.ThreadSink(self._io.loop)
         consumer = self._run(impl.subscribe(self._impl, topic, conf, sink,
-                                            pattern_auto_discovery_period_s=pattern_period),
+                                            pattern_auto_discovery_period_s=pattern_period,
+                                            regex_subscription_mode=regex_mode),
                              extra_s=10)
         return Consumer(self, consumer, sink)
 

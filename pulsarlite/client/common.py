@@ -7,7 +7,7 @@ import re
 from pulsarlite.client.auth import ClientSecurity
 from pulsarlite.client.errors import AlreadyClosed, InvalidConfiguration, MessageTooBig, Timeout
 from pulsarlite.client.impl import ConsumerConf, ProducerConf
-from pulsarlite.client.types import ConsumerType, InitialPosition, Message, MessageId, Result
+from pulsarlite.client.types import ConsumerType, InitialPosition, Message, MessageId, RegexSubscriptionMode, Result
 from pulsarlite.wire.entry import Message as WireMessage
 
 _NO_PROPERTIES: dict[str, str] = {}
@@ -120,13 +120,24 @@ def consumer_conf(subscription_name, *, consumer_type=ConsumerType.Exclusive,
 _CONSUMER_IGNORED = frozenset({"broker_consumer_stats_cache_time_ms",
                                "max_total_receiver_queue_size_across_partitions",
                                "replicate_subscription_state_enabled", "batch_index_ack_enabled",
-                               "regex_subscription_mode", "start_message_id_inclusive",
+                               "start_message_id_inclusive",
                                "auto_ack_oldest_chunked_message_on_queue_full",
                                "max_pending_chunked_message", "crypto_failure_action"})
 _CONSUMER_UNSUPPORTED = frozenset({"unacked_messages_timeout_ms", "is_read_compacted",
                                    "crypto_key_reader", "batch_receive_policy",
                                    "key_shared_policy", "dead_letter_policy",
                                    "message_listener"})
+
+
+def regex_mode_of(mode) -> RegexSubscriptionMode:
+    """A pattern subscription's mode from ours or the official ``pulsar.RegexSubscriptionMode``
+    (by member name); InvalidConfiguration for anything else."""
+    name = getattr(mode, "name", mode)
+    try:
+        return RegexSubscriptionMode[name]
+    except (KeyError, TypeError):
+        raise InvalidConfiguration(f"regex_subscription_mode must be PersistentOnly, NonPersistentOnly or "
+                                   f"AllTopics, got {mode!r}") from None
 
 
 def check_topic_arg(topic):

@@ -32,7 +32,7 @@ from pulsarlite.client.errors import (AlreadyClosed, AuthenticationError, Broker
                                       InvalidConfiguration, LookupError_, MessageTooBig,
                                       NotConnected, Timeout, broker_error)
 from pulsarlite.client.types import (INT64_MAX, ConsumerType, InitialPosition, Message, MessageId,
-                                     is_earliest, is_latest)
+                                     RegexSubscriptionMode, is_earliest, is_latest)
 from pulsarlite.topic_name import TopicName
 from pulsarlite.wire import commands as c
 from pulsarlite.wire.entry import Compression, EntryFormatError, Message as WireMessage, unpack_entry
@@ -418,10 +418,11 @@ class ClientImpl:
         n = await self.partitions_of(name)
         return [f"{name}-partition-{i}" for i in range(n)] if n else [name]
 
-    async def topics_of_namespace(self, namespace: str) -> list[str]:
+    async def topics_of_namespace(self, namespace: str, mode: int = 0) -> list[str]:
+        """``mode``: CommandGetTopicsOfNamespace.Mode (0 persistent, 1 non-persistent, 2 all)."""
         conn = await self.service_connection()
         rid = self.next_request_id()
-        resp = await conn.request(c.get_topics_of_namespace(rid, namespace), rid,
+        resp = await conn.request(c.get_topics_of_namespace(rid, namespace, mode=mode), rid,
                                   f"topics of namespace {namespace}")
         return list(resp.command.getTopicsOfNamespaceResponse.topics)
 
@@ -1620,8 +1621,10 @@ class MultiConsumerImpl:
 
     def __init__(self, client: ClientImpl, conf: ConsumerConf, sink: _SinkBase, *,
                  pattern: re.Pattern | None = None, namespace: str | None = None,
-                 discovery_period_s: float = 60.0) -> None:
+                 discovery_period_s: float = 60.0,
+                 regex_mode: RegexSubscriptionMode = RegexSubscriptionMode.PersistentOnly) -> None:
         self.client = client
+        self.regex_mode = regex_mode
         self.conf = conf
         self.sink = sink
         self.pattern = pattern
@@ -1651,12 +1654,17 @@ class MultiConsumerImpl:
             raise errors[0]
 
     async def _matching_topics(self) -> list[str]:
-        topics = await self.client.topics_of_namespace(self.namespace)
+        """The namespace's topics of the regex mode (persistent, non-persistent or both) whose
+        name without its domain matches the pattern without its domain (as the official clients
+        filter: ``persistent://t/ns/a.*`` with AllTopics matches ``non-persistent://t/ns/ab``)."""
+        topics = await self.client.topics_of_namespace(self.namespace, mode=int(self.regex_mode))
+        text = self.pattern.pattern
+        pattern = re.compile(text.split("://", 1)[1] if "://" in text else text, self.pattern.flags)
         out = set()
         for topic in topics:
             name = TopicName.parse(topic)
             base = str(name.partitioned_parent) if name.is_partition else str(name)
-            if self.pattern.fullmatch(base) or self.pattern.fullmatch(str(name)):
+            if pattern.fullmatch(base.split("://", 1)[1]) or pattern.fullmatch(str(name).split("://", 1)[1]):
                 out.add(base)
         return sorted(out)
 
@@ -1729,7 +1737,8 @@ def _pattern_namespace(pattern: re.Pattern) -> str:
 
 
 async def subscribe(client: ClientImpl, topic, conf: ConsumerConf, sink: _SinkBase, *,
-                    pattern_auto_discovery_period_s: float = 60.0):
+                    pattern_auto_discovery_period_s: float = 60.0,
+                    regex_subscription_mode: RegexSubscriptionMode = RegexSubscriptionMode.PersistentOnly):
     client.check_open()
     if isinstance(topic, re.Pattern):
         pattern = topic
@@ -1737,7 +1746,8 @@ async def subscribe(client: ClientImpl, topic, conf: ConsumerConf, sink: _SinkBa
             pattern = re.compile("persistent://public/default/" + pattern.pattern)
         multi = MultiConsumerImpl(client, conf, sink, pattern=pattern,
                                   namespace=_pattern_namespace(pattern),
-                                  discovery_period_s=pattern_auto_discovery_period_s)
+                                  discovery_period_s=pattern_auto_discovery_period_s,
+                                  regex_mode=regex_subscription_mode)
         await multi.start_pattern()
         return multi
     topics = [topic] if isinstance(topic, str) else list(topic)

@@ -32,6 +32,15 @@ class ConsumerType(enum.IntEnum):
     KeyShared = pb.CommandSubscribe.Key_Shared
 
 
+class RegexSubscriptionMode(enum.IntEnum):
+    """Which topics a pattern (regex) subscription covers; same member names as
+    ``pulsar.RegexSubscriptionMode``, values as the wire's CommandGetTopicsOfNamespace.Mode."""
+
+    PersistentOnly = 0
+    NonPersistentOnly = 1
+    AllTopics = 2
+
+
 class InitialPosition(enum.IntEnum):
     Latest = pb.CommandSubscribe.Latest
     Earliest = pb.CommandSubscribe.Earliest
