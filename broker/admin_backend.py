@@ -635,8 +635,9 @@ class BrokerAdminBackend:
         """Let go of the topic's bundle unless another topic of it is still served here."""
         manager = self.service.ownership.manager
         bundle = manager.bundle_of(name)
-        if any(manager.bundle_of(key) == bundle for key in list(self.service.topics)):
-            return       # another topic of the bundle is served (or loading) here: keep it
+        served = list(self.service.topics) + list(self.service.nonpersistent)
+        if any(manager.bundle_of(key) == bundle for key in served):
+            return       # another topic of the bundle (either kind) is served (or loading) here: keep it
         try:
             await manager.release(name)
         except Exception as e:   # ownership stays; the topic is closed anyway and reloads here
