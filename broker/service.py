@@ -517,10 +517,11 @@ class BrokerService:
         self.metrics.set_publish_buffer(self.publish_buffer.bytes)
         cache = self.entry_cache
         self.metrics.set_cache(cache.bytes, len(cache._entries))
+        served = [*topics, *self.nonpersistent.values()]
         self.metrics.set_counts(
-            topics=len(topics), producers=sum(len(t.producers) for t in topics),
-            consumers=sum(len(s.consumers) for t in topics for s in t.subscriptions.values()),
-            subscriptions=sum(len(t.subscriptions) for t in topics))
+            topics=len(served), producers=sum(len(t.producers) for t in served),
+            consumers=sum(len(s.consumers) for t in served for s in t.subscriptions.values()),
+            subscriptions=sum(len(t.subscriptions) for t in served))
 
     def on_add_error(self, error: BaseException) -> None:
         """An add to the bookies failed (counted per bookie when the error names one)."""

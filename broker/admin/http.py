@@ -904,6 +904,14 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
     r.add_delete(topic_base + "/offloadPolicies", remove_offload_policies)
     r.add_get("/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}", lookup)
 
+    async def lookup_np(request: web.Request) -> web.Response:
+        listener_name = request.query.get("listenerName") or request.headers.get("X-Pulsar-ListenerName") or ""
+        return _json(await backend.lookup(_topic(request, TopicDomain.NON_PERSISTENT),
+                                          authoritative=_bool_query(request, "authoritative"),
+                                          listener_name=listener_name))
+
+    r.add_get("/lookup/v2/topic/non-persistent/{tenant}/{namespace}/{topic}", lookup_np)
+
     # -- the web console (broker/admin/console.py): static files at / and /console/<file>, served
     # without authentication (they hold no data); its data calls are admin routes like any other
     from broker.admin.console import static_file

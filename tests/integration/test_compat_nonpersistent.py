@@ -279,3 +279,45 @@ def _drain(consumer, into: list) -> list:
     except Exception:
         pass
     return into
+
+
+def test_http_service_url_looks_non_persistent_topics_up(cluster):
+    """The official client with an ``http://`` service URL looks topics up with
+    ``GET /lookup/v2/topic/non-persistent/...`` (Pulsar's TopicLookup has both domains)."""
+    local = "public/default/over-http"
+    answer = _get_json(f"{cluster.admin_url}/lookup/v2/topic/non-persistent/{local}")
+    assert answer["brokerUrl"] == cluster.service_url
+    http_client = pulsar.Client(cluster.admin_url, operation_timeout_seconds=30)
+    try:
+        consumer = http_client.subscribe(f"non-persistent://{local}", "http-sub")
+        producer = http_client.create_producer(f"non-persistent://{local}", batching_enabled=False)
+        producer.send(b"via-http-lookup")
+        assert consumer.receive(timeout_millis=TIMEOUT_MS).data() == b"via-http-lookup"
+    finally:
+        http_client.close()
+
+
+def test_two_brokers_one_owner_listed_by_both(cluster_factory):
+    """Ownership through the bundles, as persistent topics: whichever broker a client first asks,
+    the topics are served by their bundle's owner (a producer on one broker reaches a consumer
+    connected through the other), and every broker lists the non-persistent topics loaded on
+    either."""
+    two = cluster_factory(3, brokers=2, name="two-brokers")
+    brokers = [p for p in two.status()["processes"] if p["role"] == "broker"]
+    assert len(brokers) == 2
+    admin_urls = [f"http://127.0.0.1:{p['ports']['http']}" for p in brokers]
+    service_urls = [f"pulsar://127.0.0.1:{p['ports']['pulsar']}" for p in brokers]
+    clients = [pulsar.Client(url, operation_timeout_seconds=30) for url in service_urls]
+    try:
+        topics = [f"non-persistent://{NS}/two-{i}" for i in range(6)]     # spread over the bundles
+        consumers = [clients[0].subscribe(t, "s") for t in topics]
+        producers = [clients[1].create_producer(t, batching_enabled=False) for t in topics]
+        for t, p in zip(topics, producers):
+            p.send(t.encode())
+        for t, c in zip(topics, consumers):
+            assert c.receive(timeout_millis=TIMEOUT_MS).data() == t.encode()
+        for url in admin_urls:
+            assert set(topics) <= set(_get_json(f"{url}/admin/v2/non-persistent/{NS}"))
+    finally:
+        for c in clients:
+            c.close()
