@@ -21,7 +21,7 @@ import asyncio
 
 from pulsarlite.client import impl
 from pulsarlite.client.common import (result_of, check_client_kwargs, check_schema, check_topic_arg,
-                                      consumer_conf, make_message, mid_of, producer_conf)
+                                      consumer_conf, make_message, mid_of, producer_conf, regex_mode_of)
 from pulsarlite.client.auth import AuthenticationBasic, AuthenticationTLS, AuthenticationToken
 from pulsarlite.client.core import HashingScheme
 from pulsarlite.client.errors import AuthenticationError
@@ -83,12 +83,14 @@ class Client:
                         **kwargs) -> "Consumer":
         topic = check_topic_arg(topic)
         period = kwargs.pop("pattern_auto_discovery_period", 60)
+        regex_mode = regex_mode_of(kwargs.pop("regex_subscription_mode", "PersistentOnly"))
         if consumer_type is not None:
             kwargs["consumer_type"] = consumer_type
         conf = consumer_conf(subscription_name, **kwargs)
         sink = impl.AsyncSink(self._impl.loop)
         consumer = await impl.subscribe(self._impl, topic, conf, sink,
-                                        pattern_auto_discovery_period_s=period)
+                                        pattern_auto_discovery_period_s=period,
+                                        regex_subscription_mode=regex_mode)
         return Consumer(consumer, sink)
 
     async def create_reader(self, topic: str, start_message_id: MessageId, reader_name=None,

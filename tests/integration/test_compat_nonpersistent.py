@@ -321,3 +321,22 @@ def test_two_brokers_one_owner_listed_by_both(cluster_factory):
     finally:
         for c in clients:
             c.close()
+
+
+def test_our_aio_client_regex_subscription_over_both_kinds(cluster):
+    import asyncio
+
+    import pulsarlite.aio as pl
+
+    async def run() -> list[bytes]:
+        async with pl.Client(cluster.service_url) as ours:
+            p = await ours.create_producer(f"persistent://{NS}/aio-mix-p")
+            np = await ours.create_producer(f"non-persistent://{NS}/aio-mix-np")
+            consumer = await ours.subscribe(re.compile(f"persistent://{NS}/aio-mix-.*"), "aio-all",
+                                            regex_subscription_mode="AllTopics")
+            await p.send(b"p")
+            await np.send(b"np")
+            got = [(await asyncio.wait_for(consumer.receive(), TIMEOUT_MS / 1000)).data() for _ in range(2)]
+            return sorted(got)
+
+    assert asyncio.run(run()) == [b"np", b"p"]
