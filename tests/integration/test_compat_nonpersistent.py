@@ -340,3 +340,18 @@ def test_our_aio_client_regex_subscription_over_both_kinds(cluster):
             return sorted(got)
 
     assert asyncio.run(run()) == [b"np", b"p"]
+
+
+def test_a_reader_gets_what_is_sent_while_it_is_connected(client):
+    """A reader is a non-durable Exclusive subscription: on a non-persistent topic its start id
+    has nothing to start from; it gets the messages sent while it is connected."""
+    topic = f"non-persistent://{NS}/reader"
+    producer = client.create_producer(topic, batching_enabled=False)
+    producer.send(b"before")
+    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    producer.send(b"while")
+    assert reader.read_next(timeout_millis=TIMEOUT_MS).data() == b"while"
+    with pytest.raises(Exception, match="(?i)timeout"):
+        reader.read_next(timeout_millis=1_000)
+    reader.close()
+    producer.close()
