@@ -606,6 +606,16 @@ class BrokerAdminBackend:
             return {"status": "NOT_RUN", "lastError": ""}
         return offloader.status(str(name))
 
+    async def lake(self, topic: str) -> dict:
+        name = self._name(topic)
+        offloader = self.service.offloader
+        if offloader is None or offloader.lake is None:
+            raise PreconditionFailedError("this broker has no lake configured (lake_enabled)")
+        if not await self._exists(name) and await self.store.get_or_none(self._partitions_path(name)) is None:
+            await self._check_namespace(name)
+            raise NotFoundError(f"Topic {name} not found")
+        return await offloader.lake_info(name)
+
     # -- unload ----------------------------------------------------------------------------------
     async def unload_topic(self, topic: str) -> None:
         name = self._name(topic)

@@ -105,6 +105,8 @@ class BrokerConfig:
     tier_read_cache_bytes_max: int = 64 * MiB  # per broker: rebuilt entries of offloaded ledgers
     tier_read_ahead_ledgers: int = 4         # offloaded ledgers whose first row group a replay reads ahead
     offload_typed_columns: bool = True       # [schema] AVRO/JSON topics: the record's fields as Parquet columns
+    lake_enabled: bool = False               # [lakehouse] offloaded objects = an Iceberg table per topic
+    lake_catalog_uri: str = ""               # SQLAlchemy URI of the SQL catalog; empty: sqlite in <file tier>/_lake
     # [security] authentication and authorization (broker/security/; Pulsar's keys in snake_case)
     authentication_enabled: bool = False     # authenticationEnabled: off, every client is served as before
     # authenticationProviders, comma-separated: "token", "basic", "tls" (or Pulsar's class names for them)
@@ -306,6 +308,17 @@ class BrokerConfig:
             raise ConfigError(f"BrokerConfig.offload_deletion_lag_ms must be an int >= 0, got {lag!r}")
         if not isinstance(self.offload_typed_columns, bool):
             raise ConfigError("BrokerConfig.offload_typed_columns must be a bool")
+        if not isinstance(self.lake_enabled, bool) or not isinstance(self.lake_catalog_uri, str):
+            raise ConfigError("BrokerConfig.lake_enabled must be a bool and lake_catalog_uri a string")
+        if self.lake_enabled:
+            if not self.tier_uri:
+                raise ConfigError("BrokerConfig.lake_enabled needs a tier (tier_uri)")
+            if not self.lake_catalog_uri and not self.tier_uri.startswith("file://"):
+                raise ConfigError("BrokerConfig.lake_enabled with an s3:// tier needs lake_catalog_uri "
+                                  "(the embedded SQLite catalog needs a local file)")
+            if self.lake_catalog_uri and "://" not in self.lake_catalog_uri:
+                raise ConfigError(f"BrokerConfig.lake_catalog_uri must be a SQLAlchemy URI "
+                                  f"(sqlite:////path/catalog.db), got {self.lake_catalog_uri!r}")
 
     # -- derived -------------------------------------------------------------------------------
     @property

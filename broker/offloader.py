@@ -33,6 +33,14 @@ shell executes its actions one at a time and feeds the results back::
 - Encoding, uploads, verification and tier reads run in a bounded thread pool
   (``offload_concurrent_max`` ledgers at once per broker); the event loop only moves entries.
 
+Lakehouse ([lakehouse], broker key ``lake_enabled``; offload/lake.py): the offloaded objects of
+a topic are the data files of its Iceberg table. The object is committed to the table right after
+``offloaded`` is recorded (the machine's CommitToTable step); each pass first repairs the table
+from the list (``Lake.sync``: adds offloaded ledgers missing from it, removes files no offloaded
+ledger names); retention takes the ledgers it trims out of the table before they leave the list
+(``before_trim``); topic deletion takes the topic's files out (drops a non-partitioned topic's
+table) before its objects go. Table work runs in the thread pool under one lock per topic.
+
 Triggers: on demand (admin ``PUT .../offload``: every closed ledger before a position), on
 ledger rollover and on a timer (``offload_check_interval_ms``), by the namespace policy
 (``offloadThresholdInBytes``: keep at most N bytes on the bookies; ``offloadThresholdInSeconds``;
@@ -58,11 +66,12 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence
 from broker.managed_ledger import (LedgerInfo, LedgerInfoState, ManagedLedger, ManagedLedgerClosedError,
                                    ManagedLedgerFencedError, OffloadInfo, OffloadState, Position)
 from broker.schemas import SchemaRegistry
-from offload.core import (BookiesDeleted, CasConflict, DeleteFromBookies, DeleteObject, Done, LedgerOffload,
+from offload.core import (BookiesDeleted, CasConflict, CommitToTable, DeleteFromBookies, DeleteObject, Done, LedgerOffload,
                           LedgerView, ListedObject, ObjectDeleted, ObjectStats, ObjectVerified, ObjectWritten,
-                          Offload, OffloadPolicy, OffloadRecord, Recorded, RecordOffload, StepFailed, Tick,
-                          VerifyObject, WriteObject, orphan_objects, plan_offload)
+                          Offload, OffloadPolicy, OffloadRecord, Recorded, RecordOffload, StepFailed,
+                          TableCommitted, Tick, VerifyObject, WriteObject, orphan_objects, plan_offload)
 from offload.core import OffloadState as CoreState
+from offload.lake import Lake, TableId
 from pulsarlite.errors import InvariantViolation, MetadataNotFoundError, PulsarliteError, check
 from pulsarlite.topic_name import TopicName
 
@@ -564,6 +573,11 @@ class TopicOffloader:
         self.namespace = topic.name.namespace
         self.prefix = topic_prefix(topic.name)
         self.partition = topic.name.partition_index
+        self.table_id = TableId.of_topic(topic.name.tenant, topic.name.namespace_local_name,
+                                         topic.name.encoded_local_name)
+        self.object_prefix = f"{broker.tier.uri}/{self.prefix}"   # URI prefix of this topic's objects
+        self.leaving: set[int] = set()            # ledgers retention is trimming: out of the table
+        self._table_lock = asyncio.Lock()
         self.demand: _Demand | None = None
         self.last_error = ""
         self._wake = asyncio.Event()
@@ -644,6 +658,15 @@ class TopicOffloader:
         due = [i for i in plan.offload if i in demanded or i not in self._retries
                or self._retries[i].not_before_ms <= now_ms]
         errors = []
+        if broker.lake is not None:
+            # repair before any step: a commit lost to a crash, a ledger back to offloading
+            try:
+                await self.sync_table()
+            except (asyncio.CancelledError, ManagedLedgerFencedError, ManagedLedgerClosedError):
+                raise
+            except Exception as e:     # noqa: BLE001 - the offload goes on; the table is retried
+                errors.append(f"table: {type(e).__name__}: {e}")
+                log.warning("lake sync failed topic=%s table=%s: %s", self.ml_name, self.table_id.name, e)
         # ledgers in parallel: the heavy steps take the broker's slots (offload_concurrent_max),
         # the list's CASes are serialised by the managed ledger
         results = await asyncio.gather(*(self._drive(ledger_id, Offload(broker.clock(), uuid.uuid4().hex), policy)
@@ -716,7 +739,8 @@ class TopicOffloader:
         name = self.topic.name
         machine = LedgerOffload(ledger_id, record_of(info.offload), tier_uri=self.broker.tier.uri,
                                 tenant=name.tenant, namespace=name.namespace_local_name,
-                                topic=name.encoded_local_name, deletion_lag_ms=policy.deletion_lag_ms)
+                                topic=name.encoded_local_name, deletion_lag_ms=policy.deletion_lag_ms,
+                                table=self.broker.lake is not None)
         pending = deque(machine.handle(event))
         steps = 0
         while pending:
@@ -796,6 +820,10 @@ class TopicOffloader:
             broker.cache.forget(broker.tier.key_of(action.uri))
             log.info("offload: object deleted topic=%s ledger=%d uri=%s", self.ml_name, ledger_id, action.uri)
             return ObjectDeleted()
+        if isinstance(action, CommitToTable):
+            # the record says offloaded (CAS done): the table may now hold the object
+            await self.sync_table()
+            return TableCommitted()
         if isinstance(action, DeleteFromBookies):
             # invariant 6: the machine asks only from ``offloaded``, after a fresh verification
             current = self._info(ledger_id)
@@ -837,6 +865,37 @@ class TopicOffloader:
             raise OffloadError(f"ledger {ledger_id}: read {len(out)} entries, expected {entries}")
         return out
 
+    # -- the table ([lakehouse]) ---------------------------------------------------------------
+    def offloaded_objects(self) -> dict[int, str]:
+        """Ledger id -> object URI of the list's offloaded / bookie-deleted ledgers."""
+        return {i.ledger_id: i.offload.uri for i in self.ml.ledgers()
+                if i.offload.uri and i.offload.state in (OffloadState.OFFLOADED, OffloadState.BOOKIE_DELETED)}
+
+    async def sync_table(self, leaving: Sequence[int] = ()) -> None:
+        """Make the table's files of this topic (partition) exactly the offloaded objects of the
+        list, minus the ledgers retention is trimming (``leaving`` added to them). Under the
+        topic's table lock, so a pass's repair never re-adds what retention just took out."""
+        lake = self.broker.lake
+        if lake is None:
+            return
+        async with self._table_lock:
+            in_list = {i.ledger_id for i in self.ml.ledgers()}
+            self.leaving = {i for i in self.leaving if i in in_list} | set(leaving)
+            await self.broker.run(lake.sync, self.table_id, self.offloaded_objects(), tuple(self.leaving),
+                                  prefix=self.object_prefix, topic=self.ml_name)
+
+    async def remove_from_table(self) -> None:
+        """Topic deletion: this topic's files leave the table (a non-partitioned topic's table is
+        dropped), before the objects are deleted."""
+        lake = self.broker.lake
+        if lake is None:
+            return
+        async with self._table_lock:
+            if self.partition < 0:
+                await self.broker.run(lake.drop, self.table_id)
+            else:
+                await self.broker.run(lake.sync, self.table_id, {}, prefix=self.object_prefix, topic=self.ml_name)
+
     # -- orphans -------------------------------------------------------------------------------
     async def sweep_orphans(self) -> list[str]:
         """Delete our objects under the topic's prefix that no record of the list names (a
@@ -872,6 +931,8 @@ class BrokerOffloader:
         self.slots = asyncio.Semaphore(config.offload_concurrent_max)
         self.cache = TierReadCache(tier, self.run, config.tier_read_cache_bytes_max)
         self.topics: dict[str, TopicOffloader] = {}
+        self.lake: Lake | None = (Lake(tier.uri, config.lake_catalog_uri, s3_endpoint_url=config.tier_s3_endpoint_url)
+                                  if config.lake_enabled else None)
         self._timer: asyncio.Task | None = None
         self.offloaded_bytes = 0
         # typed columns written ([schema]): values decoded, undecodable ones, unconvertible fields
@@ -937,6 +998,7 @@ class BrokerOffloader:
         self.topics[topic.key] = offloader
         ml.rollover_listeners.append(lambda ledger_id: offloader.kick())
         prefix = offloader.prefix
+        ml.before_delete.append(offloader.remove_from_table)       # the table first, then the objects
         ml.before_delete.append(lambda: self.delete_topic_objects(prefix, ml.metadata.ledgers))
         ml.before_delete.append(functools.partial(self._forget_topic_policies, topic.name))
         return offloader
@@ -990,6 +1052,20 @@ class BrokerOffloader:
             await self.store.delete(topic_policies_path(topic_name))
         except MetadataNotFoundError:
             pass
+
+    async def before_trim(self, key: str, ledger_ids: Sequence[int]) -> None:
+        """Retention is about to trim ``ledger_ids`` of the topic ``key``: their files leave the
+        table first (a new snapshot). Raises if the table cannot be updated (do not trim now)."""
+        offloader = self.topics.get(key)
+        if self.lake is None or offloader is None or not ledger_ids:
+            return
+        await offloader.sync_table(leaving=ledger_ids)
+
+    async def lake_info(self, name) -> dict[str, Any]:
+        """The admin ``.../lake`` answer for a topic (or a partitioned topic's base name)."""
+        check(self.lake is not None, "lake_info without a lake")
+        tid = TableId.of_topic(name.tenant, name.namespace_local_name, name.encoded_local_name)
+        return await self.run(self.lake.info, tid)
 
     async def delete_object(self, ledger_id: int, uri: str) -> None:
         """Delete the object of a ledger leaving the list (retention: ``ManagedLedger.

@@ -546,6 +546,8 @@ class RetentionService:
         if not ids and not ml.trimmed_pending():
             return
         offloader = self.service.offloader
+        if offloader is not None and ids:
+            await offloader.before_trim(topic.key, ids)     # [lakehouse] out of the table first
         deleter = offloader.delete_object if offloader is not None else None
         deleted = await ml.trim_ledgers(ids, delete_offloaded=deleter)
         if deleted:

@@ -4,8 +4,8 @@ randomness -- the shell passes ``now_ms`` and each attempt's uuid), and the offl
 Recorded states (contract 3, the ``offload`` dict of the ledger in the managed-ledger list)::
 
     none --RecordOffloading(uuid, uri)--> offloading --WriteObject, VerifyObject,
-         RecordOffloaded--> offloaded --(deletion lag) VerifyObject, DeleteFromBookies,
-         RecordBookieDeleted--> bookie-deleted
+         RecordOffloaded[, CommitToTable]--> offloaded --(deletion lag) VerifyObject,
+         DeleteFromBookies, RecordBookieDeleted--> bookie-deleted
 
 API::
 
@@ -13,10 +13,10 @@ API::
         ``<tier_uri>/<tenant>/<ns>/<topic>/ledger-<id>-<uuid>.parquet``
     OffloadRecord                  # frozen; .to_json() / OffloadRecord.from_json(dict)
     machine = LedgerOffload(ledger_id, record, tier_uri=..., tenant=..., namespace=...,
-                            topic=..., deletion_lag_ms=...)
+                            topic=..., deletion_lag_ms=..., table=False)
     actions = machine.handle(event)   # events: Offload, Tick, Remove, Recorded, CasConflict,
                                       # ObjectWritten, ObjectVerified, ObjectDeleted,
-                                      # BookiesDeleted, StepFailed
+                                      # BookiesDeleted, TableCommitted, StepFailed
     machine.record, machine.phase, machine.busy, machine.last_error, machine.done
     plan_offload(ledgers, policy, now_ms) -> OffloadPlan(offload=(ids), delete_from_bookies=(ids))
     orphan_objects(objects, records, *, now_ms, grace_ms) -> list[uri]
@@ -43,6 +43,12 @@ Crash safety (DESIGN.md invariant 6):
 - Removing a ledger (retention, topic deletion) deletes its object first; the shell then drops
   the ledger from the list. Until that CAS, the record still names the object, so a crash
   in between is redone.
+- With ``table`` ([lakehouse], offload/lake.py), the object is added to the topic's Iceberg
+  table (CommitToTable) right after ``offloaded`` is recorded, never before: the table never
+  holds a file that the list does not name as offloaded. A failed or crashed commit leaves the
+  ledger ``offloaded`` (the tier copy is complete) and the shell's next pass repairs the table
+  (``offload.lake.plan_table_sync``) before any other step; the bookie delete waits for the
+  commit only within one run of the machine.
 - ``orphan_objects`` finds objects under a topic's prefix that no record names (e.g. written
   by a deposed owner that kept running after losing the topic) for a periodic sweep.
 """
@@ -231,6 +237,11 @@ class BookiesDeleted:
 
 
 @dataclass(frozen=True)
+class TableCommitted:
+    """The object is in the topic's table (CommitToTable succeeded)."""
+
+
+@dataclass(frozen=True)
 class StepFailed:
     """The last action failed. ``corrupt``: verification found a bad object (delete it)."""
     error: str
@@ -277,6 +288,14 @@ class DeleteFromBookies:
 
 
 @dataclass(frozen=True)
+class CommitToTable:
+    """Add the (offloaded, verified) object at ``uri`` to the topic's table; answer
+    TableCommitted (idempotent: already there is success)."""
+    ledger_id: int
+    uri: str
+
+
+@dataclass(frozen=True)
 class Done:
     """Nothing more to do until the next event (``removed``: the object of a ledger being
     removed is gone; the shell may now drop the ledger from the list)."""
@@ -284,7 +303,7 @@ class Done:
     removed: bool = False
 
 
-Action = RecordOffload | WriteObject | VerifyObject | DeleteObject | DeleteFromBookies | Done
+Action = RecordOffload | WriteObject | VerifyObject | DeleteObject | DeleteFromBookies | CommitToTable | Done
 
 
 class Phase(enum.Enum):
@@ -295,6 +314,7 @@ class Phase(enum.Enum):
     VERIFYING = "verifying"
     DELETING_CORRUPT = "deleting-corrupt"
     RECORDING_OFFLOADED = "recording-offloaded"
+    COMMITTING_TABLE = "committing-table"
     VERIFYING_BEFORE_DELETE = "verifying-before-delete"
     DELETING_BOOKIES = "deleting-bookies"
     RECORDING_BOOKIE_DELETED = "recording-bookie-deleted"
@@ -307,7 +327,7 @@ class LedgerOffload:
     """The per-ledger machine (see the module docstring)."""
 
     def __init__(self, ledger_id: int, record: OffloadRecord, *, tier_uri: str, tenant: str,
-                 namespace: str, topic: str, deletion_lag_ms: int) -> None:
+                 namespace: str, topic: str, deletion_lag_ms: int, table: bool = False) -> None:
         check(ledger_id >= 0, f"ledger id {ledger_id} < 0")
         if deletion_lag_ms < 0:
             raise ValueError(f"deletion_lag_ms {deletion_lag_ms} < 0")
@@ -316,6 +336,7 @@ class LedgerOffload:
         self.tier_uri = tier_uri
         self.tenant, self.namespace, self.topic = tenant, namespace, topic
         self.deletion_lag_ms = deletion_lag_ms
+        self.table = table
         self.phase = Phase.IDLE
         self.last_error: str | None = None
         self.failures = 0
@@ -360,6 +381,7 @@ class LedgerOffload:
             ObjectVerified: self._on_verified,
             ObjectDeleted: self._on_object_deleted,
             BookiesDeleted: self._on_bookies_deleted,
+            TableCommitted: self._on_table_committed,
         }.get(type(event))
         if handler is None:
             raise InvariantViolation(f"ledger {self.ledger_id}: unknown event {event!r}")
@@ -426,12 +448,12 @@ class LedgerOffload:
             self.phase = Phase.WRITING
             return [WriteObject(self.ledger_id, self.record.uri)]
         if self.phase is Phase.RECORDING_OFFLOADED:
-            self.phase = Phase.IDLE
             self.failures = 0
             self.last_error = None
-            # the lag may be zero: go on at once
-            actions = self._on_tick(Tick(self._now_ms))
-            return actions or [Done(self.ledger_id)]
+            if self.table:
+                self.phase = Phase.COMMITTING_TABLE
+                return [CommitToTable(self.ledger_id, self.record.uri)]
+            return self._offloaded()
         if self.phase is Phase.RECORDING_REOFFLOAD:
             self.phase = Phase.IDLE
             return [Done(self.ledger_id)]
@@ -439,6 +461,16 @@ class LedgerOffload:
         self.failures = 0
         self.last_error = None
         return [Done(self.ledger_id)]
+
+    def _offloaded(self) -> list[Action]:
+        self.phase = Phase.IDLE
+        # the lag may be zero: go on at once
+        actions = self._on_tick(Tick(self._now_ms))
+        return actions or [Done(self.ledger_id)]
+
+    def _on_table_committed(self, event: TableCommitted) -> list[Action]:
+        self._expect(Phase.COMMITTING_TABLE, event=event)
+        return self._offloaded()
 
     def _on_written(self, event: ObjectWritten) -> list[Action]:
         self._expect(Phase.WRITING, event=event)
@@ -585,7 +617,7 @@ def orphan_objects(objects: Iterable[ListedObject], records: Iterable[OffloadRec
 
 
 __all__ = [
-    "Action", "BookiesDeleted", "CasConflict", "DeleteFromBookies", "DeleteObject", "Done",
+    "Action", "BookiesDeleted", "CasConflict", "CommitToTable", "TableCommitted", "DeleteFromBookies", "DeleteObject", "Done",
     "LedgerOffload", "LedgerView", "ListedObject", "ObjectDeleted", "ObjectStats",
     "ObjectVerified", "ObjectWritten", "Offload", "OffloadPlan", "OffloadPolicy",
     "OffloadRecord", "OffloadState", "Phase", "RecordOffload", "Recorded", "Remove",

@@ -792,6 +792,8 @@ COMMANDS: tuple[Op, ...] = (
     Op("topics", "offload-status", "the status of the last offload", run=_run_offload_status,
        args=(TOPIC, A("-w", "--wait-complete", dest="wait", action="store_true", help="wait until not RUNNING"),
              A("--timeout", type=float, default=OFFLOAD_WAIT_S_DEFAULT, help="seconds to wait at most"))),
+    Op("topics", "lake", "the topic's Iceberg table: catalog, table, metadata_location ([lakehouse])",
+       path=TP + "/lake", args=(TOPIC,)),
     Op("topics", "reset-cursor", "move a subscription to a time or a message id", run=_run_reset_cursor,
        args=RESET_CURSOR_ARGS),
     Op("topics", "expire-messages", "acknowledge a subscription's messages older than a time", "POST",

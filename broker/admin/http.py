@@ -234,6 +234,12 @@ class AdminBackend(Protocol):
     async def offload_status(self, topic: str) -> dict:
         """``{"status": "NOT_RUN|RUNNING|SUCCESS|ERROR", "lastError": str}`` of the last offload."""
 
+    async def lake(self, topic: str) -> dict:
+        """[lakehouse] The topic's Iceberg table: ``catalog`` (the catalog's URI), ``table``
+        (``tenant.namespace.topic``), ``metadata_location`` (the current metadata file's URI;
+        null before the first commit), ``snapshotId``, ``dataFiles``; 404 for an unknown topic,
+        412 if the broker has no lake (``lake_enabled``)."""
+
     async def unload_topic(self, topic: str) -> None:
         """Close the topic here (clients reconnect and look it up again); 404 if not served."""
 
@@ -882,6 +888,12 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
 
     r.add_put(topic_base + "/offload", at_owner(offload))
     r.add_get(topic_base + "/offload", at_owner(offload_status))
+
+    async def lake(request: web.Request) -> web.Response:
+        return _json(await backend.lake(_topic(request)))
+
+    # any broker of the cluster answers: it reads the shared catalog, not the owner's state
+    r.add_get(topic_base + "/lake", lake)
 
     async def get_offload_policies(request: web.Request) -> web.Response:
         return _json(await backend.get_topic_offload_policies(_topic(request)))

@@ -36,7 +36,7 @@ def worker(now: list[int]) -> tuple[TopicOffloader, list[list[int]]]:
     t = TopicOffloader.__new__(TopicOffloader)
     t.broker = SimpleNamespace(config=SimpleNamespace(offload_check_interval_ms=1_000,
                                                       offload_retry_delay_ms_max=8_000),
-                               clock=lambda: now[0], policy_of=policy_of)
+                               clock=lambda: now[0], policy_of=policy_of, lake=None)
     t.topic = SimpleNamespace(name="persistent://public/default/t")
     t.ml = SimpleNamespace(ledgers=lambda: list(ledgers.values()), last_confirmed_position=Position(9, 0))
     t.ml_name, t.namespace, t.partition = "public/default/persistent/t", "public/default", -1

@@ -1,0 +1,256 @@
+"""[lakehouse] A topic's offloaded ledgers as the data files of an Apache Iceberg table (zero copy).
+
+Every ``offloaded`` / ``bookie-deleted`` ledger's tier object IS one data file of the topic's
+table: it is registered as it is (pyiceberg ``add_files``, which reads only its footer: our
+Parquet objects carry no field ids, so the table's name mapping resolves their columns), never
+rewritten. Table identifier: (tenant, namespace, topic) -- Iceberg namespace ``tenant.namespace``,
+table = the topic's local name (partitions of a partitioned topic share the table of their base
+name; the rows carry a ``partition`` column). Table location: ``<tier>/_lake/<tenant>/<ns>/<topic>``
+(metadata JSON, manifests; the data files stay where the offloader wrote them).
+
+Protocol (the owner broker only, driven by ``broker.offloader``):
+
+- **commit**: after a ledger's ``offloaded`` record is stored (the CAS succeeded), its object is
+  added to the table (offload.core's ``CommitToTable`` step). A crash in between leaves an
+  offloaded ledger missing from the table; the next offloader pass repairs it.
+- **repair** (each offloader pass, before any ledger step): ``plan_table_sync`` compares the
+  table's files with the list's offloaded objects: missing ones are added, files that no
+  offloaded ledger of the list names (a ledger that went back to ``offloading``, a trimmed one)
+  are removed -- one snapshot for both. Hence: never a file in the table that the ledger list does
+  not know; never an offloaded ledger missing from the table after a pass.
+- **retention**: the ledgers about to be trimmed leave the table (a new snapshot) before they
+  leave the list and before their objects are deleted; **topic deletion** drops the table
+  before the objects go.
+- **schema**: each added file's Arrow schema is merged into the table's (``union_by_name``):
+  metadata columns plus the typed columns offload/format.py wrote from the schema registry;
+  fields added by a registry evolution become optional Iceberg fields with new, stable ids.
+  Topics without a struct schema have ``value`` (bytes) only.
+- **partition spec**: none. ``add_files`` derives each file's partition value from its column
+  statistics and refuses a file whose lower and upper bounds fall in different partitions; a
+  ledger may span days, so a day(publish_time) spec would refuse such objects. Files keep
+  min/max statistics on ``publish_time`` and ``ledger_id``/``entry_id``, so engines still prune
+  by time at the file level.
+
+pyiceberg is imported lazily (about 5 s of import on this machine): only the broker's offloader
+thread pool, and only when the lake is enabled, pays it. Everything here but ``plan_table_sync``
+is blocking I/O: run it off the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from pulsarlite.errors import PulsarliteError
+
+log = logging.getLogger("pulsarlite.offload.lake")
+
+LAKE_DIR = "_lake"
+CATALOG_NAME = "pulsarlite"
+PARTITION_SUFFIX = "-partition-"
+
+
+class LakeError(PulsarliteError):
+    """A table operation failed (catalog, metadata files, a data file that does not fit);
+    retried on the next offloader pass."""
+
+    retriable = True
+
+
+# -- pure -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TableId:
+    tenant: str
+    namespace: str
+    table: str
+
+    @classmethod
+    def of_topic(cls, tenant: str, namespace: str, local_name: str) -> "TableId":
+        """A partition ``t-partition-3`` maps to the table of ``t``."""
+        base, sep, index = local_name.rpartition(PARTITION_SUFFIX)
+        table = base if sep and base and index.isdigit() else local_name
+        return cls(tenant, namespace, table)
+
+    @property
+    def identifier(self) -> tuple[str, str, str]:
+        return (self.tenant, self.namespace, self.table)
+
+    @property
+    def name(self) -> str:
+        """``tenant.namespace.table`` (how engines name it)."""
+        return ".".join(self.identifier)
+
+    def location(self, warehouse: str) -> str:
+        return f"{warehouse.rstrip('/')}/{self.tenant}/{self.namespace}/{self.table}"
+
+
+@dataclass(frozen=True)
+class TableSync:
+    add: tuple[str, ...] = ()
+    remove: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.add and not self.remove
+
+
+def plan_table_sync(table_files: Iterable[str], offloaded: Mapping[int, str],
+                    leaving: Iterable[int] = ()) -> TableSync:
+    """What to add to and remove from a topic's table so that its files are exactly the objects
+    of ``offloaded`` (ledger id -> object URI, the list's offloaded/bookie-deleted ledgers of
+    this topic or partition) minus the ledgers ``leaving`` (being trimmed); ``table_files``: the
+    table's files of this topic or partition."""
+    gone = set(leaving)
+    keep = {uri for lid, uri in offloaded.items() if lid not in gone}
+    have = set(table_files)
+    return TableSync(tuple(sorted(keep - have)), tuple(sorted(have - keep)))
+
+
+# -- the catalog (blocking) -----------------------------------------------------------------------
+def default_catalog_uri(tier_uri: str) -> str:
+    """The embedded catalog: SQLite in ``<tier dir>/_lake/catalog.db`` for a ``file://`` tier.
+    ValueError for another tier (give ``lake_catalog_uri``: SQLite needs a local file)."""
+    if not tier_uri.startswith("file://"):
+        raise ValueError(f"lake: tier {tier_uri} is not file://: set lake_catalog_uri "
+                         "(e.g. sqlite:////var/lib/pulsarlite/catalog.db or postgresql+psycopg2://...)")
+    return f"sqlite:///{tier_uri[len('file://'):].rstrip('/')}/{LAKE_DIR}/catalog.db"
+
+
+class Lake:
+    """The Iceberg catalog of one tier: ``catalog_uri`` (SQLAlchemy URI of pyiceberg's SQL
+    catalog), warehouse ``<tier>/_lake``. Thread-safe (one lock: the owner's commits of one
+    broker are serial; other brokers own other topics, and the SQL catalog's optimistic
+    commit catches any overlap)."""
+
+    def __init__(self, tier_uri: str, catalog_uri: str = "", *, s3_endpoint_url: str | None = None) -> None:
+        self.tier_uri = tier_uri.rstrip("/")
+        self.catalog_uri = catalog_uri or default_catalog_uri(self.tier_uri)
+        self.warehouse = f"{self.tier_uri}/{LAKE_DIR}"
+        self.properties: dict[str, str] = {}
+        if s3_endpoint_url:
+            self.properties["s3.endpoint"] = s3_endpoint_url
+        self._catalog = None
+        self._lock = threading.Lock()
+        # add_files warns once per column without Parquet statistics; ours keep them only on the
+        # pruning columns (offload/format.py), by design
+        logging.getLogger("pyiceberg.io.pyarrow").setLevel(logging.ERROR)
+
+    def describe(self) -> dict[str, str]:
+        return {"kind": "sql", "uri": self.catalog_uri, "warehouse": self.warehouse}
+
+    def catalog(self):
+        if self._catalog is None:
+            if self.catalog_uri.startswith("sqlite:///"):
+                import os
+                os.makedirs(os.path.dirname(self.catalog_uri[len("sqlite:///"):]) or ".", exist_ok=True)
+            from pyiceberg.catalog.sql import SqlCatalog
+            self._catalog = SqlCatalog(CATALOG_NAME, uri=self.catalog_uri, warehouse=self.warehouse,
+                                       **self.properties)
+        return self._catalog
+
+    def load(self, tid: TableId):
+        """The table, or None if it does not exist."""
+        from pyiceberg.exceptions import NoSuchTableError
+        try:
+            return self.catalog().load_table(tid.identifier)
+        except NoSuchTableError:
+            return None
+
+    def table_files(self, tid: TableId) -> set[str]:
+        table = self.load(tid)
+        return set() if table is None else _files(table)
+
+    def metadata_location(self, tid: TableId) -> str | None:
+        table = self.load(tid)
+        return None if table is None else table.metadata_location
+
+    def sync(self, tid: TableId, offloaded: Mapping[int, str], leaving: Iterable[int] = (), *,
+             prefix: str, topic: str = "") -> TableSync:
+        """Make the table's files under ``prefix`` (the URI prefix of this topic's or partition's
+        objects, ``<tier>/<tenant>/<ns>/<topic>/``: partitions share a table) exactly ``offloaded`` minus ``leaving`` (``plan_table_sync``), in one snapshot; creates
+        the table with the first file's schema. Returns what was done. LakeError on failure
+        (nothing committed)."""
+        with self._lock:
+            try:
+                return self._sync(tid, dict(offloaded), tuple(leaving), prefix, topic)
+            except LakeError:
+                raise
+            except Exception as e:    # noqa: BLE001 - pyiceberg, sqlalchemy, pyarrow, OSError
+                raise LakeError(f"table {tid.name}: {type(e).__name__}: {e}") from e
+
+    def _sync(self, tid: TableId, offloaded: dict[int, str], leaving: tuple[int, ...], prefix: str,
+              topic: str) -> TableSync:
+        if not prefix.endswith("/"):
+            raise ValueError(f"prefix {prefix!r} must end with '/'")
+        table = self.load(tid)
+        mine = {f for f in _files(table) if f.startswith(prefix)} if table is not None else set()
+        plan = plan_table_sync(mine, offloaded, leaving)
+        if plan.empty:
+            return plan
+        if table is None:
+            if not plan.add:
+                return plan
+            table = self._create(tid, plan.add[0])
+        import pyarrow.parquet as pq
+        with table.transaction() as tx:
+            if plan.remove:
+                removing = set(plan.remove)
+                with tx.update_snapshot().overwrite() as ow:
+                    for task in table.scan().plan_files():
+                        if task.file.file_path in removing:
+                            ow.delete_data_file(task.file)
+            if plan.add:
+                with tx.update_schema() as update:
+                    for uri in plan.add:
+                        update.union_by_name(_arrow_schema(table.io, uri, pq))
+                tx.add_files(list(plan.add), snapshot_properties={"pulsarlite.topic": topic})
+        log.info("lake commit table=%s topic=%s added=%d removed=%d metadata=%s", tid.name, topic,
+                 len(plan.add), len(plan.remove), table.metadata_location)
+        return plan
+
+    def _create(self, tid: TableId, first_uri: str):
+        import pyarrow.parquet as pq
+        catalog = self.catalog()
+        catalog.create_namespace_if_not_exists((tid.tenant, tid.namespace))
+        schema = _arrow_schema(catalog._load_file_io(location=self.warehouse), first_uri, pq)
+        return catalog.create_table_if_not_exists(tid.identifier, schema=schema,
+                                                   location=tid.location(self.warehouse))
+
+    def drop(self, tid: TableId) -> bool:
+        """Drop the table (topic deletion; the data files are the offloader's to delete, the
+        metadata files stay under the table location until the tier's prefix is cleaned)."""
+        from pyiceberg.exceptions import NoSuchTableError
+        with self._lock:
+            try:
+                self.catalog().drop_table(tid.identifier)
+            except NoSuchTableError:
+                return False
+            log.info("lake table dropped table=%s", tid.name)
+            return True
+
+    def info(self, tid: TableId) -> dict[str, Any]:
+        """What the admin ``.../lake`` endpoint returns."""
+        table = self.load(tid)
+        out: dict[str, Any] = {"catalog": self.catalog_uri, "catalogKind": "sql", "warehouse": self.warehouse,
+                               "table": tid.name, "metadata_location": None, "snapshotId": None, "dataFiles": 0}
+        if table is not None:
+            snap = table.current_snapshot()
+            out.update(metadata_location=table.metadata_location, snapshotId=None if snap is None else snap.snapshot_id,
+                       dataFiles=len(_files(table)), location=table.location())
+        return out
+
+
+def _files(table) -> set[str]:
+    if table.current_snapshot() is None:
+        return set()
+    return {task.file.file_path for task in table.scan().plan_files()}
+
+
+def _arrow_schema(io, uri: str, pq):
+    with io.new_input(uri).open() as stream:
+        return pq.read_schema(stream)
+
+
+__all__ = ["LAKE_DIR", "Lake", "LakeError", "TableId", "TableSync", "default_catalog_uri", "plan_table_sync"]

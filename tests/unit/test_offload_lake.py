@@ -1,0 +1,170 @@
+"""[lakehouse] offload/lake.py and the table step of offload/core.py: the pure sync plan, the
+machine's CommitToTable step, and a real pyiceberg SQL catalog (SQLite) over real tier objects
+written by the offloader's encoder (file:// tier in a temporary directory)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from offload.core import (CommitToTable, DeleteFromBookies, Done, LedgerOffload, ObjectStats, ObjectVerified,
+                          ObjectWritten, Offload, OffloadRecord, OffloadState, Recorded, RecordOffload,
+                          StepFailed, TableCommitted, Tick, VerifyObject, WriteObject)
+from offload.lake import Lake, TableId, default_catalog_uri, plan_table_sync
+from test_offload_format import make_entries
+
+STATS = ObjectStats(rows=10, size_bytes=100, checksum="0badf00d", min_publish_time_ms=1, max_publish_time_ms=9)
+
+
+# -- pure ------------------------------------------------------------------------------------------
+def test_plan_adds_missing_and_removes_unknown_files():
+    plan = plan_table_sync({"a", "x"}, {1: "a", 2: "b", 3: "c"}, leaving=[3])
+    assert plan.add == ("b",) and plan.remove == ("x",)
+    assert plan_table_sync({"a", "b"}, {1: "a", 2: "b"}).empty
+    # every file a trimmed ledger had goes, even with nothing to add
+    assert plan_table_sync({"a", "b"}, {1: "a", 2: "b"}, leaving=[1, 2]).remove == ("a", "b")
+
+
+def test_table_id_of_topics_and_partitions():
+    assert TableId.of_topic("t", "ns", "orders").identifier == ("t", "ns", "orders")
+    assert TableId.of_topic("t", "ns", "orders-partition-3").name == "t.ns.orders"
+    assert TableId.of_topic("t", "ns", "orders-partition-x").table == "orders-partition-x"
+    assert default_catalog_uri("file:///data/tier/") == "sqlite:////data/tier/_lake/catalog.db"
+    with pytest.raises(ValueError, match="lake_catalog_uri"):
+        default_catalog_uri("s3://bucket/tier")
+
+
+def _machine(table: bool) -> LedgerOffload:
+    return LedgerOffload(7, OffloadRecord(), tier_uri="file:///tier", tenant="t", namespace="ns", topic="x",
+                         deletion_lag_ms=0, table=table)
+
+
+def _to_offloaded(m: LedgerOffload) -> list:
+    (a,) = m.handle(Offload(100, "ab" * 8))
+    (a,) = m.handle(Recorded(a.record))
+    assert isinstance(a, WriteObject)
+    (a,) = m.handle(ObjectWritten(STATS))
+    (a,) = m.handle(ObjectVerified())
+    assert isinstance(a, RecordOffload) and a.record.state is OffloadState.OFFLOADED
+    return m.handle(Recorded(a.record))
+
+
+def test_machine_commits_to_the_table_after_offloaded_is_recorded():
+    m = _machine(table=True)
+    (a,) = _to_offloaded(m)
+    assert a == CommitToTable(7, m.record.uri) and m.record.state is OffloadState.OFFLOADED
+    (a,) = m.handle(TableCommitted())
+    assert a == VerifyObject(7, m.record.uri, STATS)         # lag 0: on to the bookie delete
+    assert m.handle(ObjectVerified()) == [DeleteFromBookies(7)]
+    # without a table: no such step
+    (a,) = _to_offloaded(_machine(table=False))
+    assert isinstance(a, VerifyObject)
+
+
+def test_a_failed_commit_leaves_the_ledger_offloaded_for_the_repair():
+    m = _machine(table=True)
+    (a,) = _to_offloaded(m)
+    assert isinstance(a, CommitToTable)
+    assert m.handle(StepFailed("catalog down")) == [Done(7)]
+    assert m.record.state is OffloadState.OFFLOADED and m.last_error == "catalog down" and not m.busy
+    (a,) = m.handle(Tick(200))                                  # the tier copy is complete: goes on
+    assert isinstance(a, VerifyObject)
+
+
+# -- a real catalog ----------------------------------------------------------------------------
+V0 = {"type": "record", "name": "Order", "fields": [{"name": "item", "type": "string"},
+                                                     {"name": "qty", "type": "int"}]}
+V1 = {"type": "record", "name": "Order", "fields": V0["fields"] + [
+    {"name": "shop", "type": ["null", "string"], "default": None}]}
+
+
+def _write_object(tier_dir, ledger_id: int, versions, rows: list[dict], version_of) -> str:
+    """A tier object as the offloader writes it: JSON-schema messages with typed columns."""
+    from broker.offloader import TableTypedColumns
+    from offload.reader import encode_ledger
+    from pulsarlite.wire.entry import Message, build_entry
+    entries = [(i, build_entry(Message(payload=json.dumps(row).encode()), producer_name="p", sequence_id=i,
+                               publish_time_ms=1_700_000_000_000 + i, schema_version=version_of(row)))
+               for i, row in enumerate(rows)]
+    typed = TableTypedColumns([(v, "JSON", json.dumps(s)) for v, s in versions], topic="t", ledger_id=ledger_id)
+    encoded = encode_ledger(ledger_id, entries, partition=-1, columns=typed)
+    path = tier_dir / "t" / "ns" / "orders" / f"ledger-{ledger_id}-{'ab' * 8}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(encoded.data)
+    return f"file://{path}"
+
+
+def test_lake_sync_schema_evolution_retention_and_repair(tmp_path):
+    pytest.importorskip("pyiceberg")
+    from pyiceberg.table import StaticTable
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    v0 = (0).to_bytes(8, "big")
+    v1 = (1).to_bytes(8, "big")
+    a = _write_object(tier, 1, [(0, V0)], [{"item": f"a{i}", "qty": i} for i in range(5)], lambda r: v0)
+    b = _write_object(tier, 2, [(0, V0), (1, V1)], [{"item": f"b{i}", "qty": i, "shop": "s"} for i in range(4)],
+                      lambda r: v1)
+    lake = Lake(f"file://{tier}")
+    tid = TableId.of_topic("t", "ns", "orders")
+    P = f"file://{tier}/t/ns/orders/"
+    assert lake.info(tid)["metadata_location"] is None
+
+    # ledger 1 offloaded, its commit lost (a crash): the repair adds it; then ledger 2
+    assert lake.sync(tid, {1: a}, prefix=P).add == (a,)
+    first = lake.metadata_location(tid)
+    assert lake.sync(tid, {1: a}, prefix=P).empty                         # idempotent: no new snapshot
+    assert lake.metadata_location(tid) == first
+    lake.sync(tid, {1: a, 2: b}, prefix=P)
+    info = lake.info(tid)
+    assert info["table"] == "t.ns.orders" and info["dataFiles"] == 2
+    table = StaticTable.from_metadata(info["metadata_location"])
+    schema = table.schema()
+    assert str(schema.find_field("qty").field_type) == "int" and str(schema.find_field("item").field_type) == "string"
+    shop = schema.find_field("shop")
+    assert not shop.required and shop.field_id > schema.find_field("qty").field_id    # added, optional
+    rows = table.scan().to_arrow().to_pylist()
+    assert sorted(r["item"] for r in rows) == [f"a{i}" for i in range(5)] + [f"b{i}" for i in range(4)]
+    assert {r["shop"] for r in rows if r["item"].startswith("a")} == {None}
+    assert {r["shop"] for r in rows if r["item"].startswith("b")} == {"s"}
+    assert {r["ledger_id"] for r in rows} == {1, 2}
+    # zero copy: the table's data files are the tier objects themselves
+    assert {t.file.file_path for t in table.scan().plan_files()} == {a, b}
+
+    # retention takes ledger 1 out: a new snapshot without it; the old one still has it
+    assert lake.sync(tid, {1: a, 2: b}, leaving=[1], prefix=P).remove == (a,)
+    after = StaticTable.from_metadata(lake.metadata_location(tid))
+    assert {t.file.file_path for t in after.scan().plan_files()} == {b}
+    assert len(after.scan().to_arrow()) == 4
+    old = after.scan(snapshot_id=table.current_snapshot().snapshot_id)
+    assert len(old.to_arrow()) == 9
+
+    # a file in the table that no offloaded ledger names (back to offloading) goes too
+    assert lake.sync(tid, {}, prefix=P).remove == (b,)
+    assert lake.info(tid)["dataFiles"] == 0
+    assert lake.drop(tid) and lake.info(tid)["metadata_location"] is None
+
+
+def test_lake_partitions_share_one_table(tmp_path):
+    pytest.importorskip("pyiceberg")
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    from offload.reader import encode_ledger
+    rng = random.Random(5)
+    uris = {}
+    for partition, ledger_id in ((0, 10), (1, 11)):
+        data = encode_ledger(ledger_id, make_entries(rng, 6, batched=False), partition=partition).data
+        path = tier / "t" / "ns" / f"p-partition-{partition}" / f"ledger-{ledger_id}-{'cd' * 8}.parquet"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(data)
+        uris[partition] = f"file://{path}"
+    lake = Lake(f"file://{tier}")
+    tid = TableId.of_topic("t", "ns", "p-partition-0")
+    assert tid == TableId.of_topic("t", "ns", "p-partition-1")
+    lake.sync(tid, {10: uris[0]}, prefix=f"file://{tier}/t/ns/p-partition-0/")
+    lake.sync(tid, {11: uris[1]}, prefix=f"file://{tier}/t/ns/p-partition-1/")
+    assert lake.table_files(tid) == set(uris.values())
+    # partition 0's sync never touches partition 1's files
+    assert lake.sync(tid, {}, prefix=f"file://{tier}/t/ns/p-partition-0/").remove == (uris[0],)
+    assert lake.table_files(tid) == {uris[1]}
