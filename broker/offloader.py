@@ -576,7 +576,8 @@ class TopicOffloader:
         self.table_id = TableId.of_topic(topic.name.tenant, topic.name.namespace_local_name,
                                          topic.name.encoded_local_name)
         self.object_prefix = f"{broker.tier.uri}/{self.prefix}"   # URI prefix of this topic's objects
-        self.leaving: set[int] = set()            # ledgers retention is trimming: out of the table
+        self.leaving: set[int] = set()
+        self.table_error = ""                     # the last table sync/commit failure ("" after a success)            # ledgers retention is trimming: out of the table
         self._table_lock = asyncio.Lock()
         self.demand: _Demand | None = None
         self.last_error = ""
@@ -665,8 +666,9 @@ class TopicOffloader:
             except (asyncio.CancelledError, ManagedLedgerFencedError, ManagedLedgerClosedError):
                 raise
             except Exception as e:     # noqa: BLE001 - the offload goes on; the table is retried
-                errors.append(f"table: {type(e).__name__}: {e}")
-                log.warning("lake sync failed topic=%s table=%s: %s", self.ml_name, self.table_id.name, e)
+                self.table_error = f"{type(e).__name__}: {e}"
+                log.warning("lake sync failed topic=%s table=%s (repaired on a later pass): %s", self.ml_name,
+                            self.table_id.name, e)
         # ledgers in parallel: the heavy steps take the broker's slots (offload_concurrent_max),
         # the list's CASes are serialised by the managed ledger
         results = await asyncio.gather(*(self._drive(ledger_id, Offload(broker.clock(), uuid.uuid4().hex), policy)
@@ -762,6 +764,11 @@ class TopicOffloader:
                             type(action).__name__, type(e).__name__, e)
                 result = StepFailed(f"{type(action).__name__}: {type(e).__name__}: {e}")
             pending.extend(machine.handle(result))
+        if machine.table_error is not None:
+            self.table_error = machine.table_error
+            log.warning("lake commit failed topic=%s ledger=%d table=%s (the ledger is offloaded; the table is "
+                        "repaired on a later pass): %s", self.ml_name, ledger_id, self.table_id.name,
+                        machine.table_error)
         return machine.last_error
 
     async def _execute(self, action, info: LedgerInfo):
@@ -883,6 +890,7 @@ class TopicOffloader:
             self.leaving = {i for i in self.leaving if i in in_list} | set(leaving)
             await self.broker.run(lake.sync, self.table_id, self.offloaded_objects(), tuple(self.leaving),
                                   prefix=self.object_prefix, topic=self.ml_name)
+            self.table_error = ""
 
     async def remove_from_table(self) -> None:
         """Topic deletion: this topic's files leave the table (a non-partitioned topic's table is
@@ -1065,7 +1073,10 @@ class BrokerOffloader:
         """The admin ``.../lake`` answer for a topic (or a partitioned topic's base name)."""
         check(self.lake is not None, "lake_info without a lake")
         tid = TableId.of_topic(name.tenant, name.namespace_local_name, name.encoded_local_name)
-        return await self.run(self.lake.info, tid)
+        out = await self.run(self.lake.info, tid)
+        loaded = self.topics.get(str(name))
+        out["lastError"] = loaded.table_error if loaded is not None else ""
+        return out
 
     async def delete_object(self, ledger_id: int, uri: str) -> None:
         """Delete the object of a ledger leaving the list (retention: ``ManagedLedger.

@@ -46,9 +46,9 @@ Crash safety (DESIGN.md invariant 6):
 - With ``table`` ([lakehouse], offload/lake.py), the object is added to the topic's Iceberg
   table (CommitToTable) right after ``offloaded`` is recorded, never before: the table never
   holds a file that the list does not name as offloaded. A failed or crashed commit leaves the
-  ledger ``offloaded`` (the tier copy is complete) and the shell's next pass repairs the table
-  (``offload.lake.plan_table_sync``) before any other step; the bookie delete waits for the
-  commit only within one run of the machine.
+  ledger ``offloaded`` (the tier copy is complete: the offload succeeded, ``table_error`` says
+  what failed, and the ledger goes on to the bookie delete) and the shell's next pass repairs
+  the table (``offload.lake.plan_table_sync``) before any other step.
 - ``orphan_objects`` finds objects under a topic's prefix that no record names (e.g. written
   by a deposed owner that kept running after losing the topic) for a periodic sweep.
 """
@@ -339,6 +339,7 @@ class LedgerOffload:
         self.table = table
         self.phase = Phase.IDLE
         self.last_error: str | None = None
+        self.table_error: str | None = None      # the last CommitToTable failure (not an offload failure)
         self.failures = 0
         self._attempt_uuid: str | None = None
         self._now_ms = 0
@@ -504,6 +505,11 @@ class LedgerOffload:
         return self._record(new, Phase.RECORDING_BOOKIE_DELETED)
 
     def _on_failed(self, event: StepFailed) -> list[Action]:
+        if self.phase is Phase.COMMITTING_TABLE:
+            # the tier copy is complete and recorded: the offload succeeded; the table lags
+            # until the shell's next repair (``table_error`` says why), the ledger goes on
+            self.table_error = event.error
+            return self._offloaded()
         self.failures += 1
         self.last_error = event.error
         self._pending = None
