@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -184,6 +185,7 @@ class Lake:
               topic: str) -> TableSync:
         if not prefix.endswith("/"):
             raise ValueError(f"prefix {prefix!r} must end with '/'")
+        started = time.monotonic()
         table = self.load(tid)
         mine = {f for f in _files(table) if f.startswith(prefix)} if table is not None else set()
         plan = plan_table_sync(mine, offloaded, leaving)
@@ -206,8 +208,8 @@ class Lake:
                     for uri in plan.add:
                         update.union_by_name(_arrow_schema(table.io, uri, pq))
                 tx.add_files(list(plan.add), snapshot_properties={"pulsarlite.topic": topic})
-        log.info("lake commit table=%s topic=%s added=%d removed=%d metadata=%s", tid.name, topic,
-                 len(plan.add), len(plan.remove), table.metadata_location)
+        log.info("lake commit table=%s topic=%s added=%d removed=%d seconds=%.3f metadata=%s", tid.name, topic,
+                 len(plan.add), len(plan.remove), time.monotonic() - started, table.metadata_location)
         return plan
 
     def _create(self, tid: TableId, first_uri: str):

@@ -14,7 +14,7 @@ table's data files).
    SIGKILL, the lock released, the broker restarted: the new owner's first offloader pass puts
    exactly the missing objects in the table.
 3. Retention trims the ledgers: the next snapshot no longer has their files (the previous one
-   still does), and the objects are gone.
+   still does), and the objects are gone. Deleting the topic drops its table.
 """
 
 from __future__ import annotations
@@ -235,6 +235,16 @@ def test_offloaded_avro_topic_is_an_iceberg_table(cluster_factory, tmp_path, mon
         assert table_files(info["metadata_location"], before_snapshot) == want     # the old snapshot keeps them
         wait_for(lambda: not any(Path(p).exists() for p in objects), 60, "the trimmed objects deleted")
         assert not set(offloaded_ledgers(cluster.admin_url)) & set(int(i) for i in offloaded)
+
+        # -- topic deletion drops the table ----------------------------------------------------
+        from pyiceberg.catalog.sql import SqlCatalog
+        catalog = SqlCatalog("pulsarlite", uri=info["catalog"], warehouse=info["warehouse"])
+        assert catalog.table_exists(("public", "default", LOCAL))
+        code, body = http("DELETE", topic_url(cluster.admin_url, LOCAL) + "?force=true")
+        assert code == 204, body
+        assert not catalog.table_exists(("public", "default", LOCAL))
+        code, body = http("GET", topic_url(cluster.admin_url, LOCAL) + "/lake")
+        assert code == 404, body
     finally:
         client.close()
 
