@@ -576,8 +576,9 @@ class TopicOffloader:
         self.table_id = TableId.of_topic(topic.name.tenant, topic.name.namespace_local_name,
                                          topic.name.encoded_local_name)
         self.object_prefix = f"{broker.tier.uri}/{self.prefix}"   # URI prefix of this topic's objects
-        self.leaving: set[int] = set()
-        self.table_error = ""                     # the last table sync/commit failure ("" after a success)            # ledgers retention is trimming: out of the table
+        self.leaving: set[int] = set()            # ledgers retention is trimming: out of the table
+        self.table_error = ""                     # the last table sync/commit failure ("" after a success)
+        self._table_synced: tuple | None = None   # (offloaded, leaving) of the last successful sync
         self._table_lock = asyncio.Lock()
         self.demand: _Demand | None = None
         self.last_error = ""
@@ -888,8 +889,13 @@ class TopicOffloader:
         async with self._table_lock:
             in_list = {i.ledger_id for i in self.ml.ledgers()}
             self.leaving = {i for i in self.leaving if i in in_list} | set(leaving)
-            await self.broker.run(lake.sync, self.table_id, self.offloaded_objects(), tuple(self.leaving),
+            offloaded = self.offloaded_objects()
+            state = (frozenset(offloaded.items()), frozenset(self.leaving))
+            if state == self._table_synced:
+                return                    # the table was made exactly this by us: nothing to read
+            await self.broker.run(lake.sync, self.table_id, offloaded, tuple(self.leaving),
                                   prefix=self.object_prefix, topic=self.ml_name)
+            self._table_synced = state
             self.table_error = ""
 
     async def remove_from_table(self) -> None:
@@ -899,6 +905,7 @@ class TopicOffloader:
         if lake is None:
             return
         async with self._table_lock:
+            self._table_synced = None
             if self.partition < 0:
                 await self.broker.run(lake.drop, self.table_id)
             else:

@@ -168,3 +168,23 @@ def test_lake_partitions_share_one_table(tmp_path):
     # partition 0's sync never touches partition 1's files
     assert lake.sync(tid, {}, prefix=f"file://{tier}/t/ns/p-partition-0/").remove == (uris[0],)
     assert lake.table_files(tid) == {uris[1]}
+
+
+# -- configuration ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("overrides, match", [
+    ({"lake_enabled": True}, "needs a tier"),
+    ({"lake_enabled": True, "tier_uri": "s3://bucket/tier"}, "needs lake_catalog_uri"),
+    ({"lake_enabled": True, "tier_uri": "file:///tier", "lake_catalog_uri": "catalog.db"}, "SQLAlchemy URI"),
+    ({"lake_enabled": "yes", "tier_uri": "file:///tier"}, "must be a bool"),
+])
+def test_bad_lake_settings_are_refused(overrides, match):
+    from broker.config import BrokerConfig
+    from pulsarlite.errors import ConfigError
+    with pytest.raises(ConfigError, match=match):
+        BrokerConfig(**overrides).validate()
+
+
+def test_good_lake_settings():
+    from broker.config import BrokerConfig
+    BrokerConfig(lake_enabled=True, tier_uri="file:///tier").validate()
+    BrokerConfig(lake_enabled=True, tier_uri="s3://bucket/tier", lake_catalog_uri="sqlite:////x/c.db").validate()
