@@ -253,3 +253,34 @@ def test_lake_endpoint_errors(cluster_factory, tmp_path):
     cluster = cluster_factory(1, brokers=1, broker_overrides={"tier_uri": f"file://{tmp_path}"})
     code, body = http("GET", topic_url(cluster.admin_url, "nothing") + "/lake")
     assert code == 412, body                          # a tier, but no lake
+
+
+def test_lake_on_an_s3_tier(s3_server, s3_tier_uri, tmp_path):
+    """The same commits with the objects and the table's metadata on a real S3 endpoint (moto's
+    server) and the catalog in a local SQLite file (``lake_catalog_uri``)."""
+    import random
+
+    from pyiceberg.table import StaticTable
+
+    from offload.lake import Lake, TableId
+    from offload.reader import encode_ledger
+    from offload.store import open_object_store
+    from tests.unit.test_offload_format import make_entries
+
+    store = open_object_store(s3_tier_uri, s3_endpoint_url=s3_server.endpoint_url)
+    rng = random.Random(3)
+    offloaded = {}
+    for ledger_id in (4, 5):
+        key = f"public/default/s3t/ledger-{ledger_id}-{'ef' * 8}.parquet"
+        store.put(key, encode_ledger(ledger_id, make_entries(rng, 8, batched=False), partition=-1).data)
+        offloaded[ledger_id] = store.object_uri(key)
+    lake = Lake(s3_tier_uri, f"sqlite:///{tmp_path}/catalog.db", s3_endpoint_url=s3_server.endpoint_url)
+    tid = TableId.of_topic("public", "default", "s3t")
+    prefix = f"{s3_tier_uri}/public/default/s3t/"
+    assert lake.sync(tid, offloaded, prefix=prefix).add == tuple(sorted(offloaded.values()))
+    location = lake.metadata_location(tid)
+    assert location.startswith(f"{s3_tier_uri}/_lake/public/default/s3t/metadata/")
+    table = StaticTable.from_metadata(location, properties={"s3.endpoint": s3_server.endpoint_url})
+    rows = table.scan(selected_fields=("ledger_id", "entry_id")).to_arrow().to_pylist()
+    assert sorted((r["ledger_id"], r["entry_id"]) for r in rows) == [(lid, e) for lid in (4, 5) for e in range(8)]
+    assert lake.sync(tid, offloaded, leaving=[4], prefix=prefix).remove == (offloaded[4],)
