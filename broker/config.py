@@ -107,6 +107,7 @@ class BrokerConfig:
     offload_typed_columns: bool = True       # [schema] AVRO/JSON topics: the record's fields as Parquet columns
     lake_enabled: bool = False               # [lakehouse] offloaded objects = an Iceberg table per topic
     lake_catalog_uri: str = ""               # SQLAlchemy URI of the SQL catalog; empty: sqlite in <file tier>/_lake
+    lake_snapshot_retention_ms: int = 24 * 3600 * 1000   # expire older table snapshots (-1: keep all)
     # [security] authentication and authorization (broker/security/; Pulsar's keys in snake_case)
     authentication_enabled: bool = False     # authenticationEnabled: off, every client is served as before
     # authenticationProviders, comma-separated: "token", "basic", "tls" (or Pulsar's class names for them)
@@ -310,6 +311,9 @@ class BrokerConfig:
             raise ConfigError("BrokerConfig.offload_typed_columns must be a bool")
         if not isinstance(self.lake_enabled, bool) or not isinstance(self.lake_catalog_uri, str):
             raise ConfigError("BrokerConfig.lake_enabled must be a bool and lake_catalog_uri a string")
+        if isinstance(self.lake_snapshot_retention_ms, bool) or not isinstance(self.lake_snapshot_retention_ms, int) \
+                or self.lake_snapshot_retention_ms < -1:
+            raise ConfigError("BrokerConfig.lake_snapshot_retention_ms must be an integer >= -1")
         if self.lake_enabled:
             if not self.tier_uri:
                 raise ConfigError("BrokerConfig.lake_enabled needs a tier (tier_uri)")

@@ -894,7 +894,7 @@ class TopicOffloader:
             if state == self._table_synced:
                 return                    # the table was made exactly this by us: nothing to read
             await self.broker.run(lake.sync, self.table_id, offloaded, tuple(self.leaving),
-                                  prefix=self.object_prefix, topic=self.ml_name)
+                                  prefix=self.object_prefix, topic=self.ml_name, now_ms=self.broker.clock())
             self._table_synced = state
             self.table_error = ""
 
@@ -946,7 +946,8 @@ class BrokerOffloader:
         self.slots = asyncio.Semaphore(config.offload_concurrent_max)
         self.cache = TierReadCache(tier, self.run, config.tier_read_cache_bytes_max)
         self.topics: dict[str, TopicOffloader] = {}
-        self.lake: Lake | None = (Lake(tier.uri, config.lake_catalog_uri, s3_endpoint_url=config.tier_s3_endpoint_url)
+        self.lake: Lake | None = (Lake(tier.uri, config.lake_catalog_uri, s3_endpoint_url=config.tier_s3_endpoint_url,
+                                       snapshot_retention_ms=config.lake_snapshot_retention_ms)
                                   if config.lake_enabled else None)
         self._timer: asyncio.Task | None = None
         self.offloaded_bytes = 0

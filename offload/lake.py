@@ -25,6 +25,8 @@ Protocol (the owner broker only, driven by ``broker.offloader``):
   metadata columns plus the typed columns offload/format.py wrote from the schema registry;
   fields added by a registry evolution become optional Iceberg fields with new, stable ids.
   Topics without a struct schema have ``value`` (bytes) only.
+- **snapshots** older than ``lake_snapshot_retention_ms`` (broker key; -1 keeps all) are expired
+  after each commit, never the current one (metadata only).
 - **partition spec**: none. ``add_files`` derives each file's partition value from its column
   statistics and refuses a file whose lower and upper bounds fall in different partitions; a
   ledger may span days, so a day(publish_time) spec would refuse such objects. Files keep
@@ -109,6 +111,15 @@ def plan_table_sync(table_files: Iterable[str], offloaded: Mapping[int, str],
     return TableSync(tuple(sorted(keep - have)), tuple(sorted(have - keep)))
 
 
+def snapshots_to_expire(snapshots: Iterable[tuple[int, int]], current_id: int | None, now_ms: int,
+                        retention_ms: int) -> tuple[int, ...]:
+    """Ids of the snapshots (id, timestamp ms) older than ``retention_ms`` at ``now_ms``, never the
+    current one (``retention_ms`` < 0: keep every snapshot)."""
+    if retention_ms < 0:
+        return ()
+    return tuple(sorted(sid for sid, ts in snapshots if sid != current_id and now_ms - ts > retention_ms))
+
+
 # -- the catalog (blocking) -----------------------------------------------------------------------
 def default_catalog_uri(tier_uri: str) -> str:
     """The embedded catalog: SQLite in ``<tier dir>/_lake/catalog.db`` for a ``file://`` tier.
@@ -125,10 +136,12 @@ class Lake:
     broker are serial; other brokers own other topics, and the SQL catalog's optimistic
     commit catches any overlap)."""
 
-    def __init__(self, tier_uri: str, catalog_uri: str = "", *, s3_endpoint_url: str | None = None) -> None:
+    def __init__(self, tier_uri: str, catalog_uri: str = "", *, s3_endpoint_url: str | None = None,
+                 snapshot_retention_ms: int = -1) -> None:
         self.tier_uri = tier_uri.rstrip("/")
         self.catalog_uri = catalog_uri or default_catalog_uri(self.tier_uri)
         self.warehouse = f"{self.tier_uri}/{LAKE_DIR}"
+        self.snapshot_retention_ms = snapshot_retention_ms
         self.properties: dict[str, str] = {}
         if s3_endpoint_url:
             self.properties["s3.endpoint"] = s3_endpoint_url
@@ -168,14 +181,18 @@ class Lake:
         return None if table is None else table.metadata_location
 
     def sync(self, tid: TableId, offloaded: Mapping[int, str], leaving: Iterable[int] = (), *,
-             prefix: str, topic: str = "") -> TableSync:
+             prefix: str, topic: str = "", now_ms: int | None = None) -> TableSync:
         """Make the table's files under ``prefix`` (the URI prefix of this topic's or partition's
         objects, ``<tier>/<tenant>/<ns>/<topic>/``: partitions share a table) exactly ``offloaded`` minus ``leaving`` (``plan_table_sync``), in one snapshot; creates
         the table with the first file's schema. Returns what was done. LakeError on failure
-        (nothing committed)."""
+        (nothing committed). With ``now_ms`` and a ``snapshot_retention_ms`` >= 0, snapshots older
+        than that are then expired (their metadata only: data files are the offloader's)."""
         with self._lock:
             try:
-                return self._sync(tid, dict(offloaded), tuple(leaving), prefix, topic)
+                plan = self._sync(tid, dict(offloaded), tuple(leaving), prefix, topic)
+                if now_ms is not None and self.snapshot_retention_ms >= 0:
+                    self._expire(tid, now_ms)
+                return plan
             except LakeError:
                 raise
             except Exception as e:    # noqa: BLE001 - pyiceberg, sqlalchemy, pyarrow, OSError
@@ -211,6 +228,18 @@ class Lake:
         log.info("lake commit table=%s topic=%s added=%d removed=%d seconds=%.3f metadata=%s", tid.name, topic,
                  len(plan.add), len(plan.remove), time.monotonic() - started, table.metadata_location)
         return plan
+
+    def _expire(self, tid: TableId, now_ms: int) -> None:
+        table = self.load(tid)
+        if table is None:
+            return
+        current = table.current_snapshot()
+        ids = snapshots_to_expire([(s.snapshot_id, s.timestamp_ms) for s in table.metadata.snapshots],
+                                  None if current is None else current.snapshot_id, now_ms,
+                                  self.snapshot_retention_ms)
+        if ids:
+            table.maintenance.expire_snapshots().by_ids(list(ids)).commit()
+            log.info("lake snapshots expired table=%s snapshots=%d", tid.name, len(ids))
 
     def _create(self, tid: TableId, first_uri: str):
         import pyarrow.parquet as pq
@@ -255,4 +284,5 @@ def _arrow_schema(io, uri: str, pq):
         return pq.read_schema(stream)
 
 
-__all__ = ["LAKE_DIR", "Lake", "LakeError", "TableId", "TableSync", "default_catalog_uri", "plan_table_sync"]
+__all__ = ["LAKE_DIR", "Lake", "LakeError", "TableId", "TableSync", "default_catalog_uri", "plan_table_sync",
+           "snapshots_to_expire"]

@@ -12,7 +12,7 @@ import pytest
 from offload.core import (CommitToTable, DeleteFromBookies, Done, LedgerOffload, ObjectStats, ObjectVerified,
                           ObjectWritten, Offload, OffloadRecord, OffloadState, Recorded, RecordOffload,
                           StepFailed, TableCommitted, Tick, VerifyObject, WriteObject)
-from offload.lake import Lake, TableId, default_catalog_uri, plan_table_sync
+from offload.lake import Lake, TableId, default_catalog_uri, plan_table_sync, snapshots_to_expire
 from test_offload_format import make_entries
 
 STATS = ObjectStats(rows=10, size_bytes=100, checksum="0badf00d", min_publish_time_ms=1, max_publish_time_ms=9)
@@ -25,6 +25,14 @@ def test_plan_adds_missing_and_removes_unknown_files():
     assert plan_table_sync({"a", "b"}, {1: "a", 2: "b"}).empty
     # every file a trimmed ledger had goes, even with nothing to add
     assert plan_table_sync({"a", "b"}, {1: "a", 2: "b"}, leaving=[1, 2]).remove == ("a", "b")
+
+
+def test_snapshots_to_expire_never_the_current_one():
+    snaps = [(1, 100), (2, 200), (3, 300)]
+    assert snapshots_to_expire(snaps, 3, 1000, 750) == (1, 2)
+    assert snapshots_to_expire(snaps, 1, 1000, 0) == (2, 3)            # the current one stays, however old
+    assert snapshots_to_expire(snaps, 3, 1000, -1) == ()
+    assert snapshots_to_expire(snaps, 3, 250, 100) == (1,)
 
 
 def test_table_id_of_topics_and_partitions():
@@ -138,7 +146,15 @@ def test_lake_sync_schema_evolution_retention_and_repair(tmp_path):
     assert {t.file.file_path for t in after.scan().plan_files()} == {b}
     assert len(after.scan().to_arrow()) == 4
     old = after.scan(snapshot_id=table.current_snapshot().snapshot_id)
-    assert len(old.to_arrow()) == 9
+    assert len(old.to_arrow()) == 9          # the previous snapshot still has it (a's object exists here)
+
+    # snapshots older than the retention expire (metadata only), never the current one
+    expiring = Lake(f"file://{tier}", snapshot_retention_ms=0)
+    current = lake.load(tid).current_snapshot()
+    assert len(lake.load(tid).metadata.snapshots) >= 3
+    expiring.sync(tid, {2: b}, prefix=P, now_ms=current.timestamp_ms + 10_000)
+    assert [s.snapshot_id for s in lake.load(tid).metadata.snapshots] == [current.snapshot_id]
+    assert lake.table_files(tid) == {b}
 
     # a file in the table that no offloaded ledger names (back to offloading) goes too
     assert lake.sync(tid, {}, prefix=P).remove == (b,)
@@ -176,6 +192,7 @@ def test_lake_partitions_share_one_table(tmp_path):
     ({"lake_enabled": True, "tier_uri": "s3://bucket/tier"}, "needs lake_catalog_uri"),
     ({"lake_enabled": True, "tier_uri": "file:///tier", "lake_catalog_uri": "catalog.db"}, "SQLAlchemy URI"),
     ({"lake_enabled": "yes", "tier_uri": "file:///tier"}, "must be a bool"),
+    ({"lake_snapshot_retention_ms": -2}, "lake_snapshot_retention_ms"),
 ])
 def test_bad_lake_settings_are_refused(overrides, match):
     from broker.config import BrokerConfig
