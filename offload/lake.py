@@ -120,6 +120,19 @@ def snapshots_to_expire(snapshots: Iterable[tuple[int, int]], current_id: int | 
     return tuple(sorted(sid for sid, ts in snapshots if sid != current_id and now_ms - ts > retention_ms))
 
 
+def redacted_uri(uri: str) -> str:
+    """The catalog URI without its password (``postgresql://u:***@host/db``): what the admin
+    endpoint shows (DESIGN.md invariant 11: secrets never leave in answers or logs)."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        return uri
+    authority, slash, path = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    if not at or ":" not in userinfo:
+        return uri
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}{slash}{path}"
+
+
 # -- the catalog (blocking) -----------------------------------------------------------------------
 def default_catalog_uri(tier_uri: str) -> str:
     """The embedded catalog: SQLite in ``<tier dir>/_lake/catalog.db`` for a ``file://`` tier.
@@ -152,7 +165,7 @@ class Lake:
         logging.getLogger("pyiceberg.io.pyarrow").setLevel(logging.ERROR)
 
     def describe(self) -> dict[str, str]:
-        return {"kind": "sql", "uri": self.catalog_uri, "warehouse": self.warehouse}
+        return {"kind": "sql", "uri": redacted_uri(self.catalog_uri), "warehouse": self.warehouse}
 
     def catalog(self):
         if self._catalog is None:
@@ -264,7 +277,7 @@ class Lake:
     def info(self, tid: TableId) -> dict[str, Any]:
         """What the admin ``.../lake`` endpoint returns."""
         table = self.load(tid)
-        out: dict[str, Any] = {"catalog": self.catalog_uri, "catalogKind": "sql", "warehouse": self.warehouse,
+        out: dict[str, Any] = {"catalog": redacted_uri(self.catalog_uri), "catalogKind": "sql", "warehouse": self.warehouse,
                                "table": tid.name, "metadata_location": None, "snapshotId": None, "dataFiles": 0}
         if table is not None:
             snap = table.current_snapshot()
@@ -285,4 +298,4 @@ def _arrow_schema(io, uri: str, pq):
 
 
 __all__ = ["LAKE_DIR", "Lake", "LakeError", "TableId", "TableSync", "default_catalog_uri", "plan_table_sync",
-           "snapshots_to_expire"]
+           "redacted_uri", "snapshots_to_expire"]

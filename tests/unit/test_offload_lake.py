@@ -12,7 +12,7 @@ import pytest
 from offload.core import (CommitToTable, DeleteFromBookies, Done, LedgerOffload, ObjectStats, ObjectVerified,
                           ObjectWritten, Offload, OffloadRecord, OffloadState, Recorded, RecordOffload,
                           StepFailed, TableCommitted, Tick, VerifyObject, WriteObject)
-from offload.lake import Lake, TableId, default_catalog_uri, plan_table_sync, snapshots_to_expire
+from offload.lake import Lake, TableId, default_catalog_uri, plan_table_sync, redacted_uri, snapshots_to_expire
 from test_offload_format import make_entries
 
 STATS = ObjectStats(rows=10, size_bytes=100, checksum="0badf00d", min_publish_time_ms=1, max_publish_time_ms=9)
@@ -33,6 +33,14 @@ def test_snapshots_to_expire_never_the_current_one():
     assert snapshots_to_expire(snaps, 1, 1000, 0) == (2, 3)            # the current one stays, however old
     assert snapshots_to_expire(snaps, 3, 1000, -1) == ()
     assert snapshots_to_expire(snaps, 3, 250, 100) == (1,)
+
+
+def test_catalog_passwords_are_not_shown():
+    assert redacted_uri("postgresql+psycopg2://lake:s3cr:et@db:5432/cat") == "postgresql+psycopg2://lake:***@db:5432/cat"
+    assert redacted_uri("sqlite:////tier/_lake/catalog.db") == "sqlite:////tier/_lake/catalog.db"
+    assert redacted_uri("postgresql://lake@db/cat") == "postgresql://lake@db/cat"
+    lake = Lake("file:///tier", "postgresql://u:pw@db/cat")
+    assert "pw" not in json.dumps(lake.describe())
 
 
 def test_table_id_of_topics_and_partitions():
