@@ -27,6 +27,14 @@ def add_parser(subparsers) -> None:
     p.add_argument("--bookie-auth-token-file", default=os.environ.get("PULSARLITE_BOOKIE_AUTH_TOKEN_FILE", ""),
                    help="file holding the token presented to bookies with bookie_auth_enabled (default "
                         "$PULSARLITE_BOOKIE_AUTH_TOKEN_FILE; or the token itself in $PULSARLITE_BOOKIE_AUTH_TOKEN)")
+    p.add_argument("--zookeeper-auth-digest-file", default=os.environ.get("PULSARLITE_ZOOKEEPER_AUTH_DIGEST_FILE", ""),
+                   help="file holding the ZooKeeper credential 'user:password' (docs/security.md; default "
+                        "$PULSARLITE_ZOOKEEPER_AUTH_DIGEST_FILE; or the credential itself in "
+                        "$PULSARLITE_ZOOKEEPER_AUTH_DIGEST)")
+    p.add_argument("--zookeeper-acl-read-restricted", action="store_true",
+                   default=os.environ.get("PULSARLITE_ZOOKEEPER_ACL_READ_RESTRICTED", "") in ("1", "true"),
+                   help="znodes this shell creates are readable by the credential only (as the cluster's "
+                        "zookeeper_acl_read_restricted; default $PULSARLITE_ZOOKEEPER_ACL_READ_RESTRICTED)")
     sub = p.add_subparsers(dest="bk_command", required=True)
 
     s = sub.add_parser("listbookies", help="list live bookies (writable and read-only)")
@@ -109,7 +117,11 @@ async def _with_client(coro_fn, args) -> int:
     client = await LedgerClient.connect(LedgerClientConfig(
         zookeeper=args.zookeeper,
         bookie_auth_token="" if args.bookie_auth_token_file else os.environ.get("PULSARLITE_BOOKIE_AUTH_TOKEN", ""),
-        bookie_auth_token_file=args.bookie_auth_token_file).validate())
+        bookie_auth_token_file=args.bookie_auth_token_file,
+        zookeeper_auth_digest=("" if args.zookeeper_auth_digest_file
+                               else os.environ.get("PULSARLITE_ZOOKEEPER_AUTH_DIGEST", "")),
+        zookeeper_auth_digest_file=args.zookeeper_auth_digest_file,
+        zookeeper_acl_read_restricted=args.zookeeper_acl_read_restricted).validate())
     try:
         return await coro_fn(client, args)
     finally:

@@ -134,6 +134,10 @@ class ZkAuth:
     def auth_data(self) -> list[tuple[str, str]]:
         return [("digest", f"{self.user}:{self.password}")]
 
+    def kazoo_kwargs(self) -> dict:
+        """KazooClient arguments: authenticate, and create znodes with this credential's ACL."""
+        return {"auth_data": self.auth_data(), "default_acl": self.acl()}
+
     def acl(self) -> list[ACL]:
         acl = [ACL(Permissions.ALL, Id("digest", self.digest_id))]
         if not self.read_restricted:
@@ -571,10 +575,7 @@ def _check_bytes(data: object, path: str) -> None:
 
 
 def _auth_kwargs(auth: ZkAuth | None) -> dict:
-    """KazooClient arguments for a credential: authenticate, and create znodes with its ACL."""
-    if auth is None:
-        return {}
-    return {"auth_data": auth.auth_data(), "default_acl": auth.acl()}
+    return auth.kazoo_kwargs() if auth is not None else {}
 
 
 def _secure_roots(client: KazooClient, auth: ZkAuth, hosts: str) -> None:
