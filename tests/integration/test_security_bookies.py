@@ -359,6 +359,8 @@ def test_every_compose_bookie_authenticates_and_every_client_has_a_token(compose
         assert "bookie-auth:/var/lib/pulsarlite-auth:ro" in service["volumes"], name
         assert service["depends_on"]["bookie-auth-init"]["condition"] == "service_completed_successfully", name
         source = next(v.split(":")[0] for v in service["volumes"] if v.split(":")[1].endswith(f"{name}.toml"))
+        zk_config = load_toml(BookieConfig if role == "bookie" else BrokerConfig, DEPLOY / source)
+        assert zk_config.zookeeper_auth_digest_file == "/var/lib/pulsarlite-auth/zookeeper.digest", name
         if role == "bookie":
             config = load_toml(BookieConfig, DEPLOY / source)
             assert config.bookie_auth_enabled and not config.bookie_auth_insecure_allow and config.host == "0.0.0.0"
@@ -389,9 +391,17 @@ def test_bookie_auth_init_makes_tokens_the_bookies_accept(tmp_path):
         before[role] = path.read_text()
         assert verifier.role(before[role].strip().encode()) == role
         assert before[role].strip() not in run.stdout + run.stderr
+    from pulsarlite.metadata import ZkAuth
+    digest = tmp_path / "zookeeper.digest"
+    assert digest.stat().st_mode & 0o777 == 0o600
+    zk = ZkAuth.parse(digest.read_text(), source="zookeeper.digest")
+    assert zk.user == "pulsarlite" and len(zk.password) >= 32 and zk.password not in run.stdout + run.stderr
+    before["zookeeper.digest"] = digest.read_text()
     again = subprocess.run(["/bin/sh", str(DEPLOY / "bookie-auth-init.sh"), str(tmp_path)], capture_output=True,
                            text=True, env=env, timeout=120)
-    assert again.returncode == 0 and all((tmp_path / f"{r}.token").read_text() == t for r, t in before.items())
+    assert again.returncode == 0 and all((tmp_path / f"{r}.token").read_text() == t for r, t in before.items()
+                                         if r != "zookeeper.digest")
+    assert digest.read_text() == before["zookeeper.digest"]
 
 
 # -- a secured standalone: bookie authentication comes with authentication -------------------------
