@@ -137,6 +137,9 @@ class BrokerConfig:
     zookeeper_auth_digest: str = field(default="", repr=False)
     zookeeper_auth_digest_file: str = ""
     zookeeper_acl_read_restricted: bool = False
+    # TLS to the bookies (bookie/tls.py; docs/security.md): on when the bookies serve TLS
+    bookie_tls_enabled: bool = False
+    bookie_tls_trust_certs_file_path: str = ""
 
     def validate(self) -> "BrokerConfig":
         for name in ("retention_time_default_minutes", "retention_size_default_mb"):
@@ -384,6 +387,8 @@ class BrokerConfig:
                                   add_flush_on_idle_adds_max=self.bookie_add_flush_on_idle_adds_max,
                                   bookie_auth_token=self.bookie_auth_token,
                                   bookie_auth_token_file=self.bookie_auth_token_file,
+                                  bookie_tls_enabled=self.bookie_tls_enabled,
+                                  bookie_tls_trust_certs_file_path=self.bookie_tls_trust_certs_file_path,
                                   **zookeeper_auth_settings(self)).validate()
 
 

@@ -35,6 +35,13 @@ def add_parser(subparsers) -> None:
                    default=os.environ.get("PULSARLITE_ZOOKEEPER_ACL_READ_RESTRICTED", "") in ("1", "true"),
                    help="znodes this shell creates are readable by the credential only (as the cluster's "
                         "zookeeper_acl_read_restricted; default $PULSARLITE_ZOOKEEPER_ACL_READ_RESTRICTED)")
+    p.add_argument("--bookie-tls", action="store_true",
+                   default=os.environ.get("PULSARLITE_BOOKIE_TLS", "") in ("1", "true"),
+                   help="connect to the bookies with TLS (bookies with bookie_tls_certificate_file_path; default "
+                        "$PULSARLITE_BOOKIE_TLS; implied by --bookie-tls-trust-certs-file)")
+    p.add_argument("--bookie-tls-trust-certs-file", default=os.environ.get("PULSARLITE_BOOKIE_TLS_TRUST_CERTS_FILE", ""),
+                   help="CA file the bookies' certificates must verify against (default "
+                        "$PULSARLITE_BOOKIE_TLS_TRUST_CERTS_FILE; empty: the system's CAs)")
     sub = p.add_subparsers(dest="bk_command", required=True)
 
     s = sub.add_parser("listbookies", help="list live bookies (writable and read-only)")
@@ -121,7 +128,9 @@ async def _with_client(coro_fn, args) -> int:
         zookeeper_auth_digest=("" if args.zookeeper_auth_digest_file
                                else os.environ.get("PULSARLITE_ZOOKEEPER_AUTH_DIGEST", "")),
         zookeeper_auth_digest_file=args.zookeeper_auth_digest_file,
-        zookeeper_acl_read_restricted=args.zookeeper_acl_read_restricted).validate())
+        zookeeper_acl_read_restricted=args.zookeeper_acl_read_restricted,
+        bookie_tls_enabled=args.bookie_tls or bool(args.bookie_tls_trust_certs_file),
+        bookie_tls_trust_certs_file_path=args.bookie_tls_trust_certs_file).validate())
     try:
         return await coro_fn(client, args)
     finally:

@@ -132,6 +132,12 @@ class BookieConfig:
     zookeeper_auth_digest: str = field(default="", repr=False)
     zookeeper_auth_digest_file: str = ""
     zookeeper_acl_read_restricted: bool = False
+    # TLS on the bookie port (bookie/tls.py; docs/security.md): with both files the port speaks TLS
+    # only, and this bookie's own ledger client (autorecovery) connects to the others with TLS,
+    # trusting bookie_tls_trust_certs_file_path (empty: the system's CAs)
+    bookie_tls_certificate_file_path: str = ""
+    bookie_tls_key_file_path: str = ""
+    bookie_tls_trust_certs_file_path: str = ""
 
     def validate(self) -> "BookieConfig":
         _positive(self, "port", "zk_session_timeout_ms", "journal_bytes_buffered_max",
@@ -193,6 +199,9 @@ class BookieConfig:
         if self.bookie_auth_token and self.bookie_auth_token_file:
             raise ConfigError("set at most one of bookie_auth_token and bookie_auth_token_file")
         validate_zookeeper_auth(self)
+        if bool(self.bookie_tls_certificate_file_path) != bool(self.bookie_tls_key_file_path):
+            raise ConfigError("set both bookie_tls_certificate_file_path and bookie_tls_key_file_path "
+                              "(TLS on the bookie port), or neither")
 
     @property
     def bookie_auth_role_names(self) -> frozenset[str]:
@@ -211,6 +220,8 @@ class BookieConfig:
         return LedgerClientConfig(zookeeper=self.zookeeper, zk_session_timeout_ms=self.zk_session_timeout_ms,
                                   bookie_auth_token=self.bookie_auth_token,
                                   bookie_auth_token_file=self.bookie_auth_token_file,
+                                  bookie_tls_enabled=bool(self.bookie_tls_certificate_file_path),
+                                  bookie_tls_trust_certs_file_path=self.bookie_tls_trust_certs_file_path,
                                   **zookeeper_auth_settings(self))
 
 
@@ -265,6 +276,10 @@ class LedgerClientConfig:
     zookeeper_auth_digest: str = field(default="", repr=False)
     zookeeper_auth_digest_file: str = ""
     zookeeper_acl_read_restricted: bool = False
+    # TLS to the bookies (bookie/tls.py): every bookie of the cluster serves TLS; their
+    # certificates verify against this file (empty: the system's CAs) and name the bookie id's host
+    bookie_tls_enabled: bool = False
+    bookie_tls_trust_certs_file_path: str = ""
 
     def validate(self) -> "LedgerClientConfig":
         _positive(self, "zk_session_timeout_ms", "add_timeout_ms", "read_timeout_ms",
@@ -291,6 +306,14 @@ def zookeeper_auth_settings(cfg: object) -> dict:
     """The ZooKeeper credential fields of a config (BookieConfig, BrokerConfig,
     LedgerClientConfig), to hand to another config."""
     return {name: getattr(cfg, name) for name in ZOOKEEPER_AUTH_FIELDS}
+
+
+BOOKIE_TLS_CLIENT_FIELDS = ("bookie_tls_enabled", "bookie_tls_trust_certs_file_path")
+
+
+def bookie_tls_client_settings(cfg: object) -> dict:
+    """The client-side bookie TLS fields of a config or options object, to hand to a LedgerClientConfig."""
+    return {name: getattr(cfg, name) for name in BOOKIE_TLS_CLIENT_FIELDS}
 
 
 def validate_zookeeper_auth(cfg: object) -> None:

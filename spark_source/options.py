@@ -119,6 +119,10 @@ class SourceOptions:
     zookeeper_auth_digest: str = field(default="", repr=False)
     zookeeper_auth_digest_file: str = ""
     zookeeper_acl_read_restricted: bool = False
+    # TLS to the bookies: options bookieTls / bookieTlsTrustCertsFile, else $PULSARLITE_BOOKIE_TLS /
+    # $PULSARLITE_BOOKIE_TLS_TRUST_CERTS_FILE on the driver (a trust file implies TLS)
+    bookie_tls_enabled: bool = False
+    bookie_tls_trust_certs_file_path: str = ""
 
     def apply_aws_env(self) -> None:
         """Credentials given as options become the standard AWS variables of this worker."""
@@ -170,7 +174,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool, need_topics: b
                                  or _opt_int(o, "maxRecordsPerTrigger", minimum=1)),
         s3_endpoint_url=endpoint, aws_env=aws_env,
         metrics_dir=(o.get("metricsdir") or "").strip() or None,
-        **_bookie_auth(o), **_zookeeper_auth(o))
+        **_bookie_auth(o), **_zookeeper_auth(o), **_bookie_tls(o))
 
 
 def _bookie_auth(o: Mapping[str, str]) -> dict[str, str]:
@@ -207,13 +211,31 @@ def _zookeeper_auth(o: Mapping[str, str]) -> dict:
     return settings
 
 
+def _bookie_tls(o: Mapping[str, str]) -> dict:
+    trust = str(o.get("bookietlstrustcertsfile") or "").strip()
+    if "bookietls" in o:
+        enabled = _opt_bool(o, "bookieTls", False)
+    else:
+        enabled = os.environ.get("PULSARLITE_BOOKIE_TLS", "").strip().lower() in ("1", "true")
+    if not trust and "bookietlstrustcertsfile" not in o:
+        trust = os.environ.get("PULSARLITE_BOOKIE_TLS_TRUST_CERTS_FILE", "").strip()
+    return {"bookie_tls_enabled": enabled or bool(trust), "bookie_tls_trust_certs_file_path": trust}
+
+
 def ledger_client_config(zookeeper: str, bookie_auth_token: str = "", bookie_auth_token_file: str = "",
-                         zookeeper_auth: dict | None = None):
-    """The LedgerClientConfig of the source's bookie reads (its bookie and ZooKeeper credentials
-    included; ``zookeeper_auth``: pulsarlite.config.zookeeper_auth_settings of the options)."""
+                         settings: dict | None = None):
+    """The LedgerClientConfig of the source's bookie reads (its bookie credential included;
+    ``settings``: more LedgerClientConfig fields: ``source_client_settings`` of the options)."""
     from pulsarlite.config import LedgerClientConfig
     return LedgerClientConfig(zookeeper=zookeeper, bookie_auth_token=bookie_auth_token,
-                              bookie_auth_token_file=bookie_auth_token_file, **(zookeeper_auth or {})).validate()
+                              bookie_auth_token_file=bookie_auth_token_file, **(settings or {})).validate()
+
+
+def source_client_settings(opts) -> dict:
+    """The ZooKeeper credential and bookie TLS fields of SourceOptions or ReadSettings, as
+    LedgerClientConfig fields."""
+    from pulsarlite.config import bookie_tls_client_settings, zookeeper_auth_settings
+    return {**zookeeper_auth_settings(opts), **bookie_tls_client_settings(opts)}
 
 
 __all__ = ["OffsetSpec", "OptionError", "SourceOptions", "parse_offsets", "parse_options"]

@@ -52,9 +52,9 @@ class _LazyLedgerClient:
             from bookie.client.ledger_client import LedgerClient
             from spark_source.options import ledger_client_config
             opts = self._opts
-            from pulsarlite.config import zookeeper_auth_settings
+            from spark_source.options import source_client_settings
             config = ledger_client_config(opts.zookeeper, opts.bookie_auth_token, opts.bookie_auth_token_file,
-                                          zookeeper_auth_settings(opts))
+                                          source_client_settings(opts))
             self._client = await LedgerClient.connect(config, store=self.store)
         return self._client
 
@@ -146,12 +146,12 @@ def plan_batch(opts: SourceOptions, partitions: list[PartitionLedgers], tmin: in
 
 
 def _settings(opts: SourceOptions, typed=None, columns=None, output_schema=None):
-    from pulsarlite.config import zookeeper_auth_settings
+    from spark_source.options import source_client_settings
     from spark_source.scan import ReadSettings
     return ReadSettings(zookeeper=opts.zookeeper or "", s3_endpoint_url=opts.s3_endpoint_url,
                         metrics_dir=opts.metrics_dir, fail_on_data_loss=opts.fail_on_data_loss, typed=typed,
                         columns=columns, output_schema=output_schema, bookie_auth_token=opts.bookie_auth_token,
-                        bookie_auth_token_file=opts.bookie_auth_token_file, **zookeeper_auth_settings(opts))
+                        bookie_auth_token_file=opts.bookie_auth_token_file, **source_client_settings(opts))
 
 
 def _value_schema_mode(options) -> str:

@@ -26,10 +26,10 @@ from bookie._proto import bookie_rpc_pb2 as pb
 from bookie.client.ledger_client import LedgerClient
 from bookie.transport import HEADER, RESPONSE_TYPES, FrameDecoder, encode_add_entry, encode_message
 from pulsarlite.checksum import entry_checksum
-from pulsarlite.config import LedgerClientConfig, zookeeper_auth_settings
+from pulsarlite.config import LedgerClientConfig
 from pulsarlite.errors import PulsarliteError
 from pulsarlite.tokens import create_token
-from spark_source.options import ledger_client_config, parse_options
+from spark_source.options import ledger_client_config, parse_options, source_client_settings
 
 pytestmark = pytest.mark.integration
 
@@ -289,7 +289,7 @@ async def test_bookies_refuse_unauthenticated_clients_and_serve_the_cluster(clus
                               "zookeeperAclReadRestricted": "true"}, streaming=False)
         spark_client = await LedgerClient.connect(ledger_client_config(opts.zookeeper, opts.bookie_auth_token,
                                                                        opts.bookie_auth_token_file,
-                                                                       zookeeper_auth_settings(opts)))
+                                                                       source_client_settings(opts)))
         try:
             reader = await spark_client.open_ledger(lid, recovery=False)
             assert (await reader.read(9, 9))[0].payload == payload_for(lid, 9)
