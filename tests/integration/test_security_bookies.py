@@ -367,9 +367,17 @@ def test_every_compose_bookie_authenticates_and_every_client_has_a_token(compose
             assert config.bookie_auth_token_secret_key == "file:///var/lib/pulsarlite-auth/secret.key"
             assert config.bookie_auth_token_file == "/var/lib/pulsarlite-auth/autorecovery.token"
             assert {"broker", "autorecovery", "admin"} <= config.bookie_auth_role_names
+            # the secured compose: TLS on the bookie port, the certificate of make-secrets.sh
+            secure = compose_file == "docker-compose.secure.yml"
+            assert bool(config.bookie_tls_certificate_file_path) == secure, name
+            if secure:
+                assert "./secrets:/etc/pulsarlite/secrets:ro" in service["volumes"], name
+                assert config.bookie_tls_certificate_file_path == "/etc/pulsarlite/secrets/bookie.cert.pem"
+                assert config.ledger_client_config().bookie_tls_enabled
         else:
-            assert load_toml(BrokerConfig, DEPLOY / source).bookie_auth_token_file == \
-                "/var/lib/pulsarlite-auth/broker.token"
+            broker_config = load_toml(BrokerConfig, DEPLOY / source)
+            assert broker_config.bookie_auth_token_file == "/var/lib/pulsarlite-auth/broker.token"
+            assert broker_config.bookie_tls_enabled == (compose_file == "docker-compose.secure.yml"), name
         checked += 1
     assert checked == 5
 
