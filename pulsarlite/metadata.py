@@ -39,10 +39,9 @@ from typing import Any, Callable
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (BadVersionError, ConnectionClosedError, ConnectionLoss,
-                              KazooException, NoChildrenForEphemeralsError, NodeExistsError,
-                              NoNodeError, NotEmptyError, OperationTimeoutError,
+                              KazooException, NoAuthError, NoChildrenForEphemeralsError,
+                              NodeExistsError, NoNodeError, NotEmptyError, OperationTimeoutError,
                               SessionExpiredError, ZookeeperError)
-from kazoo.exceptions import NoAuthError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.security import ACL, Id, Permissions
 
