@@ -2,7 +2,8 @@
 serving TLS only (with token authentication inside the session), a broker connecting with TLS.
 The official client produces and consumes through them; a plain-TCP client is served nothing (an
 attacker's AddRequest in clear changes no entry); ledger clients without TLS, or trusting another
-CA, cannot connect; the operator shell works with the trust file. Certificates from trustme."""
+CA, cannot connect; autorecovery re-replicates a lost bookie's ledger over TLS; the operator shell
+works with the trust file. Certificates from trustme."""
 
 from __future__ import annotations
 
@@ -56,7 +57,9 @@ async def test_bookies_serve_tls_only(cluster_factory, tmp_path):
               "bookie_auth_token_file": str(tmp_path / "autorecovery.token")}
     broker = {"bookie_tls_enabled": True, "bookie_tls_trust_certs_file_path": pki["ca"],
               "bookie_auth_token_file": str(tmp_path / "broker.token")}
-    cluster = await asyncio.to_thread(cluster_factory, 3, brokers=1, bookie_overrides=bookie,
+    from tests.integration.test_security_bookies import FAST, name_of
+    bookie.update(FAST)
+    cluster = await asyncio.to_thread(cluster_factory, 4, brokers=1, bookie_overrides=bookie,
                                       broker_overrides={"broker-1": broker})
 
     def config(**kw) -> LedgerClientConfig:
@@ -105,6 +108,21 @@ async def test_bookies_serve_tls_only(cluster_factory, tmp_path):
                 await _read_all(bad, lid, 4)
             finally:
                 await bad.close()
+        # autorecovery over TLS: a bookie of the ledger lost for good; the other bookies' workers
+        # (their ledger clients trust the CA) copy its entries to the fourth bookie
+        victim = ensemble[0]
+        await asyncio.to_thread(cluster.kill, name_of(cluster, victim))
+        deadline = time.monotonic() + 120
+        while True:
+            md, _ = await client.ledger_manager.read(lid)
+            if victim not in md.all_bookies() and not md.under_replicated_bookies:
+                break
+            assert time.monotonic() < deadline, f"ledger {lid} still names {victim}"
+            await asyncio.sleep(0.5)
+        (_, repaired), = md.ensembles
+        newcomer = next(b for b in repaired if b not in ensemble)
+        r = await client.pool.get(newcomer).read(lid, 0, 4)
+        assert [e.payload for e in r.entries] == [b"entry-%d" % i for i in range(5)]
     finally:
         await client.close()
 
@@ -125,3 +143,17 @@ def test_bookie_tls_settings_come_in_pairs():
     client = config.ledger_client_config()
     assert client.bookie_tls_enabled and client.bookie_tls_trust_certs_file_path == "/ca.pem"
     assert not BookieConfig().ledger_client_config().bookie_tls_enabled
+
+
+def test_spark_options_for_bookie_tls(monkeypatch):
+    from spark_source.options import parse_options, source_client_settings
+    for k in ("PULSARLITE_BOOKIE_TLS", "PULSARLITE_BOOKIE_TLS_TRUST_CERTS_FILE"):
+        monkeypatch.delenv(k, raising=False)
+    opts = parse_options({"zookeeper": "z:1", "topic": "t"}, streaming=False)
+    assert not source_client_settings(opts)["bookie_tls_enabled"]
+    opts = parse_options({"zookeeper": "z:1", "topic": "t", "bookieTlsTrustCertsFile": "/ca.pem"}, streaming=False)
+    assert source_client_settings(opts)["bookie_tls_enabled"]
+    assert source_client_settings(opts)["bookie_tls_trust_certs_file_path"] == "/ca.pem"
+    monkeypatch.setenv("PULSARLITE_BOOKIE_TLS", "1")
+    opts = parse_options({"zookeeper": "z:1", "topic": "t"}, streaming=False)
+    assert source_client_settings(opts) == {**source_client_settings(opts), "bookie_tls_enabled": True}
