@@ -132,6 +132,12 @@ async def test_bookies_serve_tls_only(cluster_factory, tmp_path):
            "readledger", str(lid), "--print-entries"]
     proc = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "entry-4" in proc.stdout, proc.stdout + proc.stderr
+    # no token, no key in any process log
+    secrets = [(tmp_path / f"{r}.token").read_text().strip() for r in ("broker", "autorecovery", "admin")]
+    for path in sorted((Path(cluster.dir) / "logs").glob("*.log")):
+        text = path.read_text(errors="replace")
+        assert not any(t in text or t.rsplit(".", 1)[1] in text for t in secrets), path.name
+        assert Path(pki["key"]).read_text().splitlines()[1] not in text, path.name
 
 
 def test_bookie_tls_settings_come_in_pairs():

@@ -299,9 +299,19 @@ async def test_bookies_refuse_unauthenticated_clients_and_serve_the_cluster(clus
         opts = parse_options({"zookeeper": cluster.zookeeper, "topic": "t",
                               "bookieAuthToken": token_of(d, "spark")}, streaming=False)
         assert opts.bookie_auth_token and token_of(d, "spark") not in repr(opts)
-        opts = parse_options({"zookeeper": cluster.zookeeper, "topic": "t",
+        # the driver's planning session (spark_source.source._with_metadata): refused without the
+        # ZooKeeper credential (read-restricted ACLs), served with it
+        from pulsarlite.metadata import MetadataAuthError
+        from spark_source.source import _with_metadata
+
+        async def live_bookies(store, _client):
+            return await store.children("/ledgers/available")
+        with pytest.raises(MetadataAuthError):
+            await _with_metadata(opts, live_bookies)
+        opts = parse_options({"zookeeper": cluster.zookeeper, "topic": "t", "zookeeperAclReadRestricted": "true",
                               "zookeeperAuthDigest": f"pulsarlite:{ZK_PASSWORD}"}, streaming=False)
         assert opts.zookeeper_auth_digest and ZK_PASSWORD not in repr(opts)
+        assert set(ensemble) <= set(await _with_metadata(opts, live_bookies))
 
         # autorecovery: a bookie of the ledger lost for good; the workers (their own token)
         # copy its fragments to the fourth bookie
