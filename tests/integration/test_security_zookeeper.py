@@ -132,3 +132,41 @@ def test_malformed_digest_is_refused_without_echoing_it(digest):
 def test_repr_hides_the_password():
     assert "s3cret" not in repr(GOOD)
     assert GOOD.digest_id.startswith("pulsarlite:") and "s3cret" not in GOOD.digest_id
+
+
+async def test_a_new_session_after_expiry_is_authenticated_again(zk_server, zk_hosts):
+    """kazoo re-sends the credential on every connection: after the session expired (LOST) and a
+    new one was made, the store still writes under the protected roots, with the ACL."""
+    from integration.helpers import BlockableProxy
+    from pulsarlite.metadata import SessionState, split_chroot
+    from tests.integration.test_metadata_store import StateRecorder, wait_for_async
+    proxy = BlockableProxy(zk_server.port)
+    chroot = split_chroot(zk_hosts)[1]
+    try:
+        s = await MetadataStore.connect(f"127.0.0.1:{proxy.port}{chroot}", session_timeout_ms=2000, auth=GOOD)
+        observer = await MetadataStore.connect(zk_hosts, auth=GOOD)
+        try:
+            recorder = StateRecorder()
+            s.add_session_listener(recorder)
+            await s.create("/loadbalance/brokers/b1", ephemeral=True)
+            old_session = s.session_id
+            proxy.block()
+            suspended = await recorder.wait(SessionState.SUSPENDED)
+            await wait_for_async(lambda: observer.exists("/loadbalance/brokers/b1"), False)
+            proxy.unblock()
+            lost = await recorder.wait(SessionState.LOST, after=suspended)
+            await recorder.wait(SessionState.CONNECTED, after=lost)
+            assert s.session_id not in (None, old_session)
+            await s.create("/loadbalance/brokers/b1", ephemeral=True)      # NoAuth if not re-authenticated
+        finally:
+            await observer.close()
+            await s.close()
+        stranger = _kazoo(zk_hosts)
+        try:
+            with pytest.raises(NoAuthError):
+                stranger.create("/loadbalance/brokers/planted", b"")
+        finally:
+            stranger.stop()
+            stranger.close()
+    finally:
+        proxy.close()
