@@ -97,6 +97,11 @@ def add_parser(subparsers) -> None:
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_run(_autorecovery_status))
 
+    s = sub.add_parser("secure-znodes", help="give every znode of pulsarlite's layout the ACL of the ZooKeeper "
+                                             "credential (--zookeeper-auth-digest-file): for a cluster made before "
+                                             "ZooKeeper authentication was on")
+    s.set_defaults(func=_run(_secure_znodes))
+
     s = sub.add_parser("simpletest", help="write N entries to a new ledger and report")
     s.add_argument("--ensemble", "-e", type=int, default=3)
     s.add_argument("--write-quorum", "-w", type=int, default=3)
@@ -135,6 +140,21 @@ async def _with_client(coro_fn, args) -> int:
         return await coro_fn(client, args)
     finally:
         await client.close()
+
+
+async def _secure_znodes(client, args) -> int:
+    from pulsarlite.metadata import PULSARLITE_ROOTS
+    if client.store.auth is None:
+        print("pulsarlite bookkeeper secure-znodes: give the credential (--zookeeper-auth-digest-file or "
+              "$PULSARLITE_ZOOKEEPER_AUTH_DIGEST)", file=sys.stderr)
+        return 2
+    total = 0
+    for root in PULSARLITE_ROOTS:
+        count = await client.store.apply_acl_tree(root)
+        print(f"{root}\t{count} znodes")
+        total += count
+    print(f"ACL of ZooKeeper user {client.store.auth.user!r} set on {total} znodes")
+    return 0
 
 
 async def _listbookies(client, args) -> int:

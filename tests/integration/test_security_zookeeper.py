@@ -170,3 +170,45 @@ async def test_a_new_session_after_expiry_is_authenticated_again(zk_server, zk_h
             stranger.close()
     finally:
         proxy.close()
+
+
+async def test_secure_znodes_closes_a_cluster_made_without_authentication(zk_hosts, tmp_path):
+    """The upgrade path: znodes made without a credential stay open until the operator runs
+    ``pulsarlite bookkeeper secure-znodes`` with it; after that nobody else changes any of them."""
+    import os
+    import subprocess
+    import sys
+    plain = await MetadataStore.connect(zk_hosts)
+    try:
+        await plain.create("/managed-ledgers/t/ns/persistent/old-topic", b"ledgers")
+        await plain.create("/ledgers/00/0000/L0001", b"meta")
+    finally:
+        await plain.close()
+    stranger = _kazoo(zk_hosts)
+    try:
+        stranger.set("/ledgers/00/0000/L0001", b"still open")       # open before
+        digest = tmp_path / "zookeeper.digest"
+        digest.write_text("pulsarlite:s3cret-zk-pw\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PULSARLITE_")}
+        env["PYTHONPATH"] = str(__import__("pathlib").Path(__file__).resolve().parents[2])
+        base = [sys.executable, "-m", "pulsarlite", "bookkeeper", "--zookeeper", zk_hosts]
+        refused = subprocess.run(base + ["secure-znodes"], capture_output=True, text=True, timeout=120, env=env)
+        assert refused.returncode == 2 and "--zookeeper-auth-digest-file" in refused.stderr
+        proc = subprocess.run(base + ["--zookeeper-auth-digest-file", str(digest), "secure-znodes"],
+                              capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "s3cret" not in proc.stdout + proc.stderr
+        for path in ("/managed-ledgers", "/managed-ledgers/t/ns/persistent/old-topic", "/ledgers/00/0000/L0001"):
+            with pytest.raises(NoAuthError):
+                stranger.set(path, b"forged")
+        with pytest.raises(NoAuthError):
+            stranger.create("/managed-ledgers/t/ns/persistent/planted", b"")
+        assert stranger.get("/ledgers/00/0000/L0001")[0] == b"still open"
+    finally:
+        stranger.stop()
+        stranger.close()
+    store = await MetadataStore.connect(zk_hosts, auth=GOOD)
+    try:
+        await store.set("/ledgers/00/0000/L0001", b"v2", -1)
+    finally:
+        await store.close()
