@@ -21,8 +21,9 @@ from bookie.autorecovery.layout import DECOMMISSIONING_ROOT
 from bookie.cookie import COOKIES_PATH, CookieError, check_and_write_cookies
 from bookie.server import BookieServer, BookieService
 from bookie.storage import BookieStore
-from pulsarlite.config import BookieConfig
-from pulsarlite.errors import PulsarliteError
+from pulsarlite.config import BookieConfig, zookeeper_auth
+from pulsarlite.errors import ConfigError, PulsarliteError
+from pulsarlite.metadata import MetadataAuthError
 from pulsarlite.process import start_server_process
 
 log = logging.getLogger("pulsarlite.bookie")
@@ -44,6 +45,10 @@ def run_from_args(args) -> int:
         log.error("%s", e)
         print(f"pulsarlite bookie: {e}", file=sys.stderr)
         return 3
+    except (ConfigError, MetadataAuthError) as e:       # e.g. a wrong ZooKeeper credential
+        log.error("bookie refused to start error=%s", e)
+        print(f"pulsarlite bookie: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -83,7 +88,8 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
         except (NotImplementedError, RuntimeError):  # not the main thread (tests)
             pass
 
-    zk = await MetadataStore.connect(config.zookeeper, session_timeout_ms=config.zk_session_timeout_ms)
+    zk = await MetadataStore.connect(config.zookeeper, session_timeout_ms=config.zk_session_timeout_ms,
+                                     auth=zookeeper_auth(config))
     try:
         await check_and_write_cookies(zk, bookie_id, config.journal_dir, config.ledger_dir)
         store = BookieStore.open(config)

@@ -50,6 +50,7 @@ from typing import Callable, Sequence
 
 from bookie._proto import bookie_rpc_pb2 as pb
 from bookie.storage import BookieStore, Status, StoredEntry
+from bookie.tls import server_context
 from bookie.transport import (REQUEST_TYPES, FrameDecoder, FrameError, encode_add_response,
                               encode_error, encode_header, parse_body)
 from pulsarlite.config import BookieConfig
@@ -254,6 +255,8 @@ class BookieServer:
                 secret_key=config.bookie_auth_token_secret_key, public_key=config.bookie_auth_token_public_key,
                 public_alg=config.bookie_auth_token_public_alg, clock_s=clock_s, setting_prefix="bookie_auth_",
                 server="this bookie")
+        # TLS on the port (bookie/tls.py), or None; the files are read here, at start
+        self._ssl = server_context(config.bookie_tls_certificate_file_path, config.bookie_tls_key_file_path)
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[_Connection] = set()
         # connections closed or refused, per cause: logged at a bounded rate (a client can
@@ -352,8 +355,10 @@ class BookieServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         try:
+            tls = {} if self._ssl is None else {
+                "ssl": self._ssl, "ssl_handshake_timeout": self._config.connection_first_request_timeout_ms / 1000}
             self._server = await loop.create_server(lambda: _Connection(self), self._config.host,
-                                                    self._config.port, reuse_address=True)
+                                                    self._config.port, reuse_address=True, **tls)
         except OSError as e:
             raise PulsarliteError(f"bookie {self.bookie_id}: cannot listen on "
                                   f"{self._config.host}:{self._config.port}: {e}") from None

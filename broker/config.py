@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from bookie.client.metadata import validate_quorum
 from broker.managed_ledger.config import ManagedLedgerConfig
-from pulsarlite.config import KiB, MiB, LedgerClientConfig
+from pulsarlite.config import KiB, MiB, LedgerClientConfig, validate_zookeeper_auth, zookeeper_auth_settings
 from pulsarlite.errors import ConfigError
 from pulsarlite.wire.frames import FRAME_BYTES_MAX_LIMIT, FRAME_PADDING_BYTES
 
@@ -134,6 +134,15 @@ class BrokerConfig:
     # or a file holding one (read at each bookie connection). Never logged, never in a repr
     bookie_auth_token: str = field(default="", repr=False)
     bookie_auth_token_file: str = ""
+    # ZooKeeper digest authentication (docs/security.md "ZooKeeper"): the credential
+    # "user:password", or a file holding it; znodes this process creates get an ACL letting only
+    # that credential change them (and read them, with zookeeper_acl_read_restricted). Never logged
+    zookeeper_auth_digest: str = field(default="", repr=False)
+    zookeeper_auth_digest_file: str = ""
+    zookeeper_acl_read_restricted: bool = False
+    # TLS to the bookies (bookie/tls.py; docs/security.md): on when the bookies serve TLS
+    bookie_tls_enabled: bool = False
+    bookie_tls_trust_certs_file_path: str = ""
 
     def validate(self) -> "BrokerConfig":
         for name in ("retention_time_default_minutes", "retention_size_default_mb"):
@@ -166,6 +175,7 @@ class BrokerConfig:
                               f"got {self.bookie_add_flush_on_idle_adds_max!r}")
         if self.port == self.http_port:
             raise ConfigError("BrokerConfig: port and http_port must differ")
+        validate_zookeeper_auth(self)
         try:
             validate_quorum(self.ensemble_size, self.write_quorum, self.ack_quorum)
         except ValueError as e:
@@ -393,7 +403,10 @@ class BrokerConfig:
                                   add_flush_interval_ms=self.bookie_add_flush_interval_ms,
                                   add_flush_on_idle_adds_max=self.bookie_add_flush_on_idle_adds_max,
                                   bookie_auth_token=self.bookie_auth_token,
-                                  bookie_auth_token_file=self.bookie_auth_token_file).validate()
+                                  bookie_auth_token_file=self.bookie_auth_token_file,
+                                  bookie_tls_enabled=self.bookie_tls_enabled,
+                                  bookie_tls_trust_certs_file_path=self.bookie_tls_trust_certs_file_path,
+                                  **zookeeper_auth_settings(self)).validate()
 
 
 __all__ = ["BrokerConfig"]

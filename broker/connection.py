@@ -27,7 +27,7 @@ from broker.errors import CumulativeAckNotAllowedError, NotAllowedError, server_
 from broker.managed_ledger import Position
 from broker.schemas import decode_version, encode_version
 from broker.security.authentication import (SLOW_AUTH_METHODS, AuthenticationData, AuthenticationError,
-                                            AuthenticationService)
+                                            AuthenticationService, Identity)
 from broker.security.authorization import TopicOperation
 from broker.tls import peer_certificate_of
 from broker.topic import AccessMode
@@ -78,7 +78,7 @@ class CoreOutput:
     frames: list[Frame] = field(default_factory=list)
     close: bool = False
     # [security] credentials whose check is slow (basic: bcrypt): the shell runs
-    # ``authentication.authenticate`` off the event loop and hands the outcome to
+    # ``authentication.identify`` off the event loop and hands the outcome to
     # ConnectionCore.complete_authentication
     authenticate: AuthenticationData | None = None
 
@@ -163,17 +163,17 @@ class ConnectionCore:
         self._decoder.frame_bytes_max = self.frame_bytes_max
 
     # -- [security] authentication ---------------------------------------------------------------
-    def complete_authentication(self, auth: AuthenticationData, role: str | None,
+    def complete_authentication(self, auth: AuthenticationData, identity: Identity | None,
                                 error: AuthenticationError | None) -> CoreOutput:
         """The outcome of a slow check the shell ran for ``CoreOutput.authenticate``: CONNECTED,
         or ERROR(AuthenticationError) and close."""
         result = CoreOutput()
         if self.state is not ConnState.AUTHENTICATING:
             return result                   # closed meanwhile
-        if error is not None or role is None:
+        if error is not None or identity is None:
             log.info("authentication refused method=%r reason=%s", auth.method, error)
             return self._fail(result, pb.AuthenticationError, str(error or "authentication failed"))
-        self.role, self.auth, self.auth_expires_at_s = role, auth, None
+        self.role, self.auth, self.auth_expires_at_s = identity.role, auth, identity.expires_at_s
         self._connected(result)
         return result
 
@@ -182,17 +182,16 @@ class ConnectionCore:
         client is told AuthenticationError and the connection closes. A refresh must prove the
         same role."""
         try:
-            role = self._authentication.authenticate(auth)
-            expires_at_s = self._authentication.expires_at_s(auth)
+            identity = self._authentication.identify(auth)     # one check: role and expiry
         except AuthenticationError as e:
             log.info("authentication refused method=%r reason=%s", auth.method[:32] or "none", e)
             self._fail(result, pb.AuthenticationError, str(e))
             return False
-        if self.role is not None and role != self.role:
+        if self.role is not None and identity.role != self.role:
             log.info("authentication refresh refused: role changed role=%s", self.role)
             self._fail(result, pb.AuthenticationError, "refreshed credentials name another role")
             return False
-        self.role, self.auth, self.auth_expires_at_s = role, auth, expires_at_s
+        self.role, self.auth, self.auth_expires_at_s = identity.role, auth, identity.expires_at_s
         return True
 
     def _on_auth_response(self, body: pb.CommandAuthResponse, result: CoreOutput) -> None:
@@ -660,14 +659,14 @@ class ServerConnection(asyncio.Protocol):
 
     async def _authenticate_off_loop(self, auth: AuthenticationData) -> None:
         """[security] a slow credential check (bcrypt) in a worker thread: the loop serves others."""
-        role, error = None, None
+        identity, error = None, None
         try:
-            role = await asyncio.to_thread(self.service.authentication.authenticate, auth)
+            identity = await asyncio.to_thread(self.service.authentication.identify, auth)
         except AuthenticationError as e:
             error = e
         if self.closed:
             return
-        result = self.core.complete_authentication(auth, role, error)
+        result = self.core.complete_authentication(auth, identity, error)
         for out in result.out:
             self.write(out)
         if result.close:

@@ -41,7 +41,14 @@ def run_from_args(args) -> int:
     config = start_server_process("broker", BrokerConfig, args.config, overlay=overlay)
     if config is None:
         return 2
-    asyncio.run(run_broker(config))
+    from pulsarlite.errors import ConfigError
+    from pulsarlite.metadata import MetadataAuthError
+    try:
+        asyncio.run(run_broker(config))
+    except (ConfigError, MetadataAuthError) as e:       # e.g. a wrong ZooKeeper credential
+        log.error("broker refused to start error=%s", e)
+        print(f"pulsarlite broker: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -68,6 +75,7 @@ async def run_broker(config: BrokerConfig, *, stop_event: asyncio.Event | None =
     from broker.server import BrokerServer
     from broker.service import BrokerService
     from broker.tls import server_ssl_context
+    from pulsarlite.config import zookeeper_auth
     from pulsarlite.metadata import MetadataStore
 
     config.validate()
@@ -81,7 +89,8 @@ async def run_broker(config: BrokerConfig, *, stop_event: asyncio.Event | None =
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (tests)
             pass
 
-    store = await MetadataStore.connect(config.zookeeper, session_timeout_ms=config.zk_session_timeout_ms)
+    store = await MetadataStore.connect(config.zookeeper, session_timeout_ms=config.zk_session_timeout_ms,
+                                        auth=zookeeper_auth(config))
     try:
         ledger_client = await LedgerClient.connect(config.ledger_client_config(), store=store)
         ownership = make_ownership(store, config.effective_broker_id, config.service_url, config.web_service_url,

@@ -5,8 +5,11 @@
 #   secret.key          the HS256 key the bookies verify tokens with (raw bytes)
 #   broker.token        the brokers' credential towards the bookies (role "broker")
 #   autorecovery.token  the bookies' own autorecovery workers' credential (role "autorecovery")
-#   admin.token         the operator shell's (role "admin"):
+#   admin.token         the operator shell's (role "admin")
+#   zookeeper.digest    the ZooKeeper credential "pulsarlite:<random>" of every broker, bookie and
+#                       the shell (digest ACLs on the znodes):
 #     docker compose exec bookie-1 pulsarlite bookkeeper --zookeeper zookeeper:2181 \
+#       --zookeeper-auth-digest-file /var/lib/pulsarlite-auth/zookeeper.digest \
 #       --bookie-auth-token-file /var/lib/pulsarlite-auth/admin.token listbookies
 # Files are 0600, made once and kept across restarts (never overwritten); delete the volume to
 # make new ones. Needs pulsarlite on PATH (PULSARLITE=path to override).
@@ -25,4 +28,9 @@ for role in broker autorecovery admin; do
     mv "$role.token.tmp" "$role.token"
   fi
 done
-echo "bookie authentication secrets in $dir: secret.key, broker.token, autorecovery.token, admin.token"
+if [ ! -s zookeeper.digest ]; then
+  password=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  printf 'pulsarlite:%s\n' "$password" > zookeeper.digest.tmp
+  mv zookeeper.digest.tmp zookeeper.digest
+fi
+echo "authentication secrets in $dir: secret.key, broker.token, autorecovery.token, admin.token, zookeeper.digest"

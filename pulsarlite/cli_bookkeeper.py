@@ -27,6 +27,21 @@ def add_parser(subparsers) -> None:
     p.add_argument("--bookie-auth-token-file", default=os.environ.get("PULSARLITE_BOOKIE_AUTH_TOKEN_FILE", ""),
                    help="file holding the token presented to bookies with bookie_auth_enabled (default "
                         "$PULSARLITE_BOOKIE_AUTH_TOKEN_FILE; or the token itself in $PULSARLITE_BOOKIE_AUTH_TOKEN)")
+    p.add_argument("--zookeeper-auth-digest-file", default=os.environ.get("PULSARLITE_ZOOKEEPER_AUTH_DIGEST_FILE", ""),
+                   help="file holding the ZooKeeper credential 'user:password' (docs/security.md; default "
+                        "$PULSARLITE_ZOOKEEPER_AUTH_DIGEST_FILE; or the credential itself in "
+                        "$PULSARLITE_ZOOKEEPER_AUTH_DIGEST)")
+    p.add_argument("--zookeeper-acl-read-restricted", action="store_true",
+                   default=os.environ.get("PULSARLITE_ZOOKEEPER_ACL_READ_RESTRICTED", "") in ("1", "true"),
+                   help="znodes this shell creates are readable by the credential only (as the cluster's "
+                        "zookeeper_acl_read_restricted; default $PULSARLITE_ZOOKEEPER_ACL_READ_RESTRICTED)")
+    p.add_argument("--bookie-tls", action="store_true",
+                   default=os.environ.get("PULSARLITE_BOOKIE_TLS", "") in ("1", "true"),
+                   help="connect to the bookies with TLS (bookies with bookie_tls_certificate_file_path; default "
+                        "$PULSARLITE_BOOKIE_TLS; implied by --bookie-tls-trust-certs-file)")
+    p.add_argument("--bookie-tls-trust-certs-file", default=os.environ.get("PULSARLITE_BOOKIE_TLS_TRUST_CERTS_FILE", ""),
+                   help="CA file the bookies' certificates must verify against (default "
+                        "$PULSARLITE_BOOKIE_TLS_TRUST_CERTS_FILE; empty: the system's CAs)")
     sub = p.add_subparsers(dest="bk_command", required=True)
 
     s = sub.add_parser("listbookies", help="list live bookies (writable and read-only)")
@@ -82,6 +97,11 @@ def add_parser(subparsers) -> None:
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_run(_autorecovery_status))
 
+    s = sub.add_parser("secure-znodes", help="give every znode of pulsarlite's layout the ACL of the ZooKeeper "
+                                             "credential (--zookeeper-auth-digest-file): for a cluster made before "
+                                             "ZooKeeper authentication was on")
+    s.set_defaults(func=_run(_secure_znodes))
+
     s = sub.add_parser("simpletest", help="write N entries to a new ledger and report")
     s.add_argument("--ensemble", "-e", type=int, default=3)
     s.add_argument("--write-quorum", "-w", type=int, default=3)
@@ -109,11 +129,32 @@ async def _with_client(coro_fn, args) -> int:
     client = await LedgerClient.connect(LedgerClientConfig(
         zookeeper=args.zookeeper,
         bookie_auth_token="" if args.bookie_auth_token_file else os.environ.get("PULSARLITE_BOOKIE_AUTH_TOKEN", ""),
-        bookie_auth_token_file=args.bookie_auth_token_file).validate())
+        bookie_auth_token_file=args.bookie_auth_token_file,
+        zookeeper_auth_digest=("" if args.zookeeper_auth_digest_file
+                               else os.environ.get("PULSARLITE_ZOOKEEPER_AUTH_DIGEST", "")),
+        zookeeper_auth_digest_file=args.zookeeper_auth_digest_file,
+        zookeeper_acl_read_restricted=args.zookeeper_acl_read_restricted,
+        bookie_tls_enabled=args.bookie_tls or bool(args.bookie_tls_trust_certs_file),
+        bookie_tls_trust_certs_file_path=args.bookie_tls_trust_certs_file).validate())
     try:
         return await coro_fn(client, args)
     finally:
         await client.close()
+
+
+async def _secure_znodes(client, args) -> int:
+    from pulsarlite.metadata import PULSARLITE_ROOTS
+    if client.store.auth is None:
+        print("pulsarlite bookkeeper secure-znodes: give the credential (--zookeeper-auth-digest-file or "
+              "$PULSARLITE_ZOOKEEPER_AUTH_DIGEST)", file=sys.stderr)
+        return 2
+    total = 0
+    for root in PULSARLITE_ROOTS:
+        count = await client.store.apply_acl_tree(root)
+        print(f"{root}\t{count} znodes")
+        total += count
+    print(f"ACL of ZooKeeper user {client.store.auth.user!r} set on {total} znodes")
+    return 0
 
 
 async def _listbookies(client, args) -> int:

@@ -310,7 +310,7 @@ class LocalCluster:
         config_path.parent.mkdir(parents=True, exist_ok=True)
         Path(config.journal_dir).mkdir(parents=True, exist_ok=True)
         Path(config.ledger_dir).mkdir(parents=True, exist_ok=True)
-        config_path.write_text(to_toml(config))
+        write_private_file(config_path, to_toml(config))      # may name credentials
         self.records[name] = ProcessRecord(
             name=name, role=BOOKIE, argv=self.bookie_command(config_path),
             ports={"bookie": config.port, **({"metrics": config.metrics_port} if config.metrics_port else {})},
@@ -402,11 +402,21 @@ class LocalCluster:
     def _zk_client(self):
         if self._kazoo is None:
             from kazoo.client import KazooClient
+            auth = self._zk_auth()
             client = KazooClient(hosts=self.zookeeper, timeout=10.0,
-                                 connection_retry=dict(max_tries=-1, delay=0.05, max_delay=0.5))
+                                 connection_retry=dict(max_tries=-1, delay=0.05, max_delay=0.5),
+                                 **(auth.kazoo_kwargs() if auth is not None else {}))
             client.start(timeout=5)
             self._kazoo = client
         return self._kazoo
+
+    def _zk_auth(self):
+        """The bookies' ZooKeeper credential (their first config), for the health checks."""
+        from pulsarlite.config import zookeeper_auth
+        for name in self.bookie_names:
+            if self.records[name].config:
+                return zookeeper_auth(load_toml(BookieConfig, Path(self.records[name].config)))
+        return None
 
     def _close_kazoo(self) -> None:
         if self._kazoo is not None:

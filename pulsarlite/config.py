@@ -126,6 +126,18 @@ class BookieConfig:
     # bookies: a token, or a file holding one (read at each connection). Never logged
     bookie_auth_token: str = field(default="", repr=False)
     bookie_auth_token_file: str = ""
+    # ZooKeeper digest authentication (docs/security.md "ZooKeeper"): the credential
+    # "user:password", or a file holding it; znodes this process creates get an ACL letting only
+    # that credential change them (and read them, with zookeeper_acl_read_restricted). Never logged
+    zookeeper_auth_digest: str = field(default="", repr=False)
+    zookeeper_auth_digest_file: str = ""
+    zookeeper_acl_read_restricted: bool = False
+    # TLS on the bookie port (bookie/tls.py; docs/security.md): with both files the port speaks TLS
+    # only, and this bookie's own ledger client (autorecovery) connects to the others with TLS,
+    # trusting bookie_tls_trust_certs_file_path (empty: the system's CAs)
+    bookie_tls_certificate_file_path: str = ""
+    bookie_tls_key_file_path: str = ""
+    bookie_tls_trust_certs_file_path: str = ""
 
     def validate(self) -> "BookieConfig":
         _positive(self, "port", "zk_session_timeout_ms", "journal_bytes_buffered_max",
@@ -186,6 +198,10 @@ class BookieConfig:
                               f"bookie_auth_insecure_allow = true if the network is private")
         if self.bookie_auth_token and self.bookie_auth_token_file:
             raise ConfigError("set at most one of bookie_auth_token and bookie_auth_token_file")
+        validate_zookeeper_auth(self)
+        if bool(self.bookie_tls_certificate_file_path) != bool(self.bookie_tls_key_file_path):
+            raise ConfigError("set both bookie_tls_certificate_file_path and bookie_tls_key_file_path "
+                              "(TLS on the bookie port), or neither")
 
     @property
     def bookie_auth_role_names(self) -> frozenset[str]:
@@ -203,7 +219,10 @@ class BookieConfig:
         """The config of this bookie's own ledger client (autorecovery): its credential included."""
         return LedgerClientConfig(zookeeper=self.zookeeper, zk_session_timeout_ms=self.zk_session_timeout_ms,
                                   bookie_auth_token=self.bookie_auth_token,
-                                  bookie_auth_token_file=self.bookie_auth_token_file)
+                                  bookie_auth_token_file=self.bookie_auth_token_file,
+                                  bookie_tls_enabled=bool(self.bookie_tls_certificate_file_path),
+                                  bookie_tls_trust_certs_file_path=self.bookie_tls_trust_certs_file_path,
+                                  **zookeeper_auth_settings(self))
 
 
 def is_loopback_host(host: str) -> bool:
@@ -251,6 +270,16 @@ class LedgerClientConfig:
     # Never logged; kept out of the repr
     bookie_auth_token: str = field(default="", repr=False)
     bookie_auth_token_file: str = ""
+    # ZooKeeper digest authentication (docs/security.md "ZooKeeper"): the credential
+    # "user:password", or a file holding it; znodes this process creates get an ACL letting only
+    # that credential change them (and read them, with zookeeper_acl_read_restricted). Never logged
+    zookeeper_auth_digest: str = field(default="", repr=False)
+    zookeeper_auth_digest_file: str = ""
+    zookeeper_acl_read_restricted: bool = False
+    # TLS to the bookies (bookie/tls.py): every bookie of the cluster serves TLS; their
+    # certificates verify against this file (empty: the system's CAs) and name the bookie id's host
+    bookie_tls_enabled: bool = False
+    bookie_tls_trust_certs_file_path: str = ""
 
     def validate(self) -> "LedgerClientConfig":
         _positive(self, "zk_session_timeout_ms", "add_timeout_ms", "read_timeout_ms",
@@ -266,7 +295,44 @@ class LedgerClientConfig:
                               f"got {self.add_flush_on_idle_adds_max!r}")
         if self.bookie_auth_token and self.bookie_auth_token_file:
             raise ConfigError("LedgerClientConfig: set at most one of bookie_auth_token and bookie_auth_token_file")
+        validate_zookeeper_auth(self)
         return self
+
+
+ZOOKEEPER_AUTH_FIELDS = ("zookeeper_auth_digest", "zookeeper_auth_digest_file", "zookeeper_acl_read_restricted")
+
+
+def zookeeper_auth_settings(cfg: object) -> dict:
+    """The ZooKeeper credential fields of a config (BookieConfig, BrokerConfig,
+    LedgerClientConfig), to hand to another config."""
+    return {name: getattr(cfg, name) for name in ZOOKEEPER_AUTH_FIELDS}
+
+
+BOOKIE_TLS_CLIENT_FIELDS = ("bookie_tls_enabled", "bookie_tls_trust_certs_file_path")
+
+
+def bookie_tls_client_settings(cfg: object) -> dict:
+    """The client-side bookie TLS fields of a config or options object, to hand to a LedgerClientConfig."""
+    return {name: getattr(cfg, name) for name in BOOKIE_TLS_CLIENT_FIELDS}
+
+
+def validate_zookeeper_auth(cfg: object) -> None:
+    """At most one of the digest and its file; an inline digest well formed; read_restricted only
+    with a credential. The file is read when connecting (``zookeeper_auth``)."""
+    from pulsarlite.metadata import ZkAuth
+    owner = type(cfg).__name__
+    if getattr(cfg, "zookeeper_auth_digest_file"):
+        if getattr(cfg, "zookeeper_auth_digest"):
+            raise ConfigError(f"{owner}: set at most one of zookeeper_auth_digest and zookeeper_auth_digest_file")
+        return
+    ZkAuth.from_settings(cfg.zookeeper_auth_digest, "", cfg.zookeeper_acl_read_restricted, owner=owner)
+
+
+def zookeeper_auth(cfg: object):
+    """The :class:`pulsarlite.metadata.ZkAuth` of a config (its file read now), or None."""
+    from pulsarlite.metadata import ZkAuth
+    return ZkAuth.from_settings(cfg.zookeeper_auth_digest, cfg.zookeeper_auth_digest_file,
+                                cfg.zookeeper_acl_read_restricted, owner=type(cfg).__name__)
 
 
 def _positive(cfg: object, *names: str) -> None:

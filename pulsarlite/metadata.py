@@ -16,25 +16,36 @@ reconnecting with a new session (CONNECTED follows); owners must re-create their
 
 Every update of shared metadata is a compare-and-set: :meth:`MetadataStore.update` runs a pure
 transform in a bounded retry loop.
+
+ZooKeeper authentication (docs/security.md "ZooKeeper"): with a :class:`ZkAuth` digest credential
+the session authenticates (``addauth digest user:password``) and every znode it creates gets the
+ACL "this credential may do everything; anyone may read" (or "nobody else may even read" with
+``read_restricted``). ZooKeeper accepts any digest credential at ``addauth`` (a wrong password is
+only refused when used), so :meth:`MetadataStore.connect` checks the credential against the ACL of
+pulsarlite's top-level znodes and refuses a credential that is not the one they name; it also
+creates those top-level znodes (with the ACL) so nobody else can create them first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import enum
+import hashlib
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (BadVersionError, ConnectionClosedError, ConnectionLoss,
-                              KazooException, NoChildrenForEphemeralsError, NodeExistsError,
-                              NoNodeError, NotEmptyError, OperationTimeoutError,
+                              KazooException, NoAuthError, NoChildrenForEphemeralsError,
+                              NodeExistsError, NoNodeError, NotEmptyError, OperationTimeoutError,
                               SessionExpiredError, ZookeeperError)
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.security import ACL, Id, Permissions
 
-from pulsarlite.errors import MetadataError, MetadataNotFoundError, MetadataVersionConflict
+from pulsarlite.errors import ConfigError, MetadataError, MetadataNotFoundError, MetadataVersionConflict
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +60,88 @@ class MetadataNotEmptyError(MetadataError):
     """Delete of a znode that has children (use ``recursive=True``)."""
 
     retriable = False
+
+
+class MetadataAuthError(MetadataError):
+    """ZooKeeper refused the operation (ACL) or the configured credential is not the one the
+    cluster's znodes name. Not retriable: the configuration must change."""
+
+    retriable = False
+
+
+# the top-level znodes of pulsarlite's layout (DESIGN.md §3); with a credential they are created
+# at connect with its ACL, and the credential is checked against theirs
+PULSARLITE_ROOTS = ("/ledgers", "/managed-ledgers", "/admin", "/namespace", "/loadbalance",
+                    "/schemas", "/pulsarlite")
+ZK_DIGEST_BYTES_MAX = 1024
+
+
+@dataclass(frozen=True)
+class ZkAuth:
+    """A ZooKeeper digest credential (ZooKeeper's built-in ``digest`` scheme) and the ACL it puts on
+    the znodes it creates: ALL for this credential; READ for anyone unless ``read_restricted``.
+    The password is kept out of the repr and never logged."""
+
+    user: str
+    password: str = field(repr=False)
+    read_restricted: bool = False
+
+    @classmethod
+    def parse(cls, digest: str, *, read_restricted: bool = False, source: str) -> "ZkAuth":
+        """``user:password`` (one line; surrounding whitespace ignored). ConfigError naming
+        ``source`` (never the password) when malformed."""
+        text = digest.strip()
+        user, sep, password = text.partition(":")
+        if (not sep or not user or not password or len(text.encode()) > ZK_DIGEST_BYTES_MAX
+                or any(c.isspace() for c in user) or "\n" in text):
+            raise ConfigError(f"{source}: expected 'user:password' (a non-empty user without ':' or "
+                              f"spaces, a non-empty password, one line, at most {ZK_DIGEST_BYTES_MAX} bytes)")
+        return cls(user=user, password=password, read_restricted=read_restricted)
+
+    @classmethod
+    def from_settings(cls, digest: str, digest_file: str, read_restricted: bool, *,
+                      owner: str) -> "ZkAuth | None":
+        """The credential of a config's ``zookeeper_auth_digest`` / ``zookeeper_auth_digest_file``
+        (the file is read now); None when neither is set. ConfigError on a bad or unreadable value."""
+        if digest and digest_file:
+            raise ConfigError(f"{owner}: set at most one of zookeeper_auth_digest and zookeeper_auth_digest_file")
+        if digest_file:
+            try:
+                with open(digest_file, "rb") as f:
+                    raw = f.read(ZK_DIGEST_BYTES_MAX + 1)
+            except OSError as e:
+                raise ConfigError(f"{owner}.zookeeper_auth_digest_file: cannot read {digest_file}: {e.strerror}") from None
+            try:
+                digest = raw.decode()
+            except UnicodeDecodeError:
+                raise ConfigError(f"{owner}.zookeeper_auth_digest_file {digest_file}: not UTF-8 text") from None
+            return cls.parse(digest, read_restricted=read_restricted,
+                             source=f"{owner}.zookeeper_auth_digest_file {digest_file}")
+        if digest:
+            return cls.parse(digest, read_restricted=read_restricted, source=f"{owner}.zookeeper_auth_digest")
+        if read_restricted:
+            raise ConfigError(f"{owner}: zookeeper_acl_read_restricted needs a credential "
+                              f"(zookeeper_auth_digest or zookeeper_auth_digest_file)")
+        return None
+
+    @property
+    def digest_id(self) -> str:
+        """ZooKeeper's id for this credential: ``user:base64(sha1(user:password))``."""
+        sha = hashlib.sha1(f"{self.user}:{self.password}".encode()).digest()
+        return f"{self.user}:{base64.b64encode(sha).decode()}"
+
+    def auth_data(self) -> list[tuple[str, str]]:
+        return [("digest", f"{self.user}:{self.password}")]
+
+    def kazoo_kwargs(self) -> dict:
+        """KazooClient arguments: authenticate, and create znodes with this credential's ACL."""
+        return {"auth_data": self.auth_data(), "default_acl": self.acl()}
+
+    def acl(self) -> list[ACL]:
+        acl = [ACL(Permissions.ALL, Id("digest", self.digest_id))]
+        if not self.read_restricted:
+            acl.append(ACL(Permissions.READ, Id("world", "anyone")))
+        return acl
 
 
 class SessionState(enum.Enum):
@@ -98,6 +191,10 @@ def _map_error(exc: BaseException, what: str, path: str) -> BaseException:
         return MetadataVersionConflict(f"{where}: version conflict (znode changed since read)")
     if isinstance(exc, NotEmptyError):
         return MetadataNotEmptyError(f"{where}: znode has children")
+    if isinstance(exc, NoAuthError):
+        return MetadataAuthError(f"{where}: not authorized by the znode's ACL (set zookeeper_auth_digest "
+                                 f"or zookeeper_auth_digest_file to the cluster's ZooKeeper credential; "
+                                 f"docs/security.md)")
     if isinstance(exc, NoChildrenForEphemeralsError):
         err = MetadataError(f"{where}: parent is ephemeral and cannot have children")
         err.retriable = False
@@ -134,11 +231,12 @@ class MetadataStore:
     must be called from the loop that connected."""
 
     def __init__(self, client: KazooClient, loop: asyncio.AbstractEventLoop, *,
-                 operation_timeout_s: float, hosts: str) -> None:
+                 operation_timeout_s: float, hosts: str, auth: ZkAuth | None = None) -> None:
         self._client = client
         self._loop = loop
         self._operation_timeout_s = operation_timeout_s
         self.hosts = hosts
+        self.auth = auth                 # the ZooKeeper credential of the session, or None
         self._listeners: list[SessionListener] = []
         self._state = SessionState.CONNECTED
         self._connected = asyncio.Event()
@@ -152,11 +250,15 @@ class MetadataStore:
     @classmethod
     async def connect(cls, hosts: str, *, session_timeout_ms: int = 10_000,
                       connect_timeout_s: float = 15, operation_timeout_s: float = 30,
-                      reconnect_delay_s_max: float | None = None) -> "MetadataStore":
+                      reconnect_delay_s_max: float | None = None,
+                      auth: ZkAuth | None = None) -> "MetadataStore":
         """Connect to ZooKeeper (``hosts`` like ``127.0.0.1:2181`` or ``h1:1,h2:2/chroot``; the
         chroot path is created if missing). Raises MetadataError if no connection is made within
         ``connect_timeout_s``. Reconnection is retried forever, with delays capped at
-        ``reconnect_delay_s_max`` (default: a quarter of the session timeout, at most 2 s)."""
+        ``reconnect_delay_s_max`` (default: a quarter of the session timeout, at most 2 s).
+        With ``auth``: the session authenticates with it (again after every reconnection), the
+        znodes it creates get ``auth.acl()``, pulsarlite's top-level znodes are created if
+        missing, and MetadataAuthError is raised if they belong to another credential."""
         if session_timeout_ms <= 0 or connect_timeout_s <= 0 or operation_timeout_s <= 0:
             raise ValueError("session_timeout_ms, connect_timeout_s and operation_timeout_s must be > 0")
         loop = asyncio.get_running_loop()
@@ -168,18 +270,24 @@ class MetadataStore:
         retry = dict(max_tries=-1, delay=0.05, backoff=2, max_jitter=0.1,
                      max_delay=reconnect_delay_s_max)
         if chroot:
-            await asyncio.to_thread(_ensure_chroot, servers, chroot, connect_timeout_s, retry)
+            await asyncio.to_thread(_ensure_chroot, servers, chroot, connect_timeout_s, retry, auth)
         client = KazooClient(hosts=servers + chroot, timeout=session_timeout_ms / 1000,
-                             connection_retry=retry, command_retry=dict(retry, max_tries=3))
+                             connection_retry=retry, command_retry=dict(retry, max_tries=3),
+                             **_auth_kwargs(auth))
         try:
             await asyncio.to_thread(client.start, connect_timeout_s)
+            if auth is not None:
+                try:
+                    await asyncio.to_thread(_secure_roots, client, auth, hosts)
+                except KazooException as e:
+                    raise _map_error(e, "secure", "/") from None
         except KazooTimeoutError:
             await asyncio.to_thread(_stop_quietly, client)
             raise MetadataError(f"could not connect to ZooKeeper at {hosts} within {connect_timeout_s}s") from None
         except BaseException:
             await asyncio.to_thread(_stop_quietly, client)
             raise
-        return cls(client, loop, operation_timeout_s=operation_timeout_s, hosts=hosts)
+        return cls(client, loop, operation_timeout_s=operation_timeout_s, hosts=hosts, auth=auth)
 
     @property
     def session_id(self) -> int | None:
@@ -358,6 +466,27 @@ class MetadataStore:
             return []
         return sorted(names)
 
+    async def apply_acl_tree(self, path: str, *, znodes_max: int = 1_000_000) -> int:
+        """Give ``path`` and every znode below it this store's ACL (its credential's: connect with
+        ``auth``); returns how many znodes were set. For a cluster made before authentication was
+        on (its znodes are open: anyone, this store included, may change their ACL). Znodes that
+        vanish meanwhile are skipped; at most ``znodes_max`` are visited (MetadataError beyond)."""
+        if self.auth is None:
+            raise MetadataAuthError("apply_acl_tree needs a store connected with a ZooKeeper credential")
+        acl = self.auth.acl()
+        pending, done = [path], 0
+        while pending:
+            node = pending.pop()
+            try:
+                await self._call("set_acls", node, lambda node=node: self._client.set_acls_async(node, acl))
+            except MetadataNotFoundError:
+                continue
+            done += 1
+            if done > znodes_max:
+                raise MetadataError(f"apply_acl_tree {path}: more than {znodes_max} znodes")
+            pending.extend(_join(node, child) for child in await self.children(node))
+        return done
+
     async def update(self, path: str, transform: Callable[[bytes | None], bytes], *,
                      attempts_max: int = 20) -> tuple[bytes, int]:
         """The CAS loop: read (None if absent), ``transform(current) -> new bytes``, then create
@@ -466,10 +595,50 @@ def _check_bytes(data: object, path: str) -> None:
         raise TypeError(f"{path}: znode data must be bytes, got {type(data).__name__}")
 
 
-def _ensure_chroot(servers: str, chroot: str, timeout_s: float, retry: dict) -> None:
+def _auth_kwargs(auth: ZkAuth | None) -> dict:
+    return auth.kazoo_kwargs() if auth is not None else {}
+
+
+def _secure_roots(client: KazooClient, auth: ZkAuth, hosts: str) -> None:
+    """Create pulsarlite's top-level znodes (with ``auth``'s ACL) if missing, and check the
+    credential against the ACLs of those that exist: one that names other digest credentials but
+    not this one means a wrong credential (MetadataAuthError, at start, rather than NoAuth on the
+    first write). Znodes created without an ACL (before authentication was turned on) are named
+    in one warning: anyone can still change them."""
+    open_paths = []
+    for path in PULSARLITE_ROOTS:
+        try:
+            client.create(path, b"")
+        except NodeExistsError:
+            pass
+        except NoAuthError:
+            # the chroot (or "/") refuses: the chroot belongs to another credential
+            raise MetadataAuthError(f"ZooKeeper at {hosts}: user {auth.user!r} may not create {path}: the "
+                                    f"credential is not the one the cluster's znodes name (wrong "
+                                    f"zookeeper_auth_digest?)") from None
+        try:
+            acls, _ = client.get_acls(path)
+        except NoAuthError:   # ZooKeeper 3.6+: reading an ACL needs READ or ADMIN
+            raise MetadataAuthError(f"ZooKeeper at {hosts}: user {auth.user!r} may not read the ACL of {path}: "
+                                    f"wrong zookeeper_auth_digest (the cluster's znodes were created with "
+                                    f"another credential)") from None
+        digest_ids = {a.id.id for a in acls if a.id.scheme == "digest"}
+        if digest_ids and auth.digest_id not in digest_ids:
+            raise MetadataAuthError(f"ZooKeeper at {hosts}: the ACL of {path} does not name user {auth.user!r} "
+                                    f"with this password: wrong zookeeper_auth_digest (the cluster's znodes "
+                                    f"were created with another credential)")
+        if any(a.id.scheme == "world" and a.perms & Permissions.WRITE for a in acls):
+            open_paths.append(path)
+    if open_paths:
+        log.warning("znodes writable by anyone zookeeper=%s paths=%s reason=\"created before ZooKeeper "
+                    "authentication was on; see docs/security.md\"", hosts, ",".join(open_paths))
+
+
+def _ensure_chroot(servers: str, chroot: str, timeout_s: float, retry: dict,
+                   auth: ZkAuth | None = None) -> None:
     """Create the chroot path with a short-lived client on the bare servers (kazoo cannot
-    create its own chroot when a parent is missing)."""
-    client = KazooClient(hosts=servers, timeout=10.0, connection_retry=retry)
+    create its own chroot when a parent is missing); with ``auth``'s ACL when given."""
+    client = KazooClient(hosts=servers, timeout=10.0, connection_retry=retry, **_auth_kwargs(auth))
     try:
         try:
             client.start(timeout_s)
@@ -490,5 +659,6 @@ def _stop_quietly(client: KazooClient) -> None:
         client.close()
 
 
-__all__ = ["MetadataStore", "MetadataExistsError", "MetadataNotEmptyError", "SessionState",
+__all__ = ["MetadataStore", "MetadataExistsError", "MetadataNotEmptyError", "MetadataAuthError",
+           "ZkAuth", "PULSARLITE_ROOTS", "SessionState",
            "NodeStat", "ChildrenWatch", "split_chroot"]

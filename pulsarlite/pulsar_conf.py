@@ -9,6 +9,15 @@ raises ConfigError naming the key (never echoing the value of a secret-bearing k
 ``authenticationProviders``, ``superUserRoles``, ``tokenSecretKey`` / ``tokenPublicKey``
 (``file://``, ``data:`` forms) and ``basicAuthConf`` pass through as strings: the broker resolves
 them when it starts (broker/security/authentication.py).
+
+The broker's credential towards the bookies comes from Pulsar's three ``bookkeeperClientAuthentication*``
+keys where their meaning matches ours (a token, docs/security.md): the plugin
+``org.apache.pulsar.client.impl.auth.AuthenticationToken`` (or ``token``) with parameters
+``token:<jwt>`` (-> ``bookie_auth_token``) or ``file:///path`` (-> ``bookie_auth_token_file``), as
+Pulsar's token plugin reads them. BookKeeper's SASL plugin (JAAS, Kerberos / DIGEST-MD5) and any
+other plugin are refused with a message saying what to use instead; parameters without a plugin
+too. ``bookkeeperClientAuthenticationParametersName`` (the BookKeeper property the parameters
+would be stored under) has no meaning here and is accepted and ignored.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ BOOL = "bool"
 STRING = "string"
 SECRET = "secret"          # a string never echoed in an error
 ZK_URL = "zk-url"
+MILLIS = "millis"          # a positive integer
 
 # Pulsar key -> (BrokerConfig field, kind)
 PULSAR_KEYS: dict[str, tuple[str, str]] = {
@@ -55,13 +65,23 @@ PULSAR_KEYS: dict[str, tuple[str, str]] = {
     "clusterName": ("cluster_name", STRING),
     "metadataStoreUrl": ("zookeeper", ZK_URL),
     "zookeeperServers": ("zookeeper", ZK_URL),
+    "metadataStoreSessionTimeoutMillis": ("zk_session_timeout_ms", MILLIS),
+    "zookeeperSessionTimeoutMs": ("zk_session_timeout_ms", MILLIS),
 }
+
+# Pulsar's broker -> bookie authentication keys, mapped together (_bookkeeper_client_auth)
+BK_AUTH_PLUGIN = "bookkeeperClientAuthenticationPlugin"
+BK_AUTH_PARAMS_NAME = "bookkeeperClientAuthenticationParametersName"
+BK_AUTH_PARAMS = "bookkeeperClientAuthenticationParameters"
+BK_AUTH_KEYS = (BK_AUTH_PLUGIN, BK_AUTH_PARAMS_NAME, BK_AUTH_PARAMS)
+BK_TOKEN_PLUGINS = frozenset({"org.apache.pulsar.client.impl.auth.AuthenticationToken", "token"})
+BK_SASL_PLUGINS = frozenset({"org.apache.bookkeeper.sasl.SASLClientProviderFactory"})
 
 # settings that name files (relative paths are resolved by PulsarConf.with_paths_resolved); the
 # key settings may also hold bare base64
 KEY_FIELDS = frozenset({"token_secret_key", "token_public_key"})
 PATH_FIELDS = frozenset({"tls_certificate_file_path", "tls_key_file_path", "tls_trust_certs_file_path",
-                         "basic_auth_conf"}) | KEY_FIELDS
+                         "basic_auth_conf", "bookie_auth_token_file"}) | KEY_FIELDS
 
 # keys a standalone decides itself (it runs its own ZooKeeper): read, not applied
 STANDALONE_OWNED_FIELDS = frozenset({"zookeeper"})
@@ -152,6 +172,10 @@ def _convert(key: str, kind: str, value: str):
         if lowered not in ("true", "false"):
             raise ConfigError(f"{key}: {value!r} is not true or false")
         return lowered == "true"
+    if kind == MILLIS:
+        if not value.isdigit() or int(value) <= 0:
+            raise ConfigError(f"{key}: {value!r} is not a positive number of milliseconds")
+        return int(value)
     if kind == ZK_URL:
         hosts = value
         for prefix in ("metadata-store:", "zk:"):
@@ -169,7 +193,11 @@ def map_pulsar_conf(pairs: list[tuple[str, str]]) -> PulsarConf:
     """BrokerConfig overrides from Pulsar's keys; ConfigError naming the first bad key."""
     overrides: dict = {}
     unknown: list[str] = []
+    bk_auth: dict[str, str] = {}
     for key, value in pairs:
+        if key in BK_AUTH_KEYS:
+            bk_auth[key] = value            # the last one wins, as Java's Properties
+            continue
         mapped = PULSAR_KEYS.get(key)
         if mapped is None:
             if value and key not in unknown:
@@ -179,7 +207,36 @@ def map_pulsar_conf(pairs: list[tuple[str, str]]) -> PulsarConf:
             continue            # Pulsar's "not set"
         field_name, kind = mapped
         overrides[field_name] = _convert(key, kind, value)
+    overrides.update(_bookkeeper_client_auth(bk_auth))
     return PulsarConf(overrides, tuple(unknown))
+
+
+def _bookkeeper_client_auth(values: dict[str, str]) -> dict:
+    """BrokerConfig fields from Pulsar's bookkeeperClientAuthentication* keys (module docstring);
+    ConfigError naming the key, never echoing the parameters (they hold the token)."""
+    plugin, params = values.get(BK_AUTH_PLUGIN, ""), values.get(BK_AUTH_PARAMS, "")
+    if not plugin:
+        if params:
+            raise ConfigError(f"{BK_AUTH_PARAMS} is set but {BK_AUTH_PLUGIN} is not: set {BK_AUTH_PLUGIN}="
+                              f"org.apache.pulsar.client.impl.auth.AuthenticationToken")
+        return {}
+    if plugin in BK_SASL_PLUGINS:
+        raise ConfigError(f"{BK_AUTH_PLUGIN}: {plugin} (SASL: JAAS, Kerberos or DIGEST-MD5) is not supported: "
+                          f"pulsarlite bookies authenticate tokens (docs/security.md); set {BK_AUTH_PLUGIN}="
+                          f"org.apache.pulsar.client.impl.auth.AuthenticationToken and {BK_AUTH_PARAMS}="
+                          f"file:///path/to/broker.token")
+    if plugin not in BK_TOKEN_PLUGINS:
+        raise ConfigError(f"{BK_AUTH_PLUGIN}: {plugin!r} is not supported: pulsarlite bookies authenticate "
+                          f"tokens only; use org.apache.pulsar.client.impl.auth.AuthenticationToken")
+    if params.startswith("token:") and params[len("token:"):].strip():
+        return {"bookie_auth_token": params[len("token:"):].strip(), "bookie_auth_token_file": ""}
+    if params.startswith("file:") and params[len("file:"):].strip("/ "):
+        path = params[len("file:"):]
+        if path.startswith("//"):
+            path = path[2:]
+        return {"bookie_auth_token": "", "bookie_auth_token_file": path}
+    raise ConfigError(f"{BK_AUTH_PARAMS}: expected token:<jwt> or file:///path/to/token for {plugin} "
+                      f"(value not shown)")
 
 
 def read_pulsar_conf(path: str) -> PulsarConf:

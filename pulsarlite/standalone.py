@@ -149,6 +149,19 @@ def bookie_auth_settings(directory: Path) -> tuple[dict, dict]:
     return bookie, broker
 
 
+def zookeeper_auth_settings(directory: Path) -> dict:
+    """BookieConfig and BrokerConfig fields for ZooKeeper digest authentication in a secured
+    standalone: a random credential in ``directory/zookeeper.digest`` (0600, made on first use and
+    kept). The configs name the file, never the password."""
+    import secrets
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    path = directory / "zookeeper.digest"
+    if not path.exists():
+        write_private_file(path, f"pulsarlite:{secrets.token_urlsafe(24)}\n")
+    return {"zookeeper_auth_digest_file": str(path.resolve())}
+
+
 def update_bookie_configs(cluster: LocalCluster, settings: dict) -> None:
     """Set BookieConfig fields in the existing bookies' config files (next start)."""
     from pulsarlite.config import BookieConfig, load_toml, to_toml
@@ -279,6 +292,8 @@ class Standalone:
         if s.broker_settings.get("authentication_enabled"):
             # a secured standalone: its bookies authenticate their clients too (docs/security.md)
             bookie_auth, broker_auth = bookie_auth_settings(s.data_dir / "bookie-auth")
+            zk_auth = zookeeper_auth_settings(s.data_dir / "bookie-auth")   # ZooKeeper's ACLs too
+            bookie_auth, broker_auth = {**bookie_auth, **zk_auth}, {**broker_auth, **zk_auth}
             broker.update(broker_auth)
             cluster.update_broker_configs(broker_auth)
             for settings in bookies.values():
@@ -307,6 +322,9 @@ class Standalone:
             f"  ZooKeeper    {cluster.zookeeper}",
             f"  bookies      {', '.join(cluster.bookie_ids)}",
             *([f"  bookie token {self.bookie_admin_token_file} (pulsarlite bookkeeper --bookie-auth-token-file)"]
+              if self.bookie_admin_token_file else []),
+            *([f"  ZK credential {self.bookie_admin_token_file.parent / 'zookeeper.digest'} "
+               f"(pulsarlite bookkeeper --zookeeper-auth-digest-file)"]
               if self.bookie_admin_token_file else []),
             f"  tier         {self.tier_uri or '(none)'}",
             f"  data         {cluster.dir}",

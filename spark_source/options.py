@@ -113,6 +113,16 @@ class SourceOptions:
     # bookieAuthToken / bookieAuthTokenFile, else $PULSARLITE_BOOKIE_AUTH_TOKEN(_FILE) on the driver
     bookie_auth_token: str = field(default="", repr=False)
     bookie_auth_token_file: str = ""
+    # the ZooKeeper credential (docs/security.md "ZooKeeper"): options zookeeperAuthDigest /
+    # zookeeperAuthDigestFile / zookeeperAclReadRestricted, else $PULSARLITE_ZOOKEEPER_AUTH_DIGEST(_FILE)
+    # and $PULSARLITE_ZOOKEEPER_ACL_READ_RESTRICTED on the driver
+    zookeeper_auth_digest: str = field(default="", repr=False)
+    zookeeper_auth_digest_file: str = ""
+    zookeeper_acl_read_restricted: bool = False
+    # TLS to the bookies: options bookieTls / bookieTlsTrustCertsFile, else $PULSARLITE_BOOKIE_TLS /
+    # $PULSARLITE_BOOKIE_TLS_TRUST_CERTS_FILE on the driver (a trust file implies TLS)
+    bookie_tls_enabled: bool = False
+    bookie_tls_trust_certs_file_path: str = ""
 
     def apply_aws_env(self) -> None:
         """Credentials given as options become the standard AWS variables of this worker."""
@@ -164,7 +174,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool, need_topics: b
                                  or _opt_int(o, "maxRecordsPerTrigger", minimum=1)),
         s3_endpoint_url=endpoint, aws_env=aws_env,
         metrics_dir=(o.get("metricsdir") or "").strip() or None,
-        **_bookie_auth(o))
+        **_bookie_auth(o), **_zookeeper_auth(o), **_bookie_tls(o))
 
 
 def _bookie_auth(o: Mapping[str, str]) -> dict[str, str]:
@@ -178,11 +188,54 @@ def _bookie_auth(o: Mapping[str, str]) -> dict[str, str]:
     return {"bookie_auth_token": token, "bookie_auth_token_file": token_file}
 
 
-def ledger_client_config(zookeeper: str, bookie_auth_token: str = "", bookie_auth_token_file: str = ""):
-    """The LedgerClientConfig of the source's bookie reads (its bookie credential included)."""
+def _zookeeper_auth(o: Mapping[str, str]) -> dict:
+    digest = str(o.get("zookeeperauthdigest") or "").strip()
+    digest_file = str(o.get("zookeeperauthdigestfile") or "").strip()
+    if digest and digest_file:
+        raise OptionError("give at most one of the options zookeeperAuthDigest and zookeeperAuthDigestFile")
+    if not digest and not digest_file:
+        digest = os.environ.get("PULSARLITE_ZOOKEEPER_AUTH_DIGEST", "").strip()
+        digest_file = "" if digest else os.environ.get("PULSARLITE_ZOOKEEPER_AUTH_DIGEST_FILE", "").strip()
+    if "zookeeperaclreadrestricted" in o:
+        restricted = _opt_bool(o, "zookeeperAclReadRestricted", False)
+    else:
+        restricted = os.environ.get("PULSARLITE_ZOOKEEPER_ACL_READ_RESTRICTED", "").strip().lower() in ("1", "true")
+    settings = {"zookeeper_auth_digest": digest, "zookeeper_auth_digest_file": digest_file,
+                "zookeeper_acl_read_restricted": restricted}
+    from pulsarlite.config import LedgerClientConfig
+    from pulsarlite.errors import ConfigError
+    try:
+        LedgerClientConfig(**settings).validate()
+    except ConfigError as e:
+        raise OptionError(f"ZooKeeper credential options: {e}") from None
+    return settings
+
+
+def _bookie_tls(o: Mapping[str, str]) -> dict:
+    trust = str(o.get("bookietlstrustcertsfile") or "").strip()
+    if "bookietls" in o:
+        enabled = _opt_bool(o, "bookieTls", False)
+    else:
+        enabled = os.environ.get("PULSARLITE_BOOKIE_TLS", "").strip().lower() in ("1", "true")
+    if not trust and "bookietlstrustcertsfile" not in o:
+        trust = os.environ.get("PULSARLITE_BOOKIE_TLS_TRUST_CERTS_FILE", "").strip()
+    return {"bookie_tls_enabled": enabled or bool(trust), "bookie_tls_trust_certs_file_path": trust}
+
+
+def ledger_client_config(zookeeper: str, bookie_auth_token: str = "", bookie_auth_token_file: str = "",
+                         settings: dict | None = None):
+    """The LedgerClientConfig of the source's bookie reads (its bookie credential included;
+    ``settings``: more LedgerClientConfig fields: ``source_client_settings`` of the options)."""
     from pulsarlite.config import LedgerClientConfig
     return LedgerClientConfig(zookeeper=zookeeper, bookie_auth_token=bookie_auth_token,
-                              bookie_auth_token_file=bookie_auth_token_file).validate()
+                              bookie_auth_token_file=bookie_auth_token_file, **(settings or {})).validate()
+
+
+def source_client_settings(opts) -> dict:
+    """The ZooKeeper credential and bookie TLS fields of SourceOptions or ReadSettings, as
+    LedgerClientConfig fields."""
+    from pulsarlite.config import bookie_tls_client_settings, zookeeper_auth_settings
+    return {**zookeeper_auth_settings(opts), **bookie_tls_client_settings(opts)}
 
 
 __all__ = ["OffsetSpec", "OptionError", "SourceOptions", "parse_offsets", "parse_options"]

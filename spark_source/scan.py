@@ -48,6 +48,11 @@ class ReadSettings:
     output_schema: pa.Schema | None = None
     bookie_auth_token: str = dataclasses.field(default="", repr=False)   # spark_source/options.py
     bookie_auth_token_file: str = ""
+    zookeeper_auth_digest: str = dataclasses.field(default="", repr=False)
+    zookeeper_auth_digest_file: str = ""
+    zookeeper_acl_read_restricted: bool = False
+    bookie_tls_enabled: bool = False
+    bookie_tls_trust_certs_file_path: str = ""
 
 
 # the ROW_SCHEMA columns (offload.format) each metadata output column is built from
@@ -266,8 +271,10 @@ def read_scans(scans: tuple[SegmentScan, ...], settings: ReadSettings) -> Iterat
 async def _connect(settings: ReadSettings):
     from bookie.client.ledger_client import LedgerClient
     from spark_source.options import ledger_client_config
+    from spark_source.options import source_client_settings
     return await LedgerClient.connect(ledger_client_config(settings.zookeeper, settings.bookie_auth_token,
-                                                           settings.bookie_auth_token_file))
+                                                           settings.bookie_auth_token_file,
+                                                           source_client_settings(settings)))
 
 
 def _read_bookies(scan: SegmentScan, settings: ReadSettings, loop, client) -> Iterator[pa.Table]:

@@ -52,7 +52,9 @@ class _LazyLedgerClient:
             from bookie.client.ledger_client import LedgerClient
             from spark_source.options import ledger_client_config
             opts = self._opts
-            config = ledger_client_config(opts.zookeeper, opts.bookie_auth_token, opts.bookie_auth_token_file)
+            from spark_source.options import source_client_settings
+            config = ledger_client_config(opts.zookeeper, opts.bookie_auth_token, opts.bookie_auth_token_file,
+                                          source_client_settings(opts))
             self._client = await LedgerClient.connect(config, store=self.store)
         return self._client
 
@@ -72,7 +74,8 @@ async def _with_metadata(opts: SourceOptions, fn):
     if not opts.zookeeper:
         raise OptionError("option zookeeper is required to read (planning reads segment metadata from ZooKeeper)")
     started = time.monotonic()
-    store = await MetadataStore.connect(opts.zookeeper)
+    from pulsarlite.config import zookeeper_auth
+    store = await MetadataStore.connect(opts.zookeeper, auth=zookeeper_auth(opts))
     log.debug("zookeeper session for planning connect_ms=%d", (time.monotonic() - started) * 1000)
     try:
         client = _LazyLedgerClient(store, opts)
@@ -143,11 +146,12 @@ def plan_batch(opts: SourceOptions, partitions: list[PartitionLedgers], tmin: in
 
 
 def _settings(opts: SourceOptions, typed=None, columns=None, output_schema=None):
+    from spark_source.options import source_client_settings
     from spark_source.scan import ReadSettings
     return ReadSettings(zookeeper=opts.zookeeper or "", s3_endpoint_url=opts.s3_endpoint_url,
                         metrics_dir=opts.metrics_dir, fail_on_data_loss=opts.fail_on_data_loss, typed=typed,
                         columns=columns, output_schema=output_schema, bookie_auth_token=opts.bookie_auth_token,
-                        bookie_auth_token_file=opts.bookie_auth_token_file)
+                        bookie_auth_token_file=opts.bookie_auth_token_file, **source_client_settings(opts))
 
 
 def _value_schema_mode(options) -> str:

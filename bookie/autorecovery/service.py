@@ -73,7 +73,14 @@ def run_from_args(args) -> int:
     config = start_server_process("autorecovery", BookieConfig, args.config)
     if config is None:
         return 2
-    asyncio.run(run_standalone(config))
+    from pulsarlite.errors import ConfigError
+    from pulsarlite.metadata import MetadataAuthError
+    try:
+        asyncio.run(run_standalone(config))
+    except (ConfigError, MetadataAuthError) as e:       # e.g. a wrong ZooKeeper credential
+        log.error("autorecovery refused to start error=%s", e)
+        print(f"pulsarlite autorecovery: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 from google.protobuf.message import DecodeError
 
 from bookie._proto import bookie_rpc_pb2 as pb
+from bookie.tls import client_context
 from bookie.transport import (HEADER, HEADER_BYTES, MESSAGE_TYPES, RESPONSE_TYPES, FrameDecoder,
                               FrameError, encode_add_request_tail, encode_frame, encode_header)
 from pulsarlite.config import LedgerClientConfig
@@ -232,8 +233,10 @@ class BookieClient:
         conn: _Connection | None = None
         try:
             async with asyncio.timeout(self._config.connect_timeout_ms / 1000):
+                tls = {} if not self._config.bookie_tls_enabled else {
+                    "ssl": client_context(self._config.bookie_tls_trust_certs_file_path), "server_hostname": host}
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self, self._config.request_bytes_max), host, port)
+                    lambda: _Connection(self, self._config.request_bytes_max), host, port, **tls)
                 await self._authenticate(conn, method, data)
         except TimeoutError:
             if conn is not None:

@@ -27,7 +27,7 @@ from bookie.client.recovery_core import LedgerRecoveryCore
 from bookie.client.write_core import LedgerWriteCore, WriteCoreState
 from bookie.transport import encode_add_entry
 from pulsarlite.checksum import entry_checksum
-from pulsarlite.config import LedgerClientConfig
+from pulsarlite.config import LedgerClientConfig, zookeeper_auth
 from pulsarlite.errors import (BookieUnavailableError, InvariantViolation, LedgerClosedError,
                                MetadataNotFoundError, MetadataVersionConflict, PulsarliteError)
 
@@ -86,7 +86,8 @@ class LedgerClient:
         config.validate()
         owns = store is None
         if store is None:
-            store = await MetadataStore.connect(config.zookeeper, session_timeout_ms=config.zk_session_timeout_ms)
+            store = await MetadataStore.connect(config.zookeeper, session_timeout_ms=config.zk_session_timeout_ms,
+                                                auth=zookeeper_auth(config))
         client = cls(store, config, owns_store=owns)
 
         def on_bookies(writable: list[str], readonly: list[str]) -> None:

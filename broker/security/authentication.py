@@ -54,14 +54,23 @@ class AuthenticationData:
     peer_certificate: dict | None = None
 
 
+@dataclass(frozen=True)
+class Identity:
+    """What one check of a client's credentials proved: its role, and when the credentials expire
+    (a token's ``exp``; None: they do not)."""
+
+    role: str
+    expires_at_s: float | None = None
+
+
 @runtime_checkable
 class AuthenticationProvider(Protocol):
-    """One authentication method. ``authenticate`` returns the role the data proves, or raises
-    :class:`AuthenticationError`; it does no I/O."""
+    """One authentication method. ``identify`` checks the data once and returns the
+    :class:`Identity` it proves, or raises :class:`AuthenticationError`; it does no I/O."""
 
     method: str
 
-    def authenticate(self, auth: AuthenticationData) -> str: ...
+    def identify(self, auth: AuthenticationData) -> Identity: ...
 
 
 # key material (read_key_bytes, load_public_key) and the token verification itself live in
@@ -85,20 +94,15 @@ class TokenAuthenticationProvider:
         self._verifier = verifier if verifier is not None else TokenVerifier(server="the broker",
                                                                              **verifier_settings)
 
-    def authenticate(self, auth: AuthenticationData) -> str:
+    def identify(self, auth: AuthenticationData) -> Identity:
+        """One verification of the token: its role and its ``exp``."""
         try:
-            return self._verifier.role(auth.data)
+            claims = self._verifier.claims(auth.data)
+            role = self._verifier.role_of(claims)
         except TokenInvalid as e:
             raise AuthenticationError(str(e)) from None
-
-    def expires_at_s(self, auth: AuthenticationData) -> float | None:
-        """When the token ``auth`` carries expires (its ``exp``), None if never; raises as
-        :meth:`authenticate` for a token that does not verify."""
-        try:
-            exp = self._verifier.claims(auth.data).get("exp")
-        except TokenInvalid as e:
-            raise AuthenticationError(str(e)) from None
-        return float(exp) if exp is not None else None
+        exp = claims.get("exp")          # a number: claims() checked it
+        return Identity(role, float(exp) if exp is not None else None)
 
 
 _BCRYPT_PREFIXES = (b"$2a$", b"$2b$", b"$2y$")
@@ -136,7 +140,7 @@ class BasicAuthenticationProvider:
                 raise ConfigError(f"{setting}: line {number}: the user name is not UTF-8") from None
         return cls(users)
 
-    def authenticate(self, auth: AuthenticationData) -> str:
+    def identify(self, auth: AuthenticationData) -> Identity:
         if len(auth.data) > 1024:
             raise AuthenticationError("basic: credentials longer than 1024 bytes")
         user_b, sep, password = bytes(auth.data).partition(b":")
@@ -153,7 +157,7 @@ class BasicAuthenticationProvider:
             ok = False
         if hashed is None or not ok:
             raise AuthenticationError("basic: unknown user or wrong password")
-        return user
+        return Identity(user)
 
 
 class TlsAuthenticationProvider:
@@ -162,13 +166,13 @@ class TlsAuthenticationProvider:
 
     method = "tls"
 
-    def authenticate(self, auth: AuthenticationData) -> str:
+    def identify(self, auth: AuthenticationData) -> Identity:
         if not auth.peer_certificate:
             raise AuthenticationError("tls: no verified client certificate on this connection")
         role = common_name_of(auth.peer_certificate)
         if role is None:
             raise AuthenticationError("tls: the client certificate has no common name (CN)")
-        return role
+        return Identity(role)
 
 
 # Pulsar's class names for the providers (authenticationProviders in broker.conf)
@@ -214,26 +218,25 @@ class AuthenticationService:
                 providers[method] = TlsAuthenticationProvider()
         return cls(providers, enabled=True, anonymous_role=config.anonymous_user_role)
 
-    def authenticate(self, auth: AuthenticationData) -> str:
-        """The role ``auth`` proves; a client that presents nothing gets the anonymous role."""
+    def identify(self, auth: AuthenticationData) -> Identity:
+        """The identity ``auth`` proves (credentials checked once); a client that presents
+        nothing gets the anonymous role, which does not expire."""
         if auth.method in ANONYMOUS_METHODS and not auth.data:
-            return self.authenticate_anonymous()
+            return Identity(self.authenticate_anonymous())
         provider = self.providers.get(auth.method)
         if provider is None:
             raise AuthenticationError(f"authentication method {auth.method[:32]!r} is not enabled on this broker "
                                       f"(enabled: {', '.join(sorted(self.providers)) or 'none'})")
-        return provider.authenticate(auth)
+        return provider.identify(auth)
+
+    def authenticate(self, auth: AuthenticationData) -> str:
+        """The role ``auth`` proves (:meth:`identify` without the expiry: HTTP requests)."""
+        return self.identify(auth).role
 
     def authenticate_anonymous(self) -> str:
         if self.anonymous_role:
             return self.anonymous_role
         raise AuthenticationError("authentication required: no credentials presented")
-
-    def expires_at_s(self, auth: AuthenticationData) -> float | None:
-        """When the credentials ``auth`` expire (tokens with ``exp``), None if they do not."""
-        provider = self.providers.get(auth.method)
-        expires = getattr(provider, "expires_at_s", None)
-        return expires(auth) if expires is not None else None
 
 
 def _token_provider(config, clock_s) -> TokenAuthenticationProvider:
@@ -244,5 +247,5 @@ def _token_provider(config, clock_s) -> TokenAuthenticationProvider:
 
 
 __all__ = ["AuthenticationData", "AuthenticationError", "AuthenticationProvider", "AuthenticationService",
-           "BasicAuthenticationProvider", "TlsAuthenticationProvider", "TokenAuthenticationProvider",
+           "BasicAuthenticationProvider", "Identity", "TlsAuthenticationProvider", "TokenAuthenticationProvider",
            "load_public_key", "read_key_bytes"]

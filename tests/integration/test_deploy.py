@@ -109,9 +109,11 @@ def test_every_mounted_config_exists_and_loads():
 def test_launcher_reads_the_same_config_files():
     broker = settings_from_file(BROKER, DEPLOY / "conf" / "broker-1.toml")
     assert broker["tier_uri"] == "s3://pulsarlite/offload" and "port" not in broker and "zookeeper" not in broker
-    # what is left of a bookie's file besides addresses and directories: bookie authentication
+    # what is left of a bookie's file besides addresses and directories: bookie and ZooKeeper
+    # authentication
     assert set(settings_from_file(BOOKIE, DEPLOY / "conf" / "bookie-1.toml")) == {
-        "bookie_auth_enabled", "bookie_auth_roles", "bookie_auth_token_secret_key", "bookie_auth_token_file"}
+        "bookie_auth_enabled", "bookie_auth_roles", "bookie_auth_token_secret_key", "bookie_auth_token_file",
+        "zookeeper_auth_digest_file"}
 
 
 def test_dockerfile():

@@ -4,7 +4,10 @@ DeleteLedgerRequest without an AuthRequest is refused and the stored entries and
 unchanged; wrong and expired tokens are refused; the broker (produce / consume), the
 autorecovery workers (a bookie lost for good is re-replicated), the operator shell and the
 Spark source's ledger client settings work with the right token; no token nor the key appears in
-any process log. docs/security.md states the trust model."""
+any process log. ZooKeeper too: every process authenticates with a digest credential and the
+znodes are readable and writable by it only (zookeeper_acl_read_restricted), so a client without
+it can neither read nor change them; a broker with a wrong credential refuses to start; the
+password appears in no log. docs/security.md states the trust model."""
 
 from __future__ import annotations
 
@@ -26,11 +29,13 @@ from pulsarlite.checksum import entry_checksum
 from pulsarlite.config import LedgerClientConfig
 from pulsarlite.errors import PulsarliteError
 from pulsarlite.tokens import create_token
-from spark_source.options import ledger_client_config, parse_options
+from spark_source.options import ledger_client_config, parse_options, source_client_settings
 
 pytestmark = pytest.mark.integration
 
 SECRET = bytes(range(32))
+ZK_PASSWORD = "zk-Pw-7f3a9c2e51"
+ZK = {"zookeeper_acl_read_restricted": True}     # + zookeeper_auth_digest_file, in secured_cluster
 ROLES = ("broker", "autorecovery", "admin", "spark")
 FAST = {"lost_bookie_recovery_delay_ms": 1_000, "replication_poll_interval_ms": 200,
         "audit_interval_ms": 5_000, "replication_retry_delay_ms_max": 1_000}
@@ -51,7 +56,12 @@ def secrets_dir(tmp_path) -> Path:
     (d / "wrong.token").write_text(create_token(subject="admin", now_s=time.time(), secret_key=b"x" * 32))
     (d / "expired.token").write_text(create_token(subject="admin", now_s=time.time() - 7200, secret_key=SECRET,
                                                   expiry_s=60))
+    (d / "zookeeper.digest").write_text(f"pulsarlite:{ZK_PASSWORD}\n")
     return d
+
+
+def zk_settings(d: Path) -> dict:
+    return {**ZK, "zookeeper_auth_digest_file": str(d / "zookeeper.digest")}
 
 
 def token_of(d: Path, name: str) -> str:
@@ -61,14 +71,16 @@ def token_of(d: Path, name: str) -> str:
 def secured_cluster(cluster_factory, d: Path, bookies: int = 4):
     bookie = {"bookie_auth_enabled": True, "bookie_auth_roles": ",".join(ROLES), "bookie_auth_read_only_roles": "spark",
               "bookie_auth_token_secret_key": f"file://{d / 'secret.key'}",
-              "bookie_auth_token_file": str(d / "autorecovery.token"), **FAST}
+              "bookie_auth_token_file": str(d / "autorecovery.token"), **FAST, **zk_settings(d)}
     return cluster_factory(bookies, brokers=1, bookie_overrides=bookie,
-                           broker_overrides={"broker-1": {"bookie_auth_token_file": str(d / "broker.token")}})
+                           broker_overrides={"broker-1": {"bookie_auth_token_file": str(d / "broker.token"),
+                                                          **zk_settings(d)}})
 
 
 async def admin_client(cluster, d: Path, token_name: str = "admin") -> LedgerClient:
     return await LedgerClient.connect(LedgerClientConfig(zookeeper=cluster.zookeeper, add_timeout_ms=10_000,
-                                                         bookie_auth_token_file=str(d / f"{token_name}.token")))
+                                                         bookie_auth_token_file=str(d / f"{token_name}.token"),
+                                                         **zk_settings(d)))
 
 
 def add_frame(request_id: int, ledger_id: int, entry_id: int, payload: bytes) -> bytes:
@@ -96,8 +108,12 @@ async def raw_exchange(bookie_id: str, frames: list[bytes]) -> list[tuple[int, i
 
 
 async def bookkeeper(cluster, *args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """The operator shell; the ZooKeeper credential by environment unless ``env_extra`` says otherwise."""
     import os
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PULSARLITE_BOOKIE_AUTH")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PULSARLITE_BOOKIE_AUTH", "PULSARLITE_ZOOKEEPER"))}
+    d = Path(cluster.dir).parent / "bookie-auth"
+    env.update({"PULSARLITE_ZOOKEEPER_AUTH_DIGEST_FILE": str(d / "zookeeper.digest"),
+                "PULSARLITE_ZOOKEEPER_ACL_READ_RESTRICTED": "1"})
     env.update(env_extra or {})
     cmd = [sys.executable, "-m", "pulsarlite", "bookkeeper", "--zookeeper", cluster.zookeeper, *args]
     return await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=180, env=env)
@@ -110,7 +126,7 @@ def name_of(cluster, bookie_id: str) -> str:
 def assert_no_secret_in_logs(cluster, d: Path) -> None:
     secrets = [token_of(d, n) for n in (*ROLES, "wrong", "expired")]
     secrets += [t.rsplit(".", 1)[1] for t in secrets]                       # the signatures alone
-    secrets += [base64.b64encode(SECRET).decode(), SECRET.hex()]
+    secrets += [base64.b64encode(SECRET).decode(), SECRET.hex(), ZK_PASSWORD]
     logs = sorted((Path(cluster.dir) / "logs").glob("*.log"))
     assert any("bookie" in p.name for p in logs) and any("broker" in p.name for p in logs), logs
     for path in logs:
@@ -118,6 +134,72 @@ def assert_no_secret_in_logs(cluster, d: Path) -> None:
         for s in secrets:
             assert s not in text, f"a secret in {path.name}"
         assert SECRET not in path.read_bytes()
+
+
+def assert_zookeeper_closed_to_strangers(zookeeper: str) -> None:
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoAuthError
+    from pulsarlite.metadata import PULSARLITE_ROOTS
+    for auth_data in (None, [("digest", "pulsarlite:guessed")]):
+        stranger = KazooClient(hosts=zookeeper, timeout=10, auth_data=auth_data)
+        stranger.start(timeout=15)
+        try:
+            for root in PULSARLITE_ROOTS:
+                for attempt in (lambda: stranger.create(f"{root}/planted", b"x"), lambda: stranger.get(root),
+                                lambda: stranger.get_children(root), lambda: stranger.set(root, b"x"),
+                                lambda: stranger.delete(root, recursive=True)):
+                    with pytest.raises(NoAuthError):
+                        attempt()
+            available = "/ledgers/available"
+            with pytest.raises(NoAuthError):
+                stranger.get_children(available)
+            with pytest.raises(NoAuthError):
+                stranger.delete(available, recursive=True)
+        finally:
+            stranger.stop()
+            stranger.close()
+
+
+def assert_zookeeper_unchangeable_without(zookeeper: str) -> None:
+    """Readable (the default ACL), but an unauthenticated client changes nothing."""
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoAuthError
+    from pulsarlite.metadata import PULSARLITE_ROOTS
+    stranger = KazooClient(hosts=zookeeper, timeout=10)
+    stranger.start(timeout=15)
+    try:
+        for root in PULSARLITE_ROOTS:
+            assert stranger.exists(root) is not None, root
+            with pytest.raises(NoAuthError):
+                stranger.create(f"{root}/planted", b"x")
+            with pytest.raises(NoAuthError):
+                stranger.set(root, b"x")
+        bookies = stranger.get_children("/ledgers/available")
+        assert bookies
+        with pytest.raises(NoAuthError):
+            stranger.delete(f"/ledgers/available/{bookies[0]}")
+    finally:
+        stranger.stop()
+        stranger.close()
+
+
+def assert_wrong_zookeeper_credential_refused(cluster, d: Path) -> None:
+    import os
+    from broker.config import BrokerConfig
+    from pulsarlite.config import to_toml
+    from pulsarlite.zk_server import find_free_port
+    (d / "wrong.digest").write_text("pulsarlite:not-the-zk-password\n")
+    config = BrokerConfig(host="127.0.0.1", port=find_free_port(), http_port=find_free_port(),
+                          zookeeper=cluster.zookeeper, bookie_auth_token_file=str(d / "broker.token"),
+                          zookeeper_auth_digest_file=str(d / "wrong.digest"), zookeeper_acl_read_restricted=True)
+    path = d / "wrong-zk-broker.toml"
+    path.write_text(to_toml(config))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.run([sys.executable, "-m", "pulsarlite", "broker", "--config", str(path)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "wrong zookeeper_auth_digest" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "not-the-zk-password" not in proc.stdout + proc.stderr and ZK_PASSWORD not in proc.stdout + proc.stderr
 
 
 async def test_bookies_refuse_unauthenticated_clients_and_serve_the_cluster(cluster_factory, secrets_dir):
@@ -137,6 +219,15 @@ async def test_bookies_refuse_unauthenticated_clients_and_serve_the_cluster(clus
             assert got == [b"m-%d" % i for i in range(20)]
         finally:
             pc.close()
+
+        # ZooKeeper: without the credential, nothing of pulsarlite's can be read or changed
+        await asyncio.to_thread(assert_zookeeper_closed_to_strangers, cluster.zookeeper)
+        proc = await bookkeeper(cluster, "listbookies", env_extra={"PULSARLITE_ZOOKEEPER_AUTH_DIGEST_FILE": ""})
+        assert proc.returncode != 0 and "zookeeper_auth_digest" in proc.stderr, proc.stderr
+        proc = await bookkeeper(cluster, "--zookeeper-auth-digest-file", str(d / "zookeeper.digest"), "listbookies")
+        assert proc.returncode == 0 and all(b in proc.stdout for b in cluster.bookie_ids), proc.stdout + proc.stderr
+        # a broker with a wrong credential refuses to start, saying why
+        await asyncio.to_thread(assert_wrong_zookeeper_credential_refused, cluster, d)
 
         # a ledger written with the admin token, closed: the attacker's target
         writer = await client.create_ledger(3, 3, 2)
@@ -193,9 +284,12 @@ async def test_bookies_refuse_unauthenticated_clients_and_serve_the_cluster(clus
         # the Spark source's ledger client takes the option (and the environment), and reads
         # with its read-only role; a delete with it is refused
         opts = parse_options({"zookeeper": cluster.zookeeper, "topic": "t",
-                              "bookieAuthTokenFile": str(d / "spark.token")}, streaming=False)
+                              "bookieAuthTokenFile": str(d / "spark.token"),
+                              "zookeeperAuthDigestFile": str(d / "zookeeper.digest"),
+                              "zookeeperAclReadRestricted": "true"}, streaming=False)
         spark_client = await LedgerClient.connect(ledger_client_config(opts.zookeeper, opts.bookie_auth_token,
-                                                                       opts.bookie_auth_token_file))
+                                                                       opts.bookie_auth_token_file,
+                                                                       source_client_settings(opts)))
         try:
             reader = await spark_client.open_ledger(lid, recovery=False)
             assert (await reader.read(9, 9))[0].payload == payload_for(lid, 9)
@@ -205,6 +299,19 @@ async def test_bookies_refuse_unauthenticated_clients_and_serve_the_cluster(clus
         opts = parse_options({"zookeeper": cluster.zookeeper, "topic": "t",
                               "bookieAuthToken": token_of(d, "spark")}, streaming=False)
         assert opts.bookie_auth_token and token_of(d, "spark") not in repr(opts)
+        # the driver's planning session (spark_source.source._with_metadata): refused without the
+        # ZooKeeper credential (read-restricted ACLs), served with it
+        from pulsarlite.metadata import MetadataAuthError
+        from spark_source.source import _with_metadata
+
+        async def live_bookies(store, _client):
+            return await store.children("/ledgers/available")
+        with pytest.raises(MetadataAuthError):
+            await _with_metadata(opts, live_bookies)
+        opts = parse_options({"zookeeper": cluster.zookeeper, "topic": "t", "zookeeperAclReadRestricted": "true",
+                              "zookeeperAuthDigest": f"pulsarlite:{ZK_PASSWORD}"}, streaming=False)
+        assert opts.zookeeper_auth_digest and ZK_PASSWORD not in repr(opts)
+        assert set(ensemble) <= set(await _with_metadata(opts, live_bookies))
 
         # autorecovery: a bookie of the ledger lost for good; the workers (their own token)
         # copy its fragments to the fourth bookie
@@ -262,15 +369,25 @@ def test_every_compose_bookie_authenticates_and_every_client_has_a_token(compose
         assert "bookie-auth:/var/lib/pulsarlite-auth:ro" in service["volumes"], name
         assert service["depends_on"]["bookie-auth-init"]["condition"] == "service_completed_successfully", name
         source = next(v.split(":")[0] for v in service["volumes"] if v.split(":")[1].endswith(f"{name}.toml"))
+        zk_config = load_toml(BookieConfig if role == "bookie" else BrokerConfig, DEPLOY / source)
+        assert zk_config.zookeeper_auth_digest_file == "/var/lib/pulsarlite-auth/zookeeper.digest", name
         if role == "bookie":
             config = load_toml(BookieConfig, DEPLOY / source)
             assert config.bookie_auth_enabled and not config.bookie_auth_insecure_allow and config.host == "0.0.0.0"
             assert config.bookie_auth_token_secret_key == "file:///var/lib/pulsarlite-auth/secret.key"
             assert config.bookie_auth_token_file == "/var/lib/pulsarlite-auth/autorecovery.token"
             assert {"broker", "autorecovery", "admin"} <= config.bookie_auth_role_names
+            # the secured compose: TLS on the bookie port, the certificate of make-secrets.sh
+            secure = compose_file == "docker-compose.secure.yml"
+            assert bool(config.bookie_tls_certificate_file_path) == secure, name
+            if secure:
+                assert "./secrets:/etc/pulsarlite/secrets:ro" in service["volumes"], name
+                assert config.bookie_tls_certificate_file_path == "/etc/pulsarlite/secrets/bookie.cert.pem"
+                assert config.ledger_client_config().bookie_tls_enabled
         else:
-            assert load_toml(BrokerConfig, DEPLOY / source).bookie_auth_token_file == \
-                "/var/lib/pulsarlite-auth/broker.token"
+            broker_config = load_toml(BrokerConfig, DEPLOY / source)
+            assert broker_config.bookie_auth_token_file == "/var/lib/pulsarlite-auth/broker.token"
+            assert broker_config.bookie_tls_enabled == (compose_file == "docker-compose.secure.yml"), name
         checked += 1
     assert checked == 5
 
@@ -292,9 +409,17 @@ def test_bookie_auth_init_makes_tokens_the_bookies_accept(tmp_path):
         before[role] = path.read_text()
         assert verifier.role(before[role].strip().encode()) == role
         assert before[role].strip() not in run.stdout + run.stderr
+    from pulsarlite.metadata import ZkAuth
+    digest = tmp_path / "zookeeper.digest"
+    assert digest.stat().st_mode & 0o777 == 0o600
+    zk = ZkAuth.parse(digest.read_text(), source="zookeeper.digest")
+    assert zk.user == "pulsarlite" and len(zk.password) >= 32 and zk.password not in run.stdout + run.stderr
+    before["zookeeper.digest"] = digest.read_text()
     again = subprocess.run(["/bin/sh", str(DEPLOY / "bookie-auth-init.sh"), str(tmp_path)], capture_output=True,
                            text=True, env=env, timeout=120)
-    assert again.returncode == 0 and all((tmp_path / f"{r}.token").read_text() == t for r, t in before.items())
+    assert again.returncode == 0 and all((tmp_path / f"{r}.token").read_text() == t for r, t in before.items()
+                                         if r != "zookeeper.digest")
+    assert digest.read_text() == before["zookeeper.digest"]
 
 
 # -- a secured standalone: bookie authentication comes with authentication -------------------------
@@ -336,7 +461,16 @@ def test_secured_standalone_turns_bookie_authentication_on(tmp_path):
                "--bookie-auth-token-file", str(admin_token), "readledger", "0", "--print-entries"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and "m0" in proc.stdout, proc.stdout + proc.stderr   # up to the LAC
+        # ZooKeeper's ACLs: the credential made for this standalone, named in the banner; without
+        # it nothing of pulsarlite's can be changed
+        digest = data / "bookie-auth" / "zookeeper.digest"
+        assert digest.stat().st_mode & 0o777 == 0o600 and str(digest) in run.output
+        assert_zookeeper_unchangeable_without(zookeeper)
+        proc = subprocess.run(cmd[:4] + ["--zookeeper-auth-digest-file", str(digest)] + cmd[4:],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "m0" in proc.stdout, proc.stdout + proc.stderr
         logs = "".join(p.read_text(errors="replace") for p in (data / "logs").glob("*.log"))
+        assert digest.read_text().strip().split(":", 1)[1] not in logs + run.output
         for role in ("broker", "autorecovery", "admin"):
             assert (data / "bookie-auth" / f"{role}.token").read_text().strip() not in logs + run.output
     finally:

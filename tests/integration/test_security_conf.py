@@ -185,6 +185,16 @@ def test_make_secrets_makes_what_the_secure_brokers_load(tmp_path):
     token = (out / "admin.token").read_text().strip()
     assert AuthenticationService.from_config(config).authenticate(
         AuthenticationData("token", token.encode(), None)) == "admin"
+    # the bookies' certificate: loads as a bookie loads it, signed by the CA, naming every bookie
+    from cryptography import x509
+    from bookie.tls import client_context, server_context
+    assert server_context(str(out / "bookie.cert.pem"), str(out / "bookie.key.pem")) is not None
+    client_context(str(out / "ca.cert.pem"))
+    cert = x509.load_pem_x509_certificate((out / "bookie.cert.pem").read_bytes())
+    ca = x509.load_pem_x509_certificate((out / "ca.cert.pem").read_bytes())
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert {"bookie-1", "bookie-2", "bookie-3"} <= set(names)
     assert not (out / "ca.key.pem").exists() and (tmp_path / "secrets.ca.key.pem").exists()
     again = subprocess.run([str(DEPLOY / "make-secrets.sh"), str(out)], capture_output=True, text=True, env=env,
                            timeout=120)

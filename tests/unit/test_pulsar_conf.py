@@ -147,3 +147,57 @@ def test_relative_paths_resolved_for_the_standalone(tmp_path, monkeypatch):
     (tmp_path / "standalone.conf").write_text("clusterName=c\nbasicAuthConf=users.htpasswd\n")
     args = argparse.Namespace(pulsar_conf="standalone.conf", port=None, http_port=None)
     assert _ports_and_broker_settings(args)[2]["basic_auth_conf"] == str(tmp_path / "users.htpasswd")
+
+
+# -- bookkeeperClientAuthentication*: the broker's credential towards the bookies -------------------
+TOKEN_PLUGIN = "org.apache.pulsar.client.impl.auth.AuthenticationToken"
+
+
+@pytest.mark.parametrize("params, fields", [
+    ("token:eyJhbGciOiJIUzI1NiJ9.e30.sig", {"bookie_auth_token": "eyJhbGciOiJIUzI1NiJ9.e30.sig",
+                                            "bookie_auth_token_file": ""}),
+    ("file:///etc/pulsar/broker.token", {"bookie_auth_token": "", "bookie_auth_token_file": "/etc/pulsar/broker.token"}),
+    ("file:/etc/pulsar/broker.token", {"bookie_auth_token": "", "bookie_auth_token_file": "/etc/pulsar/broker.token"}),
+])
+def test_bookkeeper_client_token_maps_to_the_bookie_credential(params, fields):
+    conf = map_pulsar_conf(parse_properties(f"bookkeeperClientAuthenticationPlugin={TOKEN_PLUGIN}\n"
+                                            f"bookkeeperClientAuthenticationParametersName=\n"
+                                            f"bookkeeperClientAuthenticationParameters={params}\n"))
+    assert conf.overrides == fields and conf.unknown == ()
+    # over a TOML config naming the other form: the conf's form wins, the result validates
+    base = BrokerConfig(bookie_auth_token_file="/old.token") if fields["bookie_auth_token"] else \
+        BrokerConfig(bookie_auth_token="old")
+    config = conf.apply(base, "f.conf")
+    assert (config.bookie_auth_token, config.bookie_auth_token_file) == \
+        (fields["bookie_auth_token"], fields["bookie_auth_token_file"])
+    assert "eyJhbGci" not in repr(config)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("bookkeeperClientAuthenticationPlugin=org.apache.bookkeeper.sasl.SASLClientProviderFactory\n"
+     "bookkeeperClientAuthenticationParametersName=clientAuthProviderFactoryClass\n"
+     "bookkeeperClientAuthenticationParameters=token:SECRET-JWT\n", ["SASL", "not supported", TOKEN_PLUGIN]),
+    ("bookkeeperClientAuthenticationPlugin=org.example.MyAuth\n"
+     "bookkeeperClientAuthenticationParameters=token:SECRET-JWT\n", ["org.example.MyAuth", "tokens only"]),
+    ("bookkeeperClientAuthenticationParameters=token:SECRET-JWT\n", ["bookkeeperClientAuthenticationPlugin"]),
+    (f"bookkeeperClientAuthenticationPlugin={TOKEN_PLUGIN}\n"
+     "bookkeeperClientAuthenticationParameters=SECRET-JWT\n", ["token:<jwt>", "file:///"]),
+    (f"bookkeeperClientAuthenticationPlugin={TOKEN_PLUGIN}\n", ["bookkeeperClientAuthenticationParameters"]),
+])
+def test_bookkeeper_client_auth_refused_where_the_meaning_differs(tmp_path, text, words):
+    path = tmp_path / "broker.conf"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        read_pulsar_conf(str(path))
+    for word in words:
+        assert word in str(info.value)
+    assert "SECRET-JWT" not in str(info.value)
+
+
+def test_zookeeper_session_timeout_keys():
+    assert map_pulsar_conf(parse_properties("zookeeperSessionTimeoutMs=15000\n")).overrides == \
+        {"zk_session_timeout_ms": 15000}
+    assert map_pulsar_conf(parse_properties("metadataStoreSessionTimeoutMillis=20000\n")).overrides == \
+        {"zk_session_timeout_ms": 20000}
+    with pytest.raises(ConfigError, match="zookeeperSessionTimeoutMs"):
+        map_pulsar_conf(parse_properties("zookeeperSessionTimeoutMs=-1\n"))

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from broker.config import BrokerConfig
 from broker.security.authentication import (AuthenticationData, AuthenticationError, AuthenticationService,
-                                            BasicAuthenticationProvider, TlsAuthenticationProvider,
+                                            BasicAuthenticationProvider, Identity, TlsAuthenticationProvider,
                                             read_key_bytes)
 from pulsarlite.errors import ConfigError
 
@@ -74,7 +74,7 @@ def test_exp_is_checked_against_the_clock_passed_in():
     svc = _hs_service(clock_s=lambda: now[0])
     auth = AuthenticationData("token", _token({"sub": "alice", "exp": int(NOW_S) + 10}))
     assert svc.authenticate(auth) == "alice"
-    assert svc.expires_at_s(auth) == NOW_S + 10
+    assert svc.identify(auth) == Identity("alice", NOW_S + 10)
     now[0] = NOW_S + 10
     with pytest.raises(AuthenticationError, match="expired"):
         svc.authenticate(auth)
@@ -140,11 +140,11 @@ def test_basic_conf_errors_name_the_line_not_the_hash():
 
 def test_tls_provider_takes_the_common_name():
     cert = {"subject": ((("countryName", "NL"),), (("commonName", "client-1"),))}
-    assert TlsAuthenticationProvider().authenticate(AuthenticationData("tls", b"", cert)) == "client-1"
+    assert TlsAuthenticationProvider().identify(AuthenticationData("tls", b"", cert)) == Identity("client-1")
     with pytest.raises(AuthenticationError, match="no verified client certificate"):
-        TlsAuthenticationProvider().authenticate(AuthenticationData("tls", b"", None))
+        TlsAuthenticationProvider().identify(AuthenticationData("tls", b"", None))
     with pytest.raises(AuthenticationError, match="no common name"):
-        TlsAuthenticationProvider().authenticate(AuthenticationData("tls", b"", {"subject": ()}))
+        TlsAuthenticationProvider().identify(AuthenticationData("tls", b"", {"subject": ()}))
 
 
 def test_key_forms(tmp_path):

@@ -75,7 +75,7 @@ def test_basic_goes_to_the_shell_and_completes():
     early = ConnectionCore(frame_bytes_max=64 * 1024, message_bytes_max=60 * 1024, authentication=service)
     early.receive(c.connect("t", auth_method_name="basic", auth_data=b"u:pw"))
     assert early.receive(c.ping()).close                         # nothing before CONNECTED
-    done = conn.complete_authentication(result.authenticate, service.authenticate(result.authenticate), None)
+    done = conn.complete_authentication(result.authenticate, service.identify(result.authenticate), None)
     assert [f.command.type for f in frames(done.out)] == [T.CONNECTED] and conn.role == "u"
     bad, _ = core(lambda: NOW_S)
     pending = bad.receive(c.connect("t", auth_method_name="basic", auth_data=b"u:wrong")).authenticate
@@ -94,3 +94,26 @@ def test_refused_connect_says_why_and_never_the_credential():
     error = frames(result.out)[0].command.error
     assert result.close and error.error == pb.AuthenticationError and "signature" in error.message
     assert forged.decode() not in error.message
+
+
+def test_connect_verifies_the_token_signature_once(monkeypatch):
+    """Role and expiry come from one verification (the signature check is the costly part of a
+    CONNECT with a token; it ran twice, once for the role and once for the expiry)."""
+    import pulsarlite.security.tokens as tokens
+    decodes = []
+    real_decode = tokens.jwt.decode
+
+    def counting_decode(*args, **kwargs):
+        decodes.append(1)
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(tokens.jwt, "decode", counting_decode)
+    conn, _ = core(lambda: NOW_S)
+    result = conn.receive(c.connect("t", auth_method_name="token", auth_data=tok("r", NOW_S + 10),
+                                    supports_auth_refresh=True))
+    assert [f.command.type for f in frames(result.out)] == [T.CONNECTED]
+    assert (conn.role, conn.auth_expires_at_s, len(decodes)) == ("r", NOW_S + 10, 1)
+    # a refresh on AUTH_CHALLENGE: one more verification
+    conn.check_credentials(NOW_S + 10)
+    conn.receive(c.auth_response("t", 19, "token", tok("r", NOW_S + 100)))
+    assert (conn.auth_expires_at_s, len(decodes)) == (NOW_S + 100, 2)
