@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from broker.adapters import check_listener_name, listener_urls, open_cursor
+from broker.compaction import CompactionRunningError, CompactionStatus, StatusReport, combined_status
 from broker.admin.http import (ConsumerStats, CursorStats, InternalStats, LedgerInfoStats, LookupData,
                                MessageIdData, PublisherStats, SubscriptionPosition, SubscriptionStats, TopicStats,
                                lookup_data)
@@ -615,6 +616,48 @@ class BrokerAdminBackend:
             await self._check_namespace(name)
             raise NotFoundError(f"Topic {name} not found")
         return await offloader.lake_info(name)
+
+    # -- compaction ------------------------------------------------------------------------------
+    async def _partitions_of(self, name: TopicName) -> int:
+        if name.is_partition:
+            return 0
+        return await self.service.partitions(str(name))
+
+    async def compact(self, topic: str) -> None:
+        name = self._name(topic)
+        await self._check_namespace(name)
+        partitions = await self._partitions_of(name)
+        if partitions > 0:       # Pulsar triggers every partition
+            for i in range(partitions):
+                part = name.partition(i)
+                url = await self.admin_redirect_url(str(part))
+                if url is None:
+                    await self.compact(str(part))
+                else:
+                    await self._call_owner(url, "PUT", part, "/compaction")
+            return
+        await self._require_topic(name)
+        live = await self._load(name)
+        try:
+            self.service.compaction.trigger(live)
+        except CompactionRunningError as e:
+            raise ConflictError(str(e)) from None
+
+    async def compaction_status(self, topic: str) -> dict:
+        name = self._name(topic)
+        await self._check_namespace(name)
+        partitions = await self._partitions_of(name)
+        if partitions > 0:
+            reports = []
+            for i in range(partitions):
+                part = name.partition(i)
+                url = await self.admin_redirect_url(str(part))
+                got = await (self.compaction_status(str(part)) if url is None
+                             else self._call_owner(url, "GET", part, "/compaction"))
+                reports.append(StatusReport(CompactionStatus(got["status"]), got.get("lastError") or ""))
+            return combined_status(reports).to_json()
+        await self._require_topic(name)
+        return self.service.compaction.board.report(str(name)).to_json()
 
     # -- unload ----------------------------------------------------------------------------------
     async def unload_topic(self, topic: str) -> None:

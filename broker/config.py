@@ -86,6 +86,8 @@ class BrokerConfig:
     shutdown_grace_ms: int = 10_000
     stats_interval_ms: int = 5_000           # rates, backlog gauges and metrics are sampled this often
     cluster_name: str = "standalone"         # the cluster created at start (policies, metrics label)
+    compaction_check_interval_ms: int = 60_000  # namespace compactionThreshold checks (broker/compaction)
+    compaction_keys_max: int = 1_000_000     # distinct keys one compaction keeps in memory at most
     retention_check_interval_ms: int = 60_000  # retention, message TTL and backlog quota passes (broker/retention.py)
     # retention of a namespace without a retention policy (Pulsar's defaultRetentionTimeInMinutes /
     # defaultRetentionSizeInMB; -1 infinite, 0 none). pulsarlite keeps everything by default, where
@@ -156,7 +158,7 @@ class BrokerConfig:
                      "keepalive_interval_ms", "connection_unsupported_commands_max", "connect_frame_bytes_max",
                      "connect_timeout_ms", "frame_complete_timeout_ms", "connections_max",
                      "connections_per_address_max", "topic_load_timeout_ms", "shutdown_grace_ms",
-                     "stats_interval_ms", "retention_check_interval_ms", "offload_concurrent_max", "offload_check_interval_ms",
+                     "stats_interval_ms", "retention_check_interval_ms", "compaction_check_interval_ms", "compaction_keys_max", "offload_concurrent_max", "offload_check_interval_ms",
                      "offload_row_group_bytes", "offload_ledger_bytes_max", "offload_retry_delay_ms_max",
                      "tier_read_cache_bytes_max",
                      "tier_read_ahead_ledgers"):

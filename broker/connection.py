@@ -1001,7 +1001,8 @@ class ServerConnection(asyncio.Protocol):
                 ref, body.subscription, sub_type, durable=body.durable,
                 initial_earliest=body.initialPosition == pb.CommandSubscribe.Earliest,
                 start_message_id=start, priority=body.priority_level, consumer_name=body.consumer_name,
-                key_shared_mode=key_mode, hash_ranges=hash_ranges, allow_out_of_order=out_of_order)
+                key_shared_mode=key_mode, hash_ranges=hash_ranges, allow_out_of_order=out_of_order,
+                read_compacted=body.read_compacted)
             if self.closed:
                 ref.subscription.remove_consumer(ref)
                 return

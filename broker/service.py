@@ -26,6 +26,7 @@ from broker.latency import LatencyBuckets
 from broker.managed_ledger import ManagedLedger, ManagedLedgerClosedError, managed_ledger_path
 from broker.nonpersistent import NON_PERSISTENT_ROOT, NonPersistentTopic, registration_path
 from broker.offloader import BrokerOffloader
+from broker.compaction.shell import CompactionService
 from broker.retention import RetentionService, publish_time_of
 from broker.schema_compat import CompatibilityStrategy
 from broker.schemas import SchemaRegistry
@@ -83,6 +84,8 @@ class BrokerService:
         if self.offloader is not None:
             self.metrics.offload_totals = self.offloader.totals
         self.retention = RetentionService(self, interval_ms=config.retention_check_interval_ms)
+        self.compaction = CompactionService(self, interval_ms=config.compaction_check_interval_ms,
+                                            keys_max=config.compaction_keys_max)
         self.cache_hits = 0
         self.cache_misses = 0
         self._cache_flushed = (0, 0)
@@ -418,6 +421,7 @@ class BrokerService:
         if self.offloader is not None:
             self.offloader.start()
         self.retention.start()
+        self.compaction.start()
 
     async def _stats_loop(self) -> None:
         while True:
@@ -536,6 +540,7 @@ class BrokerService:
         if self._stats_task is not None:
             self._stats_task.cancel()
         await self.retention.close()
+        await self.compaction.close()
         keys = list(self.topics)
         await asyncio.gather(*(self.unload_topic(k) for k in keys), return_exceptions=True)
         await asyncio.gather(*(self.unload_nonpersistent(k) for k in list(self.nonpersistent)),

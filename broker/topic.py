@@ -26,6 +26,7 @@ from collections import OrderedDict, deque
 from typing import Any, Protocol
 
 from broker.adapters import open_cursor
+from broker.compaction.shell import CompactedReader, compacted_view
 from broker.admin.policies import NotFoundError, PreconditionFailedError
 from broker.cursor import InvalidAckError, cursor_path
 from broker.dedup import DedupSnapshotStore, DedupState, entry_sequence
@@ -241,6 +242,21 @@ class PersistentTopic:
         # why this owner writes no more dedup snapshots (None: it does): entries in the log that
         # deduplication could not learn (a snapshot past them would hide them from the next owner)
         self._dedup_snapshots_stopped: str | None = None
+        # the compacted view for read_compacted subscriptions (broker/compaction)
+        self.compacted_reader = CompactedReader(self)
+        ml.before_delete.append(self._delete_compacted_ledger)
+
+    def compacted_view(self):
+        """The recorded compaction view (ledger + horizon), or None."""
+        return compacted_view(self)
+
+    async def _delete_compacted_ledger(self) -> None:
+        view = self.compacted_view()
+        if view is not None:
+            try:
+                await self.ml.delete_side_ledger(view.ledger_id)
+            except Exception as e:   # noqa: BLE001 - left for the bookies' orphan collector
+                log.warning("topic %s: compacted ledger=%d not deleted: %r", self.key, view.ledger_id, e)
 
     @property
     def closing(self) -> bool:
@@ -621,9 +637,13 @@ class PersistentTopic:
     async def subscribe(self, consumer, subscription: str, sub_type: SubType, *, durable: bool,
                         initial_earliest: bool, start_message_id=None, priority: int = 0,
                         consumer_name: str = "", key_shared_mode: KeySharedMode = KeySharedMode.AUTO_SPLIT,
-                        hash_ranges=None, allow_out_of_order: bool = False) -> "Subscription":
+                        hash_ranges=None, allow_out_of_order: bool = False,
+                        read_compacted: bool = False) -> "Subscription":
         if self.write_state is WriteState.CLOSING:
             raise ServiceNotReadyError(f"topic {self.key} is closing")
+        if read_compacted and sub_type not in (SubType.EXCLUSIVE, SubType.FAILOVER):
+            # Pulsar: "Read compacted is only allowed on exclusive and failover subscriptions"
+            raise NotAllowedError("read compacted is only allowed on Exclusive and Failover subscriptions")
         sub = self.subscriptions.get(subscription)
         if sub is None:
             if durable:
@@ -635,8 +655,12 @@ class PersistentTopic:
             sub = self.subscriptions.get(subscription)   # someone else may have won meanwhile
             if sub is None:
                 sub = Subscription(self, subscription, sub_type, cursor, durable,
-                                   key_shared_mode=key_shared_mode, allow_out_of_order=allow_out_of_order)
+                                   key_shared_mode=key_shared_mode, allow_out_of_order=allow_out_of_order,
+                                   read_compacted=read_compacted)
                 self.subscriptions[subscription] = sub
+        if read_compacted != sub.read_compacted and not sub.consumers:
+            sub.read_compacted = read_compacted      # the new consumer's choice, as for its type
+            sub.read_position = sub.resume_position()
         other_mode = sub_type is SubType.KEY_SHARED and sub.core.key_shared_mode is not key_shared_mode
         if (sub.sub_type is not sub_type or other_mode) and not sub.consumers:
             # no consumer connected: the subscription takes the new consumer's type (Pulsar's
@@ -927,8 +951,12 @@ async def skip_messages(topic: "PersistentTopic", cursor, count: int) -> int:
 
 class Subscription:
     def __init__(self, topic: PersistentTopic, name: str, sub_type: SubType, cursor, durable: bool, *,
-                 key_shared_mode: KeySharedMode = KeySharedMode.AUTO_SPLIT, allow_out_of_order: bool = False) -> None:
+                 key_shared_mode: KeySharedMode = KeySharedMode.AUTO_SPLIT, allow_out_of_order: bool = False,
+                 read_compacted: bool = False) -> None:
         self.topic = topic
+        # deliver the compacted view up to its horizon, then the log after it (broker/compaction)
+        self.read_compacted = read_compacted
+        self._compacted_acks: dict[Position, tuple[int, ...]] = {}   # survivors of compacted batches
         self.name = name
         self.sub_type = sub_type
         self.cursor = cursor
@@ -939,7 +967,7 @@ class Subscription:
         self._delayed_timer: asyncio.TimerHandle | None = None   # wakes dispatch when a delayed entry is due
         self._delayed_timer_at = 0
         self.consumers: dict[int, Any] = {}       # id(handle) -> handle
-        self.read_position = topic.next_after(cursor.mark_delete_position)
+        self.read_position = self.resume_position()
         self._payloads: dict[Position, bytes] = {}
         self._wake = asyncio.Event()
         self._closed = False
@@ -974,9 +1002,24 @@ class Subscription:
         self.core = self._new_core(sub_type, key_shared_mode, allow_out_of_order)
         self._epoch += 1                      # reads begun for the old core are dropped
         self._payloads.clear()
-        self.read_position = self.topic.next_after(self.cursor.mark_delete_position)
+        self.read_position = self.resume_position()
 
     # -- events from consumers -------------------------------------------------------------------
+    def resume_position(self) -> Position:
+        """Where reading resumes after the mark-delete position. With read_compacted and the
+        mark-delete before the horizon, a position the compacted view is searched from: the
+        cursor's "earliest" (entry -1 of the first ledger of the list) reads the whole view,
+        whose messages may be in ledgers retention has trimmed since."""
+        md = self.cursor.mark_delete_position
+        if self.read_compacted:
+            view = self.topic.compacted_view()
+            if view is not None and md < view.horizon:
+                ledgers = self.topic.ml.ledgers()
+                if md.entry_id < 0 and (not ledgers or md.ledger_id <= ledgers[0].ledger_id):
+                    return Position(0, 0)
+                return Position(md.ledger_id, md.entry_id + 1)
+        return self.topic.next_after(md)
+
     def wake(self) -> None:
         self._wake.set()
 
@@ -1115,8 +1158,38 @@ class Subscription:
                 self._schedule_delayed_wake()
                 return
 
+    async def _read_compacted(self, view, want: int) -> bool:
+        """Read from the compacted ledger (read_position <= horizon): its entries at or after
+        read_position, offered under their original positions; once none is left, reading
+        continues after the horizon."""
+        topic, epoch = self.topic, self._epoch
+        got = await topic.compacted_reader.read_from(view, self.read_position, want)
+        if self._closed or epoch != self._epoch:
+            return False
+        got = [e for e in got if e.position <= view.horizon]
+        if not got:
+            self.read_position = max(self.read_position, topic.next_after(view.horizon))
+            return True
+        last = got[-1].position
+        self.read_position = Position(last.ledger_id, last.entry_id + 1)
+        offered = []
+        for entry in got:
+            p = entry.position
+            if self.cursor.is_acked(p):
+                continue
+            self._payloads[p] = entry.data
+            if entry.ack_set is not None:
+                self._compacted_acks[p] = entry.ack_set
+            offered.append((p, peek_metadata(entry.data).message_count))
+        self.core.offer(offered)
+        return True
+
     async def _read(self, want: int) -> bool:
         topic = self.topic
+        if self.read_compacted:
+            view = topic.compacted_view()
+            if view is not None and self.read_position <= view.horizon:
+                return await self._read_compacted(view, want)
         cache = topic.service.entry_cache
         entries: list[tuple[Position, bytes, int]] = []
         position = self.read_position
@@ -1161,6 +1234,16 @@ class Subscription:
         resolved = []
         for d in deliveries:
             data = self._payloads.pop(d.position, None)
+            if data is None and self.read_compacted:
+                view = self.topic.compacted_view()
+                if view is not None and d.position <= view.horizon:
+                    entry = await self.topic.compacted_reader.read_at(view, d.position)
+                    if entry is None:      # not in the view (compacted away): nothing to deliver
+                        self.core.ack([d.position])
+                        continue
+                    data = entry.data
+                    if entry.ack_set is not None:
+                        self._compacted_acks[d.position] = entry.ack_set
             if data is None:
                 got = await self.topic.read_entry(d.position)
                 if got is None:     # gone from the log (trimmed): nothing to deliver
@@ -1175,6 +1258,12 @@ class Subscription:
             if consumer is not None:
                 # a partly acked batch goes with the indexes still to deliver (set bits)
                 ack_set = remaining(d.position, d.message_count) if d.message_count > 1 else None
+                survivors = self._compacted_acks.pop(d.position, None) if self._compacted_acks else None
+                if survivors is not None:
+                    ack_set = list(survivors) if ack_set is None else \
+                        [a & b for a, b in zip(ack_set, survivors)]
+                    while ack_set and not ack_set[-1]:
+                        ack_set.pop()
                 if ack_set is not None and not ack_set:
                     self.core.ack([d.position])     # acked meanwhile: nothing to deliver
                     continue
@@ -1254,7 +1343,7 @@ class Subscription:
         try:
             yield
         finally:
-            self.read_position = self.topic.next_after(self.cursor.mark_delete_position)
+            self.read_position = self.resume_position()
             await _maybe_await(self.cursor.flush())
             self.wake()
 
@@ -1294,7 +1383,7 @@ class Subscription:
         disconnected first (they reconnect and receive from there), as Pulsar does."""
         self._disconnect_for_reset()
         self.cursor.reset(position)
-        self.read_position = position
+        self.read_position = self.resume_position() if self.read_compacted else position
         await _maybe_await(self.cursor.flush())
         self.wake()
 

@@ -240,6 +240,14 @@ class AdminBackend(Protocol):
         null before the first commit), ``snapshotId``, ``dataFiles``; 404 for an unknown topic,
         412 if the broker has no lake (``lake_enabled``)."""
 
+    async def compact(self, topic: str) -> None:
+        """Start a compaction of the topic (every partition of a partitioned one); 409 if one is
+        running, 404 if the topic does not exist."""
+
+    async def compaction_status(self, topic: str) -> dict:
+        """Pulsar's LongRunningProcessStatus of the last compaction: ``{"status":
+        "NOT_RUN|RUNNING|SUCCESS|ERROR", "lastError": str}`` (a partitioned topic: combined)."""
+
     async def unload_topic(self, topic: str) -> None:
         """Close the topic here (clients reconnect and look it up again); 404 if not served."""
 
@@ -613,6 +621,9 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
     policy_routes("offloadThreshold", get=lambda p: p.offload_threshold_bytes,
                   parse=lambda v: _int_value("offload threshold", v, minimum=-1),
                   apply=lambda p, v: replace(p, offload_threshold_bytes=v), clear=-1)
+    policy_routes("compactionThreshold", get=lambda p: p.compaction_threshold_bytes,
+                  parse=lambda v: _int_value("compaction threshold", v, minimum=0),
+                  apply=lambda p, v: replace(p, compaction_threshold_bytes=v), clear=None)
     policy_routes("offloadThresholdInSeconds", get=lambda p: p.offload_threshold_s,
                   parse=lambda v: _int_value("offload threshold in seconds", v, minimum=-1),
                   apply=lambda p, v: replace(p, offload_threshold_s=v), clear=-1)
@@ -886,6 +897,15 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
     async def offload_status(request: web.Request) -> web.Response:
         return _json(await backend.offload_status(_topic(request)))
 
+    async def compact(request: web.Request) -> web.Response:
+        await backend.compact(_topic(request))
+        return _no_content()
+
+    async def compaction_status(request: web.Request) -> web.Response:
+        return _json(await backend.compaction_status(_topic(request)))
+
+    r.add_put(topic_base + "/compaction", at_owner(compact))
+    r.add_get(topic_base + "/compaction", at_owner(compaction_status))
     r.add_put(topic_base + "/offload", at_owner(offload))
     r.add_get(topic_base + "/offload", at_owner(offload_status))
 

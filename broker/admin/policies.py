@@ -368,6 +368,7 @@ class NamespacePolicies:
     offload_threshold_bytes: int = -1        # -1: offload by size disabled
     offload_threshold_s: int = -1            # -1: offload by age disabled
     offload_deletion_lag_ms: int | None = None
+    compaction_threshold_bytes: int | None = None   # Pulsar's compactionThreshold; None/0: off
     rollover: RolloverPolicy | None = None
     auto_topic_creation: AutoTopicCreation | None = None
     schema_compatibility_strategy: str = "UNDEFINED"   # broker/schema_compat.py CompatibilityStrategy
@@ -404,6 +405,8 @@ class NamespacePolicies:
                                      _default(raw, "offload_threshold_in_seconds", -1), minimum=-1),
             offload_deletion_lag_ms=_int("offload_deletion_lag_ms", raw.get("offload_deletion_lag_ms"),
                                          minimum=0, allow_none=True),
+            compaction_threshold_bytes=_int("compaction_threshold", raw.get("compaction_threshold"),
+                                            minimum=0, allow_none=True),
             rollover=optional("rollover_policies", RolloverPolicy.from_json),
             auto_topic_creation=optional("autoTopicCreationOverride", AutoTopicCreation.from_json),
             schema_compatibility_strategy=_strategy(_default(raw, "schema_compatibility_strategy", "UNDEFINED")),
@@ -426,6 +429,7 @@ class NamespacePolicies:
             "offload_threshold": self.offload_threshold_bytes,
             "offload_threshold_in_seconds": self.offload_threshold_s,
             "offload_deletion_lag_ms": self.offload_deletion_lag_ms,
+            "compaction_threshold": self.compaction_threshold_bytes,
             "rollover_policies": opt(self.rollover),
             "autoTopicCreationOverride": opt(self.auto_topic_creation),
             "schema_compatibility_strategy": self.schema_compatibility_strategy,

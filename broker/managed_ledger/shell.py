@@ -470,6 +470,51 @@ class ManagedLedger:
                      offload.state.value, offload.uri)
             return offload
 
+    # -- list properties (compaction) ----------------------------------------------------------
+    async def update_properties(self, transform: Callable[[dict[str, str]], dict[str, str]], *,
+                                delete_ledger_ids: Sequence[int] = ()) -> None:
+        """One CAS of the list with ``transform(properties)``; ``delete_ledger_ids`` (ledgers NOT
+        in the list, e.g. a compacted ledger replaced) are recorded in the same write as ledgers
+        to delete, so the next :meth:`trim_ledgers` deletes them even after a crash. Only the
+        owner writes (ManagedLedgerFencedError otherwise; ManagedLedgerClosedError if closed)."""
+        async with self._metadata_lock:
+            if not self._accepting():
+                raise ManagedLedgerClosedError(f"{self.name}: properties update while {self._core.state.value}")
+            properties = dict(transform(dict(self._core.metadata.properties)))
+            in_list = set(self._core.metadata.ledger_ids)
+            ids = [int(i) for i in delete_ledger_ids]
+            check(not in_list.intersection(ids), f"{self.name}: ledgers {ids} to delete are in the list")
+            if ids:
+                pending = _decode_trimmed(properties.get(TRIMMED_PROPERTY))
+                pending.update({lid: None for lid in ids})
+                properties[TRIMMED_PROPERTY] = _encode_trimmed(pending)
+            md = self._core.trim_metadata([], properties)
+            await self._write_list(md)
+            self._core.on_trim_written(md)
+
+    async def create_side_ledger(self, purpose: str) -> LedgerWriter:
+        """A new ledger with this managed ledger's replication settings that is NOT in its list
+        (the compactor's compacted ledger); the caller records or deletes it."""
+        cfg = self._config
+        return await self._client.create_ledger(cfg.ensemble_size, cfg.write_quorum, cfg.ack_quorum,
+                                                custom={"managed-ledger": self.name, "purpose": purpose})
+
+    async def delete_side_ledger(self, ledger_id: int) -> None:
+        """Delete a ledger outside the list that was never recorded (a failed compaction's)."""
+        check(ledger_id not in self._core.metadata.ledger_ids, f"{self.name}: ledger {ledger_id} is in the list")
+        self._readers.pop(ledger_id, None)
+        await self._client.delete_ledger(ledger_id)
+
+    async def open_side_ledger(self, ledger_id: int) -> LedgerReader:
+        """A reader of a closed ledger outside the list (cached like the list's)."""
+        reader = self._readers.get(ledger_id)
+        if reader is None:
+            reader = await self._client.open_ledger(ledger_id, recovery=False)
+            self._readers[ledger_id] = reader
+            while len(self._readers) > self._config.readers_cached_max:
+                self._readers.popitem(last=False)
+        return reader
+
     # -- trim (retention) ------------------------------------------------------------------------
     def trimmed_pending(self) -> dict[int, str | None]:
         """Ledgers already out of the list whose deletion has not been confirmed yet (a crash or
