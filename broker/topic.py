@@ -244,14 +244,13 @@ class PersistentTopic:
         self._dedup_snapshots_stopped: str | None = None
         # the compacted view for read_compacted subscriptions (broker/compaction)
         self.compacted_reader = CompactedReader(self)
-        ml.before_delete.append(self._delete_compacted_ledger)
 
     def compacted_view(self):
         """The recorded compaction view (ledger + horizon), or None."""
         return compacted_view(self)
 
-    async def _delete_compacted_ledger(self) -> None:
-        view = self.compacted_view()
+    async def _delete_compacted_ledger(self, view) -> None:
+        """After the managed ledger is deleted: its compacted ledger (outside the list)."""
         if view is not None:
             try:
                 await self.ml.delete_side_ledger(view.ledger_id)
@@ -876,7 +875,9 @@ class PersistentTopic:
                 await sub.close(delete_cursor=False)
             self.subscriptions.clear()
         self.service.entry_cache.drop_topic(self.key)
+        view = self.compacted_view()
         await self.ml.delete()
+        await self._delete_compacted_ledger(view)
         if self._dedup_store is not None:
             try:
                 await self._dedup_store.delete()
