@@ -533,6 +533,38 @@ def _run_offload_status(client: AdminClient, args: argparse.Namespace) -> Any:
     return None
 
 
+_COMPACTION_STATUS_TEXT = {"NOT_RUN": "Compaction has not been run for {topic} since broker startup",
+                           "RUNNING": "Compaction is currently running",
+                           "SUCCESS": "Compaction was a success",
+                           "ERROR": "Error in compaction"}
+
+
+def _run_compact(client: AdminClient, args: argparse.Namespace) -> Any:
+    client.request("PUT", TP.format(topic=_topic_path(args.topic)) + "/compaction")
+    print(f"Topic compaction requested for {args.topic}")
+    return None
+
+
+def _run_compaction_status(client: AdminClient, args: argparse.Namespace) -> Any:
+    """Pulsar's compaction-status: the LongRunningProcessStatus, -w waits while RUNNING."""
+    path = TP.format(topic=_topic_path(args.topic)) + "/compaction"
+    status = client.get(path) or {}
+    deadline = time.monotonic() + args.timeout
+    while args.wait and status.get("status") == "RUNNING":
+        if time.monotonic() >= deadline:
+            raise AdminCommandError(f"compaction of {args.topic} still running after {args.timeout:g}s")
+        time.sleep(OFFLOAD_POLL_INTERVAL_S)
+        status = client.get(path) or {}
+    if args.output:
+        emit(status, args.output)
+    else:
+        print(_COMPACTION_STATUS_TEXT.get(status.get("status"), "Compaction status: {status}").format(
+            topic=args.topic, status=json.dumps(status)))
+    if status.get("status") == "ERROR":
+        raise AdminCommandError(f"Error in compaction: {status.get('lastError') or 'unknown error'}")
+    return None
+
+
 def _run_reset_cursor(client: AdminClient, args: argparse.Namespace) -> Any:
     given = [v for v in (args.time, args.timestamp_ms, args.message_id) if v is not None]
     if len(given) != 1:
@@ -752,6 +784,15 @@ COMMANDS: tuple[Op, ...] = (
        path=NS + "/offloadDeletionLagMs", args=(NAMESPACE,)),
     Op("namespaces", "clear-offload-deletion-lag", "back to the broker's default lag", "DELETE",
        NS + "/offloadDeletionLagMs", args=(NAMESPACE,)),
+    Op("namespaces", "set-compaction-threshold",
+       "compact a topic automatically when its backlog after the compaction horizon exceeds SIZE", "PUT",
+       NS + "/compactionThreshold",
+       args=(NAMESPACE, A("-t", "--threshold", type=parse_size_bytes, required=True, help=SIZE_HELP + " (0 disables)")),
+       body=lambda a: _nonnegative("compaction threshold", a.threshold)),
+    Op("namespaces", "get-compaction-threshold", "the compaction threshold (bytes; null: not set)",
+       path=NS + "/compactionThreshold", args=(NAMESPACE,)),
+    Op("namespaces", "remove-compaction-threshold", "remove the compaction threshold (no automatic compaction)",
+       "DELETE", NS + "/compactionThreshold", args=(NAMESPACE,)),
     Op("namespaces", "set-deduplication", "enable or disable deduplication", "POST", NS + "/deduplication",
        args=(NAMESPACE, A("-e", "--enable", action="store_true"), A("-d", "--disable", action="store_true")),
        body=_dedup_body),
@@ -794,6 +835,11 @@ COMMANDS: tuple[Op, ...] = (
              A("--timeout", type=float, default=OFFLOAD_WAIT_S_DEFAULT, help="seconds to wait at most"))),
     Op("topics", "lake", "the topic's Iceberg table: catalog, table, metadata_location ([lakehouse])",
        path=TP + "/lake", args=(TOPIC,)),
+    Op("topics", "compact", "start a compaction of a topic (every partition of a partitioned one)",
+       run=_run_compact, args=(TOPIC,)),
+    Op("topics", "compaction-status", "the status of the last compaction", run=_run_compaction_status,
+       args=(TOPIC, A("-w", "--wait-complete", dest="wait", action="store_true", help="wait until not RUNNING"),
+             A("--timeout", type=float, default=OFFLOAD_WAIT_S_DEFAULT, help="seconds to wait at most"))),
     Op("topics", "reset-cursor", "move a subscription to a time or a message id", run=_run_reset_cursor,
        args=RESET_CURSOR_ARGS),
     Op("topics", "expire-messages", "acknowledge a subscription's messages older than a time", "POST",

@@ -231,3 +231,37 @@ def test_compaction_threshold_policy_triggers_compaction(cluster, client):
     assert sorted(keys) == ["k0", "k1", "k2", "k3"]
     assert requests.delete(ns_url + "/compactionThreshold", timeout=30).status_code == 204
     assert requests.get(ns_url + "/compactionThreshold", timeout=30).json() is None
+
+
+def run_admin(cluster, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PULSARLITE_")}
+    env["HOME"] = str(home)
+    argv = [sys.executable, "-m", "pulsarlite", "admin", "--admin-url", cluster.admin_url, *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_cli_compact_status_and_threshold(cluster, client, tmp_path):
+    topic = f"persistent://{NS}/compact-cli"
+    produce_keyed(client, "compact-cli")
+    got = run_admin(cluster, tmp_path, "topics", "compaction-status", topic)
+    assert got.returncode == 0, got.stderr
+    assert "has not been run" in got.stdout
+    got = run_admin(cluster, tmp_path, "topics", "compact", topic)
+    assert got.returncode == 0, got.stderr
+    assert "compaction requested" in got.stdout
+    got = run_admin(cluster, tmp_path, "topics", "compaction-status", "-w", topic)
+    assert got.returncode == 0, got.stderr
+    assert "Compaction was a success" in got.stdout
+    got = run_admin(cluster, tmp_path, "namespaces", "set-compaction-threshold", "-t", "10M", "public/cli-ns")
+    assert got.returncode != 0        # no such namespace: refused, nothing created
+    assert run_admin(cluster, tmp_path, "namespaces", "create", "public/cli-ns").returncode == 0
+    got = run_admin(cluster, tmp_path, "namespaces", "set-compaction-threshold", "-t", "10M", "public/cli-ns")
+    assert got.returncode == 0, got.stderr
+    got = run_admin(cluster, tmp_path, "namespaces", "get-compaction-threshold", "public/cli-ns")
+    assert got.returncode == 0 and got.stdout.strip() == str(10 * 1024 * 1024), (got.stdout, got.stderr)
+    got = run_admin(cluster, tmp_path, "namespaces", "remove-compaction-threshold", "public/cli-ns")
+    assert got.returncode == 0, got.stderr
+    got = run_admin(cluster, tmp_path, "namespaces", "get-compaction-threshold", "public/cli-ns")
+    assert got.returncode == 0 and got.stdout.strip() in ("null", ""), got.stdout
