@@ -1174,9 +1174,12 @@ class Subscription:
         last = got[-1].position
         self.read_position = Position(last.ledger_id, last.entry_id + 1)
         offered = []
+        mark_delete = self.cursor.mark_delete_position
         for entry in got:
             p = entry.position
-            if self.cursor.is_acked(p):
+            # below the mark-delete only when reading the whole view (see resume_position): the
+            # message is in a ledger trimmed since, and not consumed
+            if p > mark_delete and self.cursor.is_acked(p):
                 continue
             self._payloads[p] = entry.data
             if entry.ack_set is not None:
@@ -1254,11 +1257,15 @@ class Subscription:
             resolved.append((d, data))
         msgs = size = 0
         remaining = self.cursor.remaining_ack_set
+        # a read_compacted subscription reading the whole view gets messages below its
+        # mark-delete position (in ledgers trimmed since; see resume_position): not consumed
+        view_floor = self.cursor.mark_delete_position if self.read_compacted else None
         for d, data in resolved:
             consumer = self.consumers.get(d.consumer)
             if consumer is not None:
                 # a partly acked batch goes with the indexes still to deliver (set bits)
-                ack_set = remaining(d.position, d.message_count) if d.message_count > 1 else None
+                ack_set = remaining(d.position, d.message_count) \
+                    if d.message_count > 1 and (view_floor is None or d.position > view_floor) else None
                 survivors = self._compacted_acks.pop(d.position, None) if self._compacted_acks else None
                 if survivors is not None:
                     ack_set = list(survivors) if ack_set is None else \
