@@ -1071,7 +1071,7 @@ class ServerConnection(asyncio.Protocol):
             self.write(c.error(body.request_id, pb.ConsumerNotFound, f"no consumer {body.consumer_id}"))
             return
         try:
-            ledger, entry, batch_index = await ref.subscription.topic.last_message_id()
+            ledger, entry, batch_index = await ref.subscription.last_message_id()
         except Exception as e:
             self.write(c.error(body.request_id, server_error_of(e), str(e)))
             return

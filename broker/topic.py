@@ -1021,6 +1021,30 @@ class Subscription:
                 return Position(md.ledger_id, md.entry_id + 1)
         return self.topic.next_after(md)
 
+    async def last_message_id(self) -> tuple[int, int, int]:
+        """GET_LAST_MESSAGE_ID for this subscription's consumer. A read_compacted one, on a topic
+        whose last entry is within the compacted view, gets the view's last message (Pulsar's
+        ServerCnx does the same): what the topic has past it was compacted away, and a reader's
+        hasMessageAvailable would otherwise wait for it forever."""
+        topic = self.topic
+        if self.read_compacted:
+            view = topic.compacted_view()
+            last = topic.last_position()
+            if view is not None and last <= view.horizon:
+                if view.entries == 0:
+                    return last.ledger_id, -1, -1
+                entry = (await topic.compacted_reader.read_from_index(view, view.entries - 1))
+                if entry.ack_set is not None:
+                    bits = 0
+                    for i, word in enumerate(entry.ack_set):
+                        bits |= word << (64 * i)
+                    batch_index = bits.bit_length() - 1
+                else:
+                    meta = peek_metadata(entry.data)
+                    batch_index = meta.message_count - 1 if meta.batched else -1
+                return entry.position.ledger_id, entry.position.entry_id, batch_index
+        return await topic.last_message_id()
+
     def wake(self) -> None:
         self._wake.set()
 

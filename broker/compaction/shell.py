@@ -193,6 +193,9 @@ class CompactedReader:
             return []
         return await self._read(view, start, min(view.entries, start + count_max) - 1)
 
+    async def read_from_index(self, view: CompactedView, index: int) -> CompactedEntry:
+        return (await self._read(view, index, index))[0]
+
     async def read_at(self, view: CompactedView, position: Position) -> CompactedEntry | None:
         got = await self.read_from(view, position, 1)
         return got[0] if got and got[0].position == position else None

@@ -206,15 +206,17 @@ def test_compaction_threshold_policy_triggers_compaction(cluster, client):
     assert requests.get(ns_url + "/compactionThreshold", timeout=30).json() is None
     assert requests.post(ns_url + "/compactionThreshold", json="abc", timeout=30).status_code == 400
     assert requests.post(ns_url + "/compactionThreshold", json=-5, timeout=30).status_code == 412
-    assert requests.post(ns_url + "/compactionThreshold", json=1000, timeout=30).status_code == 204
-    assert requests.get(ns_url + "/compactionThreshold", timeout=30).json() == 1000
     topic_admin = f"{cluster.admin_url}/admin/v2/persistent/public/compact-auto"
+    # everything is produced before the threshold is set: one automatic run covers it all
     producer = client.create_producer("persistent://public/compact-auto/t", batching_enabled=False)
     try:
         for i in range(40):
             producer.send(b"x" * 100, partition_key=f"k{i % 4}")
     finally:
         producer.close()
+    assert status(topic_admin, "t")["status"] == "NOT_RUN"
+    assert requests.post(ns_url + "/compactionThreshold", json=1000, timeout=30).status_code == 204
+    assert requests.get(ns_url + "/compactionThreshold", timeout=30).json() == 1000
     wait_for(lambda: status(topic_admin, "t")["status"] == "SUCCESS", WAIT_S, "automatic compaction")
     reader = client.create_reader("persistent://public/compact-auto/t", pulsar.MessageId.earliest,
                                   is_read_compacted=True)
@@ -265,3 +267,24 @@ def test_cli_compact_status_and_threshold(cluster, client, tmp_path):
     assert got.returncode == 0, got.stderr
     got = run_admin(cluster, tmp_path, "namespaces", "get-compaction-threshold", "public/cli-ns")
     assert got.returncode == 0 and got.stdout.strip() in ("null", ""), got.stdout
+
+
+def test_table_view_of_the_official_client_over_the_compacted_view(client, admin):
+    """The official client's TableView (a read_compacted reader underneath): the latest value per
+    key; keys deleted by tombstones and keyless messages are absent; later messages update it."""
+    topic = "compact-table"
+    produce_keyed(client, topic)
+    compact(admin, topic)
+    table = client.create_table_view(f"persistent://{NS}/{topic}")
+    try:
+        seen = {}
+        table.for_each(lambda k, v: seen.__setitem__(k, v))
+        assert seen == {"k1": b"v2", "k2": b"v1", "k4": b"b", "k5": b"a"}
+        producer = client.create_producer(f"persistent://{NS}/{topic}", batching_enabled=False)
+        try:
+            producer.send(b"v3", partition_key="k1")
+        finally:
+            producer.close()
+        wait_for(lambda: table.get("k1") == b"v3", 30, "the table view's update")
+    finally:
+        table.close()
