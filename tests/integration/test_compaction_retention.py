@@ -19,7 +19,8 @@ NS = "public/default"
 WAIT_S = 120
 # no retention beyond the subscriptions' needs (Pulsar's defaults), small ledgers, fast passes
 FAST = {"rollover_entries_max": 5, "retention_check_interval_ms": 300,
-        "retention_time_default_minutes": 0, "retention_size_default_mb": 0}
+        "retention_time_default_minutes": 0, "retention_size_default_mb": 0,
+        "compaction_keys_max": 20}
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +38,16 @@ def ledger_ids(admin: str, topic: str) -> list[int]:
     return [entry["ledgerId"] for entry in r.json()["ledgers"]]
 
 
-def compact(admin: str, topic: str) -> None:
+def compact(admin: str, topic: str, *, want: str = "SUCCESS") -> dict:
     r = requests.put(f"{admin}/{topic}/compaction", timeout=30)
     assert r.status_code == 204, r.text
 
     def done():
         got = requests.get(f"{admin}/{topic}/compaction", timeout=30).json()
         return got if got["status"] in ("SUCCESS", "ERROR") else None
-    assert wait_for(done, WAIT_S, "compaction") == {"status": "SUCCESS", "lastError": ""}
+    got = wait_for(done, WAIT_S, "compaction")
+    assert got["status"] == want, got
+    return got
 
 
 def read_compacted(client, topic: str) -> list[tuple[str, bytes, tuple[int, int]]]:
@@ -140,3 +143,32 @@ def read_compacted_or_none(client, topic: str):
 def broker_serving(cluster, topic: str) -> str:
     got = requests.get(f"{cluster.admin_url}/lookup/v2/topic/persistent/{NS}/{topic}", timeout=30).json()
     return got["brokerUrl"]
+
+
+def test_a_failed_compaction_reports_error_and_keeps_the_previous_view(cluster, client):
+    """The broker here keeps at most 20 keys per run (compaction_keys_max): a run over more fails
+    in phase one; its status is ERROR with the reason, and readers still get the previous view
+    (then everything after its horizon). A new ledger of a failed run is deleted, never recorded."""
+    admin = admin_of(cluster)
+    topic = "compact-fails"
+    producer = client.create_producer(f"persistent://{NS}/{topic}", batching_enabled=False)
+    try:
+        subscriber = client.subscribe(f"persistent://{NS}/{topic}", "keep")     # holds the ledgers
+        for i in range(6):
+            producer.send(f"v{i}".encode(), partition_key=f"k{i % 3}")
+        compact(admin, topic)
+        view = read_compacted(client, topic)
+        assert [(k, v) for k, v, _ in view] == [("k0", b"v3"), ("k1", b"v4"), ("k2", b"v5")]
+        internal = requests.get(f"{admin}/{topic}/internalStats", timeout=30).json()
+        for i in range(25):
+            producer.send(b"n", partition_key=f"new{i}")
+    finally:
+        producer.close()
+    got = compact(admin, topic, want="ERROR")
+    assert "more than 20 keys" in got["lastError"]
+    after = read_compacted(client, topic)
+    assert after[:3] == view
+    assert [k for k, _, _ in after[3:]] == [f"new{i}" for i in range(25)]
+    assert requests.get(f"{admin}/{topic}/internalStats", timeout=30).json()["cursors"]["__compaction"] == \
+        internal["cursors"]["__compaction"]
+    subscriber.close()
