@@ -26,6 +26,7 @@ from collections import OrderedDict, deque
 from typing import Any, Protocol
 
 from broker.adapters import open_cursor
+from broker.compaction.core import COMPACTION_CURSOR
 from broker.compaction.shell import CompactedReader, compacted_view
 from broker.admin.policies import NotFoundError, PreconditionFailedError
 from broker.cursor import InvalidAckError, cursor_path
@@ -640,6 +641,8 @@ class PersistentTopic:
                         read_compacted: bool = False) -> "Subscription":
         if self.write_state is WriteState.CLOSING:
             raise ServiceNotReadyError(f"topic {self.key} is closing")
+        if subscription == COMPACTION_CURSOR:
+            raise NotAllowedError(f"subscription name {COMPACTION_CURSOR} is reserved for compaction")
         if read_compacted and sub_type not in (SubType.EXCLUSIVE, SubType.FAILOVER):
             # Pulsar: "Read compacted is only allowed on exclusive and failover subscriptions"
             raise NotAllowedError("read compacted is only allowed on Exclusive and Failover subscriptions")

@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("pulsarlite.broker.compaction")
 
 READ_BATCH_ENTRIES = 100
+WRITING_PROPERTY = "pulsarlite.compaction.writing"    # the compacted ledger a run is writing
+
+
+def _without_writing(properties: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in properties.items() if k != WRITING_PROPERTY}
 
 
 def compacted_view(topic: "PersistentTopic") -> CompactedView | None:
@@ -92,6 +97,13 @@ async def compact_topic(topic: "PersistentTopic", *, keys_max: int) -> Compacted
     writer = await ml.create_side_ledger("compacted")
     written = 0
     try:
+        # the ledger being written is recorded first: a broker killed before the view is
+        # recorded leaves it named, and the next run deletes it (no orphan ledger)
+        leftover = ml.metadata.properties.get(WRITING_PROPERTY)
+        stale = [int(leftover)] if leftover is not None and (previous is None or
+                                                             int(leftover) != previous.ledger_id) else []
+        await ml.update_properties(lambda p: {**p, WRITING_PROPERTY: str(writer.ledger_id)},
+                                   delete_ledger_ids=stale)
         if retained:                                                 # phase two
             async for position, data in _entries(topic, horizon):
                 if position not in retained:
@@ -105,7 +117,7 @@ async def compact_topic(topic: "PersistentTopic", *, keys_max: int) -> Compacted
         await writer.close()
         run.written()
         view = CompactedView(writer.ledger_id, horizon, written)
-        await ml.update_properties(lambda p: new_view_properties(p, view),
+        await ml.update_properties(lambda p: _without_writing(new_view_properties(p, view)),
                                    delete_ledger_ids=[previous.ledger_id] if previous else [])
     except BaseException as e:
         run.failed(repr(e))
@@ -117,7 +129,9 @@ async def compact_topic(topic: "PersistentTopic", *, keys_max: int) -> Compacted
             pass
         try:
             await ml.delete_side_ledger(writer.ledger_id)
-        except Exception as de:   # noqa: BLE001 - an orphan ledger (reported, not fatal)
+            if ml.metadata.properties.get(WRITING_PROPERTY) == str(writer.ledger_id):
+                await ml.update_properties(_without_writing)
+        except Exception as de:   # noqa: BLE001 - still named: the next run deletes it
             log.warning("compaction: could not delete unrecorded ledger=%d topic=%s: %s",
                         writer.ledger_id, topic.key, de)
         raise
@@ -126,7 +140,7 @@ async def compact_topic(topic: "PersistentTopic", *, keys_max: int) -> Compacted
     log.info("compaction: recorded topic=%s ledger=%d horizon=%s entries=%d keys=%d messages_read=%d",
              topic.key, view.ledger_id, horizon, written, len(run.keys_read()), run.messages_read)
     await _move_cursor(topic, horizon)
-    if previous is not None:
+    if ml.trimmed_pending():
         await ml.trim_ledgers([])          # deletes the previous compacted ledger (recorded above)
     return view
 

@@ -173,6 +173,8 @@ def test_read_compacted_only_on_exclusive_and_failover(client, admin):
     with pytest.raises(Exception):
         client.subscribe(f"persistent://{NS}/{topic}", "s", consumer_type=pulsar.ConsumerType.Shared,
                          is_read_compacted=True)
+    with pytest.raises(Exception):       # the compactor's reserved cursor
+        client.subscribe(f"persistent://{NS}/{topic}", "__compaction")
     consumer = client.subscribe(f"persistent://{NS}/{topic}", "f", consumer_type=pulsar.ConsumerType.Failover,
                                 is_read_compacted=True, initial_position=pulsar.InitialPosition.Earliest)
     consumer.close()
