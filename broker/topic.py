@@ -26,7 +26,7 @@ from collections import OrderedDict, deque
 from typing import Any, Protocol
 
 from broker.adapters import open_cursor
-from broker.compaction.core import COMPACTION_CURSOR
+from broker.compaction.core import COMPACTION_CURSOR, last_index_of
 from broker.compaction.shell import CompactedReader, compacted_view
 from broker.admin.policies import NotFoundError, PreconditionFailedError
 from broker.cursor import InvalidAckError, cursor_path
@@ -1038,10 +1038,7 @@ class Subscription:
                     return last.ledger_id, -1, -1
                 entry = (await topic.compacted_reader.read_from_index(view, view.entries - 1))
                 if entry.ack_set is not None:
-                    bits = 0
-                    for i, word in enumerate(entry.ack_set):
-                        bits |= word << (64 * i)
-                    batch_index = bits.bit_length() - 1
+                    batch_index = last_index_of(entry.ack_set)
                 else:
                     meta = peek_metadata(entry.data)
                     batch_index = meta.message_count - 1 if meta.batched else -1

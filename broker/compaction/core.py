@@ -33,6 +33,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
+from broker.cursor.core import bits_to_words, words_to_bits
 from broker.managed_ledger.core import LedgerInfo, Position
 from pulsarlite.errors import InvariantViolation, PulsarliteError, check
 
@@ -92,7 +93,7 @@ class CompactedView:
 # -- compacted entries --------------------------------------------------------------------------
 class CompactedEntry(NamedTuple):
     position: Position                 # the original entry's position
-    ack_set: tuple[int, ...] | None    # survivors of a batch (set bit = delivered); None: whole entry
+    ack_set: tuple[int, ...] | None    # survivors of a batch (signed words, set bit = delivered); None: all
     data: bytes                        # the original entry, verbatim
 
 
@@ -100,7 +101,7 @@ def encode_compacted_entry(position: Position, ack_set: Sequence[int] | None, da
     words = tuple(ack_set) if ack_set is not None else ()
     head = _HEADER.pack(_ENTRY_MAGIC, position.ledger_id, position.entry_id,
                         len(words) if ack_set is not None else 0xFFFFFFFF)
-    return head + b"".join(struct.pack(">q", w - (1 << 64) if w >= 1 << 63 else w) for w in words) + bytes(data)
+    return head + b"".join(struct.pack(">q", w) for w in words) + bytes(data)
 
 
 def decode_compacted_entry(raw: bytes) -> CompactedEntry:
@@ -115,21 +116,23 @@ def decode_compacted_entry(raw: bytes) -> CompactedEntry:
     if n != 0xFFFFFFFF:
         if len(raw) < pos + 8 * n:
             raise ValueError("compacted entry: ack set truncated")
-        words = tuple(w & ((1 << 64) - 1) for w in struct.unpack_from(f">{n}q", raw, pos))
+        words = tuple(struct.unpack_from(f">{n}q", raw, pos))
         pos += 8 * n
     return CompactedEntry(Position(ledger, entry), words, raw[pos:])
 
 
 def ack_set_of(indexes: Iterable[int]) -> list[int]:
-    """Java BitSet words with a bit set per retained batch index (the MESSAGE ack_set form)."""
+    """Java BitSet words (signed int64, as the wire's and the cursor's) with a bit set per
+    retained batch index (the MESSAGE ack_set form)."""
     bits = 0
     for i in indexes:
         bits |= 1 << i
-    words = []
-    while bits:
-        words.append(bits & ((1 << 64) - 1))
-        bits >>= 64
-    return words
+    return bits_to_words(bits)
+
+
+def last_index_of(words: Sequence[int]) -> int:
+    """The highest batch index set in ``words`` (-1: none)."""
+    return words_to_bits(words).bit_length() - 1
 
 
 # -- one run ----------------------------------------------------------------------------------

@@ -290,3 +290,24 @@ def test_table_view_of_the_official_client_over_the_compacted_view(client, admin
         wait_for(lambda: table.get("k1") == b"v3", 30, "the table view's update")
     finally:
         table.close()
+
+
+def test_large_batches_keep_survivors_across_ack_set_words(client, admin):
+    """A 130-message batch whose survivors are indexes 60..129: the ack set spans three 64-bit
+    words, one of them all ones and one with bit 63 set (signed int64 on the wire)."""
+    topic = "compact-big-batch"
+    producer = client.create_producer(f"persistent://{NS}/{topic}", batching_enabled=True,
+                                      batching_max_messages=130, batching_max_publish_delay_ms=60_000)
+    got = {}
+    try:
+        for i in range(130):
+            producer.send_async(f"v{i}".encode(), lambda res, mid, i=i: got.__setitem__(i, mid),
+                                partition_key=f"b{i % 70}")
+        producer.flush()
+        wait_for(lambda: len(got) == 130, 30, "batch receipts")
+    finally:
+        producer.close()
+    assert len({(m.ledger_id(), m.entry_id()) for m in got.values()}) == 1
+    compact(admin, topic)
+    view = read_all(client, topic, compacted=True)
+    assert [(k, v, mid[2]) for k, v, mid in view] == [(f"b{i % 70}", f"v{i}".encode(), i) for i in range(60, 130)]
