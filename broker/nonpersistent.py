@@ -80,6 +80,10 @@ class NonPersistentSubscription:
         self.created_s = time.monotonic()      # the counters' first sample (stats rates)
 
     # -- consumers -------------------------------------------------------------------------------
+    async def last_message_id(self) -> tuple[int, int, int]:
+        """GET_LAST_MESSAGE_ID for this subscription's consumer: the topic's."""
+        return await self.topic.last_message_id()
+
     def add_consumer(self, consumer, *, priority: int = 0, name: str = "", hash_ranges=None) -> None:
         before = self.core.active_consumer()
         self.core.add_consumer(id(consumer), priority=priority, name=name, hash_ranges=hash_ranges)
@@ -284,9 +288,10 @@ class NonPersistentTopic:
     async def subscribe(self, consumer, subscription: str, sub_type: SubType, *, durable: bool,
                         initial_earliest: bool = False, start_message_id=None, priority: int = 0,
                         consumer_name: str = "", key_shared_mode: KeySharedMode = KeySharedMode.AUTO_SPLIT,
-                        hash_ranges=None, allow_out_of_order: bool = False) -> NonPersistentSubscription:
-        """Join (or create) a subscription; ``durable``, the initial position and a start id
-        have no meaning here (nothing is kept to start from). SubscriptionBusy-like errors as a
+                        hash_ranges=None, allow_out_of_order: bool = False,
+                        read_compacted: bool = False) -> NonPersistentSubscription:
+        """Join (or create) a subscription; ``durable``, the initial position, a start id and
+        ``read_compacted`` have no meaning here (nothing is kept to start from or compact). SubscriptionBusy-like errors as a
         persistent topic's: ConsumerBusyError for a second Exclusive consumer or another type."""
         if self.closed:
             raise ServiceNotReadyError(f"topic {self.key} is closing")
