@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from broker.admin.http import AdminBackend, make_admin_app
 from broker.admin.metrics import BrokerMetrics, MetricsConfig
+from broker.compaction.core import CompactionRunningError, StatusBoard
 from broker.latency import LatencyBuckets
 from broker.admin.policies import (AutoTopicCreation, BadRequestError, ConflictError, NamespacePolicies,
                                    NotFoundError, PreconditionFailedError, RetentionPolicy, TenantInfo)
@@ -54,6 +55,19 @@ class DictBackend(BackendBase):
         self.topics: dict[str, dict] = {}
         self.partitioned: dict[str, int] = {}
         self.producers: dict[str, int] = {}
+        self.compaction = StatusBoard()
+
+    async def compact(self, topic: str) -> None:
+        """The real status board (broker/compaction/core.py); the run itself is the test's."""
+        self._get(topic)
+        try:
+            self.compaction.start(topic)
+        except CompactionRunningError as e:
+            raise ConflictError(str(e)) from None
+
+    async def compaction_status(self, topic: str) -> dict:
+        self._get(topic)
+        return self.compaction.report(topic).to_json()
 
     def _get(self, topic: str) -> dict:
         if topic not in self.topics:
@@ -542,3 +556,22 @@ def test_tenant_info_validation():
     assert TenantInfo.from_json({"adminRoles": ["a", "a"], "allowedClusters": ["c"]}).admin_roles == ("a",)
     with pytest.raises(BadRequestError):
         TenantInfo.from_json({"allowedClusters": "c"})
+
+
+async def test_compaction_trigger_and_status(client, backend):
+    """Pulsar's PUT/GET .../compaction: 204 and RUNNING, a second trigger while it runs is 409,
+    SUCCESS or ERROR with lastError once done; 404 for a missing topic."""
+    await expect_error(await client.put(f"{P}/t1/compaction"), 404)
+    await expect_error(await client.get(f"{P}/t1/compaction"), 404)
+    await client.put(f"{P}/t1")
+    resp = await client.get(f"{P}/t1/compaction")
+    assert resp.status == 200 and await resp.json() == {"status": "NOT_RUN", "lastError": ""}
+    assert (await client.put(f"{P}/t1/compaction")).status == 204
+    assert await (await client.get(f"{P}/t1/compaction")).json() == {"status": "RUNNING", "lastError": ""}
+    reason = await expect_error(await client.put(f"{P}/t1/compaction"), 409)
+    assert "already in progress" in reason
+    backend.compaction.finish(T, "bookies gone")
+    assert await (await client.get(f"{P}/t1/compaction")).json() == {"status": "ERROR", "lastError": "bookies gone"}
+    assert (await client.put(f"{P}/t1/compaction")).status == 204
+    backend.compaction.finish(T, None)
+    assert await (await client.get(f"{P}/t1/compaction")).json() == {"status": "SUCCESS", "lastError": ""}
