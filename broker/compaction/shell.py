@@ -278,14 +278,18 @@ class CompactionService:
             except Exception:   # noqa: BLE001 - namespace gone: the topic goes with it
                 continue
             threshold = policies.compaction_threshold_bytes
-            if not threshold:
+            if not threshold or topic.closing:
                 continue
             view = compacted_view(topic)
             backlog = backlog_after_horizon_bytes(topic.ml.ledgers(), view.horizon if view else None)
             if should_compact(threshold, backlog, self.board.running(topic.key)):
                 log.info("compaction: threshold exceeded topic=%s backlog_bytes=%d threshold_bytes=%d",
                          topic.key, backlog, threshold)
-                self.trigger(topic)
+                try:
+                    self.trigger(topic)
+                except CompactionError as e:      # started meanwhile by the admin API
+                    log.info("compaction: not triggered topic=%s: %s", topic.key, e)
+                    continue
                 triggered.append(topic.key)
         return triggered
 
