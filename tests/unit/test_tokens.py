@@ -54,10 +54,10 @@ def test_hs256_token_round_trip_and_the_broker_provider_takes_it():
     # the broker reads Pulsar's key forms: data: URL of the raw bytes
     raw = read_key_bytes("data:;base64," + base64.b64encode(key).decode(), setting="token_secret_key")
     provider = TokenAuthenticationProvider(key=raw, algorithms=("HS256",), clock_s=lambda: NOW_S)
-    assert provider.authenticate(AuthenticationData("token", token.encode(), None)) == "alice"
+    assert provider.identify(AuthenticationData("token", token.encode(), None)).role == "alice"
     late = TokenAuthenticationProvider(key=raw, algorithms=("HS256",), clock_s=lambda: NOW_S + 7200)
     with pytest.raises(AuthenticationError):
-        late.authenticate(AuthenticationData("token", token.encode(), None))
+        late.identify(AuthenticationData("token", token.encode(), None))
 
 
 @pytest.mark.parametrize("algorithm", ["RS256", "ES256"])
@@ -70,7 +70,7 @@ def test_key_pairs_are_der_and_sign_tokens_the_broker_verifies(algorithm):
     assert validate_token(token, public_key=public_der, now_s=NOW_S) == {"sub": "svc"}
     key, algorithms = load_public_key(public_der)
     provider = TokenAuthenticationProvider(key=key, algorithms=algorithms, clock_s=lambda: NOW_S)
-    assert provider.authenticate(AuthenticationData("token", token.encode(), None)) == "svc"
+    assert provider.identify(AuthenticationData("token", token.encode(), None)).role == "svc"
     other_private, _ = create_key_pair(algorithm)
     forged = create_token(subject="svc", private_key=other_private, now_s=NOW_S)
     with pytest.raises(TokenError, match="signature"):
