@@ -19,11 +19,13 @@ Errors name the method and what was wrong, never the credential (invariant 11).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import bcrypt
+from passlib.hash import apr_md5_crypt, des_crypt
 
 from broker.errors import BrokerError
 from broker.tls import common_name_of
@@ -39,7 +41,7 @@ class AuthenticationError(BrokerError):
     server_error = pb.AuthenticationError
 
 
-# methods whose check is slow (bcrypt): the shells (binary protocol, HTTP) run it off the event loop
+# methods whose check is slow (bcrypt; APR1-MD5 and DES crypt ~0.5 ms in pure Python): the shells (binary protocol, HTTP) run it off the event loop
 SLOW_AUTH_METHODS = frozenset({"basic"})
 
 
@@ -108,36 +110,104 @@ class TokenAuthenticationProvider:
 _BCRYPT_PREFIXES = (b"$2a$", b"$2b$", b"$2y$")
 
 
+def _check_bcrypt(password: bytes, hashed: bytes) -> bool:
+    try:
+        return bcrypt.checkpw(password, hashed)
+    except ValueError:                   # a password longer than 72 bytes (bcrypt >= 5), a NUL
+        return False
+
+
+def _check_passlib(handler) -> Callable[[bytes, bytes], bool]:
+    def check(password: bytes, hashed: bytes) -> bool:
+        try:
+            return bool(handler.verify(password, hashed))
+        except (ValueError, TypeError):  # passlib's PasswordValueError etc.: a NUL byte, too long
+            return False
+    return check
+
+
+# hash kind -> check(password, hash) (constant-time comparison inside the libraries)
+_CHECKS: dict[str, Callable[[bytes, bytes], bool]] = {
+    "apr1": _check_passlib(apr_md5_crypt),
+    "des": _check_passlib(des_crypt),
+    "bcrypt": _check_bcrypt,
+}
+
+
+def hash_kind(hashed: bytes) -> str | None:
+    """The kind of a ``basicAuthConf`` hash, as Pulsar's AuthenticationProviderBasic decides it, or
+    None when it is none we take: ``$apr1$salt$checksum`` is APR1-MD5 (``htpasswd -m``, htpasswd's
+    default); ``$2a$``/``$2b$``/``$2y$`` is bcrypt (``htpasswd -B``; ours only: Pulsar refuses it);
+    13 characters of ``[./0-9A-Za-z]`` is DES crypt (``htpasswd -d``; Pulsar's fallback for any
+    other hash). Anything else (``{SHA}``, ``$1$``, ``$5$``, ``$6$``, plain text) is refused."""
+    if hashed.startswith(b"$apr1$"):
+        return "apr1" if apr_md5_crypt.identify(hashed) and _parses(apr_md5_crypt, hashed) else None
+    if hashed.startswith(_BCRYPT_PREFIXES):
+        return "bcrypt" if len(hashed) == 60 else None
+    if des_crypt.identify(hashed) and len(hashed) == 13:
+        return "des"
+    return None
+
+
+def _parses(handler, hashed: bytes) -> bool:
+    """A whole hash (salt and checksum), not a bare setting string such as ``$apr1$salt``."""
+    try:
+        return handler.from_string(hashed).checksum is not None
+    except ValueError:
+        return False
+
+
 class BasicAuthenticationProvider:
-    """Method ``"basic"``: data ``user:password``, checked against ``users`` (user -> hash, the
-    lines ``user:hash`` of Pulsar's ``basicAuthConf`` file). Hashes: bcrypt (``htpasswd -B``;
-    ``$2a$``/``$2b$``/``$2y$``). The role is the user name. A user not in the file costs the same
-    bcrypt check as a wrong password (no user enumeration by timing)."""
+    """Method ``"basic"``: data ``user:password`` (the user name ends at the first ``:``), checked
+    against ``users`` (user -> hash, the lines ``user:hash`` of Pulsar's ``basicAuthConf`` file).
+
+    Hashes (see :func:`hash_kind`): APR1-MD5 and DES crypt, as Pulsar; bcrypt too. The role is the
+    user name. A user not in the file costs one check against the hash of a user of the file's most
+    common kind, its result ignored (no user enumeration by timing; a file that mixes kinds still
+    tells a user of a cheaper kind apart: keep to one)."""
 
     method = "basic"
-    _DUMMY_HASH = b"$2b$10$" + b"." * 53
+    _DUMMY_HASH = b"$2b$10$" + b"." * 53     # a file without users: any check, all refused anyway
 
     def __init__(self, users: Mapping[str, bytes]) -> None:
-        self._users = dict(users)
+        self._users: dict[str, tuple[str, bytes]] = {}
+        for user, hashed in users.items():
+            kind = hash_kind(hashed)
+            if kind is None:
+                raise ConfigError(f"basic_auth_conf: user {user!r}: unsupported hash")
+            self._users[user] = (kind, hashed)
+        kinds = Counter(kind for kind, _ in self._users.values())
+        if kinds:
+            common = kinds.most_common(1)[0][0]
+            self._dummy = next(entry for entry in self._users.values() if entry[0] == common)
+        else:
+            self._dummy = ("bcrypt", self._DUMMY_HASH)
 
     @classmethod
     def parse_conf(cls, text: bytes, *, setting: str = "basic_auth_conf") -> "BasicAuthenticationProvider":
         """Lines ``user:hash``; blank lines and ``#`` comments skipped. ConfigError names the line,
-        never its hash."""
+        never its hash: a line without ``user:hash``, a hash of a kind we do not take, a user
+        named twice (Pulsar keeps the last one; we refuse the ambiguity)."""
         users: dict[str, bytes] = {}
+        lines: dict[str, int] = {}
         for number, line in enumerate(text.splitlines(), 1):
             line = line.strip()
             if not line or line.startswith(b"#"):
                 continue
-            user, sep, hashed = line.partition(b":")
-            if not sep or not user or not hashed:
+            user_b, sep, hashed = line.partition(b":")
+            if not sep or not user_b or not hashed:
                 raise ConfigError(f"{setting}: line {number} is not user:hash")
-            if not hashed.startswith(_BCRYPT_PREFIXES):
-                raise ConfigError(f"{setting}: line {number}: only bcrypt hashes (htpasswd -B) are supported")
             try:
-                users[user.decode("utf-8")] = hashed
+                user = user_b.decode("utf-8")
             except UnicodeDecodeError:
                 raise ConfigError(f"{setting}: line {number}: the user name is not UTF-8") from None
+            if hash_kind(hashed) is None:
+                raise ConfigError(f"{setting}: line {number}: unsupported hash for user {user!r}: expected "
+                                  f"APR1-MD5 ($apr1$, htpasswd -m), DES crypt (htpasswd -d) or bcrypt "
+                                  f"($2y$, htpasswd -B)")
+            if user in lines:
+                raise ConfigError(f"{setting}: line {number}: user {user!r} already on line {lines[user]}")
+            users[user], lines[user] = hashed, number
         return cls(users)
 
     def identify(self, auth: AuthenticationData) -> Identity:
@@ -150,12 +220,10 @@ class BasicAuthenticationProvider:
             user = user_b.decode("utf-8")
         except UnicodeDecodeError:
             raise AuthenticationError("basic: the user name is not UTF-8") from None
-        hashed = self._users.get(user)
-        try:
-            ok = bcrypt.checkpw(password, hashed if hashed is not None else self._DUMMY_HASH)
-        except ValueError:
-            ok = False
-        if hashed is None or not ok:
+        entry = self._users.get(user)
+        kind, hashed = entry if entry is not None else self._dummy
+        ok = _CHECKS[kind](password, hashed)
+        if entry is None or not ok:
             raise AuthenticationError("basic: unknown user or wrong password")
         return Identity(user)
 
@@ -247,5 +315,5 @@ def _token_provider(config, clock_s) -> TokenAuthenticationProvider:
 
 
 __all__ = ["AuthenticationData", "AuthenticationError", "AuthenticationProvider", "AuthenticationService",
-           "BasicAuthenticationProvider", "Identity", "TlsAuthenticationProvider", "TokenAuthenticationProvider",
+           "BasicAuthenticationProvider", "Identity", "hash_kind", "TlsAuthenticationProvider", "TokenAuthenticationProvider",
            "load_public_key", "read_key_bytes"]

@@ -16,6 +16,7 @@ import urllib.request
 import bcrypt
 import jwt
 import pytest
+from passlib.hash import apr_md5_crypt, des_crypt
 
 from pulsarlite.wire import commands as c
 from pulsarlite.wire import pb
@@ -29,6 +30,10 @@ TIMEOUT_MS = 15_000
 T = pb.BaseCommand
 SECRET = os.urandom(32)
 ADMIN_PASSWORD = "pw-" + base64.urlsafe_b64encode(os.urandom(9)).decode()
+# Pulsar's basicAuthConf hash kinds, made here at test time (never checked in): APR1-MD5 as
+# `htpasswd -m` writes it, and DES crypt (8 significant bytes)
+APR1_PASSWORD = "apr-" + base64.urlsafe_b64encode(os.urandom(9)).decode()
+DES_PASSWORD = base64.urlsafe_b64encode(os.urandom(6)).decode()
 
 
 ISSUED: list[str] = []          # every token made here: none may show up anywhere (test_secrets_stay_secret)
@@ -48,10 +53,12 @@ def secured(module_cluster_factory, module_tmp_path):
     key_path = module_tmp_path / "secret.key"
     key_path.write_bytes(SECRET)
     users = module_tmp_path / "users.htpasswd"
-    users.write_bytes(b"admin:" + bcrypt.hashpw(ADMIN_PASSWORD.encode(), bcrypt.gensalt(rounds=4)) + b"\n")
+    users.write_bytes(b"admin:" + bcrypt.hashpw(ADMIN_PASSWORD.encode(), bcrypt.gensalt(rounds=4)) + b"\n"
+                      + f"apr-admin:{apr_md5_crypt.hash(APR1_PASSWORD)}\n".encode()
+                      + f"des-admin:{des_crypt.hash(DES_PASSWORD)}\n".encode())
     return module_cluster_factory(3, brokers=1, broker_overrides={
         "authentication_enabled": True, "authentication_providers": "token,basic",
-        "authorization_enabled": True, "superuser_roles": "admin",
+        "authorization_enabled": True, "superuser_roles": "admin,apr-admin,des-admin",
         "token_secret_key": f"file://{key_path}", "basic_auth_conf": str(users),
         "authentication_refresh_check_interval_ms": 1_000, "authenticate_metrics_endpoint": True})
 
@@ -112,6 +119,17 @@ def test_basic_authentication(secured):
     roundtrip(secured, pulsar.AuthenticationBasic("admin", ADMIN_PASSWORD), "persistent://public/default/basic-ok")
     refused(secured, pulsar.AuthenticationBasic("admin", "wrong"))
     assert "basic: unknown user or wrong password" in broker_log(secured)
+
+
+@pytest.mark.parametrize("user, password", [("apr-admin", APR1_PASSWORD), ("des-admin", DES_PASSWORD)])
+def test_basic_authentication_pulsar_hash_kinds(secured, user, password):
+    """A Pulsar operator's basicAuthConf lines (APR1-MD5 from htpasswd -m, DES crypt) work with the
+    official client's AuthenticationBasic; a wrong password and an unknown user are refused."""
+    roundtrip(secured, pulsar.AuthenticationBasic(user, password), f"persistent://public/default/basic-{user}")
+    before = broker_log(secured).count("basic: unknown user or wrong password")
+    refused(secured, pulsar.AuthenticationBasic(user, "X" + password))
+    refused(secured, pulsar.AuthenticationBasic(user + "-nobody", password))
+    assert broker_log(secured).count("basic: unknown user or wrong password") >= before + 2
 
 
 def _exchange(address, frame: bytes, *, wait_s: float = 10.0) -> tuple[list, bool]:
@@ -279,8 +297,9 @@ def test_secrets_stay_secret(secured, module_tmp_path):
         zk.stop()
         zk.close()
     places["znodes"] = "\n".join(znodes)
-    hashed = (module_tmp_path / "users.htpasswd").read_bytes().split(b":", 1)[1].strip().decode()
-    secrets = {"password": ADMIN_PASSWORD, "bcrypt hash": hashed, "key (base64)": base64.b64encode(SECRET).decode(),
+    hashes = [line.split(b":", 1)[1].decode() for line in (module_tmp_path / "users.htpasswd").read_bytes().split()]
+    secrets = {"password": ADMIN_PASSWORD, "apr1 password": APR1_PASSWORD, "des password": DES_PASSWORD,
+               **{f"hash {i}": hashed for i, hashed in enumerate(hashes)}, "key (base64)": base64.b64encode(SECRET).decode(),
                "key (hex)": SECRET.hex(), "key": SECRET.decode("latin-1")}
     secrets.update({f"token {i}": t for i, t in enumerate(ISSUED)})
     secrets.update({f"token signature {i}": t.rsplit(".", 1)[1] for i, t in enumerate(ISSUED)})

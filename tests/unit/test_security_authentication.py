@@ -6,17 +6,19 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 
 import bcrypt
 import jwt
 import pytest
+from passlib.hash import apr_md5_crypt, des_crypt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from broker.config import BrokerConfig
 from broker.security.authentication import (AuthenticationData, AuthenticationError, AuthenticationService,
                                             BasicAuthenticationProvider, Identity, TlsAuthenticationProvider,
-                                            read_key_bytes)
+                                            hash_kind, read_key_bytes)
 from pulsarlite.errors import ConfigError
 
 SECRET = b"k" * 32
@@ -134,8 +136,102 @@ def test_basic_bcrypt_file(tmp_path):
 
 def test_basic_conf_errors_name_the_line_not_the_hash():
     with pytest.raises(ConfigError, match="line 2") as info:
-        BasicAuthenticationProvider.parse_conf(b"a:$2y$04$abc\nb:$apr1$xyz\n")
+        BasicAuthenticationProvider.parse_conf(b"a:" + apr_md5_crypt.hash("pw").encode() + b"\nb:$apr1$xyz\n")
     assert "xyz" not in str(info.value)
+
+
+# -- Pulsar's basicAuthConf formats: APR1-MD5 (htpasswd -m) and DES crypt (htpasswd -d), bcrypt ours
+def _basic(lines: bytes) -> BasicAuthenticationProvider:
+    return BasicAuthenticationProvider.parse_conf(lines)
+
+
+def _identify(provider, data: bytes) -> str:
+    return provider.identify(AuthenticationData("basic", data)).role
+
+
+@pytest.mark.parametrize("kind", ["apr1", "des", "bcrypt"])
+def test_basic_each_hash_kind(kind):
+    hashed = {"apr1": lambda: apr_md5_crypt.hash("s3cret-pw"), "des": lambda: des_crypt.hash("s3cretpw"),
+              "bcrypt": lambda: bcrypt.hashpw(b"s3cret-pw", bcrypt.gensalt(rounds=4)).decode()}[kind]()
+    password = b"s3cretpw" if kind == "des" else b"s3cret-pw"
+    assert hash_kind(hashed.encode()) == kind
+    provider = _basic(b"# made at test time\nalice:" + hashed.encode() + b"\n")
+    assert _identify(provider, b"alice:" + password) == "alice"
+    for data in (b"alice:" + password[:-1] + b"X", b"alice:", b"bob:" + password, b"alice:" + password + b"\x00"):
+        with pytest.raises(AuthenticationError, match="basic: unknown user or wrong password") as info:
+            _identify(provider, data)
+        assert password.decode() not in str(info.value)
+
+
+def test_basic_des_crypt_takes_eight_bytes_as_pulsar():
+    """DES crypt (Pulsar's Crypt.crypt with the hash's 2-character salt) looks at 8 bytes only."""
+    provider = _basic(b"u:" + des_crypt.hash("abcdefgh").encode())
+    assert _identify(provider, b"u:abcdefgh-and-more") == "u"
+
+
+def test_basic_apr1_known_vector():
+    """A line as Apache's htpasswd -m writes it (the well-known APR1 vector for 'myPassword'),
+    checked without making the hash ourselves."""
+    provider = _basic(b"myName:$apr1$r31.....$HqJZimcKQFAMYayBlzkrA/\n")
+    assert _identify(provider, b"myName:myPassword") == "myName"
+    with pytest.raises(AuthenticationError):
+        _identify(provider, b"myName:mypassword")
+
+
+def test_basic_unknown_user_costs_a_check_of_the_common_kind(monkeypatch):
+    """No user enumeration by timing: an unknown user runs one check of the file's most common
+    kind, as a known user with a wrong password does."""
+    import broker.security.authentication as authentication
+    calls = []
+    for kind, check in list(authentication._CHECKS.items()):
+        monkeypatch.setitem(authentication._CHECKS, kind,
+                            lambda pw, h, kind=kind, check=check: calls.append(kind) or check(pw, h))
+    provider = _basic(b"a:" + apr_md5_crypt.hash("x").encode() + b"\nb:" + apr_md5_crypt.hash("y").encode()
+                      + b"\nc:" + des_crypt.hash("z").encode())
+    with pytest.raises(AuthenticationError, match="unknown user or wrong password"):
+        _identify(provider, b"nobody:x")
+    with pytest.raises(AuthenticationError, match="unknown user or wrong password"):
+        _identify(provider, b"a:wrong")
+    assert calls == ["apr1", "apr1"]
+
+
+@pytest.mark.parametrize("line, reason", [
+    (b"no-colon-here", "line 2 is not user:hash"),
+    (b":$apr1$abc$def", "line 2 is not user:hash"),
+    (b"eve:", "line 2 is not user:hash"),
+    (b"eve:{SHA}W6ph5Mm5Pz8GgiULbPgzG37mj9g=", "line 2: unsupported hash for user 'eve'"),   # htpasswd -s
+    (b"eve:$1$saltsalt$qjXMvbEw8oaL.CzflDugX/", "line 2: unsupported hash for user 'eve'"),   # md5_crypt
+    (b"eve:$6$rounds=5000$salt$hash", "line 2: unsupported hash for user 'eve'"),
+    (b"eve:plain-text-password", "line 2: unsupported hash for user 'eve'"),
+    (b"eve:$apr1$bad", "line 2: unsupported hash for user 'eve'"),
+    (b"eve:$2y$04$short", "line 2: unsupported hash for user 'eve'"),
+    (b"alice:" + b"ab" + b"c" * 11, "line 2: user 'alice' already on line 1"),
+    (b"\xff:" + b"ab" + b"c" * 11, "line 2: the user name is not UTF-8"),
+])
+def test_basic_malformed_line_names_the_line(line, reason):
+    first = b"alice:" + des_crypt.hash("pw").encode()
+    with pytest.raises(ConfigError, match=re.escape(reason)) as info:
+        _basic(first + b"\n" + line + b"\n")
+    assert first.split(b":")[1].decode() not in str(info.value)
+    if b"$" in line:
+        assert line.split(b":", 1)[1].decode() not in str(info.value)
+
+
+@pytest.mark.parametrize("form", ["path", "file-url", "data-base64", "bare-base64"])
+def test_basic_conf_forms_as_pulsar(tmp_path, form):
+    """basicAuthConf as Pulsar reads it: a data: or file: URL, the path of a file, or base64."""
+    text = b"alice:" + apr_md5_crypt.hash("pw-a").encode() + b"\n"
+    (tmp_path / "users").write_bytes(text)
+    value = {"path": str(tmp_path / "users"), "file-url": f"file://{tmp_path}/users",
+             "data-base64": "data:;base64," + base64.b64encode(text).decode(),
+             "bare-base64": base64.b64encode(text).decode()}[form]
+    svc = _service(authentication_providers="basic", basic_auth_conf=value)
+    assert svc.authenticate(AuthenticationData("basic", b"alice:pw-a")) == "alice"
+
+
+def test_basic_conf_missing_file_names_the_setting(tmp_path):
+    with pytest.raises(ConfigError, match="basic_auth_conf: cannot read"):
+        _service(authentication_providers="basic", basic_auth_conf=f"file://{tmp_path}/absent")
 
 
 def test_tls_provider_takes_the_common_name():
