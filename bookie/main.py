@@ -19,7 +19,7 @@ import sys
 
 from bookie.autorecovery.layout import DECOMMISSIONING_ROOT
 from bookie.cookie import COOKIES_PATH, CookieError, check_and_write_cookies
-from bookie.server import BookieServer, BookieService
+from bookie.server import BookieServer, BookieService, load_server_keys
 from bookie.storage import BookieStore
 from pulsarlite.config import BookieConfig, zookeeper_auth
 from pulsarlite.errors import ConfigError, PulsarliteError
@@ -88,6 +88,9 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
         except (NotImplementedError, RuntimeError):  # not the main thread (tests)
             pass
 
+    # key files first: a bad key setting refuses the start (ConfigError naming it) before the
+    # cookies, the journal or the registration change anything
+    keys = load_server_keys(config)
     zk = await MetadataStore.connect(config.zookeeper, session_timeout_ms=config.zk_session_timeout_ms,
                                      auth=zookeeper_auth(config))
     try:
@@ -95,7 +98,7 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
         store = BookieStore.open(config)
         await store.start()
         service = BookieService(store, config)
-        server = BookieServer(service, config)
+        server = BookieServer(service, config, keys=keys)
         await server.start()
         metrics = metrics_runner = None
         if config.metrics_port:

@@ -45,7 +45,9 @@ import functools
 import logging
 import operator
 import socket
+import ssl
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from bookie._proto import bookie_rpc_pb2 as pb
@@ -238,25 +240,44 @@ def add_response(request: pb.AddRequest, status: Status) -> pb.AddResponse:
                                    for e in request.entries])
 
 
+@dataclass(frozen=True)
+class BookieServerKeys:
+    """What a bookie's port needs from key files: the token verifier (None: authentication off)
+    and the TLS server context (None: TLS off)."""
+
+    verifier: TokenVerifier | None
+    ssl_context: ssl.SSLContext | None
+
+
+def load_server_keys(config: BookieConfig, *, clock_s: Callable[[], float] = time.time) -> BookieServerKeys:
+    """Reads and checks the bookie's token key and TLS files; ConfigError names the setting that is
+    wrong (never its value). Done first at start, so a bad setting changes nothing."""
+    verifier = None
+    if config.bookie_auth_enabled:
+        verifier = TokenVerifier.from_settings(
+            secret_key=config.bookie_auth_token_secret_key, public_key=config.bookie_auth_token_public_key,
+            public_alg=config.bookie_auth_token_public_alg, clock_s=clock_s, setting_prefix="bookie_auth_",
+            server="this bookie")
+    return BookieServerKeys(verifier, server_context(config.bookie_tls_certificate_file_path,
+                                                     config.bookie_tls_key_file_path))
+
+
 class BookieServer:
     """Listens on ``config.host:config.port`` and serves BookieService over framed TCP."""
 
     def __init__(self, service: BookieService, config: BookieConfig, *,
-                 clock_s: Callable[[], float] = time.time) -> None:
+                 clock_s: Callable[[], float] = time.time, keys: "BookieServerKeys | None" = None) -> None:
+        """``keys``: the key material read beforehand (:func:`load_server_keys`; the bookie's main
+        reads it before it touches ZooKeeper or its disks); None: read here."""
         self.service = service
         self._config = config
-        # the token verifier (keys read here, at start; ConfigError names the setting), or None:
-        # authentication off
-        self.verifier: TokenVerifier | None = None
+        keys = keys if keys is not None else load_server_keys(config, clock_s=clock_s)
+        # the token verifier, or None: authentication off
+        self.verifier: TokenVerifier | None = keys.verifier
         self.roles_allowed = config.bookie_auth_role_names
         self.roles_read_only = config.bookie_auth_read_only_role_names
-        if config.bookie_auth_enabled:
-            self.verifier = TokenVerifier.from_settings(
-                secret_key=config.bookie_auth_token_secret_key, public_key=config.bookie_auth_token_public_key,
-                public_alg=config.bookie_auth_token_public_alg, clock_s=clock_s, setting_prefix="bookie_auth_",
-                server="this bookie")
-        # TLS on the port (bookie/tls.py), or None; the files are read here, at start
-        self._ssl = server_context(config.bookie_tls_certificate_file_path, config.bookie_tls_key_file_path)
+        # TLS on the port (bookie/tls.py), or None
+        self._ssl = keys.ssl_context
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[_Connection] = set()
         # connections closed or refused, per cause: logged at a bounded rate (a client can

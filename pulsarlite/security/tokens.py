@@ -53,15 +53,20 @@ def read_key_bytes(value: str, *, setting: str) -> bytes:
         except OSError as e:
             raise ConfigError(f"{setting}: cannot read {path}: {e.strerror}") from None
     if value and os.path.isfile(value):
-        return pathlib.Path(value).read_bytes()
+        try:
+            return pathlib.Path(value).read_bytes()
+        except OSError as e:             # e.g. not readable by this process's user
+            raise ConfigError(f"{setting}: cannot read {value}: {e.strerror}") from None
     try:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise ConfigError(f"{setting}: neither a file:// or data: URL, an existing file, nor base64") from None
 
 
-def load_public_key(raw: bytes, *, alg: str = "", setting: str = "token_public_key"):
-    """(key, algorithms) from a DER (Pulsar's ``tokens create-key-pair``) or PEM public key."""
+def load_public_key(raw: bytes, *, alg: str = "", setting: str = "token_public_key", alg_setting: str = ""):
+    """(key, algorithms) from a DER (Pulsar's ``tokens create-key-pair``) or PEM public key;
+    ``alg`` (the setting ``alg_setting``, default ``setting``'s ``..._public_alg``) narrows them."""
+    alg_setting = alg_setting or setting.replace("public_key", "public_alg")
     try:
         if raw.lstrip().startswith(b"-----BEGIN"):
             key = serialization.load_pem_public_key(raw)
@@ -79,7 +84,7 @@ def load_public_key(raw: bytes, *, alg: str = "", setting: str = "token_public_k
         raise ConfigError(f"{setting}: unsupported key type {type(key).__name__}")
     if alg:
         if alg not in algorithms:
-            raise ConfigError(f"token_public_alg: {alg} does not fit a {type(key).__name__.lstrip('_')}")
+            raise ConfigError(f"{alg_setting}: {alg} does not fit a {type(key).__name__.lstrip('_')}")
         algorithms = (alg,)
     return key, algorithms
 

@@ -253,6 +253,19 @@ def test_key_forms(tmp_path):
         read_key_bytes("not base64 !", setting="token_secret_key")
 
 
+def test_unreadable_key_file_names_the_setting(tmp_path, monkeypatch):
+    """A key file this process may not read (PermissionError; tests run as root, so raised here)
+    is a ConfigError naming the setting, not a traceback."""
+    import pathlib
+    (tmp_path / "k").write_bytes(b"raw")
+
+    def refuse(self):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(pathlib.Path, "read_bytes", refuse)
+    with pytest.raises(ConfigError, match="bookie_auth_token_secret_key: cannot read .*Permission denied"):
+        read_key_bytes(str(tmp_path / "k"), setting="bookie_auth_token_secret_key")
+
+
 def test_config_errors():
     with pytest.raises(ConfigError, match="exactly one"):
         _service(authentication_providers="token")
