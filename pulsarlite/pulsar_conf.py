@@ -22,6 +22,8 @@ would be stored under) has no meaning here and is accepted and ignored.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -116,6 +118,8 @@ class PulsarConf:
             candidate = os.path.join(base_dir, value)
             if name in KEY_FIELDS and not os.path.exists(candidate):
                 continue            # a bare base64 key, not a path
+            if name == "basic_auth_conf" and not os.path.exists(candidate) and _is_base64(value):
+                continue            # Pulsar's basicAuthConf may be the file's content in base64
             resolved[name] = os.path.abspath(candidate)
         return PulsarConf(resolved, self.unknown)
 
@@ -132,6 +136,14 @@ class PulsarConf:
         except ConfigError as e:
             keys = [key for key, (name, _) in PULSAR_KEYS.items() if name in overrides and name in str(e)]
             raise ConfigError(f"{source}: {e}" + (f" (from {', '.join(keys)})" if keys else "")) from None
+
+
+def _is_base64(value: str) -> bool:
+    try:
+        base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return True
 
 
 def parse_properties(text: str, *, source: str = "pulsar conf") -> list[tuple[str, str]]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import logging
 
 import pytest
@@ -142,6 +143,9 @@ def test_relative_paths_resolved_for_the_standalone(tmp_path, monkeypatch):
     assert resolved["token_public_key"] == "data:;base64,AAAA" and resolved["basic_auth_conf"] == "file:///etc/users"
     bare = map_pulsar_conf(parse_properties("tokenSecretKey=c2VjcmV0\n")).with_paths_resolved(str(tmp_path))
     assert bare.overrides["token_secret_key"] == "c2VjcmV0"       # base64, not a file
+    users_b64 = base64.b64encode(b"alice:" + b"ab" + b"c" * 11 + b"\n").decode()
+    bare = map_pulsar_conf(parse_properties(f"basicAuthConf={users_b64}\n")).with_paths_resolved(str(tmp_path))
+    assert bare.overrides["basic_auth_conf"] == users_b64          # Pulsar's base64 form, not a file
     # the standalone resolves against its own working directory
     monkeypatch.chdir(tmp_path)
     (tmp_path / "standalone.conf").write_text("clusterName=c\nbasicAuthConf=users.htpasswd\n")
