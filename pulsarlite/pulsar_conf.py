@@ -36,6 +36,7 @@ STRING = "string"
 SECRET = "secret"          # a string never echoed in an error
 ZK_URL = "zk-url"
 MILLIS = "millis"          # a positive integer
+SECONDS = "seconds"        # a positive integer of seconds, to a field in milliseconds
 
 # Pulsar key -> (BrokerConfig field, kind)
 PULSAR_KEYS: dict[str, tuple[str, str]] = {
@@ -61,6 +62,7 @@ PULSAR_KEYS: dict[str, tuple[str, str]] = {
     "tokenAudience": ("token_audience", STRING),
     "basicAuthConf": ("basic_auth_conf", SECRET),
     "authenticateMetricsEndpoint": ("authenticate_metrics_endpoint", BOOL),
+    "authenticationRefreshCheckSeconds": ("authentication_refresh_check_interval_ms", SECONDS),
     "advertisedAddress": ("advertised_host", STRING),
     "advertisedListeners": ("advertised_listeners", STRING),
     "internalListenerName": ("internal_listener_name", STRING),
@@ -188,6 +190,10 @@ def _convert(key: str, kind: str, value: str):
         if not value.isdigit() or int(value) <= 0:
             raise ConfigError(f"{key}: {value!r} is not a positive number of milliseconds")
         return int(value)
+    if kind == SECONDS:
+        if not value.isdigit() or int(value) <= 0:
+            raise ConfigError(f"{key}: {value!r} is not a positive number of seconds")
+        return int(value) * 1000
     if kind == ZK_URL:
         hosts = value
         for prefix in ("metadata-store:", "zk:"):

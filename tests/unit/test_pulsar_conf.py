@@ -73,6 +73,8 @@ def test_mapping_of_the_issue_keys():
     ("webServicePortTls=70000", "webServicePortTls"),
     ("tlsRequireTrustedClientCertOnConnect=yes", "tlsRequireTrustedClientCertOnConnect"),
     ("authenticationEnabled=1", "authenticationEnabled"),
+    ("authenticationRefreshCheckSeconds=0", "authenticationRefreshCheckSeconds"),
+    ("authenticationRefreshCheckSeconds=1.5", "authenticationRefreshCheckSeconds"),
     ("metadataStoreUrl=not a url", "metadataStoreUrl"),
 ])
 def test_bad_values_name_the_key(tmp_path, line, key):
@@ -196,6 +198,11 @@ def test_bookkeeper_client_auth_refused_where_the_meaning_differs(tmp_path, text
     for word in words:
         assert word in str(info.value)
     assert "SECRET-JWT" not in str(info.value)
+
+
+def test_authentication_refresh_check_seconds_to_ms():
+    conf = map_pulsar_conf(parse_properties("authenticationRefreshCheckSeconds=30\n"))
+    assert conf.overrides == {"authentication_refresh_check_interval_ms": 30_000} and not conf.unknown
 
 
 def test_zookeeper_session_timeout_keys():
