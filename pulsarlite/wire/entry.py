@@ -299,7 +299,15 @@ def check_sendable(entry: bytes | memoryview, meta: EntryMetadata, *,
     compression = raw.compression
     chunks = raw.num_chunks_from_msg
     if chunks > 1:
+        # a fragment of a larger message: its fields are all there is to check here. Its
+        # uncompressed_size is the whole message's (beyond the entry's limit when that is why
+        # it was chunked): the consumer decompresses the joined chunks, bounded by its own
+        # limits (the official consumers and ours), as Pulsar's broker leaves it to them.
         _check_chunk(raw, len(entry) - meta.payload_offset, batched)
+        if compression and not raw.uncompressed_size < _INT32_LIMIT:
+            raise EntryFormatError(f"declared uncompressed size {raw.uncompressed_size} of a chunked "
+                                   f"message is beyond {_INT32_LIMIT - 1}")
+        return
     if not compression:
         if not batched:
             return                             # one plain message: nothing declared to check

@@ -258,3 +258,23 @@ def test_a_message_too_large_only_uncompressed_is_chunked_in_two_or_more():
                                   (1, n), 0, bytes(m.payload), meta), 0)
     [done] = out
     assert bytes(unpack_chunked(done.context.raw, done.payload)[1][0].payload) == b"\0" * 12_288
+
+
+def test_the_broker_check_takes_a_compressed_chunk_of_a_message_larger_than_its_limit():
+    """A compressed chunk declares the WHOLE message's uncompressed size, beyond the entry
+    limit when that is why it was chunked: the publish check must not refuse it (it did:
+    'declared uncompressed size 12582912 is outside [0, 5253120]', and the producer resent
+    for ever); an impossible size (>= 2^31) is still refused."""
+    rng = random.Random(1)
+    entries = build_chunk_entries(Message(rng.randbytes(20_000)), producer_name="p", sequence_id=0,
+                                  publish_time_ms=0, entry_bytes_max=8192, compression=Compression.LZ4)
+    assert len(entries) >= 3
+    for entry in entries:
+        meta, _ = unpack_entry(entry)
+        check_sendable(entry, meta, uncompressed_bytes_max=8192)
+    meta, payload = split_entry(entries[0])
+    meta.raw.uncompressed_size = 2**31
+    from pulsarlite.wire.entry import _frame_entry
+    bad = _frame_entry(meta.raw, bytes(payload))
+    with pytest.raises(EntryFormatError, match="uncompressed size"):
+        check_sendable(bad, unpack_entry(bad)[0])
