@@ -361,3 +361,21 @@ def test_chunked_messages_with_deduplication_on(cluster, client, producer_side):
         assert backlog(cluster, topic, "sub") == 7        # 2 x 3 chunk entries and one plain
     finally:
         mine.close()
+
+
+async def test_aio_client_chunks_and_joins(cluster):
+    """pulsarlite.aio: the same producer and consumer paths, as coroutines."""
+    import pulsarlite.aio as pla
+    from pulsarlite.client.types import ChunkMessageId, InitialPosition
+    topic = "persistent://public/default/chunk-aio"
+    async with pla.Client(cluster.service_url) as client:
+        consumer = await client.subscribe(topic, "sub", initial_position=InitialPosition.Earliest)
+        producer = await client.create_producer(topic, chunking_enabled=True)
+        big = payload(11 * MIB, 30)
+        sent = await producer.send(big)
+        assert type(sent) is ChunkMessageId
+        got = await consumer.receive(TIMEOUT_MS)
+        assert got.data() == big and got.message_id() == sent
+        assert got.message_id().first_chunk_message_id() == sent.first_chunk_message_id()
+        await consumer.acknowledge(got)
+    wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "every chunk entry acked")
