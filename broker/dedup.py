@@ -417,9 +417,11 @@ class DedupState:
 
 
 def entry_sequence(meta) -> tuple[str, int, int] | None:
-    """(producer name, first sequence id, highest sequence id) of a stored entry's metadata."""
+    """(producer name, first sequence id, highest sequence id) of a stored entry's metadata;
+    None for a chunk before the last of a chunked message (its chunks share one sequence id:
+    only the last one records it, as the publish path decides only the last one)."""
     raw = meta.raw
-    if not raw.producer_name:
+    if not raw.producer_name or 1 < raw.num_chunks_from_msg != raw.chunk_id + 1:
         return None
     first = raw.sequence_id
     highest = raw.highest_sequence_id if raw.HasField("highest_sequence_id") and raw.highest_sequence_id >= first \

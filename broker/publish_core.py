@@ -87,6 +87,7 @@ class Send:
     dedup_digest: int | None = None      # CRC32C of the entry (dedup: a resend has the same bytes)
     waiters: list | None = None          # producers whose held sends wait for this add (dedup)
     held: tuple | None = None            # (data, publish time) while held (dedup)
+    dedup_skip: bool = False             # a chunk before the last of a chunked message (dedup)
 
 
 @dataclass
@@ -214,8 +215,11 @@ class PublishCore:
              digests: list | None, *, owned: bool, ml_state: ManagedLedgerState) -> list:
         """SENDs of one producer, in order (their sizes in the publish buffer already): ``ops``
         with their entries and publish times. ``batched`` (whether each is a batch) and
-        ``digests`` (each entry's CRC32C): when deduplication is on (else None). The lists are
-        the core's from now on (a StoreEntries may take them)."""
+        ``digests`` (each entry's CRC32C): when deduplication is on (else None); ``batched`` is
+        None for a chunk before the last of a chunked message: its chunks share one sequence
+        id, only the last is decided and recorded by deduplication, the others are stored
+        (Pulsar's MessageDeduplication, apache/pulsar#20948). The lists are the core's from
+        now on (a StoreEntries may take them)."""
         self._event(owned, ml_state)
         producer.pending.extend(ops)
         dedup = self.dedup
@@ -223,6 +227,8 @@ class PublishCore:
             was_idle = not producer.held
             for op, data, publish_time_ms, is_batch, digest in zip(ops, datas, publish_times_ms, batched,
                                                                   digests or [None] * len(ops)):
+                if is_batch is None:
+                    op.dedup_skip = True
                 highest = op.highest_sequence_id
                 if is_batch:   # a batch covers sequence_id .. + count - 1 (highest_sequence_id may be unset)
                     highest = max(highest, op.sequence_id + op.message_count - 1)
@@ -332,7 +338,7 @@ class PublishCore:
         while producer.held:
             op = producer.held[0]
             data, publish_time = op.held
-            if dedup is None or self.write_state is WriteState.CLOSING or producer.closed:
+            if dedup is None or self.write_state is WriteState.CLOSING or producer.closed or op.dedup_skip:
                 producer.held.popleft()
                 op.held = None
                 if producer.closed and self.write_state is not WriteState.CLOSING:

@@ -499,7 +499,9 @@ class PersistentTopic:
                     if top > SEQUENCE_ID_MAX:
                         # the official clients count in int64; deduplication keeps ids as int64 too
                         raise NotAllowedError(f"sequence id {top} beyond {SEQUENCE_ID_MAX} with deduplication on")
-                    batched.append(is_batch)
+                    # a chunk before the last: None (deduplication decides the last chunk only)
+                    batched.append(None if 1 < meta.raw.num_chunks_from_msg != meta.raw.chunk_id + 1
+                                   else is_batch)
             except Exception as e:     # noqa: BLE001 - whatever the entry is, answer it, keep serving
                 refused.append((sequence_id, e))
                 continue

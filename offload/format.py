@@ -302,14 +302,19 @@ def _entries_table(ledger_id: int, entries: Iterable[tuple[int, bytes | memoryvi
                                   f"({last_entry_id} then {entry_id})")
         last_entry_id = entry_id
         failure = None
-        if entry_id not in text_opaque:
+        verbatim = entry_id in text_opaque
+        if not verbatim:
             try:
                 metadata, messages = unpack_entry(entry, uncompressed_bytes_max=uncompressed_bytes_max)
                 if not messages:
                     raise EntryFormatError("a batch of 0 messages")
+                raw = metadata.raw
+                # a compressed chunk of a chunked message is a fragment of the compressed whole:
+                # kept as it is stored (an opaque row), never with its compression cleared
+                verbatim = raw.num_chunks_from_msg > 1 and raw.compression != pb.NONE
             except EntryFormatError as exc:
                 failure = exc
-        if failure is not None or entry_id in text_opaque:
+        if failure is not None or verbatim:
             opaque = _opaque(entry)
             if opaque is None:
                 raise TierFormatError(f"ledger {ledger_id} entry {entry_id}: {failure}") from None

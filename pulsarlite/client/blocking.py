@@ -21,7 +21,7 @@ from pulsarlite.client.common import (result_of, check_client_kwargs, check_sche
 from pulsarlite.client.core import HashingScheme
 from pulsarlite.client.errors import (AlreadyClosed, MessageTooBig,
                                       ProducerQueueIsFull, Timeout)
-from pulsarlite.client.types import Message, MessageId, RegexSubscriptionMode, Result
+from pulsarlite.client.types import ChunkMessageId, Message, MessageId, RegexSubscriptionMode, Result
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -234,7 +234,7 @@ class Producer:
             self._space.wait(0.1)
 
     def _completer(self, callbacks, error, ledger_id, entry_id, batched, partition,
-                   topic) -> None:
+                   topic, chunk_positions=None) -> None:
         """On the loop, once per SEND (a batch, or one message): release the messages'
         pending slots, then call each message's callback with (Result, MessageId)."""
         if error is not None:
@@ -245,6 +245,12 @@ class Producer:
             self._space.set()
         if error is None:
             ok = Result.Ok
+            if chunk_positions is not None:   # one chunked message
+                try:
+                    callbacks[0](ok, ChunkMessageId(chunk_positions, partition, topic))
+                except Exception:
+                    impl.log.exception("event=callback_failed topic=%s", topic)
+                return
             # a batch's messages are its indexes 0..count-1; a lone message has index -1, count 0
             count = len(callbacks) if batched else 0
             index = 0 if batched else -1
@@ -306,7 +312,7 @@ class Producer:
                                    event_timestamp, sequence_id)
             size = len(message.payload)
         limit = self._first.max_message_size
-        if size > limit:
+        if size > limit and not self._impl.conf.chunking_enabled:
             raise MessageTooBig(f"message of {size} bytes exceeds the maximum message size of "
                                 f"{limit} bytes (topic {self._impl.topic})")
         return message

@@ -54,11 +54,16 @@ def make_message(content, properties=None, partition_key=None, ordering_key=None
 
 def producer_conf(*, producer_name=None, initial_sequence_id=None, send_timeout_millis=30000,
                   compression_type=0, max_pending_messages=1000, block_if_queue_full=False,
-                  batching_enabled=True, batching_max_messages=1000,
+                  batching_enabled=None, batching_max_messages=1000,
                   batching_max_allowed_size_in_bytes=128 * 1024,
                   batching_max_publish_delay_ms=10, properties=None, batching_type=0,
-                  schema=None, **ignored) -> tuple[ProducerConf, int, bool]:
+                  schema=None, chunking_enabled=False, **ignored) -> tuple[ProducerConf, int, bool]:
     _check_ignored("create_producer", ignored, _PRODUCER_IGNORED, _PRODUCER_UNSUPPORTED)
+    if chunking_enabled and batching_enabled:
+        # the official client's own words (a ValueError there)
+        raise InvalidConfiguration("Batching and chunking of messages can't be enabled together.")
+    if batching_enabled is None:
+        batching_enabled = not chunking_enabled   # pulsarlite batches by default
     if not isinstance(max_pending_messages, int) or max_pending_messages < 1:
         raise InvalidConfiguration("max_pending_messages must be an int >= 1")
     conf = ProducerConf(
@@ -68,7 +73,8 @@ def producer_conf(*, producer_name=None, initial_sequence_id=None, send_timeout_
         batching_max_publish_delay_ms=batching_max_publish_delay_ms,
         compression_type=compression_type, send_timeout_millis=send_timeout_millis,
         initial_sequence_id=initial_sequence_id, properties=properties,
-        batching_type=batching_type, schema=check_schema(schema))
+        batching_type=batching_type, schema=check_schema(schema),
+        chunking_enabled=chunking_enabled)
     return conf, max_pending_messages, bool(block_if_queue_full)
 
 
@@ -88,7 +94,7 @@ def check_schema(schema):
 # first set changes nothing here; the second is refused unless left at its "off" value
 _PRODUCER_IGNORED = frozenset({"max_pending_messages_across_partitions", "message_routing_mode",
                                "lazy_start_partitioned_producers"})
-_PRODUCER_UNSUPPORTED = frozenset({"chunking_enabled", "encryption_key",
+_PRODUCER_UNSUPPORTED = frozenset({"encryption_key",
                                    "crypto_key_reader", "message_router", "access_mode"})
 
 
@@ -107,22 +113,28 @@ def _check_ignored(what: str, given: dict, ignored: frozenset, unsupported: froz
 def consumer_conf(subscription_name, *, consumer_type=ConsumerType.Exclusive,
                   initial_position=InitialPosition.Latest, receiver_queue_size=1000,
                   negative_ack_redelivery_delay_ms=60000, consumer_name=None, properties=None,
-                  schema=None, **ignored) -> ConsumerConf:
+                  schema=None, max_pending_chunked_message=10,
+                  auto_ack_oldest_chunked_message_on_queue_full=False,
+                  expire_time_of_incomplete_chunked_message_ms=60000, **ignored) -> ConsumerConf:
     _check_ignored("subscribe", ignored, _CONSUMER_IGNORED, _CONSUMER_UNSUPPORTED)
     return ConsumerConf(subscription_name, consumer_type=consumer_type,
                         initial_position=initial_position,
                         receiver_queue_size=receiver_queue_size,
                         negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
                         consumer_name=consumer_name, properties=properties,
-                        schema=check_schema(schema))
+                        schema=check_schema(schema),
+                        max_pending_chunked_message=max_pending_chunked_message,
+                        auto_ack_oldest_chunked_message_on_queue_full=(
+                            auto_ack_oldest_chunked_message_on_queue_full),
+                        expire_time_of_incomplete_chunked_message_ms=(
+                            expire_time_of_incomplete_chunked_message_ms))
 
 
 _CONSUMER_IGNORED = frozenset({"broker_consumer_stats_cache_time_ms",
                                "max_total_receiver_queue_size_across_partitions",
                                "replicate_subscription_state_enabled", "batch_index_ack_enabled",
                                "start_message_id_inclusive",
-                               "auto_ack_oldest_chunked_message_on_queue_full",
-                               "max_pending_chunked_message", "crypto_failure_action"})
+                               "crypto_failure_action"})
 _CONSUMER_UNSUPPORTED = frozenset({"unacked_messages_timeout_ms", "is_read_compacted",
                                    "crypto_key_reader", "batch_receive_policy",
                                    "key_shared_policy", "dead_letter_policy",

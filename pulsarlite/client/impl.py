@@ -31,11 +31,13 @@ from pulsarlite.client.auth import ClientSecurity
 from pulsarlite.client.errors import (AlreadyClosed, AuthenticationError, BrokerError, ClientError, ConnectError,
                                       InvalidConfiguration, LookupError_, MessageTooBig,
                                       NotConnected, Timeout, broker_error)
-from pulsarlite.client.types import (INT64_MAX, ConsumerType, InitialPosition, Message, MessageId,
-                                     RegexSubscriptionMode, is_earliest, is_latest)
+from pulsarlite.client.chunking import Ack as ChunkAck, Chunk, ChunkAssembler, ChunkingConfig, Deliver
+from pulsarlite.client.types import (INT64_MAX, ChunkedMessage, ChunkMessageId, ConsumerType, InitialPosition,
+                                     Message, MessageId, RegexSubscriptionMode, is_earliest, is_latest)
 from pulsarlite.topic_name import TopicName
 from pulsarlite.wire import commands as c
-from pulsarlite.wire.entry import Compression, EntryFormatError, Message as WireMessage, unpack_entry
+from pulsarlite.wire.entry import (Compression, EntryFormatError, Message as WireMessage, build_chunk_entries,
+                                   unpack_chunked, unpack_entry)
 from pulsarlite.wire.frames import FrameError
 
 log = logging.getLogger("pulsarlite.client")
@@ -548,9 +550,10 @@ class _Op:
     messages."""
 
     __slots__ = ("first_seq", "last_seq", "parts", "callbacks", "count", "created_s", "waiters",
-                 "batched")
+                 "batched", "chunked")
 
-    def __init__(self, first_seq, last_seq, parts, callbacks, count, created_s, batched):
+    def __init__(self, first_seq, last_seq, parts, callbacks, count, created_s, batched,
+                 chunked=None):
         self.first_seq = first_seq
         self.last_seq = last_seq
         self.parts = parts
@@ -559,11 +562,29 @@ class _Op:
         self.created_s = created_s
         self.waiters: list[asyncio.Future] | None = None
         self.batched = batched
+        self.chunked: _ChunkedSend | None = chunked   # one chunk of a chunked message
+
+
+class _ChunkedSend:
+    """The chunks of one chunked message in flight (one _Op each, same sequence id, as
+    Pulsar's producers send them): their positions as receipts come, and the message's
+    callbacks, run once: with the first and last chunk when the last is stored, or with the
+    first error of any chunk."""
+
+    __slots__ = ("sequence_id", "chunks", "positions", "callbacks", "done")
+
+    def __init__(self, sequence_id: int, chunks: int, callbacks: list) -> None:
+        self.sequence_id = sequence_id
+        self.chunks = chunks
+        self.positions: list[tuple[int, int]] = []
+        self.callbacks = callbacks
+        self.done = False
 
 
 class ProducerConf:
     __slots__ = ("producer_name", "batching_enabled", "limits", "compression", "send_timeout_s",
-                 "initial_sequence_id", "properties", "key_based_batching", "schema")
+                 "initial_sequence_id", "properties", "key_based_batching", "schema",
+                 "chunking_enabled")
 
     def __init__(self, *, producer_name: str | None = None, batching_enabled: bool = True,
                  batching_max_messages: int = 1000,
@@ -572,8 +593,11 @@ class ProducerConf:
                  compression_type: int = 0, send_timeout_millis: int = 30_000,
                  initial_sequence_id: int | None = None,
                  properties: dict[str, str] | None = None, batching_type: int = 0,
-                 schema=None) -> None:
+                 schema=None, chunking_enabled: bool = False) -> None:
         self.schema = schema   # a pulsarlite.schema Schema, or None (bytes)
+        if chunking_enabled and batching_enabled:
+            raise InvalidConfiguration("Batching and chunking of messages can't be enabled together.")
+        self.chunking_enabled = bool(chunking_enabled)
         try:
             self.limits = k.BatchLimits(int(batching_max_messages),
                                         int(batching_max_allowed_size_in_bytes),
@@ -679,11 +703,15 @@ class ProducerImpl(_Handler):
             seq = message.sequence_id
             if seq is None:
                 seq = self._next_seq
-        if size > self.max_message_size:
+        conf = self.conf
+        if size > self.max_message_size and not conf.chunking_enabled:
             raise MessageTooBig(f"message of {size} bytes exceeds the maximum message size of "
                                 f"{self.max_message_size} bytes (topic {self.topic})")
         self._next_seq = seq + 1
-        conf = self.conf
+        if conf.chunking_enabled:
+            self._send_chunked(WireMessage(message) if type(message) is bytes else message, seq,
+                               callback)
+            return
         if not conf.batching_enabled:
             if type(message) is bytes:
                 message = WireMessage(message)
@@ -707,6 +735,26 @@ class ProducerImpl(_Handler):
             self._batch_timer = self.loop.call_later(conf.limits.delay_ms / 1000,
                                                      self._flush_batch)
 
+    def _send_chunked(self, message: WireMessage, seq: int, callback: Callback) -> None:
+        """One message as one entry, or, larger than the broker's maximum, as chunks: one SEND
+        each, all with sequence id ``seq``; ``callback`` runs once (see _ChunkedSend)."""
+        entries = build_chunk_entries(message, producer_name=self.producer_name, sequence_id=seq,
+                                      publish_time_ms=int(time.time() * 1000),
+                                      entry_bytes_max=self.max_message_size,
+                                      compression=self.conf.compression,
+                                      schema_version=self.schema_version)
+        now_s = self.loop.time()
+        if len(entries) == 1:
+            self._enqueue(_Op(seq, seq, c.send_parts(self.producer_id, seq, entries[0]),
+                              [callback], 1, now_s, False))
+            return
+        chunked = _ChunkedSend(seq, len(entries), [callback])
+        last = len(entries) - 1
+        for i, entry in enumerate(entries):
+            # the message counts once (pending_messages), on its last chunk
+            self._enqueue(_Op(seq, seq, c.send_parts(self.producer_id, seq, entry, is_chunk=True),
+                              [], int(i == last), now_s, False, chunked))
+
     def send_many(self, inbox: collections.deque, on_error) -> None:
         """``send(message, callback)`` for every pair in ``inbox`` (a deque, emptied, of
         message, callback, message, callback, ...: each pair put in by one ``extend``, atomic
@@ -716,7 +764,8 @@ class ProducerImpl(_Handler):
         messages of one drain."""
         popleft = inbox.popleft
         conf = self.conf
-        if self.closed or not conf.batching_enabled or conf.key_based_batching:
+        if self.closed or not conf.batching_enabled or conf.key_based_batching \
+                or conf.chunking_enabled:
             while inbox:
                 message = popleft()
                 callback = popleft()
@@ -839,16 +888,35 @@ class ProducerImpl(_Handler):
             self._deliver(callbacks, error)
 
     def _complete(self, op: _Op, error, ledger_id: int, entry_id: int) -> None:
-        if error is None:
-            self.last_sequence_id = op.last_seq
-        self._deliver(op.callbacks, error, ledger_id, entry_id, op.batched)
+        chunked = op.chunked
+        if chunked is not None:
+            self._complete_chunk(chunked, error, ledger_id, entry_id)
+        else:
+            if error is None:
+                self.last_sequence_id = op.last_seq
+            self._deliver(op.callbacks, error, ledger_id, entry_id, op.batched)
         if op.waiters:
             for waiter in op.waiters:
                 if not waiter.done():
                     waiter.set_result(None)
 
+    def _complete_chunk(self, chunked: _ChunkedSend, error, ledger_id: int, entry_id: int) -> None:
+        if chunked.done:
+            return
+        if error is not None:
+            chunked.done = True
+            self._deliver(chunked.callbacks, error)
+            return
+        chunked.positions.append((ledger_id, entry_id))
+        if len(chunked.positions) < chunked.chunks:
+            return
+        chunked.done = True
+        self.last_sequence_id = chunked.sequence_id
+        self._deliver(chunked.callbacks, None, ledger_id, entry_id, False,
+                      chunk_positions=tuple(chunked.positions))
+
     def _deliver(self, callbacks: list, error, ledger_id: int = -1, entry_id: int = -1,
-                 batched: bool = False) -> None:
+                 batched: bool = False, chunk_positions: tuple | None = None) -> None:
         """Run the callbacks of one SEND (or of the open batch, failing): each gets
         ``(error, message_id)``. A ``completer`` (the blocking API's) takes the whole list in
         one call instead: ``completer(callbacks, error, ledger_id, entry_id, batched,
@@ -856,15 +924,24 @@ class ProducerImpl(_Handler):
         completer = self.completer
         if completer is not None:
             try:
-                completer(callbacks, error, ledger_id, entry_id, batched, self.partition,
-                          self.topic)
+                if chunk_positions is None:
+                    completer(callbacks, error, ledger_id, entry_id, batched, self.partition,
+                              self.topic)
+                else:
+                    completer(callbacks, error, ledger_id, entry_id, batched, self.partition,
+                              self.topic, chunk_positions=chunk_positions)
             except Exception:
                 log.exception("event=callback_failed topic=%s", self.topic)
             return
         topic = self.topic
         if error is None:
             partition = self.partition
-            if batched:
+            if chunk_positions is not None:
+                try:
+                    callbacks[0](None, ChunkMessageId(chunk_positions, partition, topic))
+                except Exception:
+                    log.exception("event=callback_failed topic=%s", topic)
+            elif batched:
                 count = len(callbacks)
                 for i, callback in enumerate(callbacks):
                     try:
@@ -1195,15 +1272,25 @@ class ThreadSink(_SinkBase):
 class ConsumerConf:
     __slots__ = ("subscription", "consumer_type", "initial_position", "receiver_queue_size",
                  "nack_delay_s", "consumer_name", "durable", "start_message_id",
-                 "start_inclusive", "properties", "schema")
+                 "start_inclusive", "properties", "schema", "chunking")
 
     def __init__(self, subscription: str, *, consumer_type=ConsumerType.Exclusive,
                  initial_position=InitialPosition.Latest, receiver_queue_size: int = 1000,
                  negative_ack_redelivery_delay_ms: int = 60_000,
                  consumer_name: str | None = None, durable: bool = True,
                  start_message_id: MessageId | None = None, start_inclusive: bool = False,
-                 properties: dict[str, str] | None = None, schema=None) -> None:
+                 properties: dict[str, str] | None = None, schema=None,
+                 max_pending_chunked_message: int = 10,
+                 auto_ack_oldest_chunked_message_on_queue_full: bool = False,
+                 expire_time_of_incomplete_chunked_message_ms: int = 60_000) -> None:
         self.schema = schema   # a pulsarlite.schema Schema, or None (bytes)
+        try:
+            self.chunking = ChunkingConfig(
+                pending_messages_max=int(max_pending_chunked_message),
+                auto_ack_oldest_on_queue_full=bool(auto_ack_oldest_chunked_message_on_queue_full),
+                expire_incomplete_ms=int(expire_time_of_incomplete_chunked_message_ms))
+        except (TypeError, ValueError) as exc:
+            raise InvalidConfiguration(str(exc)) from None
         if not isinstance(subscription, str) or not subscription:
             raise InvalidConfiguration("subscription_name must be a non-empty string")
         try:
@@ -1263,6 +1350,8 @@ class ConsumerImpl(_Handler):
         if start is not None and not is_earliest(start) and not is_latest(start):
             self._start_filter = (start, conf.start_inclusive)
         self._baseline: MessageId | None = None   # reader started at latest: the last id then
+        self._chunks = ChunkAssembler(conf.chunking)   # chunked messages being joined
+        self._chunk_timer: asyncio.TimerHandle | None = None
 
     @property
     def _last_dequeued(self) -> MessageId | None:
@@ -1311,6 +1400,7 @@ class ConsumerImpl(_Handler):
             raise ConnectError(f"consumer on {self.topic} was closed by the broker while it "
                                "subscribed; subscribing again")
         self.sink.clear_for(self)
+        self._drop_partial_chunks()
         self.epoch += 1
         self._permits_owed = 0
         self.conn = conn
@@ -1319,6 +1409,7 @@ class ConsumerImpl(_Handler):
 
     def _disconnected(self) -> None:
         self.sink.clear_for(self)
+        self._drop_partial_chunks()
 
     # receiving
     def _on_message(self, conn: Connection, event: k.MessageReceived) -> None:
@@ -1341,6 +1432,9 @@ class ConsumerImpl(_Handler):
             self.return_permits(1, self.epoch)
             return
         batched = metadata.batched
+        if not batched and metadata.raw.num_chunks_from_msg > 1:
+            self._on_chunk(event, metadata, messages[0])
+            return
         count = len(messages)
         keep = None
         if batched:
@@ -1378,6 +1472,78 @@ class ConsumerImpl(_Handler):
             self.sink.put_many(out)
         if skipped:
             self.return_permits(skipped, epoch)
+
+    # chunked messages: the pure ChunkAssembler decides, these execute
+    def _on_chunk(self, event: k.MessageReceived, metadata, message: WireMessage) -> None:
+        raw = metadata.raw
+        chunk = Chunk(raw.uuid, raw.chunk_id, raw.num_chunks_from_msg, raw.total_chunk_msg_size,
+                      (event.ledger_id, event.entry_id), raw.publish_time,
+                      bytes(message.payload), (metadata, event.redelivery_count))
+        epoch = self.epoch
+        if not self._run_chunk_actions(self._chunks.on_chunk(chunk, int(time.time() * 1000))):
+            self.return_permits(1, epoch)   # a chunk that completes nothing frees its permit
+        self._schedule_chunk_expiry()
+
+    def _run_chunk_actions(self, actions) -> bool:
+        """Execute the assembler's actions; True if one delivered a message."""
+        delivered = False
+        for action in actions:
+            if type(action) is Deliver:
+                delivered = self._deliver_chunked(action) or delivered
+            elif type(action) is ChunkAck:
+                log.warning("chunks dropped and acknowledged topic=%s uuid=%s why=%s entries=%s",
+                            self.topic, action.uuid, action.why.value, list(action.positions))
+                for ledger_id, entry_id in action.positions:
+                    self._acks.append(c.message_id(ledger_id, entry_id))
+                self._schedule_ack_flush()
+            else:   # Release: left unacked, the broker sends them again after a redelivery
+                log.info("chunks dropped unacknowledged topic=%s uuid=%s why=%s entries=%s",
+                         self.topic, action.uuid, action.why.value, list(action.positions))
+        return delivered
+
+    def _deliver_chunked(self, action: Deliver) -> bool:
+        metadata, redelivery_count = action.context
+        try:
+            whole, messages = unpack_chunked(metadata.raw, action.payload,
+                                             uncompressed_bytes_max=self.conf.chunking.message_bytes_max)
+        except EntryFormatError as exc:
+            log.error("bad chunked message topic=%s uuid=%s entries=%s error=%r -- acknowledged "
+                      "and skipped", self.topic, action.uuid, list(action.positions), exc)
+            for ledger_id, entry_id in action.positions:
+                self._acks.append(c.message_id(ledger_id, entry_id))
+            self._schedule_ack_flush()
+            return False
+        last = action.positions[-1]
+        info = (whole.publish_time_ms, whole.producer_name, whole.schema_version,
+                redelivery_count, self.topic, self.partition, last[0], last[1], 0)
+        msg = ChunkedMessage(messages[0], info, self, self.epoch)
+        msg._mid = ChunkMessageId(action.positions, self.partition, self.topic)
+        self.sink.put_many([msg])
+        return True
+
+    def _schedule_chunk_expiry(self) -> None:
+        if self._chunk_timer is not None:
+            self._chunk_timer.cancel()
+            self._chunk_timer = None
+        deadline_ms = self._chunks.deadline_ms()
+        if deadline_ms is not None:
+            delay_s = max(0.001, deadline_ms / 1000 - time.time())
+            self._chunk_timer = self.loop.call_later(delay_s, self._expire_chunks)
+
+    def _expire_chunks(self) -> None:
+        self._chunk_timer = None
+        if self.closed:
+            return
+        self._run_chunk_actions(self._chunks.on_time(int(time.time() * 1000)))
+        self._schedule_chunk_expiry()
+
+    def _drop_partial_chunks(self) -> None:
+        """Everything unacked comes again (a reconnection, a redelivery, a seek): partial
+        chunked messages start over from the chunks the broker sends."""
+        self._run_chunk_actions(self._chunks.clear())
+        if self._chunk_timer is not None:
+            self._chunk_timer.cancel()
+            self._chunk_timer = None
 
     def return_permits(self, n: int, epoch: int) -> None:
         if epoch != self.epoch or self.conn is None:
@@ -1427,9 +1593,14 @@ class ConsumerImpl(_Handler):
         """Ack the whole entry of ``mid`` (on the loop)."""
         if self.closed:
             return
-        ledger_id, entry_id = mid._ledger_id, mid._entry_id
-        self._nacks.pop((ledger_id, entry_id), None)
-        self._acks.append(c.message_id(ledger_id, entry_id))
+        if type(mid) is ChunkMessageId:   # every chunk entry of the message
+            for key in mid._chunks:
+                self._nacks.pop(key, None)
+                self._acks.append(c.message_id(*key))
+        else:
+            ledger_id, entry_id = mid._ledger_id, mid._entry_id
+            self._nacks.pop((ledger_id, entry_id), None)
+            self._acks.append(c.message_id(ledger_id, entry_id))
         if len(self._acks) >= 1000:
             self._flush_acks()
         else:
@@ -1479,7 +1650,9 @@ class ConsumerImpl(_Handler):
     def negative_acknowledge(self, mid: MessageId) -> None:
         if self.closed:
             raise AlreadyClosed(f"consumer on {self.topic} is closed")
-        self._nacks[(mid._ledger_id, mid._entry_id)] = self.loop.time() + self.conf.nack_delay_s
+        due = self.loop.time() + self.conf.nack_delay_s
+        for key in (mid._chunks if type(mid) is ChunkMessageId else ((mid._ledger_id, mid._entry_id),)):
+            self._nacks[key] = due
         if self._nack_timer is None:
             self._nack_timer = self.loop.call_later(max(self.conf.nack_delay_s, 0.001),
                                                     self._redeliver_nacked)
@@ -1500,6 +1673,7 @@ class ConsumerImpl(_Handler):
     def redeliver_unacknowledged_messages(self) -> None:
         if self.conn is not None:
             self.sink.clear_for(self)
+            self._drop_partial_chunks()
             self.epoch += 1
             self._permits_owed = 0
             self.conn.write(c.redeliver_unacknowledged(self.consumer_id))
@@ -1599,7 +1773,7 @@ class ConsumerImpl(_Handler):
         self._flush_acks()
         self.closed = True
         self.client.unregister(self)
-        for timer in (self._ack_timer, self._nack_timer):
+        for timer in (self._ack_timer, self._nack_timer, self._chunk_timer):
             if timer is not None:
                 timer.cancel()
         self.sink.clear_for(self)

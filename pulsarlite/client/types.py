@@ -153,6 +153,45 @@ class MessageId:
                    mid.batch_index if mid.HasField("batch_index") else -1, topic=topic)
 
 
+class ChunkMessageId(MessageId):
+    """The id of a chunked message (Pulsar's ChunkMessageIdImpl): its ledger and entry are
+    the LAST chunk's (so ordering, seeks and cumulative acks behave as for the entry that
+    completed the message); ``first_chunk_message_id()`` is the first chunk's. It also knows
+    every chunk entry (``chunk_message_ids()``): acking or negatively acking the message does
+    so for each of them, as the official clients do."""
+
+    __slots__ = ("_chunks",)
+
+    def __init__(self, positions, partition: int = -1, topic: str | None = None) -> None:
+        positions = tuple((int(l), int(e)) for l, e in positions)
+        if len(positions) < 2:
+            raise ValueError("a chunked message has at least two chunks")
+        super().__init__(partition, positions[-1][0], positions[-1][1], -1, 0, topic)
+        self._chunks = positions
+
+    def first_chunk_message_id(self) -> MessageId:
+        return MessageId(self._partition, *self._chunks[0], topic=self._topic)
+
+    def last_chunk_message_id(self) -> MessageId:
+        return MessageId(self._partition, *self._chunks[-1], topic=self._topic)
+
+    def chunk_message_ids(self) -> list[MessageId]:
+        return [MessageId(self._partition, l, e, topic=self._topic) for l, e in self._chunks]
+
+    def __repr__(self) -> str:
+        first = self._chunks[0]
+        return (f"({first[0]},{first[1]},{self._partition},-1);"
+                f"({self._ledger_id},{self._entry_id},{self._partition},-1)")
+
+    __str__ = __repr__
+
+    def to_proto(self) -> pb.MessageIdData:
+        """The last chunk's id with ``first_chunk_message_id`` set (the wire's form)."""
+        mid = super().to_proto()
+        mid.first_chunk_message_id.CopyFrom(self.first_chunk_message_id().to_proto())
+        return mid
+
+
 MessageId.earliest = MessageId(-1, -1, -1, -1)
 MessageId.latest = MessageId(-1, INT64_MAX, INT64_MAX, -1)
 
@@ -239,3 +278,11 @@ class Message:
 
     def __repr__(self) -> str:
         return f"Message(id={self.message_id()}, key={self._m.key!r}, bytes={len(self._m.payload)})"
+
+
+class ChunkedMessage(Message):
+    """A message reassembled from its chunks: a Message whose id is a ChunkMessageId (set
+    when it is built). Its own type, so the blocking API's one-entry ack fast path (which
+    acks ``(ledger, entry)`` of the message) does not apply: acking it acks every chunk."""
+
+    __slots__ = ()

@@ -254,9 +254,12 @@ def producer_success(request_id: int, producer_name: str, *, last_sequence_id: i
 
 def send_parts(producer_id: int, sequence_id: int, entry: bytes | memoryview, *,
                num_messages: int = 1, highest_sequence_id: int | None = None,
-               checksum: int | None = None, with_checksum: bool = True) -> list[bytes | memoryview]:
+               checksum: int | None = None, with_checksum: bool = True,
+               is_chunk: bool = False) -> list[bytes | memoryview]:
     body = pb.CommandSend(producer_id=producer_id, sequence_id=sequence_id,
                           num_messages=num_messages)
+    if is_chunk:
+        body.is_chunk = True
     if highest_sequence_id is not None:
         body.highest_sequence_id = highest_sequence_id
     return encode_payload_command_parts(T(type=T.SEND, send=body), entry, checksum=checksum,

@@ -299,7 +299,15 @@ def check_sendable(entry: bytes | memoryview, meta: EntryMetadata, *,
     compression = raw.compression
     chunks = raw.num_chunks_from_msg
     if chunks > 1:
+        # a fragment of a larger message: its fields are all there is to check here. Its
+        # uncompressed_size is the whole message's (beyond the entry's limit when that is why
+        # it was chunked): the consumer decompresses the joined chunks, bounded by its own
+        # limits (the official consumers and ours), as Pulsar's broker leaves it to them.
         _check_chunk(raw, len(entry) - meta.payload_offset, batched)
+        if compression and not raw.uncompressed_size < _INT32_LIMIT:
+            raise EntryFormatError(f"declared uncompressed size {raw.uncompressed_size} of a chunked "
+                                   f"message is beyond {_INT32_LIMIT - 1}")
+        return
     if not compression:
         if not batched:
             return                             # one plain message: nothing declared to check
@@ -495,6 +503,15 @@ def unpack_entry(entry: bytes | memoryview, *,
         for unknown in UnknownFieldSet(raw):
             if unknown.field_number == _COMPRESSION_FIELD:
                 raise EntryFormatError(f"unknown compression type {unknown.data}")
+    if raw.num_chunks_from_msg > 1:
+        # a chunk: a fragment of the message's (compressed) payload, handed out as it is
+        # stored; unpack_chunked decodes the message once its chunks are joined
+        view = payload if isinstance(payload, memoryview) else memoryview(payload)
+        return metadata, [Message(view, metadata.key, raw.partition_key_b64_encoded,
+                                  metadata.ordering_key,
+                                  metadata.properties if raw.properties else _NO_PROPERTIES,
+                                  raw.event_time or None, raw.sequence_id, raw.null_value,
+                                  raw.null_partition_key)]
     data = decompress(payload, compression, raw.uncompressed_size,
                       uncompressed_bytes_max=uncompressed_bytes_max)
     if not raw.HasField("num_messages_in_batch"):
@@ -505,6 +522,24 @@ def unpack_entry(entry: bytes | memoryview, *,
             raw.event_time or None, raw.sequence_id, raw.null_value, raw.null_partition_key)]
     # One copy of an uncompressed batch to bytes: upb parses bytes slices twice as fast.
     return metadata, _split_batch(data if type(data) is bytes else bytes(data), raw)
+
+
+_CHUNK_FIELDS = ("uuid", "chunk_id", "num_chunks_from_msg", "total_chunk_msg_size")
+
+
+def unpack_chunked(first: pb.MessageMetadata, payload: bytes, *,
+                   uncompressed_bytes_max: int = UNCOMPRESSED_BYTES_MAX_DEFAULT,
+                   ) -> tuple[EntryMetadata, list[Message]]:
+    """A chunked message, whole: ``first`` the metadata of its first chunk, ``payload`` its
+    chunks' payloads joined (compressed as the producer compressed the whole message). As
+    :func:`unpack_entry` for one entry holding that message (the chunk fields cleared)."""
+    raw = pb.MessageMetadata()
+    raw.CopyFrom(first)
+    for name in _CHUNK_FIELDS:
+        raw.ClearField(name)
+    if raw.HasField("num_messages_in_batch"):
+        raise EntryFormatError("a batch cannot be a chunk of a larger message")
+    return unpack_entry(_frame_entry(raw, payload), uncompressed_bytes_max=uncompressed_bytes_max)
 
 
 def _varint(data: bytes, pos: int, end: int) -> tuple[int | None, int]:
@@ -648,6 +683,54 @@ def build_entry(message: Message, *, producer_name: str, sequence_id: int, publi
     if highest_sequence_id is not None:
         metadata.highest_sequence_id = highest_sequence_id
     return _frame_entry(metadata, compress(raw, compression))
+
+
+def build_chunk_entries(message: Message, *, producer_name: str, sequence_id: int,
+                        publish_time_ms: int, entry_bytes_max: int,
+                        compression: Compression | int = Compression.NONE,
+                        schema_version: bytes | None = None) -> list[bytes]:
+    """``message`` as Pulsar's chunking producers write it: the payload compressed whole, then
+    cut into entries of at most ``entry_bytes_max`` bytes each (metadata included), every one
+    with the message's metadata and sequence id plus ``uuid`` (``<producer>-<sequence id>``),
+    ``chunk_id``, ``num_chunks_from_msg`` and ``total_chunk_msg_size`` (the compressed size).
+    One entry, unchunked, when the message fits."""
+    raw = bytes(message.payload)
+    metadata = pb.MessageMetadata(
+        producer_name=producer_name, sequence_id=sequence_id, publish_time=publish_time_ms,
+        properties=_key_values(message.properties), uncompressed_size=len(raw))
+    _set_message_fields(metadata, message)
+    if compression:
+        metadata.compression = int(compression)
+    if schema_version is not None:
+        metadata.schema_version = schema_version
+    payload = compress(raw, compression)
+    if 4 + metadata.ByteSize() + len(payload) <= entry_bytes_max and len(raw) <= entry_bytes_max:
+        return [_frame_entry(metadata, payload)]
+    # Chunked also when only the uncompressed size is too large (Pulsar's producers chunk by the
+    # compressed size only): a broker may refuse a single message declaring more than its
+    # maximum uncompressed (ours does: it decompresses single messages to check them), never
+    # a chunk (docs/decisions.md, "Chunking"). Hence at least two chunks.
+    metadata.uuid = f"{producer_name}-{sequence_id}"
+    # the largest the chunk fields can encode to (int32 fields: 5-byte varints at most)
+    metadata.chunk_id = metadata.num_chunks_from_msg = metadata.total_chunk_msg_size = _INT32_LIMIT - 1
+    chunk_bytes = entry_bytes_max - 4 - metadata.ByteSize()
+    if chunk_bytes < 1:
+        raise ValueError(f"the metadata alone ({metadata.ByteSize()} bytes) leaves no room for a "
+                         f"chunk in {entry_bytes_max} bytes")
+    chunk_bytes = min(chunk_bytes, max(1, -(-len(payload) // 2)))
+    chunks = -(-len(payload) // chunk_bytes)
+    if len(payload) < 2:
+        raise ValueError("a message compressed to under 2 bytes cannot be chunked")
+    if len(payload) >= _INT32_LIMIT:
+        raise ValueError(f"a chunked message holds at most {_INT32_LIMIT - 1} bytes")
+    metadata.num_chunks_from_msg = chunks
+    metadata.total_chunk_msg_size = len(payload)
+    view = memoryview(payload)
+    out = []
+    for chunk_id in range(chunks):
+        metadata.chunk_id = chunk_id
+        out.append(_frame_entry(metadata, bytes(view[chunk_id * chunk_bytes:(chunk_id + 1) * chunk_bytes])))
+    return out
 
 
 def _single_metadata(message: Message, payload_size: int, sequence_id: int | None) -> bytes:

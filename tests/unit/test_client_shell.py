@@ -178,8 +178,10 @@ async def test_send_timeout_and_full_queue():
 
 async def test_unsupported_and_unknown_arguments_are_refused_before_any_io():
     async with pla.Client("pulsar://127.0.0.1:1") as client:
-        with pytest.raises(pla.InvalidConfiguration, match="chunking_enabled"):
-            await client.create_producer("t", chunking_enabled=True)
+        with pytest.raises(pla.InvalidConfiguration, match="Batching and chunking"):
+            await client.create_producer("t", chunking_enabled=True, batching_enabled=True)
+        with pytest.raises(pla.InvalidConfiguration, match="max_pending_chunked_message"):
+            await client.subscribe("t", "s", max_pending_chunked_message=-1)
         with pytest.raises(TypeError, match="bogus"):
             await client.create_producer("t", bogus=1)
         with pytest.raises(pla.InvalidConfiguration, match="dead_letter_policy"):

@@ -320,3 +320,13 @@ def test_a_session_resuming_inside_its_hole_moves_nothing_it_will_resend():
     s.on_failed("p", 4)
     s.on_session_resumed("p", 4)          # it resends 4.. in order
     assert s.holes == {"p": [4, 9, 3]} and s.check("p", 4) is DupStatus.NEW
+
+
+def test_entry_sequence_names_a_chunked_message_by_its_last_chunk_only():
+    """The chunks of a message share its sequence id: only the last one records it (replay,
+    kept entries), else a replayed first chunk would make the last one a duplicate."""
+    from pulsarlite.wire.entry import Message, build_chunk_entries
+    chunks = build_chunk_entries(Message(bytes(range(256)) * 40), producer_name="p", sequence_id=7,
+                                 publish_time_ms=0, entry_bytes_max=4096)
+    assert len(chunks) == 3
+    assert [entry_sequence(peek_metadata(e)) for e in chunks] == [None, None, ("p", 7, 7)]
