@@ -129,7 +129,7 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
         store.read_only = disk_read_only or decommissioning["now"]
         from bookie.autorecovery.racks import publish_rack
         await publish_rack(zk, bookie_id, config.rack)      # before registering: placement reads it
-        await register_bookie(zk, bookie_id, read_only=store.read_only)
+        await register_bookie(zk, bookie_id, read_only=store.read_only, metrics_address=config.metrics_address)
         log.info("bookie ready bookie=%s rack=%s read_only=%s journal=%s ledgers=%s entries=%d", bookie_id,
                  config.rack or "-", store.read_only, config.journal_dir, config.ledger_dir, store.entry_count())
 
@@ -157,7 +157,8 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
                     store.read_only = read_only
                     reregister.clear()
                     try:
-                        await register_bookie(zk, bookie_id, read_only=read_only)
+                        await register_bookie(zk, bookie_id, read_only=read_only,
+                                             metrics_address=config.metrics_address)
                     except PulsarliteError as e:
                         log.warning("re-registration failed bookie=%s: %s", bookie_id, e)
                         reregister.set()

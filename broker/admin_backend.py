@@ -508,8 +508,58 @@ class BrokerAdminBackend:
             topics += await self.service.topics_of_namespace(namespace)
         placement = self.service.ownership.manager.bundle_of
         lm = self.service.ledger_client.ledger_manager
-        return cluster_view(brokers, owners, topics_by_bundle(topics, placement), await lm.writable_bookies(),
-                            await lm.readonly_bookies(), await UnderReplicationManager(store).list_marked())
+        writable, readonly = await lm.writable_bookies(), await lm.readonly_bookies()
+        disks = await self._bookie_disks(writable, readonly)
+        return cluster_view(brokers, owners, topics_by_bundle(topics, placement), writable,
+                            readonly, await UnderReplicationManager(store).list_marked(), disks)
+
+    async def _bookie_disks(self, writable: list[str], readonly: list[str]) -> dict:
+        """Each live bookie's disk (broker/admin/console.py ``BookieDisk``), read from the
+        /metrics whose host:port the bookie recorded in its registration node, all bookies at
+        once, each within ``BOOKIE_METRICS_TIMEOUT_MS``; a bookie that records none, does not
+        answer in time or answers without the gauges is absent (the page says "unknown"). The
+        bookie's metrics port takes no credentials (bookie/metrics.py): none are sent."""
+        import asyncio
+
+        import aiohttp
+
+        from bookie.client.ledger_manager import bookie_registration_path, registration_metrics_address
+        from broker.admin.console import (BOOKIE_METRICS_BYTES_MAX, BOOKIE_METRICS_TIMEOUT_MS, BOOKIES_PROBED_MAX,
+                                          parse_disk_gauges)
+        readonly_set = set(readonly)
+        ids = sorted(set(writable) | readonly_set)[:BOOKIES_PROBED_MAX]
+
+        async def address_of(bookie_id: str) -> str | None:
+            try:
+                got = await self.store.get_or_none(
+                    bookie_registration_path(bookie_id, read_only=bookie_id in readonly_set))
+            except (PulsarliteError, ValueError):     # gone meanwhile, or an id we cannot form a path for
+                return None
+            return None if got is None else registration_metrics_address(got[0])
+
+        addresses = dict(zip(ids, await asyncio.gather(*(address_of(b) for b in ids))))
+        if not any(addresses.values()):
+            return {}
+
+        async def disk_of(session, bookie_id: str, address: str):
+            url = f"http://{address}/metrics"
+            try:
+                async with session.get(url, allow_redirects=False) as resp:
+                    if resp.status != 200:
+                        log.debug("console bookie metrics refused bookie=%s url=%s status=%d",
+                                  bookie_id, url, resp.status)
+                        return None
+                    body = await resp.content.read(BOOKIE_METRICS_BYTES_MAX)
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
+                log.debug("console bookie metrics unreachable bookie=%s url=%s error=%r", bookie_id, url, e)
+                return None
+            return parse_disk_gauges(body.decode("utf-8", errors="replace"))
+
+        timeout = aiohttp.ClientTimeout(total=BOOKIE_METRICS_TIMEOUT_MS / 1000)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            probed = [(b, a) for b, a in addresses.items() if a]
+            got = await asyncio.gather(*(disk_of(session, b, a) for b, a in probed))
+        return {b: disk for (b, _), disk in zip(probed, got) if disk is not None}
 
     async def topic_segments(self, topic: str) -> dict:
         """The topic page's segments (oldest first) with each ledger's ensembles from its

@@ -215,6 +215,21 @@ class BookieConfig:
     def effective_bookie_id(self) -> str:
         return self.bookie_id or f"{self.host}:{self.port}"
 
+    @property
+    def metrics_address(self) -> str:
+        """``host:port`` where others reach this bookie's /metrics (recorded in its registration
+        node for the console), "" when ``metrics_port`` is 0. The host is the listen ``host``,
+        or, when that is a wildcard (0.0.0.0, ::), the host of the bookie id (the address the
+        brokers reach the bookie by)."""
+        if not self.metrics_port:
+            return ""
+        host = self.host
+        if host.strip("[]") in ("", "0.0.0.0", "::"):
+            bookie_host, sep, _ = self.effective_bookie_id.rpartition(":")
+            host = bookie_host if sep and bookie_host else host
+        host = host.strip("[]")
+        return f"[{host}]:{self.metrics_port}" if ":" in host else f"{host}:{self.metrics_port}"
+
     def ledger_client_config(self) -> "LedgerClientConfig":
         """The config of this bookie's own ledger client (autorecovery): its credential included."""
         return LedgerClientConfig(zookeeper=self.zookeeper, zk_session_timeout_ms=self.zk_session_timeout_ms,

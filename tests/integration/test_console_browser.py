@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import urllib.error
 import urllib.parse
@@ -35,6 +36,7 @@ ENTRIES_PER_LEDGER = 5
 TOPIC = "console-demo"
 SECRET = os.urandom(32)
 PAGE_WAIT_S = 60
+DISK_TEXT = re.compile(r"\d+(\.\d)? (B|KiB|MiB|GiB|TiB) free \(\d+% used\)")
 
 
 def http(method: str, url: str, body=None, headers: dict | None = None) -> tuple[int, object]:
@@ -147,6 +149,19 @@ def test_console_shows_segments_bookies_and_brokers(open_cluster, browser, modul
         text = wait_text(browser, lambda t: all(b in t for b in bookie_ids) and all(a in t for a in broker_addresses)
                          and TOPIC in t, "cluster page with every bookie, broker and the topic")
         assert "Under-replicated ledgers" in text
+        # free disk for every live bookie (read by the broker from each bookie's /metrics):
+        # figures, not "unknown"
+        def disk_cells():
+            cells = {e.get_attribute("data-bookie"): e.text
+                     for e in browser.find_elements("css selector", ".bookie-disk")}
+            return set(cells) == set(bookie_ids) and all(DISK_TEXT.fullmatch(t) for t in cells.values()) and cells
+
+        cells = wait_for(disk_cells, PAGE_WAIT_S, "free disk shown for every bookie", interval_s=0.2)
+        assert set(cells) == set(bookie_ids), cells
+        status, got = http("GET", page_base + "/admin/v2/console/cluster")
+        assert status == 200, got
+        for bookie in got["bookies"]:
+            assert bookie["diskFreeBytes"] > 0 and 0 < bookie["diskUsedRatio"] < 1, bookie
         screenshot(browser, module_tmp_path, "console-cluster.png")
 
         # follow the topic's link, as a user would
@@ -217,7 +232,10 @@ def test_console_with_authentication(secured_cluster, browser, module_tmp_path):
     # the files are served without credentials; the data is not
     assert http("GET", base + "/")[0] == 200
     assert http("GET", base + "/admin/v2/console/cluster")[0] == 401
-    assert http("GET", base + "/admin/v2/console/cluster", headers={"Authorization": "Bearer " + admin})[0] == 200
+    status, got = http("GET", base + "/admin/v2/console/cluster", headers={"Authorization": "Bearer " + admin})
+    assert status == 200, got
+    # the broker reads the bookies' /metrics (which take no credentials) with none of the caller's
+    assert all(b["diskFreeBytes"] is not None for b in got["bookies"]) and len(got["bookies"]) == 3, got
 
     browser.get(base + "/")
     browser.execute_script("sessionStorage.clear()")

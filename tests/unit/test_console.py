@@ -7,9 +7,13 @@ import json
 
 import pytest
 
+from bookie.client.ledger_manager import registration_data, registration_metrics_address
+from bookie.metrics import BookieMetrics
 from broker.admin.console import (STATIC_FILES, TOPICS_LISTED_PER_BUNDLE_MAX, UNDER_REPLICATED_LISTED_MAX,
-                                  BrokerEntry, cluster_view, parse_broker, segment_location, segments_view,
-                                  static_file, topics_by_bundle)
+                                  BookieDisk, BrokerEntry, cluster_view, disk_text, format_bytes, parse_broker,
+                                  parse_disk_gauges, segment_location, segments_view, static_file,
+                                  topics_by_bundle)
+from pulsarlite.config import BookieConfig
 from broker.managed_ledger.core import LedgerInfo, LedgerInfoState, OffloadInfo, OffloadState
 
 
@@ -65,8 +69,9 @@ def test_cluster_view_groups_bundles_and_bookies():
         {"bundle": "public/default/0x00000000_0x80000000", "topics": ["persistent://public/default/a"]}]}
     assert got["brokers"][1]["bundles"] == [{"bundle": "public/default/0x80000000_0xffffffff", "topics": []}]
     assert got["orphanBundles"] == ["t/ns/0x00000000_0xffffffff"]
-    assert got["bookies"] == [{"id": "bk-1", "mode": "writable"}, {"id": "bk-2", "mode": "readonly"},
-                              {"id": "bk-3", "mode": "readonly"}]
+    assert [(b["id"], b["mode"]) for b in got["bookies"]] == [("bk-1", "writable"), ("bk-2", "readonly"),
+                                                            ("bk-3", "readonly")]
+    assert all(b["disk"] == "unknown" and b["diskFreeBytes"] is None for b in got["bookies"])  # no disks given
     assert got["underReplicatedLedgers"]["count"] == 150
     assert got["underReplicatedLedgers"]["ledgers"] == list(range(UNDER_REPLICATED_LISTED_MAX))
 
@@ -95,3 +100,84 @@ def test_static_files_only_by_name():
     assert b"/console/console.js" in static_file("index.html")[0]
     for bad in ("../console.py", "console.py", "__init__.py", "/etc/passwd", "", "index.html/.."):
         assert static_file(bad) is None
+
+
+# -- free disk per bookie: the registration's metrics address, the gauges, the text --------------
+def test_disk_gauges_parsed_from_a_real_bookie_exposition():
+    """The text a bookie's /metrics serves (bookie/metrics.py's registry, histograms and all)."""
+    metrics = BookieMetrics()
+    metrics.journal_sync_s.observe(0.001)
+    metrics.entries_added(5, 1)
+    metrics.disk_checked(0.8125, 123_456_789_012, read_only=False)
+    assert parse_disk_gauges(metrics.exposition().decode()) == BookieDisk(123_456_789_012, 0.8125)
+
+
+@pytest.mark.parametrize("text", [
+    "",
+    "bookie_disk_free_bytes 100\n",                                   # the ratio missing
+    "bookie_disk_used_ratio 0.5\n",                                   # the free bytes missing
+    "bookie_disk_free_bytes abc\nbookie_disk_used_ratio 0.5\n",       # not a number
+    "bookie_disk_free_bytes NaN\nbookie_disk_used_ratio 0.5\n",
+    "bookie_disk_free_bytes -1\nbookie_disk_used_ratio 0.5\n",
+    "bookie_disk_free_bytes 100\nbookie_disk_used_ratio 1.5\n",       # not a fraction
+    "bookie_disk_free_bytes_total 100\nbookie_disk_used_ratio_x 0.5\n",  # other names
+    "<html>502 Bad Gateway</html>",
+])
+def test_disk_gauges_absent_or_bad_are_unknown(text):
+    assert parse_disk_gauges(text) is None
+
+
+def test_disk_gauges_with_timestamps_and_comments():
+    text = ("# HELP bookie_disk_free_bytes Free bytes\n# TYPE bookie_disk_free_bytes gauge\n"
+            "bookie_disk_free_bytes 2.5e+09 1700000000000\nbookie_disk_used_ratio 0.25\n")
+    assert parse_disk_gauges(text) == BookieDisk(2_500_000_000, 0.25)
+
+
+@pytest.mark.parametrize("n, expected", [
+    (0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"), (150 * 1024 ** 2, "150 MiB"),
+    (int(12.34 * 1024 ** 3), "12.3 GiB"), (3 * 1024 ** 5, "3072 TiB"),
+])
+def test_format_bytes(n, expected):
+    assert format_bytes(n) == expected
+
+
+def test_disk_text():
+    assert disk_text(None) == "unknown"
+    assert disk_text(BookieDisk(int(12.34 * 1024 ** 3), 0.8125)) == "12.3 GiB free (81% used)"
+
+
+def test_cluster_view_shows_each_bookies_disk_or_unknown():
+    disks = {"bk-1": BookieDisk(1024, 0.5), "bk-3": None, "not-live": BookieDisk(1, 0.1)}
+    got = cluster_view([], {}, {}, ["bk-1", "bk-2"], ["bk-3"], [], disks)["bookies"]
+    assert got == [
+        {"id": "bk-1", "mode": "writable", "diskFreeBytes": 1024, "diskUsedRatio": 0.5, "disk": "1.0 KiB free (50% used)"},
+        {"id": "bk-2", "mode": "writable", "diskFreeBytes": None, "diskUsedRatio": None, "disk": "unknown"},
+        {"id": "bk-3", "mode": "readonly", "diskFreeBytes": None, "diskUsedRatio": None, "disk": "unknown"}]
+    json.dumps(got)
+
+
+def test_registration_data_records_the_metrics_address():
+    assert registration_metrics_address(registration_data("127.0.0.1:3181", "127.0.0.1:8000")) == "127.0.0.1:8000"
+    assert registration_metrics_address(registration_data("[::1]:3181", "[::1]:8000")) == "[::1]:8000"
+    assert registration_metrics_address(registration_data("127.0.0.1:3181")) is None        # no metrics port
+
+
+@pytest.mark.parametrize("data", [
+    b"127.0.0.1:3181",                                  # a bookie of before: its id as the data
+    b"", b"\xff", b"[1]", b'{"metrics": 8000}', b'{"metrics": "h"}', b'{"metrics": "h:0"}',
+    b'{"metrics": "h:70000"}', b'{"metrics": ":8000"}', b'{"metrics": "evil.example/x?:80"}',
+    b'{"metrics": "user@h:80"}',
+])
+def test_registration_without_a_usable_metrics_address(data):
+    assert registration_metrics_address(data) is None
+
+
+@pytest.mark.parametrize("host, bookie_id, port, expected", [
+    ("127.0.0.1", "", 8000, "127.0.0.1:8000"),
+    ("0.0.0.0", "10.0.0.5:3181", 8000, "10.0.0.5:8000"),      # a wildcard listen: the id's host
+    ("::", "[fd00::5]:3181", 8000, "[fd00::5]:8000"),
+    ("::1", "", 8000, "[::1]:8000"),
+    ("127.0.0.1", "", 0, ""),                                 # no metrics port: nothing recorded
+])
+def test_bookie_metrics_address(host, bookie_id, port, expected):
+    assert BookieConfig(host=host, bookie_id=bookie_id, port=3181, metrics_port=port).metrics_address == expected

@@ -78,12 +78,14 @@ async function clusterPage() {
     c.brokers.map((b) => [h("span", { class: "broker-id" }, b.id), b.pulsarUrl, b.httpUrl,
       b.bundles.length ? h("ul", {}, b.bundles.map((x) => h("li", {}, x.bundle,
         x.topics.length ? h("ul", {}, x.topics.map((t) => h("li", {}, topicLink(t)))) : null))) : "none"]));
-  const bookies = table(["bookie", "mode"], c.bookies.map((b) =>
-    [h("span", { class: "bookie-id" }, b.id), h("span", { class: "badge " + b.mode }, b.mode)]));
+  const bookies = table(["bookie", "mode", "disk"], c.bookies.map((b) =>
+    [h("span", { class: "bookie-id" }, b.id), h("span", { class: "badge " + b.mode }, b.mode),
+     h("span", { class: "bookie-disk", "data-bookie": b.id }, b.disk)]));
   const ur = c.underReplicatedLedgers;
   return [h("h2", {}, `Brokers (${c.brokers.length})`), brokers,
           h("h2", {}, `Bookies (${c.bookies.length})`), bookies,
-          h("p", { class: "note" }, "Free disk and journal latency per bookie: the Grafana dashboard (deploy/)."),
+          h("p", { class: "note" }, "Disk: the fuller of the bookie's journal and ledger disks, from its /metrics " +
+            "(unknown: no metrics port, or no answer within 1 s). Journal latency per bookie: the Grafana dashboard (deploy/)."),
           h("h2", {}, "Under-replicated ledgers"),
           h("p", { id: "under-replicated" }, ur.count === 0 ? "none" :
             `${ur.count}: ${ur.ledgers.join(", ")}${ur.count > ur.ledgers.length ? ", …" : ""}`),
