@@ -220,7 +220,9 @@ def make_token(sub: str, key: bytes = SECRET) -> str:
 def secured_cluster(module_cluster_factory, module_tmp_path):
     key_path = module_tmp_path / "secret.key"
     key_path.write_bytes(SECRET)
-    return module_cluster_factory(3, brokers=1, name="secured", broker_overrides={
+    # bookie-3 serves no /metrics: its disk is "unknown" while the others' show
+    return module_cluster_factory(3, brokers=1, name="secured", bookie_overrides={"bookie-3": {"metrics_port": 0}},
+                                  broker_overrides={
         "authentication_enabled": True, "authentication_providers": "token", "authorization_enabled": True,
         "superuser_roles": "admin", "token_secret_key": f"file://{key_path}"})
 
@@ -234,8 +236,13 @@ def test_console_with_authentication(secured_cluster, browser, module_tmp_path):
     assert http("GET", base + "/admin/v2/console/cluster")[0] == 401
     status, got = http("GET", base + "/admin/v2/console/cluster", headers={"Authorization": "Bearer " + admin})
     assert status == 200, got
-    # the broker reads the bookies' /metrics (which take no credentials) with none of the caller's
-    assert all(b["diskFreeBytes"] is not None for b in got["bookies"]) and len(got["bookies"]) == 3, got
+    # the broker reads the bookies' /metrics (which take no credentials) with none of the caller's;
+    # the bookie without a metrics port: unknown, and the others still shown
+    processes = {p["name"]: p for p in cluster.status()["processes"]}
+    no_metrics = processes["bookie-3"]["bookie_id"]
+    disks = {b["id"]: b for b in got["bookies"]}
+    assert len(disks) == 3 and disks[no_metrics]["disk"] == "unknown" and disks[no_metrics]["diskFreeBytes"] is None
+    assert all(DISK_TEXT.fullmatch(b["disk"]) for i, b in disks.items() if i != no_metrics), got
 
     browser.get(base + "/")
     browser.execute_script("sessionStorage.clear()")
