@@ -624,35 +624,39 @@ class TopicOffloader:
         while not self._closed:
             await self._wake.wait()
             self._wake.clear()
+            demand = self.demand   # the demand this pass serves: its failure is this one's, not a later one's
             try:
-                await self._pass()
+                await self._pass(demand)
             except asyncio.CancelledError:
                 raise
             except ManagedLedgerFencedError as e:
                 log.warning("offload topic=%s stops: another owner took the topic: %s", self.ml_name, e)
-                self._fail_demand(str(e))
+                self._fail_demand(self.demand, str(e))      # no pass will run again: any demand fails
                 if not self.topic.closing:
                     task = asyncio.ensure_future(self.topic.service.unload_topic(self.topic.key))
                     task.add_done_callback(lambda t: t.cancelled() or t.exception())
                 return
             except ManagedLedgerClosedError as e:
                 log.info("offload topic=%s stops: %s", self.ml_name, e)
-                self._fail_demand(str(e))
+                self._fail_demand(self.demand, str(e))
                 return
             except Exception as e:       # noqa: BLE001 - logged, retried on the next pass
                 self.last_error = f"{type(e).__name__}: {e}"
                 log.warning("offload pass failed topic=%s: %s", self.ml_name, self.last_error)
-                self._fail_demand(self.last_error)
+                # only the demand this pass served: one requested during the pass (self.demand
+                # now) has not run yet; its kick() makes the next pass run it
+                self._fail_demand(demand, self.last_error)
 
-    def _fail_demand(self, error: str) -> None:
-        if self.demand is not None and self.demand.status is OffloadStatus.RUNNING:
-            self.demand.status = OffloadStatus.ERROR
-            self.demand.last_error = error
+    @staticmethod
+    def _fail_demand(demand: "_Demand | None", error: str) -> None:
+        if demand is not None and demand.status is OffloadStatus.RUNNING:
+            demand.status = OffloadStatus.ERROR
+            demand.last_error = error
 
-    async def _pass(self) -> None:
+    async def _pass(self, demand: "_Demand | None") -> None:
+        """One pass: table repair, the due offloads (``demand``'s ledgers at once), bookie deletes."""
         broker = self.broker
         policy = await broker.policy_of(self.namespace, self.topic.name)
-        demand = self.demand
         demanded = demand.ledgers if demand is not None and demand.status is OffloadStatus.RUNNING else ()
         now_ms = broker.clock()
         plan = plan_offload(ledger_views(self.ml.ledgers()), policy, now_ms, demand=demanded)

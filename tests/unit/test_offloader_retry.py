@@ -60,7 +60,7 @@ def worker(now: list[int]) -> tuple[TopicOffloader, list[list[int]]]:
 def run_pass(t: TopicOffloader, passes: list[list[int]]) -> str | None:
     passes.append([])
     try:
-        asyncio.run(t._pass())
+        asyncio.run(t._pass(t.demand))
     except OffloadError as e:
         return str(e)
     return None
@@ -101,3 +101,52 @@ def test_an_admin_offload_tries_a_backed_off_ledger_at_once_and_reports_its_erro
     now[0] += 1
     run_pass(t, passes)
     assert passes[-1] == []
+
+
+def test_a_pass_that_fails_does_not_fail_an_admin_offload_that_arrived_during_it():
+    """The failure of a pass belongs to the demand that pass served: an admin offload requested
+    while a slow pass (no demand) runs is not marked ERROR by that pass's failure; the next pass
+    runs it."""
+    now = [0]
+    t, passes = worker(now)
+    slow = asyncio.Event()
+    drive = t._drive
+    attempts: dict[int, int] = {}
+
+    async def slow_then_transient(ledger_id, event, policy):
+        attempts[ledger_id] = attempts.get(ledger_id, 0) + 1
+        if ledger_id == FAILING and attempts[ledger_id] == 1:
+            await slow.wait()            # the pass is slow ...
+            return await drive(ledger_id, event, policy)   # ... and fails (once: transient)
+        passes[-1].append(ledger_id)
+        info = next(i for i in t.ml.ledgers() if i.ledger_id == ledger_id)
+        info.offload = ledger(ledger_id, OffloadState.OFFLOADED).offload
+        return None                      # later attempts of ledger 1 succeed
+    t._drive = slow_then_transient
+
+    async def scenario() -> None:
+        t._wake = asyncio.Event()
+        passes.append([])
+        task = asyncio.ensure_future(t._run())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert attempts.get(FAILING) == 1            # the first pass waits inside ledger 1's offload
+        demand = t.request(Position(3, 0))           # an admin offload arrives meanwhile
+        assert demand.ledgers == (1, 2)
+        slow.set()                                   # the first pass fails
+        for _ in range(200):
+            await asyncio.sleep(0)
+            if demand.status is not OffloadStatus.RUNNING:
+                break
+        t._closed = True
+        t._wake.set()
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        assert "ledger 1: WriteObject" in t.last_error           # the first pass did fail
+        assert demand.status is OffloadStatus.SUCCESS, demand     # and the demand ran after it
+        assert attempts[FAILING] == 2
+
+    asyncio.run(scenario())
