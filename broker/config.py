@@ -108,7 +108,7 @@ class BrokerConfig:
     tier_read_ahead_ledgers: int = 4         # offloaded ledgers whose first row group a replay reads ahead
     offload_typed_columns: bool = True       # [schema] AVRO/JSON topics: the record's fields as Parquet columns
     lake_enabled: bool = False               # [lakehouse] offloaded objects = an Iceberg table per topic
-    lake_catalog_uri: str = ""               # SQLAlchemy URI of the SQL catalog; empty: sqlite in <file tier>/_lake
+    lake_catalog_uri: str = ""               # SQLAlchemy URI (SQL catalog) or http(s):// (Iceberg REST catalog); empty: sqlite in <file tier>/_lake
     lake_snapshot_retention_ms: int = 24 * 3600 * 1000   # expire older table snapshots (-1: keep all)
     # [security] authentication and authorization (broker/security/; Pulsar's keys in snake_case)
     authentication_enabled: bool = False     # authenticationEnabled: off, every client is served as before
@@ -334,7 +334,8 @@ class BrokerConfig:
                                   "(the embedded SQLite catalog needs a local file)")
             if self.lake_catalog_uri and "://" not in self.lake_catalog_uri:
                 raise ConfigError(f"BrokerConfig.lake_catalog_uri must be a SQLAlchemy URI "
-                                  f"(sqlite:////path/catalog.db), got {self.lake_catalog_uri!r}")
+                                  f"(sqlite:////path/catalog.db) or an Iceberg REST catalog's http(s):// URI, "
+                                  f"got {self.lake_catalog_uri!r}")
 
     # -- derived -------------------------------------------------------------------------------
     @property

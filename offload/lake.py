@@ -143,16 +143,24 @@ def default_catalog_uri(tier_uri: str) -> str:
     return f"sqlite:///{tier_uri[len('file://'):].rstrip('/')}/{LAKE_DIR}/catalog.db"
 
 
+def catalog_kind(catalog_uri: str) -> str:
+    """``rest`` for an Iceberg REST catalog (``http(s)://...``), else ``sql`` (a SQLAlchemy URI)."""
+    return "rest" if catalog_uri.startswith(("http://", "https://")) else "sql"
+
+
 class Lake:
-    """The Iceberg catalog of one tier: ``catalog_uri`` (SQLAlchemy URI of pyiceberg's SQL
-    catalog), warehouse ``<tier>/_lake``. Thread-safe (one lock: the owner's commits of one
-    broker are serial; other brokers own other topics, and the SQL catalog's optimistic
-    commit catches any overlap)."""
+    """The Iceberg catalog of one tier: ``catalog_uri`` is the SQLAlchemy URI of pyiceberg's SQL
+    catalog, or the ``http(s)://`` base URI of an Iceberg REST catalog (pyiceberg's RestCatalog;
+    the tables are still created at ``<tier>/_lake/...``, their data files are the tier objects);
+    warehouse ``<tier>/_lake``. Thread-safe (one lock: the owner's commits of one broker are
+    serial; other brokers own other topics, and the catalog's optimistic commit catches any
+    overlap)."""
 
     def __init__(self, tier_uri: str, catalog_uri: str = "", *, s3_endpoint_url: str | None = None,
                  snapshot_retention_ms: int = -1) -> None:
         self.tier_uri = tier_uri.rstrip("/")
         self.catalog_uri = catalog_uri or default_catalog_uri(self.tier_uri)
+        self.kind = catalog_kind(self.catalog_uri)
         self.warehouse = f"{self.tier_uri}/{LAKE_DIR}"
         self.snapshot_retention_ms = snapshot_retention_ms
         self.properties: dict[str, str] = {}
@@ -165,10 +173,16 @@ class Lake:
         logging.getLogger("pyiceberg.io.pyarrow").setLevel(logging.ERROR)
 
     def describe(self) -> dict[str, str]:
-        return {"kind": "sql", "uri": redacted_uri(self.catalog_uri), "warehouse": self.warehouse}
+        return {"kind": self.kind, "uri": redacted_uri(self.catalog_uri), "warehouse": self.warehouse}
 
     def catalog(self):
         if self._catalog is None:
+            if self.kind == "rest":
+                # the server decides what a "warehouse" is (a name, a location): not sent; the
+                # tables' locations are given at creation (TableId.location)
+                from pyiceberg.catalog.rest import RestCatalog
+                self._catalog = RestCatalog(CATALOG_NAME, uri=self.catalog_uri, **self.properties)
+                return self._catalog
             if self.catalog_uri.startswith("sqlite:///"):
                 import os
                 os.makedirs(os.path.dirname(self.catalog_uri[len("sqlite:///"):]) or ".", exist_ok=True)
@@ -277,7 +291,7 @@ class Lake:
     def info(self, tid: TableId) -> dict[str, Any]:
         """What the admin ``.../lake`` endpoint returns."""
         table = self.load(tid)
-        out: dict[str, Any] = {"catalog": redacted_uri(self.catalog_uri), "catalogKind": "sql", "warehouse": self.warehouse,
+        out: dict[str, Any] = {"catalog": redacted_uri(self.catalog_uri), "catalogKind": self.kind, "warehouse": self.warehouse,
                                "table": tid.name, "metadata_location": None, "snapshotId": None, "dataFiles": 0}
         if table is not None:
             snap = table.current_snapshot()
@@ -297,5 +311,5 @@ def _arrow_schema(io, uri: str, pq):
         return pq.read_schema(stream)
 
 
-__all__ = ["LAKE_DIR", "Lake", "LakeError", "TableId", "TableSync", "default_catalog_uri", "plan_table_sync",
+__all__ = ["LAKE_DIR", "Lake", "LakeError", "TableId", "TableSync", "catalog_kind", "default_catalog_uri", "plan_table_sync",
            "redacted_uri", "snapshots_to_expire"]

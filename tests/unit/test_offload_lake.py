@@ -213,3 +213,51 @@ def test_good_lake_settings():
     from broker.config import BrokerConfig
     BrokerConfig(lake_enabled=True, tier_uri="file:///tier").validate()
     BrokerConfig(lake_enabled=True, tier_uri="s3://bucket/tier", lake_catalog_uri="sqlite:////x/c.db").validate()
+
+
+def test_an_http_catalog_uri_is_the_rest_catalog_client(tmp_path):
+    """The client path only (no Iceberg REST catalog server installs here, docs/lakehouse.md):
+    an http:// lake_catalog_uri makes pyiceberg's RestCatalog, which asks the server's /v1/config
+    and then the table by its REST path; a server that refuses makes the sync a LakeError."""
+    pytest.importorskip("pyiceberg")
+    import http.server
+    import threading
+
+    from offload.lake import LakeError, catalog_kind
+    seen: list[tuple[str, str]] = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            seen.append((self.command, self.path))
+            if self.path.startswith("/v1/config"):
+                body, code = b'{"defaults": {}, "overrides": {}}', 200
+            else:
+                body, code = b'{"error": {"message": "unavailable", "type": "ServiceUnavailable", "code": 503}}', 503
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_HEAD = _answer
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert catalog_kind("https://cat.example/api/catalog") == "rest"
+        assert catalog_kind("sqlite:////x/catalog.db") == "sql"
+        lake = Lake(f"file://{tmp_path}", f"http://127.0.0.1:{server.server_port}")
+        assert lake.describe()["kind"] == "rest"
+        with pytest.raises(LakeError, match="table t.ns.orders"):
+            lake.sync(TableId.of_topic("t", "ns", "orders"), {1: f"file://{tmp_path}/t/ns/orders/1.parquet"},
+                      prefix=f"file://{tmp_path}/t/ns/orders/")
+        assert seen[0][0] == "GET" and seen[0][1].startswith("/v1/config")
+        assert ("GET", "/v1/namespaces/t%1Fns/tables/orders") in seen           # the table by its REST path
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
