@@ -28,6 +28,9 @@ def add_parser(subparsers) -> None:
                    help="first bookie port; the 3 bookies use PORT..PORT+2 (default 3181)")
     p.add_argument("--tier", metavar="URI", default=None,
                    help="offload tier (default file://DATA_DIR/tier; '' for none)")
+    p.add_argument("--no-lake", dest="lake", action="store_false", default=True,
+                   help="do not make offloaded ledgers Iceberg tables (on by default with a file:// tier "
+                        "when pyiceberg is installed; docs/lakehouse.md)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for health at start (default 120)")
     p.add_argument("--restarts-max", type=int, default=5,
                    help="a child dying more often than this within 5 minutes stops the standalone (default 5)")
@@ -45,7 +48,7 @@ def _run(args) -> int:
         settings = StandaloneSettings(
             data_dir=Path(args.data_dir).resolve(), port=port, http_port=http_port,
             zookeeper_port=args.zookeeper_port, bookie_port=args.bookie_port, tier_uri=args.tier,
-            start_timeout_s=args.timeout, policy=RestartPolicy(restarts_max=args.restarts_max),
+            lake=args.lake, start_timeout_s=args.timeout, policy=RestartPolicy(restarts_max=args.restarts_max),
             broker_settings=broker_settings).validate()
     except ConfigError as e:
         print(f"pulsarlite standalone: {e}", file=sys.stderr)

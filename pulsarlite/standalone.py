@@ -98,6 +98,7 @@ class StandaloneSettings:
     zookeeper_port: int = 2181
     bookie_port: int = 3181                 # bookies listen on bookie_port .. bookie_port+2
     tier_uri: str | None = None             # None: file://<data_dir>/tier; "": no tier
+    lake: bool = True                       # [lakehouse] Iceberg tables of offloaded ledgers (file:// tier, pyiceberg)
     start_timeout_s: float = 120.0
     stop_grace_s: float = 10.0
     poll_interval_s: float = 0.5
@@ -177,6 +178,30 @@ def update_bookie_configs(cluster: LocalCluster, settings: dict) -> None:
             os.replace(tmp, path)
 
 
+def lake_available() -> bool:
+    """pyiceberg is installed (extra ``lake``): found without importing it (seconds of import)."""
+    import importlib.util
+    try:
+        return importlib.util.find_spec("pyiceberg") is not None
+    except ImportError:
+        return False
+
+
+def lake_setting(settings: "StandaloneSettings", tier: str, available: bool) -> tuple[bool, str]:
+    """(lake_enabled, why) for the standalone's broker: on with a file:// tier (the embedded
+    SQLite catalog in <tier>/_lake) and pyiceberg installed, unless ``--no-lake`` or the
+    ``--pulsar-conf`` settings say otherwise."""
+    if "lake_enabled" in settings.broker_settings:
+        return bool(settings.broker_settings["lake_enabled"]), "set by the broker settings"
+    if not settings.lake:
+        return False, "--no-lake"
+    if not tier.startswith("file://"):
+        return False, "needs a file:// tier for the embedded catalog"
+    if not available:
+        return False, "pyiceberg is not installed (pip install 'pulsarlite[lake]')"
+    return True, ""
+
+
 def broker_supports_tier() -> bool:
     """The broker has the ``tier_uri`` setting and the object store module exists."""
     import importlib.util
@@ -204,6 +229,8 @@ class Standalone:
         self._stopping = False
         self._lock_fd: int | None = None
         self.bookie_admin_token_file: Path | None = None   # with authentication on: the operator's token
+        self.lake_dir = ""                  # [lakehouse] <tier>/_lake when the lake is on
+        self.lake_why = ""                  # why it is off
 
     def _print(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -288,6 +315,10 @@ class Standalone:
                 log.warning("event=no_tier reason=\"broker has no tier_uri setting in this build\"")
                 tier = ""
         self.tier_uri = tier
+        lake, self.lake_why = lake_setting(s, tier, lake_available())
+        broker["lake_enabled"] = lake
+        cluster.update_broker_configs({"lake_enabled": lake})       # a directory created before
+        self.lake_dir = f"{tier}/_lake" if lake else ""
         bookies = {f"bookie-{i + 1}": {"port": s.bookie_port + i} for i in range(BOOKIES)}
         if s.broker_settings.get("authentication_enabled"):
             # a secured standalone: its bookies authenticate their clients too (docs/security.md)
@@ -327,6 +358,7 @@ class Standalone:
                f"(pulsarlite bookkeeper --zookeeper-auth-digest-file)"]
               if self.bookie_admin_token_file else []),
             f"  tier         {self.tier_uri or '(none)'}",
+            f"  lake         {self.lake_dir + ' (an Iceberg table per topic of its offloaded ledgers)' if self.lake_dir else '(off: ' + self.lake_why + ')'}",
             f"  data         {cluster.dir}",
             "Press Ctrl-C to stop.",
             "",

@@ -136,6 +136,7 @@ def test_standalone_serves_supervises_stops_and_keeps_data(tmp_path):
         with urllib.request.urlopen(f"http://127.0.0.1:{ports['http']}/", timeout=30) as resp:
             assert b"/console/console.js" in resp.read()       # the banner's URL serves the console
         assert f"tier         file://{data_dir}/tier" in first.output
+        assert f"lake         file://{data_dir}/tier/_lake (" in first.output          # on by default
         children = first.child_pids()
         assert sorted(children) == ["bookie-1", "bookie-2", "bookie-3", "broker-1", "zookeeper"]
         all_children |= set(children.values())
@@ -151,6 +152,10 @@ def test_standalone_serves_supervises_stops_and_keeps_data(tmp_path):
                 producer.send(f"m-{i}".encode())
         finally:
             client.close()
+        # the topic has a table in the embedded catalog (empty until a ledger is offloaded)
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports['http']}/admin/v2/persistent/"
+                                    f"{TOPIC[len('persistent://'):]}/lake", timeout=120) as resp:
+            assert json.loads(resp.read())["catalog"] == f"sqlite:///{data_dir}/tier/_lake/catalog.db"
 
         # a child killed -9 is reported and restarted by the supervisor
         os.kill(children["broker-1"], signal.SIGKILL)
