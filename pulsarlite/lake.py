@@ -26,12 +26,14 @@ A pyarrow Table is what Polars (``pl.from_arrow``) and DuckDB (``duckdb.arrow`` 
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -53,6 +55,31 @@ class _ClientOptions:
 
 class LakeScanError(PulsarliteError):
     """The fresh view cannot be read (no such topic, the lake endpoint refused, a ledger gone)."""
+
+
+class Source(enum.Enum):
+    """Where the scan reads a ledger from."""
+
+    SNAPSHOT = "snapshot"      # its object is a data file of the table's current snapshot
+    OBJECT = "object"          # offloaded, not in the table yet (the commit lags the record)
+    BOOKIES = "bookies"        # not offloaded (the open ledger: up to its last confirmed entry)
+
+
+def plan_sources(ledgers, snapshot_files: set[str]) -> list[tuple[Any, Source]]:
+    """Each non-empty ledger of a partition's list (``LedgerSegment``s: ``ledger_id``,
+    ``last_entry_id``, ``offload_state``, ``offload_uri``) with the one place it is read from
+    (pure). An offloaded ledger still on the bookies (deletion lag) is read from its object."""
+    out = []
+    for seg in ledgers:
+        if seg.offload_uri is not None and seg.offload_uri in snapshot_files:
+            out.append((seg, Source.SNAPSHOT))
+        elif seg.last_entry_id < 0:
+            continue
+        elif seg.offload_state in ON_TIER and seg.offload_uri:
+            out.append((seg, Source.OBJECT))
+        else:
+            out.append((seg, Source.BOOKIES))
+    return out
 
 
 def scan(topic: str, *, zookeeper: str, admin_url: str, s3_endpoint_url: str | None = None,
@@ -92,12 +119,10 @@ async def _scan(name: TopicName, *, zookeeper: str, admin_url: str, s3_endpoint_
             parts: list[pa.Table] = []
             from_snapshot: set[int] = set()
             for p in partitions:                                                        # 3. each ledger once
-                for seg in p.ledgers:
-                    if seg.offload_uri is not None and seg.offload_uri in files:
+                for seg, source in plan_sources(p.ledgers, files):
+                    if source is Source.SNAPSHOT:
                         from_snapshot.add(seg.ledger_id)
-                    elif seg.last_entry_id < 0:
-                        continue
-                    elif seg.offload_state in ON_TIER and seg.offload_uri:
+                    elif source is Source.OBJECT:
                         parts.append(_read_object(seg.offload_uri, s3_endpoint_url))
                     else:
                         parts.extend(await _read_bookies(client, p.topic, p.partition, seg, typed, chunk_entries))
@@ -211,4 +236,4 @@ def _concat(parts: list[pa.Table]) -> pa.Table:
     return pa.concat_tables(conformed)
 
 
-__all__ = ["LakeScanError", "scan"]
+__all__ = ["LakeScanError", "Source", "plan_sources", "scan"]
