@@ -32,8 +32,7 @@ import logging
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,13 +43,6 @@ from pulsarlite.topic_name import TopicName
 log = logging.getLogger("pulsarlite.lake")
 
 ON_TIER = ("offloaded", "bookie-deleted")
-
-
-@dataclass(frozen=True)
-class _ClientOptions:
-    zookeeper: str
-    bookie_auth_token: str = field(default="", repr=False)
-    bookie_auth_token_file: str = ""
 
 
 class LakeScanError(PulsarliteError):
@@ -83,64 +75,64 @@ def plan_sources(ledgers, snapshot_files: set[str]) -> list[tuple[Any, Source]]:
 
 
 def scan(topic: str, *, zookeeper: str, admin_url: str, s3_endpoint_url: str | None = None,
-         bookie_auth_token: str = "", bookie_auth_token_file: str = "", chunk_entries: int = 1000) -> pa.Table:
+         options: Mapping[str, str] | None = None, chunk_entries: int = 1000) -> pa.Table:
     """Every message of ``topic`` (a partitioned topic: all partitions) as one Arrow table: the
     Iceberg snapshot plus the entries still on the bookies (see the module docstring).
     ``zookeeper``: the cluster's metadata store; ``admin_url``: a broker's admin URL (the lake
-    endpoint, the open ledger's last confirmed entry); ``s3_endpoint_url`` for an s3:// tier."""
+    endpoint, the open ledger's last confirmed entry); ``s3_endpoint_url`` for an s3:// tier;
+    ``options``: the Spark source's connection options for a secured cluster
+    (``bookieAuthToken``, ``zookeeperAuthDigest``, ``bookieTlsTrustCertsFile``..., docs/spark.md),
+    read and checked by the same code. ValueError / OptionError for bad arguments (nothing read)."""
+    from spark_source.options import parse_options
     if chunk_entries <= 0:
         raise ValueError(f"chunk_entries {chunk_entries} <= 0")
     name = TopicName.parse(topic)
-    return asyncio.run(_scan(name, zookeeper=zookeeper, admin_url=admin_url.rstrip("/"),
-                             s3_endpoint_url=s3_endpoint_url, token=bookie_auth_token,
-                             token_file=bookie_auth_token_file, chunk_entries=chunk_entries))
+    opts = parse_options({**(options or {}), "topic": str(name), "zookeeper": zookeeper, "adminUrl": admin_url,
+                          **({"s3EndpointUrl": s3_endpoint_url} if s3_endpoint_url else {})}, streaming=False)
+    from spark_source.source import _with_metadata
 
-
-async def _scan(name: TopicName, *, zookeeper: str, admin_url: str, s3_endpoint_url: str | None,
-                token: str, token_file: str, chunk_entries: int) -> pa.Table:
-    from spark_source.metadata import expand_topics, read_partition
-    from pulsarlite.metadata import MetadataStore
-    from spark_source.source import _LazyLedgerClient
-
-    store = await MetadataStore.connect(zookeeper)
-    try:
-        # the Spark source's ledger client: connected only if a ledger is read from the bookies
-        client = _LazyLedgerClient(store, _ClientOptions(zookeeper, token, token_file))
-        try:
-            members = await expand_topics(store, topics=[str(name)], pattern=None)
-            partitions = [await read_partition(store, client, t, i, must_exist=False, admin_url=admin_url)
-                          for t, i in members]                                          # 1. the cut
-            if not any(p.ledgers for p in partitions):
-                raise LakeScanError(f"topic {name}: no managed ledger in ZooKeeper (never written?)")
-            parent = name.partitioned_parent
-            location = _metadata_location(admin_url, parent)                            # 2. the snapshot
-            snapshot, files = _snapshot(location, s3_endpoint_url)
-            typed = await _typed_columns(store, str(parent))
-            parts: list[pa.Table] = []
-            from_snapshot: set[int] = set()
-            for p in partitions:                                                        # 3. each ledger once
-                for seg, source in plan_sources(p.ledgers, files):
-                    if source is Source.SNAPSHOT:
-                        from_snapshot.add(seg.ledger_id)
-                    elif source is Source.OBJECT:
-                        parts.append(_read_object(seg.offload_uri, s3_endpoint_url))
-                    else:
-                        parts.extend(await _read_bookies(client, p.topic, p.partition, seg, typed, chunk_entries))
-            if snapshot is not None:
-                keep = pc.is_in(snapshot.column("ledger_id"), value_set=pa.array(sorted(from_snapshot), pa.int64()))
-                parts.insert(0, snapshot.filter(keep))
-            log.info("lake scan topic=%s snapshot_ledgers=%d other_parts=%d metadata_location=%s", name,
-                     len(from_snapshot), len(parts) - (snapshot is not None), location)
-        finally:
-            await client.close()
-    finally:
-        await store.close()
+    async def run(store, client) -> list[pa.Table]:
+        return await _scan(store, client, name, admin_url=admin_url.rstrip("/"), s3_endpoint_url=s3_endpoint_url,
+                           chunk_entries=chunk_entries)
+    # the Spark source's ZooKeeper session and ledger client (connected only if a ledger is
+    # read from the bookies), with its credentials
+    parts = asyncio.run(_with_metadata(opts, run))
     if not parts:
         from offload.format import ROW_SCHEMA
         return ROW_SCHEMA.empty_table()
     out = _concat(parts)
     return out.sort_by([("partition", "ascending"), ("ledger_id", "ascending"), ("entry_id", "ascending"),
                         ("batch_index", "ascending")])
+
+
+async def _scan(store, client, name: TopicName, *, admin_url: str, s3_endpoint_url: str | None,
+                chunk_entries: int) -> list[pa.Table]:
+    from spark_source.metadata import expand_topics, read_partition
+    members = await expand_topics(store, topics=[str(name)], pattern=None)
+    partitions = [await read_partition(store, client, t, i, must_exist=False, admin_url=admin_url)
+                  for t, i in members]                                                  # 1. the cut
+    if not any(p.ledgers for p in partitions):
+        raise LakeScanError(f"topic {name}: no managed ledger in ZooKeeper (never written?)")
+    parent = name.partitioned_parent
+    location = _metadata_location(admin_url, parent)                                    # 2. the snapshot
+    snapshot, files = _snapshot(location, s3_endpoint_url)
+    typed = await _typed_columns(store, str(parent))
+    parts: list[pa.Table] = []
+    from_snapshot: set[int] = set()
+    for p in partitions:                                                                # 3. each ledger once
+        for seg, source in plan_sources(p.ledgers, files):
+            if source is Source.SNAPSHOT:
+                from_snapshot.add(seg.ledger_id)
+            elif source is Source.OBJECT:
+                parts.append(_read_object(seg.offload_uri, s3_endpoint_url))
+            else:
+                parts.extend(await _read_bookies(client, p.topic, p.partition, seg, typed, chunk_entries))
+    if snapshot is not None:
+        keep = pc.is_in(snapshot.column("ledger_id"), value_set=pa.array(sorted(from_snapshot), pa.int64()))
+        parts.insert(0, snapshot.filter(keep))
+    log.info("lake scan topic=%s snapshot_ledgers=%d other_parts=%d metadata_location=%s", name,
+             len(from_snapshot), len(parts) - (snapshot is not None), location)
+    return parts
 
 
 def _metadata_location(admin_url: str, parent: TopicName) -> str | None:
