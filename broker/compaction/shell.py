@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,21 @@ log = logging.getLogger("pulsarlite.broker.compaction")
 
 READ_BATCH_ENTRIES = 100
 WRITING_PROPERTY = "pulsarlite.compaction.writing"    # the compacted ledger a run is writing
+
+
+TEST_FAULT_POINT_ENV = "PULSARLITE_TEST_FAULT_POINT"
+# the named points of a run where a test may kill the broker (see test_fault_point)
+FAULT_POINTS = ("compaction.writing_named", "compaction.view_recorded", "compaction.cursor_moved")
+
+
+def test_fault_point(name: str) -> None:
+    """TEST ONLY, off by default: if the environment variable PULSARLITE_TEST_FAULT_POINT names
+    this point, the broker process ends at once (``os._exit(86)``: no cleanup, as kill -9), so a
+    test reaches a crash between two steps of a run deterministically."""
+    if os.environ.get(TEST_FAULT_POINT_ENV) == name:
+        log.error("test fault point reached point=%s: the process exits", name)
+        logging.shutdown()
+        os._exit(86)
 
 
 def _without_writing(properties: dict[str, str]) -> dict[str, str]:
@@ -104,6 +120,7 @@ async def compact_topic(topic: "PersistentTopic", *, keys_max: int) -> Compacted
                                                              int(leftover) != previous.ledger_id) else []
         await ml.update_properties(lambda p: {**p, WRITING_PROPERTY: str(writer.ledger_id)},
                                    delete_ledger_ids=stale)
+        test_fault_point("compaction.writing_named")
         if retained:                                                 # phase two
             async for position, data in _entries(topic, horizon):
                 if position not in retained:
@@ -135,11 +152,13 @@ async def compact_topic(topic: "PersistentTopic", *, keys_max: int) -> Compacted
             log.warning("compaction: could not delete unrecorded ledger=%d topic=%s: %s",
                         writer.ledger_id, topic.key, de)
         raise
+    test_fault_point("compaction.view_recorded")
     run.recorded()
     topic.compacted_reader.forget()
     log.info("compaction: recorded topic=%s ledger=%d horizon=%s entries=%d keys=%d messages_read=%d",
              topic.key, view.ledger_id, horizon, written, len(run.keys_read()), run.messages_read)
     await _move_cursor(topic, horizon)
+    test_fault_point("compaction.cursor_moved")
     if ml.trimmed_pending():
         await ml.trim_ledgers([])          # deletes the previous compacted ledger (recorded above)
     return view
