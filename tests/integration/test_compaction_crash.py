@@ -2,6 +2,9 @@
 is started with the test fault point PULSARLITE_TEST_FAULT_POINT (broker/compaction/shell.py,
 off by default) and ends itself (``os._exit``, as kill -9) at that step of a run:
 
+- ``compaction.id_named``: the new compacted ledger's id (reserved) is named in the list as
+  ``pulsarlite.compaction.writing``, the ledger is not created yet -> the old view; the next run
+  forgets the name (this was the window where a ledger leaked, as in Pulsar);
 - ``compaction.writing_named``: the new compacted ledger exists and is named in the list as
   ``pulsarlite.compaction.writing``, the view is not recorded -> the restarted broker serves the
   old view; the next run deletes the leftover ledger;
@@ -102,7 +105,8 @@ def latest_per_key(messages: list[tuple[str, bytes, tuple]]) -> list[tuple[str, 
     return sorted((m for m in last.values() if m[1]), key=lambda m: m[2])
 
 
-@pytest.mark.parametrize("point, new_view", [("compaction.writing_named", False),
+@pytest.mark.parametrize("point, new_view", [("compaction.id_named", False),
+                                             ("compaction.writing_named", False),
                                              ("compaction.view_recorded", True),
                                              ("compaction.cursor_moved", True)])
 def test_a_run_killed_midway_leaves_the_old_or_the_new_view_and_no_leftover(cluster, monkeypatch,
@@ -134,7 +138,8 @@ def test_a_run_killed_midway_leaves_the_old_or_the_new_view_and_no_leftover(clus
     else:
         assert view_ledger(cluster, topic) == old_ledger
         leftover = int(props["pulsarlite.compaction.writing"])
-        assert ledger_exists(cluster, leftover)
+        # named before it exists: killed before its creation, it does not exist (nothing leaks)
+        assert ledger_exists(cluster, leftover) == (point == "compaction.writing_named")
 
     cluster.restart(broker)
     got = read_compacted(cluster.service_url, topic)
