@@ -72,13 +72,15 @@ def test_the_compaction_cursor_holds_backlog_under_the_quota_until_the_next_run(
     # ~2 kB messages over 10 keys: past ~100 kB after the horizon the producer is refused
     producer = client.create_producer(topic, batching_enabled=False)
     sent = {}
+    failed = {}
     deadline = time.monotonic() + 90
     with pytest.raises(pulsar.ProducerBlockedQuotaExceededException):
         i = 0
         while time.monotonic() < deadline:
             value = f"{i:06d}".encode().ljust(2_000, b".")
+            failed = {f"k{i % 10}": value}
             producer.send(value, partition_key=f"k{i % 10}")
-            sent[f"k{i % 10}"] = value
+            sent.update(failed)
             i += 1
     assert len(sent) == 10
     producer.close()
@@ -96,4 +98,6 @@ def test_the_compaction_cursor_holds_backlog_under_the_quota_until_the_next_run(
 
     compact(cluster, local)                   # the cursor moves to the new horizon
     wait_for(lambda: refused() is None, 60, "producer accepted again after the compaction")
-    assert read_compacted(client, topic) == sent
+    # the send that failed was in flight when the broker closed the producer: it may have been
+    # stored (its receipt never came), as in Pulsar; every acknowledged one is in the view
+    assert read_compacted(client, topic) in (sent, {**sent, **failed})
