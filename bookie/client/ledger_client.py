@@ -108,11 +108,16 @@ class LedgerClient:
 
     # -- create / write --------------------------------------------------------------------
     async def create_ledger(self, ensemble_size: int, write_quorum: int, ack_quorum: int, *,
-                            custom: dict[str, str] | None = None) -> "LedgerWriter":
+                            custom: dict[str, str] | None = None,
+                            ledger_id: int | None = None) -> "LedgerWriter":
+        """A new OPEN ledger; ``ledger_id``: one reserved before with :meth:`reserve_ledger_id`
+        (so a caller can name it somewhere durable before it exists, as BookKeeper's createAdv
+        with an id); MetadataExistsError if that id is taken."""
         validate_quorum(ensemble_size, write_quorum, ack_quorum)
         writable = self.writable_bookies or await self.ledger_manager.writable_bookies()
         ensemble = choose_ensemble(writable, ensemble_size, self.rng)
-        ledger_id = await self.ledger_manager.new_ledger_id()
+        if ledger_id is None:
+            ledger_id = await self.ledger_manager.new_ledger_id()
         md = LedgerMetadata(ledger_id=ledger_id, ensemble_size=ensemble_size, write_quorum=write_quorum,
                             ack_quorum=ack_quorum, ensembles=((0, ensemble),),
                             ctime_ms=int(time.time() * 1000), custom=dict(custom or {}))
@@ -122,6 +127,10 @@ class LedgerClient:
         writer = LedgerWriter(self, md, version)
         self._writers.add(writer)
         return writer
+
+    async def reserve_ledger_id(self) -> int:
+        """An id never handed out before, for a later ``create_ledger(..., ledger_id=...)``."""
+        return await self.ledger_manager.new_ledger_id()
 
     # -- open / recover / read ---------------------------------------------------------------
     async def open_ledger(self, ledger_id: int, *, recovery: bool) -> LedgerReader:

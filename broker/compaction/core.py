@@ -29,20 +29,18 @@ from __future__ import annotations
 
 import enum
 import json
-import struct
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from broker.cursor.core import bits_to_words, words_to_bits
 from broker.managed_ledger.core import LedgerInfo, Position
 from pulsarlite.errors import InvariantViolation, PulsarliteError, check
+from pulsarlite.wire.compacted import decode_compacted, encode_compacted
 
 COMPACTION_PROPERTY = "pulsarlite.compaction"     # the managed-ledger list property
 COMPACTION_CURSOR = "__compaction"                # Pulsar's reserved subscription name
 KEYS_MAX_DEFAULT = 1_000_000
 
-_ENTRY_MAGIC = 0x0C0A
-_HEADER = struct.Struct(">HQQI")                  # magic, ledger, entry, ack-set word count
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -98,27 +96,14 @@ class CompactedEntry(NamedTuple):
 
 
 def encode_compacted_entry(position: Position, ack_set: Sequence[int] | None, data: bytes) -> bytes:
-    words = tuple(ack_set) if ack_set is not None else ()
-    head = _HEADER.pack(_ENTRY_MAGIC, position.ledger_id, position.entry_id,
-                        len(words) if ack_set is not None else 0xFFFFFFFF)
-    return head + b"".join(struct.pack(">q", w) for w in words) + bytes(data)
+    """One compacted-ledger entry (the codec is pulsarlite.wire.compacted, shared with Spark)."""
+    return encode_compacted(position.ledger_id, position.entry_id, ack_set, data)
 
 
 def decode_compacted_entry(raw: bytes) -> CompactedEntry:
     """ValueError if ``raw`` is not a compacted entry."""
-    if len(raw) < _HEADER.size:
-        raise ValueError("compacted entry too short")
-    magic, ledger, entry, n = _HEADER.unpack_from(raw)
-    if magic != _ENTRY_MAGIC:
-        raise ValueError(f"not a compacted entry (magic {magic:#x})")
-    pos = _HEADER.size
-    words: tuple[int, ...] | None = None
-    if n != 0xFFFFFFFF:
-        if len(raw) < pos + 8 * n:
-            raise ValueError("compacted entry: ack set truncated")
-        words = tuple(struct.unpack_from(f">{n}q", raw, pos))
-        pos += 8 * n
-    return CompactedEntry(Position(ledger, entry), words, raw[pos:])
+    got = decode_compacted(raw)
+    return CompactedEntry(Position(got.ledger_id, got.entry_id), got.ack_set, got.data)
 
 
 def ack_set_of(indexes: Iterable[int]) -> list[int]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,21 @@ log = logging.getLogger("pulsarlite.broker.compaction")
 
 READ_BATCH_ENTRIES = 100
 WRITING_PROPERTY = "pulsarlite.compaction.writing"    # the compacted ledger a run is writing
+
+
+TEST_FAULT_POINT_ENV = "PULSARLITE_TEST_FAULT_POINT"
+# the named points of a run where a test may kill the broker (see test_fault_point)
+FAULT_POINTS = ("compaction.id_named", "compaction.writing_named", "compaction.view_recorded", "compaction.cursor_moved")
+
+
+def test_fault_point(name: str) -> None:
+    """TEST ONLY, off by default: if the environment variable PULSARLITE_TEST_FAULT_POINT names
+    this point, the broker process ends at once (``os._exit(86)``: no cleanup, as kill -9), so a
+    test reaches a crash between two steps of a run deterministically."""
+    if os.environ.get(TEST_FAULT_POINT_ENV) == name:
+        log.error("test fault point reached point=%s: the process exits", name)
+        logging.shutdown()
+        os._exit(86)
 
 
 def _without_writing(properties: dict[str, str]) -> dict[str, str]:
@@ -94,16 +110,20 @@ async def compact_topic(topic: "PersistentTopic", *, keys_max: int) -> Compacted
             continue
         run.on_entry(position, keyed)
     retained = dict(run.end_reading())
-    writer = await ml.create_side_ledger("compacted")
+    # the ledger is named in the list before it exists (a reserved id): a broker killed at any
+    # point before the view is recorded leaves it named, and the next run deletes it (no orphan)
+    ledger_id = await ml.reserve_side_ledger_id()
+    writer = None
     written = 0
     try:
-        # the ledger being written is recorded first: a broker killed before the view is
-        # recorded leaves it named, and the next run deletes it (no orphan ledger)
         leftover = ml.metadata.properties.get(WRITING_PROPERTY)
         stale = [int(leftover)] if leftover is not None and (previous is None or
                                                              int(leftover) != previous.ledger_id) else []
-        await ml.update_properties(lambda p: {**p, WRITING_PROPERTY: str(writer.ledger_id)},
+        await ml.update_properties(lambda p: {**p, WRITING_PROPERTY: str(ledger_id)},
                                    delete_ledger_ids=stale)
+        test_fault_point("compaction.id_named")
+        writer = await ml.create_side_ledger("compacted", ledger_id=ledger_id)
+        test_fault_point("compaction.writing_named")
         if retained:                                                 # phase two
             async for position, data in _entries(topic, horizon):
                 if position not in retained:
@@ -116,30 +136,33 @@ async def compact_topic(topic: "PersistentTopic", *, keys_max: int) -> Compacted
                 written += 1
         await writer.close()
         run.written()
-        view = CompactedView(writer.ledger_id, horizon, written)
+        view = CompactedView(ledger_id, horizon, written)
         await ml.update_properties(lambda p: _without_writing(new_view_properties(p, view)),
                                    delete_ledger_ids=[previous.ledger_id] if previous else [])
     except BaseException as e:
         run.failed(repr(e))
         log.warning("compaction: failed topic=%s ledger=%d: %r (the previous view stays)",
-                    topic.key, writer.ledger_id, e)
+                    topic.key, ledger_id, e)
+        if writer is not None:
+            try:
+                await writer.close()
+            except PulsarliteError:
+                pass
         try:
-            await writer.close()
-        except PulsarliteError:
-            pass
-        try:
-            await ml.delete_side_ledger(writer.ledger_id)
-            if ml.metadata.properties.get(WRITING_PROPERTY) == str(writer.ledger_id):
+            await ml.delete_side_ledger(ledger_id)
+            if ml.metadata.properties.get(WRITING_PROPERTY) == str(ledger_id):
                 await ml.update_properties(_without_writing)
         except Exception as de:   # noqa: BLE001 - still named: the next run deletes it
             log.warning("compaction: could not delete unrecorded ledger=%d topic=%s: %s",
-                        writer.ledger_id, topic.key, de)
+                        ledger_id, topic.key, de)
         raise
+    test_fault_point("compaction.view_recorded")
     run.recorded()
     topic.compacted_reader.forget()
     log.info("compaction: recorded topic=%s ledger=%d horizon=%s entries=%d keys=%d messages_read=%d",
              topic.key, view.ledger_id, horizon, written, len(run.keys_read()), run.messages_read)
     await _move_cursor(topic, horizon)
+    test_fault_point("compaction.cursor_moved")
     if ml.trimmed_pending():
         await ml.trim_ledgers([])          # deletes the previous compacted ledger (recorded above)
     return view

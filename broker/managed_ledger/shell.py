@@ -492,18 +492,28 @@ class ManagedLedger:
             await self._write_list(md)
             self._core.on_trim_written(md)
 
-    async def create_side_ledger(self, purpose: str) -> LedgerWriter:
+    async def reserve_side_ledger_id(self) -> int:
+        """An id for a later :meth:`create_side_ledger` (the caller names it durably first, so
+        a crash between the creation and the naming cannot leak the ledger)."""
+        return await self._client.reserve_ledger_id()
+
+    async def create_side_ledger(self, purpose: str, *, ledger_id: int | None = None) -> LedgerWriter:
         """A new ledger with this managed ledger's replication settings that is NOT in its list
         (the compactor's compacted ledger); the caller records or deletes it."""
         cfg = self._config
         return await self._client.create_ledger(cfg.ensemble_size, cfg.write_quorum, cfg.ack_quorum,
-                                                custom={"managed-ledger": self.name, "purpose": purpose})
+                                                custom={"managed-ledger": self.name, "purpose": purpose},
+                                                ledger_id=ledger_id)
 
     async def delete_side_ledger(self, ledger_id: int) -> None:
-        """Delete a ledger outside the list that was never recorded (a failed compaction's)."""
+        """Delete a ledger outside the list that was never recorded (a failed compaction's); an
+        id that was reserved but never created (or is deleted already) is fine."""
         check(ledger_id not in self._core.metadata.ledger_ids, f"{self.name}: ledger {ledger_id} is in the list")
         self._readers.pop(ledger_id, None)
-        await self._client.delete_ledger(ledger_id)
+        try:
+            await self._client.delete_ledger(ledger_id)
+        except MetadataNotFoundError:
+            pass
 
     async def open_side_ledger(self, ledger_id: int) -> LedgerReader:
         """A reader of a closed ledger outside the list (cached like the list's)."""

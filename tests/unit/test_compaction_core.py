@@ -167,3 +167,11 @@ def test_threshold_counts_the_backlog_after_the_horizon():
     assert not should_compact(None, 900, running=False)
     assert not should_compact(0, 900, running=False)
     assert not should_compact(1000, 900, running=False)
+
+
+def test_the_shared_codec_reads_what_the_broker_writes():
+    """pulsarlite.wire.compacted is the one codec (the Spark source may not import broker/)."""
+    from pulsarlite.wire.compacted import decode_compacted, encode_compacted
+    raw = encode_compacted_entry(P(7, 9), ack_set_of([0, 2]), b"entry")
+    assert decode_compacted(raw) == (7, 9, tuple(ack_set_of([0, 2])), b"entry")
+    assert encode_compacted(7, 9, None, b"x") == encode_compacted_entry(P(7, 9), None, b"x")
