@@ -70,4 +70,16 @@ def register_namespace(spark, namespace: str, **options: str) -> dict[str, str]:
     return views
 
 
-__all__ = ["register", "register_namespace"]
+def read_topic(spark, topic=None, **options):
+    """See :func:`spark_source.hybrid.read_topic`."""
+    from spark_source.hybrid import read_topic as _read_topic
+    return _read_topic(spark, topic, **options)
+
+
+def register_topic_view(spark, view: str, topic=None, **options) -> None:
+    """See :func:`spark_source.hybrid.register_topic_view`."""
+    from spark_source.hybrid import register_topic_view as _register
+    _register(spark, view, topic, **options)
+
+
+__all__ = ["read_topic", "register", "register_namespace", "register_topic_view"]

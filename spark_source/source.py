@@ -21,7 +21,7 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from spark_source.options import OptionError, SourceOptions, parse_options
 from spark_source.plan import (OUTPUT_DDL, PartitionLedgers, PlanReport, Position, ScanRequest, SegmentScan,
-                               next_position, pack, plan_partition)
+                               narrow_time, next_position, pack, plan_partition)
 
 log = logging.getLogger("pulsarlite.spark")
 
@@ -363,8 +363,15 @@ class PulsarliteReader(DataSourceReader):
         async def run(store, client):
             return await _load_partitions(opts, store, client)
 
-        parts = asyncio.run(_with_metadata(opts, run))
-        scans = plan_batch(opts, parts, tmin, tmax, report) if tmin is None or tmax is None or tmin <= tmax else []
+        if tmin is not None and tmax is not None and tmin > tmax:
+            scans = []
+        elif opts.planned_scans is not None:
+            # planned once by the driver (spark_source.hybrid): the same segments, no second look
+            # at the metadata; pushed publish-time filters narrow the rows read
+            scans = [narrow_time(s, tmin, tmax) for s in opts.planned_scans]
+            report.segments_total = report.segments_planned = len(scans)
+        else:
+            scans = plan_batch(opts, asyncio.run(_with_metadata(opts, run)), tmin, tmax, report)
         groups = pack(scans, target_bytes=opts.target_partition_bytes, open_size_bytes=opts.open_segment_bytes,
                       min_partitions=opts.min_partitions)
         _log_plan("batch", opts, report, groups, int((time.monotonic() - started) * 1000))
