@@ -51,6 +51,8 @@ def register_namespace(spark, namespace: str, **options: str) -> dict[str, str]:
     if len(parts) != 2 or not all(parts):
         raise OptionError(f"namespace must be tenant/namespace, got {namespace!r}")
     pattern = f"persistent://{parts[0]}/{parts[1]}/.*"
+    from spark_source.hybrid import resolve_metadata_options
+    options = resolve_metadata_options({str(k): str(v) for k, v in options.items()})
     opts = parse_options(dict(options, topicsPattern=pattern), streaming=False)
 
     async def run(store, client):

@@ -72,7 +72,8 @@ async def _with_metadata(opts: SourceOptions, fn):
     from pulsarlite.metadata import MetadataStore
 
     if not opts.zookeeper:
-        raise OptionError("option zookeeper is required to read (planning reads segment metadata from ZooKeeper)")
+        raise OptionError("option zookeeper or admin_url is required to read (planning reads segment metadata "
+                          "from ZooKeeper; with only admin_url the broker says where it is)")
     started = time.monotonic()
     from pulsarlite.config import zookeeper_auth
     store = await MetadataStore.connect(opts.zookeeper, auth=zookeeper_auth(opts))
@@ -269,25 +270,34 @@ class PulsarliteDataSource(DataSource):
     def name(cls) -> str:
         return "pulsarlite"
 
+    def _options(self) -> dict:
+        """The options, with ``zookeeper`` asked of the broker when only ``admin_url`` is given
+        (spark_source/discovery.py); resolved once and pickled with this instance."""
+        cached = getattr(self, "_options_cache", None)
+        if cached is None:
+            from spark_source.hybrid import resolve_metadata_options
+            cached = self._options_cache = resolve_metadata_options(dict(self.options))
+        return cached
+
     def _typed(self):
         """The typed value columns, looked up once: Spark pickles this instance after
         ``schema()`` and unpickles it in the workers that call ``reader()``, which then need no
         ZooKeeper session of their own for it (and see the columns the DataFrame was given)."""
         cached = getattr(self, "_typed_cache", None)
         if cached is None:
-            cached = self._typed_cache = (_typed_value(self.options),)
+            cached = self._typed_cache = (_typed_value(self._options()),)
         return cached[0]
 
     def schema(self):
         return _schema_with(self._typed())
 
     def reader(self, schema):
-        opts = parse_options(self.options, streaming=False)
-        return self._reader_class(opts, shape=read_shape(schema, self.options, self._typed))
+        opts = parse_options(self._options(), streaming=False)
+        return self._reader_class(opts, shape=read_shape(schema, self._options(), self._typed))
 
     def streamReader(self, schema):
-        opts = parse_options(self.options, streaming=True)
-        return PulsarliteStreamReader(opts, shape=read_shape(schema, self.options, self._typed))
+        opts = parse_options(self._options(), streaming=True)
+        return PulsarliteStreamReader(opts, shape=read_shape(schema, self._options(), self._typed))
 
     def writer(self, schema, overwrite: bool):
         from spark_source.writer import PulsarliteWriter
