@@ -260,13 +260,16 @@ def test_s3_tier_without_s3a_falls_back_with_one_warning(spark, s3_cluster, s3_s
     closed = closed_ledgers(s3_cluster, local)
     offload_before(s3_cluster, local, closed[2], closed[:2])
     m = tmp_path / "m"
+    s3 = dict(s3_endpoint_url=s3_server.endpoint_url, aws_access_key_id=s3_server.env["AWS_ACCESS_KEY_ID"],
+              aws_secret_access_key=s3_server.env["AWS_SECRET_ACCESS_KEY"],
+              aws_region=s3_server.env["AWS_DEFAULT_REGION"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        df = hybrid(spark, s3_cluster, topic, metricsDir=str(m), s3_endpoint_url=s3_server.endpoint_url)
+        df = hybrid(spark, s3_cluster, topic, metricsDir=str(m), **s3)
     fallback = [w for w in caught if issubclass(w.category, S3TierFallbackWarning)]
     assert len(fallback) == 1 and "hadoop-aws" in str(fallback[0].message)
     plan = plan_record(m)
     assert plan["native"] == [] and plan["fallback_s3"] == 2
     got = rows_by_id(df)
     assert {k: bytes(r["value"]) for k, r in got.items()} == sent
-    assert got == rows_by_id(fmt(spark, s3_cluster, topic=topic, s3_endpoint_url=s3_server.endpoint_url))
+    assert got == rows_by_id(fmt(spark, s3_cluster, topic=topic, **s3))
