@@ -246,7 +246,8 @@ def read_topic(spark, topic: str | None = None, **options):
     import spark_source
     from spark_source.metrics import record
     from spark_source.options import parse_options
-    from spark_source.source import _load_partitions, _time_bounds, _typed_value, _with_metadata, plan_batch
+    from spark_source.source import (_load_partitions, _metadata_struct, _schema_with, _time_bounds,
+                                     _value_schema_mode, _with_metadata, plan_batch)
 
     started = time.monotonic()
     raw = {str(k): str(v) for k, v in options.items() if v is not None}
@@ -256,27 +257,35 @@ def read_topic(spark, topic: str | None = None, **options):
     opts = parse_options(raw, streaming=False)
     spark_source.register(spark)
 
-    async def run(store, client):
-        return await _load_partitions(opts, store, client)
+    from spark_source.scan import OUTPUT_SCHEMA
+    typed_wanted = _value_schema_mode(raw) != "raw"
 
-    parts: list[PartitionLedgers] = asyncio.run(_with_metadata(opts, run))
+    async def run(store, client):
+        # one ZooKeeper session for the ledger lists and the schema registry (typed columns)
+        parts = await _load_partitions(opts, store, client)
+        typed = None
+        if typed_wanted:
+            from spark_source.typed import load_typed_value
+            typed = await load_typed_value(store, [p.topic for p in parts], OUTPUT_SCHEMA.names)
+        return parts, typed
+
+    parts, typed = asyncio.run(_with_metadata(opts, run))
+    parts = list(parts)
     tmin, tmax = _time_bounds(opts, (None, None))
     report = PlanReport()
     scans = plan_batch(opts, parts, tmin, tmax, report) if tmin is None or tmax is None or tmin <= tmax else []
     ledgers = {lg.ledger_id: lg for p in parts for lg in p.ledgers}
+    # the format's columns, computed here (no round trip through a Python worker for schema())
+    full_schema = _schema_with(typed) if typed is not None else _metadata_struct()
 
-    py_reader = spark.read.format("pulsarlite")
+    py_reader = spark.read.format("pulsarlite").schema(full_schema)
     for k, v in raw.items():
         py_reader = py_reader.option(k, v)
     s3a = _s3a_available(spark) if any((s.uri or "").lower().startswith("s3://") for s in scans
                                        if s.location is Location.TIER) else False
     split = split_scans(scans, s3a=s3a)
-    base = py_reader.option("plannedSegments", "[]").load()
-    full_schema = base.schema
-    from spark_source.scan import OUTPUT_SCHEMA
-    typed = _typed_value(raw) if split.native and len(full_schema.fields) > len(OUTPUT_SCHEMA) else None
     mapping: dict = {}
-    if typed is not None:
+    if typed is not None and split.native:
         mapping = _typed_mapping(list(split.native), typed, full_schema, opts.s3_endpoint_url)
         no_stored = frozenset(lid for lid, m in mapping.items() if m is None)
         if no_stored:
@@ -305,8 +314,8 @@ def read_topic(spark, topic: str | None = None, **options):
         typed_columns, stored_types = (m if m else ({}, {}))
         frames.append(_native_frame(spark, group, ledgers, full_schema, typed_columns, stored_types,
                                     reader_options))
-    if not frames:
-        frames.append(base.select(*names))   # nothing planned: the format's (empty) read
+    if not frames:      # nothing planned: the format's (empty) read
+        frames.append(py_reader.option("plannedSegments", "[]").load().select(*names))
     df = frames[0]
     for f in frames[1:]:
         df = df.unionByName(f)

@@ -136,6 +136,28 @@ def test_half_offloaded_topic_identical_to_the_format(spark, cluster, client, tm
     assert set(part) == set(ids[5:-7])
 
 
+def test_partitioned_topic_and_pattern(spark, cluster, client, tmp_path):
+    """Two partitions, one with offloaded ledgers: partition and message id columns the same as
+    the format's, natively or not; a topicsPattern finds the same."""
+    name = f"hpart-{uuid.uuid4().hex[:6]}"
+    admin(cluster.admin_url, "PUT", f"/admin/v2/persistent/public/default/{name}/partitions", 2)
+    topic = f"persistent://public/default/{name}"
+    sent = produce(client, topic, 6 * ROLLOVER_ENTRIES, keyed=False,
+                   message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution)
+    p0 = f"{name}-partition-0"
+    closed = closed_ledgers(cluster, p0)
+    assert len(closed) >= 2
+    offload_before(cluster, p0, closed[-1], closed[:-1])
+    m = tmp_path / "m"
+    got = rows_by_id(hybrid(spark, cluster, topic, metricsDir=str(m)))
+    assert sorted(plan_record(m)["native"]) == sorted(closed[:-1])
+    assert {k: bytes(r["value"]) for k, r in got.items()} == sent
+    assert got == rows_by_id(fmt(spark, cluster, topic=topic))
+    assert {r["partition"] for r in got.values()} == {0, 1}
+    pattern = f"persistent://public/default/{name}.*"
+    assert rows_by_id(hybrid(spark, cluster, topicsPattern=pattern)) == got
+
+
 def test_ledger_moved_to_the_tier_after_planning(spark, cluster, client, tmp_path):
     """A ledger on the bookies at planning, offloaded and deleted from them before the read:
     its rows come from its tier object, none missing, none twice."""
