@@ -97,7 +97,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--ledgers", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=6, help="even: each side goes first in half the rounds")
     ap.add_argument("--half-messages", type=int, default=200_000, help="messages of the half-tier topic")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--dir", default=None)

@@ -115,7 +115,7 @@ COMPONENTS = (
     ("bench_spark.py", ["--messages", "1000000", "--rollover-entries", "200", "--repeat", "3",
                         "--masters", "local[2]", "--user-schema"]),
     ("bench_client.py", ["--messages", "50000", "--rounds", "2"]),
-    ("bench_spark_native.py", ["--messages", "1000000", "--rounds", "3", "--half-messages", "100000"]),
+    ("bench_spark_native.py", ["--messages", "1000000", "--rounds", "4", "--half-messages", "100000"]),
 )
 
 
