@@ -115,6 +115,7 @@ COMPONENTS = (
     ("bench_spark.py", ["--messages", "1000000", "--rollover-entries", "200", "--repeat", "3",
                         "--masters", "local[2]", "--user-schema"]),
     ("bench_client.py", ["--messages", "50000", "--rounds", "2"]),
+    ("bench_spark_native.py", ["--messages", "1000000", "--rounds", "4", "--half-messages", "100000"]),
 )
 
 
@@ -260,6 +261,22 @@ def table(rounds: list[Round]) -> list[tuple[str, str, str, str, str]]:
                 rows.append((f"Spark scan of offloaded segments ({spark['messages']:,} msgs, {master}): {what}",
                              fmt(tier_s, "s", 2), f"spark.read.parquet, same files {fmt(reference, 's', 2)}{note}",
                              _ratio(ratio), "<= 1.3x", verdict(ratio, lambda x: x <= 1.3)))
+    native = extra("bench_spark_native.py")
+    if native:
+        for q, what in (("a_count_sum_length", "count + sum(length(value))"),
+                        ("b_max_publish_time", "max(publish_time)"),
+                        ("c_hash_every_column", "hash of every shared column")):
+            ratio = native["read_topic_over_parquet_median"][q]
+            secs = native["seconds_median"]
+            rows.append((f"read_topic of offloaded segments ({native['messages']:,} msgs, {native['master']}): {what}",
+                         fmt(secs[f"{q} read_topic"], "s", 2),
+                         f"spark.read.parquet, same files {fmt(secs[f'{q} parquet'], 's', 2)}; pair by pair",
+                         _ratio(ratio), "<= 1.1x", verdict(ratio, lambda x: x <= 1.1)))
+        h = native["half_topic"]
+        rows.append((f"read_topic, half tier / half bookies ({h['messages']:,} msgs)",
+                     fmt(h["seconds_median"]["read_topic"], "s", 2),
+                     f"pulsarlite format {fmt(h['seconds_median']['format'], 's', 2)}; pair by pair",
+                     _ratio(h["read_topic_over_format_median"]), "", ""))
     idle = extra("bench_idle_topics.py")
     if idle and idle.get("rss_mb") is not None:
         rows.append(("broker RSS, 1,000 topics x 1 idle producer", fmt(idle["rss_mb"], "MB"), "", "", "<= 300 MB",

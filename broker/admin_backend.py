@@ -480,6 +480,16 @@ class BrokerAdminBackend:
             "cursors": cursors,
         }
 
+    # -- where batch readers find the data (spark_source.discovery) ---------------------------------
+    def metadata_locations(self) -> dict:
+        """``GET /admin/v2/pulsarlite/metadata``: the metadata store and the tier this broker
+        uses, so that a Spark read needs only the admin URL. Superusers only when authorization
+        is on (whoever reaches ZooKeeper can do everything: docs/security.md); no credential is
+        in the answer (object store credentials stay with the reader)."""
+        c = self.service.config
+        return {"zookeeper": c.zookeeper, "tierUri": c.tier_uri or None,
+                "tierS3EndpointUrl": c.tier_s3_endpoint_url or None}
+
     # -- console (broker/admin/console.py shapes these) -------------------------------------------
     async def console_cluster(self) -> dict:
         """The cluster page, read from ZooKeeper: live brokers and the bundles each owns (with

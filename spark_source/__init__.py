@@ -51,6 +51,8 @@ def register_namespace(spark, namespace: str, **options: str) -> dict[str, str]:
     if len(parts) != 2 or not all(parts):
         raise OptionError(f"namespace must be tenant/namespace, got {namespace!r}")
     pattern = f"persistent://{parts[0]}/{parts[1]}/.*"
+    from spark_source.hybrid import resolve_metadata_options
+    options = resolve_metadata_options({str(k): str(v) for k, v in options.items()})
     opts = parse_options(dict(options, topicsPattern=pattern), streaming=False)
 
     async def run(store, client):
@@ -70,4 +72,16 @@ def register_namespace(spark, namespace: str, **options: str) -> dict[str, str]:
     return views
 
 
-__all__ = ["register", "register_namespace"]
+def read_topic(spark, topic=None, **options):
+    """See :func:`spark_source.hybrid.read_topic`."""
+    from spark_source.hybrid import read_topic as _read_topic
+    return _read_topic(spark, topic, **options)
+
+
+def register_topic_view(spark, view: str, topic=None, **options) -> None:
+    """See :func:`spark_source.hybrid.register_topic_view`."""
+    from spark_source.hybrid import register_topic_view as _register
+    _register(spark, view, topic, **options)
+
+
+__all__ = ["read_topic", "register", "register_namespace", "register_topic_view"]

@@ -123,6 +123,10 @@ class SourceOptions:
     # $PULSARLITE_BOOKIE_TLS_TRUST_CERTS_FILE on the driver (a trust file implies TLS)
     bookie_tls_enabled: bool = False
     bookie_tls_trust_certs_file_path: str = ""
+    # option plannedSegments (set by spark_source.hybrid.read_topic, not by users): the segments
+    # the driver already planned; the reader reads exactly these (narrowed by pushed publish-time
+    # filters) instead of planning again
+    planned_scans: tuple | None = None
 
     def apply_aws_env(self) -> None:
         """Credentials given as options become the standard AWS variables of this worker."""
@@ -174,7 +178,21 @@ def parse_options(options: Mapping[str, str], *, streaming: bool, need_topics: b
                                  or _opt_int(o, "maxRecordsPerTrigger", minimum=1)),
         s3_endpoint_url=endpoint, aws_env=aws_env,
         metrics_dir=(o.get("metricsdir") or "").strip() or None,
+        planned_scans=_planned(o.get("plannedsegments")),
         **_bookie_auth(o), **_zookeeper_auth(o), **_bookie_tls(o))
+
+
+def _planned(text) -> tuple | None:
+    if text is None or str(text).strip() == "":
+        return None
+    from spark_source.plan import scan_from_dict
+    try:
+        raw = json.loads(text)
+        if not isinstance(raw, list):
+            raise ValueError("expected a JSON list")
+        return tuple(scan_from_dict(d) for d in raw)
+    except ValueError as e:
+        raise OptionError(f"option plannedSegments (internal, set by spark_source.read_topic): {e}") from None
 
 
 def _bookie_auth(o: Mapping[str, str]) -> dict[str, str]:

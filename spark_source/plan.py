@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # columns of the DataFrame, in order (Spark DDL); spark_source.scan builds them
 OUTPUT_DDL = ("key string, value binary, topic string, partition int, message_id string, ledger_id bigint, "
@@ -244,4 +244,53 @@ def next_position(scans: list[SegmentScan], fallback: Position | None) -> Positi
 
 
 __all__ = ["DataLossError", "ENTRY_ID_END", "LedgerSegment", "Location", "PartitionLedgers", "PlanReport",
-           "Position", "ScanRequest", "SegmentScan", "next_position", "pack", "plan_partition"]
+           "Position", "ScanRequest", "SegmentScan", "narrow_time", "next_position", "pack", "plan_partition",
+           "scan_from_dict", "scan_to_dict"]
+
+
+# -- a plan handed from the driver to the Python source (spark_source/hybrid.py) ------------------
+def scan_to_dict(s: SegmentScan) -> dict:
+    """A SegmentScan as JSON-able data (the inverse of :func:`scan_from_dict`)."""
+    def pos(p: Position | None):
+        return None if p is None else [p.ledger_id, p.entry_id, p.batch_index]
+    return {"topic": s.topic, "partition": s.partition, "ledger_id": s.ledger_id,
+            "first_entry_id": s.first_entry_id, "last_entry_id": s.last_entry_id,
+            "location": s.location.value, "uri": s.uri, "start": pos(s.start), "end": pos(s.end),
+            "publish_time_min_ms": s.publish_time_min_ms, "publish_time_max_ms": s.publish_time_max_ms,
+            "size_bytes_estimate": s.size_bytes_estimate}
+
+
+def scan_from_dict(d: dict) -> SegmentScan:
+    """ValueError for anything that is not a scan :func:`scan_to_dict` made."""
+    def pos(v) -> Position | None:
+        if v is None:
+            return None
+        if not isinstance(v, list) or len(v) != 3:
+            raise ValueError(f"bad position {v!r}")
+        return Position(int(v[0]), int(v[1]), int(v[2]))
+
+    def opt_int(v) -> int | None:
+        return None if v is None else int(v)
+    try:
+        start = pos(d["start"])
+        if start is None:
+            raise ValueError("a scan needs a start position")
+        return SegmentScan(
+            topic=str(d["topic"]), partition=int(d["partition"]), ledger_id=int(d["ledger_id"]),
+            first_entry_id=int(d["first_entry_id"]), last_entry_id=int(d["last_entry_id"]),
+            location=Location(d["location"]), uri=None if d["uri"] is None else str(d["uri"]),
+            start=start, end=pos(d["end"]), publish_time_min_ms=opt_int(d["publish_time_min_ms"]),
+            publish_time_max_ms=opt_int(d["publish_time_max_ms"]),
+            size_bytes_estimate=int(d["size_bytes_estimate"]))
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"bad planned segment {d!r}: {e}") from None
+
+
+def narrow_time(s: SegmentScan, tmin: int | None, tmax: int | None) -> SegmentScan:
+    """``s`` with its publish-time bounds tightened to [tmin, tmax] (None: no new bound)."""
+    lo, hi = s.publish_time_min_ms, s.publish_time_max_ms
+    if tmin is not None:
+        lo = tmin if lo is None else max(lo, tmin)
+    if tmax is not None:
+        hi = tmax if hi is None else min(hi, tmax)
+    return replace(s, publish_time_min_ms=lo, publish_time_max_ms=hi)

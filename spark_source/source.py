@@ -21,7 +21,7 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from spark_source.options import OptionError, SourceOptions, parse_options
 from spark_source.plan import (OUTPUT_DDL, PartitionLedgers, PlanReport, Position, ScanRequest, SegmentScan,
-                               next_position, pack, plan_partition)
+                               narrow_time, next_position, pack, plan_partition)
 
 log = logging.getLogger("pulsarlite.spark")
 
@@ -72,7 +72,8 @@ async def _with_metadata(opts: SourceOptions, fn):
     from pulsarlite.metadata import MetadataStore
 
     if not opts.zookeeper:
-        raise OptionError("option zookeeper is required to read (planning reads segment metadata from ZooKeeper)")
+        raise OptionError("option zookeeper or admin_url is required to read (planning reads segment metadata "
+                          "from ZooKeeper; with only admin_url the broker says where it is)")
     started = time.monotonic()
     from pulsarlite.config import zookeeper_auth
     store = await MetadataStore.connect(opts.zookeeper, auth=zookeeper_auth(opts))
@@ -269,25 +270,34 @@ class PulsarliteDataSource(DataSource):
     def name(cls) -> str:
         return "pulsarlite"
 
+    def _options(self) -> dict:
+        """The options, with ``zookeeper`` asked of the broker when only ``admin_url`` is given
+        (spark_source/discovery.py); resolved once and pickled with this instance."""
+        cached = getattr(self, "_options_cache", None)
+        if cached is None:
+            from spark_source.hybrid import resolve_metadata_options
+            cached = self._options_cache = resolve_metadata_options(dict(self.options))
+        return cached
+
     def _typed(self):
         """The typed value columns, looked up once: Spark pickles this instance after
         ``schema()`` and unpickles it in the workers that call ``reader()``, which then need no
         ZooKeeper session of their own for it (and see the columns the DataFrame was given)."""
         cached = getattr(self, "_typed_cache", None)
         if cached is None:
-            cached = self._typed_cache = (_typed_value(self.options),)
+            cached = self._typed_cache = (_typed_value(self._options()),)
         return cached[0]
 
     def schema(self):
         return _schema_with(self._typed())
 
     def reader(self, schema):
-        opts = parse_options(self.options, streaming=False)
-        return self._reader_class(opts, shape=read_shape(schema, self.options, self._typed))
+        opts = parse_options(self._options(), streaming=False)
+        return self._reader_class(opts, shape=read_shape(schema, self._options(), self._typed))
 
     def streamReader(self, schema):
-        opts = parse_options(self.options, streaming=True)
-        return PulsarliteStreamReader(opts, shape=read_shape(schema, self.options, self._typed))
+        opts = parse_options(self._options(), streaming=True)
+        return PulsarliteStreamReader(opts, shape=read_shape(schema, self._options(), self._typed))
 
     def writer(self, schema, overwrite: bool):
         from spark_source.writer import PulsarliteWriter
@@ -363,8 +373,15 @@ class PulsarliteReader(DataSourceReader):
         async def run(store, client):
             return await _load_partitions(opts, store, client)
 
-        parts = asyncio.run(_with_metadata(opts, run))
-        scans = plan_batch(opts, parts, tmin, tmax, report) if tmin is None or tmax is None or tmin <= tmax else []
+        if tmin is not None and tmax is not None and tmin > tmax:
+            scans = []
+        elif opts.planned_scans is not None:
+            # planned once by the driver (spark_source.hybrid): the same segments, no second look
+            # at the metadata; pushed publish-time filters narrow the rows read
+            scans = [narrow_time(s, tmin, tmax) for s in opts.planned_scans]
+            report.segments_total = report.segments_planned = len(scans)
+        else:
+            scans = plan_batch(opts, asyncio.run(_with_metadata(opts, run)), tmin, tmax, report)
         groups = pack(scans, target_bytes=opts.target_partition_bytes, open_size_bytes=opts.open_segment_bytes,
                       min_partitions=opts.min_partitions)
         _log_plan("batch", opts, report, groups, int((time.monotonic() - started) * 1000))

@@ -974,6 +974,13 @@ def make_admin_app(backend: AdminBackend, *, body_bytes_max: int = BODY_BYTES_MA
         r.add_get(topic_base + "/segments", at_owner(topic_segments))
         r.add_get(topic_base + "/console", console_topic)          # asks the owner itself
 
+    # -- where the metadata store and the tier are (spark_source reads with only admin_url) -------
+    async def pulsarlite_metadata(request: web.Request) -> web.Response:
+        return _json(backend.metadata_locations())
+
+    if hasattr(backend, "metadata_locations"):
+        r.add_get("/admin/v2/pulsarlite/metadata", pulsarlite_metadata)     # superusers (not a tenant route)
+
     # -- metrics ----------------------------------------------------------------------------
     async def metrics(request: web.Request) -> web.Response:
         body, content_type = backend.metrics.render(request.headers.get("Accept", ""))

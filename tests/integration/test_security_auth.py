@@ -201,6 +201,24 @@ def test_http_bearer_basic_and_garbage(secured):
     assert status == 403 and "not a superuser" in body["reason"]
 
 
+def test_metadata_location_route_is_for_superusers(secured):
+    """GET /admin/v2/pulsarlite/metadata names ZooKeeper (full access): superusers only; the
+    Spark source's discovery sends the token it is given and says clearly when refused."""
+    from spark_source.discovery import discover
+    from spark_source.options import OptionError
+    path = "/admin/v2/pulsarlite/metadata"
+    assert _http(secured, path)[0] == 401
+    status, body = _http(secured, path, {"Authorization": f"Bearer {token('someone')}"})
+    assert status == 403 and "not a superuser" in body["reason"]
+    status, body = _http(secured, path, {"Authorization": f"Bearer {token('admin')}"})
+    assert status == 200 and body["zookeeper"] == secured.zookeeper
+    assert discover({"admin_url": secured.admin_url, "adminToken": token("admin")})["zookeeper"] == secured.zookeeper
+    with pytest.raises(OptionError, match="401.*adminToken"):
+        discover({"admin_url": secured.admin_url})
+    with pytest.raises(OptionError, match="403.*superuser"):
+        discover({"admin_url": secured.admin_url, "adminToken": token("someone")})
+
+
 def _read_until(sock, decoder, kinds, wait_s: float) -> list:
     deadline = time.monotonic() + wait_s
     got = []
