@@ -27,22 +27,13 @@ def pytest_asyncio_loop_factories(config, item):
 collect_ignore = ["fuzz"] if os.environ.get("PULSARLITE_FUZZ") == "0" else []
 
 
-# The whole-path simulation's 10,000-seed sweep runs beside the session at the lowest CPU
-# priority; its test, moved to the end, finishes what the background did not (tests/sim/background_sweep.py).
+# The simulation sweeps (ledger, autorecovery, publish path, whole path) run beside the session in
+# one background process at the lowest CPU priority; their tests, moved to the end, finish what
+# the background did not (tests/sim/background_sweep.py).
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
-    from sim.background_sweep import SWEEP_TEST
-    sweep = [item for item in items if item.nodeid.endswith(SWEEP_TEST)]
-    if sweep:
-        items[:] = [item for item in items if item not in sweep] + sweep
-
-
-def pytest_collection_finish(session):
-    from sim.background_sweep import SWEEP_TEST, start_for_session
-    if session.config.option.collectonly:
-        return
-    if any(item.nodeid.endswith(SWEEP_TEST) for item in session.items) and len(session.items) > 1:
-        start_for_session(session.config)     # ended at the session's end (its plugin's sessionfinish)
+    from sim.background_sweep import order_and_start
+    order_and_start(config, items)     # ended at the session's end (its plugin's sessionfinish)
 
 
 @pytest.fixture(scope="session")

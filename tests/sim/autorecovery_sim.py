@@ -955,6 +955,16 @@ def check_seed(seed: int, config: AutorecoveryConfig | str = "e3w2a2n7", **overr
     return result
 
 
+SWEEP_CONFIGS = tuple(sorted(CONFIGS))
+
+
+def sweep_seed(seed: int, config: str) -> tuple[list[str], dict[str, int], str]:
+    """One unit of the suite's sweep (tests/sim/background_sweep.py): violations, counters and
+    the replay command of one seed of one configuration."""
+    result = run_seed(seed, config)
+    return result.violations, result.stats, replay_command(seed, result.config)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, required=True)

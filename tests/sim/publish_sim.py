@@ -608,6 +608,17 @@ def check_seed(seed: int, **kwargs) -> SimResult:
     return result
 
 
+SWEEP_CONFIGS = ("default",)      # one configuration
+
+
+def sweep_seed(seed: int, config: str = "default") -> tuple[list[str], dict[str, int], str]:
+    """One unit of the suite's sweep (tests/sim/background_sweep.py): violations, counters and
+    the replay command of one seed."""
+    result = run_seed(seed)
+    stats = {"acked": result.acked, "stored": result.stored, "crashes": result.crashes}
+    return result.violations, stats, replay_command(seed)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.sim.publish_sim", description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int)

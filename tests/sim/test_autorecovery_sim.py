@@ -18,17 +18,16 @@ the window the model leaves out (a reply handled before the LOST notice).
 
 from __future__ import annotations
 
-import collections
-import os
 from dataclasses import replace
 
 import pytest
 
 from bookie.autorecovery import replication_core as rc
 
+from . import background_sweep
 from .autorecovery_sim import CONFIGS, SimulationViolation, check_seed, main, run_seed
 
-SEEDS = int(os.environ.get("PULSARLITE_AUTORECOVERY_SIM_SEEDS", "40"))
+SEEDS = background_sweep.BY_NAME["autorecovery"].seeds()      # PULSARLITE_AUTORECOVERY_SIM_SEEDS, default 40
 DEFECT_SEED_BUDGET = 60
 
 pytestmark = pytest.mark.sim
@@ -42,14 +41,18 @@ COVERAGE_ANY = ("crashes_mid_copy", "decommissions", "transient_downs", "unmark_
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
-def test_invariants_hold_over_a_sweep_of_seeds(config):
-    totals: collections.Counter = collections.Counter()
-    for seed in range(SEEDS):
-        totals.update(check_seed(seed, config).stats)     # raises naming the seed
-    print(f"{config}: {dict(totals)}")
-    missing = [k for k in COVERAGE if not totals[k]]
+def test_invariants_hold_over_a_sweep_of_seeds(config, request):
+    """Every seed of 0..SEEDS-1 of this configuration: those the background finished while the
+    rest of the session ran (tests/sim/background_sweep.py), the others here."""
+    outcome = background_sweep.finish(request.config, "autorecovery", [config])
+    print(outcome.line)
+    assert len(outcome.results) == SEEDS
+    background_sweep.check(outcome)         # names each failing seed with its replay command
+    totals = outcome.stats()
+    print(f"{config}: {totals}")
+    missing = [k for k in COVERAGE if not totals.get(k)]
     assert not missing, f"{config}: the sweep never exercised {missing}"
-    _ANY.update(k for k in COVERAGE_ANY if totals[k])
+    _ANY.update(k for k in COVERAGE_ANY if totals.get(k))
 
 
 _ANY: set[str] = set()

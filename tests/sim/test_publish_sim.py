@@ -6,12 +6,12 @@ producer first occurrences in order, receipts only for positions that hold the m
 Budget: PUBLISH_SIM_SEEDS seeds (default 10,000, ~100 s; override with the environment variable
 PULSARLITE_PUBLISH_SIM_SEEDS, or run `make sim` for a longer soak). A failing seed is reported
 with the command that replays it. Each protection the publish path relies on is switched off in
-turn, and the simulation must find a violation within its budget.
+turn, and the simulation must find a violation within its budget. In a session with other tests
+the sweep's seeds run in the background beside them and the sweep test, moved to the end, runs
+what the background did not (tests/sim/background_sweep.py).
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 
@@ -19,20 +19,22 @@ import broker.publish_core
 from broker.dedup import DedupState
 from broker.publish_core import PublishCore, WriteState
 
+from . import background_sweep
 from .publish_sim import SimulationViolation, check_seed, run_seed
 
-PUBLISH_SIM_SEEDS = int(os.environ.get("PULSARLITE_PUBLISH_SIM_SEEDS", "10000"))
+PUBLISH_SIM_SEEDS = background_sweep.BY_NAME["publish"].seeds()      # PULSARLITE_PUBLISH_SIM_SEEDS, default 10,000
 DEFECT_SEED_BUDGET = 400
-CHUNKS = 10
 
 pytestmark = pytest.mark.sim
 
 
-@pytest.mark.parametrize("chunk", range(CHUNKS))
-def test_every_seed_keeps_the_publish_invariants(chunk):
-    size = -(-PUBLISH_SIM_SEEDS // CHUNKS)
-    for seed in range(chunk * size, min(PUBLISH_SIM_SEEDS, (chunk + 1) * size)):
-        check_seed(seed)          # raises SimulationViolation naming the seed and its replay command
+def test_every_seed_keeps_the_publish_invariants(request):
+    """Every seed of 0..PUBLISH_SIM_SEEDS-1: those the background finished while the rest of the
+    session ran (tests/sim/background_sweep.py), the others here."""
+    outcome = background_sweep.finish(request.config, "publish")
+    print(outcome.line)
+    assert len(outcome.results) == PUBLISH_SIM_SEEDS
+    background_sweep.check(outcome)         # names each failing seed with its replay command
 
 
 def _first_violation(kind: str = "", budget: int = DEFECT_SEED_BUDGET):

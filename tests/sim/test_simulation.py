@@ -3,6 +3,8 @@
 Budget: SIM_SEEDS seeds per configuration (default 1000 over 8 configurations, ~25 s: the
 suite's time budget; every rare path of COVERAGE is still exercised; override with the
 environment variable PULSARLITE_SIM_SEEDS, or `make sim-ledger SEEDS=N` for a longer soak). A failing seed is printed with the command that replays it.
+In a session with other tests the seeds run in the background beside them and the sweep tests,
+moved to the end, run what the background did not (tests/sim/background_sweep.py).
 
 Planted defects (each test plants one, in the real code or the simulation, and shows the
 simulation finds it within DEFECT_SEED_BUDGET seeds, then that the same seed is clean without
@@ -17,8 +19,6 @@ from the LAC instead of the writer's last fragment (TLA+ defect 2).
 
 from __future__ import annotations
 
-import collections
-import os
 from dataclasses import replace
 
 import pytest
@@ -31,10 +31,11 @@ from bookie.client.reader import LedgerReader
 from bookie.client.recovery_core import LedgerRecoveryCore
 from bookie.client.write_core import LedgerWriteCore
 
+from . import background_sweep
 from .simulator import CONFIGS, QW_EQUALS_QA_LOSSES, SimulationViolation, check_seed, run_seed
 
-SIM_SEEDS_DEFAULT = 1000
-SIM_SEEDS = int(os.environ.get("PULSARLITE_SIM_SEEDS", str(SIM_SEEDS_DEFAULT)))
+SIM_SEEDS = background_sweep.BY_NAME["ledger"].seeds()      # PULSARLITE_SIM_SEEDS
+SIM_SEEDS_DEFAULT = background_sweep.BY_NAME["ledger"].seeds_default      # 1,000
 DEFECT_SEED_BUDGET = 1500
 
 pytestmark = pytest.mark.sim
@@ -50,18 +51,21 @@ COVERAGE_QW_EQUALS_QA_LOSSES = ("recovery_ensemble_changes", "recovery_took_over
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
-def test_invariants_hold_with_both_fixes(config):
-    totals: collections.Counter = collections.Counter()
-    for seed in range(SIM_SEEDS):
-        result = check_seed(seed, config)      # raises SimulationViolation naming the seed
-        totals.update(result.stats)
-    print(f"{config}: {dict(totals)}")
+def test_invariants_hold_with_both_fixes(config, request):
+    """Every seed of 0..SIM_SEEDS-1 of this configuration: those the background finished while
+    the rest of the session ran (tests/sim/background_sweep.py), the others here."""
+    outcome = background_sweep.finish(request.config, "ledger", [config])
+    print(outcome.line)
+    assert len(outcome.results) == SIM_SEEDS
+    background_sweep.check(outcome)         # names each failing seed with its replay command
+    totals = outcome.stats()
+    print(f"{config}: {totals}")
     if SIM_SEEDS >= SIM_SEEDS_DEFAULT:         # fewer seeds (a quick run) may miss rare paths
         expected = list(COVERAGE) + [k for k, knob in COVERAGE_IF.items() if getattr(CONFIGS[config], knob) > 0]
         if config in QW_EQUALS_QA_LOSSES:
             expected += COVERAGE_QW_EQUALS_QA_LOSSES
-        missing = [k for k in expected if not totals[k]]
-        assert not missing, f"{config}: {SIM_SEEDS} seeds never exercised {missing}: {dict(totals)}"
+        missing = [k for k in expected if not totals.get(k)]
+        assert not missing, f"{config}: {SIM_SEEDS} seeds never exercised {missing}: {totals}"
 
 
 def find_defect(config: str, match: str, budget: int = DEFECT_SEED_BUDGET, **overrides):

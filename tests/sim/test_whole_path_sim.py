@@ -9,7 +9,8 @@ seed takes ~20-25 ms on this 2-core machine (~19 ms of CPU, about half of it the
 itself: whole_path_sim's docstring), so 10,000 seeds are ~3.5 min of one core: in a session with
 other tests they run in a background process at the lowest CPU priority while the rest of the
 suite runs, and the sweep test, moved to the end, runs the seeds the background did not finish
-(tests/sim/background_sweep.py; PULSARLITE_WHOLE_PATH_BACKGROUND=0 runs them all in the test).
+(tests/sim/background_sweep.py, the one mechanism of every sweep; PULSARLITE_SIM_BACKGROUND=0 runs
+them all in the test).
 `make sim-whole SEEDS=A-B` runs other ranges. A failing seed is reported with the command that
 replays it.
 
@@ -25,7 +26,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -44,38 +44,19 @@ from . import background_sweep
 from .publish_sim import SimulationViolation
 from .whole_path_sim import check_seed, replay_command, run_seed
 
-WHOLE_PATH_SEEDS = background_sweep.sweep_seeds()      # PULSARLITE_WHOLE_PATH_SEEDS, default 10,000
+WHOLE_PATH_SEEDS = background_sweep.BY_NAME["whole-path"].seeds()     # PULSARLITE_WHOLE_PATH_SEEDS, default 10,000
 DEFECT_SEED_BUDGET = 300
 
 pytestmark = pytest.mark.sim
 
 
 def test_every_seed_keeps_the_whole_path_invariants(request):
-    """Every seed of 0..WHOLE_PATH_SEEDS-1: those the background sweep finished while the rest
-    of the session ran (tests/sim/background_sweep.py), the others here."""
-    background = background_sweep.collect(request.config)
-    done = background.seeds if background is not None else {}
-    if background is not None and background.error:
-        print(f"the background sweep exited with an error (its seeds run here):\n{background.error}")
-    failures = [f"seed {seed}: {outcome}\n  replay: {replay_command(seed)}"
-                for seed, outcome in sorted(done.items()) if seed < WHOLE_PATH_SEEDS and outcome != "ok"]
-    start = time.monotonic()
-    here = 0
-    for seed in range(WHOLE_PATH_SEEDS):
-        if seed in done:
-            continue
-        result = run_seed(seed)
-        here += 1
-        if not result.ok:
-            failures.append(f"seed {seed}: {'; '.join(result.violations[:5])}\n  replay: {replay_command(seed)}")
-    elapsed = time.monotonic() - start
-    line = (f"whole path: {WHOLE_PATH_SEEDS} seeds (0-{WHOLE_PATH_SEEDS - 1}): "
-            + (f"{WHOLE_PATH_SEEDS - here} in the background over {background.elapsed_s:.0f} s of the session, "
-               if background is not None else "")
-            + f"{here} here in {elapsed:.1f} s; {len(failures)} failed")
-    print(line)
-    background_sweep.report(request.config, line)
-    assert not failures, f"{len(failures)} of {WHOLE_PATH_SEEDS} seeds broke an invariant:\n" + "\n".join(failures[:10])
+    """Every seed of 0..WHOLE_PATH_SEEDS-1: those the background finished while the rest of the
+    session ran (tests/sim/background_sweep.py), the others here."""
+    outcome = background_sweep.finish(request.config, "whole-path")
+    print(outcome.line)
+    assert len(outcome.results) == WHOLE_PATH_SEEDS
+    background_sweep.check(outcome)
 
 
 def test_the_simulation_exercises_every_fault():

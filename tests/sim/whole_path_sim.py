@@ -1577,6 +1577,16 @@ def check_seed(seed: int, config: WholePathConfig | None = None, **overrides: An
     return result
 
 
+SWEEP_CONFIGS = ("default",)      # one configuration: WholePathConfig()
+
+
+def sweep_seed(seed: int, config: str = "default") -> tuple[list[str], dict[str, int], str]:
+    """One unit of the suite's sweep (tests/sim/background_sweep.py): violations, counters and
+    the replay command of one seed (the sweep's mode: no trace)."""
+    result = run_seed(seed)
+    return result.violations, result.stats, replay_command(seed)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.sim.whole_path_sim", description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int)
