@@ -48,9 +48,10 @@ producer.close(); consumer.close(); client.close()
 """
 
 
-@pytest.fixture
-def cluster(cluster_factory):
-    return cluster_factory(3, brokers=1)
+@pytest.fixture(scope="module")
+def cluster(module_cluster_factory):
+    """One cluster for the module's tests (each uses its own topics; none stops a process)."""
+    return module_cluster_factory(3, brokers=1)
 
 
 def _run_child(url: str, topic: str, n: int) -> list[dict]:

@@ -23,9 +23,10 @@ TIMEOUT_MS = 20_000
 PARTITIONS = 3
 
 
-@pytest.fixture
-def cluster(cluster_factory):
-    return cluster_factory(3, brokers=1)
+@pytest.fixture(scope="module")
+def cluster(module_cluster_factory):
+    """One cluster for the module's tests (each uses its own topics; none stops a process)."""
+    return module_cluster_factory(3, brokers=1)
 
 
 def _create_partitioned(cluster, local: str) -> str:

@@ -45,13 +45,20 @@ def ledger_metadata(cluster, ledger_id: int) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.fixture(scope="module")
+def default_cluster(module_cluster_factory):
+    """The default configuration's cluster, shared by the tests that need nothing else (each
+    uses its own topics and ledgers; none stops a process)."""
+    return module_cluster_factory(3, brokers=1, name="default")
+
+
 @pytest.mark.parametrize("batching", [False, True])
-def test_message_at_the_advertised_max_is_stored_and_one_above_fails_clearly(cluster_factory, batching):
+def test_message_at_the_advertised_max_is_stored_and_one_above_fails_clearly(default_cluster, batching):
     """A payload of exactly the advertised maximum (with properties: the metadata adds to the
     entry) is stored and consumed; one byte more fails in the client with MessageTooBig and the
     producer keeps working; no bookie of the ledger was replaced (one fragment, nothing
     under-replicated): the bookies never refused an entry."""
-    cluster = cluster_factory(3, brokers=1)
+    cluster = default_cluster
     client = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
     try:
         topic = f"persistent://public/default/size-max-{int(batching)}"
@@ -167,13 +174,13 @@ async def test_bookie_too_large_fails_the_add_and_replaces_no_bookie(cluster_fac
 
 
 @pytest.mark.parametrize("batching,compression", [(False, "NONE"), (True, "NONE"), (True, "LZ4")])
-def test_our_client_sends_a_message_of_the_advertised_max(cluster_factory, batching, compression):
+def test_our_client_sends_a_message_of_the_advertised_max(default_cluster, batching, compression):
     """Our client counts the payload only (as the Go client): a payload of exactly the maximum
     is sent, alone or as a batch of one, compressed or not (a batch's framing adds a few bytes:
     a batch is bounded by the frame limit only, as in Pulsar), stored and consumed; one byte
     more is MessageTooBig."""
     import pulsarlite
-    cluster = cluster_factory(3, brokers=1)
+    cluster = default_cluster
     client = pulsarlite.Client(cluster.service_url, operation_timeout_seconds=30)
     try:
         topic = f"persistent://public/default/size-ours-{int(batching)}-{compression.lower()}"

@@ -21,9 +21,10 @@ pytestmark = pytest.mark.integration
 TIMEOUT_MS = 15_000
 
 
-@pytest.fixture
-def cluster(cluster_factory):
-    return cluster_factory(3, brokers=1)
+@pytest.fixture(scope="module")
+def cluster(module_cluster_factory):
+    """One cluster for the module's tests (each uses its own topics; none stops a process)."""
+    return module_cluster_factory(3, brokers=1)
 
 
 
