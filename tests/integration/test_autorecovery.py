@@ -20,8 +20,10 @@ from pulsarlite.config import LedgerClientConfig
 
 pytestmark = pytest.mark.integration
 
+# A killed bookie is seen lost when its ZooKeeper session expires: 5 s here (10 s by default);
+# the tests that race a worker's session against its copy set 4 s themselves.
 FAST = {"lost_bookie_recovery_delay_ms": 1_000, "replication_poll_interval_ms": 200,
-        "audit_interval_ms": 5_000, "replication_retry_delay_ms_max": 1_000}
+        "audit_interval_ms": 5_000, "replication_retry_delay_ms_max": 1_000, "zk_session_timeout_ms": 5_000}
 REPAIR_TIMEOUT_S = 120.0
 
 
