@@ -13,11 +13,15 @@ How a session runs them:
    session, in its collected order. If the session holds other tests too, ONE background process
    starts, ``python -m tests.sim.background_sweep --results DIR --run NAME:CONFIG,... ...``, at
    the lowest CPU priority (``nice -n 19``: it takes only what the tests leave), and runs the
-   units of those (sweep, configuration)s forward, in the order the tests will finish them,
-   writing one JSON line per finished unit to ``DIR/results.jsonl``.
+   units of those (sweep, configuration)s, starting with the one finished LAST (the whole path's
+   single test, the longest), each configuration's seeds forward, writing one JSON line per
+   finished unit to ``DIR/results.jsonl``.
 2. The finishing test (:func:`finish`) reads what the background finished and runs every unit
    it did not, in-process, from the LAST one backwards, re-reading the results after each unit:
    the background (on the other core, at the session's end) and the test meet in the middle.
+   A sweep too long for one test (the publish path's 10,000 seeds) is cut into chunks, one test
+   each (``sweep_units``), so that a test's share stays within the per-test timeout when the
+   background got little CPU.
    Before it runs a unit the test claims it (``DIR/claims.txt``), and the background skips
    claimed units, so neither repeats the other's work. The session always covers every unit,
    whatever the machine's load: only where each unit runs changes.
@@ -106,7 +110,10 @@ def _module(sweep: Sweep):
 
 
 def units(sweep: Sweep, config: str) -> list[int]:
-    return list(range(sweep.seeds()))
+    """The seeds of one configuration: 0..seeds-1, or the module's ``sweep_units(config,
+    seeds)`` (a sweep of one configuration cut into chunks, one test each)."""
+    split = getattr(_module(sweep), "sweep_units", None)
+    return list(split(config, sweep.seeds())) if split is not None else list(range(sweep.seeds()))
 
 
 @dataclass(frozen=True)
@@ -291,7 +298,9 @@ def order_and_start(session_config, items: list) -> None:
         config = callspec.params.get("config") if callspec is not None else None
         configs = [config] if config is not None else list(_module(sweep).SWEEP_CONFIGS)
         runs += [(sweep.name, c) for c in configs if (sweep.name, c) not in runs]
-    background = Background(runs)
+    # the background works through them from the last (the whole path's single, longest test)
+    # while the tests at the end go from the first: they meet in the middle of the list too
+    background = Background(runs[::-1])
     background.start()
     session_config.pluginmanager.register(SweepPlugin(background), PLUGIN_NAME)
 

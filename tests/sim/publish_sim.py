@@ -608,10 +608,18 @@ def check_seed(seed: int, **kwargs) -> SimResult:
     return result
 
 
-SWEEP_CONFIGS = ("default",)      # one configuration
+SWEEP_CHUNKS = 10
+SWEEP_CONFIGS = tuple(f"chunk{i}" for i in range(SWEEP_CHUNKS))    # one configuration, in 10 chunks
 
 
-def sweep_seed(seed: int, config: str = "default") -> tuple[list[str], dict[str, int], str]:
+def sweep_units(config: str, seeds: int) -> range:
+    """The seeds of one chunk of the sweep (tests/sim/background_sweep.py)."""
+    size = -(-seeds // SWEEP_CHUNKS)
+    chunk = SWEEP_CONFIGS.index(config)
+    return range(chunk * size, min(seeds, (chunk + 1) * size))
+
+
+def sweep_seed(seed: int, config: str = "chunk0") -> tuple[list[str], dict[str, int], str]:
     """One unit of the suite's sweep (tests/sim/background_sweep.py): violations, counters and
     the replay command of one seed."""
     result = run_seed(seed)

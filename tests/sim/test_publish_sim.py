@@ -20,7 +20,7 @@ from broker.dedup import DedupState
 from broker.publish_core import PublishCore, WriteState
 
 from . import background_sweep
-from .publish_sim import SimulationViolation, check_seed, run_seed
+from .publish_sim import SWEEP_CONFIGS, SimulationViolation, check_seed, run_seed, sweep_units
 
 PUBLISH_SIM_SEEDS = background_sweep.BY_NAME["publish"].seeds()      # PULSARLITE_PUBLISH_SIM_SEEDS, default 10,000
 DEFECT_SEED_BUDGET = 400
@@ -28,13 +28,19 @@ DEFECT_SEED_BUDGET = 400
 pytestmark = pytest.mark.sim
 
 
-def test_every_seed_keeps_the_publish_invariants(request):
-    """Every seed of 0..PUBLISH_SIM_SEEDS-1: those the background finished while the rest of the
-    session ran (tests/sim/background_sweep.py), the others here."""
-    outcome = background_sweep.finish(request.config, "publish")
+@pytest.mark.parametrize("config", SWEEP_CONFIGS)
+def test_every_seed_keeps_the_publish_invariants(config, request):
+    """Every seed of this chunk of 0..PUBLISH_SIM_SEEDS-1: those the background finished while
+    the rest of the session ran (tests/sim/background_sweep.py), the others here."""
+    outcome = background_sweep.finish(request.config, "publish", [config])
     print(outcome.line)
-    assert len(outcome.results) == PUBLISH_SIM_SEEDS
+    assert [r.seed for r in outcome.results] == list(sweep_units(config, PUBLISH_SIM_SEEDS))
     background_sweep.check(outcome)         # names each failing seed with its replay command
+
+
+def test_the_chunks_cover_every_seed_once():
+    seeds = [s for config in SWEEP_CONFIGS for s in sweep_units(config, PUBLISH_SIM_SEEDS)]
+    assert seeds == list(range(PUBLISH_SIM_SEEDS))
 
 
 def _first_violation(kind: str = "", budget: int = DEFECT_SEED_BUDGET):
