@@ -7,7 +7,8 @@ One local cluster (3 bookies, 1 broker). Each round publishes, for each of three
 of 100 B over 1,000 keys (``key-{i % 1000}``) to a fresh topic, with 4 official consumers
 (``receiver_queue_size`` 1,000, one thread each, same process) subscribed before the publish and
 not receiving yet; then they drain it with individual acks: msg/s from the first message received
-to the last. The cases, alternated in each round:
+to the last, and the broker's CPU time per message over the drain (/proc: less sensitive to the
+machine's load than the rate). The cases, alternated in each round:
 
   batched-shared   default batching (the reference), Shared
   small-shared     batching off: one message per entry, Shared
@@ -23,6 +24,8 @@ No assertions: figures only.
 from __future__ import annotations
 
 import argparse
+import signal
+import os
 import shutil
 import statistics
 import subprocess
@@ -42,7 +45,15 @@ def say(*args) -> None:
     print(*args, file=sys.stderr, flush=True)
 
 
-def drain(service_url: str, case: str, messages: int, profile: tuple[int, float] | None = None) -> float:
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drain(service_url: str, case: str, messages: int, broker_pid: int,
+          profile: tuple[int, float] | None = None) -> tuple[float, float]:
+    """(msg/s of the drain, broker CPU microseconds per message during it)."""
     import pulsar
     client = pulsar.Client(service_url, operation_timeout_seconds=60,
                            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
@@ -86,21 +97,24 @@ def drain(service_url: str, case: str, messages: int, profile: tuple[int, float]
             spy = subprocess.Popen([shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(pid), "-d",
                                     str(int(seconds)), "-r", "200", "-f", "raw", "-o", str(out)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cpu0 = cpu_s(broker_pid)
         threads = [threading.Thread(target=run, args=(i,)) for i in range(CONSUMERS)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        cpu_us = (cpu_s(broker_pid) - cpu0) * 1e6 / max(1, sum(counts))
         if spy is not None:
             spy.wait()
             summarize_raw(out)
         total = sum(counts)
         rate = total / (last[0] - first[0]) if first[0] and last[0] > first[0] else 0.0
-        say(f"{case}: {total}/{messages} received, per consumer {counts}, {rate:,.0f} msg/s")
+        say(f"{case}: {total}/{messages} received, per consumer {counts}, {rate:,.0f} msg/s, "
+            f"broker CPU {cpu_us:.1f} us/msg")
         producer.close()
         for c in consumers:
             c.close()
-        return rate
+        return rate, cpu_us
     finally:
         client.close()
 
@@ -133,6 +147,7 @@ def main() -> None:
     ap.add_argument("--dir", default=None)
     ap.add_argument("--py-spy", type=float, default=0.0)
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stop the cluster on SIGTERM too
     from pulsarlite.cluster import LocalCluster
     base = Path(args.dir or tempfile.mkdtemp(prefix="bench-small-"))
     cluster = LocalCluster(base / "cluster")
@@ -146,7 +161,8 @@ def main() -> None:
             rates = {}
             for case in order:
                 profile = (broker_pid, args.py_spy) if args.py_spy and r == 0 and case == "small-keyshared" else None
-                rates[case] = drain(cluster.service_url, case, args.messages, profile)
+                rates[case], rates[f"cpu-us-{case}"] = drain(cluster.service_url, case, args.messages,
+                                                              broker_pid, profile)
             rates["ratio-shared"] = rates["small-shared"] / rates["batched-shared"]
             rates["ratio-keyshared"] = rates["small-keyshared"] / rates["batched-shared"]
             say(f"round {r + 1}: " + ", ".join(f"{k} {v:,.2f}" for k, v in rates.items()))
@@ -160,6 +176,8 @@ def main() -> None:
         print(f"| drain of {args.messages:,} small entries (1 msg each, {KEYS:,} keys), {CONSUMERS} official "
               f"consumers, {kind} | {med[case]:,.0f} msg/s | default batches, Shared {med['batched-shared']:,.0f} "
               f"msg/s | {med[key]:.2f} | >= 0.5 | {'met' if med[key] >= 0.5 else '**missed**'} |")
+    for case in cases:
+        print(f"| broker CPU per message while draining, {case} | {med[f'cpu-us-{case}']:.1f} us | | | | |")
     say("per round: " + "; ".join(f"{row['ratio-shared']:.2f}/{row['ratio-keyshared']:.2f}" for row in rows))
 
 
