@@ -91,6 +91,7 @@ def main() -> None:
     ap.add_argument("--session-ms", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--json", action="store_true", help="print a JSON object of the medians first (bench/suite.py)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stop the cluster on SIGTERM too
     from kazoo.client import KazooClient
@@ -114,6 +115,8 @@ def main() -> None:
     med = {k: statistics.median(row[k] for row in rows if k in row)
            for k in ("owner_gone_s", "new_owner_s", "first_ack_s") if any(k in row for row in rows)}
     first = med.get("first_ack_s", float("inf"))
+    if args.json:
+        print(json.dumps({"session_timeout_s": timeout_s, "rounds": len(rows), "median": med, "per_round": rows}))
     print("| figure | value | reference (same run) | goal | goal met |\n|---|---|---|---|---|")
     print(f"| service back after kill -9 of the owner (first acknowledged send), median of {len(rows)} | "
           f"{first:.1f} s (owner znode gone {med.get('owner_gone_s', float('nan')):.1f} s, new owner "

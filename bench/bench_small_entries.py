@@ -146,6 +146,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--py-spy", type=float, default=0.0)
+    ap.add_argument("--json", action="store_true", help="print a JSON object of the medians first (bench/suite.py)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stop the cluster on SIGTERM too
     from pulsarlite.cluster import LocalCluster
@@ -170,6 +171,9 @@ def main() -> None:
     finally:
         cluster.stop()
     med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
+    if args.json:
+        print(json.dumps({"messages": args.messages, "rounds": len(rows), "median": med,
+                          "per_round": rows}))
     print(f"| figure | value | reference (same run) | ratio (median of rounds) | goal | goal met |\n|---|---|---|---|---|---|")
     for case, key in (("small-shared", "ratio-shared"), ("small-keyshared", "ratio-keyshared")):
         kind = "Shared" if case == "small-shared" else "Key_Shared"
