@@ -116,6 +116,8 @@ COMPONENTS = (
                         "--masters", "local[2]", "--user-schema"]),
     ("bench_client.py", ["--messages", "50000", "--rounds", "2"]),
     ("bench_spark_native.py", ["--messages", "1000000", "--rounds", "4", "--half-messages", "100000"]),
+    ("bench_small_entries.py", ["--messages", "100000", "--rounds", "3"]),
+    ("bench_failover.py", ["--rounds", "2"]),
 )
 
 
@@ -289,6 +291,23 @@ def table(rounds: list[Round]) -> list[tuple[str, str, str, str, str]]:
                          fmt(c["pulsarlite_msg_s"], "msg/s"), f"official {fmt(c['official_msg_s'], 'msg/s')}",
                          _ratio(c["pulsarlite_msg_s"] / c["official_msg_s"]), ">= 0.5 ([client])",
                          verdict(c["pulsarlite_msg_s"] / c["official_msg_s"], lambda x: x >= 0.5)))
+    small = extra("bench_small_entries.py")
+    if small:
+        m = small["median"]
+        for case, key, kind in (("small-shared", "ratio-shared", "Shared"), ("small-keyshared", "ratio-keyshared",
+                                                                          "Key_Shared")):
+            rows.append((f"drain of {small['messages']:,} small entries (1 msg each, 1,000 keys), 4 official "
+                         f"consumers, {kind}; broker CPU {m[f'cpu-us-{case}']:.1f} us/msg",
+                         fmt(m[case], "msg/s"), f"default batches, Shared {fmt(m['batched-shared'], 'msg/s')} "
+                         f"(broker CPU {m['cpu-us-batched-shared']:.1f} us/msg); median of per-round ratios",
+                         _ratio(m[key]), ">= 0.5", verdict(m[key], lambda x: x >= 0.5)))
+    failover = extra("bench_failover.py")
+    if failover and failover["median"].get("first_ack_s") is not None:
+        t = failover["session_timeout_s"]
+        back = failover["median"]["first_ack_s"]
+        rows.append(("service back after kill -9 of a topic's owner (first acknowledged send on the new owner)",
+                     fmt(back, "s", 1), f"metadata session timeout {fmt(t, 's', 1)}", _ratio(back / t),
+                     "<= timeout + 2 s", verdict(back, lambda v: v <= t + 2)))
     return rows
 
 

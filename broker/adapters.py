@@ -111,14 +111,16 @@ def listener_urls(result, listener_name: str) -> tuple[str, str]:
 
 def make_ownership(store, broker_id: str, service_url: str, web_service_url: str, *,
                    lease_ms: int | None = None, service_url_tls: str = "", web_service_url_tls: str = "",
-                   listeners: dict[str, tuple[str, str]] | None = None):
-    """``lease_ms``: see OwnershipManager; the broker passes half its ZooKeeper session timeout.
+                   listeners: dict[str, tuple[str, str]] | None = None, dead_owner_wait_s: float = 0.0):
+    """``lease_ms``: see OwnershipManager; the broker passes half its ZooKeeper session timeout
+    (and its session timeout plus 1 s as ``dead_owner_wait_s``).
     The TLS URLs ("" without such a listener) are published beside the plain ones, and the
     advertised listeners (BrokerConfig.listeners()) beside them."""
     from broker.ownership import OwnershipManager
 
     return ManagedOwnership(OwnershipManager(store, broker_id, pulsar_url=service_url,
                                              http_url=web_service_url, lease_ms=lease_ms,
+                                             dead_owner_wait_s=dead_owner_wait_s,
                                              pulsar_url_tls=service_url_tls, http_url_tls=web_service_url_tls,
                                              listeners=tuple((name, url, url_tls) for name, (url, url_tls)
                                                              in (listeners or {}).items())))

@@ -86,7 +86,9 @@ class _Consumer:
     arrival: int = 0
     permits: int = 0
     permits_granted_max: int = 0
-    outstanding: SortedDict = field(default_factory=SortedDict)   # position -> message count
+    # position -> message count, in delivery order (a plain dict: added and removed once per
+    # entry on the hot path; the few readers that need position order sort it)
+    outstanding: dict = field(default_factory=dict)
 
 
 class DispatcherCore:
@@ -193,7 +195,7 @@ class DispatcherCore:
         return self._consumers[key].permits
 
     def outstanding(self, key: Hashable) -> list[Any]:
-        return list(self._consumers[key].outstanding)
+        return sorted(self._consumers[key].outstanding)
 
     def priority(self, key: Hashable) -> int:
         return self._consumers[key].priority
@@ -340,25 +342,47 @@ class DispatcherCore:
 
     def _dispatch_key_shared(self) -> list[Delivery]:
         out: list[Delivery] = []
-        if not self._pending or not any(c.permits > 0 for c in self._consumers.values()):
+        with_permits = sum(1 for c in self._consumers.values() if c.permits > 0)
+        if not self._pending or not with_permits:
             return out
-        blocked: set[int] = set()        # slots with an earlier entry not given: later ones wait
-        for position, count in list(self._pending.items()):
-            slot = self._slots.get(position, 0)
+        # one walk over the pending set, lowest first; what is given is removed after the walk
+        # (no copy of the set per call). A slot whose consumer is out of permits or must wait
+        # for another's outstanding entries is blocked: its later entries wait too (key order).
+        blocked: set[int] = set()
+        pending = self._pending
+        slots = self._slots
+        select = self._selector.select
+        consumers = self._consumers
+        slot_holders = self._slot_holders
+        strict = not self.allow_out_of_order
+        given: list[Any] = []
+        for position in pending:
+            slot = slots.get(position, 0)
             if slot in blocked:
                 continue
-            key = self._selector.select(slot)
-            consumer = self._consumers.get(key) if key is not None else None
-            holders = self._slot_holders.get(slot)
-            if consumer is None or not self._fits(consumer, count) or \
-                    (holders and not self.allow_out_of_order and any(h != key for h in holders)):
+            key = select(slot)
+            consumer = consumers.get(key) if key is not None else None
+            holders = slot_holders.get(slot)
+            if consumer is None or consumer.permits <= 0 or \
+                    (holders and strict and any(h != key for h in holders)):
                 blocked.add(slot)
                 continue
-            out.append(self._give(consumer, position, count))
-            holders = self._slot_holders.setdefault(slot, {})
-            holders[key] = holders.get(key, 0) + 1
-            if not any(c.permits > 0 for c in self._consumers.values()):
-                break
+            count = dict.__getitem__(pending, position)
+            given.append(position)
+            consumer.permits -= count
+            consumer.outstanding[position] = count
+            self._owner[position] = key
+            out.append(Delivery(key, position, count, self._redelivery_counts.get(position, 0)))
+            if holders is None:
+                slot_holders[slot] = {key: 1}
+            else:
+                holders[key] = holders.get(key, 0) + 1
+            if consumer.permits <= 0:
+                with_permits -= 1
+                if not with_permits:
+                    break
+        for position in given:
+            del pending[position]
         return out
 
     def dispatch_best_effort(self, entries: Iterable[tuple]) -> tuple[list[Delivery], int]:
@@ -400,7 +424,7 @@ class DispatcherCore:
             self._forget(p)
             done.append(p)
         for consumer in self._consumers.values():
-            for p in list(consumer.outstanding.irange(maximum=position)):
+            for p in sorted(p for p in consumer.outstanding if p <= position):
                 self._forget(p)
                 done.append(p)
         return done
@@ -427,7 +451,7 @@ class DispatcherCore:
         consumer = self._consumers.get(key)
         if consumer is None:
             return 0
-        chosen = list(consumer.outstanding) if positions is None else \
+        chosen = sorted(consumer.outstanding) if positions is None else \
             [p for p in positions if p in consumer.outstanding]
         for position in chosen:
             self._requeue(position, consumer.outstanding.pop(position), key)

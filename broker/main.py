@@ -95,6 +95,7 @@ async def run_broker(config: BrokerConfig, *, stop_event: asyncio.Event | None =
         ledger_client = await LedgerClient.connect(config.ledger_client_config(), store=store)
         ownership = make_ownership(store, config.effective_broker_id, config.service_url, config.web_service_url,
                                    lease_ms=config.zk_session_timeout_ms // 2,
+                                   dead_owner_wait_s=config.zk_session_timeout_ms / 1000 + 1.0,
                                    service_url_tls=config.service_url_tls,
                                    web_service_url_tls=config.web_service_url_tls,
                                    listeners=config.listeners())

@@ -42,7 +42,7 @@ from broker.publish_core import (AccessMode, Answer, Confirmed, CountAddError, D
                                  PublishCore, Send, StoreEntries, Unload, WriteState)
 from pulsarlite.checksum import crc32c_of
 from pulsarlite.counted_log import CountedCause
-from pulsarlite.errors import InvariantViolation
+from pulsarlite.errors import InvariantViolation, check
 from pulsarlite.wire.entry import check_sendable, peek_metadata
 
 log = logging.getLogger("pulsarlite.broker")
@@ -896,7 +896,11 @@ READER_SEEK_WAIT_S = 60.0      # a reader's subscription is kept this long after
 
 def _slot_of(data: bytes) -> int:
     """Key_Shared hash slot of a stored entry: its ordering key, else partition key, else NONE_KEY."""
-    raw = peek_metadata(data).raw
+    return _slot_of_metadata(peek_metadata(data).raw)
+
+
+def _slot_of_metadata(raw) -> int:
+    """Key_Shared hash slot of an entry's parsed MessageMetadata (see _slot_of)."""
     if raw.ordering_key:
         return sticky_key_hash(raw.ordering_key)
     if raw.partition_key:
@@ -1091,24 +1095,42 @@ class Subscription:
         """CumulativeAckNotAllowedError (nothing changed) for a cumulative ack on Shared/Key_Shared."""
         if cumulative:
             self.core.check_cumulative_allowed()
+        last = self.topic.ml.last_confirmed_position
+        done: list[Position] = []      # whole entries acked individually: to the core as one run
         for mid in message_ids:
             try:
-                self._ack_one(consumer, mid, cumulative=cumulative)
+                if cumulative or (mid.ack_set and any(mid.ack_set)):
+                    self._ack_one(consumer, mid, cumulative=cumulative, last=last)
+                else:
+                    position = self._valid_position(mid, last)
+                    self._track(self.cursor.ack_individual(position))
+                    done.append(position)
             except ValueError as e:  # InvalidAckError: a bad id from the client changes nothing
                 if self._acks_refused.due():
                     log.warning("subscription %s/%s: ack of %s:%s refused: %s (%d refused so far)", self.topic.key,
                                 self.name, mid.ledgerId, mid.entryId, e, self._acks_refused.count)
+        if done:
+            self.core.ack(done)
+            payloads = self._payloads
+            for position in done:
+                payloads.pop(position, None)
         if self.sub_type is SubType.KEY_SHARED and self.core.pending_count:
             self.wake()       # an ack may free a key held by another consumer (order after a join)
 
-    def _ack_one(self, consumer, mid, *, cumulative: bool) -> None:
-        cursor = self.cursor
+    @staticmethod
+    def _valid_position(mid, last: Position) -> Position:
         position = Position(mid.ledgerId, mid.entryId)
-        if position.ledger_id < 0 or position.entry_id < 0 or position > self.topic.ml.last_confirmed_position:
+        if position.ledger_id < 0 or position.entry_id < 0 or position > last:
             # a message id the topic never delivered: a cumulative ack of (2^63, 2^63) would move
             # the subscription past every existing and future message
-            raise ValueError(f"no such message in the topic (last entry "
-                             f"{tuple(self.topic.ml.last_confirmed_position)})")
+            raise ValueError(f"no such message in the topic (last entry {tuple(last)})")
+        return position
+
+    def _ack_one(self, consumer, mid, *, cumulative: bool, last: Position) -> None:
+        """A cumulative ack, or an ack of batch indexes (the whole-entry individual acks are
+        handled as a run by :meth:`ack`)."""
+        cursor = self.cursor
+        position = self._valid_position(mid, last)
         partial = bool(mid.ack_set) and any(mid.ack_set)
         if cumulative:
             if partial:
@@ -1123,18 +1145,17 @@ class Subscription:
                 self._track(cursor.ack_cumulative(position))
             self.core.ack_cumulative(id(consumer), position)
             self.forget_payloads_through(position)
-        elif partial:
+        else:
+            check(partial, "an individual whole-entry ack goes through Subscription.ack's run")
             size = mid.batch_size if mid.HasField("batch_size") else None
             self._track(cursor.ack_set(position, list(mid.ack_set), size))   # a reader's: not tracked
             if cursor.is_acked(position):   # the last unacked index of the batch: entry done
                 self.core.ack([position])
                 self._payloads.pop(position, None)
-        else:
-            self.core.ack([position])
-            self._payloads.pop(position, None)
-            self._track(cursor.ack_individual(position))
 
     def _track(self, result) -> None:
+        if result is None or result.__class__ is bool:     # the common, synchronous answer
+            return
         if inspect.isawaitable(result):
             task = asyncio.ensure_future(result)
             self._ack_tasks.add(task)
@@ -1225,12 +1246,20 @@ class Subscription:
         position = self.read_position
         last = topic.ml.last_confirmed_position
         epoch = self._epoch
+        # the last entry of the ledger being read: up to it, the next position is the next entry
+        # of the same ledger (topic.next_after copies the ledger list: too dear once per entry)
+        end_ledger, end_entry = last.ledger_id, last.entry_id
         while len(entries) < want and position <= last:
             cached = cache.get(topic.key, position)
             if cached is None:
                 break
             entries.append((position, cached[0], cached[1]))
-            position = topic.next_after(position)
+            if position.ledger_id != end_ledger:
+                end_ledger, end_entry = position.ledger_id, self._last_entry_of(position.ledger_id)
+            if 0 <= position.entry_id < end_entry:
+                position = Position(position.ledger_id, position.entry_id + 1)
+            else:
+                position = topic.next_after(position)
         if entries:
             topic.service.cache_hits += len(entries)
         else:
@@ -1250,15 +1279,26 @@ class Subscription:
         for p, data, count in entries:
             if self.cursor.is_acked(p):
                 continue
+            raw = None
             if delays:      # delayed delivery: held by the core until due (payload re-read then)
-                raw = peek_metadata(data).raw
+                raw = peek_metadata(data).raw      # parsed once per entry: the slot reads it too
                 if raw.HasField("deliver_at_time") and raw.deliver_at_time > now_ms:
-                    self.core.offer_delayed(p, count, raw.deliver_at_time, _slot_of(data) if key_shared else 0)
+                    self.core.offer_delayed(p, count, raw.deliver_at_time, _slot_of_metadata(raw) if key_shared else 0)
                     continue
             self._payloads[p] = data
-            offered.append((p, count, _slot_of(data)) if key_shared else (p, count))
+            offered.append((p, count, _slot_of_metadata(raw)) if key_shared else (p, count))
         self.core.offer(offered)
         return bool(entries)
+
+    def _last_entry_of(self, ledger_id: int) -> int:
+        """The last entry id of a ledger of the topic (-1: not in the list, or empty)."""
+        last = self.topic.ml.last_confirmed_position
+        if ledger_id == last.ledger_id:
+            return last.entry_id
+        for info in self.topic.ml.ledgers():
+            if info.ledger_id == ledger_id:
+                return info.entries - 1
+        return -1
 
     async def _deliver(self, deliveries: list[Delivery]) -> None:
         resolved = []

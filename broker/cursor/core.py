@@ -48,6 +48,8 @@ from typing import Any, Callable, Iterable, Sequence, Union
 from broker.managed_ledger.core import Position
 from pulsarlite.errors import ConfigError, InvariantViolation, check
 
+_ENTRY_MAX = 1 << 64          # above every entry id: bisects (first, last) ranges by first entry
+
 FORMAT_VERSION = 1
 _WORD_BITS = 64
 _WORD_MASK = (1 << 64) - 1
@@ -470,9 +472,12 @@ class CursorState:
     def _insert(self, position: Position) -> None:
         """Add a position (> mark_delete, not yet in a range) to the ranges, merging neighbours."""
         e = position.entry_id
-        ranges = list(self._ranges.get(position.ledger_id, ()))
-        i = bisect.bisect_right(ranges, e, key=lambda r: r[0])
-        check(i == 0 or ranges[i - 1][1] < e, f"{position} is already in a range")
+        ranges = self._ranges.get(position.ledger_id)       # changed in place (no copy per ack)
+        if ranges is None:
+            ranges = []
+        i = bisect.bisect_right(ranges, (e, _ENTRY_MAX))
+        if not (i == 0 or ranges[i - 1][1] < e):
+            check(False, f"{position} is already in a range")
         left = i > 0 and ranges[i - 1][1] == e - 1
         right = i < len(ranges) and ranges[i][0] == e + 1
         if left and right:

@@ -25,6 +25,7 @@ import json
 import logging
 import random
 import time
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -39,6 +40,9 @@ from pulsarlite.topic_name import TopicName
 log = logging.getLogger(__name__)
 
 OwnershipListener = Callable[[frozenset, SessionState], Any]
+
+DEAD_OWNER_PROBE_S = 1.0     # a TCP connect to an owner's service port: refused = its process is gone
+DEAD_OWNER_POLL_S = 0.1      # how often a held LOOKUP reads the dead owner's znode again
 
 _TRUST = {SessionState.CONNECTED: SessionTrust.CONNECTED, SessionState.SUSPENDED: SessionTrust.SUSPENDED,
           SessionState.LOST: SessionTrust.LOST}
@@ -103,8 +107,16 @@ class OwnershipManager:
                  listeners: tuple[tuple[str, str, str], ...] = (),
                  bundles_per_namespace: int = 4, rng: random.Random | None = None,
                  registration_stale_wait_s: float = 30.0, lookup_attempts_max: int = 5,
-                 lease_ms: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        """``lease_ms`` (below the ZooKeeper session timeout): ownership is trusted only within
+                 lease_ms: int | None = None, clock: Callable[[], float] = time.monotonic,
+                 dead_owner_wait_s: float = 0.0) -> None:
+        """``dead_owner_wait_s`` (> 0: the broker passes its session timeout plus 1 s): a LOOKUP
+        whose bundle is owned by a broker that refuses connections on its service port (killed:
+        its ephemeral znode lives until its session expires) is held until that znode goes, at
+        most this long, and then answered (this broker or another takes the bundle), instead of
+        redirecting the client to the dead broker, which sends it into its reconnect backoff
+        (measured: the service came back 2.2 s after the expiry, BENCHMARKS.md "[perf] Session
+        16"). Only a refused connection counts: a broker that cannot be reached (timeout) is
+        redirected to as before. ``lease_ms`` (below the ZooKeeper session timeout): ownership is trusted only within
         ``lease_ms`` of the last ZooKeeper round trip known to have succeeded (timed from when it
         was sent). A broker paused or cut off longer than that (SIGSTOP, a long GC or loop stall)
         stops serving at once on waking, before kazoo has even noticed its session expired."""
@@ -116,8 +128,10 @@ class OwnershipManager:
         self.http_url_tls = http_url_tls
         self.listeners = tuple(listeners)
         self.bundles_per_namespace = check_bundles_per_namespace(bundles_per_namespace)
-        if registration_stale_wait_s < 0 or lookup_attempts_max < 1:
-            raise ValueError("registration_stale_wait_s must be >= 0 and lookup_attempts_max >= 1")
+        if registration_stale_wait_s < 0 or lookup_attempts_max < 1 or dead_owner_wait_s < 0:
+            raise ValueError("registration_stale_wait_s and dead_owner_wait_s must be >= 0 and "
+                             "lookup_attempts_max >= 1")
+        self._dead_owner_wait_s = dead_owner_wait_s
         self._rng = rng if rng is not None else random.Random()
         self._registration_stale_wait_s = registration_stale_wait_s
         self._lookup_attempts_max = lookup_attempts_max
@@ -286,6 +300,13 @@ class OwnershipManager:
             if isinstance(decision, Connect):
                 return self._self_result()
             if isinstance(decision, Redirect):
+                if owner is not None and self._dead_owner_wait_s > 0 and owner[0].broker_id != self.broker_id \
+                        and await self._refuses_connections(owner[0]):
+                    log.info("lookup held topic=%s bundle=%s owner=%s: the owner refuses connections; "
+                             "waiting for its znode to go (at most %.1f s)", topic, bundle, owner[0].broker_id,
+                             self._dead_owner_wait_s)
+                    if await self._wait_owner_gone(path, owner[1]):
+                        continue
                 info = owner[0] if owner is not None else brokers[decision.broker_id]
                 if owner is None:
                     self._promise(bundle, decision.broker_id, info.load.bundles)
@@ -298,6 +319,38 @@ class OwnershipManager:
                 raise OwnershipError(f"lookup {topic}: {decision.reason}")
             raise AssertionError(f"unknown decision {decision!r}")  # pragma: no cover
         raise OwnershipError(f"lookup {topic}: no stable answer after {self._lookup_attempts_max} attempts")
+
+    @staticmethod
+    async def _refuses_connections(info: BrokerInfo) -> bool:
+        """True if the broker's service port refuses a TCP connection (its process is gone)."""
+        try:
+            url = urllib.parse.urlsplit(info.pulsar_url or info.pulsar_url_tls)
+            host, port = url.hostname, url.port
+        except ValueError:
+            return False
+        if not host or not port:
+            return False
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), DEAD_OWNER_PROBE_S)
+        except ConnectionRefusedError:
+            return True
+        except (OSError, asyncio.TimeoutError):
+            return False
+        writer.close()
+        return False
+
+    async def _wait_owner_gone(self, path: str, session: int) -> bool:
+        """Poll the owner znode until the given session no longer holds it (True), at most
+        ``dead_owner_wait_s`` (False; also False at once when our own session is not trusted)."""
+        deadline = self._clock() + self._dead_owner_wait_s
+        while self._clock() < deadline:
+            if not self._session_trusted():
+                return False
+            got = await self._read_owner(path)
+            if got is None or got[1] != session:
+                return True
+            await asyncio.sleep(DEAD_OWNER_POLL_S)
+        return False
 
     # -- acquire / release ---------------------------------------------------------------------
     async def acquire(self, topic: "str | TopicName") -> bool:

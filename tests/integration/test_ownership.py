@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
+import socket
 
 import pytest
 
@@ -195,6 +197,33 @@ async def test_owner_session_gone_then_other_acquires(connect, managers):
     result = await b.lookup(TOPIC)
     assert result.owned_by_self and result.broker_id == "broker-b"
     assert b.owns(TOPIC)
+
+
+async def test_lookup_held_while_the_owner_refuses_connections(connect, managers, caplog):
+    """A killed owner: its service port refuses connections while its znode waits for its
+    session to expire. Another broker's LOOKUP is held until the znode goes and then answered by
+    taking the bundle, not with a redirect to the dead broker (which sends a client into its
+    reconnect backoff: BENCHMARKS.md "[perf] Session 16")."""
+    caplog.set_level(logging.INFO, logger="broker.ownership.shell")
+    with socket.socket() as s:          # a port nothing listens on: connections are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store_a = await connect()
+    a = OwnershipManager(store_a, "broker-a", pulsar_url=f"pulsar://127.0.0.1:{port}", http_url="http://127.0.0.1:1")
+    await a.start()
+    try:
+        b = await managers(await connect(), "b", dead_owner_wait_s=WAIT_S)
+        assert await a.acquire(TOPIC)
+        lookup = asyncio.ensure_future(b.lookup(TOPIC))
+        await wait_for(lambda: lookup.done() or any("lookup held" in r.getMessage() for r in caplog.records),
+                       "the lookup held (or answered)")
+        assert not lookup.done(), f"answered at once: {lookup.result()}"
+        await store_a.close()           # the dead owner's session ends: its znode goes
+        result = await asyncio.wait_for(lookup, WAIT_S)
+        assert result.owned_by_self and result.broker_id == "broker-b"
+        assert b.owns(TOPIC)
+    finally:
+        await a.close()
 
 
 async def test_release_lets_the_other_take_it(connect, managers):
