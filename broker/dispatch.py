@@ -26,6 +26,9 @@ and executes the :class:`Delivery` s it returns (fetch the entry bytes, write ME
   asked for redelivery) go before newer ones; redelivery counts are kept per entry.
 - Every delivered entry stays *outstanding* with its consumer until acked; when that consumer
   leaves, its outstanding entries go back to the pending set for the others (redelivery).
+- **Back-pressure**: a consumer whose connection is not writable (the shell's write buffer
+  passed its high-water mark; :meth:`DispatcherCore.set_writable`) gets nothing until it is
+  writable again; its permits and outstanding entries are kept (Pulsar: ``isWritable()``).
 - Cumulative acks only on Exclusive/Failover (:class:`CumulativeAckNotAllowedError` otherwise).
 - **Delayed delivery** (Shared/Key_Shared, MessageMetadata.deliver_at_time): such an entry waits
   in a separate delayed set (at most ``delayed_entries_max``; it does not take read-ahead room)
@@ -86,6 +89,7 @@ class _Consumer:
     arrival: int = 0
     permits: int = 0
     permits_granted_max: int = 0
+    writable: bool = True          # its connection can take more now (shell: write-buffer water marks)
     outstanding: SortedDict = field(default_factory=SortedDict)   # position -> message count
 
 
@@ -189,6 +193,17 @@ class DispatcherCore:
         consumer.permits += permits
         consumer.permits_granted_max = max(consumer.permits_granted_max, consumer.permits)
 
+    def set_writable(self, key: Hashable, writable: bool) -> None:
+        """Back-pressure from the consumer's connection (Pulsar: the channel's writability).
+        While not writable the consumer gets nothing, its permits and outstanding entries kept;
+        once writable again it takes entries as before (the shell then calls :meth:`dispatch`)."""
+        consumer = self._consumers.get(key)
+        if consumer is not None:
+            consumer.writable = writable
+
+    def writable(self, key: Hashable) -> bool:
+        return self._consumers[key].writable
+
     def permits(self, key: Hashable) -> int:
         return self._consumers[key].permits
 
@@ -210,10 +225,14 @@ class DispatcherCore:
     def pending_positions(self) -> list[Any]:
         return list(self._pending)
 
+    def iter_pending(self) -> Iterable[Any]:
+        """The pending positions, lowest first (the order :meth:`dispatch` gives them in)."""
+        return iter(self._pending)
+
     def read_wanted(self) -> int:
         """How many new entries the shell should read now: none without any consumer with
         permits, else up to the room left in the pending set."""
-        if not any(c.permits > 0 for c in self._receivers()):
+        if not any(self._can_take(c) for c in self._receivers()):
             return 0
         if len(self._delayed) >= self.delayed_entries_max:
             return 0
@@ -293,11 +312,16 @@ class DispatcherCore:
         return [self._consumers[self._active]]
 
     @staticmethod
-    def _fits(consumer: _Consumer, count: int) -> bool:
+    def _can_take(consumer: _Consumer) -> bool:
+        """May this consumer be sent an entry now: a permit left and its connection writable."""
+        return consumer.permits > 0 and consumer.writable
+
+    @classmethod
+    def _fits(cls, consumer: _Consumer, count: int) -> bool:
         # any permit left takes a whole entry, as in Pulsar: a batch may drive permits below 0.
         # Waiting for ``count`` permits would stall: the client grants more only once it has
         # consumed half its queue, and an idle consumer may sit on fewer than a batch's worth.
-        return consumer.permits > 0
+        return cls._can_take(consumer)
 
     def _give(self, consumer: _Consumer, position: Any, count: int) -> Delivery:
         del self._pending[position]
@@ -306,10 +330,13 @@ class DispatcherCore:
         self._owner[position] = consumer.key
         return Delivery(consumer.key, position, count, self._redelivery_counts.get(position, 0))
 
-    def dispatch(self) -> list[Delivery]:
-        """Assign pending entries (lowest first) to consumers while permits allow."""
+    def dispatch(self, entries_max: int | None = None) -> list[Delivery]:
+        """Assign pending entries (lowest first) to consumers while permits and writability
+        allow; at most ``entries_max`` of them (None: no bound; the shell bounds a round's bytes)."""
+        if entries_max is not None and entries_max < 1:
+            raise ValueError(f"entries_max must be >= 1, got {entries_max}")
         if self.sub_type is SubType.KEY_SHARED:
-            return self._dispatch_key_shared()
+            return self._dispatch_key_shared(entries_max)
         receivers = self._receivers()
         out: list[Delivery] = []
         if not receivers or not self._pending:
@@ -319,7 +346,7 @@ class DispatcherCore:
         for consumer in receivers:
             levels.setdefault(consumer.priority, []).append(consumer)
         groups = [(level, levels[level]) for level in sorted(levels)]
-        while self._pending:
+        while self._pending and (entries_max is None or len(out) < entries_max):
             position, count = self._pending.peekitem(0)
             chosen = None
             for level, group in groups:
@@ -338,9 +365,9 @@ class DispatcherCore:
             out.append(self._give(chosen, position, count))
         return out
 
-    def _dispatch_key_shared(self) -> list[Delivery]:
+    def _dispatch_key_shared(self, entries_max: int | None) -> list[Delivery]:
         out: list[Delivery] = []
-        if not self._pending or not any(c.permits > 0 for c in self._consumers.values()):
+        if not self._pending or not any(self._can_take(c) for c in self._consumers.values()):
             return out
         blocked: set[int] = set()        # slots with an earlier entry not given: later ones wait
         for position, count in list(self._pending.items()):
@@ -357,7 +384,9 @@ class DispatcherCore:
             out.append(self._give(consumer, position, count))
             holders = self._slot_holders.setdefault(slot, {})
             holders[key] = holders.get(key, 0) + 1
-            if not any(c.permits > 0 for c in self._consumers.values()):
+            if not any(self._can_take(c) for c in self._consumers.values()):
+                break
+            if entries_max is not None and len(out) >= entries_max:
                 break
         return out
 
