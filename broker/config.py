@@ -66,7 +66,12 @@ class BrokerConfig:
     publish_buffer_bytes_max: int = 64 * MiB  # per broker: bytes from SEND to receipt
     entry_cache_bytes_max: int = 64 * MiB    # per broker: recent entries for tailing readers
     read_ahead_entries_max: int = 100        # per subscription: entries read ahead of dispatch
-    connection_write_buffer_bytes_max: int = 16 * MiB  # a slower reader loses its connection
+    # dispatch back-pressure (Pulsar: the channel's writability, Netty's water marks): above the
+    # high mark (transport buffer + frames not yet flushed) dispatch to the connection's consumers
+    # pauses, permits kept; it resumes below half of it. A dispatch round writes about this much.
+    connection_write_high_water_bytes: int = 1 * MiB
+    # last-resort bound for a client that never reads: past it the connection is closed
+    connection_write_buffer_bytes_max: int = 16 * MiB
     keepalive_interval_ms: int = 30_000      # PING when idle this long; close after 2 intervals
     # commands a connection may send that we do not support before it is closed ([hardening]:
     # 200,000 of them cost 5 s of event loop in log lines); logged at a bounded rate with a count
@@ -154,7 +159,7 @@ class BrokerConfig:
         for name in ("port", "http_port", "zk_session_timeout_ms", "rollover_entries_max",
                      "rollover_bytes_max", "rollover_age_ms_max", "pending_adds_max",
                      "message_bytes_max", "publish_buffer_bytes_max", "entry_cache_bytes_max",
-                     "read_ahead_entries_max", "connection_write_buffer_bytes_max",
+                     "read_ahead_entries_max", "connection_write_buffer_bytes_max", "connection_write_high_water_bytes",
                      "keepalive_interval_ms", "connection_unsupported_commands_max", "connect_frame_bytes_max",
                      "connect_timeout_ms", "frame_complete_timeout_ms", "connections_max",
                      "connections_per_address_max", "topic_load_timeout_ms", "shutdown_grace_ms",
@@ -165,6 +170,9 @@ class BrokerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"BrokerConfig.{name} must be an int > 0, got {value!r}")
+        if self.connection_write_high_water_bytes >= self.connection_write_buffer_bytes_max:
+            raise ConfigError("BrokerConfig.connection_write_high_water_bytes must be below "
+                              "connection_write_buffer_bytes_max")
         for name in ("port", "http_port"):
             if getattr(self, name) > 65535:
                 raise ConfigError(f"BrokerConfig.{name} must be <= 65535")

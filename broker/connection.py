@@ -324,6 +324,11 @@ class _ConsumerRef:
     def client_version(self) -> str:
         return self.connection.core.client_version or ""
 
+    @property
+    def writable(self) -> bool:
+        """Its connection takes more output now (back-pressure; see ServerConnection.writable)."""
+        return self.connection.writable
+
     def send_message(self, position: Position, entry: bytes, redelivery_count: int,
                      ack_set: list[int] | None = None) -> None:
         if self.closed:
@@ -468,8 +473,13 @@ class ServerConnection(asyncio.Protocol):
         # confirmations, deliveries) are collected until the end of the current loop turn
         # (one call_soon). One syscall per burst instead of one per frame; order is kept.
         self._out: list = []
+        self._out_bytes = 0                 # bytes in _out (not yet given to the transport)
         self._flush_scheduled = False
         self._receiving = False
+        # back-pressure: above the high-water mark (transport buffer + _out) dispatch to this
+        # connection's consumers pauses (permits kept); below the low one it resumes
+        self.writable = True
+        self._transport_paused = False      # between the transport's pause_writing and resume_writing
 
     @property
     def address(self) -> str:
@@ -492,7 +502,8 @@ class ServerConnection(asyncio.Protocol):
                 return
             self._admitted_address = address
         try:
-            transport.set_write_buffer_limits(high=cfg.connection_write_buffer_bytes_max)
+            high = cfg.connection_write_high_water_bytes
+            transport.set_write_buffer_limits(high=high, low=high // 2)
         except (AttributeError, NotImplementedError):
             pass
         self._keepalive = asyncio.ensure_future(self._keepalive_loop())
@@ -568,26 +579,78 @@ class ServerConnection(asyncio.Protocol):
             log.exception("error handling %s from %s", T.Type.Name(frame.type), self.peer)
             self.write(c.error(_request_id_of(frame.command) or 0, pb.UnknownError, str(e)))
 
+    # -- back-pressure (Pulsar: channel writability) ---------------------------------------------
+    def _buffered_bytes(self) -> int:
+        transport = self.transport
+        try:
+            in_transport = transport.get_write_buffer_size() if transport is not None else 0
+        except (AttributeError, NotImplementedError):
+            in_transport = 0
+        return in_transport + self._out_bytes
+
+    def _check_write_pressure(self) -> None:
+        """After output grew: close past the hard bound (a client that never reads: dispatch to
+        it paused long before, so only such a client gets there), else re-evaluate writability."""
+        cfg = self.service.config
+        buffered = self._buffered_bytes()
+        if buffered > cfg.connection_write_buffer_bytes_max:
+            log.warning("closing connection peer=%s: write buffer %d bytes above connection_write_buffer_bytes_max=%d "
+                        "(client not reading)", self.peer, buffered, cfg.connection_write_buffer_bytes_max)
+            self.close(abort=True)
+            return
+        self._update_writable()
+
+    def _update_writable(self) -> None:
+        """Writable unless the transport said its buffer passed the high-water mark (until it
+        says it fell below the low one: the transport's own hysteresis) or the transport buffer
+        plus the frames not yet flushed are above the high-water mark. Every unwritable state has
+        a way out: the transport's resume_writing, or the flush already scheduled for ``_out``
+        (both call this again)."""
+        if self.closed:
+            return
+        writable = not self._transport_paused and \
+            self._buffered_bytes() <= self.service.config.connection_write_high_water_bytes
+        if writable != self.writable:
+            self._set_writable(writable)
+
+    def _set_writable(self, writable: bool) -> None:
+        self.writable = writable
+        log.debug("dispatch %s peer=%s buffered_bytes=%d", "resumed" if writable else "paused",
+                  self.peer, self._buffered_bytes())
+        for ref in list(self._consumers.values()):
+            sub = ref.subscription
+            if sub is not None and hasattr(sub, "set_writable"):
+                sub.set_writable(ref, writable)
+
     def pause_writing(self) -> None:
-        # the client reads slower than we write beyond the buffer limit: drop it, it reconnects
-        log.warning("closing %s: write buffer above %d bytes", self.peer,
-                    self.service.config.connection_write_buffer_bytes_max)
-        self.close(abort=True)
+        # asyncio: the transport's buffer passed the high-water mark
+        self._transport_paused = True
+        self._check_write_pressure()
+
+    def resume_writing(self) -> None:
+        # asyncio: the transport's buffer fell below the low-water mark
+        self._transport_paused = False
+        self._update_writable()
 
     # -- output ----------------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
         if not self.closed and self.transport is not None:
             self._out.append(data)
+            self._out_bytes += len(data)
             if not self._receiving and not self._flush_scheduled:
                 self._flush_scheduled = True
                 asyncio.get_running_loop().call_soon(self._flush)
+            self._check_write_pressure()
 
     def write_parts(self, parts) -> None:
         if not self.closed and self.transport is not None:
+            parts = list(parts)
             self._out.extend(parts)
+            self._out_bytes += sum(len(p) for p in parts)
             if not self._receiving and not self._flush_scheduled:
                 self._flush_scheduled = True
                 asyncio.get_running_loop().call_soon(self._flush)
+            self._check_write_pressure()
 
     def _flush(self) -> None:
         """Write what was collected, in order, in one transport call."""
@@ -596,12 +659,14 @@ class ServerConnection(asyncio.Protocol):
         if not out:
             return
         self._out = []
+        self._out_bytes = 0
         if self.closed or self.transport is None:
             return
         if len(out) == 1:
             self.transport.write(out[0])
         else:
             self.transport.writelines(out)
+        self._update_writable()    # the transport may have taken it all (no resume_writing follows)
 
     def pause_reading(self) -> None:
         if not self._reading_paused and not self.closed and self.transport is not None:

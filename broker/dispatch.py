@@ -26,6 +26,9 @@ and executes the :class:`Delivery` s it returns (fetch the entry bytes, write ME
   asked for redelivery) go before newer ones; redelivery counts are kept per entry.
 - Every delivered entry stays *outstanding* with its consumer until acked; when that consumer
   leaves, its outstanding entries go back to the pending set for the others (redelivery).
+- **Back-pressure**: a consumer whose connection is not writable (the shell's write buffer
+  passed its high-water mark; :meth:`DispatcherCore.set_writable`) gets nothing until it is
+  writable again; its permits and outstanding entries are kept (Pulsar: ``isWritable()``).
 - Cumulative acks only on Exclusive/Failover (:class:`CumulativeAckNotAllowedError` otherwise).
 - **Delayed delivery** (Shared/Key_Shared, MessageMetadata.deliver_at_time): such an entry waits
   in a separate delayed set (at most ``delayed_entries_max``; it does not take read-ahead room)
@@ -86,6 +89,7 @@ class _Consumer:
     arrival: int = 0
     permits: int = 0
     permits_granted_max: int = 0
+    writable: bool = True          # its connection can take more now (shell: write-buffer water marks)
     # position -> message count, in delivery order (a plain dict: added and removed once per
     # entry on the hot path; the few readers that need position order sort it)
     outstanding: dict = field(default_factory=dict)
@@ -191,6 +195,17 @@ class DispatcherCore:
         consumer.permits += permits
         consumer.permits_granted_max = max(consumer.permits_granted_max, consumer.permits)
 
+    def set_writable(self, key: Hashable, writable: bool) -> None:
+        """Back-pressure from the consumer's connection (Pulsar: the channel's writability).
+        While not writable the consumer gets nothing, its permits and outstanding entries kept;
+        once writable again it takes entries as before (the shell then calls :meth:`dispatch`)."""
+        consumer = self._consumers.get(key)
+        if consumer is not None:
+            consumer.writable = writable
+
+    def writable(self, key: Hashable) -> bool:
+        return self._consumers[key].writable
+
     def permits(self, key: Hashable) -> int:
         return self._consumers[key].permits
 
@@ -212,10 +227,14 @@ class DispatcherCore:
     def pending_positions(self) -> list[Any]:
         return list(self._pending)
 
+    def iter_pending(self) -> Iterable[Any]:
+        """The pending positions, lowest first (the order :meth:`dispatch` gives them in)."""
+        return iter(self._pending)
+
     def read_wanted(self) -> int:
         """How many new entries the shell should read now: none without any consumer with
         permits, else up to the room left in the pending set."""
-        if not any(c.permits > 0 for c in self._receivers()):
+        if not any(self._can_take(c) for c in self._receivers()):
             return 0
         if len(self._delayed) >= self.delayed_entries_max:
             return 0
@@ -295,11 +314,16 @@ class DispatcherCore:
         return [self._consumers[self._active]]
 
     @staticmethod
-    def _fits(consumer: _Consumer, count: int) -> bool:
+    def _can_take(consumer: _Consumer) -> bool:
+        """May this consumer be sent an entry now: a permit left and its connection writable."""
+        return consumer.permits > 0 and consumer.writable
+
+    @classmethod
+    def _fits(cls, consumer: _Consumer, count: int) -> bool:
         # any permit left takes a whole entry, as in Pulsar: a batch may drive permits below 0.
         # Waiting for ``count`` permits would stall: the client grants more only once it has
         # consumed half its queue, and an idle consumer may sit on fewer than a batch's worth.
-        return consumer.permits > 0
+        return cls._can_take(consumer)
 
     def _give(self, consumer: _Consumer, position: Any, count: int) -> Delivery:
         del self._pending[position]
@@ -308,10 +332,13 @@ class DispatcherCore:
         self._owner[position] = consumer.key
         return Delivery(consumer.key, position, count, self._redelivery_counts.get(position, 0))
 
-    def dispatch(self) -> list[Delivery]:
-        """Assign pending entries (lowest first) to consumers while permits allow."""
+    def dispatch(self, entries_max: int | None = None) -> list[Delivery]:
+        """Assign pending entries (lowest first) to consumers while permits and writability
+        allow; at most ``entries_max`` of them (None: no bound; the shell bounds a round's bytes)."""
+        if entries_max is not None and entries_max < 1:
+            raise ValueError(f"entries_max must be >= 1, got {entries_max}")
         if self.sub_type is SubType.KEY_SHARED:
-            return self._dispatch_key_shared()
+            return self._dispatch_key_shared(entries_max)
         receivers = self._receivers()
         out: list[Delivery] = []
         if not receivers or not self._pending:
@@ -321,7 +348,7 @@ class DispatcherCore:
         for consumer in receivers:
             levels.setdefault(consumer.priority, []).append(consumer)
         groups = [(level, levels[level]) for level in sorted(levels)]
-        while self._pending:
+        while self._pending and (entries_max is None or len(out) < entries_max):
             position, count = self._pending.peekitem(0)
             chosen = None
             for level, group in groups:
@@ -340,9 +367,10 @@ class DispatcherCore:
             out.append(self._give(chosen, position, count))
         return out
 
-    def _dispatch_key_shared(self) -> list[Delivery]:
+    def _dispatch_key_shared(self, entries_max: int | None) -> list[Delivery]:
         out: list[Delivery] = []
-        with_permits = sum(1 for c in self._consumers.values() if c.permits > 0)
+        can_take = self._can_take
+        with_permits = sum(1 for c in self._consumers.values() if can_take(c))
         if not self._pending or not with_permits:
             return out
         # one walk over the pending set, lowest first; what is given is removed after the walk
@@ -363,7 +391,7 @@ class DispatcherCore:
             key = select(slot)
             consumer = consumers.get(key) if key is not None else None
             holders = slot_holders.get(slot)
-            if consumer is None or consumer.permits <= 0 or \
+            if consumer is None or not can_take(consumer) or \
                     (holders and strict and any(h != key for h in holders)):
                 blocked.add(slot)
                 continue
@@ -381,6 +409,8 @@ class DispatcherCore:
                 with_permits -= 1
                 if not with_permits:
                     break
+            if entries_max is not None and len(out) >= entries_max:
+                break
         for position in given:
             del pending[position]
         return out

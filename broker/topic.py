@@ -1063,6 +1063,7 @@ class Subscription:
         # ConsumerBusyError for a 2nd exclusive consumer, ConsumerAssignError for bad sticky ranges
         before = self.core.active_consumer()
         self.core.add_consumer(id(consumer), priority=priority, name=name, hash_ranges=hash_ranges)
+        self.core.set_writable(id(consumer), getattr(consumer, "writable", True))
         self.consumers[id(consumer)] = consumer
         self._notify_active(before, new=consumer)
         self.wake()
@@ -1090,6 +1091,15 @@ class Subscription:
     def flow(self, consumer, permits: int) -> None:
         self.core.flow(id(consumer), permits)
         self.wake()
+
+    def set_writable(self, consumer, writable: bool) -> None:
+        """Back-pressure from the consumer's connection: dispatch to it pauses (permits kept)
+        while its write buffer is above the high-water mark, and resumes when it drained."""
+        if id(consumer) not in self.consumers:
+            return
+        self.core.set_writable(id(consumer), writable)
+        if writable:
+            self.wake()
 
     def ack(self, consumer, message_ids, *, cumulative: bool) -> None:
         """CumulativeAckNotAllowedError (nothing changed) for a cumulative ack on Shared/Key_Shared."""
@@ -1194,7 +1204,7 @@ class Subscription:
             progressed = False
             if self.core.delayed_count:
                 self.core.release_due(int(time.time() * 1000))
-            deliveries = self.core.dispatch()
+            deliveries = self.core.dispatch(self._round_entries_max())
             if deliveries:
                 await self._deliver(deliveries)
                 progressed = True
@@ -1205,6 +1215,23 @@ class Subscription:
             if not progressed:
                 self._schedule_delayed_wake()
                 return
+
+    def _round_entries_max(self) -> int:
+        """How many entries one dispatch round may give: those (lowest first, as the core gives
+        them) whose read-ahead bytes fit connection_write_high_water_bytes, at least one. Between
+        rounds a consumer's connection may pause (its buffer passed the mark), so a catch-up of
+        multi-MiB entries never piles its permits' worth into one write buffer. An entry not read
+        ahead (redelivered) counts 0 bytes here."""
+        budget = self.topic.config.connection_write_high_water_bytes
+        payloads = self._payloads
+        n = total = 0
+        for p in self.core.iter_pending():
+            data = payloads.get(p)
+            total += len(data) if data is not None else 0
+            n += 1
+            if total >= budget:
+                break
+        return max(n, 1)
 
     async def _read_compacted(self, view, want: int) -> bool:
         """Read from the compacted ledger (read_position <= horizon): its entries at or after

@@ -381,13 +381,6 @@ async def test_aio_client_chunks_and_joins(cluster):
     wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "every chunk entry acked")
 
 
-@pytest.mark.xfail(reason="known defect, not chunking's own: a catch-up read dispatches up to the "
-                          "consumer's permits at once; nine 5 MiB chunk entries pass the broker's "
-                          "connection_write_buffer_bytes_max (16 MiB) and the broker closes the "
-                          "connection ('write buffer above 16777216 bytes'), again on every reconnect; "
-                          "the official consumer then keeps stale chunks and hands out another "
-                          "message first. Needs dispatch backpressure on the connection's write buffer "
-                          "(Pulsar: channel writability, dispatcherMaxReadSizeBytes)", strict=False)
 @pytest.mark.parametrize("side", ["official", "ours"])
 def test_catch_up_consumer_gets_chunked_messages(cluster, client, side):
     """The consumer connects after the chunks are stored (a catch-up read, not the tail)."""
@@ -410,3 +403,43 @@ def test_catch_up_consumer_gets_chunked_messages(cluster, client, side):
         wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "every chunk entry acked")
     finally:
         mine.close()
+
+
+def _write_buffer_closes(cluster) -> int:
+    """Connections the broker closed for a full write buffer (its log; old and new wording)."""
+    n = 0
+    for log in (cluster.dir / "logs").glob("broker*.log"):
+        text = log.read_text(errors="replace")
+        n += text.count("write buffer above") + text.count("(client not reading)")
+    return n
+
+
+def test_catch_up_consumer_gets_large_plain_messages(cluster, client):
+    """Back-pressure without chunks: 40 x 1 MiB stored, then an official consumer with a 1000
+    message receiver queue connects; dispatch pauses while its connection's write buffer is above
+    the high-water mark instead of piling 40 MiB into it (past the 16 MiB bound the broker closes
+    the connection). All 40 arrive in order, on one connection (no close, one connectedSince)."""
+    topic = "persistent://public/default/backpressure-plain-40x1mib"
+    official_consumer(client, topic).close()
+    producer = client.create_producer(topic, batching_enabled=False, send_timeout_millis=TIMEOUT_MS)
+    bodies = [payload(1 * MIB, 100 + i) for i in range(40)]
+    for body in bodies:
+        producer.send(body)
+    closes_before = _write_buffer_closes(cluster)
+    consumer = official_consumer(client, topic, receiver_queue_size=1000)
+
+    def connected_since():
+        path = topic.replace("persistent://", "persistent/")
+        with urllib.request.urlopen(f"{cluster.admin_url}/admin/v2/{path}/stats", timeout=30) as r:
+            consumers = json.load(r)["subscriptions"]["sub"]["consumers"]
+        return [c.get("connectedSince") for c in consumers]
+
+    first = connected_since()
+    for i, body in enumerate(bodies):
+        got = consumer.receive(TIMEOUT_MS)
+        assert got.data() == body, f"message {i} out of order or corrupt"
+        consumer.acknowledge(got)
+    wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "every message acked")
+    assert connected_since() == first and len(first) == 1
+    assert _write_buffer_closes(cluster) == closes_before
+    consumer.close()

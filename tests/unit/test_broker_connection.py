@@ -225,3 +225,65 @@ def test_connection_admission_counts_per_address_and_in_total():
     a.release("1.1.1.1")
     assert a.admit("3.3.3.3") is None and a.refused.count == 2
     assert a.by_address == {"1.1.1.1": 1, "2.2.2.2": 1, "3.3.3.3": 1} and a.total == 3
+
+
+class BufferingTransport(FakeTransport):
+    """A transport whose write buffer size the test sets (what the kernel has not taken)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.buffered = 0
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+
+class RecordingSubscription:
+    def __init__(self) -> None:
+        self.calls: list[bool] = []
+
+    def set_writable(self, ref, writable: bool) -> None:
+        self.calls.append(writable)
+
+
+class Ref:
+    def __init__(self, subscription) -> None:
+        self.subscription = subscription
+
+
+async def test_dispatch_pauses_above_high_water_and_always_resumes():
+    """Back-pressure: frames not yet flushed plus the transport's buffer above
+    connection_write_high_water_bytes pause dispatch to the connection's consumers; it resumes
+    once the transport took them, also when its buffer is then between the low and high marks
+    (the transport never paused, so no resume_writing would come: a stall found under load), and
+    after the transport's own pause_writing/resume_writing. Past connection_write_buffer_bytes_max
+    the connection is closed (a client that never reads)."""
+    service = FakeService()
+    high = service.config.connection_write_high_water_bytes
+    conn = ServerConnection(service)
+    transport = BufferingTransport()
+    conn.connection_made(transport)
+    sub = RecordingSubscription()
+    conn._consumers[1] = Ref(sub)
+    try:
+        conn.write_parts([b"x" * (high + 1)])
+        assert not conn.writable and sub.calls == [False]
+        transport.buffered = high * 3 // 4          # the kernel took some: between low and high
+        await asyncio.sleep(0)                      # the flush
+        assert conn.writable and sub.calls == [False, True]
+        transport.buffered = high + 1               # the transport passed its high mark
+        conn.pause_writing()
+        assert not conn.writable and sub.calls == [False, True, False]
+        conn.write(b"small")                        # still paused while the transport is
+        await asyncio.sleep(0)
+        assert not conn.writable
+        transport.buffered = high // 4
+        conn.resume_writing()
+        assert conn.writable and sub.calls == [False, True, False, True]
+        assert not transport.closed
+        conn._consumers.clear()                     # (the fake ref has no consumer to close)
+        conn.write_parts([b"y" * (service.config.connection_write_buffer_bytes_max + 1)])
+        assert transport.closed
+    finally:
+        conn._consumers.clear()
+        conn.connection_lost(None)

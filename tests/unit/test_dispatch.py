@@ -396,3 +396,47 @@ def test_failover_random_schedules(seed, partition):
         core.ack([d.position])
         acked.add(d.position)
     assert acked == set(range(next_pos)), "entries lost"
+
+
+# -- back-pressure: a consumer whose connection is not writable gets nothing, permits kept --------
+
+@pytest.mark.parametrize("sub_type", [SubType.EXCLUSIVE, SubType.FAILOVER, SubType.SHARED, SubType.KEY_SHARED])
+def test_unwritable_consumer_gets_nothing_and_keeps_permits(sub_type):
+    core = DispatcherCore(sub_type)
+    core.add_consumer("a")
+    core.flow("a", 10)
+    core.set_writable("a", False)
+    entries = [(p, 1, 7) for p in range(1, 6)] if sub_type is SubType.KEY_SHARED else [(p, 1) for p in range(1, 6)]
+    core.offer(entries)
+    assert core.dispatch() == []
+    assert core.read_wanted() == 0           # nothing to read ahead for while paused
+    assert core.permits("a") == 10
+    core.set_writable("a", True)
+    assert [d.position for d in core.dispatch()] == [1, 2, 3, 4, 5]
+    assert core.permits("a") == 5
+
+
+def test_shared_unwritable_consumer_skipped_others_served():
+    core = DispatcherCore(SubType.SHARED)
+    core.add_consumer("a")
+    core.add_consumer("b")
+    core.flow("a", 10)
+    core.flow("b", 10)
+    core.set_writable("a", False)
+    core.offer([(p, 1) for p in range(1, 5)])
+    assert {d.consumer for d in core.dispatch()} == {"b"}
+    assert core.permits("a") == 10
+
+
+@pytest.mark.parametrize("sub_type", [SubType.EXCLUSIVE, SubType.KEY_SHARED])
+def test_dispatch_entries_max_bounds_a_round_lowest_first(sub_type):
+    core = DispatcherCore(sub_type)
+    core.add_consumer("a")
+    core.flow("a", 100)
+    entries = [(p, 1, 3) for p in range(1, 11)] if sub_type is SubType.KEY_SHARED else [(p, 1) for p in range(1, 11)]
+    core.offer(entries)
+    assert [d.position for d in core.dispatch(3)] == [1, 2, 3]
+    assert [d.position for d in core.dispatch(3)] == [4, 5, 6]
+    assert [d.position for d in core.dispatch()] == [7, 8, 9, 10]
+    with pytest.raises(ValueError):
+        core.dispatch(0)
