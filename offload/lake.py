@@ -39,6 +39,10 @@ Protocol (the owner broker only, driven by ``broker.offloader``):
   day partition and still prune. Files keep min/max statistics on ``publish_time`` and
   ``ledger_id``/``entry_id`` either way, so engines also prune at the file level.
   ``partition="none"``: unpartitioned tables. An existing table keeps its spec.
+- **column metrics**: the manifests carry min/max bounds of ``ledger_id``, ``entry_id``,
+  ``publish_time`` and ``event_time`` (the columns with Parquet statistics in our objects) and no
+  metrics for the others (table properties ``write.metadata.metrics.*``, set at creation and on
+  the first commit to an older table).
 
 pyiceberg is imported lazily (about 5 s of import on this machine): only the broker's offloader
 thread pool, and only when the lake is enabled, pays it. Everything here but ``plan_table_sync``
@@ -61,6 +65,18 @@ LAKE_DIR = "_lake"
 PARTITIONS = ("day", "none")
 DAY_FIELD = "publish_time_day"
 DAY_MS = 86_400_000
+METRICS_DEFAULT_KEY = "write.metadata.metrics.default"
+
+
+def metrics_properties() -> dict[str, str]:
+    """Iceberg table properties that make the manifests carry exactly the column metrics our
+    objects have Parquet statistics for (offload/format.py ``STATISTICS_COLUMNS``: ledger_id,
+    entry_id, publish_time, event_time: full bounds) and none for the other columns (whose
+    objects have no statistics: metrics mode ``none`` is also what keeps ``add_files`` from
+    warning about each of them)."""
+    from offload.format import STATISTICS_COLUMNS
+    return {METRICS_DEFAULT_KEY: "none",
+            **{f"write.metadata.metrics.column.{c}": "full" for c in STATISTICS_COLUMNS}}
 CATALOG_NAME = "pulsarlite"
 PARTITION_SUFFIX = "-partition-"
 
@@ -187,9 +203,6 @@ class Lake:
             self.properties["s3.endpoint"] = s3_endpoint_url
         self._catalog = None
         self._lock = threading.Lock()
-        # add_files warns once per column without Parquet statistics; ours keep them only on the
-        # pruning columns (offload/format.py), by design
-        logging.getLogger("pyiceberg.io.pyarrow").setLevel(logging.ERROR)
 
     def describe(self) -> dict[str, str]:
         return {"kind": self.kind, "uri": redacted_uri(self.catalog_uri), "warehouse": self.warehouse}
@@ -259,6 +272,11 @@ class Lake:
                 return plan
             table = self._create(tid, plan.add[0])
         import pyarrow.parquet as pq
+        if plan.add and table.properties.get(METRICS_DEFAULT_KEY) != "none":
+            # a table created before the metrics properties: set them once (own commit)
+            with table.transaction() as tx:
+                tx.set_properties(metrics_properties())
+            table = self.load(tid)
         if plan.add and self._unpartition_if_spanning(table, tid, plan.add, pq):
             table = self.load(tid)
         with table.transaction() as tx:
@@ -312,7 +330,8 @@ class Lake:
         catalog.create_namespace_if_not_exists((tid.tenant, tid.namespace))
         schema = _arrow_schema(catalog._load_file_io(location=self.warehouse), first_uri, pq)
         table = catalog.create_table_if_not_exists(tid.identifier, schema=schema,
-                                                   location=tid.location(self.warehouse))
+                                                   location=tid.location(self.warehouse),
+                                                   properties=metrics_properties())
         if self.partition == "day" and table.current_snapshot() is None and not table.spec().fields:
             from pyiceberg.transforms import DayTransform
             with table.update_spec() as update:
@@ -373,5 +392,5 @@ def _arrow_schema(io, uri: str, pq):
         return pq.read_schema(stream)
 
 
-__all__ = ["DAY_FIELD", "LAKE_DIR", "PARTITIONS", "spans_days", "Lake", "LakeError", "TableId", "TableSync", "catalog_kind", "default_catalog_uri", "plan_table_sync",
+__all__ = ["DAY_FIELD", "LAKE_DIR", "PARTITIONS", "metrics_properties", "spans_days", "Lake", "LakeError", "TableId", "TableSync", "catalog_kind", "default_catalog_uri", "plan_table_sync",
            "redacted_uri", "snapshots_to_expire"]

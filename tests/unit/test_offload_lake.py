@@ -258,6 +258,57 @@ def test_unpartitioned_by_setting(tmp_path):
         Lake(f"file://{tier}", partition="hour")
 
 
+# -- [lakehouse] column metrics ------------------------------------------------------------------
+def _bounds(table, uri: str) -> dict[str, tuple]:
+    """Column name -> (lower, upper) bound of the data file ``uri`` in the table's manifests."""
+    from pyiceberg.conversions import from_bytes
+    schema = table.schema()
+    [task] = [t for t in table.scan().plan_files() if t.file.file_path == uri]
+    lo, hi = task.file.lower_bounds, task.file.upper_bounds
+    return {schema.find_column_name(fid): (from_bytes(schema.find_field(fid).field_type, lo[fid]),
+                                           from_bytes(schema.find_field(fid).field_type, hi[fid])) for fid in lo}
+
+
+def test_manifests_carry_bounds_of_the_statistics_columns_and_add_files_warns_not(tmp_path, caplog):
+    pytest.importorskip("pyiceberg")
+    import logging
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    d0 = 20_000 * DAY_MS
+    one = _object_at(tier, 7, [d0 + 5, d0 + 6, d0 + 9])
+    lake = Lake(f"file://{tier}")
+    caplog.set_level(logging.WARNING, logger="pyiceberg.io.pyarrow")     # whatever Lake() did to it
+    tid = TableId.of_topic("t", "ns", "days")
+    lake.sync(tid, {7: one}, prefix=f"file://{tier}/t/ns/days/")
+    bounds = _bounds(lake.load(tid), one)
+    # timestamps are microseconds in Iceberg
+    assert bounds == {"ledger_id": (7, 7), "entry_id": (0, 2), "publish_time": ((d0 + 5) * 1000, (d0 + 9) * 1000)}
+    assert not [r for r in caplog.records if "statistics missing" in r.getMessage()]
+
+
+def test_a_table_created_without_metrics_properties_gets_them_at_the_next_commit(tmp_path, caplog):
+    pytest.importorskip("pyiceberg")
+    import logging
+    import pyarrow.parquet as pq
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    one = _object_at(tier, 1, [5, 6])
+    two = _object_at(tier, 2, [7, 8])
+    lake = Lake(f"file://{tier}")
+    tid = TableId.of_topic("t", "ns", "days")
+    catalog = lake.catalog()
+    catalog.create_namespace_if_not_exists(("t", "ns"))
+    old = catalog.create_table(tid.identifier, schema=pq.read_schema(one[len("file://"):]),
+                               location=tid.location(lake.warehouse))          # as the earlier code did
+    assert "write.metadata.metrics.default" not in old.properties
+    caplog.set_level(logging.WARNING, logger="pyiceberg.io.pyarrow")
+    lake.sync(tid, {1: one, 2: two}, prefix=f"file://{tier}/t/ns/days/")
+    table = lake.load(tid)
+    assert table.properties["write.metadata.metrics.default"] == "none"
+    assert _bounds(table, two)["entry_id"] == (0, 1)
+    assert not [r for r in caplog.records if "statistics missing" in r.getMessage()]
+
+
 # -- configuration ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("overrides, match", [
     ({"lake_enabled": True}, "needs a tier"),
