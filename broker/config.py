@@ -13,6 +13,7 @@ from pulsarlite.errors import ConfigError
 from pulsarlite.wire.frames import FRAME_BYTES_MAX_LIMIT, FRAME_PADDING_BYTES
 
 ADD_FLUSH_INTERVAL_MS_DEFAULT = 3.0
+DAY_MS = 86_400_000   # one UTC day (lake_partition "day")
 ADD_FLUSH_ON_IDLE_ADDS_MAX_DEFAULT = 2
 
 
@@ -115,6 +116,7 @@ class BrokerConfig:
     lake_enabled: bool = False               # [lakehouse] offloaded objects = an Iceberg table per topic
     lake_catalog_uri: str = ""               # SQLAlchemy URI (SQL catalog) or http(s):// (Iceberg REST catalog); empty: sqlite in <file tier>/_lake
     lake_snapshot_retention_ms: int = 24 * 3600 * 1000   # expire older table snapshots (-1: keep all)
+    lake_partition: str = "day"              # "day": tables partitioned by day(publish_time), ledgers roll at UTC midnight; "none"
     # [security] authentication and authorization (broker/security/; Pulsar's keys in snake_case)
     authentication_enabled: bool = False     # authenticationEnabled: off, every client is served as before
     # authenticationProviders, comma-separated: "token", "basic", "tls" (or Pulsar's class names for them)
@@ -334,6 +336,8 @@ class BrokerConfig:
         if isinstance(self.lake_snapshot_retention_ms, bool) or not isinstance(self.lake_snapshot_retention_ms, int) \
                 or self.lake_snapshot_retention_ms < -1:
             raise ConfigError("BrokerConfig.lake_snapshot_retention_ms must be an integer >= -1")
+        if self.lake_partition not in ("day", "none"):
+            raise ConfigError(f"BrokerConfig.lake_partition must be 'day' or 'none', got {self.lake_partition!r}")
         if self.lake_enabled:
             if not self.tier_uri:
                 raise ConfigError("BrokerConfig.lake_enabled needs a tier (tier_uri)")
@@ -407,7 +411,8 @@ class BrokerConfig:
         return ManagedLedgerConfig(
             ensemble_size=self.ensemble_size, write_quorum=self.write_quorum, ack_quorum=self.ack_quorum,
             rollover_entries_max=self.rollover_entries_max, rollover_bytes_max=self.rollover_bytes_max,
-            rollover_age_ms_max=self.rollover_age_ms_max, pending_adds_max=self.pending_adds_max)
+            rollover_age_ms_max=self.rollover_age_ms_max, pending_adds_max=self.pending_adds_max,
+            rollover_publish_period_ms=DAY_MS if self.lake_enabled and self.lake_partition == "day" else 0)
 
     def ledger_client_config(self) -> LedgerClientConfig:
         return LedgerClientConfig(zookeeper=self.zookeeper, zk_session_timeout_ms=self.zk_session_timeout_ms,

@@ -951,7 +951,8 @@ class BrokerOffloader:
         self.cache = TierReadCache(tier, self.run, config.tier_read_cache_bytes_max)
         self.topics: dict[str, TopicOffloader] = {}
         self.lake: Lake | None = (Lake(tier.uri, config.lake_catalog_uri, s3_endpoint_url=config.tier_s3_endpoint_url,
-                                       snapshot_retention_ms=config.lake_snapshot_retention_ms)
+                                       snapshot_retention_ms=config.lake_snapshot_retention_ms,
+                                       partition=config.lake_partition)
                                   if config.lake_enabled else None)
         self._timer: asyncio.Task | None = None
         self.offloaded_bytes = 0

@@ -27,11 +27,22 @@ Protocol (the owner broker only, driven by ``broker.offloader``):
   Topics without a struct schema have ``value`` (bytes) only.
 - **snapshots** older than ``lake_snapshot_retention_ms`` (broker key; -1 keeps all) are expired
   after each commit, never the current one (metadata only).
-- **partition spec**: none. ``add_files`` derives each file's partition value from its column
-  statistics and refuses a file whose lower and upper bounds fall in different partitions; a
-  ledger may span days, so a day(publish_time) spec would refuse such objects. Files keep
-  min/max statistics on ``publish_time`` and ``ledger_id``/``entry_id``, so engines still prune
-  by time at the file level.
+- **partition spec** (``partition="day"``, the broker's ``lake_partition``): a new table is
+  partitioned by ``day(publish_time)`` (field ``publish_time_day``); the managed ledger rolls its
+  ledger over when publish time enters a later UTC day (``RolloverPolicy.publish_period_ms``), so
+  each object lies inside one day. ``add_files`` derives a file's partition value from its
+  publish_time bounds and refuses a file whose bounds fall on different days; such a file still
+  exists (a ledger written before the setting, a producer whose clock runs behind another's
+  near midnight: publish time is the producer's). Rows are never left out of the table: before
+  adding a file that spans days the table's spec is evolved to unpartitioned (one metadata
+  commit, logged, for good: later files are unpartitioned too); files added before keep their
+  day partition and still prune. Files keep min/max statistics on ``publish_time`` and
+  ``ledger_id``/``entry_id`` either way, so engines also prune at the file level.
+  ``partition="none"``: unpartitioned tables. An existing table keeps its spec.
+- **column metrics**: the manifests carry min/max bounds of ``ledger_id``, ``entry_id``,
+  ``publish_time`` and ``event_time`` (the columns with Parquet statistics in our objects) and no
+  metrics for the others (table properties ``write.metadata.metrics.*``, set at creation and on
+  the first commit to an older table).
 
 pyiceberg is imported lazily (about 5 s of import on this machine): only the broker's offloader
 thread pool, and only when the lake is enabled, pays it. Everything here but ``plan_table_sync``
@@ -51,6 +62,21 @@ from pulsarlite.errors import PulsarliteError
 log = logging.getLogger("pulsarlite.offload.lake")
 
 LAKE_DIR = "_lake"
+PARTITIONS = ("day", "none")
+DAY_FIELD = "publish_time_day"
+DAY_MS = 86_400_000
+METRICS_DEFAULT_KEY = "write.metadata.metrics.default"
+
+
+def metrics_properties() -> dict[str, str]:
+    """Iceberg table properties that make the manifests carry exactly the column metrics our
+    objects have Parquet statistics for (offload/format.py ``STATISTICS_COLUMNS``: ledger_id,
+    entry_id, publish_time, event_time: full bounds) and none for the other columns (whose
+    objects have no statistics: metrics mode ``none`` is also what keeps ``add_files`` from
+    warning about each of them)."""
+    from offload.format import STATISTICS_COLUMNS
+    return {METRICS_DEFAULT_KEY: "none",
+            **{f"write.metadata.metrics.column.{c}": "full" for c in STATISTICS_COLUMNS}}
 CATALOG_NAME = "pulsarlite"
 PARTITION_SUFFIX = "-partition-"
 
@@ -120,6 +146,12 @@ def snapshots_to_expire(snapshots: Iterable[tuple[int, int]], current_id: int | 
     return tuple(sorted(sid for sid, ts in snapshots if sid != current_id and now_ms - ts > retention_ms))
 
 
+def spans_days(min_publish_time_ms: int, max_publish_time_ms: int) -> bool:
+    """Whether an object with these publish-time bounds lies on more than one UTC day (it does
+    not fit one day(publish_time) partition)."""
+    return min_publish_time_ms // DAY_MS != max_publish_time_ms // DAY_MS
+
+
 def redacted_uri(uri: str) -> str:
     """The catalog URI without its password (``postgresql://u:***@host/db``): what the admin
     endpoint shows (DESIGN.md invariant 11: secrets never leave in answers or logs)."""
@@ -157,7 +189,10 @@ class Lake:
     overlap)."""
 
     def __init__(self, tier_uri: str, catalog_uri: str = "", *, s3_endpoint_url: str | None = None,
-                 snapshot_retention_ms: int = -1) -> None:
+                 snapshot_retention_ms: int = -1, partition: str = "none") -> None:
+        if partition not in PARTITIONS:
+            raise ValueError(f"lake partition must be one of {PARTITIONS}, got {partition!r}")
+        self.partition = partition
         self.tier_uri = tier_uri.rstrip("/")
         self.catalog_uri = catalog_uri or default_catalog_uri(self.tier_uri)
         self.kind = catalog_kind(self.catalog_uri)
@@ -168,9 +203,6 @@ class Lake:
             self.properties["s3.endpoint"] = s3_endpoint_url
         self._catalog = None
         self._lock = threading.Lock()
-        # add_files warns once per column without Parquet statistics; ours keep them only on the
-        # pruning columns (offload/format.py), by design
-        logging.getLogger("pyiceberg.io.pyarrow").setLevel(logging.ERROR)
 
     def describe(self) -> dict[str, str]:
         return {"kind": self.kind, "uri": redacted_uri(self.catalog_uri), "warehouse": self.warehouse}
@@ -240,6 +272,13 @@ class Lake:
                 return plan
             table = self._create(tid, plan.add[0])
         import pyarrow.parquet as pq
+        if plan.add and table.properties.get(METRICS_DEFAULT_KEY) != "none":
+            # a table created before the metrics properties: set them once (own commit)
+            with table.transaction() as tx:
+                tx.set_properties(metrics_properties())
+            table = self.load(tid)
+        if plan.add and self._unpartition_if_spanning(table, tid, plan.add, pq):
+            table = self.load(tid)
         with table.transaction() as tx:
             if plan.remove:
                 removing = set(plan.remove)
@@ -255,6 +294,23 @@ class Lake:
         log.info("lake commit table=%s topic=%s added=%d removed=%d seconds=%.3f metadata=%s", tid.name, topic,
                  len(plan.add), len(plan.remove), time.monotonic() - started, table.metadata_location)
         return plan
+
+    def _unpartition_if_spanning(self, table, tid: TableId, uris: Iterable[str], pq) -> bool:
+        """If the table is partitioned by day and one of ``uris`` spans days (its footer's
+        publish_time statistics), evolve the spec to unpartitioned (own commit) so that the file
+        can be added: rows are never left out. True if the spec changed."""
+        if not any(f.name == DAY_FIELD for f in table.spec().fields):
+            return False
+        for uri in uris:
+            bounds = _publish_time_bounds_ms(table.io, uri, pq)
+            if bounds is None or spans_days(*bounds):
+                with table.update_spec() as update:
+                    update.remove_field(DAY_FIELD)
+                log.warning("lake unpartitioned table=%s object=%s reason=%s", tid.name, uri,
+                            "no publish_time statistics" if bounds is None
+                            else f"publish_time spans days min_ms={bounds[0]} max_ms={bounds[1]}")
+                return True
+        return False
 
     def _expire(self, tid: TableId, now_ms: int) -> None:
         table = self.load(tid)
@@ -273,8 +329,15 @@ class Lake:
         catalog = self.catalog()
         catalog.create_namespace_if_not_exists((tid.tenant, tid.namespace))
         schema = _arrow_schema(catalog._load_file_io(location=self.warehouse), first_uri, pq)
-        return catalog.create_table_if_not_exists(tid.identifier, schema=schema,
-                                                   location=tid.location(self.warehouse))
+        table = catalog.create_table_if_not_exists(tid.identifier, schema=schema,
+                                                   location=tid.location(self.warehouse),
+                                                   properties=metrics_properties())
+        if self.partition == "day" and table.current_snapshot() is None and not table.spec().fields:
+            from pyiceberg.transforms import DayTransform
+            with table.update_spec() as update:
+                update.add_field("publish_time", DayTransform(), DAY_FIELD)
+            table = catalog.load_table(tid.identifier)
+        return table
 
     def drop(self, tid: TableId) -> bool:
         """Drop the table (topic deletion; the data files are the offloader's to delete, the
@@ -306,10 +369,28 @@ def _files(table) -> set[str]:
     return {task.file.file_path for task in table.scan().plan_files()}
 
 
+def _publish_time_bounds_ms(io, uri: str, pq) -> tuple[int, int] | None:
+    """(min, max) publish time in ms from the object's footer statistics (None: a row group
+    without them)."""
+    import datetime as dt
+    with io.new_input(uri).open() as stream:
+        md = pq.ParquetFile(stream).metadata
+    idx = md.schema.to_arrow_schema().get_field_index("publish_time")
+    lo = hi = None
+    for i in range(md.num_row_groups):
+        stats = md.row_group(i).column(idx).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        a, b = (int(v.timestamp() * 1000) if isinstance(v, dt.datetime) else int(v) for v in (stats.min, stats.max))
+        lo = a if lo is None else min(lo, a)
+        hi = b if hi is None else max(hi, b)
+    return None if lo is None else (lo, hi)
+
+
 def _arrow_schema(io, uri: str, pq):
     with io.new_input(uri).open() as stream:
         return pq.read_schema(stream)
 
 
-__all__ = ["LAKE_DIR", "Lake", "LakeError", "TableId", "TableSync", "catalog_kind", "default_catalog_uri", "plan_table_sync",
+__all__ = ["DAY_FIELD", "LAKE_DIR", "PARTITIONS", "metrics_properties", "spans_days", "Lake", "LakeError", "TableId", "TableSync", "catalog_kind", "default_catalog_uri", "plan_table_sync",
            "redacted_uri", "snapshots_to_expire"]

@@ -26,6 +26,9 @@ class ManagedLedgerConfig:
     rollover_entries_max: int = 50_000
     rollover_bytes_max: int = 2048 * MiB
     rollover_age_ms_max: int = 4 * 3600 * 1000
+    # [lakehouse] > 0: also roll over when an add's publish time enters a later period
+    # (86_400_000: UTC day, set by BrokerConfig for lake_partition "day"); 0: off
+    rollover_publish_period_ms: int = 0
     # adds not yet confirmed (in flight on the current ledger + queued during a rollover);
     # add() waits beyond it, add_async() fails at once (retriable)
     pending_adds_max: int = 10_000
@@ -47,6 +50,10 @@ class ManagedLedgerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"ManagedLedgerConfig.{name} must be an int > 0, got {value!r}")
+        if not isinstance(self.rollover_publish_period_ms, int) or isinstance(self.rollover_publish_period_ms, bool) \
+                or self.rollover_publish_period_ms < 0:
+            raise ConfigError(f"ManagedLedgerConfig.rollover_publish_period_ms must be an int >= 0, "
+                              f"got {self.rollover_publish_period_ms!r}")
         try:
             validate_quorum(self.ensemble_size, self.write_quorum, self.ack_quorum)
         except ValueError as e:

@@ -267,6 +267,7 @@ class RolloverReason(enum.Enum):
     BYTES = "bytes"
     AGE = "age"
     FAILURE = "failure"   # an add to the ledger failed (retriable): write the next ledger
+    DAY = "day"           # [lakehouse] an add's publish time is on a later UTC day than the ledger's
 
 
 @dataclass(frozen=True)
@@ -274,10 +275,34 @@ class RolloverPolicy:
     entries_max: int
     bytes_max: int
     age_ms_max: int
+    # [lakehouse] > 0: a ledger holds one period of publish time (86_400_000: one UTC day, so
+    # each tier object fits a day(publish_time) partition). Only a LATER period rolls the ledger
+    # over (before that add): an add of an earlier period (producers' clocks differ) stays in the
+    # current ledger, so skewed producers near midnight cannot make a ledger per entry.
+    publish_period_ms: int = 0
 
     def __post_init__(self) -> None:
         if self.entries_max <= 0 or self.bytes_max <= 0 or self.age_ms_max <= 0:
             raise ValueError(f"rollover limits must be > 0: {self}")
+        if self.publish_period_ms < 0:
+            raise ValueError(f"publish_period_ms must be >= 0: {self}")
+
+    def publish_period_cut(self, period_max: int | None, publish_times_ms: Sequence[int]) -> tuple[int, int | None]:
+        """Where a run of adds must start a new ledger because of publish-time periods:
+        (index of the first add whose period is later than every period before it in the
+        ledger, or len(run) if none; the ledger's latest period after the adds before that
+        index). ``period_max``: the latest period of the adds already in the ledger (None:
+        empty ledger: its first add never cuts). Off (``publish_period_ms`` 0): no cut."""
+        period_ms = self.publish_period_ms
+        if not period_ms:
+            return len(publish_times_ms), period_max
+        for i, pt in enumerate(publish_times_ms):
+            period = pt // period_ms
+            if period_max is None:
+                period_max = period
+            elif period > period_max:
+                return i, period_max
+        return len(publish_times_ms), period_max
 
     def reason(self, entries: int, size_bytes: int, created_ms: int, now_ms: int) -> RolloverReason | None:
         """Why a ledger with these stats must roll over now (None: it need not). An empty
@@ -376,6 +401,7 @@ class _CurrentLedger:
     min_publish_time_ms: int | None = None
     max_publish_time_ms: int | None = None
     failed: bool = False
+    publish_period_max: int | None = None   # latest publish-time period pushed (RolloverPolicy.publish_period_ms)
 
 
 class ManagedLedgerCore:
@@ -556,6 +582,12 @@ class ManagedLedgerCore:
                                        cur.created_ms, now_ms)
                 if reason is not None:
                     break
+        if policy.publish_period_ms:
+            cut, period_max = policy.publish_period_cut(cur.publish_period_max, publish_times_ms[:taken])
+            if cut < taken:
+                taken, reason = cut, RolloverReason.DAY
+                taken_bytes = sum(sizes_bytes[:cut])
+            cur.publish_period_max = period_max
         ledger_id = cur.ledger_id
         first_entry_id = cur.entries_pushed
         offset = 0
@@ -565,7 +597,7 @@ class ManagedLedgerCore:
             offset += 1
         cur.entries_pushed += taken
         cur.bytes_pushed += taken_bytes
-        actions: list[Action] = [WriteEntries(first_add_id, ledger_id, first_entry_id, taken)]
+        actions: list[Action] = [WriteEntries(first_add_id, ledger_id, first_entry_id, taken)] if taken else []
         if reason is not None:
             self._to(ManagedLedgerState.ROLLING_OVER)
             actions.append(StartRollover(ledger_id, reason))
@@ -585,8 +617,20 @@ class ManagedLedgerCore:
         run_add_id = run_entry_id = -1
         run_count = 0
         while queue and self._state is ManagedLedgerState.READY:
-            add_id = queue.popleft()
+            add_id = queue[0]
             add = adds[add_id]
+            if self.policy.publish_period_ms:
+                cut, period_max = self.policy.publish_period_cut(cur.publish_period_max, (add.publish_time_ms,))
+                if cut == 0:
+                    # a later period: this add opens the next ledger
+                    if run_count:
+                        actions.append(WriteEntries(run_add_id, cur.ledger_id, run_entry_id, run_count))
+                        run_count = 0
+                    self._to(ManagedLedgerState.ROLLING_OVER)
+                    actions.append(StartRollover(cur.ledger_id, RolloverReason.DAY))
+                    break
+                cur.publish_period_max = period_max
+            queue.popleft()
             add.ledger_id, add.entry_id = cur.ledger_id, cur.entries_pushed
             if run_count and add_id == run_add_id + run_count:
                 run_count += 1

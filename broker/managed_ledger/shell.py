@@ -127,7 +127,8 @@ class ManagedLedger:
         self._clock = clock
         self._publish_time_of = publish_time_of
         self._core = ManagedLedgerCore(
-            name, RolloverPolicy(config.rollover_entries_max, config.rollover_bytes_max, config.rollover_age_ms_max),
+            name, RolloverPolicy(config.rollover_entries_max, config.rollover_bytes_max, config.rollover_age_ms_max,
+                                 config.rollover_publish_period_ms),
             pending_adds_max=config.pending_adds_max)
         self._version = -1
         self._writer: LedgerWriter | None = None

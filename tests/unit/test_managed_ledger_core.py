@@ -177,8 +177,9 @@ class Driver:
     """Plays the shell: ledgers are lists; writes complete when ``confirm`` is called (in order
     per ledger, like LedgerWriter); rollovers complete when ``finish_rollover`` is called."""
 
-    def __init__(self, entries_max=5, bytes_max=10_000, age_ms_max=1_000_000, pending_adds_max=1_000):
-        self.core = ManagedLedgerCore(NAME, RolloverPolicy(entries_max, bytes_max, age_ms_max),
+    def __init__(self, entries_max=5, bytes_max=10_000, age_ms_max=1_000_000, pending_adds_max=1_000,
+                 publish_period_ms=0):
+        self.core = ManagedLedgerCore(NAME, RolloverPolicy(entries_max, bytes_max, age_ms_max, publish_period_ms),
                                       pending_adds_max=pending_adds_max)
         self.now = 0
         self.next_ledger_id = 10
@@ -276,6 +277,97 @@ def test_rollover_by_bytes_and_age():
     d.add(1, 3)
     assert d.core.on_tick(d.now + 49) == []
     assert d.core.on_tick(d.now + 50) == [StartRollover(d.core.current_ledger_id, RolloverReason.AGE)]
+
+
+# -- [lakehouse] rollover at publish-time day boundaries ---------------------------------------
+DAY = 86_400_000
+
+
+def _add_run(d, sizes, times):
+    add_id, actions = d.core.add(sizes, times, d.now)
+    for i, (size, t) in enumerate(zip(sizes, times)):
+        d.sizes[add_id + i] = (size, t)
+    d.run(actions)
+    return list(range(add_id, add_id + len(sizes)))
+
+
+def _drain(d):
+    """Confirm everything and finish rollovers until nothing is queued or in flight."""
+    while True:
+        d.confirm(len(d.unconfirmed))
+        if d.rollover is None:
+            return
+        d.finish_rollover()
+
+
+def test_publish_day_rolls_over_before_the_first_add_of_a_later_day():
+    d = Driver(entries_max=1000, publish_period_ms=DAY)
+    first = d.core.current_ledger_id
+    a = [d.add(1, DAY - 2), d.add(1, DAY - 1)]
+    assert d.rollover is None
+    b = d.add(1, DAY)                                       # midnight: next ledger
+    assert d.rollover == StartRollover(first, RolloverReason.DAY)
+    assert d.written[first] == a and d.core.queued_count == 1
+    _drain(d)
+    second = d.core.current_ledger_id
+    assert d.written[second] == [b]
+    info = d.core.metadata.info(first)
+    assert (info.entries, info.min_publish_time_ms, info.max_publish_time_ms) == (2, DAY - 2, DAY - 1)
+
+
+def test_publish_day_cuts_a_run_and_an_earlier_day_never_rolls():
+    d = Driver(entries_max=1000, publish_period_ms=DAY)
+    first = d.core.current_ledger_id
+    # a run across midnight, with a late producer's earlier publish time inside it
+    ids = _add_run(d, [1] * 5, [DAY - 5, DAY - 4, DAY + 1, DAY - 3, DAY + 2])
+    assert d.rollover == StartRollover(first, RolloverReason.DAY)
+    assert d.written[first] == ids[:2]
+    _drain(d)
+    second = d.core.current_ledger_id
+    # the earlier day (DAY - 3) stays with the current ledger: no ledger per skewed entry
+    assert d.written[second] == ids[2:]
+    later = d.add(1, DAY - 10)
+    assert d.rollover is None and d.written[second][-1] == later
+
+
+def test_publish_day_off_never_rolls_by_day():
+    d = Driver(entries_max=1000)
+    _add_run(d, [1] * 3, [0, DAY, 5 * DAY])
+    assert d.rollover is None
+
+
+def test_publish_day_queued_adds_roll_again_at_the_next_day():
+    d = Driver(entries_max=2, publish_period_ms=DAY)
+    first = d.core.current_ledger_id
+    ids = _add_run(d, [1] * 4, [1, 2, 3, DAY + 3])          # entries limit, then a day inside the queue
+    assert d.rollover == StartRollover(first, RolloverReason.ENTRIES)
+    d.confirm(2)
+    d.finish_rollover()
+    second = d.core.current_ledger_id
+    assert d.written[second] == ids[2:3]
+    assert d.rollover == StartRollover(second, RolloverReason.DAY)
+    _drain(d)
+    assert d.written[d.core.current_ledger_id] == ids[3:]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 4 * DAY), min_size=1, max_size=5), min_size=1, max_size=12),
+       st.integers(2, 6))
+def test_publish_day_every_add_lands_once_in_order_and_monotone_times_fit_one_day(runs, entries_max):
+    d = Driver(entries_max=entries_max, pending_adds_max=100, publish_period_ms=DAY)
+    monotone = sorted(t for run in runs for t in run)
+    added = []
+    it = iter(monotone)
+    for run in runs:
+        added += _add_run(d, [1] * len(run), [next(it) for _ in run])
+        if d.rollover is not None and len(d.unconfirmed) + d.core.queued_count > 50:
+            _drain(d)
+    _drain(d)
+    written = [a for lid in sorted(d.written) for a in d.written[lid]]
+    assert written == added                                  # every add once, in order
+    for lid, add_ids in d.written.items():
+        days = {d.sizes[a][1] // DAY for a in add_ids}
+        assert len(days) <= 1, (lid, days)                   # one producer clock: one day per ledger
 
 
 def test_fenced_fails_everything_now_and_later():

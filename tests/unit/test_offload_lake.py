@@ -12,7 +12,8 @@ import pytest
 from offload.core import (CommitToTable, DeleteFromBookies, Done, LedgerOffload, ObjectStats, ObjectVerified,
                           ObjectWritten, Offload, OffloadRecord, OffloadState, Recorded, RecordOffload,
                           StepFailed, TableCommitted, Tick, VerifyObject, WriteObject)
-from offload.lake import Lake, TableId, default_catalog_uri, plan_table_sync, redacted_uri, snapshots_to_expire
+from offload.lake import (DAY_FIELD, Lake, TableId, default_catalog_uri, plan_table_sync, redacted_uri,
+                          snapshots_to_expire, spans_days)
 from test_offload_format import make_entries
 
 STATS = ObjectStats(rows=10, size_bytes=100, checksum="0badf00d", min_publish_time_ms=1, max_publish_time_ms=9)
@@ -194,6 +195,120 @@ def test_lake_partitions_share_one_table(tmp_path):
     assert lake.table_files(tid) == {uris[1]}
 
 
+# -- [lakehouse] day(publish_time) partitions ---------------------------------------------------
+DAY_MS = 86_400_000
+
+
+def test_spans_days_is_utc_days():
+    assert not spans_days(0, DAY_MS - 1)
+    assert spans_days(DAY_MS - 1, DAY_MS)
+    assert not spans_days(5 * DAY_MS, 5 * DAY_MS)
+
+
+def _object_at(tier_dir, ledger_id: int, publish_times_ms: list[int]) -> str:
+    from offload.reader import encode_ledger
+    from pulsarlite.wire.entry import Message, build_entry
+    entries = [(i, build_entry(Message(payload=f"{ledger_id}-{i}".encode()), producer_name="p", sequence_id=i,
+                               publish_time_ms=t)) for i, t in enumerate(publish_times_ms)]
+    path = tier_dir / "t" / "ns" / "days" / f"ledger-{ledger_id}-{'ef' * 8}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(encode_ledger(ledger_id, entries, partition=-1).data)
+    return f"file://{path}"
+
+
+def test_day_partitioned_table_falls_back_to_unpartitioned_for_a_file_across_days(tmp_path):
+    pytest.importorskip("pyiceberg")
+    from pyiceberg.expressions import GreaterThanOrEqual
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    d0 = 20_000 * DAY_MS
+    one = _object_at(tier, 1, [d0 + 5, d0 + 6])
+    two = _object_at(tier, 2, [d0 + DAY_MS + 1, d0 + DAY_MS + 2, d0 + DAY_MS + 3])
+    spanning = _object_at(tier, 3, [d0 + 2 * DAY_MS - 1, d0 + 2 * DAY_MS])
+    lake = Lake(f"file://{tier}", partition="day")
+    tid = TableId.of_topic("t", "ns", "days")
+    P = f"file://{tier}/t/ns/days/"
+    lake.sync(tid, {1: one, 2: two}, prefix=P)
+    table = lake.load(tid)
+    assert [f.name for f in table.spec().fields] == [DAY_FIELD]
+    assert sorted(t.file.partition[0] for t in table.scan().plan_files()) == [20_000, 20_001]
+    # pyiceberg itself refuses the spanning file under a day spec: the premise of the fallback
+    with pytest.raises(ValueError):
+        table.add_files([spanning])
+    lake.sync(tid, {1: one, 2: two, 3: spanning}, prefix=P)
+    table = lake.load(tid)
+    assert tuple(table.spec().fields) == ()
+    assert lake.table_files(tid) == {one, two, spanning}
+    assert len(table.scan().to_arrow()) == 7                           # no row left out
+    import datetime as dt
+    since = GreaterThanOrEqual("publish_time", dt.datetime.fromtimestamp((d0 + DAY_MS) / 1000, dt.timezone.utc).isoformat())
+    assert {t.file.file_path for t in table.scan(row_filter=since).plan_files()} == {two, spanning}
+
+
+def test_unpartitioned_by_setting(tmp_path):
+    pytest.importorskip("pyiceberg")
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    one = _object_at(tier, 1, [7, 8])
+    lake = Lake(f"file://{tier}")                                      # the class default: "none"
+    tid = TableId.of_topic("t", "ns", "days")
+    lake.sync(tid, {1: one}, prefix=f"file://{tier}/t/ns/days/")
+    assert tuple(lake.load(tid).spec().fields) == ()
+    with pytest.raises(ValueError, match="partition"):
+        Lake(f"file://{tier}", partition="hour")
+
+
+# -- [lakehouse] column metrics ------------------------------------------------------------------
+def _bounds(table, uri: str) -> dict[str, tuple]:
+    """Column name -> (lower, upper) bound of the data file ``uri`` in the table's manifests."""
+    from pyiceberg.conversions import from_bytes
+    schema = table.schema()
+    [task] = [t for t in table.scan().plan_files() if t.file.file_path == uri]
+    lo, hi = task.file.lower_bounds, task.file.upper_bounds
+    return {schema.find_column_name(fid): (from_bytes(schema.find_field(fid).field_type, lo[fid]),
+                                           from_bytes(schema.find_field(fid).field_type, hi[fid])) for fid in lo}
+
+
+def test_manifests_carry_bounds_of_the_statistics_columns_and_add_files_warns_not(tmp_path, caplog):
+    pytest.importorskip("pyiceberg")
+    import logging
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    d0 = 20_000 * DAY_MS
+    one = _object_at(tier, 7, [d0 + 5, d0 + 6, d0 + 9])
+    lake = Lake(f"file://{tier}")
+    caplog.set_level(logging.WARNING, logger="pyiceberg.io.pyarrow")     # whatever Lake() did to it
+    tid = TableId.of_topic("t", "ns", "days")
+    lake.sync(tid, {7: one}, prefix=f"file://{tier}/t/ns/days/")
+    bounds = _bounds(lake.load(tid), one)
+    # timestamps are microseconds in Iceberg
+    assert bounds == {"ledger_id": (7, 7), "entry_id": (0, 2), "publish_time": ((d0 + 5) * 1000, (d0 + 9) * 1000)}
+    assert not [r for r in caplog.records if "statistics missing" in r.getMessage()]
+
+
+def test_a_table_created_without_metrics_properties_gets_them_at_the_next_commit(tmp_path, caplog):
+    pytest.importorskip("pyiceberg")
+    import logging
+    import pyarrow.parquet as pq
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    one = _object_at(tier, 1, [5, 6])
+    two = _object_at(tier, 2, [7, 8])
+    lake = Lake(f"file://{tier}")
+    tid = TableId.of_topic("t", "ns", "days")
+    catalog = lake.catalog()
+    catalog.create_namespace_if_not_exists(("t", "ns"))
+    old = catalog.create_table(tid.identifier, schema=pq.read_schema(one[len("file://"):]),
+                               location=tid.location(lake.warehouse))          # as the earlier code did
+    assert "write.metadata.metrics.default" not in old.properties
+    caplog.set_level(logging.WARNING, logger="pyiceberg.io.pyarrow")
+    lake.sync(tid, {1: one, 2: two}, prefix=f"file://{tier}/t/ns/days/")
+    table = lake.load(tid)
+    assert table.properties["write.metadata.metrics.default"] == "none"
+    assert _bounds(table, two)["entry_id"] == (0, 1)
+    assert not [r for r in caplog.records if "statistics missing" in r.getMessage()]
+
+
 # -- configuration ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("overrides, match", [
     ({"lake_enabled": True}, "needs a tier"),
@@ -201,6 +316,7 @@ def test_lake_partitions_share_one_table(tmp_path):
     ({"lake_enabled": True, "tier_uri": "file:///tier", "lake_catalog_uri": "catalog.db"}, "SQLAlchemy URI"),
     ({"lake_enabled": "yes", "tier_uri": "file:///tier"}, "must be a bool"),
     ({"lake_snapshot_retention_ms": -2}, "lake_snapshot_retention_ms"),
+    ({"lake_partition": "hour"}, "lake_partition"),
 ])
 def test_bad_lake_settings_are_refused(overrides, match):
     from broker.config import BrokerConfig
@@ -212,6 +328,11 @@ def test_bad_lake_settings_are_refused(overrides, match):
 def test_good_lake_settings():
     from broker.config import BrokerConfig
     BrokerConfig(lake_enabled=True, tier_uri="file:///tier").validate()
+    day = BrokerConfig(lake_enabled=True, tier_uri="file:///tier")
+    assert day.managed_ledger_config().rollover_publish_period_ms == 86_400_000       # lake_partition "day"
+    assert BrokerConfig(lake_enabled=True, tier_uri="file:///tier",
+                        lake_partition="none").managed_ledger_config().rollover_publish_period_ms == 0
+    assert BrokerConfig().managed_ledger_config().rollover_publish_period_ms == 0      # no lake: no day rollover
     BrokerConfig(lake_enabled=True, tier_uri="s3://bucket/tier", lake_catalog_uri="sqlite:////x/c.db").validate()
 
 
