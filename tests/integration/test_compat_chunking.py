@@ -367,6 +367,32 @@ def test_chunked_messages_with_deduplication_on(cluster, client, producer_side):
         mine.close()
 
 
+@pytest.mark.parametrize("side", [
+    pytest.param("official", marks=pytest.mark.xfail(
+        reason="the official C++ consumer (pulsar-client 3.13) drops a first chunk seen again for a "
+               "uuid it holds ('Received a chunk whose chunk id is invalid') and then every later "
+               "chunk of it: the message is never handed out (docs/decisions.md, Chunking)",
+        strict=True)),
+    "ours"])
+def test_whole_message_resent_after_part_was_stored(cluster, client, side):
+    """Stored: c0 c1 (the first copy; the connection was lost before c2 and before their
+    receipts), then c0' c1' c2' (the producer's resend of every pending chunk; only the last
+    chunk is deduplicated, so the broker stores them all, as Pulsar's). The consumer drops the
+    older partial message and hands out the resent one, whole."""
+    topic = f"persistent://public/default/chunk-resent-whole-{side}"
+    mine = ours(cluster)
+    try:
+        consumer = official_consumer(client, topic) if side == "official" else our_consumer(mine, topic)
+        writer = ChunkWriter(mine, topic, "prod-w")
+        big = payload(12 * MIB, 50)
+        writer.write(0, big, [0, 1])
+        writer.write(0, big, [0, 1, 2])
+        got = consumer.receive(10_000 if side == "official" else TIMEOUT_MS)
+        assert got.data() == big
+    finally:
+        mine.close()
+
+
 async def test_aio_client_chunks_and_joins(cluster):
     """pulsarlite.aio: the same producer and consumer paths, as coroutines."""
     import pulsarlite.aio as pla
