@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from pulsarlite.errors import MetadataNotFoundError, NoSuchLedgerError, PulsarliteError
 from pulsarlite.topic_name import TopicName
-from spark_source.plan import LedgerSegment, PartitionLedgers
+from spark_source.plan import CompactedSegment, LedgerSegment, PartitionLedgers, Position
 
 if TYPE_CHECKING:      # imported lazily at run time: planning over closed segments needs neither
     from bookie.client.ledger_client import LedgerClient
@@ -26,6 +26,7 @@ if TYPE_CHECKING:      # imported lazily at run time: planning over closed segme
 log = logging.getLogger("pulsarlite.spark")
 
 MANAGED_LEDGERS_ROOT = "/managed-ledgers"
+COMPACTION_PROPERTY = "pulsarlite.compaction"      # the view broker/compaction/ records in the list
 PARTITIONED_TOPICS_ROOT = "/admin/partitioned-topics"
 
 
@@ -47,6 +48,24 @@ def parse_ledger_list(topic: str, data: bytes) -> list[dict]:
         return ledgers
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"topic {topic}: malformed managed-ledger metadata: {e}") from None
+
+
+def parse_compacted_view(topic: str, data: bytes) -> CompactedSegment | None:
+    """The compacted view recorded in a managed-ledger znode (its property
+    ``pulsarlite.compaction``: ``{"ledger": id, "horizon": [ledger, entry], "entries": n}``);
+    None if the topic was never compacted; ValueError naming the topic if malformed."""
+    try:
+        raw = (json.loads(data).get("properties") or {}).get(COMPACTION_PROPERTY)
+        if raw is None:
+            return None
+        obj = json.loads(raw)
+        hl, he = obj["horizon"]
+        view = CompactedSegment(int(obj["ledger"]), Position(int(hl), int(he)), int(obj.get("entries", 0)))
+        if view.ledger_id < 0 or view.entries < 0:
+            raise ValueError("negative ledger id or entry count")
+        return view
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"topic {topic}: malformed {COMPACTION_PROPERTY} property: {e}") from None
 
 
 def _opt_int(v) -> int | None:
@@ -104,10 +123,12 @@ def _decode(child: str) -> str:
 
 
 async def read_partition(store: MetadataStore, client: LedgerClient | None, topic: str, partition: int,
-                         *, must_exist: bool, admin_url: str | None = None) -> PartitionLedgers:
+                         *, must_exist: bool, admin_url: str | None = None,
+                         read_compacted: bool = False) -> PartitionLedgers:
     """The segments of one partition; open ledgers get their current LAC from the bookies and,
     with ``admin_url``, the owner broker's last confirmed entry (the writer's LAC: the bookies
-    learn an entry's confirmation only from the next entry)."""
+    learn an entry's confirmation only from the next entry). With ``read_compacted``, the
+    compacted view comes from the same znode read as the list (one consistent version)."""
     t = TopicName.parse(topic)
     got = await store.get_or_none(f"{MANAGED_LEDGERS_ROOT}/{t.managed_ledger_name}")
     if got is None:
@@ -131,7 +152,8 @@ async def read_partition(store: MetadataStore, client: LedgerClient | None, topi
             min_publish_time_ms=_opt_int(r.get("min_publish_time_ms")) if closed else None,
             max_publish_time_ms=_opt_int(r.get("max_publish_time_ms")) if closed else None,
             offload_state=str(offload.get("state", "none")), offload_uri=offload.get("uri")))
-    return PartitionLedgers(topic, partition, tuple(segments))
+    view = parse_compacted_view(topic, got[0]) if read_compacted else None
+    return PartitionLedgers(topic, partition, tuple(segments), view)
 
 
 async def _open_ledger_lac(client: LedgerClient | None, topic: str, ledger_id: int, known_last: int) -> int:
@@ -170,4 +192,4 @@ async def _broker_last_confirmed(admin_url: str, topic: str) -> tuple[int, int] 
         return None
 
 
-__all__ = ["TopicNotFound", "expand_topics", "parse_ledger_list", "partition_count", "read_partition"]
+__all__ = ["TopicNotFound", "parse_compacted_view", "expand_topics", "parse_ledger_list", "partition_count", "read_partition"]

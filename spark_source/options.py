@@ -127,6 +127,9 @@ class SourceOptions:
     # the driver already planned; the reader reads exactly these (narrowed by pushed publish-time
     # filters) instead of planning again
     planned_scans: tuple | None = None
+    # option readCompacted (batch only): read each topic's compacted view, then what follows its
+    # horizon (spark_source.plan.plan_partition_compacted); a topic never compacted is read whole
+    read_compacted: bool = False
 
     def apply_aws_env(self) -> None:
         """Credentials given as options become the standard AWS variables of this worker."""
@@ -156,6 +159,9 @@ def parse_options(options: Mapping[str, str], *, streaming: bool, need_topics: b
     ending = parse_offsets("endingOffsets", o.get("endingoffsets"), "latest")
     if streaming and o.get("endingoffsets"):
         raise OptionError("option endingOffsets is for batch queries only")
+    read_compacted = _opt_bool(o, "readCompacted", False)
+    if streaming and read_compacted:
+        raise OptionError("option readCompacted is for batch queries only")
     t0 = _opt_int(o, "startingTime", minimum=0)
     t1 = _opt_int(o, "endingTime", minimum=0)
     if t0 is not None and t1 is not None and t1 < t0:
@@ -178,7 +184,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool, need_topics: b
                                  or _opt_int(o, "maxRecordsPerTrigger", minimum=1)),
         s3_endpoint_url=endpoint, aws_env=aws_env,
         metrics_dir=(o.get("metricsdir") or "").strip() or None,
-        planned_scans=_planned(o.get("plannedsegments")),
+        planned_scans=_planned(o.get("plannedsegments")), read_compacted=read_compacted,
         **_bookie_auth(o), **_zookeeper_auth(o), **_bookie_tls(o))
 
 

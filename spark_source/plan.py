@@ -32,6 +32,7 @@ class DataLossError(ValueError):
 class Location(str, enum.Enum):
     BOOKIES = "bookies"
     TIER = "tier"
+    COMPACTED = "compacted"     # a topic's compacted ledger (option readCompacted)
 
 
 @dataclass(frozen=True, order=True)
@@ -84,12 +85,25 @@ class LedgerSegment:
 
 
 @dataclass(frozen=True)
+class CompactedSegment:
+    """A topic's compacted view (the managed-ledger property ``pulsarlite.compaction``, written
+    by broker/compaction/): the compacted ledger, holding ``entries`` original entries up to
+    ``horizon`` (the last original position it covers)."""
+
+    ledger_id: int
+    horizon: Position
+    entries: int
+
+
+@dataclass(frozen=True)
 class PartitionLedgers:
-    """The segments of one topic partition (or of a non-partitioned topic, partition -1)."""
+    """The segments of one topic partition (or of a non-partitioned topic, partition -1), and
+    its compacted view when it was read (``compacted``: None if never compacted or not asked)."""
 
     topic: str                          # full name of the partition, e.g. persistent://t/n/x-partition-0
     partition: int
     ledgers: tuple[LedgerSegment, ...]
+    compacted: CompactedSegment | None = None
 
 
 @dataclass(frozen=True)
@@ -192,6 +206,40 @@ def plan_partition(p: PartitionLedgers, req: ScanRequest, *, fail_on_data_loss: 
     return out
 
 
+def plan_partition_compacted(p: PartitionLedgers, req: ScanRequest, *, fail_on_data_loss: bool,
+                             report: PlanReport) -> list[SegmentScan]:
+    """The scans of one partition's compacted view (as a reader with ``read_compacted`` sees
+    it): one scan of the compacted ledger (its rows keep their original ids; the reader filters
+    them by the position range ``[start, end)``, the publish-time bounds and each entry's ack
+    set), then the topic's segments strictly after the horizon. Never compacted: the whole
+    topic, as :func:`plan_partition`."""
+    view = p.compacted
+    if view is None:
+        return plan_partition(p, req, fail_on_data_loss=fail_on_data_loss, report=report)
+    out: list[SegmentScan] = []
+    after_horizon = Position(view.horizon.ledger_id, view.horizon.entry_id + 1)
+    in_view = view.entries > 0 and (req.start is None or Position(req.start.ledger_id, req.start.entry_id)
+                                     <= view.horizon)
+    report.segments_total += 1
+    if in_view:
+        out.append(SegmentScan(
+            topic=p.topic, partition=p.partition, ledger_id=view.ledger_id,
+            first_entry_id=0, last_entry_id=view.entries - 1, location=Location.COMPACTED, uri=None,
+            start=req.start if req.start is not None else Position(0, 0), end=req.end,
+            publish_time_min_ms=req.publish_time_min_ms, publish_time_max_ms=req.publish_time_max_ms,
+            size_bytes_estimate=0))
+        report.segments_planned += 1
+    else:
+        report.pruned_by_position += 1
+    start = after_horizon if req.start is None or req.start < after_horizon else req.start
+    if start == after_horizon and p.ledgers and start.ledger_id < p.ledgers[0].ledger_id:
+        start = None        # the horizon's ledger was trimmed (retention): every stored ledger is after it
+    if req.end is not None and start is not None and req.end <= start:
+        return out
+    return out + plan_partition(p, replace(req, start=start),
+                                fail_on_data_loss=fail_on_data_loss, report=report)
+
+
 def _overlaps(lg: LedgerSegment, tmin: int | None, tmax: int | None) -> bool:
     """False only when the ledger's known publish time range misses [tmin, tmax]."""
     if tmin is not None and lg.max_publish_time_ms is not None and lg.max_publish_time_ms < tmin:
@@ -243,8 +291,8 @@ def next_position(scans: list[SegmentScan], fallback: Position | None) -> Positi
     return Position(last.ledger_id, last.last_entry_id + 1)
 
 
-__all__ = ["DataLossError", "ENTRY_ID_END", "LedgerSegment", "Location", "PartitionLedgers", "PlanReport",
-           "Position", "ScanRequest", "SegmentScan", "narrow_time", "next_position", "pack", "plan_partition",
+__all__ = ["CompactedSegment", "DataLossError", "ENTRY_ID_END", "LedgerSegment", "Location", "PartitionLedgers", "PlanReport",
+           "Position", "ScanRequest", "SegmentScan", "narrow_time", "next_position", "pack", "plan_partition", "plan_partition_compacted",
            "scan_from_dict", "scan_to_dict"]
 
 

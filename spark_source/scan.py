@@ -18,7 +18,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_source.plan import Location, SegmentScan
+from spark_source.plan import Location, Position, SegmentScan
 
 log = logging.getLogger("pulsarlite.spark")
 
@@ -244,6 +244,11 @@ def read_scans(scans: tuple[SegmentScan, ...], settings: ReadSettings) -> Iterat
             location = scan.location
             if location is Location.TIER:
                 tables = _read_tier(scan, settings)
+            elif location is Location.COMPACTED:
+                if loop is None:
+                    loop = asyncio.new_event_loop()
+                    client = loop.run_until_complete(_connect(settings))
+                tables = _read_compacted(scan, settings, loop, client)
             else:
                 if loop is None:
                     loop = asyncio.new_event_loop()
@@ -254,7 +259,9 @@ def read_scans(scans: tuple[SegmentScan, ...], settings: ReadSettings) -> Iterat
             log.info("segment scan started topic=%s ledger=%d entries=%d..%d location=%s", scan.topic,
                      scan.ledger_id, scan.first_entry_id, scan.last_entry_id, location.value)
             for table, exact in tables:
-                if not exact:
+                if location is Location.COMPACTED:
+                    table = filter_compacted_rows(table, scan)
+                elif not exact:
                     table = filter_rows(table, scan)
                 if table.num_rows:
                     rows += table.num_rows
@@ -314,6 +321,105 @@ def _read_bookies(scan: SegmentScan, settings: ReadSettings, loop, client) -> It
 
 class DataLoss(RuntimeError):
     pass
+
+
+class CompactedViewGone(DataLoss):
+    """The compacted ledger planned is gone (a newer compaction replaced the view and deleted it,
+    or the topic was deleted) since planning: the read fails (whatever failOnDataLoss says)
+    rather than mix two views; planning again reads the new view."""
+
+
+def _position_at_least(table: pa.Table, p: Position):
+    """Rows whose (ledger, entry, batch index) >= ``p``, lexicographically."""
+    ledger, entry, batch = table["ledger_id"], table["entry_id"], table["batch_index"]
+    return pc.or_(pc.greater(ledger, p.ledger_id), pc.and_(pc.equal(ledger, p.ledger_id), pc.or_(
+        pc.greater(entry, p.entry_id), pc.and_(pc.equal(entry, p.entry_id),
+                                               pc.greater_equal(batch, p.batch_index)))))
+
+
+def filter_compacted_rows(table: pa.Table, scan: SegmentScan) -> pa.Table:
+    """Rows of a compacted-ledger scan (original ids) inside ``[start, end)`` and the
+    publish-time bounds."""
+    if table.num_rows == 0:
+        return table
+    mask = _position_at_least(table, scan.start)
+    if scan.end is not None:
+        mask = pc.and_(mask, pc.invert(_position_at_least(table, scan.end)))
+    publish_ms = pc.cast(table["publish_time"], pa.int64())
+    if scan.publish_time_min_ms is not None:
+        mask = pc.and_(mask, pc.greater_equal(publish_ms, scan.publish_time_min_ms))
+    if scan.publish_time_max_ms is not None:
+        mask = pc.and_(mask, pc.less_equal(publish_ms, scan.publish_time_max_ms))
+    return table.filter(mask)
+
+
+def ack_set_indexes(words) -> list[int]:
+    """The batch indexes an ack set delivers (Java BitSet words, signed int64, bit i of the
+    whole = batch index i; the MESSAGE ack_set form the broker dispatches)."""
+    bits = 0
+    for k, w in enumerate(words):
+        bits |= (int(w) & 0xFFFF_FFFF_FFFF_FFFF) << (64 * k)
+    return [i for i in range(bits.bit_length()) if bits >> i & 1]
+
+
+_BATCH_KEY_SHIFT = 20      # entry id * 2**20 + batch index: one int64 per message of a chunk
+
+
+def rows_of_compacted(entries, partition: int) -> Iterator[pa.Table]:
+    """ROW_SCHEMA rows of compacted-ledger entries (payloads in the codec of
+    pulsarlite.wire.compacted): each original entry decoded by the shared entry decoder under its
+    ORIGINAL (ledger, entry) position, then only the messages its ack set delivers (all of it
+    without one), as the broker's dispatch of the compacted view delivers them to
+    ``read_compacted`` readers. One table per run of entries of one original ledger."""
+    from offload.format import entries_to_table_fast
+    from pulsarlite.wire.compacted import decode_compacted
+
+    def flush(ledger_id, run, whole, keep):
+        table = entries_to_table_fast(ledger_id, run, partition=partition)
+        if table.num_rows == 0 or len(whole) == len(run):
+            return table
+        mask = pc.is_in(table["entry_id"], pa.array(whole, pa.int64()))
+        if keep:
+            key = pc.add(pc.multiply(table["entry_id"].cast(pa.int64()), 1 << _BATCH_KEY_SHIFT),
+                         table["batch_index"].cast(pa.int64()))
+            mask = pc.or_(mask, pc.is_in(key, pa.array(keep, pa.int64())))
+        return table.filter(mask)
+
+    ledger_id, run, whole, keep = None, [], [], []
+    for e in entries:
+        got = decode_compacted(bytes(e.payload))
+        if got.ledger_id != ledger_id and run:
+            yield flush(ledger_id, run, whole, keep)
+            run, whole, keep = [], [], []
+        ledger_id = got.ledger_id
+        run.append((got.entry_id, got.data))
+        if got.ack_set is None:
+            whole.append(got.entry_id)
+        else:
+            keep.extend((got.entry_id << _BATCH_KEY_SHIFT) + i for i in ack_set_indexes(got.ack_set))
+    if run:
+        yield flush(ledger_id, run, whole, keep)
+
+
+def _read_compacted(scan: SegmentScan, settings: ReadSettings, loop, client) -> Iterator[tuple[pa.Table, bool]]:
+    """The planned compacted ledger, from its bookies (it is never offloaded)."""
+    from pulsarlite.errors import MetadataNotFoundError, NoSuchLedgerError
+    try:
+        reader = loop.run_until_complete(client.open_ledger(scan.ledger_id, recovery=False))
+    except (MetadataNotFoundError, NoSuchLedgerError):
+        raise CompactedViewGone(
+            f"topic {scan.topic}: compacted ledger {scan.ledger_id} is gone since planning (a newer "
+            f"compaction replaced the view, or the topic was deleted); read again to plan the new view"
+        ) from None
+    last = min(scan.last_entry_id, reader.last_readable_entry_id)
+    if last < scan.last_entry_id:
+        raise CompactedViewGone(f"topic {scan.topic}: compacted ledger {scan.ledger_id} has entries only up "
+                                f"to {last}, planned up to {scan.last_entry_id}")
+    step = settings.chunk_entries
+    for first in range(scan.first_entry_id, last + 1, step):
+        entries = loop.run_until_complete(reader.read(first, min(first + step - 1, last)))
+        for table in rows_of_compacted(entries, scan.partition):
+            yield table, False
 
 
 async def _tier_uri_now(client, scan: SegmentScan) -> str | None:

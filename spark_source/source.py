@@ -21,7 +21,8 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from spark_source.options import OptionError, SourceOptions, parse_options
 from spark_source.plan import (OUTPUT_DDL, PartitionLedgers, PlanReport, Position, ScanRequest, SegmentScan,
-                               narrow_time, next_position, pack, plan_partition)
+                               narrow_time, next_position, pack, plan_partition,
+                               plan_partition_compacted)
 
 log = logging.getLogger("pulsarlite.spark")
 
@@ -93,7 +94,8 @@ async def _load_partitions(opts: SourceOptions, store, client) -> list[Partition
     members = await expand_topics(store, topics=list(opts.topics), pattern=opts.topics_pattern)
     out = []
     for topic, index in members:
-        out.append(await read_partition(store, client, topic, index, must_exist=False, admin_url=opts.admin_url))
+        out.append(await read_partition(store, client, topic, index, must_exist=False, admin_url=opts.admin_url,
+                                        read_compacted=opts.read_compacted))
     return out
 
 
@@ -140,7 +142,8 @@ def plan_batch(opts: SourceOptions, partitions: list[PartitionLedgers], tmin: in
             end = None
         elif end is None:  # ending at earliest: nothing
             continue
-        scans.extend(plan_partition(p, ScanRequest(start=start, end=end, publish_time_min_ms=tmin,
+        planner = plan_partition_compacted if opts.read_compacted else plan_partition
+        scans.extend(planner(p, ScanRequest(start=start, end=end, publish_time_min_ms=tmin,
                                                    publish_time_max_ms=tmax),
                                     fail_on_data_loss=opts.fail_on_data_loss, report=report))
     return scans
