@@ -470,4 +470,63 @@ class DedupSnapshotStore:
             pass
 
 
-__all__ = ["DEDUP_ROOT", "DedupSnapshotStore", "DedupState", "DigestWindow", "DupStatus", "dedup_path", "entry_sequence"]
+__all__ = ["ChunkResends", "DEDUP_ROOT", "DedupSnapshotStore", "DedupState", "DigestWindow", "DupStatus", "dedup_path", "entry_sequence"]
+
+
+class ChunkResends:
+    """A chunked message's chunks already stored on this topic (since it was loaded here), so
+    that a producer's resend of a whole chunked message stores only the chunks it lacks (pure).
+
+    Why: a producer that lost its connection after chunks c0 c1 were stored (receipts lost) and
+    before c2 resends every pending chunk (the official producers and ours); stored as is, the
+    topic holds ``c0 c1 c0' c1' c2'``, which the official C++ consumer (3.13) never hands out
+    ("chunk id is invalid"): an acknowledged message lost. Pulsar's broker stores the same.
+
+    Protocol, per ``(producer name, uuid)``: a record is the digests and positions of the
+    chunks ``0..n-1`` stored one after another (:meth:`on_stored`, in store order; a chunk 0
+    starts a new record, the next chunk id extends it, anything else forgets it; the last chunk
+    ends it: a whole message resent after it was complete is stored again, as before).
+    :meth:`check` answers a chunk SEND: the stored position of a chunk with the same id and
+    the same bytes (CRC32C of the entry: producers resend the bytes they sent), else None
+    (store it: a chunk resent with other content is never dropped). Only stored chunks count
+    (a resend while its first copy is still being written is stored, as before). Bounded: at
+    most ``records_max`` records (the oldest is forgotten: its resend is stored, as before).
+    Not persisted: a new owner of the topic starts empty.
+    """
+
+    def __init__(self, *, records_max: int = 1024) -> None:
+        if records_max < 1:
+            raise ConfigError(f"records_max must be >= 1, got {records_max}")
+        self.records_max = records_max
+        self._records: OrderedDict[tuple[str, str], list[tuple[int, object]]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def check(self, producer: str, uuid: str, chunk_id: int, digest: int):
+        """The position of the stored copy of this chunk (same id, same bytes), or None."""
+        record = self._records.get((producer, uuid))
+        if record is not None and 0 <= chunk_id < len(record):
+            stored_digest, position = record[chunk_id]
+            if stored_digest == digest:
+                return position
+        return None
+
+    def on_stored(self, producer: str, uuid: str, chunk_id: int, num_chunks: int, digest: int,
+                  position) -> None:
+        """Chunk ``chunk_id`` of ``num_chunks`` was stored at ``position``."""
+        key = (producer, uuid)
+        records = self._records
+        if chunk_id + 1 >= num_chunks:            # the last chunk: the message is whole
+            records.pop(key, None)
+            return
+        record = records.get(key)
+        if chunk_id == 0:
+            records.pop(key, None)
+            records[key] = [(digest, position)]
+            while len(records) > self.records_max:
+                records.popitem(last=False)
+        elif record is not None and chunk_id == len(record):
+            record.append((digest, position))
+        else:
+            records.pop(key, None)

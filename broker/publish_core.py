@@ -32,7 +32,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from broker.dedup import DedupState, DupStatus, entry_sequence
+from broker.dedup import ChunkResends, DedupState, DupStatus, entry_sequence
 from broker.errors import ServiceNotReadyError, TopicNotOwnedError
 from broker.managed_ledger import (ManagedLedgerError, ManagedLedgerFencedError, ManagedLedgerState,
                                    Position)
@@ -88,6 +88,7 @@ class Send:
     waiters: list | None = None          # producers whose held sends wait for this add (dedup)
     held: tuple | None = None            # (data, publish time) while held (dedup)
     dedup_skip: bool = False             # a chunk before the last of a chunked message (dedup)
+    chunk: tuple | None = None           # (uuid, chunk id, chunks, CRC32C) of a chunk (ChunkResends)
 
 
 @dataclass
@@ -171,6 +172,7 @@ class PublishCore:
         self.adds_in_flight = 0              # stored and not done: the managed ledger's pending adds
         self._backlog: deque = deque()       # (op, producer, data, publish time) waiting for room
         self._dedup_inflight: dict[str, deque] = {}     # producer name -> ops pushed, not done
+        self.chunk_resends = ChunkResends()  # chunks stored here: a resent one is answered, not stored
         self._out: list = []
         # given with each event: whether this broker still owns the topic (ZooKeeper session
         # trusted), and the managed ledger's state
@@ -222,6 +224,11 @@ class PublishCore:
         now on (a StoreEntries may take them)."""
         self._event(owned, ml_state)
         producer.pending.extend(ops)
+        if self.chunk_resends and self.write_state is WriteState.OPEN and self._owned:
+            ops, datas, publish_times_ms, batched, digests = self._answer_stored_chunks(
+                producer, ops, datas, publish_times_ms, batched, digests)
+            if not ops:
+                return self._take()
         dedup = self.dedup
         if dedup is not None and self.write_state is not WriteState.CLOSING:
             was_idle = not producer.held
@@ -267,6 +274,9 @@ class PublishCore:
                 op = ops[i]
                 op.position = Position(ledger_id, entry_id) if i != first else position
                 entry_id += 1
+                if op.chunk is not None:
+                    uuid, chunk_id, chunks, digest = op.chunk
+                    self.chunk_resends.on_stored(producer.name, uuid, chunk_id, chunks, digest, op.position)
                 if op.producer_name is not None and dedup is not None:
                     dedup.on_persisted(op.producer_name, op.dedup_highest, op.sequence_id, op.dedup_digest)
             self._out.append(Confirmed(store, first, last))
@@ -325,6 +335,32 @@ class PublishCore:
             dedup.on_nothing_in_flight()      # every push is done: the holes' refill points settle
         out, self._out = self._out, []
         return out
+
+    def _answer_stored_chunks(self, producer: Producer, ops: list, datas: list, publish_times_ms: list,
+                              batched: list | None, digests: list | None) -> tuple:
+        """A chunk this topic already stored for this producer and chunked message (same uuid,
+        chunk id and bytes: :class:`broker.dedup.ChunkResends`) is answered with the stored
+        copy's position, not stored again: a whole chunked message resent after part of it was
+        stored leaves ``c0 c1 c2'``, not ``c0 c1 c0' c1' c2'``. Returns the SENDs still to store."""
+        resends = self.chunk_resends
+        keep = None
+        for i, op in enumerate(ops):
+            chunk = op.chunk
+            position = None if chunk is None else resends.check(producer.name, chunk[0], chunk[1], chunk[3])
+            if position is None:
+                if keep is not None:
+                    keep.append(i)
+                continue
+            if keep is None:
+                keep = list(range(i))
+            log.info("chunk resend answered topic=%s producer=%s uuid=%s chunk_id=%d position=%s",
+                     self.key, producer.name, chunk[0], chunk[1], position)
+            self._complete(producer, op, position, None)
+        if keep is None:
+            return ops, datas, publish_times_ms, batched, digests
+        return ([ops[i] for i in keep], [datas[i] for i in keep], [publish_times_ms[i] for i in keep],
+                None if batched is None else [batched[i] for i in keep],
+                None if digests is None else [digests[i] for i in keep])
 
     def _to(self, state: WriteState) -> None:
         if state not in WRITE_STATE_TRANSITIONS[self.write_state]:

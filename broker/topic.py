@@ -509,7 +509,10 @@ class PersistentTopic:
             # count is >= 1 once check_sendable passed; a single message's field is unset: 1)
             raw = meta.raw
             size += len(data)
-            ops.append(Send(sequence_id, highest_sequence_id, len(data), raw.num_messages_in_batch or 1, start_s))
+            op = Send(sequence_id, highest_sequence_id, len(data), raw.num_messages_in_batch or 1, start_s)
+            if raw.num_chunks_from_msg > 1:      # a chunk: a resend of a stored one is answered, not stored
+                op.chunk = (raw.uuid, raw.chunk_id, raw.num_chunks_from_msg, crc32c_of(data))
+            ops.append(op)
             datas.append(data)
             times.append(raw.publish_time)
         if ops:

@@ -367,28 +367,70 @@ def test_chunked_messages_with_deduplication_on(cluster, client, producer_side):
         mine.close()
 
 
-@pytest.mark.parametrize("side", [
-    pytest.param("official", marks=pytest.mark.xfail(
-        reason="the official C++ consumer (pulsar-client 3.13) drops a first chunk seen again for a "
-               "uuid it holds ('Received a chunk whose chunk id is invalid') and then every later "
-               "chunk of it: the message is never handed out (docs/decisions.md, Chunking)",
-        strict=True)),
-    "ours"])
+@pytest.mark.parametrize("side", ["official", "ours"])
 def test_whole_message_resent_after_part_was_stored(cluster, client, side):
     """Stored: c0 c1 (the first copy; the connection was lost before c2 and before their
-    receipts), then c0' c1' c2' (the producer's resend of every pending chunk; only the last
-    chunk is deduplicated, so the broker stores them all, as Pulsar's). The consumer drops the
-    older partial message and hands out the resent one, whole."""
+    receipts), then the producer resends every pending chunk c0' c1' c2'. The broker answers
+    c0' c1' with the stored copies' positions and stores c2' only (Pulsar's stores all five,
+    which the official C++ consumer never hands out: "chunk id is invalid"): the topic holds
+    c0 c1 c2', which both consumers join."""
     topic = f"persistent://public/default/chunk-resent-whole-{side}"
     mine = ours(cluster)
     try:
+        our_consumer(mine, topic, sub="count").close()   # counts the stored entries (nothing acks there)
         consumer = official_consumer(client, topic) if side == "official" else our_consumer(mine, topic)
         writer = ChunkWriter(mine, topic, "prod-w")
         big = payload(12 * MIB, 50)
         writer.write(0, big, [0, 1])
         writer.write(0, big, [0, 1, 2])
-        got = consumer.receive(10_000 if side == "official" else TIMEOUT_MS)
+        assert backlog(cluster, topic, "count") == 3      # c0 c1 c2': the resent c0' c1' not stored
+        got = consumer.receive(TIMEOUT_MS)
         assert got.data() == big
+    finally:
+        mine.close()
+
+
+def test_whole_message_resent_by_a_new_session_of_the_producer(cluster, client):
+    """The same, across a reconnect to the same broker: c0 c1 stored by one session of producer
+    "prod-r", which then goes away; a new session of the same name resends the same bytes
+    c0' c1' c2'. Only c2' is stored; the official consumer joins c0 c1 c2'."""
+    topic = "persistent://public/default/chunk-resent-new-session"
+    mine = ours(cluster)
+    try:
+        our_consumer(mine, topic, sub="count").close()
+        consumer = official_consumer(client, topic)
+        big = payload(12 * MIB, 51)
+        first = ChunkWriter(mine, topic, "prod-r")
+        first.write(0, big, [0, 1])
+        first.producer.close()
+        second = ChunkWriter(mine, topic, "prod-r")
+        second.entries = first.entries              # a resend: the bytes the first session sent
+        second.write(0, big, [0, 1, 2])
+        assert backlog(cluster, topic, "count") == 3
+        assert consumer.receive(TIMEOUT_MS).data() == big
+    finally:
+        mine.close()
+
+
+def test_resent_chunks_with_other_bytes_are_stored(cluster):
+    """A resend whose chunks differ from the stored ones (here: another publish time) is never
+    dropped: all five chunks are stored, as before, and our consumer hands the message out."""
+    topic = "persistent://public/default/chunk-resent-other-bytes"
+    mine = ours(cluster)
+    try:
+        our_consumer(mine, topic, sub="count").close()
+        consumer = our_consumer(mine, topic)
+        big = payload(12 * MIB, 52)
+        writer = ChunkWriter(mine, topic, "prod-o")
+        writer.write(0, big, [0, 1])
+        from pulsarlite.wire.entry import Message, build_chunk_entries, peek_metadata
+        stored_time_ms = peek_metadata(writer.entries[0][0]).raw.publish_time
+        writer.entries[0] = build_chunk_entries(     # the same chunks, another publish time
+            Message(big), producer_name=writer.impl.producer_name, sequence_id=0,
+            publish_time_ms=stored_time_ms + 1, entry_bytes_max=writer.impl.max_message_size)
+        writer.write(0, big, [0, 1, 2])
+        assert backlog(cluster, topic, "count") == 5
+        assert consumer.receive(TIMEOUT_MS).data() == big
     finally:
         mine.close()
 
