@@ -64,6 +64,11 @@ class BrokerConfig:
     bookie_add_flush_on_idle_adds_max: int = ADD_FLUSH_ON_IDLE_ADDS_MAX_DEFAULT
     # limits on clients
     message_bytes_max: int = 5 * MiB         # told to clients in CONNECTED; bigger frames close
+    # what a compressed SEND may declare (and the broker's check decompress) as its uncompressed
+    # size: the official producers decide "too big" on the COMPRESSED size, so a compressible
+    # message above message_bytes_max arrives as one entry (Pulsar's broker does not look at the
+    # declared size); this bounds the broker's decompression check (docs/decisions.md "SEND checks")
+    message_uncompressed_bytes_max: int = 64 * MiB
     publish_buffer_bytes_max: int = 64 * MiB  # per broker: bytes from SEND to receipt
     entry_cache_bytes_max: int = 64 * MiB    # per broker: recent entries for tailing readers
     read_ahead_entries_max: int = 100        # per subscription: entries read ahead of dispatch
@@ -160,7 +165,7 @@ class BrokerConfig:
                 raise ConfigError(f"{name} must be an int >= -1 (-1: infinite), got {value!r}")
         for name in ("port", "http_port", "zk_session_timeout_ms", "rollover_entries_max",
                      "rollover_bytes_max", "rollover_age_ms_max", "pending_adds_max",
-                     "message_bytes_max", "publish_buffer_bytes_max", "entry_cache_bytes_max",
+                     "message_bytes_max", "message_uncompressed_bytes_max", "publish_buffer_bytes_max", "entry_cache_bytes_max",
                      "read_ahead_entries_max", "connection_write_buffer_bytes_max", "connection_write_high_water_bytes",
                      "keepalive_interval_ms", "connection_unsupported_commands_max", "connect_frame_bytes_max",
                      "connect_timeout_ms", "frame_complete_timeout_ms", "connections_max",
@@ -194,6 +199,9 @@ class BrokerConfig:
             raise ConfigError(f"BrokerConfig: {e}") from None
         if self.message_bytes_max < 1 * KiB or self.frame_bytes_max >= FRAME_BYTES_MAX_LIMIT:
             raise ConfigError(f"BrokerConfig.message_bytes_max out of range: {self.message_bytes_max}")
+        if not self.frame_bytes_max <= self.message_uncompressed_bytes_max < 2**31:
+            raise ConfigError(f"BrokerConfig.message_uncompressed_bytes_max must be in [frame size "
+                              f"{self.frame_bytes_max}, 2^31), got {self.message_uncompressed_bytes_max}")
         if not 16 <= self.connect_frame_bytes_max <= self.frame_bytes_max:
             raise ConfigError(f"BrokerConfig.connect_frame_bytes_max must be in [16, frame size "
                               f"{self.frame_bytes_max}], got {self.connect_frame_bytes_max}")

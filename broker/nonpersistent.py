@@ -265,7 +265,7 @@ class NonPersistentTopic:
                 meta = peek_metadata(data)
                 if len(data) - meta.payload_offset > message_bytes_max and not meta.batched:
                     raise NotAllowedError("Exceed maximum message size")
-                check_sendable(data, meta, uncompressed_bytes_max=config.frame_bytes_max)
+                check_sendable(data, meta, uncompressed_bytes_max=config.message_uncompressed_bytes_max)
             except Exception as e:     # noqa: BLE001 - whatever the entry is, answer it, keep serving
                 refused.append((sequence_id, e))
                 continue

@@ -198,3 +198,35 @@ def test_our_client_sends_a_message_of_the_advertised_max(default_cluster, batch
         assert len(md["ensembles"]) == 1 and not md.get("under_replicated_bookies"), md
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("compression", ["LZ4", "ZSTD"])
+def test_a_compressed_message_above_the_max_whose_compressed_size_fits_is_stored(default_cluster, compression):
+    """The official producer decides "too big" on the COMPRESSED size: a compressible 6 MiB
+    message (compressed far below 5 MiB) goes as one SEND declaring 6 MiB uncompressed. Pulsar's
+    broker takes it (it checks the frame only); ours refused it ("declared uncompressed size ...
+    is outside [0, frame size]") and the official producer, which resends on every SendError but
+    ChecksumError, resent it for ever (its send timeout never fired: the test hung). Now it is stored; the official
+    consumer (its check is on the compressed payload size, ConsumerImpl::uncompressMessageIfNeeded)
+    and ours both deliver it."""
+    import pulsarlite
+    cluster = default_cluster
+    client = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
+    ours = pulsarlite.Client(cluster.service_url, operation_timeout_seconds=30)
+    try:
+        topic = f"persistent://public/default/size-compressed-above-max-{compression.lower()}"
+        consumer = client.subscribe(topic, "official", initial_position=pulsar.InitialPosition.Earliest)
+        our_consumer = ours.subscribe(topic, "ours", initial_position=pulsarlite.InitialPosition.Earliest)
+        producer = client.create_producer(topic, batching_enabled=False, send_timeout_millis=TIMEOUT_MS,
+                                          compression_type=getattr(pulsar.CompressionType, compression))
+        big = bytes(range(256)) * (6 * 1024 * 1024 // 256)
+        assert len(big) > MESSAGE_BYTES_MAX
+        msg_id = producer.send(big)
+        producer.send(b"small")
+        assert [consumer.receive(timeout_millis=TIMEOUT_MS).data() for _ in range(2)] == [big, b"small"]
+        assert [our_consumer.receive(timeout_millis=TIMEOUT_MS).data() for _ in range(2)] == [big, b"small"]
+        md = ledger_metadata(cluster, msg_id.ledger_id())
+        assert len(md["ensembles"]) == 1 and not md.get("under_replicated_bookies"), md
+    finally:
+        ours.close()
+        client.close()
