@@ -26,19 +26,17 @@ Protocol (as Pulsar's NonPersistentTopic):
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections import deque
 from typing import Any
 
 from broker.dispatch import ConsumerBusyError, DispatcherCore, KeySharedMode, SubType
-from broker.errors import NotAllowedError, ProducerBusyError, ProducerFencedError, ServiceNotReadyError
+from broker.errors import NotAllowedError, ServiceNotReadyError
 from broker.latency import LatencyBuckets
 from broker.managed_ledger import Position
 from broker.publish_core import AccessMode, Producer
 from broker.topic import _slot_of
-from pulsarlite.wire.entry import check_sendable, peek_metadata
+from broker.topic_common import ExclusiveAccess, check_edge, notify_active_change
 
 log = logging.getLogger("pulsarlite.broker")
 
@@ -100,12 +98,7 @@ class NonPersistentSubscription:
             self.topic.drop_subscription(self)
 
     def _notify_active(self, before, new=None) -> None:
-        if self.sub_type is not SubType.FAILOVER:
-            return
-        active = self.core.active_consumer()
-        targets = list(self.consumers.values()) if active != before else ([new] if new is not None else [])
-        for handle in targets:
-            handle.send_active_change(id(handle) == active)
+        notify_active_change(self.sub_type, self.core, self.consumers, before, new)
 
     def flow(self, consumer, permits: int) -> None:
         self.core.flow(id(consumer), permits)
@@ -159,8 +152,7 @@ class NonPersistentTopic:
         self.key = str(name)
         self.producers: dict[str, Producer] = {}
         self.subscriptions: dict[str, NonPersistentSubscription] = {}
-        self._exclusive: Producer | None = None
-        self._exclusive_waiters: deque[asyncio.Future] = deque()
+        self._access = ExclusiveAccess(self.key)
         self._sequence = 0                  # the dispatcher's key for each entry (never on the wire)
         self.closed = False
         self.msg_in = 0
@@ -183,54 +175,30 @@ class NonPersistentTopic:
         mode conflicts."""
         if self.closed:
             raise ServiceNotReadyError(f"topic {self.key} is closing")
-        if name in self.producers:
-            raise ProducerBusyError(f"producer {name!r} is already connected to {self.key}")
-        exclusive = access_mode is not AccessMode.SHARED
-        if access_mode is AccessMode.EXCLUSIVE_WITH_FENCING:
-            for other in list(self.producers.values()):
-                other.handle.close_by_broker()
-                self.remove_producer(other)
-        elif self._exclusive is not None:
-            error = ProducerFencedError if exclusive else ProducerBusyError
-            raise error(f"topic {self.key} has an exclusive producer ({self._exclusive.name})")
-        elif exclusive and self.producers:
-            raise ProducerFencedError(f"topic {self.key} has {len(self.producers)} producer(s): "
-                                      f"{access_mode.name} access refused")
+        self._access.admit(name, access_mode, self.producers, self._fence)
         producer = Producer(handle, name, connection, producer_id=handle.producer_id,
                             address=connection.address if connection is not None else "",
                             connected_since_ms=int(time.time() * 1000), access_mode=access_mode)
         self.producers[name] = producer
-        if exclusive:
-            self._exclusive = producer
+        self._access.added(producer)
         return producer
+
+    def _fence(self, other: Producer) -> None:
+        other.handle.close_by_broker()
+        self.remove_producer(other)
 
     def remove_producer(self, producer: Producer) -> None:
         if self.producers.get(producer.name) is producer:
             del self.producers[producer.name]
         producer.closed = True
-        if self._exclusive is producer:
-            self._exclusive = None
-        if self.exclusive_available():
-            while self._exclusive_waiters:
-                fut = self._exclusive_waiters.popleft()
-                if not fut.done():
-                    fut.set_result(None)
-                    break
+        self._access.removed(producer, self.producers)
 
     def exclusive_available(self) -> bool:
-        return self._exclusive is None and not self.producers
+        return self._access.available(self.producers)
 
     async def wait_exclusive(self) -> None:
-        while not self.exclusive_available():
-            if self.closed:
-                raise ServiceNotReadyError(f"topic {self.key} is closing")
-            fut = asyncio.get_running_loop().create_future()
-            self._exclusive_waiters.append(fut)
-            try:
-                await fut
-            finally:
-                if fut in self._exclusive_waiters:
-                    self._exclusive_waiters.remove(fut)
+        """WaitForExclusive (broker/topic_common.py)."""
+        await self._access.wait(self.producers, lambda: self.closed)
 
     async def refresh_dedup(self) -> None:
         """No deduplication on non-persistent topics (nothing is stored to deduplicate against)."""
@@ -262,10 +230,7 @@ class NonPersistentTopic:
         for sequence_id, highest_sequence_id, entry in sends:
             data = bytes(entry)
             try:
-                meta = peek_metadata(data)
-                if len(data) - meta.payload_offset > message_bytes_max and not meta.batched:
-                    raise NotAllowedError("Exceed maximum message size")
-                check_sendable(data, meta, uncompressed_bytes_max=config.message_uncompressed_bytes_max)
+                meta = check_edge(data, message_bytes_max, config.message_uncompressed_bytes_max)
             except Exception as e:     # noqa: BLE001 - whatever the entry is, answer it, keep serving
                 refused.append((sequence_id, e))
                 continue
@@ -342,9 +307,7 @@ class NonPersistentTopic:
         self.closed = True
         if disconnect_clients:
             self.disconnect_clients()
-        for fut in self._exclusive_waiters:
-            if not fut.done():
-                fut.set_result(None)
+        self._access.release_waiters()
 
 
 __all__ = ["MESSAGE_ID", "NON_PERSISTENT_ROOT", "NonPersistentSubscription", "NonPersistentTopic",

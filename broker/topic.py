@@ -32,10 +32,11 @@ from broker.admin.policies import NotFoundError, PreconditionFailedError
 from broker.cursor import InvalidAckError, cursor_path
 from broker.dedup import DedupSnapshotStore, DedupState, entry_sequence
 from broker.dispatch import Delivery, DispatcherCore, KeySharedMode, SubType
-from broker.errors import (ConsumerAssignError, NotAllowedError, ProducerBusyError, ProducerFencedError,
-                           ServiceNotReadyError, SubscriptionBusyError, TopicTerminatedError)
+from broker.errors import (ConsumerAssignError, NotAllowedError, ProducerBusyError,  # noqa: F401 - re-exported
+                           ProducerFencedError, ServiceNotReadyError, SubscriptionBusyError, TopicTerminatedError)
 from broker.key_shared import sticky_key_hash
 from broker.termination import write_terminated
+from broker.topic_common import ExclusiveAccess, check_edge, notify_active_change
 from broker.latency import LatencyBuckets
 from broker.managed_ledger import ManagedLedger, ManagedLedgerState, Position, next_position
 from broker.publish_core import (AccessMode, Answer, Confirmed, CountAddError, DisconnectProducer, Producer,
@@ -43,7 +44,7 @@ from broker.publish_core import (AccessMode, Answer, Confirmed, CountAddError, D
 from pulsarlite.checksum import crc32c_of
 from pulsarlite.counted_log import CountedCause
 from pulsarlite.errors import InvariantViolation, check
-from pulsarlite.wire.entry import check_sendable, peek_metadata
+from pulsarlite.wire.entry import peek_metadata
 
 log = logging.getLogger("pulsarlite.broker")
 
@@ -232,8 +233,7 @@ class PersistentTopic:
         self.terminating = False
         self.terminated_at: Position | None = None
         # producer access modes: the producer holding exclusive access, and those waiting for it
-        self._exclusive: Producer | None = None
-        self._exclusive_waiters: deque[asyncio.Future] = deque()
+        self._access = ExclusiveAccess(self.key)
         # deduplication (None: disabled); see broker/dedup.py
         self._dedup_store = DedupSnapshotStore(service.store, name.managed_ledger_name) \
             if service.store is not None else None
@@ -298,62 +298,29 @@ class PersistentTopic:
         if self.write_state is WriteState.BLOCKED:
             raise ServiceNotReadyError(f"topic {self.key} is blocked after a failed write until its adds in "
                                        f"flight are done and its ledger rolled over; retry")
-        if name in self.producers:
-            raise ProducerBusyError(f"producer {name!r} is already connected to {self.key}")
-        exclusive = access_mode is not AccessMode.SHARED
-        if access_mode is AccessMode.EXCLUSIVE_WITH_FENCING:
-            for other in list(self.producers.values()):
-                log.info("topic %s: producer %s fenced by exclusive producer %s", self.key, other.name, name)
-                other.handle.close_by_broker()
-                self.remove_producer(other)
-        elif self._exclusive is not None:
-            # as Pulsar: another exclusive one is fenced, a shared one is busy
-            error = ProducerFencedError if exclusive else ProducerBusyError
-            raise error(f"topic {self.key} has an exclusive producer ({self._exclusive.name})")
-        elif exclusive and self.producers:
-            raise ProducerFencedError(f"topic {self.key} has {len(self.producers)} producer(s): "
-                                      f"{access_mode.name} access refused")
+        self._access.admit(name, access_mode, self.producers, self._fence)
         producer = Producer(handle, name, connection, producer_id=handle.producer_id,
                             address=connection.address if connection is not None else "",
                             connected_since_ms=int(time.time() * 1000),
                             access_mode=access_mode)
         self.core.producer_added(producer)
-        if exclusive:
-            self._exclusive = producer
+        self._access.added(producer)
         return producer
 
+    def _fence(self, other: Producer) -> None:
+        other.handle.close_by_broker()
+        self.remove_producer(other)
+
     def exclusive_available(self) -> bool:
-        return self._exclusive is None and not self.producers
+        return self._access.available(self.producers)
 
     async def wait_exclusive(self) -> None:
-        """WaitForExclusive: return once no producer is connected (FIFO among waiters); the
-        caller then adds its producer at once (same loop turn)."""
-        while not self.exclusive_available() or self._exclusive_waiters:
-            if self.write_state is WriteState.CLOSING:
-                raise ServiceNotReadyError(f"topic {self.key} is closing")
-            fut = asyncio.get_running_loop().create_future()
-            self._exclusive_waiters.append(fut)
-            try:
-                await fut
-            finally:
-                if fut in self._exclusive_waiters:
-                    self._exclusive_waiters.remove(fut)
-            if self.exclusive_available():
-                return
-
-    def _wake_exclusive_waiter(self) -> None:
-        if self.exclusive_available():
-            while self._exclusive_waiters:
-                fut = self._exclusive_waiters.popleft()
-                if not fut.done():
-                    fut.set_result(None)
-                    return
+        """WaitForExclusive (broker/topic_common.py)."""
+        await self._access.wait(self.producers, lambda: self.write_state is WriteState.CLOSING)
 
     def remove_producer(self, producer: Producer) -> None:
         self.core.producer_removed(producer)
-        if self._exclusive is producer:
-            self._exclusive = None
-        self._wake_exclusive_waiter()
+        self._access.removed(producer, self.producers)
 
     # -- deduplication ---------------------------------------------------------------------------
     async def dedup_enabled_by_policy(self) -> bool:
@@ -487,14 +454,7 @@ class PersistentTopic:
         for sequence_id, highest_sequence_id, entry in sends:
             data = bytes(entry)
             try:
-                meta = peek_metadata(data)
-                if len(data) - meta.payload_offset > message_bytes_max and not meta.batched:
-                    # the advertised maximum bounds a message's payload (the clients check it
-                    # themselves; the frame limit leaves room for the metadata, and for a batch's
-                    # framing: a batch is bounded by the frame only, as in Pulsar): Pulsar's
-                    # refusal, this send only
-                    raise NotAllowedError("Exceed maximum message size")
-                check_sendable(data, meta, uncompressed_bytes_max=uncompressed_bytes_max)
+                meta = check_edge(data, message_bytes_max, uncompressed_bytes_max)    # this send only
                 if dedup:
                     is_batch = meta.batched
                     top = max(highest_sequence_id,
@@ -801,9 +761,7 @@ class PersistentTopic:
         if self.write_state is WriteState.CLOSING:
             return
         self.core.begin_closing()            # new SENDs are refused from here on (clients resend)
-        for fut in self._exclusive_waiters:
-            if not fut.done():
-                fut.set_result(None)
+        self._access.release_waiters()
         if disconnect_clients:
             await self._wait_adds_in_flight()   # their receipts go out before we disconnect
             for producer in list(self.producers.values()):
@@ -1085,14 +1043,7 @@ class Subscription:
             self.topic._spawn(self.topic.remove_subscription(self, delete_cursor=True))
 
     def _notify_active(self, before, new=None) -> None:
-        """Failover: ACTIVE_CONSUMER_CHANGE to every consumer when the active one changed, else
-        to the new consumer only."""
-        if self.sub_type is not SubType.FAILOVER:
-            return
-        active = self.core.active_consumer()
-        targets = list(self.consumers.values()) if active != before else ([new] if new is not None else [])
-        for handle in targets:
-            handle.send_active_change(id(handle) == active)
+        notify_active_change(self.sub_type, self.core, self.consumers, before, new)
 
     def flow(self, consumer, permits: int) -> None:
         self.core.flow(id(consumer), permits)
