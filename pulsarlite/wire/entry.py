@@ -666,12 +666,10 @@ def _frame_entry(metadata: pb.MessageMetadata, payload: bytes) -> bytes:
     return _U32.pack(len(meta)) + meta + payload
 
 
-def build_entry(message: Message, *, producer_name: str, sequence_id: int, publish_time_ms: int,
-                compression: Compression | int = Compression.NONE,
-                schema_version: bytes | None = None,
-                highest_sequence_id: int | None = None) -> bytes:
-    """A non-batched entry holding ``message`` (its batch_index is ignored)."""
-    raw = bytes(message.payload)
+def _unbatched_metadata(message: Message, raw: bytes, *, producer_name: str, sequence_id: int,
+                        publish_time_ms: int, compression: Compression | int,
+                        schema_version: bytes | None) -> pb.MessageMetadata:
+    """The metadata of a non-batched entry holding ``message`` (payload ``raw``, uncompressed)."""
     metadata = pb.MessageMetadata(
         producer_name=producer_name, sequence_id=sequence_id, publish_time=publish_time_ms,
         properties=_key_values(message.properties), uncompressed_size=len(raw))
@@ -680,6 +678,18 @@ def build_entry(message: Message, *, producer_name: str, sequence_id: int, publi
         metadata.compression = int(compression)
     if schema_version is not None:
         metadata.schema_version = schema_version
+    return metadata
+
+
+def build_entry(message: Message, *, producer_name: str, sequence_id: int, publish_time_ms: int,
+                compression: Compression | int = Compression.NONE,
+                schema_version: bytes | None = None,
+                highest_sequence_id: int | None = None) -> bytes:
+    """A non-batched entry holding ``message`` (its batch_index is ignored)."""
+    raw = bytes(message.payload)
+    metadata = _unbatched_metadata(message, raw, producer_name=producer_name, sequence_id=sequence_id,
+                                   publish_time_ms=publish_time_ms, compression=compression,
+                                   schema_version=schema_version)
     if highest_sequence_id is not None:
         metadata.highest_sequence_id = highest_sequence_id
     return _frame_entry(metadata, compress(raw, compression))
@@ -695,14 +705,9 @@ def build_chunk_entries(message: Message, *, producer_name: str, sequence_id: in
     ``chunk_id``, ``num_chunks_from_msg`` and ``total_chunk_msg_size`` (the compressed size).
     One entry, unchunked, when the message fits."""
     raw = bytes(message.payload)
-    metadata = pb.MessageMetadata(
-        producer_name=producer_name, sequence_id=sequence_id, publish_time=publish_time_ms,
-        properties=_key_values(message.properties), uncompressed_size=len(raw))
-    _set_message_fields(metadata, message)
-    if compression:
-        metadata.compression = int(compression)
-    if schema_version is not None:
-        metadata.schema_version = schema_version
+    metadata = _unbatched_metadata(message, raw, producer_name=producer_name, sequence_id=sequence_id,
+                                   publish_time_ms=publish_time_ms, compression=compression,
+                                   schema_version=schema_version)
     payload = compress(raw, compression)
     if 4 + metadata.ByteSize() + len(payload) <= entry_bytes_max and len(raw) <= entry_bytes_max:
         return [_frame_entry(metadata, payload)]
