@@ -201,25 +201,26 @@ def _planned(text) -> tuple | None:
         raise OptionError(f"option plannedSegments (internal, set by spark_source.read_topic): {e}") from None
 
 
+def _secret_options(o: Mapping[str, str], option: str, env: str) -> tuple[str, str]:
+    """``(value, file)`` of a credential given as option ``option`` or ``<option>File`` (at most
+    one of them: OptionError), else from the environment: ``env``, or else ``<env>_FILE``."""
+    value = str(o.get(option.lower()) or "").strip()
+    value_file = str(o.get(option.lower() + "file") or "").strip()
+    if value and value_file:
+        raise OptionError(f"give at most one of the options {option} and {option}File")
+    if not value and not value_file:
+        value = os.environ.get(env, "").strip()
+        value_file = "" if value else os.environ.get(env + "_FILE", "").strip()
+    return value, value_file
+
+
 def _bookie_auth(o: Mapping[str, str]) -> dict[str, str]:
-    token = str(o.get("bookieauthtoken") or "").strip()
-    token_file = str(o.get("bookieauthtokenfile") or "").strip()
-    if token and token_file:
-        raise OptionError("give at most one of the options bookieAuthToken and bookieAuthTokenFile")
-    if not token and not token_file:
-        token = os.environ.get("PULSARLITE_BOOKIE_AUTH_TOKEN", "").strip()
-        token_file = "" if token else os.environ.get("PULSARLITE_BOOKIE_AUTH_TOKEN_FILE", "").strip()
+    token, token_file = _secret_options(o, "bookieAuthToken", "PULSARLITE_BOOKIE_AUTH_TOKEN")
     return {"bookie_auth_token": token, "bookie_auth_token_file": token_file}
 
 
 def _zookeeper_auth(o: Mapping[str, str]) -> dict:
-    digest = str(o.get("zookeeperauthdigest") or "").strip()
-    digest_file = str(o.get("zookeeperauthdigestfile") or "").strip()
-    if digest and digest_file:
-        raise OptionError("give at most one of the options zookeeperAuthDigest and zookeeperAuthDigestFile")
-    if not digest and not digest_file:
-        digest = os.environ.get("PULSARLITE_ZOOKEEPER_AUTH_DIGEST", "").strip()
-        digest_file = "" if digest else os.environ.get("PULSARLITE_ZOOKEEPER_AUTH_DIGEST_FILE", "").strip()
+    digest, digest_file = _secret_options(o, "zookeeperAuthDigest", "PULSARLITE_ZOOKEEPER_AUTH_DIGEST")
     if "zookeeperaclreadrestricted" in o:
         restricted = _opt_bool(o, "zookeeperAclReadRestricted", False)
     else:
