@@ -312,11 +312,16 @@ def _read_bookies(scan: SegmentScan, settings: ReadSettings, loop, client) -> It
     if last < scan.last_entry_id:
         raise DataLoss(f"topic {scan.topic}: ledger {scan.ledger_id} has entries only up to {last}, "
                        f"planned up to {scan.last_entry_id}")
-    step = settings.chunk_entries
-    for first in range(scan.first_entry_id, last + 1, step):
-        entries = loop.run_until_complete(reader.read(first, min(first + step - 1, last)))
+    for entries in _read_in_chunks(loop, reader, scan.first_entry_id, last, settings.chunk_entries):
         yield entries_to_table_fast(scan.ledger_id, ((e.entry_id, e.payload) for e in entries),
                                     partition=scan.partition), False
+
+
+def _read_in_chunks(loop, reader, first_entry_id: int, last_entry_id: int, chunk_entries: int):
+    """Entries ``first_entry_id..last_entry_id`` of an open ledger ``reader``, read and yielded
+    ``chunk_entries`` at a time (lists of entries, in order)."""
+    for first in range(first_entry_id, last_entry_id + 1, chunk_entries):
+        yield loop.run_until_complete(reader.read(first, min(first + chunk_entries - 1, last_entry_id)))
 
 
 class DataLoss(RuntimeError):
@@ -415,9 +420,7 @@ def _read_compacted(scan: SegmentScan, settings: ReadSettings, loop, client) -> 
     if last < scan.last_entry_id:
         raise CompactedViewGone(f"topic {scan.topic}: compacted ledger {scan.ledger_id} has entries only up "
                                 f"to {last}, planned up to {scan.last_entry_id}")
-    step = settings.chunk_entries
-    for first in range(scan.first_entry_id, last + 1, step):
-        entries = loop.run_until_complete(reader.read(first, min(first + step - 1, last)))
+    for entries in _read_in_chunks(loop, reader, scan.first_entry_id, last, settings.chunk_entries):
         for table in rows_of_compacted(entries, scan.partition):
             yield table, False
 
