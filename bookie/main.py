@@ -22,9 +22,8 @@ from bookie.cookie import COOKIES_PATH, CookieError, check_and_write_cookies
 from bookie.server import BookieServer, BookieService, load_server_keys
 from bookie.storage import BookieStore
 from pulsarlite.config import BookieConfig, zookeeper_auth
-from pulsarlite.errors import ConfigError, PulsarliteError
-from pulsarlite.metadata import MetadataAuthError
-from pulsarlite.process import start_server_process
+from pulsarlite.errors import PulsarliteError
+from pulsarlite.process import run_server, start_server_process
 
 log = logging.getLogger("pulsarlite.bookie")
 
@@ -40,16 +39,11 @@ def run_from_args(args) -> int:
     if config is None:
         return 2
     try:
-        asyncio.run(run_bookie(config))
+        return run_server("bookie", run_bookie(config), log)
     except CookieError as e:
         log.error("%s", e)
         print(f"pulsarlite bookie: {e}", file=sys.stderr)
         return 3
-    except (ConfigError, MetadataAuthError) as e:       # e.g. a wrong ZooKeeper credential
-        log.error("bookie refused to start error=%s", e)
-        print(f"pulsarlite bookie: {e}", file=sys.stderr)
-        return 2
-    return 0
 
 
 def _report_death(task: asyncio.Task) -> None:

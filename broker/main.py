@@ -16,7 +16,7 @@ import signal
 import sys
 
 from broker.config import BrokerConfig
-from pulsarlite.process import start_server_process
+from pulsarlite.process import run_server, start_server_process
 
 log = logging.getLogger("pulsarlite.broker")
 
@@ -41,15 +41,7 @@ def run_from_args(args) -> int:
     config = start_server_process("broker", BrokerConfig, args.config, overlay=overlay)
     if config is None:
         return 2
-    from pulsarlite.errors import ConfigError
-    from pulsarlite.metadata import MetadataAuthError
-    try:
-        asyncio.run(run_broker(config))
-    except (ConfigError, MetadataAuthError) as e:       # e.g. a wrong ZooKeeper credential
-        log.error("broker refused to start error=%s", e)
-        print(f"pulsarlite broker: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return run_server("broker", run_broker(config), log)
 
 
 def apply_pulsar_conf(config: BrokerConfig, path: str) -> BrokerConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
@@ -82,3 +83,18 @@ def start_server_process(name: str, config_cls: type[T], config_path: str | None
 
     uvloop.install()
     return config
+
+
+def run_server(name: str, main: typing.Coroutine, logger: logging.Logger) -> int:
+    """Run a server process's ``main`` coroutine to its end: 0, or 2 when it refused to start
+    (ConfigError, MetadataAuthError: e.g. a wrong ZooKeeper credential), the reason logged and
+    printed. Other errors propagate (the caller may map them to their own exit codes)."""
+    from pulsarlite.errors import ConfigError
+    from pulsarlite.metadata import MetadataAuthError
+    try:
+        asyncio.run(main)
+    except (ConfigError, MetadataAuthError) as e:
+        logger.error("%s refused to start error=%s", name, e)
+        print(f"pulsarlite {name}: {e}", file=sys.stderr)
+        return 2
+    return 0

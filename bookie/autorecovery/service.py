@@ -68,20 +68,12 @@ def add_parser(subparsers) -> None:
 
 
 def run_from_args(args) -> int:
-    from pulsarlite.process import start_server_process
+    from pulsarlite.process import run_server, start_server_process
 
     config = start_server_process("autorecovery", BookieConfig, args.config)
     if config is None:
         return 2
-    from pulsarlite.errors import ConfigError
-    from pulsarlite.metadata import MetadataAuthError
-    try:
-        asyncio.run(run_standalone(config))
-    except (ConfigError, MetadataAuthError) as e:       # e.g. a wrong ZooKeeper credential
-        log.error("autorecovery refused to start error=%s", e)
-        print(f"pulsarlite autorecovery: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return run_server("autorecovery", run_standalone(config), log)
 
 
 async def run_standalone(config: BookieConfig, *, stop_event: asyncio.Event | None = None) -> None:
