@@ -513,23 +513,34 @@ _OFFLOAD_STATUS_TEXT = {"NOT_RUN": "Offload has not been run for {topic} since b
 
 
 def _run_offload_status(client: AdminClient, args: argparse.Namespace) -> Any:
-    path = TP.format(topic=_topic_path(args.topic)) + "/offload"
+    """Pulsar's offload-status: the LongRunningProcessStatus, -w waits while RUNNING (progress
+    on stderr)."""
+    return _long_running_status(client, args, "offload", "offload", _OFFLOAD_STATUS_TEXT, "Offload status: {status}",
+                                "Error offloading", show_progress=True)
+
+
+def _long_running_status(client: AdminClient, args: argparse.Namespace, suffix: str, what: str,
+                         texts: dict[str, str], other_text: str, error_prefix: str, *, show_progress: bool) -> Any:
+    """GET ``<topic>/<suffix>`` (a LongRunningProcessStatus); with ``--wait`` poll while RUNNING
+    (AdminCommandError after ``--timeout``); print it (``texts`` by status, else ``other_text``)
+    or emit it as ``--output``; AdminCommandError ``error_prefix: lastError`` on ERROR."""
+    path = TP.format(topic=_topic_path(args.topic)) + "/" + suffix
     status = client.get(path) or {}
     deadline = time.monotonic() + args.timeout
     while args.wait and status.get("status") == "RUNNING":
         if time.monotonic() >= deadline:
-            raise AdminCommandError(f"offload of {args.topic} still running after {args.timeout:g}s")
-        progress = {k: v for k, v in status.items() if k not in ("status", "lastError")}
-        print(f"running {json.dumps(progress)}" if progress else ".", file=sys.stderr, flush=True)
+            raise AdminCommandError(f"{what} of {args.topic} still running after {args.timeout:g}s")
+        if show_progress:
+            progress = {k: v for k, v in status.items() if k not in ("status", "lastError")}
+            print(f"running {json.dumps(progress)}" if progress else ".", file=sys.stderr, flush=True)
         time.sleep(OFFLOAD_POLL_INTERVAL_S)
         status = client.get(path) or {}
     if args.output:
         emit(status, args.output)
     else:
-        print(_OFFLOAD_STATUS_TEXT.get(status.get("status"), "Offload status: {status}").format(
-            topic=args.topic, status=json.dumps(status)))
+        print(texts.get(status.get("status"), other_text).format(topic=args.topic, status=json.dumps(status)))
     if status.get("status") == "ERROR":
-        raise AdminCommandError(f"Error offloading: {status.get('lastError') or 'unknown error'}")
+        raise AdminCommandError(f"{error_prefix}: {status.get('lastError') or 'unknown error'}")
     return None
 
 
@@ -547,22 +558,8 @@ def _run_compact(client: AdminClient, args: argparse.Namespace) -> Any:
 
 def _run_compaction_status(client: AdminClient, args: argparse.Namespace) -> Any:
     """Pulsar's compaction-status: the LongRunningProcessStatus, -w waits while RUNNING."""
-    path = TP.format(topic=_topic_path(args.topic)) + "/compaction"
-    status = client.get(path) or {}
-    deadline = time.monotonic() + args.timeout
-    while args.wait and status.get("status") == "RUNNING":
-        if time.monotonic() >= deadline:
-            raise AdminCommandError(f"compaction of {args.topic} still running after {args.timeout:g}s")
-        time.sleep(OFFLOAD_POLL_INTERVAL_S)
-        status = client.get(path) or {}
-    if args.output:
-        emit(status, args.output)
-    else:
-        print(_COMPACTION_STATUS_TEXT.get(status.get("status"), "Compaction status: {status}").format(
-            topic=args.topic, status=json.dumps(status)))
-    if status.get("status") == "ERROR":
-        raise AdminCommandError(f"Error in compaction: {status.get('lastError') or 'unknown error'}")
-    return None
+    return _long_running_status(client, args, "compaction", "compaction", _COMPACTION_STATUS_TEXT,
+                                "Compaction status: {status}", "Error in compaction", show_progress=False)
 
 
 def _run_reset_cursor(client: AdminClient, args: argparse.Namespace) -> Any:
