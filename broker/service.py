@@ -100,24 +100,18 @@ class BrokerService:
         self.authorization = AuthorizationService.from_config(config)
 
     def _on_ownership_lost(self, is_lost) -> None:
-        for key in list(self.topics):
-            try:
-                lost = is_lost(parse_topic(key))
-            except Exception:
-                lost = True
-            if lost:
-                log.warning("ownership of %s lost: unloading", key)
-                task = asyncio.ensure_future(self.unload_topic(key))
-                task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        for key in list(self.nonpersistent):
-            try:
-                lost = is_lost(parse_topic(key))
-            except Exception:
-                lost = True
-            if lost:
-                log.warning("ownership of %s lost: unloading", key)
-                task = asyncio.ensure_future(self.unload_nonpersistent(key))
-                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        """Unload every loaded topic (persistent or not) whose bundle this broker lost (or whose
+        name no longer parses)."""
+        for loaded, unload in ((self.topics, self.unload_topic), (self.nonpersistent, self.unload_nonpersistent)):
+            for key in list(loaded):
+                try:
+                    lost = is_lost(parse_topic(key))
+                except Exception:
+                    lost = True
+                if lost:
+                    log.warning("ownership of %s lost: unloading", key)
+                    task = asyncio.ensure_future(unload(key))
+                    task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     # -- names -----------------------------------------------------------------------------------
     def next_producer_name(self) -> str:
