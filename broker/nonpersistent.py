@@ -36,7 +36,7 @@ from broker.latency import LatencyBuckets
 from broker.managed_ledger import Position
 from broker.publish_core import AccessMode, Producer
 from broker.topic import _slot_of
-from broker.topic_common import ExclusiveAccess, check_edge, notify_active_change
+from broker.topic_common import ExclusiveAccess, attach_consumer, check_edge, detach_consumer
 
 log = logging.getLogger("pulsarlite.broker")
 
@@ -83,22 +83,12 @@ class NonPersistentSubscription:
         return await self.topic.last_message_id()
 
     def add_consumer(self, consumer, *, priority: int = 0, name: str = "", hash_ranges=None) -> None:
-        before = self.core.active_consumer()
-        self.core.add_consumer(id(consumer), priority=priority, name=name, hash_ranges=hash_ranges)
-        self.consumers[id(consumer)] = consumer
-        self._notify_active(before, new=consumer)
+        attach_consumer(self.sub_type, self.core, self.consumers, consumer, priority=priority, name=name,
+                        hash_ranges=hash_ranges)
 
     def remove_consumer(self, consumer) -> None:
-        if self.consumers.pop(id(consumer), None) is None:
-            return
-        before = self.core.active_consumer()
-        self.core.remove_consumer(id(consumer))
-        self._notify_active(before)
-        if not self.consumers:
+        if detach_consumer(self.sub_type, self.core, self.consumers, consumer) and not self.consumers:
             self.topic.drop_subscription(self)
-
-    def _notify_active(self, before, new=None) -> None:
-        notify_active_change(self.sub_type, self.core, self.consumers, before, new)
 
     def flow(self, consumer, permits: int) -> None:
         self.core.flow(id(consumer), permits)

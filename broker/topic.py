@@ -36,7 +36,7 @@ from broker.errors import (ConsumerAssignError, NotAllowedError, ProducerBusyErr
                            ProducerFencedError, ServiceNotReadyError, SubscriptionBusyError, TopicTerminatedError)
 from broker.key_shared import sticky_key_hash
 from broker.termination import write_terminated
-from broker.topic_common import ExclusiveAccess, check_edge, notify_active_change
+from broker.topic_common import ExclusiveAccess, attach_consumer, check_edge, detach_consumer
 from broker.latency import LatencyBuckets
 from broker.managed_ledger import ManagedLedger, ManagedLedgerState, Position, next_position
 from broker.publish_core import (AccessMode, Answer, Confirmed, CountAddError, DisconnectProducer, Producer,
@@ -1024,26 +1024,16 @@ class Subscription:
             del self._payloads[p]
 
     def add_consumer(self, consumer, *, priority: int = 0, name: str = "", hash_ranges=None) -> None:
-        # ConsumerBusyError for a 2nd exclusive consumer, ConsumerAssignError for bad sticky ranges
-        before = self.core.active_consumer()
-        self.core.add_consumer(id(consumer), priority=priority, name=name, hash_ranges=hash_ranges)
-        self.core.set_writable(id(consumer), getattr(consumer, "writable", True))
-        self.consumers[id(consumer)] = consumer
-        self._notify_active(before, new=consumer)
+        attach_consumer(self.sub_type, self.core, self.consumers, consumer, priority=priority, name=name,
+                        hash_ranges=hash_ranges, writable=getattr(consumer, "writable", True))
         self.wake()
 
     def remove_consumer(self, consumer) -> None:
-        if self.consumers.pop(id(consumer), None) is None:
+        if not detach_consumer(self.sub_type, self.core, self.consumers, consumer):
             return
-        before = self.core.active_consumer()
-        self.core.remove_consumer(id(consumer))
-        self._notify_active(before)
         self.wake()
         if not self.durable and not self.consumers and not self._seeking:
             self.topic._spawn(self.topic.remove_subscription(self, delete_cursor=True))
-
-    def _notify_active(self, before, new=None) -> None:
-        notify_active_change(self.sub_type, self.core, self.consumers, before, new)
 
     def flow(self, consumer, permits: int) -> None:
         self.core.flow(id(consumer), permits)

@@ -9,7 +9,8 @@
 - :func:`check_edge`: the checks a SEND passes before a topic takes it (metadata readable, a
   message's payload within ``message_bytes_max``, a compressed entry's declared size within
   ``message_uncompressed_bytes_max``).
-- :func:`notify_active_change`: Failover's ACTIVE_CONSUMER_CHANGE after a consumer came or went.
+- :func:`attach_consumer` / :func:`detach_consumer`: a consumer joins or leaves a subscription's
+  dispatcher core, with :func:`notify_active_change` (Failover's ACTIVE_CONSUMER_CHANGE).
 """
 
 from __future__ import annotations
@@ -109,6 +110,30 @@ def check_edge(data: bytes, message_bytes_max: int, uncompressed_bytes_max: int)
     return meta
 
 
+def attach_consumer(sub_type: SubType, core, consumers: dict, consumer, *, priority: int, name: str,
+                    hash_ranges, writable: bool | None = None) -> None:
+    """A consumer joins a subscription: into its dispatcher ``core`` (ConsumerBusyError for a 2nd
+    exclusive consumer, ConsumerAssignError for bad sticky ranges; ``writable`` given: its
+    connection's state) and ``consumers`` (``id(handle) -> handle``), then Failover's notice."""
+    before = core.active_consumer()
+    core.add_consumer(id(consumer), priority=priority, name=name, hash_ranges=hash_ranges)
+    if writable is not None:
+        core.set_writable(id(consumer), writable)
+    consumers[id(consumer)] = consumer
+    notify_active_change(sub_type, core, consumers, before, consumer)
+
+
+def detach_consumer(sub_type: SubType, core, consumers: dict, consumer) -> bool:
+    """A consumer leaves: out of ``consumers`` and the ``core``, then Failover's notice; False
+    (nothing done) if it was not there."""
+    if consumers.pop(id(consumer), None) is None:
+        return False
+    before = core.active_consumer()
+    core.remove_consumer(id(consumer))
+    notify_active_change(sub_type, core, consumers, before)
+    return True
+
+
 def notify_active_change(sub_type: SubType, core, consumers: dict, before, new=None) -> None:
     """Failover: ACTIVE_CONSUMER_CHANGE to every consumer when the active one changed (``before``:
     the core's active consumer before the change), else to the new consumer only."""
@@ -120,4 +145,4 @@ def notify_active_change(sub_type: SubType, core, consumers: dict, before, new=N
         handle.send_active_change(id(handle) == active)
 
 
-__all__ = ["ExclusiveAccess", "check_edge", "notify_active_change"]
+__all__ = ["ExclusiveAccess", "attach_consumer", "check_edge", "detach_consumer", "notify_active_change"]
