@@ -84,7 +84,7 @@ class NonPersistentSubscription:
 
     def add_consumer(self, consumer, *, priority: int = 0, name: str = "", hash_ranges=None) -> None:
         attach_consumer(self.sub_type, self.core, self.consumers, consumer, priority=priority, name=name,
-                        hash_ranges=hash_ranges)
+                        hash_ranges=hash_ranges, writable=getattr(consumer, "writable", True))
 
     def remove_consumer(self, consumer) -> None:
         if detach_consumer(self.sub_type, self.core, self.consumers, consumer) and not self.consumers:
@@ -92,6 +92,13 @@ class NonPersistentSubscription:
 
     def flow(self, consumer, permits: int) -> None:
         self.core.flow(id(consumer), permits)
+
+    def set_writable(self, consumer, writable: bool) -> None:
+        """Back-pressure from the consumer's connection: while its write buffer is above the
+        high-water mark it is given nothing and what it would have been given is dropped (counted),
+        as Pulsar's non-persistent dispatchers drop for a consumer whose channel is not writable."""
+        if id(consumer) in self.consumers:
+            self.core.set_writable(id(consumer), writable)
 
     def ack(self, consumer, message_ids, *, cumulative: bool) -> None:
         """Nothing to ack: delivered messages are not tracked (Pulsar ignores them too)."""

@@ -70,3 +70,18 @@ def test_refused_on_a_core_that_tracks_entries():
     core.offer([(1, 1)])
     with pytest.raises(InvariantViolation):
         core.dispatch_best_effort([(2, 1)])
+
+
+@pytest.mark.parametrize("sub_type", list(SubType))
+def test_a_consumer_whose_connection_is_backed_up_gets_nothing_and_it_is_dropped(sub_type):
+    """Pulsar's non-persistent dispatchers drop for a consumer whose channel is not writable;
+    its permits are kept for when it drains."""
+    core = DispatcherCore(sub_type)
+    core.add_consumer("a")
+    core.flow("a", 10)
+    core.set_writable("a", False)
+    out, dropped = core.dispatch_best_effort([(1, 1), (2, 3)])
+    assert out == [] and dropped == 4
+    core.set_writable("a", True)
+    out, dropped = core.dispatch_best_effort([(3, 1)])
+    assert [d.position for d in out] == [3] and dropped == 0
