@@ -15,6 +15,7 @@ import sys
 import pytest
 import requests
 
+from tests.integration.compaction_helpers import compact_and_wait, compaction_status, read_messages
 from tests.integration.helpers import wait_for
 
 pulsar = pytest.importorskip("pulsar")
@@ -37,17 +38,12 @@ def admin(cluster) -> str:
 
 
 def status(admin: str, topic: str) -> dict:
-    r = requests.get(f"{admin}/{topic}/compaction", timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()
+    return compaction_status(f"{admin}/{topic}")
 
 
 def compact(admin: str, topic: str) -> None:
-    r = requests.put(f"{admin}/{topic}/compaction", timeout=30)
-    assert r.status_code == 204, r.text
-    done = wait_for(lambda: status(admin, topic)["status"] in ("SUCCESS", "ERROR") and status(admin, topic),
-                    WAIT_S, f"compaction of {topic}")
-    assert done == {"status": "SUCCESS", "lastError": ""}
+    assert compact_and_wait(f"{admin}/{topic}", f"compaction of {topic}", WAIT_S) == {"status": "SUCCESS",
+                                                                                       "lastError": ""}
 
 
 def produce_keyed(client, topic: str) -> dict[str, tuple]:
@@ -84,19 +80,7 @@ def key_of(ids: dict, label: str) -> tuple:
 
 
 def read_all(client, topic: str, *, compacted: bool, start=None) -> list[tuple[str, bytes, tuple]]:
-    reader = client.create_reader(f"persistent://{NS}/{topic}", start or pulsar.MessageId.earliest,
-                                  is_read_compacted=compacted)
-    out = []
-    try:
-        while True:
-            try:
-                m = reader.read_next(timeout_millis=2_000)
-            except pulsar.Timeout:
-                return out
-            mid = m.message_id()
-            out.append((m.partition_key(), m.data(), (mid.ledger_id(), mid.entry_id(), mid.batch_index())))
-    finally:
-        reader.close()
+    return read_messages(client, f"persistent://{NS}/{topic}", compacted=compacted, start=start)
 
 
 def expected_view(ids: dict) -> list[tuple[str, bytes, tuple]]:

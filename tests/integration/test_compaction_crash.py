@@ -25,6 +25,7 @@ import requests
 
 from bookie.client.metadata import ledger_path
 from broker.managed_ledger.store import managed_ledger_path
+from tests.integration.compaction_helpers import compact_and_wait, read_messages
 from tests.integration.helpers import wait_for
 
 pulsar = pytest.importorskip("pulsar")
@@ -46,13 +47,8 @@ def admin_of(cluster) -> str:
 
 
 def compact(admin: str, topic: str) -> None:
-    r = requests.put(f"{admin}/{topic}/compaction", timeout=30)
-    assert r.status_code == 204, r.text
-
-    def done():
-        got = requests.get(f"{admin}/{topic}/compaction", timeout=30).json()
-        return got if got["status"] in ("SUCCESS", "ERROR") else None
-    assert wait_for(done, WAIT_S, f"compaction of {topic}") == {"status": "SUCCESS", "lastError": ""}
+    assert compact_and_wait(f"{admin}/{topic}", f"compaction of {topic}", WAIT_S) == {"status": "SUCCESS",
+                                                                                       "lastError": ""}
 
 
 def properties(cluster, topic: str) -> dict[str, str]:
@@ -83,16 +79,7 @@ def send(client, topic: str, pairs: list[tuple[str, bytes]]) -> list[tuple[str, 
 def read_compacted(service_url: str, topic: str) -> list[tuple[str, bytes, tuple]]:
     client = pulsar.Client(service_url, operation_timeout_seconds=60)
     try:
-        reader = client.create_reader(f"persistent://{NS}/{topic}", pulsar.MessageId.earliest,
-                                      is_read_compacted=True)
-        out = []
-        while True:
-            try:
-                m = reader.read_next(timeout_millis=2_000)
-            except pulsar.Timeout:
-                return out
-            mid = m.message_id()
-            out.append((m.partition_key(), m.data(), (mid.ledger_id(), mid.entry_id(), mid.batch_index())))
+        return read_messages(client, f"persistent://{NS}/{topic}", compacted=True)
     finally:
         client.close()
 

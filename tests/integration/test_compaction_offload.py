@@ -6,9 +6,8 @@ ids; the compacted view then serves them like any other. Real processes, the off
 from __future__ import annotations
 
 import pytest
-import requests
 
-from tests.integration.helpers import wait_for
+from tests.integration.compaction_helpers import compact_and_wait, read_messages
 from tests.integration.test_offload_broker import (broker_overrides, keep_everything, offload_everything_closed,
                                                    wait_bookie_deleted)
 
@@ -38,25 +37,8 @@ def test_compaction_reads_offloaded_ledgers_from_the_tier(cluster_factory, tmp_p
             producer.close()
         closed = offload_everything_closed(cluster.admin_url, topic)
         wait_bookie_deleted(cluster.admin_url, topic, [i["ledgerId"] for i in closed])
-        r = requests.put(admin + "/compaction", timeout=30)
-        assert r.status_code == 204, r.text
-
-        def done():
-            got = requests.get(admin + "/compaction", timeout=30).json()
-            return got if got["status"] in ("SUCCESS", "ERROR") else None
-        assert wait_for(done, 120, "compaction") == {"status": "SUCCESS", "lastError": ""}
-        reader = client.create_reader(f"persistent://{NS}/{topic}", pulsar.MessageId.earliest,
-                                      is_read_compacted=True)
-        got = []
-        try:
-            while True:
-                try:
-                    m = reader.read_next(timeout_millis=2_000)
-                except pulsar.Timeout:
-                    break
-                got.append((m.partition_key(), m.data(), (m.message_id().ledger_id(), m.message_id().entry_id())))
-        finally:
-            reader.close()
+        assert compact_and_wait(admin, "compaction", 120) == {"status": "SUCCESS", "lastError": ""}
+        got = [(key, data, ids[:2]) for key, data, ids in read_messages(client, f"persistent://{NS}/{topic}")]
         assert got == sorted(((k, v, mid) for k, (v, mid) in latest.items()), key=lambda t: t[2])
     finally:
         client.close()

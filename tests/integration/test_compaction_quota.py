@@ -13,6 +13,7 @@ import time
 import pytest
 import requests
 
+from tests.integration.compaction_helpers import compact_and_wait, read_messages
 from tests.integration.helpers import wait_for
 
 pulsar = pytest.importorskip("pulsar")
@@ -31,28 +32,12 @@ def cluster(cluster_factory):
 
 
 def compact(cluster, local: str) -> None:
-    url = f"{cluster.admin_url}/admin/v2/persistent/{NS}/{local}/compaction"
-    r = requests.put(url, timeout=30)
-    assert r.status_code == 204, r.text
-
-    def done():
-        got = requests.get(url, timeout=30).json()
-        return got if got["status"] in ("SUCCESS", "ERROR") else None
-    assert wait_for(done, WAIT_S, "compaction") == {"status": "SUCCESS", "lastError": ""}
+    url = f"{cluster.admin_url}/admin/v2/persistent/{NS}/{local}"
+    assert compact_and_wait(url, "compaction", WAIT_S) == {"status": "SUCCESS", "lastError": ""}
 
 
 def read_compacted(client, topic: str) -> dict[str, bytes]:
-    reader = client.create_reader(topic, pulsar.MessageId.earliest, is_read_compacted=True)
-    out = {}
-    try:
-        while True:
-            try:
-                m = reader.read_next(timeout_millis=2_000)
-            except pulsar.Timeout:
-                return out
-            out[m.partition_key()] = m.data()
-    finally:
-        reader.close()
+    return {key: data for key, data, _ in read_messages(client, topic, compacted=True)}
 
 
 def test_the_compaction_cursor_holds_backlog_under_the_quota_until_the_next_run(cluster, client):

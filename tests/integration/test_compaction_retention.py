@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import requests
 
+from tests.integration.compaction_helpers import compact_and_wait, read_messages
 from tests.integration.helpers import wait_for
 
 pulsar = pytest.importorskip("pulsar")
@@ -39,29 +40,13 @@ def ledger_ids(admin: str, topic: str) -> list[int]:
 
 
 def compact(admin: str, topic: str, *, want: str = "SUCCESS") -> dict:
-    r = requests.put(f"{admin}/{topic}/compaction", timeout=30)
-    assert r.status_code == 204, r.text
-
-    def done():
-        got = requests.get(f"{admin}/{topic}/compaction", timeout=30).json()
-        return got if got["status"] in ("SUCCESS", "ERROR") else None
-    got = wait_for(done, WAIT_S, "compaction")
+    got = compact_and_wait(f"{admin}/{topic}", "compaction", WAIT_S)
     assert got["status"] == want, got
     return got
 
 
 def read_compacted(client, topic: str) -> list[tuple[str, bytes, tuple[int, int]]]:
-    reader = client.create_reader(f"persistent://{NS}/{topic}", pulsar.MessageId.earliest, is_read_compacted=True)
-    out = []
-    try:
-        while True:
-            try:
-                m = reader.read_next(timeout_millis=2_000)
-            except pulsar.Timeout:
-                return out
-            out.append((m.partition_key(), m.data(), (m.message_id().ledger_id(), m.message_id().entry_id())))
-    finally:
-        reader.close()
+    return [(key, data, ids[:2]) for key, data, ids in read_messages(client, f"persistent://{NS}/{topic}")]
 
 
 def test_compacted_view_outlives_trimmed_ledgers_and_the_cursor_keeps_the_tail(cluster, client):
