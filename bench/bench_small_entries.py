@@ -24,6 +24,7 @@ No assertions: figures only.
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import os
 import shutil
