@@ -24,12 +24,12 @@ import random
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import drain_consumers  # noqa: E402
 from broker.cursor import CursorState, ManagedCursor  # noqa: E402
 from broker.dispatch import DispatcherCore, SubType  # noqa: E402
 from broker.key_shared import sticky_key_hash  # noqa: E402
@@ -96,33 +96,8 @@ def bench_e2e(service_url: str, sub_type_name: str, messages: int, *,
         producer.send_async(payload, None, partition_key=f"key-{i % 1000}")
     producer.flush()
     say(f"e2e {sub_type_name}: {messages} published")
-    counts = [0] * 4
-    first = [None]
-    last = [0.0]
-    lock = threading.Lock()
-
-    def run(i: int) -> None:
-        c = consumers[i]
-        while True:
-            try:
-                m = c.receive(timeout_millis=3000)
-            except Exception:
-                return
-            now = time.perf_counter()
-            with lock:
-                if first[0] is None:
-                    first[0] = now
-                last[0] = now
-            c.acknowledge(m)
-            counts[i] += 1
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    counts, rate = drain_consumers(consumers)
     total = sum(counts)
-    rate = total / (last[0] - first[0]) if first[0] and last[0] > first[0] else 0.0
     say(f"e2e {sub_type_name}: {total} received, per consumer {counts}, {rate:,.0f} msg/s")
     producer.close()
     for c in consumers:

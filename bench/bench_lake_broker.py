@@ -18,26 +18,18 @@ processes; file:// tier; embedded SQLite catalog), the official client producing
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import http  # noqa: E402
+
 TOPIC_LOCAL = "bench-lake"
 TOPIC = f"persistent://public/default/{TOPIC_LOCAL}"
-
-
-def http(method: str, url: str, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        raw = resp.read()
-        return json.loads(raw) if raw else None
 
 
 def topic_url(admin: str) -> str:

@@ -32,11 +32,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import drain_consumers  # noqa: E402
 
 CONSUMERS = 4
 KEYS = 1000
@@ -71,26 +72,6 @@ def drain(service_url: str, case: str, messages: int, broker_pid: int,
         for i in range(messages):
             producer.send_async(payload, None, partition_key=f"key-{i % KEYS}")
         producer.flush()
-        counts = [0] * CONSUMERS
-        first: list[float | None] = [None]
-        last = [0.0]
-        lock = threading.Lock()
-
-        def run(i: int) -> None:
-            c = consumers[i]
-            while True:
-                try:
-                    m = c.receive(timeout_millis=3000)
-                except Exception:
-                    return
-                now = time.perf_counter()
-                with lock:
-                    if first[0] is None:
-                        first[0] = now
-                    last[0] = now
-                c.acknowledge(m)
-                counts[i] += 1
-
         spy = None
         if profile is not None:
             pid, seconds = profile
@@ -99,17 +80,12 @@ def drain(service_url: str, case: str, messages: int, broker_pid: int,
                                     str(int(seconds)), "-r", "200", "-f", "raw", "-o", str(out)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cpu0 = cpu_s(broker_pid)
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(CONSUMERS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        counts, rate = drain_consumers(consumers)
         cpu_us = (cpu_s(broker_pid) - cpu0) * 1e6 / max(1, sum(counts))
         if spy is not None:
             spy.wait()
             summarize_raw(out)
         total = sum(counts)
-        rate = total / (last[0] - first[0]) if first[0] and last[0] > first[0] else 0.0
         say(f"{case}: {total}/{messages} received, per consumer {counts}, {rate:,.0f} msg/s, "
             f"broker CPU {cpu_us:.1f} us/msg")
         producer.close()

@@ -33,21 +33,13 @@ import pathlib
 import sys
 import tempfile
 import time
-import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import pulsar  # noqa: E402
 
+from bench.common import http  # noqa: E402
 from pulsarlite.cluster import LocalCluster  # noqa: E402
-
-
-def http(method: str, url: str, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        raw = resp.read()
-        return json.loads(raw) if raw else None
 
 
 def wait(predicate, timeout_s: float, what: str, interval_s: float = 0.2):

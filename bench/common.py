@@ -1,0 +1,50 @@
+"""Helpers shared by the bench scripts (import as ``from bench.common import ...`` once the repo
+root is on sys.path, as every script here does first)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+
+
+def http(method: str, url: str, body=None):
+    """One admin REST call with a JSON body (or none); the JSON answer, None when empty."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        raw = resp.read()
+        return json.loads(raw) if raw else None
+
+
+def drain_consumers(consumers, receive_timeout_ms: int = 3000) -> tuple[list[int], float]:
+    """Every consumer receives and acks in its own thread until a receive times out; the messages
+    each one got and the rate in msg/s between the first and the last receipt (0 if fewer than two)."""
+    counts = [0] * len(consumers)
+    first: list[float | None] = [None]
+    last = [0.0]
+    lock = threading.Lock()
+
+    def run(i: int) -> None:
+        c = consumers[i]
+        while True:
+            try:
+                m = c.receive(timeout_millis=receive_timeout_ms)
+            except Exception:
+                return
+            now = time.perf_counter()
+            with lock:
+                if first[0] is None:
+                    first[0] = now
+                last[0] = now
+            c.acknowledge(m)
+            counts[i] += 1
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(consumers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rate = sum(counts) / (last[0] - first[0]) if first[0] and last[0] > first[0] else 0.0
+    return counts, rate
