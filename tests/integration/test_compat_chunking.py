@@ -78,6 +78,16 @@ def ours(cluster):
     return Client(cluster.service_url, operation_timeout_seconds=30)
 
 
+@pytest.fixture
+def mine(cluster):
+    """Our client for one test, closed after it (pass or fail)."""
+    our_client = ours(cluster)
+    try:
+        yield our_client
+    finally:
+        our_client.close()
+
+
 class ChunkWriter:
     """Writes chosen chunks of messages through our producer (chunking on), as a producer that
     dies between chunks would leave them: ``write(uuid_seq, payload, chunk_ids)``."""
@@ -124,202 +134,170 @@ def our_consumer(client, topic, sub="sub", **kw):
 # --- interop ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("compression", ["NONE", "LZ4"])
-def test_official_producer_to_our_consumer(cluster, client, compression):
+def test_official_producer_to_our_consumer(cluster, client, compression, mine):
     topic = f"persistent://public/default/chunk-off-to-ours-{compression}"
-    mine = ours(cluster)
-    try:
-        consumer = our_consumer(mine, topic)
-        producer = client.create_producer(topic, chunking_enabled=True, batching_enabled=False,
-                                          compression_type=getattr(pulsar.CompressionType, compression),
-                                          send_timeout_millis=TIMEOUT_MS)
-        big = payload(12 * MIB, 2)
-        sent = producer.send(big, properties={"p": "v"}, partition_key="key")
-        got = consumer.receive(TIMEOUT_MS)
-        assert got.data() == big
-        assert got.properties() == {"p": "v"} and got.partition_key() == "key"
-        mid = got.message_id()
-        # the same id the official producer got: first chunk;last chunk
-        assert str(mid).replace(",-1,-1", ",-1") == str(sent).replace(",-1,-1", ",-1") or \
-            (mid.first_chunk_message_id().entry_id(), mid.entry_id()) == (0, 2)
-        assert len(mid.chunk_message_ids()) == 3
-        consumer.acknowledge(got)
-        wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "every chunk entry acked")
-    finally:
-        mine.close()
+    consumer = our_consumer(mine, topic)
+    producer = client.create_producer(topic, chunking_enabled=True, batching_enabled=False,
+                                      compression_type=getattr(pulsar.CompressionType, compression),
+                                      send_timeout_millis=TIMEOUT_MS)
+    big = payload(12 * MIB, 2)
+    sent = producer.send(big, properties={"p": "v"}, partition_key="key")
+    got = consumer.receive(TIMEOUT_MS)
+    assert got.data() == big
+    assert got.properties() == {"p": "v"} and got.partition_key() == "key"
+    mid = got.message_id()
+    # the same id the official producer got: first chunk;last chunk
+    assert str(mid).replace(",-1,-1", ",-1") == str(sent).replace(",-1,-1", ",-1") or \
+        (mid.first_chunk_message_id().entry_id(), mid.entry_id()) == (0, 2)
+    assert len(mid.chunk_message_ids()) == 3
+    consumer.acknowledge(got)
+    wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "every chunk entry acked")
 
 
 @pytest.mark.parametrize("compression", ["NONE", "ZSTD"])
-def test_our_producer_to_official_consumer(cluster, client, compression):
+def test_our_producer_to_official_consumer(cluster, client, compression, mine):
     from pulsarlite.client.types import CompressionType
     topic = f"persistent://public/default/chunk-ours-to-off-{compression}"
-    mine = ours(cluster)
-    try:
-        consumer = official_consumer(client, topic)
-        producer = mine.create_producer(topic, chunking_enabled=True,
-                                        compression_type=getattr(CompressionType, compression),
-                                        send_timeout_millis=TIMEOUT_MS)
-        big = compressible(12 * MIB, 3)      # ZSTD: compressed far below the maximum
-        sent = producer.send(big, properties={"p": "v"})
-        producer.send(b"plain")
-        assert sent.first_chunk_message_id() < sent.last_chunk_message_id()
-        got = consumer.receive(TIMEOUT_MS)
-        assert got.data() == big and got.properties() == {"p": "v"}
-        assert str(got.message_id()) == "({},{},-1,-1);({},{},-1,-1)".format(
-            *(sent.first_chunk_message_id().ledger_id(), sent.first_chunk_message_id().entry_id(),
-              sent.ledger_id(), sent.entry_id()))
-        consumer.acknowledge(got)
-        assert consumer.receive(TIMEOUT_MS).data() == b"plain"
-        wait_for(lambda: backlog(cluster, topic, "sub") == 1, 30, "the chunked message's ack")
-    finally:
-        mine.close()
+    consumer = official_consumer(client, topic)
+    producer = mine.create_producer(topic, chunking_enabled=True,
+                                    compression_type=getattr(CompressionType, compression),
+                                    send_timeout_millis=TIMEOUT_MS)
+    big = compressible(12 * MIB, 3)      # ZSTD: compressed far below the maximum
+    sent = producer.send(big, properties={"p": "v"})
+    producer.send(b"plain")
+    assert sent.first_chunk_message_id() < sent.last_chunk_message_id()
+    got = consumer.receive(TIMEOUT_MS)
+    assert got.data() == big and got.properties() == {"p": "v"}
+    assert str(got.message_id()) == "({},{},-1,-1);({},{},-1,-1)".format(
+        *(sent.first_chunk_message_id().ledger_id(), sent.first_chunk_message_id().entry_id(),
+          sent.ledger_id(), sent.entry_id()))
+    consumer.acknowledge(got)
+    assert consumer.receive(TIMEOUT_MS).data() == b"plain"
+    wait_for(lambda: backlog(cluster, topic, "sub") == 1, 30, "the chunked message's ack")
 
 
 @pytest.mark.parametrize("side", ["official", "ours"])
-def test_chunks_of_two_producers_interleaved_with_plain_messages(cluster, client, side):
+def test_chunks_of_two_producers_interleaved_with_plain_messages(cluster, client, side, mine):
     """Stored order: a0 b0 plain1 a1 b1 plain2 a2 b2: each consumer hands out plain1, plain2,
     then a and b (each when its last chunk arrives), every payload whole."""
     topic = f"persistent://public/default/chunk-interleaved-{side}"
-    mine = ours(cluster)
-    try:
-        consumer = (official_consumer(client, topic) if side == "official" else our_consumer(mine, topic))
-        a = ChunkWriter(mine, topic, "prod-a")
-        b = ChunkWriter(mine, topic, "prod-b")
-        plain = mine.create_producer(topic, batching_enabled=False)
-        big_a, big_b = payload(11 * MIB, 4), payload(12 * MIB, 5)
-        assert len(a.entries_of(0, big_a)) == len(b.entries_of(0, big_b)) == 3
-        for i in range(3):
-            a.write(0, big_a, [i])
-            b.write(0, big_b, [i])
-            if i < 2:
-                plain.send(f"plain{i + 1}".encode())
-        got = [consumer.receive(TIMEOUT_MS) for _ in range(4)]
-        assert [m.data()[:6] for m in got[:2]] == [b"plain1", b"plain2"]
-        assert got[2].data() == big_a and got[3].data() == big_b
-        for m in got:
-            consumer.acknowledge(m)
-        wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "every entry acked")
-    finally:
-        mine.close()
+    consumer = (official_consumer(client, topic) if side == "official" else our_consumer(mine, topic))
+    a = ChunkWriter(mine, topic, "prod-a")
+    b = ChunkWriter(mine, topic, "prod-b")
+    plain = mine.create_producer(topic, batching_enabled=False)
+    big_a, big_b = payload(11 * MIB, 4), payload(12 * MIB, 5)
+    assert len(a.entries_of(0, big_a)) == len(b.entries_of(0, big_b)) == 3
+    for i in range(3):
+        a.write(0, big_a, [i])
+        b.write(0, big_b, [i])
+        if i < 2:
+            plain.send(f"plain{i + 1}".encode())
+    got = [consumer.receive(TIMEOUT_MS) for _ in range(4)]
+    assert [m.data()[:6] for m in got[:2]] == [b"plain1", b"plain2"]
+    assert got[2].data() == big_a and got[3].data() == big_b
+    for m in got:
+        consumer.acknowledge(m)
+    wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "every entry acked")
 
 
 @pytest.mark.parametrize("side", ["official", "ours"])
-def test_consumer_restart_mid_chunk_loses_nothing(cluster, client, side):
+def test_consumer_restart_mid_chunk_loses_nothing(cluster, client, side, mine):
     """The consumer holds two chunks of three when it closes; the last chunk is stored after;
     a new consumer gets the whole message (the held chunks were never acked)."""
     topic = f"persistent://public/default/chunk-restart-{side}"
-    mine = ours(cluster)
-    try:
-        subscribe = (lambda: official_consumer(client, topic)) if side == "official" \
-            else (lambda: our_consumer(mine, topic))
-        consumer = subscribe()
-        writer = ChunkWriter(mine, topic, "prod-r")
-        big = payload(12 * MIB, 6)
-        writer.write(0, big, [0, 1])
-        with pytest.raises(Exception):
-            consumer.receive(1000)          # two chunks: nothing to hand out
-        consumer.close()
-        writer.write(0, big, [2])
-        consumer = subscribe()
-        got = consumer.receive(TIMEOUT_MS)
-        assert got.data() == big
-        consumer.acknowledge(got)
-        wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "every chunk entry acked")
-    finally:
-        mine.close()
+    subscribe = (lambda: official_consumer(client, topic)) if side == "official" \
+        else (lambda: our_consumer(mine, topic))
+    consumer = subscribe()
+    writer = ChunkWriter(mine, topic, "prod-r")
+    big = payload(12 * MIB, 6)
+    writer.write(0, big, [0, 1])
+    with pytest.raises(Exception):
+        consumer.receive(1000)          # two chunks: nothing to hand out
+    consumer.close()
+    writer.write(0, big, [2])
+    consumer = subscribe()
+    got = consumer.receive(TIMEOUT_MS)
+    assert got.data() == big
+    consumer.acknowledge(got)
+    wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "every chunk entry acked")
 
 
 @pytest.mark.parametrize("side", ["official", "ours"])
-def test_negative_ack_redelivers_the_whole_message(cluster, client, side):
+def test_negative_ack_redelivers_the_whole_message(cluster, client, side, mine):
     topic = f"persistent://public/default/chunk-nack-{side}"
-    mine = ours(cluster)
-    try:
-        if side == "official":
-            consumer = official_consumer(client, topic, negative_ack_redelivery_delay_ms=100)
-        else:
-            consumer = our_consumer(mine, topic, negative_ack_redelivery_delay_ms=100)
-        producer = mine.create_producer(topic, chunking_enabled=True, send_timeout_millis=TIMEOUT_MS)
-        big = payload(11 * MIB, 7)
-        producer.send(big)
-        first = consumer.receive(TIMEOUT_MS)
-        assert first.data() == big
-        consumer.negative_acknowledge(first)
-        again = consumer.receive(TIMEOUT_MS)
-        assert again.data() == big and again.redelivery_count() >= 1
-        consumer.acknowledge(again)
-        wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "every chunk entry acked")
-    finally:
-        mine.close()
+    if side == "official":
+        consumer = official_consumer(client, topic, negative_ack_redelivery_delay_ms=100)
+    else:
+        consumer = our_consumer(mine, topic, negative_ack_redelivery_delay_ms=100)
+    producer = mine.create_producer(topic, chunking_enabled=True, send_timeout_millis=TIMEOUT_MS)
+    big = payload(11 * MIB, 7)
+    producer.send(big)
+    first = consumer.receive(TIMEOUT_MS)
+    assert first.data() == big
+    consumer.negative_acknowledge(first)
+    again = consumer.receive(TIMEOUT_MS)
+    assert again.data() == big and again.redelivery_count() >= 1
+    consumer.acknowledge(again)
+    wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "every chunk entry acked")
 
 
-def test_ours_redeliver_unacknowledged_sends_the_message_again(cluster):
+def test_ours_redeliver_unacknowledged_sends_the_message_again(cluster, mine):
     topic = "persistent://public/default/chunk-redeliver-ours"
-    mine = ours(cluster)
-    try:
-        consumer = our_consumer(mine, topic)
-        producer = mine.create_producer(topic, chunking_enabled=True, send_timeout_millis=TIMEOUT_MS)
-        big = payload(11 * MIB, 8)
-        producer.send(big)
-        assert consumer.receive(TIMEOUT_MS).data() == big
-        consumer.redeliver_unacknowledged_messages()
-        again = consumer.receive(TIMEOUT_MS)
-        assert again.data() == big
-        consumer.acknowledge_cumulative(again)       # the last chunk's id covers them all
-        wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "the cumulative ack")
-    finally:
-        mine.close()
+    consumer = our_consumer(mine, topic)
+    producer = mine.create_producer(topic, chunking_enabled=True, send_timeout_millis=TIMEOUT_MS)
+    big = payload(11 * MIB, 8)
+    producer.send(big)
+    assert consumer.receive(TIMEOUT_MS).data() == big
+    consumer.redeliver_unacknowledged_messages()
+    again = consumer.receive(TIMEOUT_MS)
+    assert again.data() == big
+    consumer.acknowledge_cumulative(again)       # the last chunk's id covers them all
+    wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "the cumulative ack")
 
 
 # --- what cannot be reassembled (our consumer, Pulsar's rules) ----------------------------------
 
 @pytest.mark.parametrize("expire_ms", [300, 0])
-def test_incomplete_message_expires_and_is_acked(cluster, expire_ms):
+def test_incomplete_message_expires_and_is_acked(cluster, expire_ms, mine):
     """Two chunks of three, then a plain message: the plain one is delivered; with an expiry
     the two chunks are acked once it passes (backlog 0), without one they stay (backlog 2)."""
     import time
     topic = f"persistent://public/default/chunk-expire-{expire_ms}"
-    mine = ours(cluster)
-    try:
-        consumer = our_consumer(mine, topic, expire_time_of_incomplete_chunked_message_ms=expire_ms)
-        writer = ChunkWriter(mine, topic, "prod-e")
-        writer.write(0, payload(12 * MIB, 9), [0, 1])
-        mine.create_producer(topic, batching_enabled=False).send(b"plain")
-        got = consumer.receive(TIMEOUT_MS)
-        assert got.data() == b"plain"
-        consumer.acknowledge(got)
-        if expire_ms:
-            wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "the expired chunks' ack")
-        else:
-            wait_for(lambda: backlog(cluster, topic, "sub") == 2, 30, "the plain message's ack")
-            time.sleep(1)
-            assert backlog(cluster, topic, "sub") == 2
-    finally:
-        mine.close()
+    consumer = our_consumer(mine, topic, expire_time_of_incomplete_chunked_message_ms=expire_ms)
+    writer = ChunkWriter(mine, topic, "prod-e")
+    writer.write(0, payload(12 * MIB, 9), [0, 1])
+    mine.create_producer(topic, batching_enabled=False).send(b"plain")
+    got = consumer.receive(TIMEOUT_MS)
+    assert got.data() == b"plain"
+    consumer.acknowledge(got)
+    if expire_ms:
+        wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "the expired chunks' ack")
+    else:
+        wait_for(lambda: backlog(cluster, topic, "sub") == 2, 30, "the plain message's ack")
+        time.sleep(1)
+        assert backlog(cluster, topic, "sub") == 2
 
 
 @pytest.mark.parametrize("auto_ack", [True, False])
-def test_pending_queue_full_drops_the_oldest(cluster, auto_ack):
+def test_pending_queue_full_drops_the_oldest(cluster, auto_ack, mine):
     """max_pending_chunked_message=1: a second message's first chunk drops the first message
     (acked with auto_ack_oldest_chunked_message_on_queue_full, else left unacked); the second
     completes."""
     topic = f"persistent://public/default/chunk-full-{int(auto_ack)}"
-    mine = ours(cluster)
-    try:
-        consumer = our_consumer(mine, topic, max_pending_chunked_message=1,
-                                auto_ack_oldest_chunked_message_on_queue_full=auto_ack)
-        a = ChunkWriter(mine, topic, "prod-fa")
-        b = ChunkWriter(mine, topic, "prod-fb")
-        big_a, big_b = payload(11 * MIB, 10), payload(11 * MIB, 11)
-        a.write(0, big_a, [0])
-        b.write(0, big_b, [0, 1, 2])
-        a.write(0, big_a, [1, 2])
-        got = consumer.receive(TIMEOUT_MS)
-        assert got.data() == big_b
-        consumer.acknowledge(got)
-        # a's chunks 1 and 2 come without their first chunk (dropped unacked: just published)
-        left = 2 if auto_ack else 3
-        wait_for(lambda: backlog(cluster, topic, "sub") == left, 30, "the acks")
-    finally:
-        mine.close()
+    consumer = our_consumer(mine, topic, max_pending_chunked_message=1,
+                            auto_ack_oldest_chunked_message_on_queue_full=auto_ack)
+    a = ChunkWriter(mine, topic, "prod-fa")
+    b = ChunkWriter(mine, topic, "prod-fb")
+    big_a, big_b = payload(11 * MIB, 10), payload(11 * MIB, 11)
+    a.write(0, big_a, [0])
+    b.write(0, big_b, [0, 1, 2])
+    a.write(0, big_a, [1, 2])
+    got = consumer.receive(TIMEOUT_MS)
+    assert got.data() == big_b
+    consumer.acknowledge(got)
+    # a's chunks 1 and 2 come without their first chunk (dropped unacked: just published)
+    left = 2 if auto_ack else 3
+    wait_for(lambda: backlog(cluster, topic, "sub") == left, 30, "the acks")
 
 
 # --- deduplication: the chunks of one message share its sequence id --------------------------------
@@ -332,7 +310,7 @@ def admin(cluster, method: str, path: str, body: bytes | None = None) -> bytes:
 
 
 @pytest.mark.parametrize("producer_side", ["official", "ours"])
-def test_chunked_messages_with_deduplication_on(cluster, client, producer_side):
+def test_chunked_messages_with_deduplication_on(cluster, client, producer_side, mine):
     """With deduplication on, every chunk is stored (Pulsar decides only the last chunk:
     apache/pulsar#20948); before, the chunks after the first were answered as duplicates of
     the first (same sequence id) and never stored: an acknowledged message lost."""
@@ -340,99 +318,83 @@ def test_chunked_messages_with_deduplication_on(cluster, client, producer_side):
     admin(cluster, "PUT", f"/admin/v2/namespaces/{namespace}", b"{}")
     admin(cluster, "POST", f"/admin/v2/namespaces/{namespace}/deduplication", b"true")
     topic = f"persistent://{namespace}/t"
-    mine = ours(cluster)
-    try:
-        consumer = official_consumer(client, topic)
-        if producer_side == "official":
-            producer = client.create_producer(topic, producer_name="dedup-chunks", chunking_enabled=True,
-                                              batching_enabled=False, send_timeout_millis=TIMEOUT_MS)
-        else:
-            producer = mine.create_producer(topic, producer_name="dedup-chunks", chunking_enabled=True,
-                                            send_timeout_millis=TIMEOUT_MS)
-        bigs = [payload(11 * MIB, 20 + i) for i in range(2)]
-        for big in bigs:
-            producer.send(big)
-        producer.send(b"after")
-        # every send acknowledged, nothing acked yet: the stored entries, counted while nothing
-        # can change them (the consumer's acks are asynchronous: the official consumer groups
-        # them for up to 100 ms, and the broker applies them after; a count taken after the
-        # acks raced them, and was 7, 4 or 1)
-        assert backlog(cluster, topic, "sub") == 7        # 2 x 3 chunk entries and one plain
-        got = [consumer.receive(TIMEOUT_MS) for _ in range(len(bigs) + 1)]
-        assert [m.data() for m in got] == [*bigs, b"after"]
-        for m in got:
-            consumer.acknowledge(m)
-        wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "every entry acked")
-    finally:
-        mine.close()
+    consumer = official_consumer(client, topic)
+    if producer_side == "official":
+        producer = client.create_producer(topic, producer_name="dedup-chunks", chunking_enabled=True,
+                                          batching_enabled=False, send_timeout_millis=TIMEOUT_MS)
+    else:
+        producer = mine.create_producer(topic, producer_name="dedup-chunks", chunking_enabled=True,
+                                        send_timeout_millis=TIMEOUT_MS)
+    bigs = [payload(11 * MIB, 20 + i) for i in range(2)]
+    for big in bigs:
+        producer.send(big)
+    producer.send(b"after")
+    # every send acknowledged, nothing acked yet: the stored entries, counted while nothing
+    # can change them (the consumer's acks are asynchronous: the official consumer groups
+    # them for up to 100 ms, and the broker applies them after; a count taken after the
+    # acks raced them, and was 7, 4 or 1)
+    assert backlog(cluster, topic, "sub") == 7        # 2 x 3 chunk entries and one plain
+    got = [consumer.receive(TIMEOUT_MS) for _ in range(len(bigs) + 1)]
+    assert [m.data() for m in got] == [*bigs, b"after"]
+    for m in got:
+        consumer.acknowledge(m)
+    wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "every entry acked")
 
 
 @pytest.mark.parametrize("side", ["official", "ours"])
-def test_whole_message_resent_after_part_was_stored(cluster, client, side):
+def test_whole_message_resent_after_part_was_stored(cluster, client, side, mine):
     """Stored: c0 c1 (the first copy; the connection was lost before c2 and before their
     receipts), then the producer resends every pending chunk c0' c1' c2'. The broker answers
     c0' c1' with the stored copies' positions and stores c2' only (Pulsar's stores all five,
     which the official C++ consumer never hands out: "chunk id is invalid"): the topic holds
     c0 c1 c2', which both consumers join."""
     topic = f"persistent://public/default/chunk-resent-whole-{side}"
-    mine = ours(cluster)
-    try:
-        our_consumer(mine, topic, sub="count").close()   # counts the stored entries (nothing acks there)
-        consumer = official_consumer(client, topic) if side == "official" else our_consumer(mine, topic)
-        writer = ChunkWriter(mine, topic, "prod-w")
-        big = payload(12 * MIB, 50)
-        writer.write(0, big, [0, 1])
-        writer.write(0, big, [0, 1, 2])
-        assert backlog(cluster, topic, "count") == 3      # c0 c1 c2': the resent c0' c1' not stored
-        got = consumer.receive(TIMEOUT_MS)
-        assert got.data() == big
-    finally:
-        mine.close()
+    our_consumer(mine, topic, sub="count").close()   # counts the stored entries (nothing acks there)
+    consumer = official_consumer(client, topic) if side == "official" else our_consumer(mine, topic)
+    writer = ChunkWriter(mine, topic, "prod-w")
+    big = payload(12 * MIB, 50)
+    writer.write(0, big, [0, 1])
+    writer.write(0, big, [0, 1, 2])
+    assert backlog(cluster, topic, "count") == 3      # c0 c1 c2': the resent c0' c1' not stored
+    got = consumer.receive(TIMEOUT_MS)
+    assert got.data() == big
 
 
-def test_whole_message_resent_by_a_new_session_of_the_producer(cluster, client):
+def test_whole_message_resent_by_a_new_session_of_the_producer(cluster, client, mine):
     """The same, across a reconnect to the same broker: c0 c1 stored by one session of producer
     "prod-r", which then goes away; a new session of the same name resends the same bytes
     c0' c1' c2'. Only c2' is stored; the official consumer joins c0 c1 c2'."""
     topic = "persistent://public/default/chunk-resent-new-session"
-    mine = ours(cluster)
-    try:
-        our_consumer(mine, topic, sub="count").close()
-        consumer = official_consumer(client, topic)
-        big = payload(12 * MIB, 51)
-        first = ChunkWriter(mine, topic, "prod-r")
-        first.write(0, big, [0, 1])
-        first.producer.close()
-        second = ChunkWriter(mine, topic, "prod-r")
-        second.entries = first.entries              # a resend: the bytes the first session sent
-        second.write(0, big, [0, 1, 2])
-        assert backlog(cluster, topic, "count") == 3
-        assert consumer.receive(TIMEOUT_MS).data() == big
-    finally:
-        mine.close()
+    our_consumer(mine, topic, sub="count").close()
+    consumer = official_consumer(client, topic)
+    big = payload(12 * MIB, 51)
+    first = ChunkWriter(mine, topic, "prod-r")
+    first.write(0, big, [0, 1])
+    first.producer.close()
+    second = ChunkWriter(mine, topic, "prod-r")
+    second.entries = first.entries              # a resend: the bytes the first session sent
+    second.write(0, big, [0, 1, 2])
+    assert backlog(cluster, topic, "count") == 3
+    assert consumer.receive(TIMEOUT_MS).data() == big
 
 
-def test_resent_chunks_with_other_bytes_are_stored(cluster):
+def test_resent_chunks_with_other_bytes_are_stored(cluster, mine):
     """A resend whose chunks differ from the stored ones (here: another publish time) is never
     dropped: all five chunks are stored, as before, and our consumer hands the message out."""
     topic = "persistent://public/default/chunk-resent-other-bytes"
-    mine = ours(cluster)
-    try:
-        our_consumer(mine, topic, sub="count").close()
-        consumer = our_consumer(mine, topic)
-        big = payload(12 * MIB, 52)
-        writer = ChunkWriter(mine, topic, "prod-o")
-        writer.write(0, big, [0, 1])
-        from pulsarlite.wire.entry import Message, build_chunk_entries, peek_metadata
-        stored_time_ms = peek_metadata(writer.entries[0][0]).raw.publish_time
-        writer.entries[0] = build_chunk_entries(     # the same chunks, another publish time
-            Message(big), producer_name=writer.impl.producer_name, sequence_id=0,
-            publish_time_ms=stored_time_ms + 1, entry_bytes_max=writer.impl.max_message_size)
-        writer.write(0, big, [0, 1, 2])
-        assert backlog(cluster, topic, "count") == 5
-        assert consumer.receive(TIMEOUT_MS).data() == big
-    finally:
-        mine.close()
+    our_consumer(mine, topic, sub="count").close()
+    consumer = our_consumer(mine, topic)
+    big = payload(12 * MIB, 52)
+    writer = ChunkWriter(mine, topic, "prod-o")
+    writer.write(0, big, [0, 1])
+    from pulsarlite.wire.entry import Message, build_chunk_entries, peek_metadata
+    stored_time_ms = peek_metadata(writer.entries[0][0]).raw.publish_time
+    writer.entries[0] = build_chunk_entries(     # the same chunks, another publish time
+        Message(big), producer_name=writer.impl.producer_name, sequence_id=0,
+        publish_time_ms=stored_time_ms + 1, entry_bytes_max=writer.impl.max_message_size)
+    writer.write(0, big, [0, 1, 2])
+    assert backlog(cluster, topic, "count") == 5
+    assert consumer.receive(TIMEOUT_MS).data() == big
 
 
 async def test_aio_client_chunks_and_joins(cluster):
@@ -454,27 +416,23 @@ async def test_aio_client_chunks_and_joins(cluster):
 
 
 @pytest.mark.parametrize("side", ["official", "ours"])
-def test_catch_up_consumer_gets_chunked_messages(cluster, client, side):
+def test_catch_up_consumer_gets_chunked_messages(cluster, client, side, mine):
     """The consumer connects after the chunks are stored (a catch-up read, not the tail)."""
     topic = f"persistent://public/default/chunk-catch-up-{side}"
-    mine = ours(cluster)
-    try:
-        subscribe = (lambda: official_consumer(client, topic)) if side == "official" \
-            else (lambda: our_consumer(mine, topic))
-        subscribe().close()
-        producer = client.create_producer(topic, chunking_enabled=True, batching_enabled=False,
-                                          send_timeout_millis=TIMEOUT_MS)
-        bigs = [payload(12 * MIB, 40 + i) for i in range(3)]
-        for big in bigs:
-            producer.send(big)
-        consumer = subscribe()
-        for big in bigs:
-            got = consumer.receive(TIMEOUT_MS)
-            assert got.data() == big
-            consumer.acknowledge(got)
-        wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "every chunk entry acked")
-    finally:
-        mine.close()
+    subscribe = (lambda: official_consumer(client, topic)) if side == "official" \
+        else (lambda: our_consumer(mine, topic))
+    subscribe().close()
+    producer = client.create_producer(topic, chunking_enabled=True, batching_enabled=False,
+                                      send_timeout_millis=TIMEOUT_MS)
+    bigs = [payload(12 * MIB, 40 + i) for i in range(3)]
+    for big in bigs:
+        producer.send(big)
+    consumer = subscribe()
+    for big in bigs:
+        got = consumer.receive(TIMEOUT_MS)
+        assert got.data() == big
+        consumer.acknowledge(got)
+    wait_for(lambda: backlog(cluster, topic, "sub") == 0, 30, "every chunk entry acked")
 
 
 def _write_buffer_closes(cluster) -> int:
