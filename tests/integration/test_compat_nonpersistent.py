@@ -33,6 +33,16 @@ def cluster(module_cluster_factory):
     return module_cluster_factory(3, brokers=1)
 
 
+def receive_until_idle(consumer, idle_ms: int = 1_000) -> list[bytes]:
+    """The payloads the consumer receives until none comes for ``idle_ms``."""
+    received = []
+    while True:
+        try:
+            received.append(consumer.receive(timeout_millis=idle_ms).data())
+        except Exception:
+            return received
+
+
 def _get_json(url: str):
     with urllib.request.urlopen(url, timeout=30) as response:
         return json.loads(response.read())
@@ -127,12 +137,7 @@ def test_a_consumer_without_permits_loses_messages_counted_as_dropped(cluster, c
     assert s["msgInCounter"] == 200
     assert s["msgOutCounter"] + s["msgDropCounter"] == 200
     assert sub["msgDropCounter"] == s["msgDropCounter"] > 0
-    received = []
-    while True:
-        try:
-            received.append(consumer.receive(timeout_millis=1_000).data())
-        except Exception:
-            break
+    received = receive_until_idle(consumer)
     assert len(received) == s["msgOutCounter"]
     assert received == [f"m{i}".encode() for i in range(len(received))]
     # the rate is sampled at the broker's stats interval: it shows once a sample saw the drops
@@ -260,12 +265,7 @@ def test_broker_restart_loses_in_flight_messages_and_the_topic_works_again(clust
     producer.send(b"before-1")       # delivered (one permit)
     producer.send(b"before-2")       # dropped: no permit left
     cluster.restart(cluster.broker_names[0])
-    received = []
-    while True:
-        try:
-            received.append(consumer.receive(timeout_millis=1_000).data())
-        except Exception:
-            break
+    received = receive_until_idle(consumer)
     assert b"before-2" not in received
     producer.send(b"after")          # both reconnect to the restarted broker
     wait_for(lambda: b"after" in _drain(consumer, received), 30, "a message sent after the restart")
