@@ -276,15 +276,7 @@ async def test_lost_after_partition_longer_than_session_timeout(zk_server, zk_ho
             recorder = StateRecorder()
             s.add_session_listener(recorder)
             await s.create("/owner", ephemeral=True)
-            old_session = s.session_id
-            proxy.block()
-            suspended = await recorder.wait(SessionState.SUSPENDED)
-            # the server expires the session while the client is cut off
-            await wait_for_async(lambda: observer.exists("/owner"), False)
-            proxy.unblock()
-            lost = await recorder.wait(SessionState.LOST, after=suspended)
-            await recorder.wait(SessionState.CONNECTED, after=lost)
-            assert s.session_id not in (None, old_session)
+            await expire_while_cut_off(s, proxy, recorder, observer, "/owner")
             assert not await s.exists("/owner")       # ownership is gone
             await s.create("/owner", ephemeral=True)  # and can be taken again
         finally:
@@ -292,6 +284,21 @@ async def test_lost_after_partition_longer_than_session_timeout(zk_server, zk_ho
             await s.close()
     finally:
         proxy.close()
+
+
+async def expire_while_cut_off(s, proxy, recorder, observer, ephemeral_path: str) -> None:
+    """Cut ``s`` off behind ``proxy`` until the server expires its session (``observer`` sees
+    ``s``'s ephemeral ``ephemeral_path`` go), then let it through: ``recorder`` sees SUSPENDED,
+    LOST, CONNECTED in that order and ``s`` is on a new session."""
+    old_session = s.session_id
+    proxy.block()
+    suspended = await recorder.wait(SessionState.SUSPENDED)
+    # the server expires the session while the client is cut off
+    await wait_for_async(lambda: observer.exists(ephemeral_path), False)
+    proxy.unblock()
+    lost = await recorder.wait(SessionState.LOST, after=suspended)
+    await recorder.wait(SessionState.CONNECTED, after=lost)
+    assert s.session_id not in (None, old_session)
 
 
 async def wait_for_async(make_coro, expected, timeout_s: float = WAIT_S) -> None:

@@ -138,8 +138,8 @@ async def test_a_new_session_after_expiry_is_authenticated_again(zk_server, zk_h
     """kazoo re-sends the credential on every connection: after the session expired (LOST) and a
     new one was made, the store still writes under the protected roots, with the ACL."""
     from integration.helpers import BlockableProxy
-    from pulsarlite.metadata import SessionState, split_chroot
-    from tests.integration.test_metadata_store import StateRecorder, wait_for_async
+    from pulsarlite.metadata import split_chroot
+    from tests.integration.test_metadata_store import StateRecorder, expire_while_cut_off
     proxy = BlockableProxy(zk_server.port)
     chroot = split_chroot(zk_hosts)[1]
     try:
@@ -149,14 +149,7 @@ async def test_a_new_session_after_expiry_is_authenticated_again(zk_server, zk_h
             recorder = StateRecorder()
             s.add_session_listener(recorder)
             await s.create("/loadbalance/brokers/b1", ephemeral=True)
-            old_session = s.session_id
-            proxy.block()
-            suspended = await recorder.wait(SessionState.SUSPENDED)
-            await wait_for_async(lambda: observer.exists("/loadbalance/brokers/b1"), False)
-            proxy.unblock()
-            lost = await recorder.wait(SessionState.LOST, after=suspended)
-            await recorder.wait(SessionState.CONNECTED, after=lost)
-            assert s.session_id not in (None, old_session)
+            await expire_while_cut_off(s, proxy, recorder, observer, "/loadbalance/brokers/b1")
             await s.create("/loadbalance/brokers/b1", ephemeral=True)      # NoAuth if not re-authenticated
         finally:
             await observer.close()
