@@ -131,3 +131,14 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def producer_refusal(client, topic: str) -> str | None:
+    """Why the broker refuses a new (unbatched) producer on ``topic`` (the error's text), or None
+    when it is accepted (then closed): for waiting on a backlog quota's block and its lifting."""
+    try:
+        p = client.create_producer(topic, batching_enabled=False)
+    except Exception as e:   # noqa: BLE001
+        return str(e)
+    p.close()
+    return None

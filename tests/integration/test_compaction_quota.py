@@ -8,13 +8,14 @@ to its horizon) lifts the block. The compacted view is whole throughout."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 import pytest
 import requests
 
 from tests.integration.compaction_helpers import compact_and_wait, read_messages
-from tests.integration.helpers import wait_for
+from tests.integration.helpers import producer_refusal, wait_for
 
 pulsar = pytest.importorskip("pulsar")
 
@@ -70,13 +71,7 @@ def test_the_compaction_cursor_holds_backlog_under_the_quota_until_the_next_run(
     assert len(sent) == 10
     producer.close()
 
-    def refused():
-        try:
-            p = client.create_producer(topic, batching_enabled=False)
-        except Exception as e:   # noqa: BLE001
-            return str(e)
-        p.close()
-        return None
+    refused = functools.partial(producer_refusal, client, topic)
 
     error = wait_for(refused, 60, "producer refused: __compaction's backlog is over the quota")
     assert "Blocked" in error or "Quota" in error, error

@@ -6,6 +6,7 @@ or holds producers."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import time
 import pytest
 import requests
 
-from tests.integration.helpers import wait_for
+from tests.integration.helpers import producer_refusal, wait_for
 
 pulsar = pytest.importorskip("pulsar")
 
@@ -223,13 +224,7 @@ def test_backlog_quota_producer_exception(cluster, client):
     assert sent * 2_100 > 90_000           # ~100 kB stored (metadata included)
     producer.close()
 
-    def refused():
-        try:
-            p = client.create_producer(topic, batching_enabled=False)
-        except Exception as e:   # noqa: BLE001
-            return str(e)
-        p.close()
-        return None
+    refused = functools.partial(producer_refusal, client, topic)
 
     error = wait_for(refused, 60, "producer refused over the backlog quota")
     assert "ProducerBlockedQuotaExceeded" in error or "Blocked" in error, error
