@@ -15,3 +15,26 @@ def client(cluster):
         yield c
     finally:
         c.close()
+
+
+@pytest.fixture(scope="module")
+def module_client(cluster):
+    """The official client on the module's ``cluster``, shared by the module's tests (for
+    module-scoped fixtures that produce once), closed after the module."""
+    pulsar = pytest.importorskip("pulsar")
+    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def spark(request):
+    """One local Spark session per test module (``pulsarlite-<module>``), stopped after it.
+    Spark's Python workers keep the environment of the session's start (docs/decisions.md),
+    so a module that needs more in the environment starts it before this fixture runs."""
+    pytest.importorskip("pyspark")
+    from tests.integration.helpers import spark_session
+    with spark_session("pulsarlite-" + request.module.__name__.rsplit(".", 1)[-1]) as session:
+        yield session

@@ -13,7 +13,7 @@ import pytest
 pulsar = pytest.importorskip("pulsar")
 pytest.importorskip("pyspark")
 
-from tests.integration.helpers import spark_session, wait_for  # noqa: E402
+from tests.integration.helpers import wait_for  # noqa: E402
 from tests.integration.test_compaction import NS, compact, produce_keyed, read_all  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -22,23 +22,14 @@ ROLLOVER_ENTRIES = 4            # several ledgers before and after the horizon
 
 
 @pytest.fixture(scope="module")
-def spark():
-    with spark_session("pulsarlite-compacted-tests") as session:
-        yield session
-
-
-@pytest.fixture(scope="module")
 def cluster(module_cluster_factory):
     return module_cluster_factory(3, brokers=1, broker_overrides={"rollover_entries_max": ROLLOVER_ENTRIES})
 
 
 @pytest.fixture(scope="module")
-def client(cluster):
-    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
-    try:
-        yield c
-    finally:
-        c.close()
+def client(module_client):
+    """Module scope: module-scoped fixtures produce with it."""
+    return module_client
 
 
 @pytest.fixture

@@ -14,38 +14,17 @@ import pytest
 pulsar = pytest.importorskip("pulsar")
 pytest.importorskip("pyspark")
 
-from pulsarlite.cluster import LocalCluster  # noqa: E402
-from tests.integration.helpers import spark_session, wait_for  # noqa: E402
-from tests.integration.test_spark_source import admin, keep_everything, ledger_list, produce  # noqa: E402
+from tests.integration.helpers import wait_for  # noqa: E402
+from tests.integration.test_spark_source import (ROLLOVER_ENTRIES, admin, ledger_list,  # noqa: E402
+                                                  produce, start_tiered_cluster)
 
 pytestmark = pytest.mark.integration
-
-ROLLOVER_ENTRIES = 40
-
-
-@pytest.fixture(scope="module")
-def spark():
-    with spark_session("pulsarlite-hybrid-tests") as session:
-        yield session
-
-
-def _start(path, tier: str, **extra):
-    c = LocalCluster(path)
-    try:
-        c.start_processes(bookies=3, brokers=1, broker_overrides={
-            "rollover_entries_max": ROLLOVER_ENTRIES, "tier_uri": tier, "offload_row_group_bytes": 2048,
-            "offload_check_interval_ms": 500, "offload_deletion_lag_ms": 1, **extra})
-        keep_everything(c.admin_url)
-    except BaseException:
-        c.stop()
-        raise
-    return c
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     tier = tmp_path_factory.mktemp("tier")
-    c = _start(tmp_path_factory.mktemp("hybrid-cluster"), tier.as_uri())
+    c = start_tiered_cluster(tmp_path_factory.mktemp("hybrid-cluster"), tier.as_uri())
     try:
         yield c
     finally:
@@ -53,12 +32,9 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def client(cluster):
-    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
-    try:
-        yield c
-    finally:
-        c.close()
+def client(module_client):
+    """Module scope: module-scoped fixtures produce with it."""
+    return module_client
 
 
 def fmt(spark, cluster, **options):
@@ -260,8 +236,8 @@ def test_only_admin_url(spark, cluster, client):
 # -- an s3:// tier in a session without hadoop-aws ---------------------------------------------
 @pytest.fixture(scope="module")
 def s3_cluster(tmp_path_factory, s3_server):
-    c = _start(tmp_path_factory.mktemp("hybrid-s3-cluster"), s3_server.tier_uri(),
-               tier_s3_endpoint_url=s3_server.endpoint_url)
+    c = start_tiered_cluster(tmp_path_factory.mktemp("hybrid-s3-cluster"), s3_server.tier_uri(),
+                             tier_s3_endpoint_url=s3_server.endpoint_url)
     try:
         yield c
     finally:

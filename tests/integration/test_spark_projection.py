@@ -16,30 +16,18 @@ import pytest
 pulsar = pytest.importorskip("pulsar")
 pytest.importorskip("pyspark")
 
-from pulsarlite.cluster import LocalCluster  # noqa: E402
-from tests.integration.helpers import spark_session, wait_for  # noqa: E402
-from tests.integration.test_spark_source import admin, keep_everything, ledger_list, opened, produce  # noqa: E402
+from tests.integration.helpers import wait_for  # noqa: E402
+from tests.integration.test_spark_source import (ROLLOVER_ENTRIES, admin, ledger_list, opened,  # noqa: E402
+                                                  produce, start_tiered_cluster)
 
 pytestmark = pytest.mark.integration
-
-ROLLOVER_ENTRIES = 40
-
-
-@pytest.fixture(scope="module")
-def spark():
-    with spark_session("pulsarlite-projection-tests") as session:
-        yield session
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, s3_server):
-    c = LocalCluster(tmp_path_factory.mktemp("spark-projection"))
+    c = start_tiered_cluster(tmp_path_factory.mktemp("spark-projection"), s3_server.tier_uri(),
+                             tier_s3_endpoint_url=s3_server.endpoint_url)
     try:
-        c.start_processes(bookies=3, brokers=1, broker_overrides={
-            "rollover_entries_max": ROLLOVER_ENTRIES, "tier_uri": s3_server.tier_uri(),
-            "tier_s3_endpoint_url": s3_server.endpoint_url, "offload_row_group_bytes": 2048,
-            "offload_check_interval_ms": 500, "offload_deletion_lag_ms": 1})
-        keep_everything(c.admin_url)
         c.s3_endpoint = s3_server.endpoint_url
         yield c
     finally:
@@ -47,12 +35,9 @@ def cluster(tmp_path_factory, s3_server):
 
 
 @pytest.fixture(scope="module")
-def client(cluster):
-    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
-    try:
-        yield c
-    finally:
-        c.close()
+def client(module_client):
+    """Module scope: module-scoped fixtures produce with it."""
+    return module_client
 
 
 def reader(spark, cluster, metrics_dir=None, schema=None, stream=False, **options):

@@ -18,7 +18,7 @@ pulsar = pytest.importorskip("pulsar")
 pytest.importorskip("pyspark")
 
 from pulsarlite.cluster import LocalCluster  # noqa: E402
-from tests.integration.helpers import spark_session, wait_for  # noqa: E402
+from tests.integration.helpers import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -27,38 +27,40 @@ S3: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
-def spark():
-    with spark_session("pulsarlite-tests") as session:
-        yield session
-
-
-@pytest.fixture(scope="module")
 def tier(s3_server):
     S3["endpoint"] = s3_server.endpoint_url
     return s3_server.tier_uri()
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, s3_server, tier):
-    c = LocalCluster(tmp_path_factory.mktemp("spark-cluster"))
+def start_tiered_cluster(path, tier: str, **extra) -> LocalCluster:
+    """3 bookies and a broker offloading to ``tier`` (small ledgers of ROLLOVER_ENTRIES, small row
+    groups, fast offload passes), infinite retention on public/default; stopped if the start fails."""
+    c = LocalCluster(path)
     try:
         c.start_processes(bookies=3, brokers=1, broker_overrides={
-            "rollover_entries_max": ROLLOVER_ENTRIES, "tier_uri": tier,
-            "tier_s3_endpoint_url": s3_server.endpoint_url, "offload_row_group_bytes": 2048,
-            "offload_check_interval_ms": 500, "offload_deletion_lag_ms": 1})
+            "rollover_entries_max": ROLLOVER_ENTRIES, "tier_uri": tier, "offload_row_group_bytes": 2048,
+            "offload_check_interval_ms": 500, "offload_deletion_lag_ms": 1, **extra})
         keep_everything(c.admin_url)
+    except BaseException:
+        c.stop()
+        raise
+    return c
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, s3_server, tier):
+    c = start_tiered_cluster(tmp_path_factory.mktemp("spark-cluster"), tier,
+                             tier_s3_endpoint_url=s3_server.endpoint_url)
+    try:
         yield c
     finally:
         c.stop()
 
 
 @pytest.fixture(scope="module")
-def client(cluster):
-    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
-    try:
-        yield c
-    finally:
-        c.close()
+def client(module_client):
+    """Module scope: module-scoped fixtures produce with it."""
+    return module_client
 
 
 def admin(admin_url: str, method: str, path: str, body=None):
