@@ -142,3 +142,17 @@ def producer_refusal(client, topic: str) -> str | None:
         return str(e)
     p.close()
     return None
+
+
+async def wait_ledger_repaired(client, lid: int, bookie: str, timeout_s: float):
+    """Poll (a deadline, no assertion on speed) the metadata of ledger ``lid`` through the
+    LedgerClient ``client`` until no ensemble names ``bookie`` and no bookie is marked
+    under-replicated; the repaired metadata."""
+    import asyncio
+    deadline = time.monotonic() + timeout_s
+    while True:
+        md, _ = await client.ledger_manager.read(lid)
+        if bookie not in md.all_bookies() and not md.under_replicated_bookies:
+            return md
+        assert time.monotonic() < deadline, f"ledger {lid} still names {bookie} after {timeout_s}s"
+        await asyncio.sleep(0.5)

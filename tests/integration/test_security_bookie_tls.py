@@ -20,6 +20,7 @@ from bookie.client.ledger_client import LedgerClient
 from pulsarlite.config import LedgerClientConfig
 from pulsarlite.errors import ConfigError, PulsarliteError
 from pulsarlite.tokens import create_token
+from tests.integration.helpers import wait_ledger_repaired
 
 trustme = pytest.importorskip("trustme")
 
@@ -112,13 +113,7 @@ async def test_bookies_serve_tls_only(cluster_factory, tmp_path):
         # (their ledger clients trust the CA) copy its entries to the fourth bookie
         victim = ensemble[0]
         await asyncio.to_thread(cluster.kill, name_of(cluster, victim))
-        deadline = time.monotonic() + 120
-        while True:
-            md, _ = await client.ledger_manager.read(lid)
-            if victim not in md.all_bookies() and not md.under_replicated_bookies:
-                break
-            assert time.monotonic() < deadline, f"ledger {lid} still names {victim}"
-            await asyncio.sleep(0.5)
+        md = await wait_ledger_repaired(client, lid, victim, 120)
         (_, repaired), = md.ensembles
         newcomer = next(b for b in repaired if b not in ensemble)
         r = await client.pool.get(newcomer).read(lid, 0, 4)

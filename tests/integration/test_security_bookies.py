@@ -30,6 +30,7 @@ from pulsarlite.config import LedgerClientConfig
 from pulsarlite.errors import PulsarliteError
 from pulsarlite.tokens import create_token
 from spark_source.options import ledger_client_config, parse_options, source_client_settings
+from tests.integration.helpers import wait_ledger_repaired
 
 pytestmark = pytest.mark.integration
 
@@ -317,13 +318,8 @@ async def test_bookies_refuse_unauthenticated_clients_and_serve_the_cluster(clus
         # copy its fragments to the fourth bookie
         victim = ensemble[0]
         await asyncio.to_thread(cluster.kill, name_of(cluster, victim))
-        deadline = time.monotonic() + REPAIR_TIMEOUT_S
-        while True:
-            md, _ = await client.ledger_manager.read(lid)
-            if victim not in md.all_bookies() and not md.under_replicated_bookies:
-                break
-            assert time.monotonic() < deadline, f"ledger {lid} still names {victim} after {REPAIR_TIMEOUT_S}s"
-            await asyncio.sleep(0.5)
+        deadline = time.monotonic() + REPAIR_TIMEOUT_S          # for the repair and the mark
+        md = await wait_ledger_repaired(client, lid, victim, REPAIR_TIMEOUT_S)
         (_, replacement_ensemble), = md.ensembles
         newcomer = next(b for b in replacement_ensemble if b not in ensemble)
         r = await client.pool.get(newcomer).read(lid, 0, 9)
