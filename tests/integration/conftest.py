@@ -2,31 +2,36 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
+
+
+@contextlib.contextmanager
+def official_client(cluster):
+    """The official client on ``cluster`` (30 s operation timeout), closed on exit."""
+    pulsar = pytest.importorskip("pulsar")
+    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
+    try:
+        yield c
+    finally:
+        c.close()
 
 
 @pytest.fixture
 def client(cluster):
     """The official client on the test module's ``cluster`` fixture (each module that uses it
     defines ``cluster``), closed after the test."""
-    pulsar = pytest.importorskip("pulsar")
-    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
-    try:
+    with official_client(cluster) as c:
         yield c
-    finally:
-        c.close()
 
 
 @pytest.fixture(scope="module")
 def module_client(cluster):
     """The official client on the module's ``cluster``, shared by the module's tests (for
     module-scoped fixtures that produce once), closed after the module."""
-    pulsar = pytest.importorskip("pulsar")
-    c = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
-    try:
+    with official_client(cluster) as c:
         yield c
-    finally:
-        c.close()
 
 
 @pytest.fixture(scope="module")
