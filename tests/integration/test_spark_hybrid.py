@@ -16,7 +16,7 @@ pytest.importorskip("pyspark")
 
 from tests.integration.helpers import wait_for  # noqa: E402
 from tests.integration.test_spark_source import (ROLLOVER_ENTRIES, admin, ledger_list,  # noqa: E402
-                                                  produce, start_tiered_cluster)
+                                                  produce, tiered_cluster)
 
 pytestmark = pytest.mark.integration
 
@@ -24,11 +24,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     tier = tmp_path_factory.mktemp("tier")
-    c = start_tiered_cluster(tmp_path_factory.mktemp("hybrid-cluster"), tier.as_uri())
-    try:
+    with tiered_cluster(tmp_path_factory.mktemp("hybrid-cluster"), tier.as_uri()) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")
@@ -236,12 +233,9 @@ def test_only_admin_url(spark, cluster, client):
 # -- an s3:// tier in a session without hadoop-aws ---------------------------------------------
 @pytest.fixture(scope="module")
 def s3_cluster(tmp_path_factory, s3_server):
-    c = start_tiered_cluster(tmp_path_factory.mktemp("hybrid-s3-cluster"), s3_server.tier_uri(),
-                             tier_s3_endpoint_url=s3_server.endpoint_url)
-    try:
+    with tiered_cluster(tmp_path_factory.mktemp("hybrid-s3-cluster"), s3_server.tier_uri(),
+                        tier_s3_endpoint_url=s3_server.endpoint_url) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def test_s3_tier_without_s3a_falls_back_with_one_warning(spark, s3_cluster, s3_server, tmp_path):

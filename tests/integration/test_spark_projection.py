@@ -18,20 +18,17 @@ pytest.importorskip("pyspark")
 
 from tests.integration.helpers import wait_for  # noqa: E402
 from tests.integration.test_spark_source import (ROLLOVER_ENTRIES, admin, ledger_list, opened,  # noqa: E402
-                                                  produce, start_tiered_cluster)
+                                                  produce, tiered_cluster)
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, s3_server):
-    c = start_tiered_cluster(tmp_path_factory.mktemp("spark-projection"), s3_server.tier_uri(),
-                             tier_s3_endpoint_url=s3_server.endpoint_url)
-    try:
+    with tiered_cluster(tmp_path_factory.mktemp("spark-projection"), s3_server.tier_uri(),
+                        tier_s3_endpoint_url=s3_server.endpoint_url) as c:
         c.s3_endpoint = s3_server.endpoint_url
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

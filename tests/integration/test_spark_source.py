@@ -3,6 +3,7 @@ official client producing, and real Spark in local mode (one session for the mod
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -32,29 +33,27 @@ def tier(s3_server):
     return s3_server.tier_uri()
 
 
-def start_tiered_cluster(path, tier: str, **extra) -> LocalCluster:
+@contextlib.contextmanager
+def tiered_cluster(path, tier: str, **extra):
     """3 bookies and a broker offloading to ``tier`` (small ledgers of ROLLOVER_ENTRIES, small row
-    groups, fast offload passes), infinite retention on public/default; stopped if the start fails."""
+    groups, fast offload passes), infinite retention on public/default; stopped on exit (also
+    when the start fails)."""
     c = LocalCluster(path)
     try:
         c.start_processes(bookies=3, brokers=1, broker_overrides={
             "rollover_entries_max": ROLLOVER_ENTRIES, "tier_uri": tier, "offload_row_group_bytes": 2048,
             "offload_check_interval_ms": 500, "offload_deletion_lag_ms": 1, **extra})
         keep_everything(c.admin_url)
-    except BaseException:
+        yield c
+    finally:
         c.stop()
-        raise
-    return c
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, s3_server, tier):
-    c = start_tiered_cluster(tmp_path_factory.mktemp("spark-cluster"), tier,
-                             tier_s3_endpoint_url=s3_server.endpoint_url)
-    try:
+    with tiered_cluster(tmp_path_factory.mktemp("spark-cluster"), tier,
+                        tier_s3_endpoint_url=s3_server.endpoint_url) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")
