@@ -203,25 +203,38 @@ class Lake:
             self.properties["s3.endpoint"] = s3_endpoint_url
         self._catalog = None
         self._lock = threading.Lock()
+        self._catalog_lock = threading.Lock()   # one opening of the catalog (admin and offloader threads)
 
     def describe(self) -> dict[str, str]:
         return {"kind": self.kind, "uri": redacted_uri(self.catalog_uri), "warehouse": self.warehouse}
 
     def catalog(self):
+        """The catalog, opened once. Opening a SQL catalog creates its tables if missing, which is
+        a check-then-create: two threads of this process are serialised here, and another process
+        (a second broker on the same catalog) racing it is answered by opening once more."""
         if self._catalog is None:
-            if self.kind == "rest":
-                # the server decides what a "warehouse" is (a name, a location): not sent; the
-                # tables' locations are given at creation (TableId.location)
-                from pyiceberg.catalog.rest import RestCatalog
-                self._catalog = RestCatalog(CATALOG_NAME, uri=self.catalog_uri, **self.properties)
-                return self._catalog
-            if self.catalog_uri.startswith("sqlite:///"):
-                import os
-                os.makedirs(os.path.dirname(self.catalog_uri[len("sqlite:///"):]) or ".", exist_ok=True)
-            from pyiceberg.catalog.sql import SqlCatalog
-            self._catalog = SqlCatalog(CATALOG_NAME, uri=self.catalog_uri, warehouse=self.warehouse,
-                                       **self.properties)
+            with self._catalog_lock:
+                if self._catalog is None:
+                    try:
+                        self._catalog = self._open_catalog()
+                    except Exception as e:    # noqa: BLE001 - sqlalchemy's OperationalError, lazily imported
+                        if "already exists" not in str(e):
+                            raise
+                        self._catalog = self._open_catalog()
         return self._catalog
+
+    def _open_catalog(self):
+        if self.kind == "rest":
+            # the server decides what a "warehouse" is (a name, a location): not sent; the
+            # tables' locations are given at creation (TableId.location)
+            from pyiceberg.catalog.rest import RestCatalog
+            return RestCatalog(CATALOG_NAME, uri=self.catalog_uri, **self.properties)
+        if self.catalog_uri.startswith("sqlite:///"):
+            import os
+            os.makedirs(os.path.dirname(self.catalog_uri[len("sqlite:///"):]) or ".", exist_ok=True)
+        from pyiceberg.catalog.sql import SqlCatalog
+        return SqlCatalog(CATALOG_NAME, uri=self.catalog_uri, warehouse=self.warehouse,
+                          **self.properties)
 
     def load(self, tid: TableId):
         """The table, or None if it does not exist."""

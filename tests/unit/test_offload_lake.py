@@ -382,3 +382,47 @@ def test_an_http_catalog_uri_is_the_rest_catalog_client(tmp_path):
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def test_the_catalog_is_opened_once_when_threads_ask_at_the_same_time(tmp_path, monkeypatch):
+    """The admin endpoint's thread and the offloader's thread asked for the catalog at once; both
+    opened a SQL catalog, whose table creation is a check-then-create, and one failed with
+    'table iceberg_namespace_properties already exists' (seen in a suite run)."""
+    import threading
+    import time
+
+    lake = Lake(f"file://{tmp_path}")
+    opened = []
+    real_open = Lake._open_catalog
+
+    def slow_open(self):
+        opened.append(threading.get_ident())
+        time.sleep(0.2)                              # wide window for a second opener
+        return real_open(self)
+
+    monkeypatch.setattr(Lake, "_open_catalog", slow_open)
+    catalogs = []
+    threads = [threading.Thread(target=lambda: catalogs.append(lake.catalog())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(opened) == 1 and len(catalogs) == 4 and all(c is catalogs[0] for c in catalogs)
+
+
+def test_a_catalog_created_by_another_process_meanwhile_is_opened_again(tmp_path, monkeypatch):
+    lake = Lake(f"file://{tmp_path}")
+    real_open = Lake._open_catalog
+    calls = []
+
+    def racing_open(self):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("(sqlite3.OperationalError) table iceberg_tables already exists")
+        return real_open(self)
+
+    monkeypatch.setattr(Lake, "_open_catalog", racing_open)
+    assert lake.catalog() is not None and len(calls) == 2
+    monkeypatch.setattr(Lake, "_open_catalog", lambda self: (_ for _ in ()).throw(RuntimeError("disk I/O error")))
+    with pytest.raises(RuntimeError, match="disk I/O"):
+        Lake(f"file://{tmp_path}/other").catalog()
