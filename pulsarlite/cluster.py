@@ -45,6 +45,12 @@ BROKER = "broker"
 BROKERS_PATH = "/loadbalance/brokers"
 AVAILABLE_PATH = "/ledgers/available"
 READONLY_PATH = "/ledgers/available/readonly"
+# A local cluster's bookies share the machine's disk with everything else on it: BookKeeper's
+# ratio (read-only at 95% used, BookieConfig's default) is meant for a disk of the bookie's own and
+# turned a 252 GB disk with 10 GB free into a cluster that refused every write. Read-only here at
+# 99.9% used (bookie_overrides still win); docs/decisions.md D-local-disk.
+LOCAL_DISK_READONLY_THRESHOLD = 0.999
+LOCAL_DISK_WRITABLE_THRESHOLD = 0.998
 
 
 class ClusterError(PulsarliteError):
@@ -292,7 +298,8 @@ class LocalCluster:
         config = BookieConfig(
             bookie_id=f"{LOOPBACK}:{port}", host=LOOPBACK, port=port, zookeeper=self.zookeeper,
             journal_dir=str(self.dir / name / "journal"), ledger_dir=str(self.dir / name / "ledgers"),
-            metrics_port=metrics_port)
+            metrics_port=metrics_port, disk_usage_readonly_threshold=LOCAL_DISK_READONLY_THRESHOLD,
+            disk_usage_writable_threshold=LOCAL_DISK_WRITABLE_THRESHOLD)
         try:
             config = dataclasses.replace(config, **common, **own).validate()
         except TypeError as e:

@@ -8,5 +8,13 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 echo "== generated code up to date?"
 .venv/bin/python scripts/gen_proto.py --check
+# A suite run writes ~2-3 GB at a time under the temp directory (clusters' journals and entry logs;
+# a passed test's directory is deleted at its end): on a fuller disk ZooKeeper stops mid-run.
+tmp_dir="$(.venv/bin/python -c 'import tempfile; print(tempfile.gettempdir())')"
+free_kib="$(df -Pk "$tmp_dir" | awk 'NR == 2 {print $4}')"
+echo "== free disk under $tmp_dir: $((free_kib / 1024)) MiB"
+if [ "$free_kib" -lt $((4 * 1024 * 1024)) ]; then
+  echo "WARNING: less than 4 GiB free under $tmp_dir; integration tests may fail when the disk fills" >&2
+fi
 echo "== tests"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

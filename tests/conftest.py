@@ -4,6 +4,7 @@ factory of local clusters that always cleans up. Event loops come from uvloop.""
 from __future__ import annotations
 
 import os
+import shutil
 
 import uuid
 from pathlib import Path
@@ -92,9 +93,19 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
 
 
 @pytest.fixture(scope="module")
-def module_tmp_path(tmp_path_factory: pytest.TempPathFactory, request) -> Path:
-    """A temporary directory for a whole test module (named after it)."""
-    return tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+def module_tmp_path(tmp_path_factory: pytest.TempPathFactory, request) -> Iterator[Path]:
+    """A temporary directory for a whole test module (named after it), deleted at the module's end
+    unless one of its tests failed (kept, like a failed test's ``tmp_path``, for its logs).
+
+    Clusters write gigabytes over a suite run (bookie journals and entry logs; the chunking tests
+    alone ~2 GB): kept until the session ends they filled a CI machine's disk, ZooKeeper stopped,
+    and every later test failed. pyproject.toml's ``tmp_path_retention_policy = "failed"`` does the
+    same for function-scoped ``tmp_path``."""
+    failed_before = request.session.testsfailed
+    path = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+    yield path
+    if request.session.testsfailed == failed_before:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

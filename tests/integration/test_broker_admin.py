@@ -21,9 +21,9 @@ WAIT_S = 30
 
 # -- fixtures and helpers -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(module_tmp_path):
     from pulsarlite.cluster import LocalCluster
-    c = LocalCluster(tmp_path_factory.mktemp("admin") / "cluster")
+    c = LocalCluster(module_tmp_path / "admin" / "cluster")
     try:
         c.start_processes(bookies=3, brokers=1)
         yield c

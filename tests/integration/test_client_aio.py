@@ -22,8 +22,8 @@ TIMEOUT_MS = 15_000
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    cl = LocalCluster(tmp_path_factory.mktemp("aio-cluster"))
+def cluster(module_tmp_path):
+    cl = LocalCluster(module_tmp_path / "aio-cluster")
     try:
         cl.start_processes(bookies=3, brokers=1)
         yield cl

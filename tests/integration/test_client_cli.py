@@ -19,8 +19,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    cl = LocalCluster(tmp_path_factory.mktemp("cli-cluster"))
+def cluster(module_tmp_path):
+    cl = LocalCluster(module_tmp_path / "cli-cluster")
     try:
         cl.start_processes(bookies=3, brokers=1)
         yield cl

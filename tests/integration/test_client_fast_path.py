@@ -21,8 +21,8 @@ TIMEOUT_MS = 15_000
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    cl = LocalCluster(tmp_path_factory.mktemp("fast-path-cluster"))
+def cluster(module_tmp_path):
+    cl = LocalCluster(module_tmp_path / "fast-path-cluster")
     try:
         cl.start_processes(bookies=3, brokers=1)
         yield cl

@@ -24,8 +24,8 @@ COMPRESSIONS = ["NONE", "LZ4", "ZLib", "ZSTD", "SNAPPY"]
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    cl = LocalCluster(tmp_path_factory.mktemp("client-cluster"))
+def cluster(module_tmp_path):
+    cl = LocalCluster(module_tmp_path / "client-cluster")
     try:
         cl.start_processes(bookies=3, brokers=1)
         yield cl

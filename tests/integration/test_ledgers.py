@@ -396,6 +396,26 @@ async def test_bad_config_file_is_refused_clearly(tmp_path):
     assert proc.returncode == 2 and "unknown setting" in proc.stderr
 
 
+async def test_a_local_clusters_bookies_write_on_a_shared_disk_99_percent_used(cluster_factory, tmp_path):
+    """LocalCluster (tests, the standalone) shares the machine's disk: at 99.5% used its bookies stay
+    writable; BookieConfig's own 0.95 (a disk of the bookie's own) makes the same bookie read-only.
+    Session 16's CI run lost 150 tests to bookies registering read-only on a fuller shared disk."""
+    sv = os.statvfs(tmp_path)
+    free_bytes = int(sv.f_blocks * sv.f_frsize * 0.005)          # 99.5% of the disk used
+    product = {"disk_usage_readonly_threshold": 0.95, "disk_usage_writable_threshold": 0.90}
+    cluster = await start_cluster(cluster_factory, 3, bookie_overrides={
+        "disk_free_bytes_override": free_bytes, "bookie-3": product})
+    own_ratio_id = cluster.records["bookie-3"].bookie_id
+    client = await connect(cluster)
+    try:
+        assert await client.ledger_manager.readonly_bookies() == [own_ratio_id]
+        writer = await client.create_ledger(2, 2, 2)
+        await writer.add(b"x")
+        await writer.close()
+    finally:
+        await client.close()
+
+
 async def test_full_disk_makes_bookie_read_only(cluster_factory):
     cluster = await start_cluster(cluster_factory, 3, bookie_overrides={"bookie-3": {"disk_free_bytes_override": 1}})
     readonly_id = cluster.records["bookie-3"].bookie_id

@@ -22,9 +22,10 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    tier = tmp_path_factory.mktemp("tier")
-    with tiered_cluster(tmp_path_factory.mktemp("hybrid-cluster"), tier.as_uri()) as c:
+def cluster(module_tmp_path):
+    tier = module_tmp_path / "tier"
+    tier.mkdir()
+    with tiered_cluster(module_tmp_path / "hybrid-cluster", tier.as_uri()) as c:
         yield c
 
 
@@ -232,8 +233,8 @@ def test_only_admin_url(spark, cluster, client):
 
 # -- an s3:// tier in a session without hadoop-aws ---------------------------------------------
 @pytest.fixture(scope="module")
-def s3_cluster(tmp_path_factory, s3_server):
-    with tiered_cluster(tmp_path_factory.mktemp("hybrid-s3-cluster"), s3_server.tier_uri(),
+def s3_cluster(module_tmp_path, s3_server):
+    with tiered_cluster(module_tmp_path / "hybrid-s3-cluster", s3_server.tier_uri(),
                         tier_s3_endpoint_url=s3_server.endpoint_url) as c:
         yield c
 

@@ -24,8 +24,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, s3_server):
-    with tiered_cluster(tmp_path_factory.mktemp("spark-projection"), s3_server.tier_uri(),
+def cluster(module_tmp_path, s3_server):
+    with tiered_cluster(module_tmp_path / "spark-projection", s3_server.tier_uri(),
                         tier_s3_endpoint_url=s3_server.endpoint_url) as c:
         c.s3_endpoint = s3_server.endpoint_url
         yield c

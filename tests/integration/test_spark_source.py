@@ -50,8 +50,8 @@ def tiered_cluster(path, tier: str, **extra):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, s3_server, tier):
-    with tiered_cluster(tmp_path_factory.mktemp("spark-cluster"), tier,
+def cluster(module_tmp_path, s3_server, tier):
+    with tiered_cluster(module_tmp_path / "spark-cluster", tier,
                         tier_s3_endpoint_url=s3_server.endpoint_url) as c:
         yield c
 

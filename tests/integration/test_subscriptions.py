@@ -24,8 +24,8 @@ TIMEOUT_MS = 15_000
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = LocalCluster(tmp_path_factory.mktemp("subs") / "cluster")
+def cluster(module_tmp_path):
+    c = LocalCluster(module_tmp_path / "subs" / "cluster")
     try:
         c.start_processes(bookies=3, brokers=1)
         yield c
