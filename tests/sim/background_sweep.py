@@ -6,7 +6,8 @@ publish path). Each is CPU-bound (a seed costs ~2-25 ms; the four sweeps are ~5-
 core in all), while most of the suite (clusters of processes, fuzzing, chaos) leaves a core idle
 much of the time.
 
-How a session runs them:
+How a session of one process runs them (a session of pytest-xdist workers, as scripts/test.sh
+runs it, has no background: each sweep runs in its tests, which come first; ``order_and_start``):
 
 1. Collection (the root conftest): every collected test that finishes a sweep (``Sweep.test``;
    a test parametrized by ``config`` finishes that configuration only) moves to the end of the
@@ -286,8 +287,17 @@ def order_and_start(session_config, items: list) -> None:
     if not finishing:
         return
     following = [item for item in items if _follows_a_sweep(item.nodeid)]
-    items[:] = [item for item in items if sweep_of(item.nodeid) is None and item not in following] \
-        + finishing + following
+    rest = [item for item in items if sweep_of(item.nodeid) is None and item not in following]
+    if hasattr(session_config, "workerinput"):
+        # a pytest-xdist worker (scripts/test.sh runs two): the workers share the machine's two
+        # cores, so there is no idle core for a background; the sweeps run in their tests, and
+        # their modules come FIRST (longest work first: `--dist loadfile --no-loadscope-reorder`
+        # hands out whole modules in this order, so the other worker runs the rest meanwhile)
+        longest_first = [s.name for s in reversed(SWEEPS)]      # the whole path's ~4 min first
+        finishing.sort(key=lambda item: longest_first.index(sweep_of(item.nodeid).name))
+        items[:] = finishing + following + rest
+        return
+    items[:] = rest + finishing + following
     if (session_config.option.collectonly or len(items) <= 1 or not wanted()
             or session_config.pluginmanager.get_plugin(PLUGIN_NAME) is not None):
         return

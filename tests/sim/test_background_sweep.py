@@ -5,6 +5,8 @@ test claimed; results round-trip unchanged."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from . import background_sweep as bs
@@ -90,3 +92,65 @@ def test_every_sweep_module_provides_its_configurations_and_units():
         assert module.SWEEP_CONFIGS
         violations, stats, replay = module.sweep_seed(0, module.SWEEP_CONFIGS[0])
         assert violations == [] and isinstance(stats, dict) and "--seed 0" in replay
+
+
+class _Item:
+    def __init__(self, nodeid: str) -> None:
+        self.nodeid = nodeid
+
+
+class _PluginManager:
+    def __init__(self) -> None:
+        self.registered: list = []
+
+    def get_plugin(self, name):
+        return None
+
+    def register(self, plugin, name):
+        self.registered.append(name)
+
+
+class _Config:
+    """What order_and_start reads of pytest's config; ``worker``: a pytest-xdist worker's."""
+
+    def __init__(self, worker: bool) -> None:
+        self.pluginmanager = _PluginManager()
+        self.option = type("Option", (), {"collectonly": False})()
+        if worker:
+            self.workerinput = {"workerid": "gw0"}
+
+
+def _session_items() -> list[_Item]:
+    return [_Item("tests/unit/test_a.py::test_x"),
+            *(_Item(s.test) for s in bs.SWEEPS),
+            *(_Item(t) for s in bs.SWEEPS for t in s.after),
+            _Item("tests/integration/test_b.py::test_y")]
+
+
+def test_in_an_xdist_worker_the_sweeps_come_first_longest_first_without_a_background(monkeypatch):
+    started = []
+    monkeypatch.setattr(bs.Background, "start", lambda self: started.append(self))
+    items = _session_items()
+    config = _Config(worker=True)
+    bs.order_and_start(config, items)
+    ids = [item.nodeid for item in items]
+    sweeps_first = [s.test for s in reversed(bs.SWEEPS)]
+    assert ids[:len(bs.SWEEPS)] == sweeps_first and sweeps_first[0].endswith("test_whole_path_sim.py"
+                                                                             "::test_every_seed_keeps_the_whole_path_invariants")
+    assert ids[-2:] == ["tests/unit/test_a.py::test_x", "tests/integration/test_b.py::test_y"]
+    assert started == [] and config.pluginmanager.registered == []
+
+
+def test_in_one_process_the_sweeps_come_last_with_a_background(monkeypatch):
+    started = []
+    monkeypatch.setattr(bs.Background, "start", lambda self: started.append(self))
+    monkeypatch.delenv("PULSARLITE_SIM_BACKGROUND", raising=False)
+    monkeypatch.delenv("PULSARLITE_WHOLE_PATH_BACKGROUND", raising=False)
+    items = _session_items()
+    config = _Config(worker=False)
+    bs.order_and_start(config, items)
+    ids = [item.nodeid for item in items]
+    assert ids[:2] == ["tests/unit/test_a.py::test_x", "tests/integration/test_b.py::test_y"]
+    assert ids[2:2 + len(bs.SWEEPS)] == [s.test for s in bs.SWEEPS]
+    assert len(started) == 1 and config.pluginmanager.registered == [bs.PLUGIN_NAME]
+    shutil.rmtree(started[0].directory)
