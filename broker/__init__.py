@@ -1,2 +1,2 @@
 """The broker: managed ledgers (a topic's storage), dispatch, ownership, protocol connections
-and admin (DESIGN.md §1, §5 floor 4)."""
+and admin (docs/architecture.md#processes; floor 4 of #floors)."""

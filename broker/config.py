@@ -1,5 +1,5 @@
 """Configuration of one broker process: a frozen dataclass, loaded from TOML, validated at start
-(DESIGN.md §5). Every buffer, cache and timeout of the broker has its bound here."""
+(docs/architecture.md#style). Every buffer, cache and timeout of the broker has its bound here."""
 
 from __future__ import annotations
 

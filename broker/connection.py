@@ -1,4 +1,4 @@
-"""One client connection speaking the Pulsar binary protocol (NOTES.md "Pulsar binary protocol").
+"""One client connection speaking the Pulsar binary protocol (docs/protocol.md#pulsar-binary-protocol).
 
 - :class:`ConnectionCore` (sans I/O): bytes in -> frames decoded, the handshake (CONNECTED is
   the first frame we send; ``protocol_version = min(client's, ours)``), PING/PONG, and the

@@ -1,4 +1,4 @@
-"""The dispatcher core of one subscription (pure, no I/O; DESIGN.md §5).
+"""The dispatcher core of one subscription (pure, no I/O; docs/architecture.md#style).
 
 It decides which consumer gets which entry. The shell (broker/topic.py) feeds it events --
 consumers coming and going, FLOW permits, entries read from the log, acks, redelivery requests --

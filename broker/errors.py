@@ -1,6 +1,6 @@
 """The broker's errors that a client is told about, and the ServerError each maps to.
 
-One small hierarchy (DESIGN.md §5): :class:`BrokerError` and a class per case a client reacts
+One small hierarchy (docs/architecture.md#style): :class:`BrokerError` and a class per case a client reacts
 to differently; ``retriable`` says whether the same request may succeed later. Errors of the
 layers below (managed ledger, metadata, dispatch) keep their own classes and are mapped by
 :func:`server_error_of`. Every broker module imports these from here (no import cycle: this

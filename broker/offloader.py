@@ -1,5 +1,6 @@
-"""The broker's offloader: moves closed ledgers of the topics this broker owns to the tier
-(Parquet in an object store, :mod:`offload`) and reads them back (DESIGN.md §2, invariants 6-7).
+"""The broker's offloader: moves closed ledgers of the topics this broker owns to the tier (Parquet
+in an object store, :mod:`offload`) and reads them back (docs/architecture.md#data-paths,
+#invariant-6, #invariant-7).
 
 Only the owner writes a topic's ledger list, so every step is a compare-and-set through the
 topic's :class:`ManagedLedger` (``update_offload``), serialised with its rollovers. Each ledger
@@ -154,7 +155,8 @@ async def read_topic_offload_policies(store, topic_name) -> TopicOffloadPolicies
 
 # -- glue between the managed-ledger list and offload.core (pure) ---------------------------------
 def record_of(offload: OffloadInfo) -> OffloadRecord:
-    """The ``offload`` dict of a ledger (contract 3) as offload.core's record."""
+    """The ``offload`` dict of a ledger (the offload record, docs/protocol.md#offload-record) as
+    offload.core's record."""
     return OffloadRecord.from_json({**offload.attributes, "state": offload.state.value, "uri": offload.uri})
 
 

@@ -1,4 +1,4 @@
-"""A topic's publish path, sans I/O (DESIGN.md §5 "pure core, thin shell"; models: h11, Dask's
+"""A topic's publish path, sans I/O (docs/architecture.md#style "pure core, thin shell"; models: h11, Dask's
 worker_state_machine): producers' SENDs and the managed ledger's outcomes come in as events,
 what the shell must do comes out as actions, in order. It holds
 

@@ -1,6 +1,6 @@
 """Retention, message TTL and backlog quotas of persistent topics (Pulsar's semantics).
 
-Pure core (no I/O, no clock: ``now_ms`` is passed in; DESIGN.md §5):
+Pure core (no I/O, no clock: ``now_ms`` is passed in; docs/architecture.md#style):
 
 - :func:`ledgers_to_delete`: the CLOSED ledgers at the front of a topic's list that every
   durable subscription has consumed (its mark-delete position is at or past the ledger's last

@@ -1,5 +1,5 @@
 """Schema registry in ZooKeeper: ``/schemas/<tenant>/<ns>/<topic>`` holds every version of a
-topic's schema as JSON, updated by compare-and-set (DESIGN.md §3). A partitioned topic's
+topic's schema as JSON, updated by compare-and-set (docs/protocol.md#zookeeper-layout). A partitioned topic's
 partitions share their parent's schema, as in Pulsar.
 
 The znode::

@@ -1,5 +1,6 @@
 """A persistent topic on its owner broker: producers, the publish path, subscriptions and their
-dispatch (asyncio shell around :mod:`broker.publish_core` and :mod:`broker.dispatch`; DESIGN.md §2).
+dispatch (asyncio shell around :mod:`broker.publish_core` and :mod:`broker.dispatch`;
+docs/architecture.md#data-paths).
 
 Publish: SEND -> the entry ``[meta_size][meta][payload]`` goes verbatim to the managed ledger
 (publish time from its metadata) -> on confirmation it enters the broker's entry cache, the

@@ -1,5 +1,5 @@
 """Tiered storage: closed ledgers as Parquet in an object store (s3:// or file://), the offload
-state machine and the tier reader (DESIGN.md §5 floor 3).
+state machine and the tier reader (docs/architecture.md#floors, floor 3).
 
 - :mod:`offload.format`   entries <-> Arrow rows (ROW_SCHEMA) <-> Parquet (page checksums)
 - :mod:`offload.store`    object stores: ``open_object_store(uri)``, ``open_object_uri(uri)``,

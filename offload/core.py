@@ -1,7 +1,8 @@
 """The offload state machine of one ledger (pure: events in, actions out; no I/O, no clock, no
 randomness -- the shell passes ``now_ms`` and each attempt's uuid), and the offload policy.
 
-Recorded states (contract 3, the ``offload`` dict of the ledger in the managed-ledger list)::
+Recorded states (the offload record, docs/protocol.md#offload-record: the ``offload`` dict of the ledger
+in the managed-ledger list)::
 
     none --RecordOffloading(uuid, uri)--> offloading --WriteObject, VerifyObject,
          RecordOffloaded[, CommitToTable]--> offloaded --(deletion lag) VerifyObject,
@@ -28,7 +29,7 @@ from the recorded state and calls ``handle(Offload(...))`` / ``handle(Tick(...))
 A RecordOffload that fails with an unknown outcome (StepFailed: the CAS may or may not have
 landed): re-read the record and, if it differs from ``machine.record``, feed CasConflict(it).
 
-Crash safety (DESIGN.md invariant 6):
+Crash safety (docs/architecture.md#invariant-6):
 - The object's URI (with a fresh uuid per attempt) is recorded, state ``offloading``, BEFORE
   anything is written. Every object that can exist is therefore named by the metadata.
 - A retry of an ``offloading`` ledger first deletes the recorded attempt's object (its own,
@@ -128,7 +129,7 @@ class ObjectStats:
 
 @dataclass(frozen=True)
 class OffloadRecord:
-    """The recorded offload metadata of one ledger (contract 3)."""
+    """The recorded offload metadata of one ledger (docs/protocol.md#offload-record)."""
 
     state: OffloadState = OffloadState.NONE
     uri: str | None = None

@@ -1,7 +1,7 @@
 """The tier format: one Parquet object per ledger, one row per message (batches unpacked,
 compression removed), with what it takes to rebuild every entry exactly.
 
-API (contract 1)::
+API (the tier format, docs/protocol.md#tier-format)::
 
     ROW_SCHEMA                      # pyarrow schema, columns in this order:
         ledger_id int64, entry_id int64, batch_index int32 (-1: not a batch),

@@ -154,7 +154,7 @@ def spans_days(min_publish_time_ms: int, max_publish_time_ms: int) -> bool:
 
 def redacted_uri(uri: str) -> str:
     """The catalog URI without its password (``postgresql://u:***@host/db``): what the admin
-    endpoint shows (DESIGN.md invariant 11: secrets never leave in answers or logs)."""
+    endpoint shows (docs/architecture.md#invariant-11: secrets never leave in answers or logs)."""
     scheme, sep, rest = uri.partition("://")
     if not sep:
         return uri

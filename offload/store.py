@@ -1,7 +1,7 @@
 """Object stores for the tier: ``s3://bucket/prefix`` (boto3, any endpoint) and ``file:///dir``.
 
-API (contract 2), synchronous (the broker runs it in a thread pool; Spark workers call it
-directly)::
+API (the object store interface, docs/protocol.md#object-store), synchronous (the broker runs it in
+a thread pool; Spark workers call it directly)::
 
     store = open_object_store("s3://bucket/prefix", s3_endpoint_url=None)
     store = open_object_store("file:///var/tier")

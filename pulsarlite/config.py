@@ -1,4 +1,4 @@
-"""Configuration: frozen dataclasses, loaded from TOML, validated at start (DESIGN.md §5).
+"""Configuration: frozen dataclasses, loaded from TOML, validated at start (docs/architecture.md#style).
 
 Every queue, window, frame, retry and timeout has a bound here. A bad file or value raises
 ConfigError naming the key; nothing starts with a config that failed validation.

@@ -1,4 +1,4 @@
-"""The two kinds of failure (DESIGN.md §5).
+"""The two kinds of failure (docs/architecture.md#style).
 
 Broken invariants raise :class:`InvariantViolation` at once. Operating errors form the small
 hierarchy under :class:`PulsarliteError`; each carries a ``retriable`` flag, and a class exists

@@ -1,4 +1,5 @@
-"""The ZooKeeper metadata store: an asyncio bridge over kazoo (DESIGN.md §3, §5).
+"""The ZooKeeper metadata store: an asyncio bridge over kazoo (docs/protocol.md#zookeeper-layout,
+docs/architecture.md#style).
 
 kazoo is threaded. Every operation uses kazoo's ``*_async`` call; its completion is hopped into
 the event loop with ``loop.call_soon_threadsafe`` (no thread per call, nothing blocks the loop),
@@ -69,8 +70,8 @@ class MetadataAuthError(MetadataError):
     retriable = False
 
 
-# the top-level znodes of pulsarlite's layout (DESIGN.md §3); with a credential they are created
-# at connect with its ACL, and the credential is checked against theirs
+# the top-level znodes of pulsarlite's layout (docs/protocol.md#zookeeper-layout); with a credential
+# they are created at connect with its ACL, and the credential is checked against theirs
 PULSARLITE_ROOTS = ("/ledgers", "/managed-ledgers", "/admin", "/namespace", "/loadbalance",
                     "/schemas", "/pulsarlite")
 ZK_DIGEST_BYTES_MAX = 1024

@@ -1,5 +1,5 @@
 """The PySpark data source `pulsarlite`: segment planning, bookie and Parquet readers, stream
-reader and writer (DESIGN.md §5 floor 4).
+reader and writer (docs/architecture.md#floors, floor 4).
 
     import spark_source
     spark_source.register(spark)

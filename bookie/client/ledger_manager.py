@@ -1,4 +1,4 @@
-"""Ledger metadata in ZooKeeper (DESIGN.md §3): id generation, CRUD with compare-and-set,
+"""Ledger metadata in ZooKeeper (docs/protocol.md#zookeeper-layout): id generation, CRUD with compare-and-set,
 listing, and the registry of live bookies.
 
 Layout::

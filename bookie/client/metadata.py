@@ -198,8 +198,8 @@ class LedgerMetadata:
         ``first_entry_id`` is split there, replaced if it starts there); fragments above are
         dropped: the recovery re-writes every entry from ``first_entry_id`` on to its new write
         set. ``first_entry_id`` must lie in the writer's last fragment or above (recovery
-        re-writes nothing below it: fix 2 of NOTES.md). Records the writer's last fragment
-        (``writer_fragment``) the first time."""
+        re-writes nothing below it: fix 2, docs/protocol.md#recovery-last-fragment). Records the
+        writer's last fragment (``writer_fragment``) the first time."""
         check(self.state is LedgerState.IN_RECOVERY,
               f"ledger {self.ledger_id}: recovery ensemble change on {self.state.value}")
         writer = self.recovery_writer_fragment

@@ -1,7 +1,7 @@
 """The pure recovery core: fence a ledger, find its last entry, re-replicate, close it.
 
-Runs on metadata the shell already CAS'd to IN_RECOVERY. Protocol (NOTES.md, "BookKeeper's
-protocol", with both fixes of the TLA+ defects):
+Runs on metadata the shell already CAS'd to IN_RECOVERY. Protocol (docs/protocol.md#recovery,
+with both fixes of the TLA+ defects: #recovery-fence-flag, #recovery-last-fragment):
 
 1. Fence: ReadLac(fence=True) to every bookie of the writer's last fragment (the last fragment,
    or ``writer_fragment`` once a recovery changed the ensemble); wait until every write set has

@@ -1,8 +1,8 @@
 """The pure write core of a ledger: striping, quorum acks, LAC, ensemble change, close.
 
-I/O-free and clock-free (DESIGN.md §5): the shell calls the event methods with the time and a
+I/O-free and clock-free (docs/architecture.md#style): the shell calls the event methods with the time and a
 ``random.Random`` and executes the returned actions (bookie.client.actions). Protocol
-(NOTES.md, "BookKeeper's protocol"):
+(docs/protocol.md#bookkeeper-replication):
 
 - entry i goes to the Qw bookies starting at index i mod E of its fragment's ensemble;
 - it is confirmed once Qa bookies of its write set acked and every lower entry is confirmed;

@@ -1,4 +1,5 @@
-"""Clusters, tenants and namespace policies in ZooKeeper (DESIGN.md §3), shaped like Pulsar's.
+"""Clusters, tenants and namespace policies in ZooKeeper (docs/protocol.md#zookeeper-layout), shaped
+like Pulsar's.
 
 Layout::
 

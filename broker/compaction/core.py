@@ -1,5 +1,5 @@
 """The pure core of topic compaction (Pulsar's two-phase compactor). I/O-free and clock-free
-(DESIGN.md §5): the shell (shell.py) reads and writes, and feeds what it read in here.
+(docs/architecture.md#style): the shell (shell.py) reads and writes, and feeds what it read in here.
 
 Protocol (one run, :class:`CompactionRun`; phases in :class:`Phase`):
 

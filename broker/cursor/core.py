@@ -1,5 +1,5 @@
 """The pure core of a cursor (a subscription's position in a managed ledger): which entries are
-consumed (acknowledged). I/O-free and clock-free (DESIGN.md §5); the shell (shell.py) persists
+consumed (acknowledged). I/O-free and clock-free (docs/architecture.md#style); the shell (shell.py) persists
 it in ZooKeeper at ``/managed-ledgers/<ml name>/<cursor name>``.
 
 State (:class:`CursorState`):
@@ -19,9 +19,9 @@ State (:class:`CursorState`):
   (a wire ``ack_set``, or the indexes of an index ack), so it needs no batch size; when no bit is
   left, the entry is acked as a whole.
 
-On the wire (NOTES.md) a batch's ack state is an ``ack_set``: 64-bit words (protobuf int64, Java
-``BitSet.toLongArray``: bit i is bit ``i % 64`` of word ``i // 64``; trailing zero words are
-dropped) where a SET bit means "not yet acked". :func:`ack_set_to_indexes` and
+On the wire (docs/protocol.md#ack-sets) a batch's ack state is an ``ack_set``: 64-bit words
+(protobuf int64, Java ``BitSet.toLongArray``: bit i is bit ``i % 64`` of word ``i // 64``; trailing
+zero words are dropped) where a SET bit means "not yet acked". :func:`ack_set_to_indexes` and
 :func:`indexes_to_ack_set` convert.
 
 Persistence bound (``CursorConfig.acked_ranges_max``, ``batch_acks_max``, ``state_bytes_max``):

@@ -1,6 +1,6 @@
 """The managed cursor (asyncio shell): a :class:`~broker.cursor.core.CursorState` persisted in
 ZooKeeper at ``/managed-ledgers/<ml name>/<cursor name>`` (a child of the managed ledger's
-znode, DESIGN.md §3), as the JSON of ``CursorState.to_json``.
+znode, docs/protocol.md#zookeeper-layout), as the JSON of ``CursorState.to_json``.
 
 - **Open** creates the znode (the managed ledger's znode must exist) or loads it: an existing
   cursor keeps its stored position; ``initial`` applies only to a new one.

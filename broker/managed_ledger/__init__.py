@@ -1,4 +1,4 @@
-"""The managed ledger: a topic's storage as an ordered list of ledgers (DESIGN.md §3).
+"""The managed ledger: a topic's storage as an ordered list of ledgers (docs/protocol.md#managed-ledger).
 
 - :mod:`.core`: the pure core (positions, rollover policy, states, stats, next metadata);
 - :mod:`.store`: names, ZooKeeper paths and the JSON codec of the ledger list;

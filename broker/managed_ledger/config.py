@@ -1,4 +1,4 @@
-"""Configuration of managed ledgers: a frozen dataclass validated at start (DESIGN.md §5).
+"""Configuration of managed ledgers: a frozen dataclass validated at start (docs/architecture.md#style).
 
 Kept here rather than in :mod:`pulsarlite.config` so the broker's storage knobs live with the
 code that uses them; the broker's own config can embed it.

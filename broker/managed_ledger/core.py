@@ -1,6 +1,6 @@
 """The pure core of a managed ledger: a topic's log as an ordered list of ledgers.
 
-I/O-free and clock-free (DESIGN.md §5): the shell (shell.py) calls the event methods with the
+I/O-free and clock-free (docs/architecture.md#style): the shell (shell.py) calls the event methods with the
 time and executes the returned actions (write an entry to a ledger, complete or fail an add,
 start a rollover). The core decides:
 

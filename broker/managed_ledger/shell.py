@@ -1,10 +1,10 @@
 """The managed ledger (asyncio shell): executes the core's actions with the ledger client and
-the metadata store, and feeds the results back (DESIGN.md §5: pure core, thin shell).
+the metadata store, and feeds the results back (docs/architecture.md#style: pure core, thin shell).
 
-Open (a new owner, NOTES.md): read the list; fence and recover every ledger that is not CLOSED
-(``LedgerClient.recover``) and record its final entries/bytes (empty ones leave the list and are
-deleted); create a new ledger; CAS the list. Any other writer of those ledgers is fenced from
-then on: its adds fail with LedgerFencedError and it goes FENCED.
+Open (a new owner, docs/protocol.md#managed-ledger): read the list; fence and recover every ledger
+that is not CLOSED (``LedgerClient.recover``) and record its final entries/bytes (empty ones leave
+the list and are deleted); create a new ledger; CAS the list. Any other writer of those ledgers is
+fenced from then on: its adds fail with LedgerFencedError and it goes FENCED.
 
 Rollover (triggered by the core: entries, bytes, age, or a retriable add failure): adds issued
 meanwhile are **queued** in the core; the old ledger drains (every add in flight is confirmed or

@@ -1,7 +1,7 @@
 """Managed-ledger metadata in ZooKeeper: names, paths, the JSON codec, compare-and-set access.
 
 A managed ledger is named like Pulsar's: ``<tenant>/<namespace>/persistent/<topic>``; its list
-lives at ``/managed-ledgers/<name>`` (DESIGN.md §3). The znode holds::
+lives at ``/managed-ledgers/<name>`` (docs/protocol.md#zookeeper-layout). The znode holds::
 
     {"version": 1,
      "ledgers": [{"ledger_id": 7, "state": "CLOSED", "entries": 1000, "size_bytes": 123456,

@@ -1,5 +1,5 @@
-"""Bundle ownership and LOOKUP (DESIGN.md §3: /namespace/<tenant>/<ns>/<bundle> ephemeral owner,
-/loadbalance/brokers/<broker-id> live brokers and loads).
+"""Bundle ownership and LOOKUP (docs/protocol.md#zookeeper-layout: /namespace/<tenant>/<ns>/<bundle>
+ephemeral owner, /loadbalance/brokers/<broker-id> live brokers and loads).
 
 - :mod:`.core`: the pure core: bundles (hash ranges), broker choice, the per-bundle ownership
   state table, the LOOKUP decision;

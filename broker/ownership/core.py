@@ -1,5 +1,6 @@
-"""The pure core of bundle ownership and LOOKUP (DESIGN.md §3, §5). No I/O, no clock, no global
-random: the shell (``shell.py``) feeds events and executes decisions.
+"""The pure core of bundle ownership and LOOKUP (docs/protocol.md#zookeeper-layout,
+docs/architecture.md#style). No I/O, no clock, no global random: the shell (``shell.py``) feeds
+events and executes decisions.
 
 **Bundles.** A namespace's 32-bit hash range is split into ``bundles_per_namespace`` ranges like
 Pulsar's (``0x00000000_0x40000000``, ..., ``0xc0000000_0xffffffff``: each range holds

@@ -1,4 +1,5 @@
-"""The ownership shell: executes the core's decisions against ZooKeeper (DESIGN.md §3, §5).
+"""The ownership shell: executes the core's decisions against ZooKeeper
+(docs/protocol.md#zookeeper-layout, docs/architecture.md#style).
 
 ZooKeeper layout::
 

@@ -1,4 +1,4 @@
-"""Authentication and authorization of the broker's clients (issue 27, DESIGN.md §4 invariant 11).
+"""Authentication and authorization of the broker's clients (issue 27, docs/architecture.md#invariant-11).
 
 - :mod:`broker.security.authentication`: who a client is. Providers (token, basic, tls) turn the
   credentials a client presents (CONNECT's auth method and data, an HTTP ``Authorization``

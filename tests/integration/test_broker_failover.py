@@ -1,5 +1,5 @@
-"""Broker failover with the official client against real processes (DESIGN.md §4, invariants 1
-and 4): two brokers share the bookies; the owner of a topic dies (kill -9) or loses its
+"""Broker failover with the official client against real processes (docs/architecture.md#invariant-1
+and #invariant-4): two brokers share the bookies; the owner of a topic dies (kill -9) or loses its
 ZooKeeper session (SIGSTOP past the session timeout); the other broker takes the bundle, fences
 and recovers the last ledger and writes a new one. Every acknowledged message is received
 afterwards, in order per producer, and the old owner never appends again (checked on the ledger

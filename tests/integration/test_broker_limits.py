@@ -1,4 +1,4 @@
-"""The broker's limits with the official client against real processes (DESIGN.md §5):
+"""The broker's limits with the official client against real processes (docs/architecture.md#style):
 
 - back-pressure: a producer faster than the bookies fills the broker's publish buffer; the broker
   pauses reading from its connection instead of buffering, every send is still acknowledged,

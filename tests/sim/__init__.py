@@ -1,1 +1,1 @@
-"""Seeded discrete-event simulations of the replication cores (DESIGN.md §6)."""
+"""Seeded discrete-event simulations of the replication cores (docs/architecture.md#tests)."""

@@ -8,7 +8,8 @@ simulated clock and a versioned CAS metadata store. A writer (LedgerWriteCore) a
 while, at a random time, a second client marks the ledger IN_RECOVERY and runs
 LedgerRecoveryCore (sometimes a third one concurrently); the old writer keeps trying. One fence
 message may be lost or delayed past its timeout. After a fault phase the network and bookies
-heal, everything runs to quiescence and the invariants are checked (DESIGN.md §4, 1 and 3-5).
+heal, everything runs to quiescence and the invariants are checked (docs/architecture.md#invariants,
+1 and 3-5).
 
 The writer adds single entries and runs of entries through the write core's one add path
 (``add``: one request per bookie with its share of the run, a single entry being a run of one;

@@ -87,9 +87,9 @@ TLA_DEFECT_BUDGET = {"e3w2a2n4": DEFECT_SEED_BUDGET, "e3w3a2n3": 4000}
 
 @pytest.mark.parametrize("config", ["e3w2a2n4", "e3w3a2n3"])
 def test_without_fenced_recovery_reads_an_acknowledged_entry_is_lost(config):
-    """TLA+ defect 1 (NOTES.md): fencing only through ReadLac is not enough. With one fence
-    message lost, recovery reads NO_SUCH_ENTRY on the unfenced bookie, closes short, and the
-    old writer then completes that entry on it: an acknowledged entry is lost."""
+    """TLA+ defect 1 (docs/protocol.md#recovery-fence-flag): fencing only through ReadLac is not
+    enough. With one fence message lost, recovery reads NO_SUCH_ENTRY on the unfenced bookie, closes
+    short, and the old writer then completes that entry on it: an acknowledged entry is lost."""
     budget = TLA_DEFECT_BUDGET[config]
     for seed in range(budget):
         result = run_seed(seed, config, fence_recovery_reads=False)
@@ -288,7 +288,8 @@ def _recovery_ensemble_below_the_writers_fragment_allowed(self, first_entry_id, 
 
 @pytest.mark.parametrize("config", ["e3w2a2n4", "e3w2a2n4-chaos"])
 def test_planted_recovery_from_the_lac_is_caught(config, monkeypatch):
-    """TLA+ defect 2 (NOTES.md): recovery must only recover the writer's last fragment, reading
+    """TLA+ defect 2 (docs/protocol.md#recovery-last-fragment): recovery must only recover the
+    writer's last fragment, reading
     from max(LAC, its first entry - 1) + 1. Planted: reading from LAC + 1. Now that recovery
     changes the ensemble, a re-write below the writer's last fragment can fail and ask for a
     fragment there: caught by the metadata transform's check ("an invalid fragment"); with that

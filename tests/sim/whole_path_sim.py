@@ -43,7 +43,7 @@ ledger list and the ledgers after the last owner closed the topic):
   fenced sends no new entry to any bookie; with ``strict_stop_check`` (a known product defect,
   pinned) one that learned it lost the topic sends no new entry and writes no list either;
 - every entry of every ledger of the final list is durable on ack_quorum bookies of its write
-  set (DESIGN.md §4, 1), and the list's entry counts match the closed ledgers;
+  set (docs/architecture.md#invariant-1), and the list's entry counts match the closed ledgers;
 - no unexpected exception in the product's tasks and callbacks (those of KNOWN_DEFECTS are
   listed apart); the topic loads and every send is answered after the faults heal (liveness,
   bounded).

@@ -1,6 +1,7 @@
 """Fencing on the REAL bookie server (bookie/server.py over a real BookieStore, a real TCP
 listener and the real BookieClient): a read that carries the fence flag, as recovery sends its
-reads (LedgerRecoveryCore, TLA+ fix 1 in NOTES.md), fences the ledger on that bookie before it
+reads (LedgerRecoveryCore, TLA+ fix 1, docs/protocol.md#recovery-fence-flag), fences the ledger on
+that bookie before it
 answers, even when the answer is "no such entry"; from then on a normal add is refused with
 FENCED, a recovery add is not, and the fence survives a crash (kill -9) of the bookie. ReadLac
 with the fence flag does the same. A read or ReadLac without the flag fences nothing.
