@@ -17,9 +17,9 @@ import uuid
 from dataclasses import dataclass
 
 from pulsarlite.errors import PulsarliteError
+from pulsarlite.metadata_layout import COOKIES_PATH, cookie_path
 
 COOKIE_FILE = "COOKIE"
-COOKIES_PATH = "/ledgers/cookies"
 
 
 class CookieError(PulsarliteError):
@@ -103,7 +103,7 @@ def write_disk_cookie(directory: str, cookie: Cookie) -> None:
 async def check_and_write_cookies(store, bookie_id: str, journal_dir: str, ledger_dir: str) -> Cookie:
     """Check the cookies (ZooKeeper vs disks) and write them on first start. Disk cookies are
     written before the znode, so a crash in between is refused loudly rather than silently."""
-    znode = f"{COOKIES_PATH}/{bookie_id}"
+    znode = cookie_path(bookie_id)
     found = await store.get_or_none(znode)
     in_zk = Cookie.from_json(found[0], znode) if found is not None else None
     disks = {journal_dir: read_disk_cookie(journal_dir), ledger_dir: read_disk_cookie(ledger_dir)}

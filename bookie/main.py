@@ -18,11 +18,12 @@ import signal
 import sys
 
 from bookie.autorecovery.layout import DECOMMISSIONING_ROOT
-from bookie.cookie import COOKIES_PATH, CookieError, check_and_write_cookies
+from bookie.cookie import CookieError, check_and_write_cookies
 from bookie.server import BookieServer, BookieService, load_server_keys
 from bookie.storage import BookieStore
 from pulsarlite.config import BookieConfig, zookeeper_auth
 from pulsarlite.errors import PulsarliteError
+from pulsarlite.metadata_layout import cookie_path
 from pulsarlite.process import run_server, start_server_process
 
 log = logging.getLogger("pulsarlite.bookie")
@@ -164,9 +165,9 @@ async def run_bookie(config: BookieConfig, *, stop_event: asyncio.Event | None =
         monitor_task = asyncio.ensure_future(monitor())
         tasks = [monitor_task]
         if config.orphan_gc_enabled:
-            cookie_path = f"{COOKIES_PATH}/{bookie_id}"
+            cookie_znode = cookie_path(bookie_id)
             orphan_task = asyncio.ensure_future(run_orphan_gc(
-                store, LedgerManager(zk).exists, lambda: zk.exists(cookie_path), bookie_id=bookie_id,
+                store, LedgerManager(zk).exists, lambda: zk.exists(cookie_znode), bookie_id=bookie_id,
                 interval_ms=config.orphan_gc_interval_ms, grace_ms=config.orphan_ledger_grace_ms,
                 lookups_per_pass_max=config.orphan_ledgers_per_pass_max))
             orphan_task.add_done_callback(_report_death)

@@ -35,15 +35,18 @@ from broker.admin.http import (ConsumerStats, CursorStats, InternalStats, Ledger
                                lookup_data)
 from broker.admin.policies import (BadRequestError, ConflictError, MethodNotAllowedError, NotFoundError,
                                    PreconditionFailedError)
-from broker.cursor import CursorState, ManagedCursor, cursor_path, list_cursors
+from broker.cursor import CursorState, ManagedCursor, list_cursors
 from broker.managed_ledger import LedgerInfo, ManagedLedgerMetadata, ManagedLedgerStore, OffloadState, Position
-from broker.managed_ledger.store import encode as encode_ledger_list
-from broker.offloader import TopicOffloadPolicies, read_topic_offload_policies, topic_policies_path
-from broker.service import PARTITIONED_TOPICS_ROOT, BrokerService, TopicNotFoundError
+from broker.offloader import TopicOffloadPolicies, read_topic_offload_policies
+from broker.service import BrokerService, TopicNotFoundError
 from broker.termination import delete_terminated
 from broker.topic import skip_messages
 from pulsarlite.errors import MetadataNotFoundError, PulsarliteError
+from pulsarlite.ledger_list import encode as encode_ledger_list
 from pulsarlite.metadata import MetadataExistsError
+from pulsarlite.metadata_layout import (BROKERS_ROOT, MANAGED_LEDGERS_ROOT, NAMESPACE_ROOT, broker_path,
+                                       bundle_path, cursor_path, partitioned_topic_path,
+                                       partitioned_topics_of_namespace_path, topic_policies_path)
 from pulsarlite.topic_name import InvalidTopicNameError, TopicName
 from pulsarlite.wire.entry import peek_metadata
 
@@ -118,7 +121,7 @@ class BrokerAdminBackend:
     async def _exists(self, name: TopicName) -> bool:
         if self.service.loaded_topic(str(name)) is not None:
             return True
-        return await self.store.exists(f"/managed-ledgers/{name.managed_ledger_name}")
+        return await self.store.exists(f"{MANAGED_LEDGERS_ROOT}/{name.managed_ledger_name}")
 
     async def _require_topic(self, name: TopicName) -> None:
         await self._check_namespace(name)
@@ -133,7 +136,7 @@ class BrokerAdminBackend:
             raise NotFoundError(str(e)) from None
 
     def _partitions_path(self, name: TopicName) -> str:
-        return f"{PARTITIONED_TOPICS_ROOT}/{name.managed_ledger_name}"
+        return partitioned_topic_path(name.managed_ledger_name)
 
     async def _create_ledger_list(self, name: TopicName) -> bool:
         """Create the (empty) managed ledger of a topic; False if it exists."""
@@ -152,7 +155,7 @@ class BrokerAdminBackend:
     async def list_partitioned_topics(self, namespace: str) -> list[str]:
         await self._check_namespace(namespace)
         from urllib.parse import unquote_plus
-        names = await self.store.children(f"{PARTITIONED_TOPICS_ROOT}/{namespace}/persistent")
+        names = await self.store.children(partitioned_topics_of_namespace_path(namespace))
         return sorted(f"persistent://{namespace}/{unquote_plus(n)}" for n in names)
 
     async def create_topic(self, topic: str) -> None:
@@ -496,11 +499,11 @@ class BrokerAdminBackend:
         the topics placed in them), live bookies and their mode, under-replicated ledgers."""
         from bookie.autorecovery.urmanager import UnderReplicationManager
         from broker.admin.console import cluster_view, parse_broker, topics_by_bundle
-        from broker.ownership.core import BROKERS_ROOT, NAMESPACE_ROOT, is_bundle_key
+        from broker.ownership.core import is_bundle_key
         store = self.store
         brokers = []
         for broker_id in await store.children(BROKERS_ROOT):
-            got = await store.get_or_none(f"{BROKERS_ROOT}/{broker_id}")
+            got = await store.get_or_none(broker_path(broker_id))
             if got is not None:
                 brokers.append(parse_broker(broker_id, got[0]))
         owners: dict[str, str] = {}
@@ -510,7 +513,7 @@ class BrokerAdminBackend:
                 namespaces.append(f"{tenant}/{ns}")
                 for bundle in await store.children(f"{NAMESPACE_ROOT}/{tenant}/{ns}"):
                     key = f"{tenant}/{ns}/{bundle}"
-                    got = await store.get_or_none(f"{NAMESPACE_ROOT}/{key}") if is_bundle_key(key) else None
+                    got = await store.get_or_none(bundle_path(key)) if is_bundle_key(key) else None
                     if got is not None:
                         owners[key] = _owner_id(got[0])
         topics = []
@@ -643,7 +646,7 @@ class BrokerAdminBackend:
             except ValueError as e:
                 raise BadRequestError(str(e)) from None
         await self._require_topic(name)
-        path = topic_policies_path(name)
+        path = topic_policies_path(name.managed_ledger_name)
         if policies is None:
             try:
                 await self.store.delete(path)

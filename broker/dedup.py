@@ -48,10 +48,10 @@ from collections import OrderedDict
 
 from pulsarlite.errors import ConfigError, MetadataNotFoundError, MetadataVersionConflict
 from pulsarlite.metadata import MetadataExistsError
+from pulsarlite.metadata_layout import dedup_path
 
 log = logging.getLogger("pulsarlite.broker.dedup")
 
-DEDUP_ROOT = "/pulsarlite/dedup"
 FORMAT_VERSION = 1
 DIGESTS_MAX_DEFAULT = 4096                # stored entries remembered per producer (first, highest, crc)
 RANGE_OPEN = (1 << 63) - 1                # the top of a content range: every id above its low
@@ -63,10 +63,6 @@ class DupStatus(enum.Enum):
     NEW = "new"
     DUP = "dup"
     IN_FLIGHT = "in_flight"
-
-
-def dedup_path(managed_ledger_name: str) -> str:
-    return f"{DEDUP_ROOT}/{managed_ledger_name}"
 
 
 class DigestWindow:
@@ -470,7 +466,7 @@ class DedupSnapshotStore:
             pass
 
 
-__all__ = ["ChunkResends", "DEDUP_ROOT", "DedupSnapshotStore", "DedupState", "DigestWindow", "DupStatus", "dedup_path", "entry_sequence"]
+__all__ = ["ChunkResends", "DedupSnapshotStore", "DedupState", "DigestWindow", "DupStatus", "entry_sequence"]
 
 
 class ChunkResends:

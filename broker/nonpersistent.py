@@ -37,17 +37,17 @@ from broker.managed_ledger import Position
 from broker.publish_core import AccessMode, Producer
 from broker.topic import _slot_of
 from broker.topic_common import ExclusiveAccess, attach_consumer, check_edge, detach_consumer
+from pulsarlite.metadata_layout import non_persistent_path
 
 log = logging.getLogger("pulsarlite.broker")
 
-NON_PERSISTENT_ROOT = "/non-persistent"
 MESSAGE_ID = Position(0, 0)          # Pulsar's id for every non-persistent message and receipt
 NO_POSITION = Position(-1, -1)
 
 
 def registration_path(name) -> str:
     """``/non-persistent/<tenant>/<ns>/<encoded local name>`` of a TopicName."""
-    return f"{NON_PERSISTENT_ROOT}/{name.tenant}/{name.namespace_local_name}/{name.encoded_local_name}"
+    return non_persistent_path(name.tenant, name.namespace_local_name, name.encoded_local_name)
 
 
 class _NoCursor:
@@ -307,5 +307,5 @@ class NonPersistentTopic:
         self._access.release_waiters()
 
 
-__all__ = ["MESSAGE_ID", "NON_PERSISTENT_ROOT", "NonPersistentSubscription", "NonPersistentTopic",
+__all__ = ["MESSAGE_ID", "NonPersistentSubscription", "NonPersistentTopic",
            "registration_path"]

@@ -74,6 +74,7 @@ from offload.core import (BookiesDeleted, CasConflict, CommitToTable, DeleteFrom
 from offload.core import OffloadState as CoreState
 from offload.lake import Lake, TableId
 from pulsarlite.errors import InvariantViolation, MetadataNotFoundError, PulsarliteError, check
+from pulsarlite.metadata_layout import topic_policies_path
 from pulsarlite.topic_name import TopicName
 
 log = logging.getLogger("pulsarlite.broker.offload")
@@ -94,16 +95,11 @@ class OffloadStatus(enum.Enum):
 
 
 # -- per-topic policy override -------------------------------------------------------------------
-TOPIC_POLICIES_ROOT = "/admin/topic-policies"
+# the znode: topic_policies_path (pulsarlite/metadata_layout.py), JSON ``{"offloadPolicies": {...}}``
+# (Pulsar keeps topic policies in a system topic; we keep them in ZooKeeper)
 _TOPIC_POLICY_FIELDS = {"managedLedgerOffloadThresholdInBytes": -1,
                         "managedLedgerOffloadThresholdInSeconds": -1,
                         "managedLedgerOffloadDeletionLagInMillis": 0}
-
-
-def topic_policies_path(topic_name) -> str:
-    """``/admin/topic-policies/<tenant>/<ns>/persistent/<topic>``: JSON ``{"offloadPolicies":
-    {...}}`` (Pulsar keeps topic policies in a system topic; we keep them in ZooKeeper)."""
-    return f"{TOPIC_POLICIES_ROOT}/{topic_name.managed_ledger_name}"
 
 
 @dataclass(frozen=True)
@@ -142,7 +138,7 @@ class TopicOffloadPolicies:
 
 
 async def read_topic_offload_policies(store, topic_name) -> TopicOffloadPolicies | None:
-    got = await store.get_or_none(topic_policies_path(topic_name))
+    got = await store.get_or_none(topic_policies_path(topic_name.managed_ledger_name))
     if got is None:
         return None
     try:
@@ -1072,7 +1068,7 @@ class BrokerOffloader:
         if self.store is None:
             return
         try:
-            await self.store.delete(topic_policies_path(topic_name))
+            await self.store.delete(topic_policies_path(topic_name.managed_ledger_name))
         except MetadataNotFoundError:
             pass
 
@@ -1110,7 +1106,7 @@ class BrokerOffloader:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["BrokerOffloader", "CorruptObjectError", "OffloadError", "OffloadStatus", "TOPIC_POLICIES_ROOT", "Tier",
-           "TierReadCache", "TopicOffloadPolicies", "read_topic_offload_policies", "topic_policies_path",
+__all__ = ["BrokerOffloader", "CorruptObjectError", "OffloadError", "OffloadStatus", "Tier",
+           "TierReadCache", "TopicOffloadPolicies", "read_topic_offload_policies",
            "TableTypedColumns", "TopicOffloader", "encode_and_upload", "ledger_views", "ledgers_before",
            "offload_info_of", "record_of", "topic_prefix", "verify_object"]

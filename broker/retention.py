@@ -39,12 +39,13 @@ from typing import Awaitable, Callable, Mapping, Protocol, Sequence
 from broker.adapters import SubscriptionCursor
 from broker.admin.policies import NotFoundError, PolicyStore
 from broker.config import BrokerConfig
-from broker.cursor import CursorState, cursor_path, list_cursors
-from broker.dedup import DedupState, dedup_path
+from broker.cursor import CursorState, list_cursors
+from broker.dedup import DedupState
 from broker.managed_ledger import LedgerInfo, LedgerInfoState, ManagedLedger, Position
 from broker.offloader import BrokerOffloader
 from pulsarlite.errors import MetadataError, PulsarliteError
 from pulsarlite.metadata import MetadataStore
+from pulsarlite.metadata_layout import cursor_path, dedup_path
 from pulsarlite.topic_name import TopicName
 from pulsarlite.wire import pb
 from pulsarlite.wire.entry import peek_metadata

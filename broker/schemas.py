@@ -28,12 +28,12 @@ from typing import Any, Awaitable, Callable
 
 from broker.schema_compat import (CompatibilityStrategy, IncompatibleSchemaError, InvalidSchemaError, SchemaDef,
                                   check_compatible, type_code, type_name, validate)
+from pulsarlite.metadata_layout import schema_path
 from pulsarlite.topic_name import TopicName
 from pulsarlite.wire import pb
 
 log = logging.getLogger(__name__)
 
-SCHEMAS_ROOT = "/schemas"
 SCHEMA_BYTES_MAX = 1024 * 1024          # one definition
 VERSIONS_MAX = 1000                     # per topic; the znode must stay well under 1 MiB
 _VERSION = struct.Struct(">q")
@@ -133,7 +133,7 @@ class SchemaRegistry:
     @staticmethod
     def path(topic: TopicName | str) -> str:
         t = TopicName.parse(topic).partitioned_parent
-        return f"{SCHEMAS_ROOT}/{t.tenant}/{t.namespace_local_name}/{t.encoded_local_name}"
+        return schema_path(t.tenant, t.namespace_local_name, t.encoded_local_name)
 
     async def _versions(self, topic) -> list[dict]:
         got = await self._store.get_or_none(self.path(topic))
@@ -231,5 +231,5 @@ class SchemaRegistry:
         return result["version"]
 
 
-__all__ = ["SCHEMAS_ROOT", "SchemaRegistry", "StoredSchema", "decode_version", "encode_version",
+__all__ = ["SchemaRegistry", "StoredSchema", "decode_version", "encode_version",
            "schema_def_from_admin", "schema_def_of"]

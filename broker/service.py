@@ -23,8 +23,8 @@ from broker.config import BrokerConfig
 from broker.errors import (BrokerError, NotAllowedError, ProducerBusyError, ServiceNotReadyError,  # noqa: F401
                            SubscriptionBusyError, TopicNotFoundError, server_error_of)
 from broker.latency import LatencyBuckets
-from broker.managed_ledger import ManagedLedger, ManagedLedgerClosedError, managed_ledger_path
-from broker.nonpersistent import NON_PERSISTENT_ROOT, NonPersistentTopic, registration_path
+from broker.managed_ledger import ManagedLedger, ManagedLedgerClosedError
+from broker.nonpersistent import NonPersistentTopic, registration_path
 from broker.offloader import BrokerOffloader
 from broker.compaction.shell import CompactionService
 from broker.retention import RetentionService, publish_time_of
@@ -34,12 +34,12 @@ from broker.security.authentication import AuthenticationService
 from broker.security.authorization import AuthorizationError, AuthorizationService, AuthPolicies, TopicOperation
 from broker.termination import read_terminated
 from broker.topic import EntryCache, PersistentTopic, PublishBuffer
+from pulsarlite.metadata_layout import (MANAGED_LEDGERS_ROOT, managed_ledger_path, non_persistent_of_namespace_path,
+                                       partitioned_topic_path, partitioned_topics_of_namespace_path)
 from pulsarlite.topic_name import TopicName
 
 log = logging.getLogger("pulsarlite.broker")
 
-BROKERS_PATH = "/loadbalance/brokers"
-PARTITIONED_TOPICS_ROOT = "/admin/partitioned-topics"
 
 
 class ServiceMetrics(BrokerMetrics):
@@ -174,7 +174,7 @@ class BrokerService:
         topic = parse_topic(topic_name)
         if topic.partition_index >= 0:
             return 0
-        got = await self.store.get_or_none(f"{PARTITIONED_TOPICS_ROOT}/{topic.managed_ledger_name}")
+        got = await self.store.get_or_none(partitioned_topic_path(topic.managed_ledger_name))
         if got is None:
             return 0
         try:
@@ -204,7 +204,7 @@ class BrokerService:
             return 0
         from pulsarlite.metadata import MetadataExistsError
         try:
-            await self.store.create(f"{PARTITIONED_TOPICS_ROOT}/{topic.managed_ledger_name}",
+            await self.store.create(partitioned_topic_path(topic.managed_ledger_name),
                                     json.dumps({"partitions": auto.default_partitions}).encode(),
                                     make_parents=True)
             log.info("partitioned topic auto-created %s partitions=%d", topic, auto.default_partitions)
@@ -227,12 +227,12 @@ class BrokerService:
         domains = {"PERSISTENT": ("persistent",), "NON_PERSISTENT": ("non-persistent",),
                    "ALL": ("persistent", "non-persistent")}[mode]
         for domain in domains:
-            root = f"/managed-ledgers/{namespace}/persistent" if domain == "persistent" else \
-                f"{NON_PERSISTENT_ROOT}/{namespace}"
+            root = f"{MANAGED_LEDGERS_ROOT}/{namespace}/persistent" if domain == "persistent" else \
+                non_persistent_of_namespace_path(namespace)
             names = await self.store.children(root)
             listed = [f"{domain}://{namespace}/{unquote_plus(n)}" for n in names]
             seen = set(listed)
-            for parent in await self.store.children(f"{PARTITIONED_TOPICS_ROOT}/{namespace}/{domain}"):
+            for parent in await self.store.children(partitioned_topics_of_namespace_path(namespace, domain)):
                 full = f"{domain}://{namespace}/{unquote_plus(parent)}"
                 for i in range(await self.partitions(full)):
                     name = f"{full}-partition-{i}"
@@ -246,7 +246,7 @@ class BrokerService:
         """Every topic of the namespace: managed ledgers and partitioned-topic metadata (what
         keeps a namespace from being deleted)."""
         topics = await self.topics_of_namespace(namespace)
-        parents = await self.store.children(f"{PARTITIONED_TOPICS_ROOT}/{namespace}/persistent")
+        parents = await self.store.children(partitioned_topics_of_namespace_path(namespace))
         return topics + [f"persistent://{namespace}/{unquote_plus(n)}" for n in parents]
 
     # -- topics ----------------------------------------------------------------------------------
@@ -547,5 +547,5 @@ def _is_persistent(topic) -> bool:
     return not str(topic).startswith("non-persistent")
 
 
-__all__ = ["BROKERS_PATH", "BrokerError", "BrokerService", "NotAllowedError", "ProducerBusyError",
+__all__ = ["BrokerError", "BrokerService", "NotAllowedError", "ProducerBusyError",
            "ServiceNotReadyError", "SubscriptionBusyError", "TopicNotFoundError", "server_error_of"]

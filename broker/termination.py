@@ -13,12 +13,7 @@ import json
 from broker.managed_ledger import Position
 from pulsarlite.errors import MetadataNotFoundError
 from pulsarlite.metadata import MetadataExistsError
-
-TERMINATED_ROOT = "/admin/terminated-topics"
-
-
-def terminated_path(ml_name: str) -> str:
-    return f"{TERMINATED_ROOT}/{ml_name}"
+from pulsarlite.metadata_layout import terminated_path
 
 
 async def read_terminated(store, ml_name: str) -> Position | None:
@@ -49,4 +44,4 @@ async def delete_terminated(store, ml_name: str) -> None:
         pass
 
 
-__all__ = ["TERMINATED_ROOT", "delete_terminated", "read_terminated", "terminated_path", "write_terminated"]
+__all__ = ["delete_terminated", "read_terminated", "write_terminated"]

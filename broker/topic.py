@@ -30,7 +30,7 @@ from broker.adapters import open_cursor
 from broker.compaction.core import COMPACTION_CURSOR, last_index_of
 from broker.compaction.shell import CompactedReader, compacted_view
 from broker.admin.policies import NotFoundError, PreconditionFailedError
-from broker.cursor import InvalidAckError, cursor_path
+from broker.cursor import InvalidAckError
 from broker.dedup import DedupSnapshotStore, DedupState, entry_sequence
 from broker.dispatch import Delivery, DispatcherCore, KeySharedMode, SubType
 from broker.errors import (ConsumerAssignError, NotAllowedError, ProducerBusyError,  # noqa: F401 - re-exported
@@ -45,6 +45,7 @@ from broker.publish_core import (AccessMode, Answer, Confirmed, CountAddError, D
 from pulsarlite.checksum import crc32c_of
 from pulsarlite.counted_log import CountedCause
 from pulsarlite.errors import InvariantViolation, check
+from pulsarlite.metadata_layout import cursor_path
 from pulsarlite.wire.entry import peek_metadata
 
 log = logging.getLogger("pulsarlite.broker")

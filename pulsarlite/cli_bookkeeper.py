@@ -143,7 +143,7 @@ async def _with_client(coro_fn, args) -> int:
 
 
 async def _secure_znodes(client, args) -> int:
-    from pulsarlite.metadata import PULSARLITE_ROOTS
+    from pulsarlite.metadata_layout import PULSARLITE_ROOTS
     if client.store.auth is None:
         print("pulsarlite bookkeeper secure-znodes: give the credential (--zookeeper-auth-digest-file or "
               "$PULSARLITE_ZOOKEEPER_AUTH_DIGEST)", file=sys.stderr)

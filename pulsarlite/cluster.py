@@ -32,6 +32,7 @@ from typing import Callable
 
 from pulsarlite.config import BookieConfig, load_toml, to_toml
 from pulsarlite.errors import ConfigError, PulsarliteError
+from pulsarlite.metadata_layout import bookie_registration_path, broker_path
 from pulsarlite.process import write_private_file
 from pulsarlite.zk_server import (LOOPBACK, ZooKeeperServer, find_free_port, kill_process,
                                   log_tail, port_accepts, process_matches, signal_process,
@@ -42,9 +43,6 @@ STATE_FORMAT_VERSION = 1
 ZOOKEEPER = "zookeeper"
 BOOKIE = "bookie"
 BROKER = "broker"
-BROKERS_PATH = "/loadbalance/brokers"
-AVAILABLE_PATH = "/ledgers/available"
-READONLY_PATH = "/ledgers/available/readonly"
 # A local cluster's bookies share the machine's disk with everything else on it: BookKeeper's
 # ratio (read-only at 95% used, BookieConfig's default) is meant for a disk of the bookie's own and
 # turned a 252 GB disk with 10 GB free into a cluster that refused every write. Read-only here at
@@ -437,25 +435,25 @@ class LocalCluster:
         """Session ids owning this bookie's registration nodes now (stale ones, before launch)."""
         client = self._zk_client()
         owners = set()
-        for parent in (AVAILABLE_PATH, READONLY_PATH):
-            stat = client.exists(f"{parent}/{bookie_id}")
+        for read_only in (False, True):
+            stat = client.exists(bookie_registration_path(bookie_id, read_only=read_only))
             if stat is not None:
                 owners.add(stat.ephemeralOwner)
         return owners
 
     def _broker_registration_owners(self, broker_id: str) -> set[int]:
-        stat = self._zk_client().exists(f"{BROKERS_PATH}/{broker_id}")
+        stat = self._zk_client().exists(broker_path(broker_id))
         return {stat.ephemeralOwner} if stat is not None else set()
 
     def _broker_registered(self, broker_id: str, exclude_owners: set[int] = frozenset()) -> bool:
-        stat = self._zk_client().exists(f"{BROKERS_PATH}/{broker_id}")
+        stat = self._zk_client().exists(broker_path(broker_id))
         return stat is not None and stat.ephemeralOwner not in exclude_owners
 
     def _bookie_mode(self, bookie_id: str, exclude_owners: set[int] = frozenset()) -> str | None:
         """'writable', 'readonly' or None (not registered by a session outside exclude_owners)."""
         client = self._zk_client()
-        for parent, mode in ((AVAILABLE_PATH, "writable"), (READONLY_PATH, "readonly")):
-            stat = client.exists(f"{parent}/{bookie_id}")
+        for read_only, mode in ((False, "writable"), (True, "readonly")):
+            stat = client.exists(bookie_registration_path(bookie_id, read_only=read_only))
             if stat is not None and stat.ephemeralOwner not in exclude_owners:
                 return mode
         return None

@@ -47,6 +47,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.security import ACL, Id, Permissions
 
 from pulsarlite.errors import ConfigError, MetadataError, MetadataNotFoundError, MetadataVersionConflict
+from pulsarlite.metadata_layout import PULSARLITE_ROOTS
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,8 @@ class MetadataAuthError(MetadataError):
     retriable = False
 
 
-# the top-level znodes of pulsarlite's layout (docs/protocol.md#zookeeper-layout); with a credential
-# they are created at connect with its ACL, and the credential is checked against theirs
-PULSARLITE_ROOTS = ("/ledgers", "/managed-ledgers", "/admin", "/namespace", "/loadbalance",
-                    "/schemas", "/pulsarlite")
+# PULSARLITE_ROOTS (pulsarlite/metadata_layout.py): with a credential they are created at connect
+# with its ACL, and the credential is checked against theirs
 ZK_DIGEST_BYTES_MAX = 1024
 
 
@@ -661,5 +660,5 @@ def _stop_quietly(client: KazooClient) -> None:
 
 
 __all__ = ["MetadataStore", "MetadataExistsError", "MetadataNotEmptyError", "MetadataAuthError",
-           "ZkAuth", "PULSARLITE_ROOTS", "SessionState",
+           "ZkAuth", "SessionState",
            "NodeStat", "ChildrenWatch", "split_chroot"]

@@ -1,10 +1,10 @@
 """Reading what a scan needs from ZooKeeper (shell): which topics and partitions, the ledger
-list of each partition (``/managed-ledgers/<tenant>/<ns>/persistent/<topic>``, offload state
-included) and the LAC of each open ledger (read from its bookies without fencing).
+list of each partition (``managed_ledger_path``, offload state included) and the LAC of each
+open ledger (read from its bookies without fencing).
 
-The managed-ledger JSON is parsed here rather than through ``broker.managed_ledger`` (the
-Spark source sits beside the broker, not above it); only the fields planning needs are read and
-unknown ones are ignored.
+Paths come from pulsarlite/metadata_layout.py and the ledger list is decoded by the one codec
+the broker writes it with (pulsarlite/ledger_list.py): the Spark source sits beside the broker,
+not above it, and both stand on the base.
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ import re
 from typing import TYPE_CHECKING
 
 from pulsarlite.errors import MetadataNotFoundError, NoSuchLedgerError, PulsarliteError
+from pulsarlite.ledger_list import LedgerInfoState, ManagedLedgerMetadata
+from pulsarlite.ledger_list import decode as decode_ledger_list
+from pulsarlite.metadata_layout import (MANAGED_LEDGERS_ROOT, PARTITIONED_TOPICS_ROOT, managed_ledger_path,
+                                        partitioned_topic_path)
 from pulsarlite.topic_name import TopicName
 from spark_source.plan import CompactedSegment, LedgerSegment, PartitionLedgers, Position
 
@@ -25,29 +29,20 @@ if TYPE_CHECKING:      # imported lazily at run time: planning over closed segme
 
 log = logging.getLogger("pulsarlite.spark")
 
-MANAGED_LEDGERS_ROOT = "/managed-ledgers"
 COMPACTION_PROPERTY = "pulsarlite.compaction"      # the view broker/compaction/ records in the list
-PARTITIONED_TOPICS_ROOT = "/admin/partitioned-topics"
 
 
 class TopicNotFound(ValueError):
     pass
 
 
-def parse_ledger_list(topic: str, data: bytes) -> list[dict]:
-    """The ``ledgers`` of a managed-ledger znode; ValueError naming the topic if malformed."""
+def parse_ledger_list(topic: str, data: bytes) -> ManagedLedgerMetadata:
+    """The list of a managed-ledger znode (pulsarlite.ledger_list.decode); ValueError naming the
+    topic if malformed."""
     try:
-        raw = json.loads(data)
-        ledgers = raw["ledgers"]
-        if not isinstance(ledgers, list):
-            raise TypeError("ledgers is not a list")
-        for r in ledgers:
-            int(r["ledger_id"])
-            if r["state"] not in ("OPEN", "CLOSED"):
-                raise ValueError(f"unknown ledger state {r['state']!r}")
-        return ledgers
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"topic {topic}: malformed managed-ledger metadata: {e}") from None
+        return decode_ledger_list(data)
+    except ValueError as e:
+        raise ValueError(f"topic {topic}: {e}") from None
 
 
 def parse_compacted_view(topic: str, data: bytes) -> CompactedSegment | None:
@@ -68,12 +63,8 @@ def parse_compacted_view(topic: str, data: bytes) -> CompactedSegment | None:
         raise ValueError(f"topic {topic}: malformed {COMPACTION_PROPERTY} property: {e}") from None
 
 
-def _opt_int(v) -> int | None:
-    return None if v is None else int(v)
-
-
 async def partition_count(store: MetadataStore, topic: TopicName) -> int:
-    got = await store.get_or_none(f"{PARTITIONED_TOPICS_ROOT}/{topic.managed_ledger_name}")
+    got = await store.get_or_none(partitioned_topic_path(topic.managed_ledger_name))
     if got is None:
         return 0
     try:
@@ -130,17 +121,16 @@ async def read_partition(store: MetadataStore, client: LedgerClient | None, topi
     learn an entry's confirmation only from the next entry). With ``read_compacted``, the
     compacted view comes from the same znode read as the list (one consistent version)."""
     t = TopicName.parse(topic)
-    got = await store.get_or_none(f"{MANAGED_LEDGERS_ROOT}/{t.managed_ledger_name}")
+    got = await store.get_or_none(managed_ledger_path(t.managed_ledger_name))
     if got is None:
         if must_exist:
             raise TopicNotFound(f"topic {topic}: no managed ledger in ZooKeeper (never written?)")
         return PartitionLedgers(topic, partition, ())
     segments = []
-    for r in parse_ledger_list(topic, got[0]):
-        offload = r.get("offload") or {}
-        ledger_id = int(r["ledger_id"])
-        closed = r["state"] == "CLOSED"
-        last = int(r.get("entries", 0)) - 1
+    for info in parse_ledger_list(topic, got[0]).ledgers:
+        ledger_id = info.ledger_id
+        closed = info.state is LedgerInfoState.CLOSED
+        last = info.entries - 1
         if not closed:
             last = await _open_ledger_lac(client, topic, ledger_id, last)
             if admin_url:
@@ -148,10 +138,10 @@ async def read_partition(store: MetadataStore, client: LedgerClient | None, topi
                 if confirmed is not None and confirmed[0] == ledger_id:
                     last = max(last, confirmed[1])
         segments.append(LedgerSegment(
-            ledger_id=ledger_id, closed=closed, last_entry_id=last, size_bytes=int(r.get("size_bytes", 0)),
-            min_publish_time_ms=_opt_int(r.get("min_publish_time_ms")) if closed else None,
-            max_publish_time_ms=_opt_int(r.get("max_publish_time_ms")) if closed else None,
-            offload_state=str(offload.get("state", "none")), offload_uri=offload.get("uri")))
+            ledger_id=ledger_id, closed=closed, last_entry_id=last, size_bytes=info.size_bytes,
+            min_publish_time_ms=info.min_publish_time_ms if closed else None,
+            max_publish_time_ms=info.max_publish_time_ms if closed else None,
+            offload_state=info.offload.state.value, offload_uri=info.offload.uri))
     view = parse_compacted_view(topic, got[0]) if read_compacted else None
     return PartitionLedgers(topic, partition, tuple(segments), view)
 

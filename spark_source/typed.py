@@ -29,11 +29,11 @@ import pyarrow as pa
 from offload.typed_columns import (DecodeStats, column_names_beside, decode_columns, merged_schema,
                                    version_numbers)
 from pulsarlite.errors import PulsarliteError
+from pulsarlite import metadata_layout as layout
 from pulsarlite.topic_name import TopicName
 
 log = logging.getLogger("pulsarlite.spark")
 
-SCHEMAS_ROOT = "/schemas"
 STRUCT_TYPE_CODES = {2: "JSON", 4: "AVRO"}     # Schema.Type in the wire protocol
 
 
@@ -77,7 +77,7 @@ def spark_arrow_type(t: pa.DataType) -> pa.DataType:
 
 def schema_path(topic: str) -> str:
     t = TopicName.parse(topic).partitioned_parent
-    return f"{SCHEMAS_ROOT}/{t.tenant}/{t.namespace_local_name}/{t.encoded_local_name}"
+    return layout.schema_path(t.tenant, t.namespace_local_name, t.encoded_local_name)
 
 
 def live_struct_versions(doc: dict) -> list[tuple[int, str, str]]:

@@ -35,15 +35,14 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from bookie.client.ledger_manager import check_bookie_id
+from pulsarlite.metadata_layout import LEDGER_ID_MAX, UNDERREPLICATION_ROOT
 
-UNDERREPLICATION_ROOT = "/ledgers/underreplication"
 MARKS_ROOT = f"{UNDERREPLICATION_ROOT}/ledgers"
 LOCKS_ROOT = f"{UNDERREPLICATION_ROOT}/locks"
 ELECTION_ROOT = f"{UNDERREPLICATION_ROOT}/auditorelection"
 ELECTION_PREFIX = f"{ELECTION_ROOT}/V_"
 DECOMMISSIONING_ROOT = f"{UNDERREPLICATION_ROOT}/decommissioning"
 
-LEDGER_ID_MAX = 2 ** 63 - 1
 _HEX4 = re.compile(r"^[0-9a-f]{4}$")
 _MARK_LEAF = re.compile(r"^urL(\d{19})$")
 

@@ -15,14 +15,15 @@ import asyncio
 from bookie.client.ledger_manager import check_bookie_id
 from pulsarlite.errors import MetadataNotFoundError
 from pulsarlite.metadata import MetadataExistsError, MetadataStore
+from pulsarlite.metadata_layout import RACKS_ROOT
+from pulsarlite.metadata_layout import rack_path as _rack_path
 
-RACKS_ROOT = "/ledgers/racks"
 RACK_BYTES_MAX = 256
 
 
 def rack_path(bookie_id: str) -> str:
     check_bookie_id(bookie_id)
-    return f"{RACKS_ROOT}/{bookie_id}"
+    return _rack_path(bookie_id)
 
 
 async def publish_rack(store: MetadataStore, bookie_id: str, rack: str) -> None:
@@ -46,5 +47,5 @@ async def publish_rack(store: MetadataStore, bookie_id: str, rack: str) -> None:
 async def read_racks(store: MetadataStore) -> dict[str, str]:
     """``{bookie id: rack}`` of every bookie that declared one."""
     names = sorted(await store.children(RACKS_ROOT))
-    got = await asyncio.gather(*(store.get_or_none(f"{RACKS_ROOT}/{n}") for n in names))
+    got = await asyncio.gather(*(store.get_or_none(_rack_path(n)) for n in names))
     return {n: g[0].decode(errors="replace") for n, g in zip(names, got) if g is not None and g[0]}

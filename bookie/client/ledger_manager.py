@@ -23,18 +23,15 @@ import re
 import time
 from typing import Any, Callable, Iterable
 
-from bookie.client.metadata import LedgerMetadata, ledger_id_from_path, ledger_path
+from bookie.client.metadata import LedgerMetadata
 from pulsarlite.errors import MetadataError, MetadataNotFoundError
 from pulsarlite.metadata import ChildrenWatch, MetadataExistsError, MetadataStore
+from pulsarlite.metadata_layout import (AVAILABLE_PATH, IDGEN_PREFIX, LEDGERS_ROOT, READONLY_CHILD,
+                                       READONLY_PATH, ledger_id_from_path, ledger_path)
+from pulsarlite.metadata_layout import bookie_registration_path as _registration_path
 
 log = logging.getLogger(__name__)
 
-LEDGERS_ROOT = "/ledgers"
-IDGEN_PATH = "/ledgers/idgen"
-IDGEN_PREFIX = "/ledgers/idgen/ID-"
-AVAILABLE_PATH = "/ledgers/available"
-READONLY_CHILD = "readonly"
-READONLY_PATH = f"{AVAILABLE_PATH}/{READONLY_CHILD}"
 
 _TOP_LEVEL = re.compile(r"^\d{3}$")
 _MIDDLE_LEVEL = re.compile(r"^\d{4}$")
@@ -45,7 +42,7 @@ BookiesCallback = Callable[[list[str], list[str]], Any]
 
 def bookie_registration_path(bookie_id: str, *, read_only: bool) -> str:
     check_bookie_id(bookie_id)
-    return f"{READONLY_PATH}/{bookie_id}" if read_only else f"{AVAILABLE_PATH}/{bookie_id}"
+    return _registration_path(bookie_id, read_only=read_only)
 
 
 def check_bookie_id(bookie_id: str) -> None:
@@ -250,5 +247,4 @@ async def _delete_if_ours(store: MetadataStore, path: str) -> None:
 
 
 __all__ = ["LedgerManager", "register_bookie", "unregister_bookie", "bookie_registration_path",
-           "registration_data", "registration_metrics_address",
-           "AVAILABLE_PATH", "READONLY_PATH", "IDGEN_PATH", "LEDGERS_ROOT"]
+           "registration_data", "registration_metrics_address"]

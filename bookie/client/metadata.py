@@ -258,19 +258,3 @@ class LedgerMetadata:
 def _write_set(ensemble: tuple[str, ...], write_quorum: int, start: int) -> tuple[str, ...]:
     """Cached: write sets are computed for every send and every ack on the hot path."""
     return tuple(ensemble[i] for i in write_set_indices(len(ensemble), write_quorum, start))
-
-
-def ledger_path(ledger_id: int) -> str:
-    """/ledgers/<hierarchical id>, BookKeeper's long hierarchical layout:
-    id 1 -> /ledgers/000/0000/0000/0000/L0001."""
-    if ledger_id < 0:
-        raise ValueError(f"ledger id must be >= 0, got {ledger_id}")
-    s = f"{ledger_id:019d}"
-    return f"/ledgers/{s[0:3]}/{s[3:7]}/{s[7:11]}/{s[11:15]}/L{s[15:19]}"
-
-
-def ledger_id_from_path(path: str) -> int:
-    parts = path.rstrip("/").split("/")
-    if len(parts) != 7 or parts[1] != "ledgers" or not parts[6].startswith("L"):
-        raise ValueError(f"not a ledger path: {path}")
-    return int("".join(parts[2:6]) + parts[6][1:])

@@ -45,11 +45,9 @@ from urllib.parse import unquote_plus
 from broker.schema_compat import CompatibilityStrategy
 from broker.security.authorization import AuthPolicies, PermissionError_
 from pulsarlite.errors import MetadataNotFoundError, PulsarliteError
+from pulsarlite import metadata_layout as layout
 from pulsarlite.metadata import MetadataExistsError, MetadataNotEmptyError, MetadataStore
-
-CLUSTERS_ROOT = "/admin/clusters"
-POLICIES_ROOT = "/admin/policies"
-MANAGED_LEDGERS_ROOT = "/managed-ledgers"
+from pulsarlite.metadata_layout import CLUSTERS_ROOT, POLICIES_ROOT, managed_ledgers_of_namespace_path
 
 DEFAULT_CLUSTER = "standalone"
 DEFAULT_TENANT = "public"
@@ -116,16 +114,15 @@ def split_namespace(namespace: str) -> tuple[str, str]:
 
 
 def cluster_path(cluster: str) -> str:
-    return f"{CLUSTERS_ROOT}/{check_name('cluster', cluster)}"
+    return layout.cluster_path(check_name('cluster', cluster))
 
 
 def tenant_path(tenant: str) -> str:
-    return f"{POLICIES_ROOT}/{check_name('tenant', tenant)}"
+    return layout.tenant_path(check_name('tenant', tenant))
 
 
 def namespace_path(namespace: str) -> str:
-    tenant, ns = split_namespace(namespace)
-    return f"{POLICIES_ROOT}/{tenant}/{ns}"
+    return layout.namespace_policies_path(*split_namespace(namespace))
 
 
 # -- value checks --------------------------------------------------------------------------
@@ -477,7 +474,7 @@ class PolicyStore:
 
     async def _list_managed_ledgers(self, namespace: str) -> list[str]:
         tenant, ns = split_namespace(namespace)
-        names = await self._store.children(f"{MANAGED_LEDGERS_ROOT}/{tenant}/{ns}/persistent")
+        names = await self._store.children(managed_ledgers_of_namespace_path(tenant, ns))
         return [f"persistent://{tenant}/{ns}/{unquote_plus(name)}" for name in names]
 
     # -- defaults ------------------------------------------------------------------------------

@@ -27,13 +27,13 @@ import asyncio
 import enum
 import logging
 from typing import Iterable, Sequence
-from urllib.parse import quote, unquote
 
 from broker.cursor.core import CursorConfig, CursorState, LedgersArg
 from broker.managed_ledger.core import ManagedLedgerError, ManagedLedgerFencedError, Position
-from broker.managed_ledger.store import ManagedLedgerStore, managed_ledger_path
+from broker.managed_ledger.store import ManagedLedgerStore
 from pulsarlite.errors import MetadataError, MetadataNotFoundError, MetadataVersionConflict
 from pulsarlite.metadata import MetadataExistsError, MetadataStore
+from pulsarlite.metadata_layout import cursor_path, decode_cursor_name, managed_ledger_path
 
 log = logging.getLogger("pulsarlite.cursor")
 
@@ -64,23 +64,7 @@ class ManagedCursorState(enum.Enum):
     DELETED = "DELETED"
 
 
-# -- names -----------------------------------------------------------------------------------------
-def encode_cursor_name(cursor_name: str) -> str:
-    """The znode name of a cursor (URL-encoded; never ``.``/``..``)."""
-    if not isinstance(cursor_name, str) or not cursor_name or "\x00" in cursor_name:
-        raise ValueError(f"invalid cursor name {cursor_name!r}")
-    encoded = quote(cursor_name, safe="")
-    if encoded in (".", ".."):
-        encoded = encoded.replace(".", "%2E")
-    return encoded
-
-
-def decode_cursor_name(znode_name: str) -> str:
-    return unquote(znode_name)
-
-
-def cursor_path(managed_ledger_name: str, cursor_name: str) -> str:
-    return f"{managed_ledger_path(managed_ledger_name)}/{encode_cursor_name(cursor_name)}"
+# names and paths (encode_cursor_name, decode_cursor_name, cursor_path): pulsarlite/metadata_layout.py
 
 
 def _metadata_store(store: MetadataStore | ManagedLedgerStore | None) -> MetadataStore | None:
@@ -400,4 +384,4 @@ class ManagedCursor:
 
 
 __all__ = ["CursorClosedError", "CursorError", "CursorFencedError", "ManagedCursor", "ManagedCursorState",
-           "cursor_path", "decode_cursor_name", "encode_cursor_name", "list_cursors"]
+           "list_cursors"]

@@ -1,7 +1,8 @@
 """The managed ledger: a topic's storage as an ordered list of ledgers (docs/protocol.md#managed-ledger).
 
 - :mod:`.core`: the pure core (positions, rollover policy, states, stats, next metadata);
-- :mod:`.store`: names, ZooKeeper paths and the JSON codec of the ledger list;
+- :mod:`.store`: compare-and-set access to the ledger list (its paths: pulsarlite/metadata_layout.py;
+  its document and codec: pulsarlite/ledger_list.py);
 - :mod:`.shell`: :class:`ManagedLedger`, the asyncio shell over the ledger client;
 - :mod:`.config`: :class:`ManagedLedgerConfig`.
 """
@@ -12,11 +13,11 @@ from broker.managed_ledger.core import (LedgerInfo, LedgerInfoState, ManagedLedg
                                         OffloadInfo, OffloadState, Position, RolloverPolicy, iter_positions,
                                         next_position)
 from broker.managed_ledger.shell import ManagedLedger
-from broker.managed_ledger.store import ManagedLedgerStore, managed_ledger_name, managed_ledger_path
+from broker.managed_ledger.store import ManagedLedgerStore
 
 __all__ = [
     "LedgerInfo", "LedgerInfoState", "ManagedLedger", "ManagedLedgerClosedError", "ManagedLedgerConfig",
     "ManagedLedgerError", "ManagedLedgerFencedError", "ManagedLedgerMetadata", "ManagedLedgerState",
     "ManagedLedgerStore", "OffloadInfo", "OffloadState", "Position", "RolloverPolicy", "iter_positions",
-    "managed_ledger_name", "managed_ledger_path", "next_position",
+    "next_position",
 ]

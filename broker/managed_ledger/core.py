@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from dataclasses import dataclass, field, replace
-from typing import Any, Iterator, Mapping, NamedTuple, Sequence, Union
+from dataclasses import dataclass, replace
+from typing import Iterator, Mapping, NamedTuple, Sequence, Union
 
 from pulsarlite.errors import InvariantViolation, LedgerFencedError, PulsarliteError, check
+from pulsarlite.ledger_list import LedgerInfo, LedgerInfoState, ManagedLedgerMetadata, OffloadInfo, OffloadState
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -68,93 +69,7 @@ class Position(NamedTuple):
         return f"{self.ledger_id}:{self.entry_id}"
 
 
-# -- metadata -------------------------------------------------------------------------------
-class LedgerInfoState(enum.Enum):
-    OPEN = "OPEN"        # the current ledger (or one a crashed owner left: recovered on open)
-    CLOSED = "CLOSED"    # entries/size/publish times are final
-
-
-class OffloadState(enum.Enum):
-    NONE = "none"
-    OFFLOADING = "offloading"
-    OFFLOADED = "offloaded"
-    BOOKIE_DELETED = "bookie-deleted"
-
-
-@dataclass(frozen=True)
-class OffloadInfo:
-    """Filled by the offloader later; kept verbatim here (unknown keys in ``attributes``)."""
-
-    state: OffloadState = OffloadState.NONE
-    uri: str | None = None
-    attributes: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class LedgerInfo:
-    ledger_id: int
-    state: LedgerInfoState = LedgerInfoState.OPEN
-    entries: int = 0
-    size_bytes: int = 0
-    # None: no entries, or unknown (a ledger recovered after a crash without a publish-time
-    # extractor): readers must not prune such a ledger by publish time
-    min_publish_time_ms: int | None = None
-    max_publish_time_ms: int | None = None
-    created_ms: int = 0
-    offload: OffloadInfo = field(default_factory=OffloadInfo)
-
-    def __post_init__(self) -> None:
-        check(self.ledger_id >= 0, f"ledger id {self.ledger_id} < 0")
-        check(self.entries >= 0 and self.size_bytes >= 0,
-              f"ledger {self.ledger_id}: negative stats {self.entries}/{self.size_bytes}")
-        check(self.entries > 0 or self.size_bytes == 0, f"ledger {self.ledger_id}: bytes without entries")
-        lo, hi = self.min_publish_time_ms, self.max_publish_time_ms
-        check((lo is None) == (hi is None), f"ledger {self.ledger_id}: publish time bounds half set")
-        check(lo is None or (self.entries > 0 and lo <= hi),
-              f"ledger {self.ledger_id}: bad publish time bounds {lo}..{hi} with {self.entries} entries")
-
-
-@dataclass(frozen=True)
-class ManagedLedgerMetadata:
-    """What /managed-ledgers/<tenant>/<ns>/persistent/<topic> holds (codec in store.py)."""
-
-    ledgers: tuple[LedgerInfo, ...] = ()
-    properties: Mapping[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        seen_open = False
-        previous = -1
-        for info in self.ledgers:
-            check(info.ledger_id > previous, f"ledger ids not increasing along the list: {self.ledger_ids}")
-            previous = info.ledger_id
-            if info.state is LedgerInfoState.OPEN:
-                seen_open = True
-            else:
-                check(not seen_open, f"a CLOSED ledger after an OPEN one: {self.ledger_ids}")
-
-    @property
-    def ledger_ids(self) -> list[int]:
-        return [i.ledger_id for i in self.ledgers]
-
-    def info(self, ledger_id: int) -> LedgerInfo:
-        for i in self.ledgers:
-            if i.ledger_id == ledger_id:
-                return i
-        raise KeyError(ledger_id)
-
-    @property
-    def open_ledgers(self) -> list[LedgerInfo]:
-        return [i for i in self.ledgers if i.state is LedgerInfoState.OPEN]
-
-    @property
-    def entries(self) -> int:
-        return sum(i.entries for i in self.ledgers)
-
-    @property
-    def size_bytes(self) -> int:
-        return sum(i.size_bytes for i in self.ledgers)
-
-
+# -- metadata: the ledger-list document and its types live in pulsarlite/ledger_list.py -----
 # -- pure transforms of the metadata (the shell CASes their result) ---------------------------
 def with_ledger_appended(md: ManagedLedgerMetadata, ledger_id: int, created_ms: int) -> ManagedLedgerMetadata:
     """A new OPEN ledger at the end of the list."""

@@ -44,10 +44,12 @@ from broker.managed_ledger.core import (CompleteAdds, FailAdd, LedgerInfo, Ledge
                                         ManagedLedgerFencedError, ManagedLedgerMetadata, ManagedLedgerState,
                                         OffloadInfo, OffloadState, Position, RolloverPolicy, StartRollover,
                                         WriteEntries, ledger_ranges)
-from broker.managed_ledger.store import ManagedLedgerStore, check_name, encode
+from broker.managed_ledger.store import ManagedLedgerStore
 from pulsarlite.errors import (InvariantViolation, LedgerFencedError, MetadataError, MetadataNotFoundError,
                                MetadataVersionConflict, PulsarliteError, check)
+from pulsarlite.ledger_list import encode
 from pulsarlite.metadata import MetadataExistsError, MetadataStore
+from pulsarlite.metadata_layout import check_name
 
 log = logging.getLogger("pulsarlite.managed_ledger")
 

@@ -35,14 +35,13 @@ from dataclasses import dataclass
 from random import Random
 from typing import Mapping, Union
 
+from pulsarlite import metadata_layout as layout
 from pulsarlite.errors import InvariantViolation, PulsarliteError, check
 from pulsarlite.topic_name import InvalidTopicNameError, NamespaceName, TopicName
 
 HASH_RANGE_END = 0x1_0000_0000        # the hash space is [0, 2**32)
 FULL_UPPER_BOUND = 0xFFFF_FFFF        # upper bound written in the last bundle's name
 BUNDLES_PER_NAMESPACE_MAX = 1024
-NAMESPACE_ROOT = "/namespace"
-BROKERS_ROOT = "/loadbalance/brokers"
 
 _RANGE = re.compile(r"0x([0-9a-f]{8})_0x([0-9a-f]{8})")
 
@@ -123,12 +122,12 @@ def is_bundle_key(key: str) -> bool:
 
 def bundle_path(key: str) -> str:
     parse_bundle_key(key)
-    return f"{NAMESPACE_ROOT}/{key}"
+    return layout.bundle_path(key)
 
 
 def broker_path(broker_id: str) -> str:
     check_broker_id(broker_id)
-    return f"{BROKERS_ROOT}/{broker_id}"
+    return layout.broker_path(broker_id)
 
 
 def check_broker_id(broker_id: str) -> str:
@@ -364,8 +363,8 @@ def decide_lookup(*, owner: str | None, owned_by_self: bool, brokers: Mapping[st
 
 
 __all__ = [
-    "AcquireSelf", "BROKERS_ROOT", "BrokerLoad", "BundleState", "Connect", "Fail", "LookupDecision",
-    "NAMESPACE_ROOT", "OwnershipError", "OwnershipTable", "Redirect", "STATE_TRANSITIONS", "SessionTrust",
+    "AcquireSelf", "BrokerLoad", "BundleState", "Connect", "Fail", "LookupDecision",
+    "OwnershipError", "OwnershipTable", "Redirect", "STATE_TRANSITIONS", "SessionTrust",
     "broker_path", "bundle_boundaries", "bundle_key", "bundle_of", "bundle_path", "bundle_range_name",
     "bundle_ranges", "check_broker_id", "check_bundles_per_namespace", "choose_broker", "decide_lookup",
     "is_bundle_key", "parse_bundle_key", "topic_hash",

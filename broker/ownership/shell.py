@@ -33,7 +33,8 @@ from typing import Any, Callable
 from broker.ownership.core import (AcquireSelf, BrokerLoad, BundleState, Connect, Fail, OwnershipError,
                                    OwnershipTable, Redirect, SessionTrust, broker_path, bundle_key,
                                    bundle_path, check_broker_id, check_bundles_per_namespace,
-                                   decide_lookup, is_bundle_key, BROKERS_ROOT)
+                                   decide_lookup, is_bundle_key)
+from pulsarlite import metadata_layout as layout
 from pulsarlite.errors import MetadataError, MetadataNotFoundError
 from pulsarlite.metadata import MetadataExistsError, MetadataStore, SessionState
 from pulsarlite.topic_name import TopicName
@@ -383,8 +384,8 @@ class OwnershipManager:
 
     async def live_brokers(self) -> dict[str, BrokerInfo]:
         """Registered brokers and their loads (our own load from memory: it is fresher)."""
-        names = await self.store.children(BROKERS_ROOT)
-        reads = await asyncio.gather(*(self.store.get_or_none(f"{BROKERS_ROOT}/{n}") for n in names))
+        names = await self.store.children(layout.BROKERS_ROOT)
+        reads = await asyncio.gather(*(self.store.get_or_none(layout.broker_path(n)) for n in names))
         brokers: dict[str, BrokerInfo] = {}
         for name, read in zip(names, reads):
             if read is None:

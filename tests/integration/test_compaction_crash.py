@@ -23,8 +23,7 @@ import json
 import pytest
 import requests
 
-from bookie.client.metadata import ledger_path
-from broker.managed_ledger.store import managed_ledger_path
+from pulsarlite.metadata_layout import ledger_path, managed_ledger_path
 from tests.integration.compaction_helpers import compact_and_wait, read_messages
 from tests.integration.helpers import wait_for
 

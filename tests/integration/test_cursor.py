@@ -9,11 +9,12 @@ import json
 import pytest
 
 from broker.cursor import (CursorClosedError, CursorConfig, CursorFencedError, ManagedCursor, ManagedCursorState,
-                           cursor_path, list_cursors)
+                           list_cursors)
 from broker.managed_ledger import ManagedLedgerFencedError, ManagedLedgerMetadata, ManagedLedgerStore, Position
-from broker.managed_ledger.store import encode
 from pulsarlite.errors import MetadataNotFoundError
+from pulsarlite.ledger_list import encode
 from pulsarlite.metadata import MetadataStore
+from pulsarlite.metadata_layout import cursor_path
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,9 @@ from integration.helpers import BlockableProxy
 
 from bookie.client.ledger_manager import (LedgerManager, bookie_registration_path,
                                           register_bookie, unregister_bookie)
-from bookie.client.metadata import LedgerMetadata, LedgerState, ledger_path
+from bookie.client.metadata import LedgerMetadata, LedgerState
 from pulsarlite.errors import MetadataError, MetadataNotFoundError, MetadataVersionConflict
+from pulsarlite.metadata_layout import ledger_path
 from pulsarlite.metadata import (MetadataExistsError, MetadataNotEmptyError, MetadataStore,
                                  SessionState, split_chroot)
 from pulsarlite.zk_server import ZooKeeperServer, find_free_port

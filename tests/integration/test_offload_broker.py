@@ -157,7 +157,7 @@ def test_offload_to_s3_then_read_everything_from_the_tier(cluster_factory, s3_se
         assert s3_keys(s3_server, s3_tier_uri) == uris             # one object per ledger, nothing else
 
         # the bookie copies are gone: their ledger metadata is deleted
-        from bookie.client.metadata import ledger_path
+        from pulsarlite.metadata_layout import ledger_path
         from kazoo.client import KazooClient
         zk = KazooClient(hosts=cluster.zookeeper)
         zk.start(timeout=30)

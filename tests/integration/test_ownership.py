@@ -14,7 +14,8 @@ import pytest
 from integration.helpers import BlockableProxy
 
 from broker.ownership import BundleState, LookupResult, OwnershipError, OwnershipManager, bundle_of
-from broker.ownership.core import BROKERS_ROOT, bundle_path
+from broker.ownership.core import bundle_path
+from pulsarlite.metadata_layout import BROKERS_ROOT
 from pulsarlite.metadata import MetadataExistsError, MetadataStore, SessionState, split_chroot
 from pulsarlite.topic_name import InvalidTopicNameError, TopicName
 

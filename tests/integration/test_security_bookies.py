@@ -140,7 +140,7 @@ def assert_no_secret_in_logs(cluster, d: Path) -> None:
 def assert_zookeeper_closed_to_strangers(zookeeper: str) -> None:
     from kazoo.client import KazooClient
     from kazoo.exceptions import NoAuthError
-    from pulsarlite.metadata import PULSARLITE_ROOTS
+    from pulsarlite.metadata_layout import PULSARLITE_ROOTS
     for auth_data in (None, [("digest", "pulsarlite:guessed")]):
         stranger = KazooClient(hosts=zookeeper, timeout=10, auth_data=auth_data)
         stranger.start(timeout=15)
@@ -165,7 +165,7 @@ def assert_zookeeper_unchangeable_without(zookeeper: str) -> None:
     """Readable (the default ACL), but an unauthenticated client changes nothing."""
     from kazoo.client import KazooClient
     from kazoo.exceptions import NoAuthError
-    from pulsarlite.metadata import PULSARLITE_ROOTS
+    from pulsarlite.metadata_layout import PULSARLITE_ROOTS
     stranger = KazooClient(hosts=zookeeper, timeout=10)
     stranger.start(timeout=15)
     try:

@@ -10,7 +10,8 @@ from kazoo.exceptions import NoAuthError
 from kazoo.security import OPEN_ACL_UNSAFE
 
 from pulsarlite.errors import ConfigError
-from pulsarlite.metadata import PULSARLITE_ROOTS, MetadataAuthError, MetadataStore, ZkAuth
+from pulsarlite.metadata import MetadataAuthError, MetadataStore, ZkAuth
+from pulsarlite.metadata_layout import PULSARLITE_ROOTS
 
 pytestmark = pytest.mark.integration
 

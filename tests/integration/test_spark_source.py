@@ -305,7 +305,8 @@ def test_offloaded_segments_read_from_the_tier(spark, cluster, client, tmp_path)
 def first_replica(cluster, ledger_id: int) -> str:
     from kazoo.client import KazooClient
 
-    from bookie.client.metadata import LedgerMetadata, ledger_path
+    from bookie.client.metadata import LedgerMetadata
+    from pulsarlite.metadata_layout import ledger_path
     zk = KazooClient(hosts=cluster.zookeeper)
     zk.start(timeout=30)
     try:

@@ -16,9 +16,10 @@ from broker.managed_ledger.core import (STATE_TRANSITIONS, CompleteAdds, FailAdd
                                         OffloadInfo, OffloadState, Position, RolloverPolicy, RolloverReason,
                                         StartRollover, WriteEntries, iter_positions, ledger_ranges, next_position,
                                         with_ledger_appended, with_ledger_closed)
-from broker.managed_ledger.store import check_name, decode, encode, managed_ledger_name, managed_ledger_path
 from pulsarlite.errors import (ConfigError, InvariantViolation, LedgerFencedError, NotEnoughBookiesError,
                                TimeoutError_)
+from pulsarlite.ledger_list import decode, encode
+from pulsarlite.metadata_layout import check_name, managed_ledger_name, managed_ledger_path
 
 NAME = "t/ns/persistent/topic"
 

@@ -7,11 +7,11 @@ import pytest
 
 from broker.managed_ledger.core import (LedgerInfo, LedgerInfoState, ManagedLedgerMetadata, OffloadInfo,
                                         OffloadState, Position, with_offload)
-from broker.managed_ledger.store import decode, encode
 from broker.offloader import ledger_views, ledgers_before, offload_info_of, record_of
 from offload.core import ObjectStats, OffloadPolicy, OffloadRecord, plan_offload
 from offload.core import OffloadState as CoreState
 from pulsarlite.errors import InvariantViolation
+from pulsarlite.ledger_list import decode, encode
 
 HOUR_MS = 3600 * 1000
 

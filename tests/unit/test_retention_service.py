@@ -9,10 +9,11 @@ import pytest
 
 from broker.admin.policies import BacklogQuota, NamespacePolicies, NotFoundError, RetentionPolicy
 from broker.config import BrokerConfig
-from broker.cursor import CursorState, cursor_path
-from broker.managed_ledger import LedgerInfo, LedgerInfoState, Position, managed_ledger_path
+from broker.cursor import CursorState
+from broker.managed_ledger import LedgerInfo, LedgerInfoState, Position
 from broker.retention import RetentionService, producer_refusal
 from pulsarlite.errors import MetadataVersionConflict
+from pulsarlite.metadata_layout import cursor_path, managed_ledger_path
 from pulsarlite.topic_name import TopicName
 
 NOW = 1_000_000
@@ -281,7 +282,8 @@ async def test_loop_runs_passes_and_survives_failures():
 
 
 async def test_dedup_snapshot_keeps_the_entries_replayed_on_failover():
-    from broker.dedup import DedupState, dedup_path
+    from broker.dedup import DedupState
+    from pulsarlite.metadata_layout import dedup_path
     service, topic, r = make(NamespacePolicies(deduplication_enabled=True))
     path = dedup_path(topic.name.managed_ledger_name)
     service.store.nodes[path] = (DedupState().snapshot((1, 9)), 0)

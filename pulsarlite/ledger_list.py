@@ -1,0 +1,191 @@
+"""The ledger list of a managed ledger: the document at ``/managed-ledgers/<tenant>/<ns>/persistent/<topic>``
+(``managed_ledger_path`` in pulsarlite/metadata_layout.py), its types and its one JSON codec, used by
+the broker's managed ledger (which alone writes it) and by every reader (the Spark source, the admin
+API, tools). Pure: no I/O.
+
+The znode holds::
+
+    {"version": 1,
+     "ledgers": [{"ledger_id": 7, "state": "CLOSED", "entries": 1000, "size_bytes": 123456,
+                  "min_publish_time_ms": 1700000000000, "max_publish_time_ms": 1700000000500,
+                  "created_ms": 1700000000000,
+                  "offload": {"state": "none", "uri": null}}, ...],
+     "properties": {}}
+
+Ledger ids grow along the list; only ledgers at its end may be OPEN. Unknown keys of ``offload``
+are kept verbatim (the offloader owns them); ``properties`` maps strings to strings (the
+compaction view is one, ``pulsarlite.compaction``). Encoding is deterministic (sorted keys), so
+equal lists are equal bytes. :func:`decode` refuses a malformed document with
+:class:`MalformedLedgerListError` (a ValueError) naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from pulsarlite.errors import check
+
+FORMAT_VERSION = 1
+
+
+class MalformedLedgerListError(ValueError):
+    """A ledger-list document that is not valid JSON of the current format, or whose list breaks
+    an invariant (ids not increasing, a CLOSED ledger after an OPEN one, negative stats)."""
+
+
+# -- the document ------------------------------------------------------------------------------
+class LedgerInfoState(enum.Enum):
+    OPEN = "OPEN"        # the current ledger (or one a crashed owner left: recovered on open)
+    CLOSED = "CLOSED"    # entries/size/publish times are final
+
+
+class OffloadState(enum.Enum):
+    NONE = "none"
+    OFFLOADING = "offloading"
+    OFFLOADED = "offloaded"
+    BOOKIE_DELETED = "bookie-deleted"
+
+
+@dataclass(frozen=True)
+class OffloadInfo:
+    """Filled by the offloader later; kept verbatim here (unknown keys in ``attributes``)."""
+
+    state: OffloadState = OffloadState.NONE
+    uri: str | None = None
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LedgerInfo:
+    ledger_id: int
+    state: LedgerInfoState = LedgerInfoState.OPEN
+    entries: int = 0
+    size_bytes: int = 0
+    # None: no entries, or unknown (a ledger recovered after a crash without a publish-time
+    # extractor): readers must not prune such a ledger by publish time
+    min_publish_time_ms: int | None = None
+    max_publish_time_ms: int | None = None
+    created_ms: int = 0
+    offload: OffloadInfo = field(default_factory=OffloadInfo)
+
+    def __post_init__(self) -> None:
+        check(self.ledger_id >= 0, f"ledger id {self.ledger_id} < 0")
+        check(self.entries >= 0 and self.size_bytes >= 0,
+              f"ledger {self.ledger_id}: negative stats {self.entries}/{self.size_bytes}")
+        check(self.entries > 0 or self.size_bytes == 0, f"ledger {self.ledger_id}: bytes without entries")
+        lo, hi = self.min_publish_time_ms, self.max_publish_time_ms
+        check((lo is None) == (hi is None), f"ledger {self.ledger_id}: publish time bounds half set")
+        check(lo is None or (self.entries > 0 and lo <= hi),
+              f"ledger {self.ledger_id}: bad publish time bounds {lo}..{hi} with {self.entries} entries")
+
+
+@dataclass(frozen=True)
+class ManagedLedgerMetadata:
+    """What /managed-ledgers/<tenant>/<ns>/persistent/<topic> holds (codec: encode/decode below)."""
+
+    ledgers: tuple[LedgerInfo, ...] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        seen_open = False
+        previous = -1
+        for info in self.ledgers:
+            check(info.ledger_id > previous, f"ledger ids not increasing along the list: {self.ledger_ids}")
+            previous = info.ledger_id
+            if info.state is LedgerInfoState.OPEN:
+                seen_open = True
+            else:
+                check(not seen_open, f"a CLOSED ledger after an OPEN one: {self.ledger_ids}")
+
+    @property
+    def ledger_ids(self) -> list[int]:
+        return [i.ledger_id for i in self.ledgers]
+
+    def info(self, ledger_id: int) -> LedgerInfo:
+        for i in self.ledgers:
+            if i.ledger_id == ledger_id:
+                return i
+        raise KeyError(ledger_id)
+
+    @property
+    def open_ledgers(self) -> list[LedgerInfo]:
+        return [i for i in self.ledgers if i.state is LedgerInfoState.OPEN]
+
+    @property
+    def entries(self) -> int:
+        return sum(i.entries for i in self.ledgers)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(i.size_bytes for i in self.ledgers)
+
+
+# -- codec -------------------------------------------------------------------------------------
+def _offload_to_json(o: OffloadInfo) -> dict[str, Any]:
+    out = dict(o.attributes)
+    out["state"] = o.state.value
+    out["uri"] = o.uri
+    return out
+
+
+def _offload_from_json(raw: dict[str, Any]) -> OffloadInfo:
+    attributes = {k: v for k, v in raw.items() if k not in ("state", "uri")}
+    uri = raw.get("uri")
+    return OffloadInfo(state=OffloadState(raw.get("state", "none")), uri=None if uri is None else str(uri),
+                       attributes=attributes)
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def encode(md: ManagedLedgerMetadata) -> bytes:
+    """The znode bytes of ``md`` (sorted keys: equal lists give equal bytes)."""
+    return json.dumps({
+        "version": FORMAT_VERSION,
+        "ledgers": [{
+            "ledger_id": i.ledger_id,
+            "state": i.state.value,
+            "entries": i.entries,
+            "size_bytes": i.size_bytes,
+            "min_publish_time_ms": i.min_publish_time_ms,
+            "max_publish_time_ms": i.max_publish_time_ms,
+            "created_ms": i.created_ms,
+            "offload": _offload_to_json(i.offload),
+        } for i in md.ledgers],
+        "properties": dict(md.properties),
+    }, sort_keys=True).encode()
+
+
+def decode(data: bytes) -> ManagedLedgerMetadata:
+    """The list in ``data``; MalformedLedgerListError (a ValueError) if malformed, including a
+    broken invariant of the list."""
+    try:
+        raw = json.loads(data)
+        if not isinstance(raw, dict):
+            raise TypeError(f"a JSON object expected, got {type(raw).__name__}")
+        if raw.get("version") != FORMAT_VERSION:
+            raise ValueError(f"unknown format version {raw.get('version')!r}")
+        if not isinstance(raw["ledgers"], list):
+            raise TypeError("ledgers is not a list")
+        ledgers = tuple(LedgerInfo(
+            ledger_id=int(r["ledger_id"]),
+            state=LedgerInfoState(r["state"]),
+            entries=int(r["entries"]),
+            size_bytes=int(r["size_bytes"]),
+            min_publish_time_ms=_opt_int(r.get("min_publish_time_ms")),
+            max_publish_time_ms=_opt_int(r.get("max_publish_time_ms")),
+            created_ms=int(r.get("created_ms", 0)),
+            offload=_offload_from_json(r.get("offload") or {}),
+        ) for r in raw["ledgers"])
+        properties = {str(k): str(v) for k, v in (raw.get("properties") or {}).items()}
+        return ManagedLedgerMetadata(ledgers=ledgers, properties=properties)
+    except (KeyError, TypeError, ValueError, AttributeError, AssertionError) as e:
+        raise MalformedLedgerListError(f"malformed managed ledger metadata: {e}") from None
+
+
+__all__ = ["FORMAT_VERSION", "LedgerInfo", "LedgerInfoState", "MalformedLedgerListError", "ManagedLedgerMetadata",
+           "OffloadInfo", "OffloadState", "decode", "encode"]

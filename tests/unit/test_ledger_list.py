@@ -1,0 +1,85 @@
+"""The ledger-list document (pulsarlite/ledger_list.py): one codec for the broker, which writes
+it, and the Spark source, which reads it. The expected bytes below were produced by the codec the
+broker had before it moved to the base (broker/managed_ledger/store.py): the move changes no byte."""
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pulsarlite.ledger_list import (LedgerInfo, LedgerInfoState, MalformedLedgerListError, ManagedLedgerMetadata,
+                                    OffloadInfo, OffloadState, decode, encode)
+from spark_source.metadata import parse_ledger_list
+
+DOC = ManagedLedgerMetadata(
+    (LedgerInfo(3, LedgerInfoState.CLOSED, 2, 10, 1700000000000, 1700000000500, 1699999999000,
+                OffloadInfo(OffloadState.OFFLOADED, "s3://b/k", {"size": 9, "extra": [1]})),
+     LedgerInfo(7, created_ms=1700000001000)),
+    {"pulsarlite.compaction": '{"ledger": 9}'})
+
+DOC_BYTES = (
+    b'{"ledgers": [{"created_ms": 1699999999000, "entries": 2, "ledger_id": 3, "max_publish_time_ms": 1700000000500,'
+    b' "min_publish_time_ms": 1700000000000, "offload": {"extra": [1], "size": 9, "state": "offloaded",'
+    b' "uri": "s3://b/k"}, "size_bytes": 10, "state": "CLOSED"}, {"created_ms": 1700000001000, "entries": 0,'
+    b' "ledger_id": 7, "max_publish_time_ms": null, "min_publish_time_ms": null, "offload": {"state": "none",'
+    b' "uri": null}, "size_bytes": 0, "state": "OPEN"}], "properties": {"pulsarlite.compaction":'
+    b' "{\\"ledger\\": 9}"}, "version": 1}')
+
+
+def test_encode_gives_the_bytes_the_broker_always_wrote():
+    assert encode(DOC) == DOC_BYTES
+    assert decode(DOC_BYTES) == DOC
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 1000), st.integers(0, 10**6)), max_size=6),
+       st.booleans(), st.sampled_from(list(OffloadState)), st.none() | st.text(max_size=8),
+       st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3))
+def test_round_trip(gaps, last_open, offload_state, uri, properties):
+    ledgers, ledger_id = [], 0
+    for i, (gap, entries, size) in enumerate(gaps):
+        ledger_id += gap + 1
+        is_open = last_open and i == len(gaps) - 1
+        ledgers.append(LedgerInfo(
+            ledger_id, LedgerInfoState.OPEN if is_open else LedgerInfoState.CLOSED, entries,
+            size if entries else 0, 5 if entries else None, 9 if entries else None, created_ms=ledger_id,
+            offload=OffloadInfo(offload_state, uri, {"k": [ledger_id]})))
+    md = ManagedLedgerMetadata(tuple(ledgers), properties)
+    data = encode(md)
+    assert decode(data) == md
+    assert encode(decode(data)) == data          # equal lists, equal bytes
+
+
+def _doc(*ledgers, version=1):
+    return json.dumps({"version": version, "ledgers": list(ledgers), "properties": {}}).encode()
+
+
+def _ledger(ledger_id, state="CLOSED", entries=1, size_bytes=1, **more):
+    return {"ledger_id": ledger_id, "state": state, "entries": entries, "size_bytes": size_bytes, **more}
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"", "Expecting value"),
+    (b"[1, 2]", "JSON object expected"),
+    (b"{}", "unknown format version None"),
+    (_doc(version=2), "unknown format version 2"),
+    (b'{"version": 1, "ledgers": {"1": 2}}', "ledgers is not a list"),
+    (_doc({"ledger_id": 1}), "'state'"),
+    (_doc(_ledger(1, state="SEALED")), "'SEALED' is not a valid LedgerInfoState"),
+    (_doc(_ledger(2), _ledger(1)), "ledger ids not increasing"),
+    (_doc(_ledger(1, state="OPEN", entries=0, size_bytes=0), _ledger(2)), "a CLOSED ledger after an OPEN one"),
+    (_doc(_ledger(1, entries=-1)), "negative stats"),
+    (_doc(_ledger(1, offload={"state": "lost"})), "'lost' is not a valid OffloadState"),
+])
+def test_a_malformed_document_is_refused_with_its_reason(data, reason):
+    with pytest.raises(MalformedLedgerListError, match="malformed managed ledger metadata") as e:
+        decode(data)
+    assert reason in str(e.value)
+    assert isinstance(e.value, ValueError)       # callers that catch ValueError keep working
+
+
+def test_the_spark_source_reads_through_the_same_codec():
+    """The Spark source's reader returns the codec's type and names the topic when it refuses."""
+    assert parse_ledger_list("persistent://t/ns/x", DOC_BYTES) == DOC
+    with pytest.raises(ValueError, match=r"^topic persistent://t/ns/x: malformed managed ledger metadata: .*not increasing"):
+        parse_ledger_list("persistent://t/ns/x", _doc(_ledger(2), _ledger(1)))
