@@ -12,10 +12,11 @@ import pytest
 from bookie.client.ledger_client import LedgerClient
 from bookie.client.metadata import LedgerState
 from broker.managed_ledger import (LedgerInfoState, ManagedLedger, ManagedLedgerClosedError, ManagedLedgerConfig,
-                                   ManagedLedgerFencedError, ManagedLedgerState, Position, managed_ledger_path)
+                                   ManagedLedgerFencedError, ManagedLedgerState, Position)
 from pulsarlite.config import LedgerClientConfig
 from pulsarlite.errors import MetadataNotFoundError
 from pulsarlite.metadata import MetadataStore
+from pulsarlite.metadata_layout import managed_ledger_path
 
 pytestmark = pytest.mark.integration
 
