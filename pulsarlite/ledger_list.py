@@ -15,8 +15,9 @@ The znode holds::
 Ledger ids grow along the list; only ledgers at its end may be OPEN. Unknown keys of ``offload``
 are kept verbatim (the offloader owns them); ``properties`` maps strings to strings (the
 compaction view is one, ``pulsarlite.compaction``). Encoding is deterministic (sorted keys), so
-equal lists are equal bytes. :func:`decode` refuses a malformed document with
-:class:`MalformedLedgerListError` (a ValueError) naming what is wrong.
+equal lists are equal bytes. :func:`decode` refuses a malformed document with a ValueError
+("malformed managed ledger metadata: <what is wrong>"); no class of its own (callers catch
+ValueError, as for every other document they read).
 """
 
 from __future__ import annotations
@@ -29,11 +30,6 @@ from typing import Any, Mapping
 from pulsarlite.errors import check
 
 FORMAT_VERSION = 1
-
-
-class MalformedLedgerListError(ValueError):
-    """A ledger-list document that is not valid JSON of the current format, or whose list breaks
-    an invariant (ids not increasing, a CLOSED ledger after an OPEN one, negative stats)."""
 
 
 # -- the document ------------------------------------------------------------------------------
@@ -161,8 +157,9 @@ def encode(md: ManagedLedgerMetadata) -> bytes:
 
 
 def decode(data: bytes) -> ManagedLedgerMetadata:
-    """The list in ``data``; MalformedLedgerListError (a ValueError) if malformed, including a
-    broken invariant of the list."""
+    """The list in ``data``; ValueError if it is not valid JSON of the current format or its
+    list breaks an invariant (ids not increasing, a CLOSED ledger after an OPEN one, negative
+    stats)."""
     try:
         raw = json.loads(data)
         if not isinstance(raw, dict):
@@ -184,8 +181,8 @@ def decode(data: bytes) -> ManagedLedgerMetadata:
         properties = {str(k): str(v) for k, v in (raw.get("properties") or {}).items()}
         return ManagedLedgerMetadata(ledgers=ledgers, properties=properties)
     except (KeyError, TypeError, ValueError, AttributeError, AssertionError) as e:
-        raise MalformedLedgerListError(f"malformed managed ledger metadata: {e}") from None
+        raise ValueError(f"malformed managed ledger metadata: {e}") from None
 
 
-__all__ = ["FORMAT_VERSION", "LedgerInfo", "LedgerInfoState", "MalformedLedgerListError", "ManagedLedgerMetadata",
-           "OffloadInfo", "OffloadState", "decode", "encode"]
+__all__ = ["FORMAT_VERSION", "LedgerInfo", "LedgerInfoState", "ManagedLedgerMetadata", "OffloadInfo", "OffloadState",
+           "decode", "encode"]

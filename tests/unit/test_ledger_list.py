@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pulsarlite.ledger_list import (LedgerInfo, LedgerInfoState, MalformedLedgerListError, ManagedLedgerMetadata,
-                                    OffloadInfo, OffloadState, decode, encode)
+from pulsarlite.ledger_list import (LedgerInfo, LedgerInfoState, ManagedLedgerMetadata, OffloadInfo, OffloadState,
+                                    decode, encode)
 from spark_source.metadata import parse_ledger_list
 
 DOC = ManagedLedgerMetadata(
@@ -72,10 +72,9 @@ def _ledger(ledger_id, state="CLOSED", entries=1, size_bytes=1, **more):
     (_doc(_ledger(1, offload={"state": "lost"})), "'lost' is not a valid OffloadState"),
 ])
 def test_a_malformed_document_is_refused_with_its_reason(data, reason):
-    with pytest.raises(MalformedLedgerListError, match="malformed managed ledger metadata") as e:
+    with pytest.raises(ValueError, match="^malformed managed ledger metadata: ") as e:
         decode(data)
     assert reason in str(e.value)
-    assert isinstance(e.value, ValueError)       # callers that catch ValueError keep working
 
 
 def test_the_spark_source_reads_through_the_same_codec():
