@@ -121,7 +121,8 @@ def test_basic_authentication(secured):
     assert "basic: unknown user or wrong password" in broker_log(secured)
 
 
-@pytest.mark.parametrize("user, password", [("apr-admin", APR1_PASSWORD), ("des-admin", DES_PASSWORD)])
+@pytest.mark.parametrize("user, password", [("apr-admin", APR1_PASSWORD), ("des-admin", DES_PASSWORD)],
+                         ids=["apr1", "des"])      # the passwords are random: ids the same in every xdist worker
 def test_basic_authentication_pulsar_hash_kinds(secured, user, password):
     """A Pulsar operator's basicAuthConf lines (APR1-MD5 from htpasswd -m, DES crypt) work with the
     official client's AuthenticationBasic; a wrong password and an unknown user are refused."""
