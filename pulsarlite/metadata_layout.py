@@ -64,9 +64,12 @@ NON_PERSISTENT_ROOT = "/non-persistent"
 PULSARLITE_ROOT = "/pulsarlite"
 DEDUP_ROOT = f"{PULSARLITE_ROOT}/dedup"
 
-# the top-level znodes created (with a credential: ACL'd) before anything else is written
+# every top-level znode of the layout: with a ZooKeeper credential each is created (ACL'd) at
+# connect and the credential checked against it, and `pulsarlite bookkeeper secure-znodes` sets the
+# ACL below each. A root left out would be open to whoever creates it first (on "/", or an open
+# chroot) and never closed on an upgraded cluster.
 PULSARLITE_ROOTS = (LEDGERS_ROOT, MANAGED_LEDGERS_ROOT, ADMIN_ROOT, NAMESPACE_ROOT, LOADBALANCE_ROOT,
-                    SCHEMAS_ROOT, PULSARLITE_ROOT)
+                    SCHEMAS_ROOT, NON_PERSISTENT_ROOT, PULSARLITE_ROOT)
 
 LEDGER_ID_MAX = 2 ** 63 - 1
 

@@ -176,6 +176,7 @@ async def test_secure_znodes_closes_a_cluster_made_without_authentication(zk_hos
     try:
         await plain.create("/managed-ledgers/t/ns/persistent/old-topic", b"ledgers")
         await plain.create("/ledgers/00/0000/L0001", b"meta")
+        await plain.create("/non-persistent/t/ns/old-topic", b"broker-1")
     finally:
         await plain.close()
     stranger = _kazoo(zk_hosts)
@@ -192,11 +193,15 @@ async def test_secure_znodes_closes_a_cluster_made_without_authentication(zk_hos
                               capture_output=True, text=True, timeout=120, env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "s3cret" not in proc.stdout + proc.stderr
-        for path in ("/managed-ledgers", "/managed-ledgers/t/ns/persistent/old-topic", "/ledgers/00/0000/L0001"):
+        for path in ("/managed-ledgers", "/managed-ledgers/t/ns/persistent/old-topic", "/ledgers/00/0000/L0001",
+                     "/non-persistent", "/non-persistent/t/ns/old-topic"):
             with pytest.raises(NoAuthError):
                 stranger.set(path, b"forged")
+        for path in ("/managed-ledgers/t/ns/persistent/planted", "/non-persistent/t/ns/planted"):
+            with pytest.raises(NoAuthError):
+                stranger.create(path, b"")
         with pytest.raises(NoAuthError):
-            stranger.create("/managed-ledgers/t/ns/persistent/planted", b"")
+            stranger.delete("/non-persistent/t/ns/old-topic")
         assert stranger.get("/ledgers/00/0000/L0001")[0] == b"still open"
     finally:
         stranger.stop()
@@ -206,3 +211,44 @@ async def test_secure_znodes_closes_a_cluster_made_without_authentication(zk_hos
         await store.set("/ledgers/00/0000/L0001", b"v2", -1)
     finally:
         await store.close()
+
+
+async def test_non_persistent_registrations_are_closed_to_strangers(cluster_factory, tmp_path):
+    """``/non-persistent`` (where a broker registers each non-persistent topic it loads) is one of
+    pulsarlite's roots: on a ZooKeeper without a chroot (the launcher's, like a deployment's ``/``,
+    open to anyone), a stranger can neither create it first nor plant or remove a topic under it.
+    Before it was in PULSARLITE_ROOTS it did not exist until the first non-persistent topic was
+    loaded, and anyone could create it (open to all) and everything below it."""
+    import asyncio
+
+    import pulsar
+    (tmp_path / "zookeeper.digest").write_text("pulsarlite:s3cret-zk-pw\n")
+    zk = {"zookeeper_auth_digest_file": str(tmp_path / "zookeeper.digest")}
+    cluster = await asyncio.to_thread(cluster_factory, 1, brokers=1, bookie_overrides=zk, broker_overrides=zk)
+    stranger = _kazoo(cluster.zookeeper)
+    try:
+        for path in ("/non-persistent/public", "/non-persistent/planted"):
+            with pytest.raises(NoAuthError):
+                stranger.create(path, b"x", makepath=True)
+        assert stranger.exists("/non-persistent") is not None        # made at connect, with the ACL
+        client = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
+        try:
+            topic = "non-persistent://public/default/registered"
+            consumer = client.subscribe(topic, "s")
+            producer = client.create_producer(topic)
+            producer.send(b"m")
+            assert consumer.receive(timeout_millis=30_000).data() == b"m"
+            registration = "/non-persistent/public/default/registered"
+            assert stranger.exists(registration) is not None
+            for path in ("/non-persistent", "/non-persistent/public", "/non-persistent/public/default", registration):
+                acls, _ = stranger.get_acls(path)
+                assert {(a.id.scheme, a.perms) for a in acls} == {("digest", 31), ("world", 1)}, (path, acls)
+            with pytest.raises(NoAuthError):
+                stranger.delete(registration)
+            with pytest.raises(NoAuthError):
+                stranger.create("/non-persistent/public/default/planted", b"x")
+        finally:
+            client.close()
+    finally:
+        stranger.stop()
+        stranger.close()

@@ -20,12 +20,22 @@ ROOTS = ("/ledgers", "/managed-ledgers", "/admin/clusters", "/admin/policies", "
 
 def test_roots_are_the_documented_layout():
     assert layout.PULSARLITE_ROOTS == ("/ledgers", "/managed-ledgers", "/admin", "/namespace", "/loadbalance",
-                                       "/schemas", "/pulsarlite")
+                                       "/schemas", "/non-persistent", "/pulsarlite")
     assert (layout.AVAILABLE_PATH, layout.READONLY_PATH, layout.COOKIES_PATH, layout.IDGEN_PREFIX,
             layout.RACKS_ROOT, layout.UNDERREPLICATION_ROOT) == (
         "/ledgers/available", "/ledgers/available/readonly", "/ledgers/cookies", "/ledgers/idgen/ID-",
         "/ledgers/racks", "/ledgers/underreplication")
     assert (layout.BROKERS_ROOT, layout.DEDUP_ROOT) == ("/loadbalance/brokers", "/pulsarlite/dedup")
+
+
+def test_every_top_level_root_is_secured():
+    """PULSARLITE_ROOTS is what a process with a ZooKeeper credential creates and ACLs at connect
+    and what ``secure-znodes`` closes: a top-level root of the layout missing from it is open to
+    whoever creates it first (``/non-persistent`` was)."""
+    top_level = {value for name, value in vars(layout).items()
+                 if name.endswith("_ROOT") and isinstance(value, str) and value.count("/") == 1}
+    assert top_level and top_level == set(layout.PULSARLITE_ROOTS)
+    assert all(root.split("/")[1] and root.count("/") == 1 for root in layout.PULSARLITE_ROOTS)
 
 
 def test_paths_are_the_znodes_the_components_wrote():
