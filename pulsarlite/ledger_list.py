@@ -14,7 +14,7 @@ The znode holds::
 
 Ledger ids grow along the list; only ledgers at its end may be OPEN. Unknown keys of ``offload``
 are kept verbatim (the offloader owns them); ``properties`` maps strings to strings (the
-compaction view is one, ``pulsarlite.compaction``). Encoding is deterministic (sorted keys), so
+compaction view is one, ``pulsarlite.compaction``: :class:`CompactionRecord`, its codec below). Encoding is deterministic (sorted keys), so
 equal lists are equal bytes. :func:`decode` refuses a malformed document with a ValueError
 ("malformed managed ledger metadata: <what is wrong>"); no class of its own (callers catch
 ValueError, as for every other document they read).
@@ -184,5 +184,71 @@ def decode(data: bytes) -> ManagedLedgerMetadata:
         raise ValueError(f"malformed managed ledger metadata: {e}") from None
 
 
-__all__ = ["FORMAT_VERSION", "LedgerInfo", "LedgerInfoState", "ManagedLedgerMetadata", "OffloadInfo", "OffloadState",
-           "decode", "encode"]
+# -- the compacted view: one property of the list ---------------------------------------------
+COMPACTION_PROPERTY = "pulsarlite.compaction"
+COMPACTION_PROPERTY_CHARS_MAX = 4096       # the value broker/compaction/ writes is ~60 characters
+_ERROR_ECHO_CHARS_MAX = 120
+
+
+@dataclass(frozen=True)
+class CompactionRecord:
+    """A topic's compacted view as its list records it, under the property ``pulsarlite.compaction``
+    (written by broker/compaction/ at the end of a run, in the same compare-and-set that names the
+    previous compacted ledger for deletion; read by the broker serving ``readCompacted`` and by
+    the Spark source)::
+
+        {"entries": 5, "horizon": [2, 1], "ledger": 9}
+
+    ``ledger``: the compacted ledger; ``horizon``: the last original position (ledger, entry) it
+    covers; ``entries``: how many entries the compacted ledger holds (absent: 0). Integers only,
+    none negative; other keys are ignored (as the readers before this codec did)."""
+
+    ledger_id: int
+    horizon_ledger_id: int
+    horizon_entry_id: int
+    entries: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("ledger_id", "horizon_ledger_id", "horizon_entry_id", "entries"):
+            value = getattr(self, name)
+            check(type(value) is int and value >= 0, f"{name} must be an integer >= 0, got {value!r}")
+
+
+def encode_compaction(record: CompactionRecord) -> str:
+    """The property value of ``record`` (sorted keys: equal records give equal strings)."""
+    return json.dumps({"ledger": record.ledger_id, "horizon": [record.horizon_ledger_id, record.horizon_entry_id],
+                       "entries": record.entries}, sort_keys=True)
+
+
+def decode_compaction(properties: Mapping[str, str]) -> CompactionRecord | None:
+    """The compacted view recorded in a list's ``properties``; None if the topic was never
+    compacted. ValueError ("malformed pulsarlite.compaction property <value>: <what is wrong>",
+    the value cut to a bounded length) if it is not a record as :class:`CompactionRecord` states."""
+    raw = properties.get(COMPACTION_PROPERTY)
+    if raw is None:
+        return None
+    try:
+        if not isinstance(raw, str):
+            raise TypeError(f"a string expected, got {type(raw).__name__}")
+        if len(raw) > COMPACTION_PROPERTY_CHARS_MAX:
+            raise ValueError(f"longer than {COMPACTION_PROPERTY_CHARS_MAX} characters")
+        obj = json.loads(raw)
+        if not isinstance(obj, dict):
+            raise TypeError(f"a JSON object expected, got {type(obj).__name__}")
+        horizon = obj["horizon"]
+        if not isinstance(horizon, list) or len(horizon) != 2:
+            raise ValueError(f"horizon must be [ledger, entry], got {horizon!r}")
+        return CompactionRecord(ledger_id=obj["ledger"], horizon_ledger_id=horizon[0], horizon_entry_id=horizon[1],
+                                entries=obj.get("entries", 0))
+    except KeyError as e:
+        problem = f"missing key {e}"
+    except (TypeError, ValueError, AssertionError) as e:
+        problem = str(e)
+    shown = repr(raw[:_ERROR_ECHO_CHARS_MAX] + "..." if len(raw) > _ERROR_ECHO_CHARS_MAX else raw) \
+        if isinstance(raw, str) else type(raw).__name__
+    raise ValueError(f"malformed {COMPACTION_PROPERTY} property {shown}: {problem}")
+
+
+__all__ = ["COMPACTION_PROPERTY", "COMPACTION_PROPERTY_CHARS_MAX", "CompactionRecord", "FORMAT_VERSION", "LedgerInfo",
+           "LedgerInfoState", "ManagedLedgerMetadata", "OffloadInfo", "OffloadState", "decode", "decode_compaction",
+           "encode", "encode_compaction"]

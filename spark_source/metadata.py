@@ -13,10 +13,10 @@ import json
 import logging
 import re
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from pulsarlite.errors import MetadataNotFoundError, NoSuchLedgerError, PulsarliteError
-from pulsarlite.ledger_list import LedgerInfoState, ManagedLedgerMetadata
+from pulsarlite.ledger_list import LedgerInfoState, ManagedLedgerMetadata, decode_compaction
 from pulsarlite.ledger_list import decode as decode_ledger_list
 from pulsarlite.metadata_layout import (MANAGED_LEDGERS_ROOT, PARTITIONED_TOPICS_ROOT, managed_ledger_path,
                                         partitioned_topic_path)
@@ -28,9 +28,6 @@ if TYPE_CHECKING:      # imported lazily at run time: planning over closed segme
     from pulsarlite.metadata import MetadataStore
 
 log = logging.getLogger("pulsarlite.spark")
-
-COMPACTION_PROPERTY = "pulsarlite.compaction"      # the view broker/compaction/ records in the list
-
 
 class TopicNotFound(ValueError):
     pass
@@ -45,22 +42,18 @@ def parse_ledger_list(topic: str, data: bytes) -> ManagedLedgerMetadata:
         raise ValueError(f"topic {topic}: {e}") from None
 
 
-def parse_compacted_view(topic: str, data: bytes) -> CompactedSegment | None:
-    """The compacted view recorded in a managed-ledger znode (its property
-    ``pulsarlite.compaction``: ``{"ledger": id, "horizon": [ledger, entry], "entries": n}``);
-    None if the topic was never compacted; ValueError naming the topic if malformed."""
+def parse_compacted_view(topic: str, properties: Mapping[str, str]) -> CompactedSegment | None:
+    """The compacted view recorded in a ledger list's ``properties`` (decoded by the broker's
+    codec, pulsarlite.ledger_list.decode_compaction); None if the topic was never compacted;
+    ValueError naming the topic if malformed."""
     try:
-        raw = (json.loads(data).get("properties") or {}).get(COMPACTION_PROPERTY)
-        if raw is None:
-            return None
-        obj = json.loads(raw)
-        hl, he = obj["horizon"]
-        view = CompactedSegment(int(obj["ledger"]), Position(int(hl), int(he)), int(obj.get("entries", 0)))
-        if view.ledger_id < 0 or view.entries < 0:
-            raise ValueError("negative ledger id or entry count")
-        return view
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ValueError(f"topic {topic}: malformed {COMPACTION_PROPERTY} property: {e}") from None
+        record = decode_compaction(properties)
+    except ValueError as e:
+        raise ValueError(f"topic {topic}: {e}") from None
+    if record is None:
+        return None
+    return CompactedSegment(record.ledger_id, Position(record.horizon_ledger_id, record.horizon_entry_id),
+                            record.entries)
 
 
 async def partition_count(store: MetadataStore, topic: TopicName) -> int:
@@ -127,7 +120,8 @@ async def read_partition(store: MetadataStore, client: LedgerClient | None, topi
             raise TopicNotFound(f"topic {topic}: no managed ledger in ZooKeeper (never written?)")
         return PartitionLedgers(topic, partition, ())
     segments = []
-    for info in parse_ledger_list(topic, got[0]).ledgers:
+    ledger_list = parse_ledger_list(topic, got[0])
+    for info in ledger_list.ledgers:
         ledger_id = info.ledger_id
         closed = info.state is LedgerInfoState.CLOSED
         last = info.entries - 1
@@ -142,7 +136,7 @@ async def read_partition(store: MetadataStore, client: LedgerClient | None, topi
             min_publish_time_ms=info.min_publish_time_ms if closed else None,
             max_publish_time_ms=info.max_publish_time_ms if closed else None,
             offload_state=info.offload.state.value, offload_uri=info.offload.uri))
-    view = parse_compacted_view(topic, got[0]) if read_compacted else None
+    view = parse_compacted_view(topic, ledger_list.properties) if read_compacted else None
     return PartitionLedgers(topic, partition, tuple(segments), view)
 
 

@@ -28,16 +28,15 @@ ERROR with lastError) for ``GET .../compaction``; :func:`should_compact` is the 
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from broker.cursor.core import bits_to_words, words_to_bits
 from broker.managed_ledger.core import LedgerInfo, Position
 from pulsarlite.errors import InvariantViolation, PulsarliteError, check
+from pulsarlite.ledger_list import COMPACTION_PROPERTY, CompactionRecord, decode_compaction, encode_compaction
 from pulsarlite.wire.compacted import decode_compacted, encode_compacted
 
-COMPACTION_PROPERTY = "pulsarlite.compaction"     # the managed-ledger list property
 COMPACTION_CURSOR = "__compaction"                # Pulsar's reserved subscription name
 KEYS_MAX_DEFAULT = 1_000_000
 
@@ -71,21 +70,18 @@ class CompactedView:
         check(self.entries >= 0, f"compacted entries {self.entries} < 0")
 
     def to_property(self) -> str:
-        return json.dumps({"ledger": self.ledger_id, "horizon": [self.horizon.ledger_id, self.horizon.entry_id],
-                           "entries": self.entries}, sort_keys=True)
+        """The property value (the codec is pulsarlite.ledger_list's, shared with Spark)."""
+        return encode_compaction(CompactionRecord(self.ledger_id, self.horizon.ledger_id, self.horizon.entry_id,
+                                                  self.entries))
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, str]) -> "CompactedView | None":
-        """The recorded view (None: never compacted); ValueError if the property is malformed."""
-        raw = properties.get(COMPACTION_PROPERTY)
-        if raw is None:
+        """The recorded view (None: never compacted); ValueError if the property is malformed
+        (pulsarlite.ledger_list.decode_compaction)."""
+        record = decode_compaction(properties)
+        if record is None:
             return None
-        try:
-            obj = json.loads(raw)
-            ledger, (hl, he), entries = int(obj["ledger"]), obj["horizon"], int(obj.get("entries", 0))
-            return cls(ledger, Position(int(hl), int(he)), entries)
-        except (ValueError, KeyError, TypeError, InvariantViolation) as e:
-            raise ValueError(f"malformed {COMPACTION_PROPERTY} property {raw!r}: {e}") from None
+        return cls(record.ledger_id, Position(record.horizon_ledger_id, record.horizon_entry_id), record.entries)
 
 
 # -- compacted entries --------------------------------------------------------------------------

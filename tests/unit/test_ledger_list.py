@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pulsarlite.ledger_list import (LedgerInfo, LedgerInfoState, ManagedLedgerMetadata, OffloadInfo, OffloadState,
-                                    decode, encode)
+from pulsarlite.ledger_list import (COMPACTION_PROPERTY, COMPACTION_PROPERTY_CHARS_MAX, CompactionRecord, LedgerInfo,
+                                    LedgerInfoState, ManagedLedgerMetadata, OffloadInfo, OffloadState, decode,
+                                    decode_compaction, encode, encode_compaction)
 from spark_source.metadata import parse_ledger_list
 
 DOC = ManagedLedgerMetadata(
@@ -82,3 +83,61 @@ def test_the_spark_source_reads_through_the_same_codec():
     assert parse_ledger_list("persistent://t/ns/x", DOC_BYTES) == DOC
     with pytest.raises(ValueError, match=r"^topic persistent://t/ns/x: malformed managed ledger metadata: .*not increasing"):
         parse_ledger_list("persistent://t/ns/x", _doc(_ledger(2), _ledger(1)))
+
+
+# -- the compacted view (property pulsarlite.compaction) -----------------------------------------
+def test_the_compaction_property_is_the_string_the_broker_always_wrote():
+    # the broker's CompactedView.to_property before the codec moved here wrote exactly this
+    record = CompactionRecord(ledger_id=42, horizon_ledger_id=7, horizon_entry_id=99, entries=3)
+    assert encode_compaction(record) == '{"entries": 3, "horizon": [7, 99], "ledger": 42}'
+    assert decode_compaction({COMPACTION_PROPERTY: encode_compaction(record), "other": "x"}) == record
+    assert decode_compaction({"other": "x"}) is None
+    # "entries" absent (the first records): 0; unknown keys are ignored
+    assert decode_compaction({COMPACTION_PROPERTY: '{"ledger": 9, "horizon": [2, 1], "later": true}'}) == \
+        CompactionRecord(9, 2, 1, 0)
+
+
+@given(st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1), st.integers(0, 2**31))
+def test_the_compaction_property_round_trips(ledger, horizon_ledger, horizon_entry, entries):
+    record = CompactionRecord(ledger, horizon_ledger, horizon_entry, entries)
+    assert decode_compaction({COMPACTION_PROPERTY: encode_compaction(record)}) == record
+
+
+@pytest.mark.parametrize("raw, reason", [
+    ("not json", "Expecting value"),
+    ("[9, [2, 1]]", "a JSON object expected, got list"),
+    ('{"horizon": [2, 1]}', "missing key 'ledger'"),
+    ('{"ledger": 9}', "missing key 'horizon'"),
+    ('{"ledger": 9, "horizon": [2]}', "horizon must be [ledger, entry], got [2]"),
+    ('{"ledger": 9, "horizon": "2:1"}', "horizon must be [ledger, entry]"),
+    ('{"ledger": -3, "horizon": [1, 2]}', "ledger_id must be an integer >= 0, got -3"),
+    ('{"ledger": 9, "horizon": [1, -1]}', "horizon_entry_id must be an integer >= 0, got -1"),
+    ('{"ledger": 9, "horizon": [1, 2], "entries": -1}', "entries must be an integer >= 0, got -1"),
+    ('{"ledger": "9", "horizon": [1, 2]}', "ledger_id must be an integer >= 0, got '9'"),
+    ('{"ledger": 9.5, "horizon": [1, 2]}', "ledger_id must be an integer >= 0, got 9.5"),
+    ('{"ledger": true, "horizon": [1, 2]}', "ledger_id must be an integer >= 0, got True"),
+    ('{"ledger": 9, "horizon": [1, null]}', "horizon_entry_id must be an integer >= 0, got None"),
+    ("x" * (COMPACTION_PROPERTY_CHARS_MAX + 1), f"longer than {COMPACTION_PROPERTY_CHARS_MAX} characters"),
+])
+def test_a_malformed_compaction_property_is_refused_with_its_reason(raw, reason):
+    with pytest.raises(ValueError) as info:
+        decode_compaction({COMPACTION_PROPERTY: raw})
+    message = str(info.value)
+    assert message.startswith(f"malformed {COMPACTION_PROPERTY} property ") and reason in message, message
+    assert len(message) < 400      # the value is echoed cut short, never whole
+
+
+def test_the_broker_and_the_spark_source_read_the_view_through_the_one_codec():
+    from broker.compaction import CompactedView
+    from broker.managed_ledger import Position
+    from spark_source.metadata import parse_compacted_view
+    view = CompactedView(42, Position(7, 99), entries=3)
+    assert view.to_property() == encode_compaction(CompactionRecord(42, 7, 99, 3))
+    for raw in ('{"ledger": "9", "horizon": [1, 2]}', '{"ledger": 9}', "not json"):
+        props = {COMPACTION_PROPERTY: raw}
+        with pytest.raises(ValueError) as broker_error:
+            CompactedView.from_properties(props)
+        with pytest.raises(ValueError) as spark_error:
+            parse_compacted_view("persistent://t/ns/x", props)
+        assert str(spark_error.value) == f"topic persistent://t/ns/x: {broker_error.value}"
+

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from spark_source.metadata import parse_compacted_view
+from spark_source.metadata import parse_compacted_view, parse_ledger_list
 from spark_source.options import OptionError, parse_options
 from spark_source.plan import (CompactedSegment, DataLossError, LedgerSegment, Location, PartitionLedgers,
                                PlanReport, Position, ScanRequest, plan_partition, plan_partition_compacted,
@@ -72,13 +72,16 @@ def test_start_and_end_positions():
 
 
 def test_view_parsed_from_the_same_znode_as_the_list():
-    data = json.dumps({"ledgers": [], "properties": {
-        "pulsarlite.compaction": json.dumps({"ledger": 9, "horizon": [2, 1], "entries": 5})}}).encode()
-    assert parse_compacted_view(T, data) == CompactedSegment(9, Position(2, 1), 5)
-    assert parse_compacted_view(T, json.dumps({"ledgers": [], "properties": {}}).encode()) is None
-    bad = json.dumps({"ledgers": [], "properties": {"pulsarlite.compaction": "{\"ledger\": 9}"}}).encode()
-    with pytest.raises(ValueError, match="malformed pulsarlite.compaction"):
-        parse_compacted_view(T, bad)
+    from broker.compaction import CompactedView
+    from broker.compaction.core import new_view_properties
+    from broker.managed_ledger import Position as BrokerPosition
+    from pulsarlite.ledger_list import ManagedLedgerMetadata, encode
+    written = new_view_properties({}, CompactedView(9, BrokerPosition(2, 1), 5))     # what the broker records
+    data = encode(ManagedLedgerMetadata(properties=written))
+    assert parse_compacted_view(T, parse_ledger_list(T, data).properties) == CompactedSegment(9, Position(2, 1), 5)
+    assert parse_compacted_view(T, parse_ledger_list(T, encode(ManagedLedgerMetadata())).properties) is None
+    with pytest.raises(ValueError, match=f"topic {T}: malformed pulsarlite.compaction property .*missing key 'horizon'"):
+        parse_compacted_view(T, {"pulsarlite.compaction": "{\"ledger\": 9}"})
 
 
 def test_option_is_batch_only():
