@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from bookie.client.metadata import validate_quorum
 from broker.managed_ledger.config import ManagedLedgerConfig
-from pulsarlite.config import KiB, MiB, LedgerClientConfig, validate_zookeeper_auth, zookeeper_auth_settings
+from pulsarlite.config import (PENDING_ADDS_MAX_DEFAULT, KiB, LedgerClientConfig, MiB, validate_zookeeper_auth,
+                               zookeeper_auth_settings)
 from pulsarlite.errors import ConfigError
 from pulsarlite.wire.frames import FRAME_BYTES_MAX_LIMIT, FRAME_PADDING_BYTES
 
@@ -53,7 +54,8 @@ class BrokerConfig:
     rollover_entries_max: int = 50_000
     rollover_bytes_max: int = 2048 * MiB
     rollover_age_ms_max: int = 4 * 3600 * 1000
-    pending_adds_max: int = 10_000           # per managed ledger
+    # adds not yet confirmed per topic (its managed ledger, its publish path and its ledger handle)
+    pending_adds_max: int = PENDING_ADDS_MAX_DEFAULT
     # while AddRequests are outstanding, adds leave for the bookies at most this often (one
     # request per bookie for all of them); an idle bookie's add leaves at once. 0: no pacing.
     # (LedgerClientConfig.add_flush_interval_ms; BENCHMARKS.md "Pacing the pumps")
@@ -426,6 +428,7 @@ class BrokerConfig:
         return LedgerClientConfig(zookeeper=self.zookeeper, zk_session_timeout_ms=self.zk_session_timeout_ms,
                                   add_flush_interval_ms=self.bookie_add_flush_interval_ms,
                                   add_flush_on_idle_adds_max=self.bookie_add_flush_on_idle_adds_max,
+                                  pending_adds_max=self.pending_adds_max,
                                   bookie_auth_token=self.bookie_auth_token,
                                   bookie_auth_token_file=self.bookie_auth_token_file,
                                   bookie_tls_enabled=self.bookie_tls_enabled,

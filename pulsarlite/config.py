@@ -17,6 +17,13 @@ from pulsarlite.errors import ConfigError
 KiB = 1024
 MiB = 1024 * KiB
 
+# adds not yet confirmed on one ledger, at most: the one default of every layer that bounds them
+# (LedgerClientConfig: LedgerHandle.add() waits beyond it; broker/managed_ledger/config.py
+# ManagedLedgerConfig and broker/config.py BrokerConfig: a managed ledger's adds in flight and
+# queued during a rollover, the publish path's backlog beyond it). The broker's one setting
+# (TOML key pending_adds_max) is handed to its managed ledgers and its ledger client alike.
+PENDING_ADDS_MAX_DEFAULT = 10_000
+
 
 @dataclass(frozen=True)
 class BookieConfig:
@@ -274,7 +281,7 @@ class LedgerClientConfig:
     # an answer that leaves a bookie with no request outstanding and at most this many adds
     # waiting (chunks: a run of adds counts once) ends the interval at once. 0: never.
     add_flush_on_idle_adds_max: int = 0
-    pending_adds_max: int = 50_000           # adds in flight per ledger; add() waits beyond
+    pending_adds_max: int = PENDING_ADDS_MAX_DEFAULT     # adds in flight per ledger; add() waits beyond
     ensemble_change_attempts_max: int = 10
     recovery_attempts_max: int = 5
     read_entries_per_request_max: int = 1_000
@@ -412,4 +419,4 @@ def to_toml(cfg: object) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["BookieConfig", "LedgerClientConfig", "from_mapping", "load_toml", "to_toml", "field"]
+__all__ = ["BookieConfig", "LedgerClientConfig", "PENDING_ADDS_MAX_DEFAULT", "from_mapping", "load_toml", "to_toml", "field"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bookie.client.metadata import validate_quorum
+from pulsarlite.config import PENDING_ADDS_MAX_DEFAULT
 from pulsarlite.errors import ConfigError
 
 KiB = 1024
@@ -31,7 +32,7 @@ class ManagedLedgerConfig:
     rollover_publish_period_ms: int = 0
     # adds not yet confirmed (in flight on the current ledger + queued during a rollover);
     # add() waits beyond it, add_async() fails at once (retriable)
-    pending_adds_max: int = 10_000
+    pending_adds_max: int = PENDING_ADDS_MAX_DEFAULT
     # entries returned by one read_entries call at most
     read_entries_max: int = 1_000
     # closed-ledger readers kept open for reads

@@ -23,3 +23,30 @@ def test_a_bound_below_the_frame_or_beyond_int32_or_not_an_int_is_refused(value)
 def test_a_bound_equal_to_the_frame_is_taken():
     frame = BrokerConfig().frame_bytes_max
     assert BrokerConfig(message_uncompressed_bytes_max=frame).validate().message_uncompressed_bytes_max == frame
+
+
+
+def test_pending_adds_max_has_one_default():
+    """One default (pulsarlite.config.PENDING_ADDS_MAX_DEFAULT) for the ledger client, the managed
+    ledger and the broker (before: 10_000 spelled in two places, 50_000 in the ledger client)."""
+    from broker.managed_ledger.config import ManagedLedgerConfig
+    from pulsarlite.config import PENDING_ADDS_MAX_DEFAULT, LedgerClientConfig
+    defaults = BrokerConfig()
+    assert (defaults.pending_adds_max == ManagedLedgerConfig().pending_adds_max == LedgerClientConfig().pending_adds_max
+            == defaults.managed_ledger_config().pending_adds_max == defaults.ledger_client_config().pending_adds_max
+            == PENDING_ADDS_MAX_DEFAULT)
+
+
+def test_the_pending_adds_max_toml_key_reaches_every_layer(tmp_path):
+    """The broker's TOML key ``pending_adds_max`` sets its managed ledgers' limit and its ledger
+    client's (before, the broker never set the ledger client's: it stayed 50_000)."""
+    from pulsarlite.config import load_toml
+    path = tmp_path / "broker.toml"
+    path.write_text("pending_adds_max = 123\n")
+    config = load_toml(BrokerConfig, path)
+    assert config.pending_adds_max == 123
+    assert config.managed_ledger_config().pending_adds_max == 123
+    assert config.ledger_client_config().pending_adds_max == 123
+    path.write_text("pending_adds_max = 0\n")
+    with pytest.raises(ConfigError, match="pending_adds_max"):
+        load_toml(BrokerConfig, path)
