@@ -384,7 +384,7 @@ def check_batch_framing(data: bytes, count: int) -> None:
             payload_size = data[p + 1]
             q = p + 2
             if payload_size >= 0x80:
-                payload_size, q = _varint(data, p + 1, meta_end)
+                payload_size, q = read_varint(data, p + 1, meta_end)
                 if payload_size is None or payload_size >= _INT32_LIMIT:
                     q = -1                     # protobuf's parse below decides
             if q != meta_end and q > 0 and data[q] == 0x40 and data[meta_end - 1] < 0x80:
@@ -427,7 +427,7 @@ def _is_uniform_batch(data: bytes, count: int) -> bool:
     if count < 2 or end < 6 or data[4] != 0x18:
         return False
     meta_size = _U32.unpack_from(data, 0)[0]
-    payload_size, q = _varint(data, 5, min(end, 4 + meta_size))
+    payload_size, q = read_varint(data, 5, min(end, 4 + meta_size))
     if payload_size is None or payload_size >= _INT32_LIMIT:
         return False
     stride = 4 + meta_size + payload_size
@@ -542,9 +542,51 @@ def unpack_chunked(first: pb.MessageMetadata, payload: bytes, *,
     return unpack_entry(_frame_entry(raw, payload), uncompressed_bytes_max=uncompressed_bytes_max)
 
 
-def _varint(data: bytes, pos: int, end: int) -> tuple[int | None, int]:
+def has_unknown_fields(raw: pb.MessageMetadata) -> bool:
+    """The metadata holds fields our protobuf does not know (e.g. a newer codec's compression
+    value, which a proto2 closed enum parses as "unset" and keeps there)."""
+    return len(UnknownFieldSet(raw)) > 0
+
+
+def uncompressed_entry_header(entry: bytes | memoryview, metadata: EntryMetadata) -> bytes:
+    """``[u32 meta_size][MessageMetadata]`` of ``entry`` as it reads once its payload is
+    decompressed: the stored bytes verbatim when the entry is not compressed, else the
+    metadata with ``compression`` cleared (``uncompressed_size`` then is the payload's real
+    size). Followed by the uncompressed payload, it is an entry every reader decodes to the
+    same messages."""
+    raw = metadata.raw
+    if raw.compression == pb.NONE:
+        return bytes(entry[:metadata.payload_offset])
+    plain = pb.MessageMetadata()
+    plain.CopyFrom(raw)
+    plain.ClearField("compression")
+    meta = plain.SerializeToString()
+    return _U32.pack(len(meta)) + meta
+
+
+def batch_message_headers(data: bytes, messages: Sequence[Message]) -> list[bytes] | None:
+    """Each message's ``[u32 size][SingleMessageMetadata]`` verbatim, cut from ``data``, the
+    uncompressed batch :func:`unpack_entry` split into ``messages`` (their payloads give the
+    lengths); None when the framing does not match the messages (then they are not that
+    batch's)."""
+    headers = []
+    append = headers.append
+    unpack_u32 = _U32.unpack_from
+    pos = 0
+    end = len(data)
+    for message in messages:
+        if pos + 4 > end:
+            return None
+        header_end = pos + 4 + unpack_u32(data, pos)[0]
+        append(data[pos:header_end])
+        pos = header_end + len(message.payload)
+    return headers if pos == end else None
+
+
+def read_varint(data: bytes, pos: int, end: int) -> tuple[int | None, int]:
     """A protobuf varint of at most 10 bytes at ``pos`` (before ``end``): (value, next
-    position), or (None, pos) when it does not end in time."""
+    position), or (None, position reached) when it does not end in time. For the batch
+    framing decoded by hand (here and in :mod:`pulsarlite.wire.columnar`)."""
     result = 0
     shift = 0
     limit = min(end, pos + 10)
@@ -586,7 +628,7 @@ def _split_batch(data: bytes, raw: pb.MessageMetadata) -> list[Message]:
             if payload_size < 0x80:
                 p = pos + 2
             else:
-                payload_size, p = _varint(data, pos + 1, meta_end)
+                payload_size, p = read_varint(data, pos + 1, meta_end)
             sequence_id = first_sequence_id + index
             if p < meta_end and data[p] == 0x40:
                 q = p + 1
@@ -596,7 +638,7 @@ def _split_batch(data: bytes, raw: pb.MessageMetadata) -> list[Message]:
                                    | (data[q + 2] << 14))
                     p = q + 3
                 else:
-                    sequence_id, p = _varint(data, q, meta_end)
+                    sequence_id, p = read_varint(data, q, meta_end)
             if p == meta_end and payload_size is not None and sequence_id is not None:
                 if payload_size > end - meta_end:
                     raise EntryFormatError(f"message {index}: payload of {payload_size} bytes "
