@@ -55,7 +55,6 @@ statistics are kept on ledger_id, entry_id, publish_time and event_time (pruning
 from __future__ import annotations
 
 import logging
-import struct
 from array import array
 from dataclasses import dataclass
 from itertools import accumulate, chain
@@ -66,14 +65,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from google.protobuf.message import DecodeError
-
 from pulsarlite._proto import pulsar_api_pb2 as pb
 from pulsarlite.errors import ChecksumError, PulsarliteError
 from pulsarlite.wire.columnar import plain_batch_columns
 from pulsarlite.wire.entry import (EntryFormatError, Message, batch_message_headers, decompress,
-                                   has_unknown_fields, split_entry, uncompressed_entry_header,
-                                   unpack_entry)
+                                   has_unknown_fields, parse_metadata_unchecked, split_entry,
+                                   uncompressed_entry_header, unpack_entry)
 
 FORMAT_VERSION = "1"
 ROW_GROUP_BYTES_DEFAULT = 8 * 1024 * 1024
@@ -82,8 +79,6 @@ PARQUET_COMPRESSION_DEFAULT = "zstd"
 PARQUET_COMPRESSION_LEVEL_DEFAULT = 1
 STATISTICS_COLUMNS = ["ledger_id", "entry_id", "publish_time", "event_time"]
 
-_U32 = struct.Struct(">I")
-_parse_message_metadata = pb.MessageMetadata.FromString
 # fields of pulsarlite.wire.entry.Message
 _PAYLOAD, _KEY, _ORDERING_KEY, _PROPERTIES, _EVENT_TIME, _SEQUENCE_ID, _NULL_VALUE, \
     _BATCH_INDEX = (itemgetter(i) for i in (0, 1, 3, 4, 5, 6, 7, 10))
@@ -604,15 +599,11 @@ def decoded_bytes(entry: bytes | memoryview, *,
     encrypted entry, one opaque row too, may count more than its row: never less.)"""
     size = len(entry)
     # the metadata parsed alone (split_entry's checks of required fields cost as much again)
-    meta_size = _U32.unpack_from(entry, 0)[0] if size >= 4 else size
-    if meta_size > size - 4:
+    metadata = parse_metadata_unchecked(entry)
+    if metadata is None:
         return size + ROW_BYTES_OVERHEAD
-    meta = entry[4:4 + meta_size]
-    try:
-        raw = _parse_message_metadata(meta if type(meta) is bytes else bytes(meta))
-    except DecodeError:
-        return size + ROW_BYTES_OVERHEAD
-    size -= 4 + meta_size
+    raw = metadata.raw
+    size -= metadata.payload_offset
     if raw.compression and raw.uncompressed_size <= uncompressed_bytes_max:
         size = raw.uncompressed_size
     return size + ROW_BYTES_OVERHEAD * max(1, raw.num_messages_in_batch)

@@ -11,6 +11,10 @@ An entry is the producer's bytes, verbatim: ``[u32 meta_size][MessageMetadata][p
 - :func:`unpack_entry` yields the messages, decompressing and splitting batches.
 - :func:`build_entry` / :func:`build_batch_entry` do the reverse, byte-compatible with the
   official clients (LZ4 raw block, zlib, zstd frame, raw snappy).
+- :func:`uncompressed_entry_header`, :func:`batch_message_headers`: the bytes a rebuilt,
+  uncompressed entry is made of (the tier format keeps them); :func:`read_varint`,
+  :func:`parse_metadata_unchecked`, :func:`has_unknown_fields`, :func:`frame_entry`: the
+  pieces for readers that decode batches column-wise (:mod:`pulsarlite.wire.columnar`).
 """
 
 from __future__ import annotations
@@ -256,6 +260,25 @@ def _parse_metadata(entry: bytes | memoryview) -> tuple[pb.MessageMetadata, int]
 
 
 _parse_message_metadata = pb.MessageMetadata.FromString
+
+
+def parse_metadata_unchecked(entry: bytes | memoryview) -> EntryMetadata | None:
+    """The entry's metadata if its framing holds and it parses, required fields NOT checked
+    (for estimates from what an entry declares, e.g. the tier writer's row group sizes); None
+    otherwise. Anything that decodes messages uses :func:`peek_metadata` /
+    :func:`split_entry`."""
+    size = len(entry)
+    if size < 4:
+        return None
+    meta_size = _U32.unpack_from(entry, 0)[0]
+    if meta_size > size - 4:
+        return None
+    meta = entry[4:4 + meta_size]
+    try:
+        raw = _parse_message_metadata(meta if type(meta) is bytes else bytes(meta))
+    except DecodeError:
+        return None
+    return EntryMetadata(raw, 4 + meta_size)
 
 
 def split_entry(entry: bytes | memoryview) -> tuple[EntryMetadata, memoryview]:
@@ -539,7 +562,7 @@ def unpack_chunked(first: pb.MessageMetadata, payload: bytes, *,
         raw.ClearField(name)
     if raw.HasField("num_messages_in_batch"):
         raise EntryFormatError("a batch cannot be a chunk of a larger message")
-    return unpack_entry(_frame_entry(raw, payload), uncompressed_bytes_max=uncompressed_bytes_max)
+    return unpack_entry(frame_entry(raw, payload), uncompressed_bytes_max=uncompressed_bytes_max)
 
 
 def has_unknown_fields(raw: pb.MessageMetadata) -> bool:
@@ -703,7 +726,10 @@ def _set_message_fields(metadata, message: Message) -> None:
         metadata.null_value = True
 
 
-def _frame_entry(metadata: pb.MessageMetadata, payload: bytes) -> bytes:
+def frame_entry(metadata: pb.MessageMetadata, payload: bytes) -> bytes:
+    """``[u32 meta_size][metadata][payload]``: an entry of ``metadata`` (which must hold the
+    required fields: protobuf's EncodeError otherwise) and ``payload`` as stored (compressed
+    already if the metadata says so)."""
     meta = metadata.SerializeToString()
     return _U32.pack(len(meta)) + meta + payload
 
@@ -734,7 +760,7 @@ def build_entry(message: Message, *, producer_name: str, sequence_id: int, publi
                                    schema_version=schema_version)
     if highest_sequence_id is not None:
         metadata.highest_sequence_id = highest_sequence_id
-    return _frame_entry(metadata, compress(raw, compression))
+    return frame_entry(metadata, compress(raw, compression))
 
 
 def build_chunk_entries(message: Message, *, producer_name: str, sequence_id: int,
@@ -752,7 +778,7 @@ def build_chunk_entries(message: Message, *, producer_name: str, sequence_id: in
                                    schema_version=schema_version)
     payload = compress(raw, compression)
     if 4 + metadata.ByteSize() + len(payload) <= entry_bytes_max and len(raw) <= entry_bytes_max:
-        return [_frame_entry(metadata, payload)]
+        return [frame_entry(metadata, payload)]
     # Chunked also when only the uncompressed size is too large (Pulsar's producers chunk by the
     # compressed size only): a broker may refuse a single message declaring more than its
     # maximum uncompressed (ours does: it decompresses single messages to check them), never
@@ -776,7 +802,7 @@ def build_chunk_entries(message: Message, *, producer_name: str, sequence_id: in
     out = []
     for chunk_id in range(chunks):
         metadata.chunk_id = chunk_id
-        out.append(_frame_entry(metadata, bytes(view[chunk_id * chunk_bytes:(chunk_id + 1) * chunk_bytes])))
+        out.append(frame_entry(metadata, bytes(view[chunk_id * chunk_bytes:(chunk_id + 1) * chunk_bytes])))
     return out
 
 
@@ -964,4 +990,4 @@ def build_batch_entry(messages: Sequence[Message | bytes], *, producer_name: str
         metadata.schema_version = schema_version
     if highest_sequence_id is not None:
         metadata.highest_sequence_id = highest_sequence_id
-    return _frame_entry(metadata, raw if not compression else compress(raw, compression))
+    return frame_entry(metadata, raw if not compression else compress(raw, compression))
