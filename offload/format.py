@@ -55,10 +55,9 @@ statistics are kept on ledger_id, entry_id, publish_time and event_time (pruning
 from __future__ import annotations
 
 import logging
-import struct
 from array import array
 from dataclasses import dataclass
-from itertools import accumulate, chain, repeat
+from itertools import accumulate, chain
 from operator import itemgetter, methodcaller
 from typing import Any, BinaryIO, Iterable, Iterator, Sequence
 
@@ -66,13 +65,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from google.protobuf.message import DecodeError
-
 from pulsarlite._proto import pulsar_api_pb2 as pb
 from pulsarlite.errors import ChecksumError, PulsarliteError
-from pulsarlite.varint import SMALL_VARINTS, uvarint
-from pulsarlite.wire.entry import (EntryFormatError, Message, _varint, decompress, split_entry,
-                                   unpack_entry)
+from pulsarlite.wire.columnar import plain_batch_columns
+from pulsarlite.wire.entry import (EntryFormatError, Message, batch_message_headers, decompress,
+                                   has_unknown_fields, parse_metadata_unchecked, split_entry,
+                                   uncompressed_entry_header, unpack_entry)
 
 FORMAT_VERSION = "1"
 ROW_GROUP_BYTES_DEFAULT = 8 * 1024 * 1024
@@ -81,8 +79,6 @@ PARQUET_COMPRESSION_DEFAULT = "zstd"
 PARQUET_COMPRESSION_LEVEL_DEFAULT = 1
 STATISTICS_COLUMNS = ["ledger_id", "entry_id", "publish_time", "event_time"]
 
-_U32 = struct.Struct(">I")
-_parse_message_metadata = pb.MessageMetadata.FromString
 # fields of pulsarlite.wire.entry.Message
 _PAYLOAD, _KEY, _ORDERING_KEY, _PROPERTIES, _EVENT_TIME, _SEQUENCE_ID, _NULL_VALUE, \
     _BATCH_INDEX = (itemgetter(i) for i in (0, 1, 3, 4, 5, 6, 7, 10))
@@ -293,7 +289,6 @@ def _entries_table(ledger_id: int, entries: Iterable[tuple[int, bytes | memoryvi
     message_header_lengths: list[int] = []
     msgs: list = []
     last_entry_id = -1
-    u32 = _U32.unpack_from
     undecodable: list[int] = []            # entries kept opaque because they do not decode
 
     for entry_id, entry in entries:
@@ -349,31 +344,21 @@ def _entries_table(ledger_id: int, entries: Iterable[tuple[int, bytes | memoryvi
             msgs.append(message)
             continue
         raw = metadata.raw
-        if raw.compression != pb.NONE:
-            plain = pb.MessageMetadata()
-            plain.CopyFrom(raw)
-            plain.ClearField("compression")
-            meta = plain.SerializeToString()
-            header = _U32.pack(len(meta)) + meta
-        else:
-            header = bytes(entry[:metadata.payload_offset])
+        header = uncompressed_entry_header(entry, metadata)
         n = len(messages)
         if n == 0:
             raise TierFormatError(f"ledger {ledger_id} entry {entry_id}: a batch of 0 messages")
         entry_headers.append(header)
         if raw.HasField("num_messages_in_batch"):
             data = _batch_buffer(entry, messages, raw, uncompressed_bytes_max)
-            # walk the batch framing (unpack_entry validated it) to keep each message's
-            # SingleMessageMetadata bytes verbatim
-            pos = 0
-            for message in messages:
-                end = pos + 4 + u32(data, pos)[0]
-                message_headers.append(data[pos:end])
-                message_header_lengths.append(end - pos)
-                pos = end + len(message.payload)
-            if pos != len(data):
+            # each message's SingleMessageMetadata bytes verbatim (unpack_entry validated
+            # the framing)
+            headers = batch_message_headers(data, messages)
+            if headers is None:
                 raise TierFormatError(f"ledger {ledger_id} entry {entry_id}: batch framing "
                                       "does not match its messages")
+            message_headers.extend(headers)
+            message_header_lengths.extend(map(len, headers))
             if n > 1:
                 entry_headers.extend([None] * (n - 1))
             batch_size.extend([n] * n)
@@ -443,199 +428,7 @@ def _entries_table(ledger_id: int, entries: Iterable[tuple[int, bytes | memoryvi
 # entries -> table, fast: batches of plain messages without a Python object per message
 # ---------------------------------------------------------------------------------------------
 
-_PLAIN_CACHE_MAX = 256
 FAST_MISSES_MAX = 16       # entries_to_table_fast: general-path entries in a row before it stops trying
-_STRIDE_INDICES: dict[tuple[int, int], pa.Array] = {}     # (count, 0|1) -> 0/1, 2/3, 4/5, ...
-_LOW_SEVEN = [bytes((low | 0x80,)) for low in range(0x80)]   # a varint's first byte, id >= 128
-
-
-def _stride_indices(count: int, odd: int) -> pa.Array:
-    key = (count, odd)
-    indices = _STRIDE_INDICES.get(key)
-    if indices is None:
-        indices = pa.array(range(odd, 2 * count, 2), pa.int32())
-        if len(_STRIDE_INDICES) < _PLAIN_CACHE_MAX:
-            _STRIDE_INDICES[key] = indices
-    return indices
-
-
-def _varint_bytes(value: int) -> int:
-    return (value.bit_length() + 6) // 7 or 1
-
-
-def _plain_headers(payload_size: int, first_sequence_id: int | None, count: int
-                   ) -> tuple[bytes, list[tuple[int, int]]]:
-    """What the ``count`` messages' ``[u32 size][SingleMessageMetadata]`` are, concatenated,
-    and their lengths as runs of (messages, header length), if every message is plain (only
-    ``payload_size`` = ``payload_size``, and ``sequence_id`` = ``first_sequence_id + index``
-    unless that is None): byte for byte what protobuf writes (fields in number order, shortest
-    varints). No Python statement per message: runs of ids sharing their varint's upper bytes
-    are woven in C."""
-    field3 = b"\x18" + uvarint(payload_size)
-    if first_sequence_id is None:
-        header = _U32.pack(len(field3)) + field3
-        return header * count, [(count, len(header))]
-    parts: list = []
-    runs: list[tuple[int, int]] = []
-    seq = first_sequence_id
-    end = first_sequence_id + count
-    while seq < end:
-        if seq < 0x80:
-            take = min(0x80, end) - seq
-            head = _U32.pack(len(field3) + 2) + field3 + b"\x40"
-            parts.extend(chain.from_iterable(zip(repeat(head, take),
-                                                 SMALL_VARINTS[seq:seq + take])))
-            runs.append((take, len(head) + 1))
-        else:
-            low = seq & 0x7F
-            take = min(0x80 - low, end - seq)
-            upper = uvarint(seq >> 7)
-            head = _U32.pack(len(field3) + 2 + len(upper)) + field3 + b"\x40"
-            parts.extend(chain.from_iterable(zip(repeat(head, take), _LOW_SEVEN[low:low + take],
-                                                 repeat(upper, take))))
-            runs.append((take, len(head) + 1 + len(upper)))
-        seq += take
-    return b"".join(parts), runs
-
-
-def _plain_batch(data: bytes, raw: pb.MessageMetadata
-                 ) -> tuple[pa.Array, pa.Array, int, int] | None:
-    """(values, message headers, and their sizes in bytes) of a batch whose messages are all
-    plain and of one payload size, with consecutive sequence ids from the entry's (written, or
-    all absent), as a producer of plain messages batches them; None for any other batch (the
-    caller takes the general path, which also reports malformed batches)."""
-    count = raw.num_messages_in_batch
-    size = len(data)
-    if count < 1 or size < 6 or data[4] != 0x18:
-        return None
-    meta_size = _U32.unpack_from(data, 0)[0]
-    if not 2 <= meta_size <= 22 or 4 + meta_size > size:
-        return None
-    # the first message's metadata: payload_size, then perhaps sequence_id, nothing else
-    end = 4 + meta_size
-    payload_size, pos = _varint(data, 5, end)
-    if payload_size is None:
-        return None
-    first_sequence_id = raw.sequence_id
-    if pos == end:
-        with_sequence = None
-    elif data[pos] == 0x40 and end - pos - 1 == _varint_bytes(first_sequence_id):
-        with_sequence = first_sequence_id
-    else:
-        return None
-    headers, runs = _plain_headers(payload_size, with_sequence, count)
-    # (ids past int64 are refused by the general path: it decides)
-    if len(headers) + count * payload_size != size or first_sequence_id + count > 2**63:
-        return None
-    # the batch as 2 x count pieces: header, payload, header, ...; within a run of one header
-    # length the piece ends step by one stride: filled a run at a time
-    offsets = array("i", bytes(4 * (2 * count + 1)))
-    index = pos = 0
-    for taken, length in runs:
-        stride = length + payload_size     # > 0: a header is at least 6 bytes
-        end = pos + taken * stride
-        if index + taken > count:
-            return None
-        # exactly ``taken`` piece ends each (a stop at ``end`` would drop the last header end
-        # when payloads are empty: then it is ``end`` itself)
-        offsets[2 * index + 1:2 * (index + taken):2] = array(
-            "i", range(pos + length, pos + length + taken * stride, stride))
-        offsets[2 * index + 2:2 * (index + taken) + 1:2] = array(
-            "i", range(pos + stride, end + stride, stride))
-        index += taken
-        pos = end
-    pieces = pa.Array.from_buffers(pa.binary(), 2 * count,
-                                   [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-    actual = pieces.take(_stride_indices(count, 0))
-    # the headers' bytes, back to back, must be the plain ones exactly
-    data_buffer = actual.buffers()[2]
-    if data_buffer is None or data_buffer.size < len(headers) \
-            or not data_buffer.slice(0, len(headers)).equals(pa.py_buffer(headers)):
-        return None
-    return pieces.take(_stride_indices(count, 1)), actual, count * payload_size, len(headers)
-
-
-def _plain_batch_walk(data: bytes, raw: pb.MessageMetadata
-                      ) -> tuple[pa.Array, pa.Array, int, int, pa.Array | None] | None:
-    """What :func:`_plain_batch` returns, and the keys (None: no message has one), for
-    messages of any payload sizes that carry nothing but a payload, perhaps their id (still
-    ``entry's + index``) and perhaps a key (every message of the batch or none, under 128
-    bytes, valid UTF-8, not flagged base64); varints in their shortest form. The batch is
-    walked message by message, but only to find the pieces (a few integer operations each, no
-    object per message); the columns are then cut by Arrow takes. None for any other batch."""
-    count = raw.num_messages_in_batch
-    end = len(data)
-    first_sequence_id = raw.sequence_id
-    if count < 1 or first_sequence_id + count > 2**63:
-        return None
-    offsets = array("i", [0])
-    append = offsets.append
-    keyed = end > 4 and data[4] == 0x12      # SingleMessageMetadata.partition_key first
-    key_offsets = array("i")
-    key_append = key_offsets.append
-    pos = header_bytes = 0
-    sequence_id = first_sequence_id
-    for _ in range(count):
-        if pos + 6 > end or data[pos] or data[pos + 1] or data[pos + 2]:
-            return None
-        meta_end = pos + 4 + data[pos + 3]
-        q = pos + 4
-        if keyed:
-            if data[q] != 0x12:
-                return None
-            key_end = q + 2 + data[q + 1]
-            if data[q + 1] >= 0x80 or key_end + 2 > meta_end:
-                return None
-            key_append(q + 2)
-            key_append(key_end)
-            q = key_end
-        if meta_end < q + 2 or meta_end > end or data[q] != 0x18:
-            return None
-        payload_size = data[q + 1]
-        p = q + 2
-        if payload_size >= 0x80:
-            shift = 7
-            payload_size &= 0x7F
-            while True:
-                if p >= meta_end or shift > 28:
-                    return None
-                byte = data[p]
-                p += 1
-                payload_size |= (byte & 0x7F) << shift
-                shift += 7
-                if byte < 0x80:
-                    break
-            if byte == 0:           # not the shortest form
-                return None
-        if p != meta_end:
-            if data[p] != 0x40:
-                return None
-            written = uvarint(sequence_id)
-            if data[p + 1:meta_end] != written:
-                return None
-        if meta_end + payload_size > end:
-            return None
-        append(meta_end)
-        header_bytes += meta_end - pos
-        pos = meta_end + payload_size
-        append(pos)
-        sequence_id += 1
-    if pos != end:
-        return None
-    pieces = pa.Array.from_buffers(pa.binary(), 2 * count,
-                                   [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-    headers = pieces.take(_stride_indices(count, 0))
-    values = pieces.take(_stride_indices(count, 1))
-    keys = None
-    if keyed:
-        # key, gap, key, ...: 2 x count - 1 pieces, the keys at the even ones
-        key_pieces = pa.Array.from_buffers(pa.binary(), 2 * count - 1,
-                                           [None, pa.py_buffer(key_offsets), pa.py_buffer(data)])
-        try:
-            keys = key_pieces.take(_stride_indices(count, 0)).cast(pa.string())
-        except pa.ArrowInvalid:          # not UTF-8: the general path decides
-            return None
-    return values, headers, end - header_bytes, header_bytes, keys
 
 
 def entries_to_table_fast(ledger_id: int, entries: Iterable[tuple[int, bytes | memoryview]], *,
@@ -699,10 +492,9 @@ def _fast_entry(entry: bytes | memoryview,
         return None
     compression = raw.compression
     if compression == pb.NONE:
-        if not raw.HasField("compression") and _has_unknown_fields(raw):
+        if not raw.HasField("compression") and has_unknown_fields(raw):
             return None
         data = bytes(payload)
-        header = bytes(entry[:metadata.payload_offset])
     else:
         try:
             data = decompress(payload, compression, raw.uncompressed_size,
@@ -710,25 +502,10 @@ def _fast_entry(entry: bytes | memoryview,
         except EntryFormatError:
             return None
         data = data if type(data) is bytes else bytes(data)
-        plain = pb.MessageMetadata()
-        plain.CopyFrom(raw)
-        plain.ClearField("compression")
-        meta = plain.SerializeToString()
-        header = _U32.pack(len(meta)) + meta
-    decoded = _plain_batch(data, raw)
-    if decoded is not None:
-        return (raw, header) + decoded + (None,)
-    decoded = _plain_batch_walk(data, raw)
+    decoded = plain_batch_columns(data, raw.num_messages_in_batch, raw.sequence_id)
     if decoded is None:
         return None
-    return (raw, header) + decoded
-
-
-def _has_unknown_fields(raw: pb.MessageMetadata) -> bool:
-    """Fields the parser did not know (e.g. a newer codec's compression value, which a proto2
-    closed enum leaves there): the general path decides about those."""
-    from google.protobuf.unknown_fields import UnknownFieldSet
-    return len(UnknownFieldSet(raw)) > 0
+    return (raw, uncompressed_entry_header(entry, metadata)) + tuple(decoded)
 
 
 _ARANGE = array("q")      # 0, 1, 2, ...: row positions, grown on demand and shared
@@ -822,15 +599,11 @@ def decoded_bytes(entry: bytes | memoryview, *,
     encrypted entry, one opaque row too, may count more than its row: never less.)"""
     size = len(entry)
     # the metadata parsed alone (split_entry's checks of required fields cost as much again)
-    meta_size = _U32.unpack_from(entry, 0)[0] if size >= 4 else size
-    if meta_size > size - 4:
+    metadata = parse_metadata_unchecked(entry)
+    if metadata is None:
         return size + ROW_BYTES_OVERHEAD
-    meta = entry[4:4 + meta_size]
-    try:
-        raw = _parse_message_metadata(meta if type(meta) is bytes else bytes(meta))
-    except DecodeError:
-        return size + ROW_BYTES_OVERHEAD
-    size -= 4 + meta_size
+    raw = metadata.raw
+    size -= metadata.payload_offset
     if raw.compression and raw.uncompressed_size <= uncompressed_bytes_max:
         size = raw.uncompressed_size
     return size + ROW_BYTES_OVERHEAD * max(1, raw.num_messages_in_batch)

@@ -11,6 +11,10 @@ An entry is the producer's bytes, verbatim: ``[u32 meta_size][MessageMetadata][p
 - :func:`unpack_entry` yields the messages, decompressing and splitting batches.
 - :func:`build_entry` / :func:`build_batch_entry` do the reverse, byte-compatible with the
   official clients (LZ4 raw block, zlib, zstd frame, raw snappy).
+- :func:`uncompressed_entry_header`, :func:`batch_message_headers`: the bytes a rebuilt,
+  uncompressed entry is made of (the tier format keeps them); :func:`read_varint`,
+  :func:`parse_metadata_unchecked`, :func:`has_unknown_fields`, :func:`frame_entry`: the
+  pieces for readers that decode batches column-wise (:mod:`pulsarlite.wire.columnar`).
 """
 
 from __future__ import annotations
@@ -258,6 +262,25 @@ def _parse_metadata(entry: bytes | memoryview) -> tuple[pb.MessageMetadata, int]
 _parse_message_metadata = pb.MessageMetadata.FromString
 
 
+def parse_metadata_unchecked(entry: bytes | memoryview) -> EntryMetadata | None:
+    """The entry's metadata if its framing holds and it parses, required fields NOT checked
+    (for estimates from what an entry declares, e.g. the tier writer's row group sizes); None
+    otherwise. Anything that decodes messages uses :func:`peek_metadata` /
+    :func:`split_entry`."""
+    size = len(entry)
+    if size < 4:
+        return None
+    meta_size = _U32.unpack_from(entry, 0)[0]
+    if meta_size > size - 4:
+        return None
+    meta = entry[4:4 + meta_size]
+    try:
+        raw = _parse_message_metadata(meta if type(meta) is bytes else bytes(meta))
+    except DecodeError:
+        return None
+    return EntryMetadata(raw, 4 + meta_size)
+
+
 def split_entry(entry: bytes | memoryview) -> tuple[EntryMetadata, memoryview]:
     """``[u32 meta_size][MessageMetadata][payload]`` -> (metadata, view of the payload as
     stored, i.e. still compressed)."""
@@ -384,7 +407,7 @@ def check_batch_framing(data: bytes, count: int) -> None:
             payload_size = data[p + 1]
             q = p + 2
             if payload_size >= 0x80:
-                payload_size, q = _varint(data, p + 1, meta_end)
+                payload_size, q = read_varint(data, p + 1, meta_end)
                 if payload_size is None or payload_size >= _INT32_LIMIT:
                     q = -1                     # protobuf's parse below decides
             if q != meta_end and q > 0 and data[q] == 0x40 and data[meta_end - 1] < 0x80:
@@ -427,7 +450,7 @@ def _is_uniform_batch(data: bytes, count: int) -> bool:
     if count < 2 or end < 6 or data[4] != 0x18:
         return False
     meta_size = _U32.unpack_from(data, 0)[0]
-    payload_size, q = _varint(data, 5, min(end, 4 + meta_size))
+    payload_size, q = read_varint(data, 5, min(end, 4 + meta_size))
     if payload_size is None or payload_size >= _INT32_LIMIT:
         return False
     stride = 4 + meta_size + payload_size
@@ -539,12 +562,54 @@ def unpack_chunked(first: pb.MessageMetadata, payload: bytes, *,
         raw.ClearField(name)
     if raw.HasField("num_messages_in_batch"):
         raise EntryFormatError("a batch cannot be a chunk of a larger message")
-    return unpack_entry(_frame_entry(raw, payload), uncompressed_bytes_max=uncompressed_bytes_max)
+    return unpack_entry(frame_entry(raw, payload), uncompressed_bytes_max=uncompressed_bytes_max)
 
 
-def _varint(data: bytes, pos: int, end: int) -> tuple[int | None, int]:
+def has_unknown_fields(raw: pb.MessageMetadata) -> bool:
+    """The metadata holds fields our protobuf does not know (e.g. a newer codec's compression
+    value, which a proto2 closed enum parses as "unset" and keeps there)."""
+    return len(UnknownFieldSet(raw)) > 0
+
+
+def uncompressed_entry_header(entry: bytes | memoryview, metadata: EntryMetadata) -> bytes:
+    """``[u32 meta_size][MessageMetadata]`` of ``entry`` as it reads once its payload is
+    decompressed: the stored bytes verbatim when the entry is not compressed, else the
+    metadata with ``compression`` cleared (``uncompressed_size`` then is the payload's real
+    size). Followed by the uncompressed payload, it is an entry every reader decodes to the
+    same messages."""
+    raw = metadata.raw
+    if raw.compression == pb.NONE:
+        return bytes(entry[:metadata.payload_offset])
+    plain = pb.MessageMetadata()
+    plain.CopyFrom(raw)
+    plain.ClearField("compression")
+    meta = plain.SerializeToString()
+    return _U32.pack(len(meta)) + meta
+
+
+def batch_message_headers(data: bytes, messages: Sequence[Message]) -> list[bytes] | None:
+    """Each message's ``[u32 size][SingleMessageMetadata]`` verbatim, cut from ``data``, the
+    uncompressed batch :func:`unpack_entry` split into ``messages`` (their payloads give the
+    lengths); None when the framing does not match the messages (then they are not that
+    batch's)."""
+    headers = []
+    append = headers.append
+    unpack_u32 = _U32.unpack_from
+    pos = 0
+    end = len(data)
+    for message in messages:
+        if pos + 4 > end:
+            return None
+        header_end = pos + 4 + unpack_u32(data, pos)[0]
+        append(data[pos:header_end])
+        pos = header_end + len(message.payload)
+    return headers if pos == end else None
+
+
+def read_varint(data: bytes, pos: int, end: int) -> tuple[int | None, int]:
     """A protobuf varint of at most 10 bytes at ``pos`` (before ``end``): (value, next
-    position), or (None, pos) when it does not end in time."""
+    position), or (None, position reached) when it does not end in time. For the batch
+    framing decoded by hand (here and in :mod:`pulsarlite.wire.columnar`)."""
     result = 0
     shift = 0
     limit = min(end, pos + 10)
@@ -586,7 +651,7 @@ def _split_batch(data: bytes, raw: pb.MessageMetadata) -> list[Message]:
             if payload_size < 0x80:
                 p = pos + 2
             else:
-                payload_size, p = _varint(data, pos + 1, meta_end)
+                payload_size, p = read_varint(data, pos + 1, meta_end)
             sequence_id = first_sequence_id + index
             if p < meta_end and data[p] == 0x40:
                 q = p + 1
@@ -596,7 +661,7 @@ def _split_batch(data: bytes, raw: pb.MessageMetadata) -> list[Message]:
                                    | (data[q + 2] << 14))
                     p = q + 3
                 else:
-                    sequence_id, p = _varint(data, q, meta_end)
+                    sequence_id, p = read_varint(data, q, meta_end)
             if p == meta_end and payload_size is not None and sequence_id is not None:
                 if payload_size > end - meta_end:
                     raise EntryFormatError(f"message {index}: payload of {payload_size} bytes "
@@ -661,7 +726,10 @@ def _set_message_fields(metadata, message: Message) -> None:
         metadata.null_value = True
 
 
-def _frame_entry(metadata: pb.MessageMetadata, payload: bytes) -> bytes:
+def frame_entry(metadata: pb.MessageMetadata, payload: bytes) -> bytes:
+    """``[u32 meta_size][metadata][payload]``: an entry of ``metadata`` (which must hold the
+    required fields: protobuf's EncodeError otherwise) and ``payload`` as stored (compressed
+    already if the metadata says so)."""
     meta = metadata.SerializeToString()
     return _U32.pack(len(meta)) + meta + payload
 
@@ -692,7 +760,7 @@ def build_entry(message: Message, *, producer_name: str, sequence_id: int, publi
                                    schema_version=schema_version)
     if highest_sequence_id is not None:
         metadata.highest_sequence_id = highest_sequence_id
-    return _frame_entry(metadata, compress(raw, compression))
+    return frame_entry(metadata, compress(raw, compression))
 
 
 def build_chunk_entries(message: Message, *, producer_name: str, sequence_id: int,
@@ -710,7 +778,7 @@ def build_chunk_entries(message: Message, *, producer_name: str, sequence_id: in
                                    schema_version=schema_version)
     payload = compress(raw, compression)
     if 4 + metadata.ByteSize() + len(payload) <= entry_bytes_max and len(raw) <= entry_bytes_max:
-        return [_frame_entry(metadata, payload)]
+        return [frame_entry(metadata, payload)]
     # Chunked also when only the uncompressed size is too large (Pulsar's producers chunk by the
     # compressed size only): a broker may refuse a single message declaring more than its
     # maximum uncompressed (ours does: it decompresses single messages to check them), never
@@ -734,7 +802,7 @@ def build_chunk_entries(message: Message, *, producer_name: str, sequence_id: in
     out = []
     for chunk_id in range(chunks):
         metadata.chunk_id = chunk_id
-        out.append(_frame_entry(metadata, bytes(view[chunk_id * chunk_bytes:(chunk_id + 1) * chunk_bytes])))
+        out.append(frame_entry(metadata, bytes(view[chunk_id * chunk_bytes:(chunk_id + 1) * chunk_bytes])))
     return out
 
 
@@ -922,4 +990,4 @@ def build_batch_entry(messages: Sequence[Message | bytes], *, producer_name: str
         metadata.schema_version = schema_version
     if highest_sequence_id is not None:
         metadata.highest_sequence_id = highest_sequence_id
-    return _frame_entry(metadata, raw if not compression else compress(raw, compression))
+    return frame_entry(metadata, raw if not compression else compress(raw, compression))

@@ -274,7 +274,7 @@ def test_the_broker_check_takes_a_compressed_chunk_of_a_message_larger_than_its_
         check_sendable(entry, meta, uncompressed_bytes_max=8192)
     meta, payload = split_entry(entries[0])
     meta.raw.uncompressed_size = 2**31
-    from pulsarlite.wire.entry import _frame_entry
-    bad = _frame_entry(meta.raw, bytes(payload))
+    from pulsarlite.wire.entry import frame_entry
+    bad = frame_entry(meta.raw, bytes(payload))
     with pytest.raises(EntryFormatError, match="uncompressed size"):
         check_sendable(bad, unpack_entry(bad)[0])
