@@ -17,6 +17,7 @@ import re
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,11 +35,42 @@ class ZooKeeperStartError(PulsarliteError):
 
 # -- ports and four-letter words -------------------------------------------------------------
 
+# Ports handed out by find_free_port, by any process on this machine: one empty file per port,
+# created exclusively. Between the pick and the process binding it the port is free in the
+# kernel's eyes, so two processes picking at once (two pytest-xdist workers starting clusters)
+# could be handed the same one: a bookie then failed "address already in use" (session 17).
+PORT_RESERVATIONS_DIR = Path(tempfile.gettempdir()) / "pulsarlite-port-reservations"
+PORT_RESERVATION_S = 600.0
+
+
 def find_free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that was free a moment ago (bind to port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port that was free a moment ago (bind to port 0, read it, close) and that this
+    function handed to no process on this machine in the last PORT_RESERVATION_S seconds."""
+    port = 0
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if _reserve(port):
+            return port
+    return port      # every pick reserved (not expected): the kernel's free port, unreserved
+
+
+def _reserve(port: int) -> bool:
+    marker = PORT_RESERVATIONS_DIR / str(port)
+    try:
+        PORT_RESERVATIONS_DIR.mkdir(exist_ok=True)
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - marker.stat().st_mtime > PORT_RESERVATION_S:
+                marker.unlink()          # an old reservation: taken again on the next pick
+        except FileNotFoundError:
+            pass
+        return False
+    except OSError:
+        return True      # no writable temp directory: no reservations, the port as before
 
 
 def port_accepts(host: str, port: int, timeout_s: float = 1.0) -> bool:
