@@ -19,16 +19,20 @@ from __future__ import annotations
 
 import asyncio
 
-from pulsarlite.client import impl
+from pulsarlite.client.auth import AuthenticationBasic, AuthenticationTLS, AuthenticationToken
 from pulsarlite.client.common import (result_of, check_client_kwargs, check_schema, check_topic_arg,
                                       consumer_conf, make_message, mid_of, producer_conf, regex_mode_of)
-from pulsarlite.client.auth import AuthenticationBasic, AuthenticationTLS, AuthenticationToken
+from pulsarlite.client.connection import ClientImpl, parse_service_url
+from pulsarlite.client.consumer import create_reader as _create_reader
 from pulsarlite.client.core import HashingScheme
 from pulsarlite.client.errors import AuthenticationError
 from pulsarlite.client.errors import (IncompatibleSchema, AlreadyClosed, BrokerError, ClientError, ConnectError,
                                       ConsumerBusy, InvalidConfiguration, InvalidTopicNameError,
                                       LookupError_, MessageTooBig, NotConnected, ProducerBusy,
                                       ProducerQueueIsFull, Timeout, TopicNotFound)
+from pulsarlite.client.multi_consumer import subscribe as _subscribe
+from pulsarlite.client.producer import create_producer as _create_producer
+from pulsarlite.client.sink import AsyncSink
 from pulsarlite.client.types import (BatchingType, CompressionType, ConsumerType, InitialPosition, Message,
                                      MessageId, Result)
 
@@ -59,24 +63,24 @@ class Client:
                  connection_timeout_ms: int = 10_000, keep_alive_interval_seconds: float = 30,
                  use_tls: bool = False, authentication=None, **ignored) -> None:
         security = check_client_kwargs(use_tls, authentication, ignored)
-        impl.parse_service_url(service_url)
+        parse_service_url(service_url)
         self._args = dict(operation_timeout_seconds=operation_timeout_seconds,
                           connection_timeout_ms=connection_timeout_ms,
                           keep_alive_interval_seconds=keep_alive_interval_seconds, security=security)
         self._service_url = service_url
-        self._impl_: impl.ClientImpl | None = None
+        self._impl_: ClientImpl | None = None
 
     @property
-    def _impl(self) -> impl.ClientImpl:
+    def _impl(self) -> ClientImpl:
         if self._impl_ is None:
-            self._impl_ = impl.ClientImpl(self._service_url, **self._args)
+            self._impl_ = ClientImpl(self._service_url, **self._args)
         return self._impl_
 
     async def create_producer(self, topic: str, producer_name: str | None = None,
                               hashing_scheme: HashingScheme = HashingScheme.BoostHash,
                               **kwargs) -> "Producer":
         conf, max_pending, block = producer_conf(producer_name=producer_name, **kwargs)
-        producer = await impl.create_producer(self._impl, topic, conf, hashing_scheme)
+        producer = await _create_producer(self._impl, topic, conf, hashing_scheme)
         return Producer(producer, max_pending, block)
 
     async def subscribe(self, topic, subscription_name: str, consumer_type=None,
@@ -87,10 +91,10 @@ class Client:
         if consumer_type is not None:
             kwargs["consumer_type"] = consumer_type
         conf = consumer_conf(subscription_name, **kwargs)
-        sink = impl.AsyncSink(self._impl.loop)
-        consumer = await impl.subscribe(self._impl, topic, conf, sink,
-                                        pattern_auto_discovery_period_s=period,
-                                        regex_subscription_mode=regex_mode)
+        sink = AsyncSink(self._impl.loop)
+        consumer = await _subscribe(self._impl, topic, conf, sink,
+                                    pattern_auto_discovery_period_s=period,
+                                    regex_subscription_mode=regex_mode)
         return Consumer(consumer, sink)
 
     async def create_reader(self, topic: str, start_message_id: MessageId, reader_name=None,
@@ -98,8 +102,8 @@ class Client:
                             start_message_id_inclusive: bool = False,
                             subscription_role_prefix=None, schema=None, **ignored) -> "Reader":
         schema = check_schema(schema)
-        sink = impl.AsyncSink(self._impl.loop)
-        reader = await impl.create_reader(
+        sink = AsyncSink(self._impl.loop)
+        reader = await _create_reader(
             self._impl, topic, start_message_id, sink,
             start_message_id_inclusive=start_message_id_inclusive,
             receiver_queue_size=receiver_queue_size, reader_name=reader_name,
@@ -206,7 +210,7 @@ class Producer:
 
 
 class Consumer:
-    def __init__(self, consumer, sink: impl.AsyncSink) -> None:
+    def __init__(self, consumer, sink: AsyncSink) -> None:
         self._impl = consumer
         self._sink = sink
         self._closed = False
@@ -270,7 +274,7 @@ class Consumer:
 
 
 class Reader:
-    def __init__(self, reader, sink: impl.AsyncSink) -> None:
+    def __init__(self, reader, sink: AsyncSink) -> None:
         self._impl = reader
         self._sink = sink
         self._closed = False

@@ -13,15 +13,22 @@ import asyncio
 import collections
 import concurrent.futures
 import itertools
+import logging
 import threading
 
-from pulsarlite.client import impl
 from pulsarlite.client.common import (result_of, check_client_kwargs, check_schema, check_topic_arg,
                                       consumer_conf, make_message, mid_of, producer_conf, regex_mode_of)
+from pulsarlite.client.connection import ClientImpl, parse_service_url
+from pulsarlite.client.consumer import ConsumerImpl, create_reader as _create_reader
 from pulsarlite.client.core import HashingScheme
 from pulsarlite.client.errors import (AlreadyClosed, MessageTooBig,
                                       ProducerQueueIsFull, Timeout)
+from pulsarlite.client.multi_consumer import subscribe as _subscribe
+from pulsarlite.client.producer import create_producer as _create_producer
+from pulsarlite.client.sink import ThreadSink
 from pulsarlite.client.types import ChunkMessageId, Message, MessageId, RegexSubscriptionMode, Result
+
+log = logging.getLogger("pulsarlite.client")
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -75,12 +82,12 @@ class Client:
                  concurrent_lookup_requests: int = 50000, log_conf_file_path=None, logger=None,
                  use_tls: bool = False, authentication=None, **ignored) -> None:
         security = check_client_kwargs(use_tls, authentication, ignored)
-        impl.parse_service_url(service_url)   # validate before starting a thread
+        parse_service_url(service_url)   # validate before starting a thread
         self._io = _LoopThread()
         self._timeout_s = float(operation_timeout_seconds)
 
         async def make():
-            return impl.ClientImpl(service_url,
+            return ClientImpl(service_url,
                                    operation_timeout_seconds=operation_timeout_seconds,
                                    connection_timeout_ms=connection_timeout_ms,
                                    keep_alive_interval_seconds=keep_alive_interval_seconds,
@@ -102,7 +109,7 @@ class Client:
                         hashing_scheme: HashingScheme = HashingScheme.BoostHash,
                         **kwargs) -> "Producer":
         conf, max_pending, block = producer_conf(producer_name=producer_name, **kwargs)
-        producer = self._run(impl.create_producer(self._impl, topic, conf, hashing_scheme),
+        producer = self._run(_create_producer(self._impl, topic, conf, hashing_scheme),
                              extra_s=10)
         return Producer(self, producer, max_pending, block)
 
@@ -113,10 +120,10 @@ class Client:
         if consumer_type is not None:
             kwargs["consumer_type"] = consumer_type
         conf = consumer_conf(subscription_name, **kwargs)
-        sink = impl.ThreadSink(self._io.loop)
-        consumer = self._run(impl.subscribe(self._impl, topic, conf, sink,
-                                            pattern_auto_discovery_period_s=pattern_period,
-                                            regex_subscription_mode=regex_mode),
+        sink = ThreadSink(self._io.loop)
+        consumer = self._run(_subscribe(self._impl, topic, conf, sink,
+                                        pattern_auto_discovery_period_s=pattern_period,
+                                        regex_subscription_mode=regex_mode),
                              extra_s=10)
         return Consumer(self, consumer, sink)
 
@@ -124,8 +131,8 @@ class Client:
                       receiver_queue_size: int = 1000, start_message_id_inclusive: bool = False,
                       subscription_role_prefix=None, schema=None, **ignored) -> "Reader":
         schema = check_schema(schema)
-        sink = impl.ThreadSink(self._io.loop)
-        reader = self._run(impl.create_reader(
+        sink = ThreadSink(self._io.loop)
+        reader = self._run(_create_reader(
             self._impl, topic, start_message_id, sink,
             start_message_id_inclusive=start_message_id_inclusive,
             receiver_queue_size=receiver_queue_size, reader_name=reader_name,
@@ -249,7 +256,7 @@ class Producer:
                 try:
                     callbacks[0](ok, ChunkMessageId(chunk_positions, partition, topic))
                 except Exception:
-                    impl.log.exception("event=callback_failed topic=%s", topic)
+                    log.exception("event=callback_failed topic=%s", topic)
                 return
             # a batch's messages are its indexes 0..count-1; a lone message has index -1, count 0
             count = len(callbacks) if batched else 0
@@ -259,7 +266,7 @@ class Producer:
                     try:
                         callback(ok, MessageId(partition, ledger_id, entry_id, index, count, topic))
                     except Exception:
-                        impl.log.exception("event=callback_failed topic=%s", topic)
+                        log.exception("event=callback_failed topic=%s", topic)
                 if batched:
                     index += 1
             return
@@ -273,7 +280,7 @@ class Producer:
                 else:
                     callback(result, None)
             except Exception:
-                impl.log.exception("event=callback_failed topic=%s", topic)
+                log.exception("event=callback_failed topic=%s", topic)
 
     def _drain(self) -> None:   # on the loop
         self._drain_scheduled = False
@@ -387,11 +394,11 @@ class _AckInbox:
             try:
                 fn(arg)
             except Exception:
-                impl.log.exception("event=ack_failed")
+                log.exception("event=ack_failed")
 
 
 class Consumer:
-    def __init__(self, client: Client, consumer, sink: impl.ThreadSink) -> None:
+    def __init__(self, client: Client, consumer, sink: ThreadSink) -> None:
         self._client = client
         self._impl = consumer
         self._sink = sink
@@ -423,7 +430,7 @@ class Consumer:
             return
         mid = mid_of(message)
         target = self._target(message)
-        if isinstance(target, impl.ConsumerImpl):
+        if isinstance(target, ConsumerImpl):
             # batch bookkeeping here; only a completed entry's ack crosses to the loop
             if mid._batch_index >= 0 and not target.ack_batch_index(mid):
                 return
@@ -476,7 +483,7 @@ class Consumer:
 
 
 class Reader:
-    def __init__(self, client: Client, reader, sink: impl.ThreadSink) -> None:
+    def __init__(self, client: Client, reader, sink: ThreadSink) -> None:
         self._client = client
         self._impl = reader
         self._sink = sink

@@ -6,7 +6,8 @@ import re
 
 from pulsarlite.client.auth import ClientSecurity
 from pulsarlite.client.errors import AlreadyClosed, InvalidConfiguration, MessageTooBig, Timeout
-from pulsarlite.client.impl import ConsumerConf, ProducerConf
+from pulsarlite.client.consumer import ConsumerConf
+from pulsarlite.client.producer import ProducerConf
 from pulsarlite.client.types import ConsumerType, InitialPosition, Message, MessageId, RegexSubscriptionMode, Result
 from pulsarlite.wire.entry import Message as WireMessage
 

@@ -108,7 +108,7 @@ class ChunkWriter:
         return self.entries[seq]
 
     def write(self, seq: int, payload: bytes, chunk_ids) -> None:
-        from pulsarlite.client.impl import _Op
+        from pulsarlite.client.producer import _Op
         from pulsarlite.wire import commands as c
         entries = self.entries_of(seq, payload)
         impl = self.impl

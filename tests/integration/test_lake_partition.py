@@ -3,7 +3,7 @@ broker (``lake_enabled``, ``lake_partition`` "day" by default, file:// tier, the
 catalog); pyiceberg reads the table from its metadata file.
 
 Publish time is the producer's clock. The producer here is pulsarlite's own client, whose clock
-(``pulsarlite.client.impl.time.time``) the test sets: the messages are published at faked times
+(``pulsarlite.client.producer.time.time``) the test sets: the messages are published at faked times
 on three consecutive UTC days (in the future, so no time-based policy touches them).
 
 1. The broker rolls its ledger over at each UTC midnight of publish time (and not otherwise: the
@@ -87,11 +87,11 @@ def lake_table(admin_url: str, files: set[str]):
 
 def test_day_partitioned_table_and_a_ledger_that_spans_days(cluster_factory, tmp_path, monkeypatch):
     import pulsarlite
-    import pulsarlite.client.impl as impl
+    import pulsarlite.client.producer as producer_module
     from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 
     clock = FakeClock()
-    monkeypatch.setattr(impl, "time", clock.module())
+    monkeypatch.setattr(producer_module, "time", clock.module())
     tier_dir = tmp_path / "tier"
     tier_dir.mkdir()
     overrides = broker_overrides(f"file://{tier_dir}", lake_enabled=True, rollover_entries_max=10_000)

@@ -259,15 +259,15 @@ class _FakeClient:
 def test_producer_send_path_writes_the_reference_bytes(messages, first_seq):
     """ProducerImpl.send (plain content as bytes or as a Message) puts on the wire the SEND
     the old path put there: same sequence ids, same entry."""
-    from pulsarlite.client import impl
+    from pulsarlite.client.producer import ProducerConf, ProducerImpl
     from pulsarlite.wire import commands as c
 
     loop = asyncio.new_event_loop()
     try:
-        conf = impl.ProducerConf(producer_name="p", batching_max_messages=len(messages),
-                                 batching_max_allowed_size_in_bytes=10**9,
-                                 initial_sequence_id=first_seq - 1)
-        producer = impl.ProducerImpl(_FakeClient(loop), "persistent://public/default/t", conf)
+        conf = ProducerConf(producer_name="p", batching_max_messages=len(messages),
+                            batching_max_allowed_size_in_bytes=10**9,
+                            initial_sequence_id=first_seq - 1)
+        producer = ProducerImpl(_FakeClient(loop), "persistent://public/default/t", conf)
         producer.conn = _FakeConn()
         seq = first_seq
         stamped = []
@@ -295,9 +295,9 @@ def test_producer_send_path_writes_the_reference_bytes(messages, first_seq):
 # ------------------------------------------------------------------ send_many == send, one by one
 
 def _producer(loop, **conf_kwargs):
-    from pulsarlite.client import impl
-    conf = impl.ProducerConf(producer_name="p", send_timeout_millis=0, **conf_kwargs)
-    producer = impl.ProducerImpl(_FakeClient(loop), "persistent://public/default/t", conf)
+    from pulsarlite.client.producer import ProducerConf, ProducerImpl
+    conf = ProducerConf(producer_name="p", send_timeout_millis=0, **conf_kwargs)
+    producer = ProducerImpl(_FakeClient(loop), "persistent://public/default/t", conf)
     producer.conn = _FakeConn()
     return producer
 
