@@ -165,7 +165,7 @@ class FakeOwnership:
 class FakeService:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.entry_cache = EntryCache(config.entry_cache_bytes_max)
+        self.entry_cache = EntryCache(config.dispatch.entry_cache_bytes_max)
         self.publish_buffer = PublishBuffer(config.publish_buffer_bytes_max)
         self.ownership = FakeOwnership()
         self.store = None

@@ -490,8 +490,8 @@ class BrokerAdminBackend:
         is on (whoever reaches ZooKeeper can do everything: docs/security.md); no credential is
         in the answer (object store credentials stay with the reader)."""
         c = self.service.config
-        return {"zookeeper": c.zookeeper, "tierUri": c.tier_uri or None,
-                "tierS3EndpointUrl": c.tier_s3_endpoint_url or None}
+        return {"zookeeper": c.zookeeper, "tierUri": c.offload.tier_uri or None,
+                "tierS3EndpointUrl": c.offload.tier_s3_endpoint_url or None}
 
     # -- console (broker/admin/console.py shapes these) -------------------------------------------
     async def console_cluster(self) -> dict:

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from bookie.client.metadata import validate_quorum
 from broker.managed_ledger.config import ManagedLedgerConfig
-from pulsarlite.config import (PENDING_ADDS_MAX_DEFAULT, KiB, LedgerClientConfig, MiB, validate_zookeeper_auth,
+from pulsarlite.config import (ZOOKEEPER_AUTH_FIELDS, KiB, LedgerClientConfig, MiB, validate_zookeeper_auth,
                                zookeeper_auth_settings)
 from pulsarlite.errors import ConfigError
 from pulsarlite.wire.frames import FRAME_BYTES_MAX_LIMIT, FRAME_PADDING_BYTES
@@ -16,6 +17,97 @@ from pulsarlite.wire.frames import FRAME_BYTES_MAX_LIMIT, FRAME_PADDING_BYTES
 ADD_FLUSH_INTERVAL_MS_DEFAULT = 3.0
 DAY_MS = 86_400_000   # one UTC day (lake_partition "day")
 ADD_FLUSH_ON_IDLE_ADDS_MAX_DEFAULT = 2
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    """Reading entries for subscriptions and writing them to consumers (TOML ``[dispatch]``)."""
+
+    entry_cache_bytes_max: int = 64 * MiB    # per broker: recent entries for tailing readers
+    read_ahead_entries_max: int = 100        # per subscription: entries read ahead of dispatch
+    # dispatch back-pressure (Pulsar: the channel's writability, Netty's water marks): above the
+    # high mark (transport buffer + frames not yet flushed) dispatch to the connection's consumers
+    # pauses, permits kept; it resumes below half of it. A dispatch round writes about this much.
+    # (Below BrokerConfig.connection_write_buffer_bytes_max, the last-resort bound.)
+    connection_write_high_water_bytes: int = 1 * MiB
+
+    def validate(self) -> "DispatchConfig":
+        _positive_ints(self, "entry_cache_bytes_max", "read_ahead_entries_max", "connection_write_high_water_bytes")
+        return self
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """Tiered storage: offload of closed ledgers as Parquet (broker/offloader.py), reads of
+    offloaded ledgers, and the lakehouse tables over them (TOML ``[offload]``)."""
+
+    tier_uri: str = ""                       # s3://bucket/prefix or file:///dir; empty: no tier
+    tier_s3_endpoint_url: str = ""           # S3 endpoint (MinIO, moto); empty: AWS_ENDPOINT_URL or AWS
+    concurrent_max: int = 2                  # per broker: ledgers being offloaded at once
+    check_interval_ms: int = 60_000          # the timer trigger (thresholds, deletion lag)
+    deletion_lag_ms: int = 4 * 3600 * 1000   # default lag before offloaded ledgers leave the bookies
+    row_group_bytes: int = 8 * MiB           # Parquet row-group size (message bytes) of offloaded ledgers
+    ledger_bytes_max: int = 1024 * MiB       # a bigger closed ledger is not offloaded (memory bound)
+    retry_delay_ms_max: int = 3600 * 1000    # a failed ledger's automatic retries: doubling delays up to this
+    tier_read_cache_bytes_max: int = 64 * MiB  # per broker: rebuilt entries of offloaded ledgers
+    tier_read_ahead_ledgers: int = 4         # offloaded ledgers whose first row group a replay reads ahead
+    typed_columns: bool = True               # [schema] AVRO/JSON topics: the record's fields as Parquet columns
+    lake_enabled: bool = False               # [lakehouse] offloaded objects = an Iceberg table per topic
+    lake_catalog_uri: str = ""               # SQLAlchemy URI (SQL catalog) or http(s):// (Iceberg REST catalog); empty: sqlite in <file tier>/_lake
+    lake_snapshot_retention_ms: int = 24 * 3600 * 1000   # expire older table snapshots (-1: keep all)
+    lake_partition: str = "day"              # "day": tables partitioned by day(publish_time), ledgers roll at UTC midnight; "none"
+
+    def validate(self) -> "OffloadConfig":
+        _positive_ints(self, "concurrent_max", "check_interval_ms", "row_group_bytes", "ledger_bytes_max",
+                       "retry_delay_ms_max", "tier_read_cache_bytes_max", "tier_read_ahead_ledgers")
+        for name in ("tier_uri", "tier_s3_endpoint_url"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"OffloadConfig.{name} must be a string")
+        uri = self.tier_uri
+        if uri and not ((uri.startswith("s3://") and len(uri) > len("s3://") and not uri[5:].startswith("/"))
+                        or (uri.startswith("file:///") and len(uri) > len("file:///"))):
+            raise ConfigError(f"OffloadConfig.tier_uri must be s3://bucket[/prefix] or file:///dir, got {uri!r}")
+        endpoint = self.tier_s3_endpoint_url
+        if endpoint and not endpoint.startswith(("http://", "https://")):
+            raise ConfigError(f"OffloadConfig.tier_s3_endpoint_url must be an http(s):// URL, got {endpoint!r}")
+        lag = self.deletion_lag_ms
+        if not isinstance(lag, int) or isinstance(lag, bool) or lag < 0:
+            raise ConfigError(f"OffloadConfig.deletion_lag_ms must be an int >= 0, got {lag!r}")
+        if not isinstance(self.typed_columns, bool):
+            raise ConfigError("OffloadConfig.typed_columns must be a bool")
+        if not isinstance(self.lake_enabled, bool) or not isinstance(self.lake_catalog_uri, str):
+            raise ConfigError("OffloadConfig.lake_enabled must be a bool and lake_catalog_uri a string")
+        if isinstance(self.lake_snapshot_retention_ms, bool) or not isinstance(self.lake_snapshot_retention_ms, int) \
+                or self.lake_snapshot_retention_ms < -1:
+            raise ConfigError("OffloadConfig.lake_snapshot_retention_ms must be an integer >= -1")
+        if self.lake_partition not in ("day", "none"):
+            raise ConfigError(f"OffloadConfig.lake_partition must be 'day' or 'none', got {self.lake_partition!r}")
+        if self.lake_enabled:
+            if not self.tier_uri:
+                raise ConfigError("OffloadConfig.lake_enabled needs a tier (tier_uri)")
+            if not self.lake_catalog_uri and not self.tier_uri.startswith("file://"):
+                raise ConfigError("OffloadConfig.lake_enabled with an s3:// tier needs lake_catalog_uri "
+                                  "(the embedded SQLite catalog needs a local file)")
+            if self.lake_catalog_uri and "://" not in self.lake_catalog_uri:
+                raise ConfigError(f"OffloadConfig.lake_catalog_uri must be a SQLAlchemy URI "
+                                  f"(sqlite:////path/catalog.db) or an Iceberg REST catalog's http(s):// URI, "
+                                  f"got {self.lake_catalog_uri!r}")
+        return self
+
+
+def _positive_ints(cfg: object, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{type(cfg).__name__}.{name} must be an int > 0, got {value!r}")
+
+
+# the broker's ledger client paces its adds (BENCHMARKS.md "Pacing the pumps", "[perf] Session 10"):
+# while AddRequests are outstanding, adds leave for the bookies at most every add_flush_interval_ms
+# (one request per bookie for all of them) unless a bookie's last outstanding request was just
+# answered and at most add_flush_on_idle_adds_max adds wait for it; an idle bookie's add leaves at once
+BROKER_LEDGER_CLIENT_DEFAULTS = LedgerClientConfig(add_flush_interval_ms=ADD_FLUSH_INTERVAL_MS_DEFAULT,
+                                                   add_flush_on_idle_adds_max=ADD_FLUSH_ON_IDLE_ADDS_MAX_DEFAULT)
 
 
 @dataclass(frozen=True)
@@ -47,23 +139,6 @@ class BrokerConfig:
     internal_listener_name: str = ""
     zookeeper: str = "127.0.0.1:2181"
     zk_session_timeout_ms: int = 10_000
-    # storage of every topic (managed ledger defaults)
-    ensemble_size: int = 3
-    write_quorum: int = 3
-    ack_quorum: int = 2
-    rollover_entries_max: int = 50_000
-    rollover_bytes_max: int = 2048 * MiB
-    rollover_age_ms_max: int = 4 * 3600 * 1000
-    # adds not yet confirmed per topic (its managed ledger, its publish path and its ledger handle)
-    pending_adds_max: int = PENDING_ADDS_MAX_DEFAULT
-    # while AddRequests are outstanding, adds leave for the bookies at most this often (one
-    # request per bookie for all of them); an idle bookie's add leaves at once. 0: no pacing.
-    # (LedgerClientConfig.add_flush_interval_ms; BENCHMARKS.md "Pacing the pumps")
-    bookie_add_flush_interval_ms: float = ADD_FLUSH_INTERVAL_MS_DEFAULT
-    # ... unless a bookie's last outstanding request was just answered and at most this many
-    # adds wait for it: then they leave at once (LedgerClientConfig.add_flush_on_idle_adds_max;
-    # BENCHMARKS.md "[perf] Session 10"). 0: they wait for the interval.
-    bookie_add_flush_on_idle_adds_max: int = ADD_FLUSH_ON_IDLE_ADDS_MAX_DEFAULT
     # limits on clients
     message_bytes_max: int = 5 * MiB         # told to clients in CONNECTED; bigger frames close
     # what a compressed SEND may declare (and the broker's check decompress) as its uncompressed
@@ -72,12 +147,6 @@ class BrokerConfig:
     # declared size); this bounds the broker's decompression check (docs/decisions.md "SEND checks")
     message_uncompressed_bytes_max: int = 64 * MiB
     publish_buffer_bytes_max: int = 64 * MiB  # per broker: bytes from SEND to receipt
-    entry_cache_bytes_max: int = 64 * MiB    # per broker: recent entries for tailing readers
-    read_ahead_entries_max: int = 100        # per subscription: entries read ahead of dispatch
-    # dispatch back-pressure (Pulsar: the channel's writability, Netty's water marks): above the
-    # high mark (transport buffer + frames not yet flushed) dispatch to the connection's consumers
-    # pauses, permits kept; it resumes below half of it. A dispatch round writes about this much.
-    connection_write_high_water_bytes: int = 1 * MiB
     # last-resort bound for a client that never reads: past it the connection is closed
     connection_write_buffer_bytes_max: int = 16 * MiB
     keepalive_interval_ms: int = 30_000      # PING when idle this long; close after 2 intervals
@@ -108,22 +177,6 @@ class BrokerConfig:
     # docs/decisions.md "Retention by default".
     retention_time_default_minutes: int = -1
     retention_size_default_mb: int = -1
-    # tiered storage (offload of closed ledgers as Parquet; broker/offloader.py)
-    tier_uri: str = ""                       # s3://bucket/prefix or file:///dir; empty: no tier
-    tier_s3_endpoint_url: str = ""           # S3 endpoint (MinIO, moto); empty: AWS_ENDPOINT_URL or AWS
-    offload_concurrent_max: int = 2          # per broker: ledgers being offloaded at once
-    offload_check_interval_ms: int = 60_000  # the timer trigger (thresholds, deletion lag)
-    offload_deletion_lag_ms: int = 4 * 3600 * 1000  # default lag before offloaded ledgers leave the bookies
-    offload_row_group_bytes: int = 8 * MiB   # Parquet row-group size (message bytes) of offloaded ledgers
-    offload_ledger_bytes_max: int = 1024 * MiB  # a bigger closed ledger is not offloaded (memory bound)
-    offload_retry_delay_ms_max: int = 3600 * 1000  # a failed ledger's automatic retries: doubling delays up to this
-    tier_read_cache_bytes_max: int = 64 * MiB  # per broker: rebuilt entries of offloaded ledgers
-    tier_read_ahead_ledgers: int = 4         # offloaded ledgers whose first row group a replay reads ahead
-    offload_typed_columns: bool = True       # [schema] AVRO/JSON topics: the record's fields as Parquet columns
-    lake_enabled: bool = False               # [lakehouse] offloaded objects = an Iceberg table per topic
-    lake_catalog_uri: str = ""               # SQLAlchemy URI (SQL catalog) or http(s):// (Iceberg REST catalog); empty: sqlite in <file tier>/_lake
-    lake_snapshot_retention_ms: int = 24 * 3600 * 1000   # expire older table snapshots (-1: keep all)
-    lake_partition: str = "day"              # "day": tables partitioned by day(publish_time), ledgers roll at UTC midnight; "none"
     # [security] authentication and authorization (broker/security/; Pulsar's keys in snake_case)
     authentication_enabled: bool = False     # authenticationEnabled: off, every client is served as before
     # authenticationProviders, comma-separated: "token", "basic", "tls" (or Pulsar's class names for them)
@@ -145,60 +198,87 @@ class BrokerConfig:
     # authenticationRefreshCheckSeconds: how often a connection's credentials are checked for expiry;
     # an expired one is sent AUTH_CHALLENGE and must answer before the next check, else it is closed
     authentication_refresh_check_interval_ms: int = 60_000
-    # the credential this broker's ledger client presents to bookies with bookie_auth_enabled
-    # (AuthRequest; docs/security.md): a token whose role the bookies allow (bookie_auth_roles),
-    # or a file holding one (read at each bookie connection). Never logged, never in a repr
-    bookie_auth_token: str = field(default="", repr=False)
-    bookie_auth_token_file: str = ""
     # ZooKeeper digest authentication (docs/security.md "ZooKeeper"): the credential
     # "user:password", or a file holding it; znodes this process creates get an ACL letting only
     # that credential change them (and read them, with zookeeper_acl_read_restricted). Never logged
     zookeeper_auth_digest: str = field(default="", repr=False)
     zookeeper_auth_digest_file: str = ""
     zookeeper_acl_read_restricted: bool = False
-    # TLS to the bookies (bookie/tls.py; docs/security.md): on when the bookies serve TLS
-    bookie_tls_enabled: bool = False
-    bookie_tls_trust_certs_file_path: str = ""
+
+    # -- sub-tables ([managed_ledger], [ledger_client], [offload], [dispatch] in TOML) -----------
+    # storage of every topic: replication, rollover, adds in flight (its pending_adds_max also
+    # bounds the publish path and the ledger client: one setting for the three)
+    managed_ledger: ManagedLedgerConfig = field(default_factory=ManagedLedgerConfig)
+    # the broker's ledger client: pacing of adds, the credential and TLS towards the bookies. Its
+    # ZooKeeper settings and pending_adds_max are the broker's own (TOML_DERIVED)
+    ledger_client: LedgerClientConfig = field(default_factory=lambda: BROKER_LEDGER_CLIENT_DEFAULTS)
+    # tiered storage and the lakehouse tables
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    # reading entries for subscriptions and writing them to consumers
+    dispatch: DispatchConfig = field(default_factory=DispatchConfig)
+
+    # old flat TOML keys (before the sub-tables) -> their place; still read, with a warning line
+    TOML_MOVED: ClassVar[dict[str, str]] = {
+        **{k: f"managed_ledger.{k}" for k in ("ensemble_size", "write_quorum", "ack_quorum", "rollover_entries_max",
+                                               "rollover_bytes_max", "rollover_age_ms_max", "pending_adds_max")},
+        "bookie_add_flush_interval_ms": "ledger_client.add_flush_interval_ms",
+        "bookie_add_flush_on_idle_adds_max": "ledger_client.add_flush_on_idle_adds_max",
+        **{k: f"ledger_client.{k}" for k in ("bookie_auth_token", "bookie_auth_token_file", "bookie_tls_enabled",
+                                              "bookie_tls_trust_certs_file_path")},
+        **{k: f"dispatch.{k}" for k in ("entry_cache_bytes_max", "read_ahead_entries_max",
+                                        "connection_write_high_water_bytes")},
+        **{k: f"offload.{k}" for k in ("tier_uri", "tier_s3_endpoint_url", "tier_read_cache_bytes_max",
+                                       "tier_read_ahead_ledgers", "lake_enabled", "lake_catalog_uri",
+                                       "lake_snapshot_retention_ms", "lake_partition")},
+        **{f"offload_{k}": f"offload.{k}" for k in ("concurrent_max", "check_interval_ms", "deletion_lag_ms",
+                                                    "row_group_bytes", "ledger_bytes_max", "retry_delay_ms_max",
+                                                    "typed_columns")},
+    }
+    # keys of a sub-table the broker sets itself (__post_init__): table -> key -> where it is set
+    TOML_DERIVED: ClassVar[dict[str, dict[str, str]]] = {
+        "ledger_client": {"zookeeper": "zookeeper", "zk_session_timeout_ms": "zk_session_timeout_ms",
+                          "pending_adds_max": "[managed_ledger] pending_adds_max",
+                          **{k: k for k in ZOOKEEPER_AUTH_FIELDS}},
+        "managed_ledger": {"rollover_publish_period_ms": "[offload] lake_partition"},
+    }
+
+    def __post_init__(self) -> None:
+        """The derived settings of the sub-configs (TOML_DERIVED) set from the broker's own: the
+        ledger client's ZooKeeper session and credential and its pending_adds_max, the managed
+        ledgers' rollover at UTC midnight for day-partitioned lake tables."""
+        if isinstance(self.ledger_client, LedgerClientConfig) and isinstance(self.managed_ledger, ManagedLedgerConfig):
+            object.__setattr__(self, "ledger_client", dataclasses.replace(
+                self.ledger_client, zookeeper=self.zookeeper, zk_session_timeout_ms=self.zk_session_timeout_ms,
+                pending_adds_max=self.managed_ledger.pending_adds_max, **zookeeper_auth_settings(self)))
+        if isinstance(self.managed_ledger, ManagedLedgerConfig) and isinstance(self.offload, OffloadConfig):
+            period_ms = DAY_MS if self.offload.lake_enabled and self.offload.lake_partition == "day" else 0
+            object.__setattr__(self, "managed_ledger", dataclasses.replace(
+                self.managed_ledger, rollover_publish_period_ms=period_ms))
 
     def validate(self) -> "BrokerConfig":
         for name in ("retention_time_default_minutes", "retention_size_default_mb"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < -1:
                 raise ConfigError(f"{name} must be an int >= -1 (-1: infinite), got {value!r}")
-        for name in ("port", "http_port", "zk_session_timeout_ms", "rollover_entries_max",
-                     "rollover_bytes_max", "rollover_age_ms_max", "pending_adds_max",
-                     "message_bytes_max", "message_uncompressed_bytes_max", "publish_buffer_bytes_max", "entry_cache_bytes_max",
-                     "read_ahead_entries_max", "connection_write_buffer_bytes_max", "connection_write_high_water_bytes",
+        for name in ("port", "http_port", "zk_session_timeout_ms", "message_bytes_max", "message_uncompressed_bytes_max", "publish_buffer_bytes_max",
+                     "connection_write_buffer_bytes_max",
                      "keepalive_interval_ms", "connection_unsupported_commands_max", "connect_frame_bytes_max",
                      "connect_timeout_ms", "frame_complete_timeout_ms", "connections_max",
                      "connections_per_address_max", "topic_load_timeout_ms", "shutdown_grace_ms",
-                     "stats_interval_ms", "retention_check_interval_ms", "compaction_check_interval_ms", "compaction_keys_max", "offload_concurrent_max", "offload_check_interval_ms",
-                     "offload_row_group_bytes", "offload_ledger_bytes_max", "offload_retry_delay_ms_max",
-                     "tier_read_cache_bytes_max",
-                     "tier_read_ahead_ledgers"):
+                     "stats_interval_ms", "retention_check_interval_ms", "compaction_check_interval_ms", "compaction_keys_max"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"BrokerConfig.{name} must be an int > 0, got {value!r}")
-        if self.connection_write_high_water_bytes >= self.connection_write_buffer_bytes_max:
-            raise ConfigError("BrokerConfig.connection_write_high_water_bytes must be below "
+        self._validate_sub_configs()
+        if self.dispatch.connection_write_high_water_bytes >= self.connection_write_buffer_bytes_max:
+            raise ConfigError("BrokerConfig.dispatch.connection_write_high_water_bytes must be below "
                               "connection_write_buffer_bytes_max")
         for name in ("port", "http_port"):
             if getattr(self, name) > 65535:
                 raise ConfigError(f"BrokerConfig.{name} must be <= 65535")
-        if not 0.0 <= self.bookie_add_flush_interval_ms <= 1_000.0:
-            raise ConfigError(f"BrokerConfig.bookie_add_flush_interval_ms must be in [0, 1000], "
-                              f"got {self.bookie_add_flush_interval_ms!r}")
-        if not (type(self.bookie_add_flush_on_idle_adds_max) is int
-                and 0 <= self.bookie_add_flush_on_idle_adds_max <= 1_000_000):
-            raise ConfigError(f"BrokerConfig.bookie_add_flush_on_idle_adds_max must be an integer in [0, 1000000], "
-                              f"got {self.bookie_add_flush_on_idle_adds_max!r}")
         if self.port == self.http_port:
             raise ConfigError("BrokerConfig: port and http_port must differ")
         validate_zookeeper_auth(self)
-        try:
-            validate_quorum(self.ensemble_size, self.write_quorum, self.ack_quorum)
-        except ValueError as e:
-            raise ConfigError(f"BrokerConfig: {e}") from None
         if self.message_bytes_max < 1 * KiB or self.frame_bytes_max >= FRAME_BYTES_MAX_LIMIT:
             raise ConfigError(f"BrokerConfig.message_bytes_max out of range: {self.message_bytes_max}")
         if not self.frame_bytes_max <= self.message_uncompressed_bytes_max < 2**31:
@@ -220,11 +300,21 @@ class BrokerConfig:
         if not isinstance(self.broker_deduplication_enabled, bool):
             raise ConfigError("BrokerConfig.broker_deduplication_enabled must be a bool")
         self._validate_security()
-        self.managed_ledger_config().validate()
-        self._validate_tier()
         self._validate_tls()
         self.listeners()           # ConfigError for a malformed advertised_listeners
         return self
+
+    def _validate_sub_configs(self) -> None:
+        """Each sub-config of its type and valid; its errors name the table."""
+        for name, cls in (("managed_ledger", ManagedLedgerConfig), ("ledger_client", LedgerClientConfig),
+                          ("offload", OffloadConfig), ("dispatch", DispatchConfig)):
+            sub = getattr(self, name)
+            if type(sub) is not cls:
+                raise ConfigError(f"BrokerConfig.{name} must be a {cls.__name__}, got {type(sub).__name__}")
+            try:
+                sub.validate()
+            except ConfigError as e:
+                raise ConfigError(f"BrokerConfig [{name}]: {e}") from None
 
     def listeners(self) -> dict[str, tuple[str, str]]:
         """``advertised_listeners`` parsed: name -> (pulsar:// URL or "", pulsar+ssl:// URL or
@@ -325,40 +415,6 @@ class BrokerConfig:
         """``superuser_roles`` split at commas, blanks dropped."""
         return frozenset(r.strip() for r in self.superuser_roles.split(",") if r.strip())
 
-    def _validate_tier(self) -> None:
-        for name in ("tier_uri", "tier_s3_endpoint_url"):
-            if not isinstance(getattr(self, name), str):
-                raise ConfigError(f"BrokerConfig.{name} must be a string")
-        uri = self.tier_uri
-        if uri and not ((uri.startswith("s3://") and len(uri) > len("s3://") and not uri[5:].startswith("/"))
-                        or (uri.startswith("file:///") and len(uri) > len("file:///"))):
-            raise ConfigError(f"BrokerConfig.tier_uri must be s3://bucket[/prefix] or file:///dir, got {uri!r}")
-        endpoint = self.tier_s3_endpoint_url
-        if endpoint and not endpoint.startswith(("http://", "https://")):
-            raise ConfigError(f"BrokerConfig.tier_s3_endpoint_url must be an http(s):// URL, got {endpoint!r}")
-        lag = self.offload_deletion_lag_ms
-        if not isinstance(lag, int) or isinstance(lag, bool) or lag < 0:
-            raise ConfigError(f"BrokerConfig.offload_deletion_lag_ms must be an int >= 0, got {lag!r}")
-        if not isinstance(self.offload_typed_columns, bool):
-            raise ConfigError("BrokerConfig.offload_typed_columns must be a bool")
-        if not isinstance(self.lake_enabled, bool) or not isinstance(self.lake_catalog_uri, str):
-            raise ConfigError("BrokerConfig.lake_enabled must be a bool and lake_catalog_uri a string")
-        if isinstance(self.lake_snapshot_retention_ms, bool) or not isinstance(self.lake_snapshot_retention_ms, int) \
-                or self.lake_snapshot_retention_ms < -1:
-            raise ConfigError("BrokerConfig.lake_snapshot_retention_ms must be an integer >= -1")
-        if self.lake_partition not in ("day", "none"):
-            raise ConfigError(f"BrokerConfig.lake_partition must be 'day' or 'none', got {self.lake_partition!r}")
-        if self.lake_enabled:
-            if not self.tier_uri:
-                raise ConfigError("BrokerConfig.lake_enabled needs a tier (tier_uri)")
-            if not self.lake_catalog_uri and not self.tier_uri.startswith("file://"):
-                raise ConfigError("BrokerConfig.lake_enabled with an s3:// tier needs lake_catalog_uri "
-                                  "(the embedded SQLite catalog needs a local file)")
-            if self.lake_catalog_uri and "://" not in self.lake_catalog_uri:
-                raise ConfigError(f"BrokerConfig.lake_catalog_uri must be a SQLAlchemy URI "
-                                  f"(sqlite:////path/catalog.db) or an Iceberg REST catalog's http(s):// URI, "
-                                  f"got {self.lake_catalog_uri!r}")
-
     # -- derived -------------------------------------------------------------------------------
     @property
     def frame_bytes_max(self) -> int:
@@ -418,22 +474,12 @@ class BrokerConfig:
         return f"https://{self.effective_advertised_host}:{port}" if port else ""
 
     def managed_ledger_config(self) -> ManagedLedgerConfig:
-        return ManagedLedgerConfig(
-            ensemble_size=self.ensemble_size, write_quorum=self.write_quorum, ack_quorum=self.ack_quorum,
-            rollover_entries_max=self.rollover_entries_max, rollover_bytes_max=self.rollover_bytes_max,
-            rollover_age_ms_max=self.rollover_age_ms_max, pending_adds_max=self.pending_adds_max,
-            rollover_publish_period_ms=DAY_MS if self.lake_enabled and self.lake_partition == "day" else 0)
+        """The config of every managed ledger of this broker (``[managed_ledger]``)."""
+        return self.managed_ledger
 
     def ledger_client_config(self) -> LedgerClientConfig:
-        return LedgerClientConfig(zookeeper=self.zookeeper, zk_session_timeout_ms=self.zk_session_timeout_ms,
-                                  add_flush_interval_ms=self.bookie_add_flush_interval_ms,
-                                  add_flush_on_idle_adds_max=self.bookie_add_flush_on_idle_adds_max,
-                                  pending_adds_max=self.pending_adds_max,
-                                  bookie_auth_token=self.bookie_auth_token,
-                                  bookie_auth_token_file=self.bookie_auth_token_file,
-                                  bookie_tls_enabled=self.bookie_tls_enabled,
-                                  bookie_tls_trust_certs_file_path=self.bookie_tls_trust_certs_file_path,
-                                  **zookeeper_auth_settings(self)).validate()
+        """The config of this broker's ledger client (``[ledger_client]`` with the broker's
+        ZooKeeper settings and pending_adds_max), validated."""
+        return self.ledger_client.validate()
 
-
-__all__ = ["BrokerConfig"]
+__all__ = ["BrokerConfig", "DispatchConfig", "OffloadConfig"]

@@ -502,7 +502,7 @@ class ServerConnection(asyncio.Protocol):
                 return
             self._admitted_address = address
         try:
-            high = cfg.connection_write_high_water_bytes
+            high = cfg.dispatch.connection_write_high_water_bytes
             transport.set_write_buffer_limits(high=high, low=high // 2)
         except (AttributeError, NotImplementedError):
             pass
@@ -609,7 +609,7 @@ class ServerConnection(asyncio.Protocol):
         if self.closed:
             return
         writable = not self._transport_paused and \
-            self._buffered_bytes() <= self.service.config.connection_write_high_water_bytes
+            self._buffered_bytes() <= self.service.config.dispatch.connection_write_high_water_bytes
         if writable != self.writable:
             self._set_writable(writable)
 

@@ -715,8 +715,8 @@ class TopicOffloader:
         """Space out the automatic retries of a ledger whose offload failed (doubling delays)."""
         config = self.broker.config
         failures = self._retries[ledger_id].failures + 1 if ledger_id in self._retries else 1
-        delay_ms = min(config.offload_check_interval_ms << min(failures - 1, 32),
-                       config.offload_retry_delay_ms_max)
+        delay_ms = min(config.offload.check_interval_ms << min(failures - 1, 32),
+                       config.offload.retry_delay_ms_max)
         self._retries[ledger_id] = _Retry(failures, self.broker.clock() + delay_ms)
         log.warning("offload failed topic=%s ledger=%d failures=%d: %s; stays on the bookies, next automatic "
                     "attempt in %d s (an admin offload tries at once)", self.ml_name, ledger_id, failures, error,
@@ -799,15 +799,15 @@ class TopicOffloader:
                 started = time.monotonic()
                 log.info("offload start topic=%s ledger=%d entries=%d bytes=%d uri=%s", self.ml_name,
                          ledger_id, info.entries, info.size_bytes, action.uri)
-                if info.size_bytes > broker.config.offload_ledger_bytes_max:
+                if info.size_bytes > broker.config.offload.ledger_bytes_max:
                     raise OffloadError(f"ledger {ledger_id} has {info.size_bytes} bytes, more than "
-                                       f"offload_ledger_bytes_max {broker.config.offload_ledger_bytes_max}")
+                                       f"[offload] ledger_bytes_max {broker.config.offload.ledger_bytes_max}")
                 typed_versions = await self._typed_versions(ledger_id)
                 entries = await self._read_from_bookies(ledger_id, info.entries)
                 typed_counts: dict[str, int] = {}     # filled in the worker thread, merged here
                 stats = await broker.run(encode_and_upload, broker.tier, key, ledger_id, entries,
                                          partition=self.partition,
-                                         row_group_bytes=broker.config.offload_row_group_bytes,
+                                         row_group_bytes=broker.config.offload.row_group_bytes,
                                          uncompressed_bytes_max=broker.config.message_bytes_max,
                                          typed_versions=typed_versions, topic=self.ml_name,
                                          counters=typed_counts)
@@ -850,7 +850,7 @@ class TopicOffloader:
         """The topic's live schema versions when every one is AVRO or JSON (typed columns), else
         None; read before the ledger's entries, so every row of this closed ledger was written
         under one of them. A registry that cannot be read fails the step (retried)."""
-        if not self.broker.config.offload_typed_columns:
+        if not self.broker.config.offload.typed_columns:
             return None
         stored = await self.topic.service.schemas.all_versions(self.topic.name)
         if not stored or any(s.definition.type not in ("AVRO", "JSON") for s in stored):
@@ -943,15 +943,16 @@ class BrokerOffloader:
         self.policies = policies
         self.tier = tier
         self.clock = clock or (lambda: int(time.time() * 1000))
-        self._pool = ThreadPoolExecutor(max_workers=config.offload_concurrent_max + config.tier_read_ahead_ledgers + 1,
+        offload = config.offload
+        self._pool = ThreadPoolExecutor(max_workers=offload.concurrent_max + offload.tier_read_ahead_ledgers + 1,
                                         thread_name_prefix="offload")
-        self.slots = asyncio.Semaphore(config.offload_concurrent_max)
-        self.cache = TierReadCache(tier, self.run, config.tier_read_cache_bytes_max)
+        self.slots = asyncio.Semaphore(offload.concurrent_max)
+        self.cache = TierReadCache(tier, self.run, offload.tier_read_cache_bytes_max)
         self.topics: dict[str, TopicOffloader] = {}
-        self.lake: Lake | None = (Lake(tier.uri, config.lake_catalog_uri, s3_endpoint_url=config.tier_s3_endpoint_url,
-                                       snapshot_retention_ms=config.lake_snapshot_retention_ms,
-                                       partition=config.lake_partition)
-                                  if config.lake_enabled else None)
+        self.lake: Lake | None = (Lake(tier.uri, offload.lake_catalog_uri, s3_endpoint_url=offload.tier_s3_endpoint_url,
+                                       snapshot_retention_ms=offload.lake_snapshot_retention_ms,
+                                       partition=offload.lake_partition)
+                                  if offload.lake_enabled else None)
         self._timer: asyncio.Task | None = None
         self.offloaded_bytes = 0
         # typed columns written ([schema]): values decoded, undecodable ones, unconvertible fields
@@ -963,9 +964,9 @@ class BrokerOffloader:
 
     @classmethod
     def create(cls, config, ledger_client, policies, *, store=None) -> "BrokerOffloader | None":
-        if not config.tier_uri:
+        if not config.offload.tier_uri:
             return None
-        return cls(config, ledger_client, policies, Tier(config.tier_uri, config.tier_s3_endpoint_url),
+        return cls(config, ledger_client, policies, Tier(config.offload.tier_uri, config.offload.tier_s3_endpoint_url),
                    store=store)
 
     async def run(self, fn, *args, **kwargs):
@@ -978,7 +979,7 @@ class BrokerOffloader:
             self._timer = asyncio.ensure_future(self._timer_loop())
 
     async def _timer_loop(self) -> None:
-        interval = self.config.offload_check_interval_ms / 1000
+        interval = self.config.offload.check_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
             for t in list(self.topics.values()):
@@ -987,7 +988,7 @@ class BrokerOffloader:
     async def policy_of(self, namespace: str, topic_name=None) -> OffloadPolicy:
         """The namespace's offload policy (the broker's deletion lag when unset), overridden by
         the topic's ``offloadPolicies`` fields that are set."""
-        lag = self.config.offload_deletion_lag_ms
+        lag = self.config.offload.deletion_lag_ms
         try:
             p = await self.policies.get_namespace_policies(namespace)
         except Exception:        # noqa: BLE001 - no namespace policies: defaults
@@ -1025,7 +1026,7 @@ class BrokerOffloader:
     async def _tier_read(self, ml, info: LedgerInfo, first: int, last: int) -> list[tuple[int, bytes]]:
         # read ahead: the first row groups of the next offloaded ledgers (a replay goes on there),
         # started before this read so that their fetches overlap it
-        ahead = self.config.tier_read_ahead_ledgers
+        ahead = self.config.offload.tier_read_ahead_ledgers
         for nxt in ml.ledgers():
             if ahead <= 0:
                 break

@@ -68,7 +68,7 @@ class BrokerService:
         self.ownership = ownership
         self.broker_id = config.effective_broker_id
         self.service_url = config.service_url
-        self.entry_cache = EntryCache(config.entry_cache_bytes_max)
+        self.entry_cache = EntryCache(config.dispatch.entry_cache_bytes_max)
         self.publish_buffer = PublishBuffer(config.publish_buffer_bytes_max)
         self.schemas = SchemaRegistry(store, policy_lookup=self._schema_policy)
         self.topics: dict[str, asyncio.Task] = {}

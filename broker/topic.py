@@ -212,7 +212,7 @@ class PersistentTopic:
         self._owned = service.ownership.write_guard(name)  # checked before every add
         # the publish path's decisions (producers, write state, dedup holds, backlog); this shell
         # executes its actions (:meth:`_run`)
-        self.core = PublishCore(self.key, pending_adds_max=service.config.pending_adds_max)
+        self.core = PublishCore(self.key, pending_adds_max=service.config.managed_ledger.pending_adds_max)
         self._actions: deque = deque()
         self._running = False
         ml.kept_listeners.append(self._on_kept)
@@ -956,7 +956,7 @@ class Subscription:
     def _new_core(self, sub_type: SubType, key_shared_mode: KeySharedMode,
                   allow_out_of_order: bool) -> DispatcherCore:
         partition = self.topic.name.partition_index
-        read_ahead = self.topic.config.read_ahead_entries_max
+        read_ahead = self.topic.config.dispatch.read_ahead_entries_max
         if sub_type is SubType.KEY_SHARED:
             # entries of a consumer out of permits wait in the pending set while the others'
             # go ahead: a longer look-ahead (as Pulsar's) keeps the others busy meanwhile
@@ -1171,7 +1171,7 @@ class Subscription:
         rounds a consumer's connection may pause (its buffer passed the mark), so a catch-up of
         multi-MiB entries never piles its permits' worth into one write buffer. An entry not read
         ahead (redelivered) counts 0 bytes here."""
-        budget = self.topic.config.connection_write_high_water_bytes
+        budget = self.topic.config.dispatch.connection_write_high_water_bytes
         payloads = self._payloads
         n = total = 0
         for p in self.core.iter_pending():

@@ -30,10 +30,10 @@ def add_parser(subparsers) -> None:
                    help="broker TOML (e.g. deploy/conf/broker-1.toml) whose settings every new broker gets, "
                         "except addresses, ids and ZooKeeper; --tier/--s3-endpoint win over it")
     s.add_argument("--tier", metavar="URI", default=None,
-                   help="offload tier of every broker: s3://bucket/prefix or file:///dir (broker key tier_uri; "
+                   help="offload tier of every broker: s3://bucket/prefix or file:///dir (broker key [offload] tier_uri; "
                         "also rewrites existing brokers' configs)")
     s.add_argument("--s3-endpoint", metavar="URL", default=None,
-                   help="S3 endpoint for an s3:// tier, e.g. http://127.0.0.1:9000 (broker key "
+                   help="S3 endpoint for an s3:// tier, e.g. http://127.0.0.1:9000 (broker key [offload] "
                         "tier_s3_endpoint_url); credentials come from the AWS_* environment variables")
     s.set_defaults(func=_start)
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pulsarlite.config import BookieConfig, load_toml, to_toml
+from pulsarlite.config import BookieConfig, apply_settings, load_toml, to_toml
 from pulsarlite.errors import ConfigError, PulsarliteError
 from pulsarlite.metadata_layout import bookie_registration_path, broker_path
 from pulsarlite.process import write_private_file
@@ -332,10 +332,11 @@ class LocalCluster:
         http_port = own.get("http_port") or self._free_port()
         config = BrokerConfig(host=LOOPBACK, port=port, http_port=http_port, zookeeper=self.zookeeper)
         try:
-            config = dataclasses.replace(config, **common, **own).validate()
-        except TypeError as e:
+            config = apply_settings(apply_settings(config, common, source="broker_overrides"), own,
+                                    source=f"broker_overrides[{name}]").validate()
+        except ConfigError:
             del self.records[name]
-            raise ConfigError(f"broker_overrides: {e}") from None
+            raise
         try:
             self._check_sizes_agree(self._configs_of(BOOKIE), [(name, config)])
         except ConfigError:
@@ -367,17 +368,15 @@ class LocalCluster:
                 broker.check_bookie_entry_bytes(bookie.entry_bytes_max, name)
 
     def update_broker_configs(self, settings: dict) -> list[str]:
-        """Set BrokerConfig fields in every existing broker's config file (validated; takes
-        effect at the broker's next start). Returns the names of the brokers whose file changed."""
+        """Set BrokerConfig settings (names as in its TOML: ``{"offload.tier_uri": ...}`` or
+        ``{"offload": {...}}``, pulsarlite.config.apply_settings) in every existing broker's config
+        file (validated; takes effect at the broker's next start). Returns the names of the brokers whose file changed."""
         from broker.config import BrokerConfig
         changed = []
         for name in self.broker_names:
             path = Path(self.records[name].config)
             current = load_toml(BrokerConfig, path)
-            try:
-                updated = dataclasses.replace(current, **settings).validate()
-            except TypeError as e:
-                raise ConfigError(f"broker settings: {e}") from None
+            updated = apply_settings(current, settings, source="broker settings").validate()
             if updated != current:
                 tmp = path.with_suffix(".toml.tmp")
                 write_private_file(tmp, to_toml(updated))
@@ -653,24 +652,20 @@ class LocalCluster:
 
 def tier_settings(tier_uri: str | None, s3_endpoint_url: str | None) -> dict:
     """BrokerConfig overrides for the launcher's ``--tier URI`` / ``--s3-endpoint URL`` flags
-    (contract: ``tier_uri``, ``tier_s3_endpoint_url``). Only the flags given are set; a URI that
+    (``[offload] tier_uri``, ``tier_s3_endpoint_url``, as dotted keys: they win over a file's
+    ``[offload]`` table given before them). Only the flags given are set; a URI that
     is neither ``s3://bucket[/prefix]`` nor ``file:///dir`` is refused. The S3 credentials are
     not config: the standard AWS environment variables reach every child process unchanged."""
-    from broker.config import BrokerConfig
     settings: dict = {}
     if tier_uri is not None:
         if tier_uri and not (tier_uri.startswith("s3://") and len(tier_uri) > len("s3://")
                              or tier_uri.startswith("file:///")):
             raise ConfigError(f"--tier must be s3://bucket[/prefix] or file:///absolute/dir, got {tier_uri!r}")
-        settings["tier_uri"] = tier_uri
+        settings["offload.tier_uri"] = tier_uri
     if s3_endpoint_url is not None:
         if s3_endpoint_url and not s3_endpoint_url.startswith(("http://", "https://")):
             raise ConfigError(f"--s3-endpoint must be an http(s):// URL, got {s3_endpoint_url!r}")
-        settings["tier_s3_endpoint_url"] = s3_endpoint_url
-    fields = {f.name for f in dataclasses.fields(BrokerConfig)}
-    missing = sorted(set(settings) - fields)
-    if missing:
-        raise ConfigError(f"this broker has no setting {', '.join(missing)} (no tiered storage in this build)")
+        settings["offload.tier_s3_endpoint_url"] = s3_endpoint_url
     return settings
 
 

@@ -7,6 +7,7 @@ ConfigError naming the key; nothing starts with a config that failed validation.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pathlib
 import tomllib
 import typing
@@ -366,28 +367,98 @@ def _positive(cfg: object, *names: str) -> None:
 
 T = typing.TypeVar("T")
 
+log = logging.getLogger("pulsarlite.config")
 
-def from_mapping(cls: type[T], values: typing.Mapping[str, typing.Any], *, source: str = "config") -> T:
-    """Build a config dataclass from a mapping, checking names and types; raises ConfigError."""
+
+def _check_value(key: str, expected: type, value: typing.Any, source: str) -> typing.Any:
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise ConfigError(f"{source}: {key} must be {expected.__name__}, got {value!r}")
+    return value
+
+
+def _settings_items(cfg: object, values: typing.Mapping[str, typing.Any],
+                    source: str) -> list[tuple[str | None, str, typing.Any]]:
+    """``values`` as (table or None, key, value) in the order given: a sub-table given as a
+    mapping, a dotted key ``"table.key"``, or a key the config class moved into a table
+    (``TOML_MOVED``: old flat name -> ``"table.key"``), which logs one warning line naming the
+    new keys. ConfigError for a moved key given beside its new one."""
+    cls = type(cfg)
+    moved: dict[str, str] = getattr(cls, "TOML_MOVED", {})
+    hints = typing.get_type_hints(cls)
+    tables = {f.name for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])}  # type: ignore[arg-type]
+    items: list[tuple[str | None, str, typing.Any]] = []
+    migrated: list[tuple[str, str]] = []
+    for key, value in values.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"{source}: setting names are strings, got {key!r}")
+        if key in moved:
+            migrated.append((key, moved[key]))
+            key = moved[key]
+        table, dot, name = key.partition(".")
+        if dot and table in tables:
+            items.append((table, name, value))
+        elif key in tables and isinstance(value, typing.Mapping):
+            items.extend((key, k, v) for k, v in value.items())
+        else:
+            items.append((None, key, value))
+    if migrated:
+        given = [(t, k) for t, k, _ in items]
+        for old, new in migrated:
+            if given.count(tuple(new.split(".", 1))) > 1:
+                table, name = new.split(".", 1)
+                raise ConfigError(f"{source}: {old} and [{table}] {name} are the same setting: keep [{table}] {name}")
+        log.warning("config keys moved source=%s %s (old keys still read; write them in their table)", source,
+                    ", ".join(f"{old} -> [{new.split('.')[0]}] {new.split('.', 1)[1]}" for old, new in migrated))
+    return items
+
+
+def apply_settings(cfg: T, values: typing.Mapping[str, typing.Any], *, source: str = "config") -> T:
+    """``cfg`` with ``values`` set (not validated), checking names and types: the one path from
+    key/values (a TOML file, the launcher's overrides, ``--pulsar-conf``) to a config. A field
+    whose type is a config dataclass is a sub-table: ``{"offload": {"tier_uri": ...}}`` or
+    ``{"offload.tier_uri": ...}``; keys the class derives itself in a sub-table (``TOML_DERIVED``:
+    table -> {key: where it is set}) are refused. Later values win. Raises ConfigError naming
+    the key."""
     if not isinstance(values, typing.Mapping):
         raise ConfigError(f"{source}: expected a table of settings")
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    cls = type(cfg)
+    fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for key, value in values.items():
-        if key not in fields:
-            raise ConfigError(f"{source}: unknown setting {key!r} for {cls.__name__}")
-        expected = hints[key]
-        if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            raise ConfigError(f"{source}: {key} must be {expected.__name__}, got {value!r}")
-        kwargs[key] = value
+    derived: dict[str, dict[str, str]] = getattr(cls, "TOML_DERIVED", {})
+    top: dict[str, typing.Any] = {}
+    subs: dict[str, dict[str, typing.Any]] = {}
+    for table, key, value in _settings_items(cfg, values, source):
+        if table is None:
+            if key not in fields:
+                raise ConfigError(f"{source}: unknown setting {key!r} for {cls.__name__}")
+            if dataclasses.is_dataclass(hints[key]):
+                raise ConfigError(f"{source}: {key} must be a table ([{key}]), got {value!r}")
+            top[key] = _check_value(key, hints[key], value, source)
+            continue
+        sub_cls = hints[table]
+        sub_fields = {f.name for f in dataclasses.fields(sub_cls)}
+        where = derived.get(table, {}).get(key)
+        if where is not None:
+            raise ConfigError(f"{source}: [{table}] {key} is not set here: the broker hands its {where} to it")
+        if key not in sub_fields:
+            raise ConfigError(f"{source}: unknown setting {key!r} in [{table}] ({sub_cls.__name__})")
+        subs.setdefault(table, {})[key] = _check_value(
+            f"[{table}] {key}", typing.get_type_hints(sub_cls)[key], value, source)
+    changes: dict[str, typing.Any] = dict(top)
+    for table, sub_values in subs.items():
+        changes[table] = dataclasses.replace(getattr(cfg, table), **sub_values)
     try:
-        cfg = cls(**kwargs)
+        return dataclasses.replace(cfg, **changes)  # type: ignore[type-var]
     except TypeError as e:  # pragma: no cover - fields are checked above
         raise ConfigError(f"{source}: {e}") from None
-    return cfg.validate()  # type: ignore[attr-defined]
+
+
+def from_mapping(cls: type[T], values: typing.Mapping[str, typing.Any], *, source: str = "config") -> T:
+    """Build a config dataclass from a mapping (:func:`apply_settings` on the defaults), validated;
+    raises ConfigError."""
+    return apply_settings(cls(), values, source=source).validate()  # type: ignore[attr-defined]
 
 
 def load_toml(cls: type[T], path: str | pathlib.Path, *, table: str | None = None) -> T:
@@ -404,19 +475,31 @@ def load_toml(cls: type[T], path: str | pathlib.Path, *, table: str | None = Non
     return from_mapping(cls, data, source=str(path))
 
 
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def to_toml(cfg: object) -> str:
-    """Render a flat config dataclass as TOML (the launcher writes bookie configs with it)."""
-    lines = []
+    """Render a config dataclass as TOML (the launcher writes bookie and broker configs with it):
+    its settings, then one ``[table]`` per sub-config, less the keys the config derives itself
+    (``TOML_DERIVED``). :func:`load_toml` reads it back equal."""
+    derived: dict[str, dict[str, str]] = getattr(type(cfg), "TOML_DERIVED", {})
+    lines, tables = [], []
     for f in dataclasses.fields(cfg):  # type: ignore[arg-type]
         value = getattr(cfg, f.name)
-        if isinstance(value, bool):
-            rendered = "true" if value else "false"
-        elif isinstance(value, (int, float)):
-            rendered = repr(value)
+        if dataclasses.is_dataclass(value):
+            skip = derived.get(f.name, {})
+            tables.append("")
+            tables.append(f"[{f.name}]")
+            tables.extend(f"{g.name} = {_toml_value(getattr(value, g.name))}"
+                          for g in dataclasses.fields(value) if g.name not in skip)
         else:
-            rendered = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-        lines.append(f"{f.name} = {rendered}")
-    return "\n".join(lines) + "\n"
+            lines.append(f"{f.name} = {_toml_value(value)}")
+    return "\n".join(lines + tables) + "\n"
 
 
-__all__ = ["BookieConfig", "LedgerClientConfig", "PENDING_ADDS_MAX_DEFAULT", "from_mapping", "load_toml", "to_toml", "field"]
+__all__ = ["BookieConfig", "LedgerClientConfig", "PENDING_ADDS_MAX_DEFAULT", "apply_settings", "from_mapping", "load_toml", "to_toml", "field"]

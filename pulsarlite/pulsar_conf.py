@@ -13,7 +13,7 @@ them when it starts (broker/security/authentication.py).
 The broker's credential towards the bookies comes from Pulsar's three ``bookkeeperClientAuthentication*``
 keys where their meaning matches ours (a token, docs/security.md): the plugin
 ``org.apache.pulsar.client.impl.auth.AuthenticationToken`` (or ``token``) with parameters
-``token:<jwt>`` (-> ``bookie_auth_token``) or ``file:///path`` (-> ``bookie_auth_token_file``), as
+``token:<jwt>`` (-> ``[ledger_client] bookie_auth_token``) or ``file:///path`` (-> ``bookie_auth_token_file``), as
 Pulsar's token plugin reads them. BookKeeper's SASL plugin (JAAS, Kerberos / DIGEST-MD5) and any
 other plugin are refused with a message saying what to use instead; parameters without a plugin
 too. ``bookkeeperClientAuthenticationParametersName`` (the BookKeeper property the parameters
@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import os
 from dataclasses import dataclass
 
+from pulsarlite.config import apply_settings
 from pulsarlite.errors import ConfigError
 
 PORT = "port"
@@ -85,7 +85,7 @@ BK_SASL_PLUGINS = frozenset({"org.apache.bookkeeper.sasl.SASLClientProviderFacto
 # key settings may also hold bare base64
 KEY_FIELDS = frozenset({"token_secret_key", "token_public_key"})
 PATH_FIELDS = frozenset({"tls_certificate_file_path", "tls_key_file_path", "tls_trust_certs_file_path",
-                         "basic_auth_conf", "bookie_auth_token_file"}) | KEY_FIELDS
+                         "basic_auth_conf", "ledger_client.bookie_auth_token_file"}) | KEY_FIELDS
 
 # keys a standalone decides itself (it runs its own ZooKeeper): read, not applied
 STANDALONE_OWNED_FIELDS = frozenset({"zookeeper"})
@@ -134,10 +134,12 @@ class PulsarConf:
         key(s) behind a refused value."""
         overrides = self.fields(skip_fields)
         try:
-            return dataclasses.replace(config, **overrides).validate()
+            return apply_settings(config, overrides, source=source).validate()
         except ConfigError as e:
-            keys = [key for key, (name, _) in PULSAR_KEYS.items() if name in overrides and name in str(e)]
-            raise ConfigError(f"{source}: {e}" + (f" (from {', '.join(keys)})" if keys else "")) from None
+            keys = [key for key, (name, _) in PULSAR_KEYS.items()
+                    if name in overrides and name.rpartition(".")[2] in str(e)]
+            text = str(e) if str(e).startswith(f"{source}: ") else f"{source}: {e}"
+            raise ConfigError(text + (f" (from {', '.join(keys)})" if keys else "")) from None
 
 
 def _is_base64(value: str) -> bool:
@@ -247,12 +249,13 @@ def _bookkeeper_client_auth(values: dict[str, str]) -> dict:
         raise ConfigError(f"{BK_AUTH_PLUGIN}: {plugin!r} is not supported: pulsarlite bookies authenticate "
                           f"tokens only; use org.apache.pulsar.client.impl.auth.AuthenticationToken")
     if params.startswith("token:") and params[len("token:"):].strip():
-        return {"bookie_auth_token": params[len("token:"):].strip(), "bookie_auth_token_file": ""}
+        return {"ledger_client.bookie_auth_token": params[len("token:"):].strip(),
+                "ledger_client.bookie_auth_token_file": ""}
     if params.startswith("file:") and params[len("file:"):].strip("/ "):
         path = params[len("file:"):]
         if path.startswith("//"):
             path = path[2:]
-        return {"bookie_auth_token": "", "bookie_auth_token_file": path}
+        return {"ledger_client.bookie_auth_token": "", "ledger_client.bookie_auth_token_file": path}
     raise ConfigError(f"{BK_AUTH_PARAMS}: expected token:<jwt> or file:///path/to/token for {plugin} "
                       f"(value not shown)")
 

@@ -146,7 +146,7 @@ def bookie_auth_settings(directory: Path) -> tuple[dict, dict]:
     bookie = {"bookie_auth_enabled": True, "bookie_auth_token_secret_key": key_path.resolve().as_uri(),
               "bookie_auth_roles": ",".join(BOOKIE_AUTH_ROLES),
               "bookie_auth_token_file": str((directory / "autorecovery.token").resolve())}
-    broker = {"bookie_auth_token_file": str((directory / "broker.token").resolve())}
+    broker = {"ledger_client.bookie_auth_token_file": str((directory / "broker.token").resolve())}
     return bookie, broker
 
 
@@ -191,8 +191,9 @@ def lake_setting(settings: "StandaloneSettings", tier: str, available: bool) -> 
     """(lake_enabled, why) for the standalone's broker: on with a file:// tier (the embedded
     SQLite catalog in <tier>/_lake) and pyiceberg installed, unless ``--no-lake`` or the
     ``--pulsar-conf`` settings say otherwise."""
-    if "lake_enabled" in settings.broker_settings:
-        return bool(settings.broker_settings["lake_enabled"]), "set by the broker settings"
+    for key in ("offload.lake_enabled", "lake_enabled"):
+        if key in settings.broker_settings:
+            return bool(settings.broker_settings[key]), "set by the broker settings"
     if not settings.lake:
         return False, "--no-lake"
     if not tier.startswith("file://"):
@@ -203,10 +204,10 @@ def lake_setting(settings: "StandaloneSettings", tier: str, available: bool) -> 
 
 
 def broker_supports_tier() -> bool:
-    """The broker has the ``tier_uri`` setting and the object store module exists."""
+    """The broker has the ``[offload] tier_uri`` setting and the object store module exists."""
     import importlib.util
     from broker.config import BrokerConfig
-    if "tier_uri" not in {f.name for f in dataclasses.fields(BrokerConfig)}:
+    if "offload" not in {f.name for f in dataclasses.fields(BrokerConfig)}:
         return False
     try:
         return importlib.util.find_spec("offload.store") is not None
@@ -307,8 +308,8 @@ class Standalone:
         tier = s.effective_tier_uri
         if tier:
             if broker_supports_tier():
-                broker["tier_uri"] = tier
-                cluster.update_broker_configs({"tier_uri": tier})  # a directory created without one
+                broker["offload.tier_uri"] = tier
+                cluster.update_broker_configs({"offload.tier_uri": tier})  # a directory created without one
                 if tier.startswith("file://"):
                     Path(tier[len("file://"):]).mkdir(parents=True, exist_ok=True)
             else:
@@ -316,8 +317,8 @@ class Standalone:
                 tier = ""
         self.tier_uri = tier
         lake, self.lake_why = lake_setting(s, tier, lake_available())
-        broker["lake_enabled"] = lake
-        cluster.update_broker_configs({"lake_enabled": lake})       # a directory created before
+        broker["offload.lake_enabled"] = lake
+        cluster.update_broker_configs({"offload.lake_enabled": lake})       # a directory created before
         self.lake_dir = f"{tier}/_lake" if lake else ""
         bookies = {f"bookie-{i + 1}": {"port": s.bookie_port + i} for i in range(BOOKIES)}
         if s.broker_settings.get("authentication_enabled"):

@@ -224,7 +224,7 @@ def test_cli_tier_flags_reach_broker_config_and_aws_env_reaches_brokers(tmp_path
         assert result.returncode == 0, result.stderr
         broker_config = directory / "conf" / "broker-1.toml"
         config = load_toml(BrokerConfig, broker_config)
-        assert config.tier_uri == tier_dir.as_uri() and config.tier_s3_endpoint_url == "http://127.0.0.1:9"
+        assert config.offload.tier_uri == tier_dir.as_uri() and config.offload.tier_s3_endpoint_url == "http://127.0.0.1:9"
         status = json.loads(cli("status", "--dir", str(directory), "--json").stdout)
         broker = {p["name"]: p for p in status["processes"]}["broker-1"]
         assert broker["healthy"] and process_matches(broker["pid"], str(broker_config))
@@ -242,7 +242,7 @@ def test_cli_tier_flags_reach_broker_config_and_aws_env_reaches_brokers(tmp_path
                      "--tier", "s3://bucket/prefix")
         assert result.returncode == 0 and "take effect when these brokers restart: broker-1" in result.stderr
         config = load_toml(BrokerConfig, broker_config)
-        assert config.tier_uri == "s3://bucket/prefix" and config.tier_s3_endpoint_url == "http://127.0.0.1:9"
+        assert config.offload.tier_uri == "s3://bucket/prefix" and config.offload.tier_s3_endpoint_url == "http://127.0.0.1:9"
     finally:
         if (directory / "cluster.json").exists():
             LocalCluster.open(directory).stop()

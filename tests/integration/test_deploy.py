@@ -99,16 +99,16 @@ def test_every_mounted_config_exists_and_loads():
             published = {int(p.split(":")[0]): int(p.split(":")[1]) for p in service["ports"]}
             assert published == {config.port: config.port, config.http_port: config.http_port}
             assert config.zookeeper == "zookeeper:2181" and config.host == "0.0.0.0"
-            assert config.tier_uri.startswith("s3://pulsarlite") and "minio:9000" in config.tier_s3_endpoint_url
+            assert config.offload.tier_uri.startswith("s3://pulsarlite") and "minio:9000" in config.offload.tier_s3_endpoint_url
             assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(service["environment"])
             assert str(config.http_port) in " ".join(service["healthcheck"]["test"])
-            assert config.write_quorum <= len([n for n in services if n.startswith("bookie-")])
+            assert config.managed_ledger.write_quorum <= len([n for n in services if n.startswith("bookie-")])
     assert checked == 5 and len(bookie_ids) == 3
 
 
 def test_launcher_reads_the_same_config_files():
     broker = settings_from_file(BROKER, DEPLOY / "conf" / "broker-1.toml")
-    assert broker["tier_uri"] == "s3://pulsarlite/offload" and "port" not in broker and "zookeeper" not in broker
+    assert broker["offload"]["tier_uri"] == "s3://pulsarlite/offload" and "port" not in broker and "zookeeper" not in broker
     # what is left of a bookie's file besides addresses and directories: bookie and ZooKeeper
     # authentication
     assert set(settings_from_file(BOOKIE, DEPLOY / "conf" / "bookie-1.toml")) == {

@@ -187,11 +187,12 @@ def assert_zookeeper_unchangeable_without(zookeeper: str) -> None:
 def assert_wrong_zookeeper_credential_refused(cluster, d: Path) -> None:
     import os
     from broker.config import BrokerConfig
-    from pulsarlite.config import to_toml
+    from pulsarlite.config import LedgerClientConfig, to_toml
     from pulsarlite.zk_server import find_free_port
     (d / "wrong.digest").write_text("pulsarlite:not-the-zk-password\n")
     config = BrokerConfig(host="127.0.0.1", port=find_free_port(), http_port=find_free_port(),
-                          zookeeper=cluster.zookeeper, bookie_auth_token_file=str(d / "broker.token"),
+                          zookeeper=cluster.zookeeper,
+                          ledger_client=LedgerClientConfig(bookie_auth_token_file=str(d / "broker.token")),
                           zookeeper_auth_digest_file=str(d / "wrong.digest"), zookeeper_acl_read_restricted=True)
     path = d / "wrong-zk-broker.toml"
     path.write_text(to_toml(config))
@@ -382,8 +383,8 @@ def test_every_compose_bookie_authenticates_and_every_client_has_a_token(compose
                 assert config.ledger_client_config().bookie_tls_enabled
         else:
             broker_config = load_toml(BrokerConfig, DEPLOY / source)
-            assert broker_config.bookie_auth_token_file == "/var/lib/pulsarlite-auth/broker.token"
-            assert broker_config.bookie_tls_enabled == (compose_file == "docker-compose.secure.yml"), name
+            assert broker_config.ledger_client.bookie_auth_token_file == "/var/lib/pulsarlite-auth/broker.token"
+            assert broker_config.ledger_client.bookie_tls_enabled == (compose_file == "docker-compose.secure.yml"), name
         checked += 1
     assert checked == 5
 

@@ -1355,7 +1355,7 @@ class WholePathSimulation:
         c = self.config
         rng = self.rng
         self.log(f"scenario: {self.bookie_count} bookies E={self.ensemble_size} Qw={self.write_quorum} "
-                 f"Qa={self.ack_quorum} rollover_entries_max={self.broker_config.rollover_entries_max} "
+                 f"Qa={self.ack_quorum} rollover_entries_max={self.broker_config.managed_ledger.rollover_entries_max} "
                  f"snapshot every {self.broker_config.dedup_snapshot_interval_entries} "
                  f"add_timeout_ms={self.ledger_client_config.add_timeout_ms} "
                  f"producers={[(p.name, p.batching, p.batch_max) for p in self.clients]}")

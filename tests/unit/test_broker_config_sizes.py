@@ -32,7 +32,7 @@ def test_pending_adds_max_has_one_default():
     from broker.managed_ledger.config import ManagedLedgerConfig
     from pulsarlite.config import PENDING_ADDS_MAX_DEFAULT, LedgerClientConfig
     defaults = BrokerConfig()
-    assert (defaults.pending_adds_max == ManagedLedgerConfig().pending_adds_max == LedgerClientConfig().pending_adds_max
+    assert (defaults.managed_ledger.pending_adds_max == ManagedLedgerConfig().pending_adds_max == LedgerClientConfig().pending_adds_max
             == defaults.managed_ledger_config().pending_adds_max == defaults.ledger_client_config().pending_adds_max
             == PENDING_ADDS_MAX_DEFAULT)
 
@@ -44,7 +44,7 @@ def test_the_pending_adds_max_toml_key_reaches_every_layer(tmp_path):
     path = tmp_path / "broker.toml"
     path.write_text("pending_adds_max = 123\n")
     config = load_toml(BrokerConfig, path)
-    assert config.pending_adds_max == 123
+    assert config.managed_ledger.pending_adds_max == 123
     assert config.managed_ledger_config().pending_adds_max == 123
     assert config.ledger_client_config().pending_adds_max == 123
     path.write_text("pending_adds_max = 0\n")

@@ -259,7 +259,7 @@ async def test_dispatch_pauses_above_high_water_and_always_resumes():
     after the transport's own pause_writing/resume_writing. Past connection_write_buffer_bytes_max
     the connection is closed (a client that never reads)."""
     service = FakeService()
-    high = service.config.connection_write_high_water_bytes
+    high = service.config.dispatch.connection_write_high_water_bytes
     conn = ServerConnection(service)
     transport = BufferingTransport()
     conn.connection_made(transport)

@@ -319,21 +319,22 @@ def test_a_table_created_without_metrics_properties_gets_them_at_the_next_commit
     ({"lake_partition": "hour"}, "lake_partition"),
 ])
 def test_bad_lake_settings_are_refused(overrides, match):
-    from broker.config import BrokerConfig
+    from broker.config import BrokerConfig, OffloadConfig
     from pulsarlite.errors import ConfigError
     with pytest.raises(ConfigError, match=match):
-        BrokerConfig(**overrides).validate()
+        BrokerConfig(offload=OffloadConfig(**overrides)).validate()
 
 
 def test_good_lake_settings():
-    from broker.config import BrokerConfig
-    BrokerConfig(lake_enabled=True, tier_uri="file:///tier").validate()
-    day = BrokerConfig(lake_enabled=True, tier_uri="file:///tier")
+    from broker.config import BrokerConfig, OffloadConfig
+    BrokerConfig(offload=OffloadConfig(lake_enabled=True, tier_uri="file:///tier")).validate()
+    day = BrokerConfig(offload=OffloadConfig(lake_enabled=True, tier_uri="file:///tier"))
     assert day.managed_ledger_config().rollover_publish_period_ms == 86_400_000       # lake_partition "day"
-    assert BrokerConfig(lake_enabled=True, tier_uri="file:///tier",
-                        lake_partition="none").managed_ledger_config().rollover_publish_period_ms == 0
+    assert BrokerConfig(offload=OffloadConfig(lake_enabled=True, tier_uri="file:///tier", lake_partition="none")
+                        ).managed_ledger_config().rollover_publish_period_ms == 0
     assert BrokerConfig().managed_ledger_config().rollover_publish_period_ms == 0      # no lake: no day rollover
-    BrokerConfig(lake_enabled=True, tier_uri="s3://bucket/tier", lake_catalog_uri="sqlite:////x/c.db").validate()
+    BrokerConfig(offload=OffloadConfig(lake_enabled=True, tier_uri="s3://bucket/tier",
+                                       lake_catalog_uri="sqlite:////x/c.db")).validate()
 
 
 def test_an_http_catalog_uri_is_the_rest_catalog_client(tmp_path):

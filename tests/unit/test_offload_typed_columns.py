@@ -359,7 +359,7 @@ def test_offloader_takes_struct_versions_from_the_registry():
             async def all_versions(self, topic):
                 return stored
         service = SimpleNamespace(schemas=Registry())
-        return SimpleNamespace(broker=SimpleNamespace(config=SimpleNamespace(offload_typed_columns=typed_on),
+        return SimpleNamespace(broker=SimpleNamespace(config=SimpleNamespace(offload=SimpleNamespace(typed_columns=typed_on)),
                                                       store=None),
                                topic=SimpleNamespace(service=service, name="persistent://public/default/t"),
                                ml_name="public/default/persistent/t")

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from broker.config import OffloadConfig
 from broker.managed_ledger import LedgerInfoState, OffloadState, Position
 from broker.offloader import OffloadError, OffloadStatus, TopicOffloader, _Demand
 from offload.core import OffloadPolicy
@@ -34,8 +35,8 @@ def worker(now: list[int]) -> tuple[TopicOffloader, list[list[int]]]:
         return OffloadPolicy(threshold_bytes=0, deletion_lag_ms=10**12)     # offload everything closed
 
     t = TopicOffloader.__new__(TopicOffloader)
-    t.broker = SimpleNamespace(config=SimpleNamespace(offload_check_interval_ms=1_000,
-                                                      offload_retry_delay_ms_max=8_000),
+    t.broker = SimpleNamespace(config=SimpleNamespace(offload=OffloadConfig(check_interval_ms=1_000,
+                                                                           retry_delay_ms_max=8_000)),
                                clock=lambda: now[0], policy_of=policy_of, lake=None)
     t.topic = SimpleNamespace(name="persistent://public/default/t")
     t.ml = SimpleNamespace(ledgers=lambda: list(ledgers.values()), last_confirmed_position=Position(9, 0))

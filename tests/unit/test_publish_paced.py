@@ -331,19 +331,22 @@ async def test_paced_pump_an_answer_that_leaves_a_request_outstanding_does_not_e
 
 def test_add_flush_interval_is_checked():
     from broker.config import BrokerConfig
+    from pulsarlite.config import from_mapping
     from pulsarlite.errors import ConfigError
     for bad in (-1.0, float("nan"), 1000.5):
         with pytest.raises(ConfigError, match="add_flush_interval_ms"):
             LedgerClientConfig(add_flush_interval_ms=bad).validate()
-        with pytest.raises(ConfigError, match="bookie_add_flush_interval_ms"):
-            BrokerConfig(bookie_add_flush_interval_ms=bad).validate()
-    assert BrokerConfig(bookie_add_flush_interval_ms=2.5).validate().ledger_client_config().add_flush_interval_ms == 2.5
+        with pytest.raises(ConfigError, match=r"\[ledger_client\].*add_flush_interval_ms"):
+            from_mapping(BrokerConfig, {"ledger_client": {"add_flush_interval_ms": bad}})
+    assert from_mapping(BrokerConfig, {"ledger_client": {"add_flush_interval_ms": 2.5}}) \
+        .ledger_client_config().add_flush_interval_ms == 2.5
     for bad in (-1, 1.5, True, 1_000_001):
         with pytest.raises(ConfigError, match="add_flush_on_idle_adds_max"):
             LedgerClientConfig(add_flush_on_idle_adds_max=bad).validate()
-        with pytest.raises(ConfigError, match="bookie_add_flush_on_idle_adds_max"):
-            BrokerConfig(bookie_add_flush_on_idle_adds_max=bad).validate()
-    assert BrokerConfig(bookie_add_flush_on_idle_adds_max=3).validate().ledger_client_config().add_flush_on_idle_adds_max == 3
+        with pytest.raises(ConfigError, match=r"\[ledger_client\].*add_flush_on_idle_adds_max"):
+            from_mapping(BrokerConfig, {"ledger_client": {"add_flush_on_idle_adds_max": bad}})
+    assert from_mapping(BrokerConfig, {"ledger_client": {"add_flush_on_idle_adds_max": 3}}) \
+        .ledger_client_config().add_flush_on_idle_adds_max == 3
 
 
 # -- bookie clients: a read of exactly one AddResponse ------------------------------------------------

@@ -497,7 +497,7 @@ class PathService:
     def __init__(self, config) -> None:
         from broker.topic import EntryCache, PublishBuffer
         self.config = config
-        self.entry_cache = EntryCache(config.entry_cache_bytes_max)
+        self.entry_cache = EntryCache(config.dispatch.entry_cache_bytes_max)
         self.publish_buffer = PublishBuffer(config.publish_buffer_bytes_max)
         self.store = None
         self.add_errors = []
@@ -554,7 +554,7 @@ async def publish_path(*, pending_adds_max: int, add_batch_entries_max: int):
                        ManagedLedgerConfig(pending_adds_max=pending_adds_max).validate(), lambda: 0, None)
     ml._writer = writer
     ml._run(ml._core.on_opened(ManagedLedgerMetadata((LedgerInfo(1, created_ms=0),))))
-    config = BrokerConfig(pending_adds_max=pending_adds_max)
+    config = BrokerConfig(managed_ledger=ManagedLedgerConfig(pending_adds_max=pending_adds_max))
     service = PathService(config)
     topic = PersistentTopic(service, TopicName.parse("persistent://public/default/runs"), ml)
     conn = ServerConnection(service)

@@ -10,6 +10,7 @@ import logging
 import pytest
 
 from broker.config import BrokerConfig
+from pulsarlite.config import apply_settings
 from broker.main import apply_pulsar_conf
 from pulsarlite.errors import ConfigError
 from pulsarlite.pulsar_conf import map_pulsar_conf, parse_properties, read_pulsar_conf
@@ -160,10 +161,12 @@ TOKEN_PLUGIN = "org.apache.pulsar.client.impl.auth.AuthenticationToken"
 
 
 @pytest.mark.parametrize("params, fields", [
-    ("token:eyJhbGciOiJIUzI1NiJ9.e30.sig", {"bookie_auth_token": "eyJhbGciOiJIUzI1NiJ9.e30.sig",
-                                            "bookie_auth_token_file": ""}),
-    ("file:///etc/pulsar/broker.token", {"bookie_auth_token": "", "bookie_auth_token_file": "/etc/pulsar/broker.token"}),
-    ("file:/etc/pulsar/broker.token", {"bookie_auth_token": "", "bookie_auth_token_file": "/etc/pulsar/broker.token"}),
+    ("token:eyJhbGciOiJIUzI1NiJ9.e30.sig", {"ledger_client.bookie_auth_token": "eyJhbGciOiJIUzI1NiJ9.e30.sig",
+                                            "ledger_client.bookie_auth_token_file": ""}),
+    ("file:///etc/pulsar/broker.token", {"ledger_client.bookie_auth_token": "",
+                                         "ledger_client.bookie_auth_token_file": "/etc/pulsar/broker.token"}),
+    ("file:/etc/pulsar/broker.token", {"ledger_client.bookie_auth_token": "",
+                                       "ledger_client.bookie_auth_token_file": "/etc/pulsar/broker.token"}),
 ])
 def test_bookkeeper_client_token_maps_to_the_bookie_credential(params, fields):
     conf = map_pulsar_conf(parse_properties(f"bookkeeperClientAuthenticationPlugin={TOKEN_PLUGIN}\n"
@@ -171,11 +174,11 @@ def test_bookkeeper_client_token_maps_to_the_bookie_credential(params, fields):
                                             f"bookkeeperClientAuthenticationParameters={params}\n"))
     assert conf.overrides == fields and conf.unknown == ()
     # over a TOML config naming the other form: the conf's form wins, the result validates
-    base = BrokerConfig(bookie_auth_token_file="/old.token") if fields["bookie_auth_token"] else \
-        BrokerConfig(bookie_auth_token="old")
+    base = apply_settings(BrokerConfig(), {"ledger_client": {"bookie_auth_token_file": "/old.token"}}
+                          if fields["ledger_client.bookie_auth_token"] else {"ledger_client": {"bookie_auth_token": "old"}})
     config = conf.apply(base, "f.conf")
-    assert (config.bookie_auth_token, config.bookie_auth_token_file) == \
-        (fields["bookie_auth_token"], fields["bookie_auth_token_file"])
+    assert (config.ledger_client.bookie_auth_token, config.ledger_client.bookie_auth_token_file) == \
+        (fields["ledger_client.bookie_auth_token"], fields["ledger_client.bookie_auth_token_file"])
     assert "eyJhbGci" not in repr(config)
 
 
