@@ -30,6 +30,7 @@ from typing import Any
 
 from broker.adapters import check_listener_name, listener_urls, open_cursor
 from broker.compaction import CompactionRunningError, CompactionStatus, StatusReport, combined_status
+from broker.errors import ServiceNotReadyError
 from broker.admin.http import (ConsumerStats, CursorStats, InternalStats, LedgerInfoStats, LookupData,
                                MessageIdData, PublisherStats, SubscriptionPosition, SubscriptionStats, TopicStats,
                                lookup_data)
@@ -54,12 +55,6 @@ log = logging.getLogger("pulsarlite.broker.admin")
 
 RESET_SCAN_ENTRIES = 100        # entries read per request while looking for a publish time
 PEEK_READ_ENTRIES = 100         # entries read per request while peeking past acknowledged ones
-
-class ServiceUnavailable(PulsarliteError):
-    """Another broker did not answer an admin call made on the caller's behalf (503, retry)."""
-
-    retriable = True
-
 
 _ML_STATES = {"OPENING": "None", "READY": "LedgerOpened", "ROLLING_OVER": "CreatingLedger",
               "CLOSING": "Closing", "CLOSED": "Closed", "FENCED": "Fenced", "FAILED": "Failed",
@@ -1157,9 +1152,9 @@ class BrokerAdminBackend:
                     for error in (BadRequestError, NotFoundError, ConflictError, PreconditionFailedError):
                         if resp.status == error.http_status:
                             raise error(reason)
-                    raise ServiceUnavailable(f"{method} {suffix} of {name} at {url}: HTTP {resp.status} {reason}")
+                    raise ServiceNotReadyError(f"{method} {suffix} of {name} at {url}: HTTP {resp.status} {reason}")
         except (aiohttp.ClientError, TimeoutError) as e:
-            raise ServiceUnavailable(f"{method} {suffix} of {name} at {url}: {e}") from None
+            raise ServiceNotReadyError(f"{method} {suffix} of {name} at {url}: {e}") from None
 
     async def last_message_id(self, topic: str) -> MessageIdData:
         name = self._name(topic)

@@ -46,9 +46,9 @@ from typing import Any, Hashable, Iterable
 
 from sortedcontainers import SortedDict
 
-from broker.key_shared import AutoSplitSelector, ConsumerAssignError, StickySelector
-from pulsarlite.errors import PulsarliteError, check
-from pulsarlite.wire import pb
+from broker.errors import ConsumerAssignError, ConsumerBusyError, CumulativeAckNotAllowedError
+from broker.key_shared import AutoSplitSelector, StickySelector
+from pulsarlite.errors import check
 
 
 class SubType(enum.Enum):
@@ -61,16 +61,6 @@ class SubType(enum.Enum):
 class KeySharedMode(enum.Enum):
     AUTO_SPLIT = "AUTO_SPLIT"
     STICKY = "STICKY"
-
-
-class ConsumerBusyError(PulsarliteError):
-    """An Exclusive subscription already has a consumer."""
-
-
-class CumulativeAckNotAllowedError(PulsarliteError, ValueError):
-    """A cumulative ack on a Shared or Key_Shared subscription."""
-
-    server_error = pb.NotAllowedError
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,17 +20,11 @@ import bisect
 from typing import Hashable, Iterable
 
 from pulsarlite.hashing import murmur3_32  # noqa: F401 - re-exported
-from pulsarlite.errors import PulsarliteError, check
-from pulsarlite.wire import pb
+from broker.errors import ConsumerAssignError
+from pulsarlite.errors import check
 
 RANGE_SIZE = 1 << 16
 NONE_KEY = b"NONE_KEY"
-
-
-class ConsumerAssignError(PulsarliteError):
-    """A Key_Shared consumer's sticky ranges are invalid or overlap another consumer's."""
-
-    server_error = pb.ConsumerAssignError
 
 
 

@@ -41,13 +41,13 @@ from broker.admin.policies import NotFoundError, PolicyStore
 from broker.config import BrokerConfig
 from broker.cursor import CursorState, list_cursors
 from broker.dedup import DedupState
+from broker.errors import ProducerBlockedError
 from broker.managed_ledger import LedgerInfo, LedgerInfoState, ManagedLedger, Position
 from broker.offloader import BrokerOffloader
 from pulsarlite.errors import MetadataError, PulsarliteError
 from pulsarlite.metadata import MetadataStore
 from pulsarlite.metadata_layout import cursor_path, dedup_path
 from pulsarlite.topic_name import TopicName
-from pulsarlite.wire import pb
 from pulsarlite.wire.entry import peek_metadata
 
 log = logging.getLogger("pulsarlite.broker.retention")
@@ -63,21 +63,6 @@ def publish_time_of(entry: bytes) -> int | None:
 MiB = 1024 * 1024
 TTL_SEARCH_READS_MAX = 64          # entry reads per binary search (2**64 entries: plenty)
 QUOTA_RECHECK_INTERVAL_S = 1.0     # a blocked topic's quota is checked again at most this often
-
-
-# -- errors told to producers ------------------------------------------------------------------
-class ProducerBlockedQuotaExceededError(PulsarliteError):
-    """Backlog quota exceeded, policy producer_request_hold: the client retries (holds sends)."""
-
-    retriable = True
-    server_error = pb.ProducerBlockedQuotaExceededError
-
-
-class ProducerBlockedQuotaExceededException(PulsarliteError):
-    """Backlog quota exceeded, policy producer_exception: the producer is refused."""
-
-    retriable = False
-    server_error = pb.ProducerBlockedQuotaExceededException
 
 
 # -- retention --------------------------------------------------------------------------------
@@ -555,18 +540,17 @@ class RetentionService:
             log.info("retention topic=%s deleted ledgers=%s", topic.key, deleted)
 
 
-def producer_refusal(topic: RetainedTopic) -> PulsarliteError | None:
-    """The error a new producer of ``topic`` gets while its backlog quota is exceeded."""
+def producer_refusal(topic: RetainedTopic) -> ProducerBlockedError | None:
+    """The error a new producer of ``topic`` gets while its backlog quota is exceeded: retriable
+    (the client holds its sends) unless the policy is producer_exception."""
     blocked = topic.quota_blocked
     if blocked is None:
         return None
     message = f"Cannot create producer on topic with backlog quota exceeded: {blocked.reason}"
-    if blocked.policy == "producer_exception":
-        return ProducerBlockedQuotaExceededException(message)
-    return ProducerBlockedQuotaExceededError(message)
+    return ProducerBlockedError(message, hold=blocked.policy != "producer_exception")
 
 
-__all__ = ["ProducerBlockedQuotaExceededError", "ProducerBlockedQuotaExceededException", "QuotaVerdict",
+__all__ = ["QuotaVerdict",
            "RetainedSubscription", "RetainedTopic", "RetentionHost", "RetentionLimits", "RetentionService", "backlog_bytes_after", "check_backlog_quota",
            "closed_time_ms", "consumed_by_all", "eviction_target", "ledgers_to_delete",
            "oldest_unacked_publish_ms", "producer_refusal", "search_last_expired", "slowest_position",

@@ -33,7 +33,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from pulsarlite.errors import PulsarliteError
+from broker.errors import BrokerError
 from pulsarlite.keyvalue import split_pair
 from pulsarlite.wire import pb
 
@@ -80,13 +80,13 @@ class CompatibilityStrategy(enum.Enum):
 DEFAULT_STRATEGY = CompatibilityStrategy.FULL       # Pulsar's broker default
 
 
-class IncompatibleSchemaError(PulsarliteError):
+class IncompatibleSchemaError(BrokerError):
     """A schema the topic's compatibility strategy refuses; nothing was stored."""
     retriable = False
     server_error = pb.IncompatibleSchema
 
 
-class InvalidSchemaError(PulsarliteError):
+class InvalidSchemaError(BrokerError):
     """A schema definition that cannot be parsed (bad JSON, not an Avro schema, ...)."""
     retriable = False
     server_error = pb.IncompatibleSchema

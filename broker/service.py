@@ -21,7 +21,7 @@ from broker.admin.metrics import BrokerMetrics, MetricsConfig
 from broker.admin.policies import AdminError, NotFoundError, PolicyStore, split_namespace
 from broker.config import BrokerConfig
 from broker.errors import (BrokerError, NotAllowedError, ProducerBusyError, ServiceNotReadyError,  # noqa: F401
-                           SubscriptionBusyError, TopicNotFoundError, server_error_of)
+                           TopicNotFoundError, server_error_of)
 from broker.latency import LatencyBuckets
 from broker.managed_ledger import ManagedLedger, ManagedLedgerClosedError
 from broker.nonpersistent import NonPersistentTopic, registration_path
@@ -548,4 +548,4 @@ def _is_persistent(topic) -> bool:
 
 
 __all__ = ["BrokerError", "BrokerService", "NotAllowedError", "ProducerBusyError",
-           "ServiceNotReadyError", "SubscriptionBusyError", "TopicNotFoundError", "server_error_of"]
+           "ServiceNotReadyError", "TopicNotFoundError", "server_error_of"]

@@ -33,8 +33,8 @@ from broker.admin.policies import NotFoundError, PreconditionFailedError
 from broker.cursor import InvalidAckError
 from broker.dedup import DedupSnapshotStore, DedupState, entry_sequence
 from broker.dispatch import Delivery, DispatcherCore, KeySharedMode, SubType
-from broker.errors import (ConsumerAssignError, NotAllowedError, ProducerBusyError,  # noqa: F401 - re-exported
-                           ProducerFencedError, ServiceNotReadyError, SubscriptionBusyError, TopicTerminatedError)
+from broker.errors import (ConsumerAssignError, ConsumerBusyError, NotAllowedError,  # noqa: F401 - re-exported
+                           ProducerBusyError, ProducerFencedError, ServiceNotReadyError, TopicTerminatedError)
 from broker.key_shared import sticky_key_hash
 from broker.termination import write_terminated
 from broker.topic_common import ExclusiveAccess, attach_consumer, check_edge, detach_consumer
@@ -639,7 +639,7 @@ class PersistentTopic:
             # addConsumer makes a new dispatcher then); its acks stay
             sub.change_type(sub_type, key_shared_mode=key_shared_mode, allow_out_of_order=allow_out_of_order)
         elif sub.sub_type is not sub_type:
-            raise SubscriptionBusyError(f"subscription {subscription} is {sub.sub_type.value}, "
+            raise ConsumerBusyError(f"subscription {subscription} is {sub.sub_type.value}, "
                                         f"not {sub_type.value}")
         elif other_mode:
             raise ConsumerAssignError(f"subscription {subscription} is Key_Shared "

@@ -43,8 +43,9 @@ from typing import Any, Awaitable, Callable, Iterable
 from urllib.parse import unquote_plus
 
 from broker.schema_compat import CompatibilityStrategy
+from broker.errors import BrokerError
 from broker.security.authorization import AuthPolicies, PermissionError_
-from pulsarlite.errors import MetadataNotFoundError, PulsarliteError
+from pulsarlite.errors import MetadataNotFoundError
 from pulsarlite import metadata_layout as layout
 from pulsarlite.metadata import MetadataExistsError, MetadataNotEmptyError, MetadataStore
 from pulsarlite.metadata_layout import CLUSTERS_ROOT, POLICIES_ROOT, managed_ledgers_of_namespace_path
@@ -60,7 +61,7 @@ _INT64_MAX = 2 ** 63 - 1
 
 
 # -- errors (the HTTP layer maps ``http_status``; the broker's AdminBackend raises them too) ----
-class AdminError(PulsarliteError):
+class AdminError(BrokerError):
     """An admin operation refused; ``http_status`` is Pulsar's status code for it."""
 
     http_status = 500

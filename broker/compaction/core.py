@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from broker.cursor.core import bits_to_words, words_to_bits
+from broker.errors import BrokerError
 from broker.managed_ledger.core import LedgerInfo, Position
-from pulsarlite.errors import InvariantViolation, PulsarliteError, check
+from pulsarlite.errors import InvariantViolation, check
 from pulsarlite.ledger_list import COMPACTION_PROPERTY, CompactionRecord, decode_compaction, encode_compaction
 from pulsarlite.wire.compacted import decode_compacted, encode_compacted
 
@@ -43,7 +44,7 @@ KEYS_MAX_DEFAULT = 1_000_000
 
 
 # -- errors -----------------------------------------------------------------------------------
-class CompactionError(PulsarliteError):
+class CompactionError(BrokerError):
     """A compaction run failed (reading, writing or recording); retriable: run it again."""
 
     retriable = True

@@ -31,15 +31,22 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Iterator, Mapping, NamedTuple, Sequence, Union
 
+from broker.errors import BrokerError
 from pulsarlite.errors import InvariantViolation, LedgerFencedError, PulsarliteError, check
 from pulsarlite.ledger_list import LedgerInfo, LedgerInfoState, ManagedLedgerMetadata, OffloadInfo, OffloadState
+from pulsarlite.wire import pb
 
 
 # -- errors ---------------------------------------------------------------------------------
-class ManagedLedgerError(PulsarliteError):
-    """An add or operation of a managed ledger failed; retriable (re-send, or reopen)."""
+class ManagedLedgerError(BrokerError):
+    """An add or operation of a managed ledger failed; retriable (re-send, or reopen). A client
+    is told ServiceNotReady when it is retriable, else PersistenceError."""
 
     retriable = True
+
+    @property
+    def server_error(self) -> int:  # type: ignore[override]
+        return pb.ServiceNotReady if self.retriable else pb.PersistenceError
 
 
 class ManagedLedgerFencedError(ManagedLedgerError):

@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from random import Random
 from typing import Mapping, Union
 
+from broker.errors import BrokerError
 from pulsarlite import metadata_layout as layout
-from pulsarlite.errors import InvariantViolation, PulsarliteError, check
+from pulsarlite.errors import InvariantViolation, check
 from pulsarlite.topic_name import InvalidTopicNameError, NamespaceName, TopicName
 
 HASH_RANGE_END = 0x1_0000_0000        # the hash space is [0, 2**32)
@@ -46,7 +47,7 @@ BUNDLES_PER_NAMESPACE_MAX = 1024
 _RANGE = re.compile(r"0x([0-9a-f]{8})_0x([0-9a-f]{8})")
 
 
-class OwnershipError(PulsarliteError):
+class OwnershipError(BrokerError):
     """A lookup or acquisition that cannot be answered now (no live broker, session not
     trusted, a stale owner node); retry later."""
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from broker.admin.policies import BacklogQuota, RetentionPolicy
 from broker.managed_ledger import LedgerInfo, LedgerInfoState, Position
-from broker.retention import (MiB, ProducerBlockedQuotaExceededError, ProducerBlockedQuotaExceededException,
-                              QuotaVerdict, RetentionLimits, backlog_bytes_after, check_backlog_quota,
+from broker.errors import BrokerError, ProducerBlockedError, server_error_of
+from broker.retention import (MiB, QuotaVerdict, RetentionLimits, backlog_bytes_after, check_backlog_quota,
                               closed_time_ms, consumed_by_all, eviction_target, ledgers_to_delete,
                               oldest_unacked_publish_ms, producer_refusal, search_last_expired,
                               ttl_expired_through)
@@ -208,11 +208,13 @@ def test_producer_refusal_errors():
     assert producer_refusal(t) is None
     t.quota_blocked = QuotaVerdict(True, "destination_storage", "producer_exception", "over", True)
     e = producer_refusal(t)
-    assert isinstance(e, ProducerBlockedQuotaExceededException) and e.server_error == \
-        pb.ProducerBlockedQuotaExceededException and not e.retriable
+    # one class, the two of Pulsar's answers by policy (the client fails vs. holds its sends)
+    assert isinstance(e, ProducerBlockedError) and isinstance(e, BrokerError)
+    assert server_error_of(e) == e.server_error == pb.ProducerBlockedQuotaExceededException and not e.retriable
     t.quota_blocked = QuotaVerdict(True, "destination_storage", "producer_request_hold", "over", True)
     e = producer_refusal(t)
-    assert isinstance(e, ProducerBlockedQuotaExceededError) and e.retriable
+    assert isinstance(e, ProducerBlockedError) and e.retriable
+    assert server_error_of(e) == e.server_error == pb.ProducerBlockedQuotaExceededError
 
 
 @settings(max_examples=300, deadline=None)
