@@ -1,5 +1,12 @@
 """Configuration of one broker process: a frozen dataclass, loaded from TOML, validated at start
-(docs/architecture.md#style). Every buffer, cache and timeout of the broker has its bound here."""
+(docs/architecture.md#style). Every buffer, cache and timeout of the broker has its bound here.
+
+The broker's own settings sit at the top of its TOML file; four sub-configs are tables:
+``[managed_ledger]`` (:class:`ManagedLedgerConfig`), ``[ledger_client]``
+(:class:`pulsarlite.config.LedgerClientConfig`), ``[offload]`` (:class:`OffloadConfig`) and
+``[dispatch]`` (:class:`DispatchConfig`). Keys of the flat layout before the tables
+(``BrokerConfig.TOML_MOVED``) are still read, with one warning line naming their new place
+(docs/decisions.md "Nested broker config")."""
 
 from __future__ import annotations
 
