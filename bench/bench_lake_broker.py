@@ -70,8 +70,8 @@ def run(lake: bool, args) -> dict:
         cluster = LocalCluster(Path(tmp) / "cluster")
         try:
             cluster.start_processes(bookies=3, brokers=1, broker_overrides={
-                "tier_uri": f"file://{tier}", "rollover_entries_max": args.entries, "offload_deletion_lag_ms": 3_600_000,
-                "offload_check_interval_ms": 200, "lake_enabled": lake})
+                "offload.tier_uri": f"file://{tier}", "managed_ledger.rollover_entries_max": args.entries,
+                "offload.deletion_lag_ms": 3_600_000, "offload.check_interval_ms": 200, "offload.lake_enabled": lake})
             admin = cluster.admin_url
             http("POST", f"{admin}/admin/v2/namespaces/public/default/retention",
                  {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})

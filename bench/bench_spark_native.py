@@ -113,7 +113,8 @@ def main() -> None:
     spark = None
     try:
         cluster.start_processes(bookies=3, brokers=1, broker_overrides={
-            "rollover_entries_max": 1_000_000, "tier_uri": tier_dir.as_uri(), "offload_check_interval_ms": 1000})
+            "managed_ledger.rollover_entries_max": 1_000_000, "offload.tier_uri": tier_dir.as_uri(),
+            "offload.check_interval_ms": 1000})
         admin(cluster.admin_url, "POST", "/admin/v2/namespaces/public/default/retention",
               {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
         local, half = "bench-native", "bench-half"

@@ -103,8 +103,8 @@ def run(base: pathlib.Path, typed_on: bool, args, spark) -> dict:
     out: dict = {}
     try:
         cluster.start_processes(bookies=3, brokers=1, broker_overrides={
-            "rollover_entries_max": args.rollover_entries, "tier_uri": f"file://{tier_dir}",
-            "offload_check_interval_ms": 1000, "offload_typed_columns": typed_on})
+            "managed_ledger.rollover_entries_max": args.rollover_entries, "offload.tier_uri": f"file://{tier_dir}",
+            "offload.check_interval_ms": 1000, "offload.typed_columns": typed_on})
         admin(cluster.admin_url, "POST", "/admin/v2/namespaces/public/default/retention",
               {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
         local = "bench-typed"

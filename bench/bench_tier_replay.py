@@ -140,9 +140,9 @@ def main() -> int:
     cluster = LocalCluster(work / "cluster")
     try:
         cluster.start_processes(bookies=3, brokers=1, broker_overrides={
-            "tier_uri": tier_uri, "tier_s3_endpoint_url": endpoint or "",
-            "rollover_entries_max": args.entries_per_ledger, "offload_deletion_lag_ms": 0,
-            "offload_check_interval_ms": 1000})
+            "offload.tier_uri": tier_uri, "offload.tier_s3_endpoint_url": endpoint or "",
+            "managed_ledger.rollover_entries_max": args.entries_per_ledger, "offload.deletion_lag_ms": 0,
+            "offload.check_interval_ms": 1000})
         admin = cluster.admin_url
         # infinite retention: nothing subscribes while producing, and the ledgers must stay
         http("POST", f"{admin}/admin/v2/namespaces/public/default/retention",

@@ -964,7 +964,7 @@ def main() -> int:
             cluster.start_processes(
                 bookies=3, brokers=1,
                 bookie_overrides={"disk_usage_readonly_threshold": 0.995, "disk_usage_writable_threshold": 0.99},
-                broker_overrides={"tier_uri": f"file://{base / 'tier'}"})
+                broker_overrides={"offload.tier_uri": f"file://{base / 'tier'}"})
         finally:
             pids = {n: r.pid for n, r in cluster.records.items() if r.pid}
         broker = cluster.records[cluster.broker_names[0]]
