@@ -1,5 +1,5 @@
 """The broker's side of the admin HTTP API: :class:`BrokerAdminBackend` implements
-:class:`broker.admin.http.AdminBackend` on top of :class:`broker.service.BrokerService`.
+:class:`broker.admin.api.AdminBackend` on top of :class:`broker.service.BrokerService`.
 
 Where things come from:
 
@@ -31,9 +31,9 @@ from typing import Any
 from broker.adapters import check_listener_name, listener_urls, open_cursor
 from broker.compaction import CompactionRunningError, CompactionStatus, StatusReport, combined_status
 from broker.errors import ServiceNotReadyError
-from broker.admin.http import (ConsumerStats, CursorStats, InternalStats, LedgerInfoStats, LookupData,
-                               MessageIdData, PublisherStats, SubscriptionPosition, SubscriptionStats, TopicStats,
-                               lookup_data)
+from broker.admin.api import (ConsumerStats, CursorStats, InternalStats, LedgerInfoStats, LookupData,
+                              MessageIdData, PublisherStats, SubscriptionPosition, SubscriptionStats, TopicStats,
+                              lookup_data)
 from broker.admin.policies import (BadRequestError, ConflictError, MethodNotAllowedError, NotFoundError,
                                    PreconditionFailedError)
 from broker.cursor import CursorState, ManagedCursor, list_cursors

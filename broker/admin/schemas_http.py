@@ -9,7 +9,8 @@
 - ``POST .../compatibility`` with the same payload: ``{"isCompatible": bool,
   "schemaCompatibilityStrategy": "...", "reason": "..."}``.
 
-The routes live here, beside http.py, and call the broker's :class:`broker.schemas.SchemaRegistry`.
+The routes live here (registered by http.py's make_admin_app) and call the broker's
+:class:`broker.schemas.SchemaRegistry`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from broker.admin.http_common import json_body, json_response, topic_of
 from broker.admin.policies import BadRequestError, ConflictError, NotFoundError
 from broker.schema_compat import CompatibilityStrategy, DEFAULT_STRATEGY, IncompatibleSchemaError, InvalidSchemaError
 from broker.schemas import SchemaRegistry, schema_def_from_admin
@@ -25,11 +27,9 @@ from broker.schemas import SchemaRegistry, schema_def_from_admin
 PATH = "/admin/v2/schemas/{tenant}/{namespace}/{topic}"
 
 
-def add_schema_routes(app: web.Application, registry: Callable[[], SchemaRegistry], *,
-                      topic_of: Callable[[web.Request], str], json_body: Callable[..., Any],
-                      json_response: Callable[..., web.Response]) -> None:
-    """Register the schema routes; ``topic_of``/``json_body``/``json_response`` are http.py's
-    helpers (so errors and limits behave as on every other path)."""
+def add_schema_routes(app: web.Application, registry: Callable[[], SchemaRegistry]) -> None:
+    """Register the schema routes; ``registry()`` is read at request time. Requests are read with
+    http_common's helpers, so errors and limits behave as on every other path."""
     r = app.router
 
     def parse_payload(body: Any):

@@ -1,6 +1,14 @@
-"""Pulsar's subscription and message admin paths that pulsar-admin uses beyond skip/reset by
-time (PersistentTopics), under ``/admin/v2/persistent/{tenant}/{namespace}/{topic}``:
+"""Pulsar's subscription and message admin paths (PersistentTopics), under
+``/admin/v2/persistent/{tenant}/{namespace}/{topic}``:
 
+- ``GET .../subscriptions``: the topic's subscriptions;
+- ``PUT .../subscription/{sub}`` with an optional MessageId body (or ``"earliest"``/``"latest"``;
+  none: latest): create a durable subscription there (409 if it exists);
+- ``DELETE .../subscription/{sub}?force=``: delete (412 with consumers unless ``force``);
+- ``POST .../subscription/{sub}/resetcursor/{timestamp}``: to the first message published at or
+  after ``timestamp`` (ms);
+- ``POST .../subscription/{sub}/skip/{n}``, ``.../skip_all``: acknowledge the next n (all);
+- ``POST .../clearBacklog``: every subscription skips all;
 - ``POST .../subscription/{sub}/expireMessages/{seconds}``: mark-delete the subscription through
   the newest entry published more than ``seconds`` ago (204; 404 unknown subscription);
 - ``POST .../all_subscription/expireMessages/{seconds}``: the same for every subscription;
@@ -26,12 +34,16 @@ from typing import Any, Callable, Protocol
 
 from aiohttp import web
 
+from broker.admin.api import AdminBackend, SubscriptionPosition
+from broker.admin.http_common import (INT64_MAX, PERSISTENT_TOPIC_PATH, bool_query, int_value, json_body,
+                                      json_response, no_content, owner_redirect, subscription_of, topic_of)
 from broker.admin.messages_http import entry_response
 from broker.admin.policies import BadRequestError, PreconditionFailedError
 from pulsarlite.wire.entry import EntryFormatError
 
 EXPIRE_S_MAX = 100 * 365 * 86400          # a century: beyond it every message is kept anyway
 POSITION_MAX = 2 ** 31 - 1                # Pulsar's int message positions
+TOPIC_PATH = PERSISTENT_TOPIC_PATH
 
 
 class SubscriptionAdminBackend(Protocol):
@@ -66,14 +78,87 @@ def entry_answer(ledger_id: int, entry_id: int, data: bytes, topic: str) -> web.
     return web.Response(body=body, headers=headers, content_type="application/octet-stream")
 
 
-def add_subscription_routes(app: web.Application, backend: SubscriptionAdminBackend, *, topic_base: str,
-                            topic_of: Callable[[web.Request], str], subscription_of: Callable[[web.Request], str],
-                            json_body: Callable[..., Any], int_value: Callable[..., int],
-                            at_owner: Callable[[Callable], Callable],
+def subscription_position(body: Any) -> SubscriptionPosition:
+    """Where a new subscription starts, from the body of ``PUT .../subscription/{sub}``: Pulsar
+    sends a MessageId (``{"ledgerId", "entryId", ...}``; latest = both Long.MAX, earliest = both
+    -1); we also take "earliest"/"latest". No body: latest."""
+    if body is None:
+        return "latest"
+    if isinstance(body, str):
+        if body in ("earliest", "latest"):
+            return body  # type: ignore[return-value]
+        raise BadRequestError(f"subscription position must be earliest, latest or a message id, got {body!r}")
+    if not isinstance(body, dict):
+        raise BadRequestError("subscription position must be a message id object")
+    ledger_id = int_value("ledgerId", body.get("ledgerId"), minimum=-1)
+    entry_id = int_value("entryId", body.get("entryId"), minimum=-1)
+    if ledger_id == INT64_MAX and entry_id == INT64_MAX:
+        return "latest"
+    if ledger_id < 0 or entry_id < 0:
+        if ledger_id == -1 and entry_id == -1:
+            return "earliest"
+        raise PreconditionFailedError(f"invalid message id {ledger_id}:{entry_id}")
+    return (ledger_id, entry_id)
+
+
+def add_subscription_routes(app: web.Application, backend: AdminBackend, *,
                             clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
-    """Register the routes; ``topic_of``/``subscription_of``/``json_body``/``int_value``/
-    ``at_owner`` are http.py's helpers, so errors, limits and redirects behave as on every
-    other path."""
+    """Register the routes (``backend`` is an AdminBackend that is also a
+    SubscriptionAdminBackend); every one is answered by the topic's owner."""
+    _add_subscription_crud(app, backend)
+    _add_message_routes(app, backend, clock_ms)
+
+
+def _add_subscription_crud(app: web.Application, backend: AdminBackend) -> None:
+    """List, create, delete, reset by time, skip, clear the backlog."""
+    at_owner = owner_redirect(backend)
+
+    async def subscriptions(request: web.Request) -> web.Response:
+        return json_response(await backend.list_subscriptions(topic_of(request)))
+
+    async def create_subscription(request: web.Request) -> web.Response:
+        topic, name = topic_of(request), subscription_of(request)
+        position = subscription_position(await json_body(request, required=False))
+        await backend.create_subscription(topic, name, position)
+        return no_content()
+
+    async def delete_subscription(request: web.Request) -> web.Response:
+        topic, name, force = topic_of(request), subscription_of(request), bool_query(request, "force")
+        await backend.delete_subscription(topic, name, force)
+        return no_content()
+
+    async def reset_cursor(request: web.Request) -> web.Response:
+        topic, name = topic_of(request), subscription_of(request)
+        timestamp_ms = int_value("timestamp", request.match_info["timestamp"], minimum=0)
+        await backend.reset_cursor_by_time(topic, name, timestamp_ms)
+        return no_content()
+
+    async def skip(request: web.Request) -> web.Response:
+        count = int_value("numMessages", request.match_info["count"], minimum=0)
+        await backend.skip_messages(topic_of(request), subscription_of(request), count)
+        return no_content()
+
+    async def skip_all(request: web.Request) -> web.Response:
+        await backend.skip_messages(topic_of(request), subscription_of(request), None)
+        return no_content()
+
+    async def clear_backlog(request: web.Request) -> web.Response:
+        await backend.clear_backlog(topic_of(request))
+        return no_content()
+
+    r = app.router
+    r.add_get(TOPIC_PATH + "/subscriptions", at_owner(subscriptions))
+    r.add_put(TOPIC_PATH + "/subscription/{subscription}", at_owner(create_subscription))
+    r.add_delete(TOPIC_PATH + "/subscription/{subscription}", at_owner(delete_subscription))
+    r.add_post(TOPIC_PATH + "/subscription/{subscription}/resetcursor/{timestamp}", at_owner(reset_cursor))
+    r.add_post(TOPIC_PATH + "/subscription/{subscription}/skip/{count}", at_owner(skip))
+    r.add_post(TOPIC_PATH + "/subscription/{subscription}/skip_all", at_owner(skip_all))
+    r.add_post(TOPIC_PATH + "/clearBacklog", at_owner(clear_backlog))
+
+
+def _add_message_routes(app: web.Application, backend: Any, clock_ms: Callable[[], int]) -> None:
+    """Expire, reset to a message id, peek, examine (SubscriptionAdminBackend's methods)."""
+    at_owner = owner_redirect(backend)
     r = app.router
 
     async def expire(request: web.Request) -> web.Response:
@@ -122,11 +207,12 @@ def add_subscription_routes(app: web.Application, backend: SubscriptionAdminBack
         position, data = await backend.examine_entry(topic, initial, nth)
         return entry_answer(position.ledger_id, position.entry_id, data, topic)
 
-    r.add_post(topic_base + "/subscription/{subscription}/expireMessages/{seconds}", at_owner(expire))
-    r.add_post(topic_base + "/all_subscription/expireMessages/{seconds}", at_owner(expire_all))
-    r.add_post(topic_base + "/subscription/{subscription}/resetcursor", at_owner(reset_to_message_id))
-    r.add_get(topic_base + "/subscription/{subscription}/position/{position}", at_owner(peek))
-    r.add_get(topic_base + "/examinemessage", at_owner(examine))
+    r.add_post(TOPIC_PATH + "/subscription/{subscription}/expireMessages/{seconds}", at_owner(expire))
+    r.add_post(TOPIC_PATH + "/all_subscription/expireMessages/{seconds}", at_owner(expire_all))
+    r.add_post(TOPIC_PATH + "/subscription/{subscription}/resetcursor", at_owner(reset_to_message_id))
+    r.add_get(TOPIC_PATH + "/subscription/{subscription}/position/{position}", at_owner(peek))
+    r.add_get(TOPIC_PATH + "/examinemessage", at_owner(examine))
 
 
-__all__ = ["SubscriptionAdminBackend", "add_subscription_routes", "entry_answer"]
+__all__ = ["SubscriptionAdminBackend", "TOPIC_PATH", "add_subscription_routes", "entry_answer",
+           "subscription_position"]
