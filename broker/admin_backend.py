@@ -28,7 +28,6 @@ import logging
 from datetime import datetime, timezone
 from typing import Any
 
-from broker.adapters import check_listener_name, listener_urls, open_cursor
 from broker.compaction import CompactionRunningError, CompactionStatus, StatusReport, combined_status
 from broker.admin.http import (ConsumerStats, CursorStats, InternalStats, LedgerInfoStats, LookupData,
                                MessageIdData, PublisherStats, SubscriptionPosition, SubscriptionStats, TopicStats,
@@ -38,6 +37,7 @@ from broker.admin.policies import (BadRequestError, ConflictError, MethodNotAllo
 from broker.cursor import CursorState, ManagedCursor, list_cursors
 from broker.managed_ledger import LedgerInfo, ManagedLedgerMetadata, ManagedLedgerStore, OffloadState, Position
 from broker.offloader import TopicOffloadPolicies, read_topic_offload_policies
+from broker.ownership.topics import check_listener_name, listener_urls
 from broker.service import BrokerService, TopicNotFoundError
 from broker.termination import delete_terminated
 from broker.topic import skip_messages
@@ -819,8 +819,8 @@ class BrokerAdminBackend:
     async def _on_stored_cursor(self, live, subscription: str, change):
         """Open the subscription's stored cursor (no consumer here has it loaded), apply
         ``change(cursor)`` (may be a coroutine function), close it: the change is persisted."""
-        cursor = await open_cursor(self.store, live.ml.name, subscription, initial=live.earliest_mark_delete(),
-                                   durable=True, ledgers_of=live.ml.ledgers)
+        cursor = await ManagedCursor.open(self.store, live.ml.name, subscription, initial=live.earliest_mark_delete(),
+                                          durable=True, ledgers=live.ml.ledgers)
         try:
             result = change(cursor)
             return (await result) if inspect.isawaitable(result) else result

@@ -16,7 +16,6 @@ import re
 import time
 from urllib.parse import unquote_plus
 
-from broker.adapters import ManagedOwnership, parse_topic
 from broker.admin.metrics import BrokerMetrics, MetricsConfig
 from broker.admin.policies import AdminError, NotFoundError, PolicyStore, split_namespace
 from broker.config import BrokerConfig
@@ -26,6 +25,7 @@ from broker.latency import LatencyBuckets
 from broker.managed_ledger import ManagedLedger, ManagedLedgerClosedError
 from broker.nonpersistent import NonPersistentTopic, registration_path
 from broker.offloader import BrokerOffloader
+from broker.ownership.topics import ManagedOwnership
 from broker.compaction.shell import CompactionService
 from broker.retention import RetentionService, publish_time_of
 from broker.schema_compat import CompatibilityStrategy
@@ -105,7 +105,7 @@ class BrokerService:
         for loaded, unload in ((self.topics, self.unload_topic), (self.nonpersistent, self.unload_nonpersistent)):
             for key in list(loaded):
                 try:
-                    lost = is_lost(parse_topic(key))
+                    lost = is_lost(TopicName.parse(key))
                 except Exception:
                     lost = True
                 if lost:
@@ -130,7 +130,7 @@ class BrokerService:
         authz = self.authorization
         if not authz.enabled or authz.is_superuser(role):
             return
-        topic = parse_topic(topic_name)
+        topic = TopicName.parse(topic_name)
         admin_roles, auth = await self.auth_context(topic.namespace)
         if not authz.allows_topic(role, operation, str(topic), auth, admin_roles):
             log.info("authorization refused role=%s operation=%s topic=%s", role, operation.value, topic)
@@ -165,13 +165,13 @@ class BrokerService:
         """(service URL of the owner, whether it is this broker, authoritative, the owner's TLS
         service URL or "" when it has no TLS listener); with ``listener_name``, the URLs of that
         advertised listener of the owner (BrokerConfig.advertised_listeners)."""
-        topic = parse_topic(topic_name)
+        topic = TopicName.parse(topic_name)
         return await self.ownership.lookup(topic, authoritative=authoritative, listener_name=listener_name)
 
     async def partitions(self, topic_name: str) -> int:
         """Partition count from ``/admin/partitioned-topics/<tenant>/<ns>/persistent/<topic>``
         (JSON ``{"partitions": N}``, written by the admin API); 0: not partitioned."""
-        topic = parse_topic(topic_name)
+        topic = TopicName.parse(topic_name)
         if topic.partition_index >= 0:
             return 0
         got = await self.store.get_or_none(partitioned_topic_path(topic.managed_ledger_name))
@@ -189,7 +189,7 @@ class BrokerService:
         ``defaultNumPartitions`` (its partitions are created on first use), as Pulsar does on
         the client's first metadata request."""
         n = await self.partitions(topic_name)
-        topic = parse_topic(topic_name)
+        topic = TopicName.parse(topic_name)
         if n > 0 or topic.partition_index >= 0 or not _is_persistent(topic):
             return n
         if await self.store.exists(managed_ledger_path(topic.managed_ledger_name)):
@@ -262,7 +262,7 @@ class BrokerService:
     async def get_topic(self, topic_name: str, *, create: bool = True) -> PersistentTopic:
         if self.closing:
             raise ServiceNotReadyError("broker is shutting down")
-        topic = parse_topic(topic_name)
+        topic = TopicName.parse(topic_name)
         if not self.ownership.owns(topic) and not await self.ownership.ensure_owned(topic):
             raise ServiceNotReadyError(f"topic {topic} is not owned by this broker")
         if not _is_persistent(topic):

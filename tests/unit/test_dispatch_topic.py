@@ -236,13 +236,15 @@ class ConsumerStub:
 
 
 async def test_failover_sends_active_consumer_change():
-    from broker.adapters import MemoryCursor
+    from broker.cursor import ManagedCursor
     from broker.dispatch import SubType
     from broker.topic import Subscription
 
     topic, ml = make_topic()
     ml.ledgers = lambda: ()
-    sub = Subscription(topic, "sub", SubType.FAILOVER, MemoryCursor(Position(7, -1), lambda: ()), True)
+    cursor = await ManagedCursor.open(None, "t/ns/persistent/x", "sub", initial=Position(7, -1), durable=False,
+                                      ledgers=lambda: ())
+    sub = Subscription(topic, "sub", SubType.FAILOVER, cursor, True)
     try:
         first, second = ConsumerStub(), ConsumerStub()
         sub.add_consumer(first, name="zeta")
