@@ -6,7 +6,7 @@ Where things come from:
 - topics are managed ledgers (``/managed-ledgers/<tenant>/<ns>/persistent/<topic>``); an admin
   "create topic" writes an empty ledger list, so the topic exists before any broker loads it;
 - partitioned topics are ``/admin/partitioned-topics/<tenant>/<ns>/persistent/<topic>`` with
-  JSON ``{"partitions": N}`` (read by :meth:`BrokerService.partitions`, the one reader); their
+  a PartitionedTopicMetadata (pulsarlite/metadata_documents.py) (read by :meth:`BrokerService.partitions`, the one reader); their
   partitions are created as topics at once;
 - stats of a loaded topic are live (counters, rates over the last stats interval, producers,
   consumers); for a topic not loaded here they come from the stored ledger list and cursors;
@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -44,6 +45,9 @@ from broker.topic import skip_messages
 from pulsarlite.errors import MetadataNotFoundError, PulsarliteError
 from pulsarlite.ledger_list import encode as encode_ledger_list
 from pulsarlite.metadata import MetadataExistsError
+from pulsarlite.metadata_documents import (PartitionedTopicMetadata, bookie_registration_metrics_address,
+                                          decode_broker_record, decode_partitioned_metadata,
+                                          encode_partitioned_metadata)
 from pulsarlite.metadata_layout import (BROKERS_ROOT, MANAGED_LEDGERS_ROOT, NAMESPACE_ROOT, broker_path,
                                        bundle_path, cursor_path, partitioned_topic_path,
                                        partitioned_topics_of_namespace_path, topic_policies_path)
@@ -85,12 +89,11 @@ def _acked_ranges(cursor: ManagedCursor | CursorState) -> str:
 
 
 def _owner_id(data: bytes) -> str:
-    """The broker id of a bundle ownership znode (JSON ``{"broker_id", ...}``; "" if unreadable)."""
+    """The broker id of a bundle ownership znode (a BrokerRecord; "" if unreadable)."""
     try:
-        got = json.loads(data.decode())
-    except (UnicodeDecodeError, ValueError):
+        return decode_broker_record(data).broker_id
+    except ValueError:
         return ""
-    return str(got.get("broker_id") or "") if isinstance(got, dict) else ""
 
 
 class BrokerAdminBackend:
@@ -203,11 +206,9 @@ class BrokerAdminBackend:
         await self._check_namespace(name)
         if await self._exists(name):
             raise ConflictError(f"Topic {name} already exists as a non-partitioned topic")
-        metadata: dict = {"partitions": partitions}
-        if properties:
-            metadata["properties"] = properties
+        metadata = PartitionedTopicMetadata(partitions, properties or {})
         try:
-            await self.store.create(self._partitions_path(name), json.dumps(metadata).encode())
+            await self.store.create(self._partitions_path(name), encode_partitioned_metadata(metadata))
         except MetadataExistsError:
             raise ConflictError(f"Partitioned topic {name} already exists") from None
         if name.is_persistent:           # a non-persistent partition is created on first use
@@ -224,15 +225,15 @@ class BrokerAdminBackend:
             if current is None:
                 raise NotFoundError(f"Partitioned topic {name} does not exist")
             try:
-                metadata = json.loads(current)
-                now = int(metadata["partitions"])
-            except (ValueError, KeyError, TypeError):
-                metadata, now = {}, 0
+                metadata = decode_partitioned_metadata(current)
+            except ValueError:
+                metadata = PartitionedTopicMetadata(0)
+            now = metadata.partitions
             if partitions <= now:
                 raise PreconditionFailedError(
                     f"Number of partitions can only grow: {name} has {now}, asked {partitions}")
             before.append(now)
-            return json.dumps({**metadata, "partitions": partitions}).encode()   # properties kept
+            return encode_partitioned_metadata(replace(metadata, partitions=partitions))   # properties kept
 
         await self.store.update(path, grow)
         for i in range(before[-1] if before else 0, partitions):
@@ -279,10 +280,10 @@ class BrokerAdminBackend:
         if got is None:
             return None
         try:
-            properties = json.loads(got[0]).get("properties")
-        except (ValueError, AttributeError):
+            properties = decode_partitioned_metadata(got[0]).properties
+        except ValueError:
             return None
-        return properties if isinstance(properties, dict) and properties else None
+        return dict(properties) or None
 
     # -- stats -----------------------------------------------------------------------------------
     async def _stored_cursors(self, name: TopicName) -> dict[str, bytes]:
@@ -536,7 +537,7 @@ class BrokerAdminBackend:
 
         import aiohttp
 
-        from bookie.client.ledger_manager import bookie_registration_path, registration_metrics_address
+        from bookie.client.ledger_manager import bookie_registration_path
         from broker.admin.console import (BOOKIE_METRICS_BYTES_MAX, BOOKIE_METRICS_TIMEOUT_MS, BOOKIES_PROBED_MAX,
                                           parse_disk_gauges)
         readonly_set = set(readonly)
@@ -548,7 +549,7 @@ class BrokerAdminBackend:
                     bookie_registration_path(bookie_id, read_only=bookie_id in readonly_set))
             except (PulsarliteError, ValueError):     # gone meanwhile, or an id we cannot form a path for
                 return None
-            return None if got is None else registration_metrics_address(got[0])
+            return None if got is None else bookie_registration_metrics_address(got[0])
 
         addresses = dict(zip(ids, await asyncio.gather(*(address_of(b) for b in ids))))
         if not any(addresses.values()):

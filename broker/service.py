@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
-import json
 import logging
 import re
 import time
@@ -36,6 +35,7 @@ from broker.termination import read_terminated
 from broker.topic import EntryCache, PersistentTopic, PublishBuffer
 from pulsarlite.metadata_layout import (MANAGED_LEDGERS_ROOT, managed_ledger_path, non_persistent_of_namespace_path,
                                        partitioned_topic_path, partitioned_topics_of_namespace_path)
+from pulsarlite.metadata_documents import PartitionedTopicMetadata, decode_partitioned_metadata, encode_partitioned_metadata
 from pulsarlite.topic_name import TopicName
 
 log = logging.getLogger("pulsarlite.broker")
@@ -170,7 +170,7 @@ class BrokerService:
 
     async def partitions(self, topic_name: str) -> int:
         """Partition count from ``/admin/partitioned-topics/<tenant>/<ns>/persistent/<topic>``
-        (JSON ``{"partitions": N}``, written by the admin API); 0: not partitioned."""
+        (:class:`PartitionedTopicMetadata`, written by the admin API); 0: not partitioned."""
         topic = TopicName.parse(topic_name)
         if topic.partition_index >= 0:
             return 0
@@ -178,9 +178,9 @@ class BrokerService:
         if got is None:
             return 0
         try:
-            return int(json.loads(got[0])["partitions"])
-        except (ValueError, KeyError, TypeError):
-            log.warning("bad partitioned-topic metadata for %s", topic)
+            return decode_partitioned_metadata(got[0]).partitions
+        except ValueError as e:
+            log.warning("bad partitioned-topic metadata topic=%s: %s", topic, e)
             return 0
 
     async def partitions_or_create(self, topic_name: str) -> int:
@@ -205,7 +205,7 @@ class BrokerService:
         from pulsarlite.metadata import MetadataExistsError
         try:
             await self.store.create(partitioned_topic_path(topic.managed_ledger_name),
-                                    json.dumps({"partitions": auto.default_partitions}).encode(),
+                                    encode_partitioned_metadata(PartitionedTopicMetadata(auto.default_partitions)),
                                     make_parents=True)
             log.info("partitioned topic auto-created %s partitions=%d", topic, auto.default_partitions)
         except MetadataExistsError:
