@@ -150,3 +150,33 @@ def test_retention_does_not_touch_cursor_znodes():
     """Retention moves cursors through broker.cursor (stored_mark_delete, advance_stored_cursor)."""
     source = (ROOT / "broker/retention.py").read_text()
     assert "cursor_path" not in source and "CursorState" not in source
+
+
+# -- the documents whose codec stays beside its type in one component ------------------------
+LEDGER_MD = {"ledger_id": 1, "ensemble_size": 3, "write_quorum": 2, "ack_quorum": 2, "state": "CLOSED",
+             "last_entry_id": 9, "length": 100, "ensembles": [[0, ["a:1", "b:1", "c:1"]], [5, ["a:1", "d:1", "c:1"]]]}
+
+
+def test_ledger_metadata_codec_round_trip_and_refusals():
+    from bookie.client.metadata import LedgerMetadata
+    md = LedgerMetadata.from_json(json.dumps(LEDGER_MD).encode())
+    assert LedgerMetadata.from_json(md.to_json()) == md and md.ensembles[1] == (5, ("a:1", "d:1", "c:1"))
+    for bad in (b"x", b"[]", json.dumps({**LEDGER_MD, "state": "WEIRD"}).encode(),
+                json.dumps({**LEDGER_MD, "write_quorum": 5}).encode(),
+                json.dumps({k: v for k, v in LEDGER_MD.items() if k != "ensembles"}).encode()):
+        with pytest.raises(ValueError, match="malformed ledger metadata"):
+            LedgerMetadata.from_json(bad)
+
+
+def test_cursor_codec_round_trip_and_refusals():
+    from broker.cursor import CursorState
+    from broker.managed_ledger import Position
+    ledgers = [(3, 10)]
+    state = CursorState(Position(3, 1), ledgers=lambda: ledgers)
+    state.ack_individual(Position(3, 5))
+    state.ack_individual(Position(3, 7), batch_index=1, batch_size=4)
+    again = CursorState.from_bytes(state.to_bytes(), ledgers=lambda: ledgers)
+    assert again.to_json() == state.to_json() and again.is_acked(Position(3, 5))
+    for bad in (b"x", b"[]", b"{}", b'{"mark_delete": [1]}'):
+        with pytest.raises(ValueError, match="malformed cursor state"):
+            CursorState.from_bytes(bad)
