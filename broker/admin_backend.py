@@ -35,7 +35,7 @@ from broker.admin.http import (ConsumerStats, CursorStats, InternalStats, Ledger
                                lookup_data)
 from broker.admin.policies import (BadRequestError, ConflictError, MethodNotAllowedError, NotFoundError,
                                    PreconditionFailedError)
-from broker.cursor import CursorState, ManagedCursor, list_cursors
+from broker.cursor import CursorState, ManagedCursor, list_cursors, stored_cursors
 from broker.managed_ledger import LedgerInfo, ManagedLedgerMetadata, ManagedLedgerStore, OffloadState, Position
 from broker.offloader import TopicOffloadPolicies, read_topic_offload_policies
 from broker.ownership.topics import check_listener_name, listener_urls
@@ -286,14 +286,6 @@ class BrokerAdminBackend:
         return dict(properties) or None
 
     # -- stats -----------------------------------------------------------------------------------
-    async def _stored_cursors(self, name: TopicName) -> dict[str, bytes]:
-        out: dict[str, bytes] = {}
-        for cursor in await list_cursors(self.store, name.managed_ledger_name):
-            got = await self.store.get_or_none(cursor_path(name.managed_ledger_name, cursor))
-            if got is not None:
-                out[cursor] = got[0]
-        return out
-
     async def topic_stats(self, topic: str) -> TopicStats:
         name = self._name(topic)
         await self._require_topic(name)
@@ -337,12 +329,12 @@ class BrokerAdminBackend:
                     "type": sub.sub_type.value, "msgRateOut": rate, "msgThroughputOut": throughput,
                     "consumers": consumers, "isDurable": sub.durable,
                 }
-        for cursor_name, data in (await self._stored_cursors(name)).items():
+        for cursor_name, state in (await stored_cursors(self.store, name.managed_ledger_name,
+                                                        ledgers=ledgers)).items():
             if cursor_name in subscriptions:
                 continue
             try:
-                state = CursorState.from_bytes(data, ledgers=ledgers)
-                backlog = state.backlog(last, ledgers)
+                backlog = 0 if state is None else state.backlog(last, ledgers)
             except ValueError:
                 backlog = 0
             subscriptions[cursor_name] = {"msgBacklog": backlog, "type": "Exclusive", "msgRateOut": 0.0,
@@ -453,12 +445,9 @@ class BrokerAdminBackend:
                     "cursorLedger": -1, "state": "Open",
                     "individuallyDeletedMessages": _acked_ranges(cursor),
                 }
-        for cursor_name, data in (await self._stored_cursors(name)).items():
-            if cursor_name in cursors:
-                continue
-            try:
-                cstate = CursorState.from_bytes(data, ledgers=ledgers)
-            except ValueError:
+        for cursor_name, cstate in (await stored_cursors(self.store, name.managed_ledger_name,
+                                                         ledgers=ledgers)).items():
+            if cursor_name in cursors or cstate is None:
                 continue
             cursors[cursor_name] = {
                 "markDeletePosition": str(cstate.mark_delete), "readPosition": str(cstate.read_position),

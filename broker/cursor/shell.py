@@ -89,6 +89,23 @@ async def stored_mark_delete(store: MetadataStore | ManagedLedgerStore, managed_
     return None if got is None else CursorState.from_bytes(got[0]).mark_delete
 
 
+async def stored_cursors(store: MetadataStore | ManagedLedgerStore, managed_ledger_name: str, *,
+                         ledgers: LedgersArg = None) -> dict[str, CursorState | None]:
+    """Every stored cursor of a managed ledger as its state (None: its znode is malformed), for
+    the stats of subscriptions nobody has loaded; one deleted meanwhile is left out."""
+    md_store = _metadata_store(store)
+    out: dict[str, CursorState | None] = {}
+    for name in await list_cursors(md_store, managed_ledger_name):
+        got = await md_store.get_or_none(cursor_path(managed_ledger_name, name))
+        if got is None:
+            continue
+        try:
+            out[name] = CursorState.from_bytes(got[0], ledgers=ledgers)
+        except ValueError:
+            out[name] = None
+    return out
+
+
 async def advance_stored_cursor(store: MetadataStore | ManagedLedgerStore, managed_ledger_name: str,
                                 cursor_name: str, position: Position, *, ledgers: LedgersArg = None,
                                 still_idle: Callable[[], bool] = lambda: True) -> bool:
@@ -425,4 +442,4 @@ class ManagedCursor:
 
 
 __all__ = ["CursorClosedError", "CursorError", "CursorFencedError", "ManagedCursor", "ManagedCursorState",
-           "advance_stored_cursor", "list_cursors", "stored_mark_delete"]
+           "advance_stored_cursor", "list_cursors", "stored_cursors", "stored_mark_delete"]

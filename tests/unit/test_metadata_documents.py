@@ -152,6 +152,13 @@ def test_retention_does_not_touch_cursor_znodes():
     assert "cursor_path" not in source and "CursorState" not in source
 
 
+def test_only_the_cursor_code_decodes_a_cursor_znode():
+    offenders = [str(path.relative_to(ROOT)) for package in ("broker", "spark_source", "pulsarlite", "offload")
+                 for path in (ROOT / package).rglob("*.py")
+                 if "CursorState.from_bytes" in path.read_text() and path.parent.name != "cursor"]
+    assert offenders == []
+
+
 # -- the documents whose codec stays beside its type in one component ------------------------
 LEDGER_MD = {"ledger_id": 1, "ensemble_size": 3, "write_quorum": 2, "ack_quorum": 2, "state": "CLOSED",
              "last_entry_id": 9, "length": 100, "ensembles": [[0, ["a:1", "b:1", "c:1"]], [5, ["a:1", "d:1", "c:1"]]]}
