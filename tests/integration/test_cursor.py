@@ -238,3 +238,18 @@ async def test_stored_cursor_read_and_moved_through_the_cursor_code(store):
         await stored_mark_delete(store, ML, "idle")
     assert not await advance_stored_cursor(store, ML, "idle", P(8, 0), ledgers=lambda: LEDGERS)
     assert (await store.get(cursor_path(ML, "idle")))[0] == b"not a cursor"
+
+
+async def test_stored_cursors_of_a_managed_ledger(store):
+    from broker.cursor import stored_cursors
+
+    assert await stored_cursors(store, ML) == {}
+    a = await open_cursor(store, "a")
+    a.ack_cumulative(P(3, 4))
+    await a.close()
+    b = await open_cursor(store, "b/odd name")
+    await b.close()
+    await store.create(cursor_path(ML, "broken"), b"{", make_parents=False)
+    got = await stored_cursors(store, ML, ledgers=lambda: LEDGERS)
+    assert set(got) == {"a", "b/odd name", "broken"} and got["broken"] is None
+    assert got["a"].mark_delete == P(3, 4) and got["b/odd name"].mark_delete == P(3, -1)
