@@ -6,7 +6,7 @@ Where things come from:
 - topics are managed ledgers (``/managed-ledgers/<tenant>/<ns>/persistent/<topic>``); an admin
   "create topic" writes an empty ledger list, so the topic exists before any broker loads it;
 - partitioned topics are ``/admin/partitioned-topics/<tenant>/<ns>/persistent/<topic>`` with
-  JSON ``{"partitions": N}`` (read by :meth:`BrokerService.partitions`, the one reader); their
+  a PartitionedTopicMetadata (pulsarlite/metadata_documents.py) (read by :meth:`BrokerService.partitions`, the one reader); their
   partitions are created as topics at once;
 - stats of a loaded topic are live (counters, rates over the last stats interval, producers,
   consumers); for a topic not loaded here they come from the stored ledger list and cursors;
@@ -25,10 +25,10 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-from broker.adapters import check_listener_name, listener_urls, open_cursor
 from broker.compaction import CompactionRunningError, CompactionStatus, StatusReport, combined_status
 from broker.errors import ServiceNotReadyError
 from broker.admin.api import (ConsumerStats, CursorStats, InternalStats, LedgerInfoStats, LookupData,
@@ -36,15 +36,19 @@ from broker.admin.api import (ConsumerStats, CursorStats, InternalStats, LedgerI
                               lookup_data)
 from broker.admin.policies import (BadRequestError, ConflictError, MethodNotAllowedError, NotFoundError,
                                    PreconditionFailedError)
-from broker.cursor import CursorState, ManagedCursor, list_cursors
+from broker.cursor import CursorState, ManagedCursor, list_cursors, stored_cursors
 from broker.managed_ledger import LedgerInfo, ManagedLedgerMetadata, ManagedLedgerStore, OffloadState, Position
 from broker.offloader import TopicOffloadPolicies, read_topic_offload_policies
+from broker.ownership.topics import check_listener_name, listener_urls
 from broker.service import BrokerService, TopicNotFoundError
 from broker.termination import delete_terminated
 from broker.topic import skip_messages
 from pulsarlite.errors import MetadataNotFoundError, PulsarliteError
 from pulsarlite.ledger_list import encode as encode_ledger_list
 from pulsarlite.metadata import MetadataExistsError
+from pulsarlite.metadata_documents import (PartitionedTopicMetadata, bookie_registration_metrics_address,
+                                          decode_broker_record, decode_partitioned_metadata,
+                                          encode_partitioned_metadata)
 from pulsarlite.metadata_layout import (BROKERS_ROOT, MANAGED_LEDGERS_ROOT, NAMESPACE_ROOT, broker_path,
                                        bundle_path, cursor_path, partitioned_topic_path,
                                        partitioned_topics_of_namespace_path, topic_policies_path)
@@ -80,12 +84,11 @@ def _acked_ranges(cursor: ManagedCursor | CursorState) -> str:
 
 
 def _owner_id(data: bytes) -> str:
-    """The broker id of a bundle ownership znode (JSON ``{"broker_id", ...}``; "" if unreadable)."""
+    """The broker id of a bundle ownership znode (a BrokerRecord; "" if unreadable)."""
     try:
-        got = json.loads(data.decode())
-    except (UnicodeDecodeError, ValueError):
+        return decode_broker_record(data).broker_id
+    except ValueError:
         return ""
-    return str(got.get("broker_id") or "") if isinstance(got, dict) else ""
 
 
 class BrokerAdminBackend:
@@ -198,11 +201,9 @@ class BrokerAdminBackend:
         await self._check_namespace(name)
         if await self._exists(name):
             raise ConflictError(f"Topic {name} already exists as a non-partitioned topic")
-        metadata: dict = {"partitions": partitions}
-        if properties:
-            metadata["properties"] = properties
+        metadata = PartitionedTopicMetadata(partitions, properties or {})
         try:
-            await self.store.create(self._partitions_path(name), json.dumps(metadata).encode())
+            await self.store.create(self._partitions_path(name), encode_partitioned_metadata(metadata))
         except MetadataExistsError:
             raise ConflictError(f"Partitioned topic {name} already exists") from None
         if name.is_persistent:           # a non-persistent partition is created on first use
@@ -219,15 +220,15 @@ class BrokerAdminBackend:
             if current is None:
                 raise NotFoundError(f"Partitioned topic {name} does not exist")
             try:
-                metadata = json.loads(current)
-                now = int(metadata["partitions"])
-            except (ValueError, KeyError, TypeError):
-                metadata, now = {}, 0
+                metadata = decode_partitioned_metadata(current)
+            except ValueError:
+                metadata = PartitionedTopicMetadata(0)
+            now = metadata.partitions
             if partitions <= now:
                 raise PreconditionFailedError(
                     f"Number of partitions can only grow: {name} has {now}, asked {partitions}")
             before.append(now)
-            return json.dumps({**metadata, "partitions": partitions}).encode()   # properties kept
+            return encode_partitioned_metadata(replace(metadata, partitions=partitions))   # properties kept
 
         await self.store.update(path, grow)
         for i in range(before[-1] if before else 0, partitions):
@@ -274,20 +275,12 @@ class BrokerAdminBackend:
         if got is None:
             return None
         try:
-            properties = json.loads(got[0]).get("properties")
-        except (ValueError, AttributeError):
+            properties = decode_partitioned_metadata(got[0]).properties
+        except ValueError:
             return None
-        return properties if isinstance(properties, dict) and properties else None
+        return dict(properties) or None
 
     # -- stats -----------------------------------------------------------------------------------
-    async def _stored_cursors(self, name: TopicName) -> dict[str, bytes]:
-        out: dict[str, bytes] = {}
-        for cursor in await list_cursors(self.store, name.managed_ledger_name):
-            got = await self.store.get_or_none(cursor_path(name.managed_ledger_name, cursor))
-            if got is not None:
-                out[cursor] = got[0]
-        return out
-
     async def topic_stats(self, topic: str) -> TopicStats:
         name = self._name(topic)
         await self._require_topic(name)
@@ -331,12 +324,12 @@ class BrokerAdminBackend:
                     "type": sub.sub_type.value, "msgRateOut": rate, "msgThroughputOut": throughput,
                     "consumers": consumers, "isDurable": sub.durable,
                 }
-        for cursor_name, data in (await self._stored_cursors(name)).items():
+        for cursor_name, state in (await stored_cursors(self.store, name.managed_ledger_name,
+                                                        ledgers=ledgers)).items():
             if cursor_name in subscriptions:
                 continue
             try:
-                state = CursorState.from_bytes(data, ledgers=ledgers)
-                backlog = state.backlog(last, ledgers)
+                backlog = 0 if state is None else state.backlog(last, ledgers)
             except ValueError:
                 backlog = 0
             subscriptions[cursor_name] = {"msgBacklog": backlog, "type": "Exclusive", "msgRateOut": 0.0,
@@ -447,12 +440,9 @@ class BrokerAdminBackend:
                     "cursorLedger": -1, "state": "Open",
                     "individuallyDeletedMessages": _acked_ranges(cursor),
                 }
-        for cursor_name, data in (await self._stored_cursors(name)).items():
-            if cursor_name in cursors:
-                continue
-            try:
-                cstate = CursorState.from_bytes(data, ledgers=ledgers)
-            except ValueError:
+        for cursor_name, cstate in (await stored_cursors(self.store, name.managed_ledger_name,
+                                                         ledgers=ledgers)).items():
+            if cursor_name in cursors or cstate is None:
                 continue
             cursors[cursor_name] = {
                 "markDeletePosition": str(cstate.mark_delete), "readPosition": str(cstate.read_position),
@@ -531,7 +521,7 @@ class BrokerAdminBackend:
 
         import aiohttp
 
-        from bookie.client.ledger_manager import bookie_registration_path, registration_metrics_address
+        from bookie.client.ledger_manager import bookie_registration_path
         from broker.admin.console import (BOOKIE_METRICS_BYTES_MAX, BOOKIE_METRICS_TIMEOUT_MS, BOOKIES_PROBED_MAX,
                                           parse_disk_gauges)
         readonly_set = set(readonly)
@@ -543,7 +533,7 @@ class BrokerAdminBackend:
                     bookie_registration_path(bookie_id, read_only=bookie_id in readonly_set))
             except (PulsarliteError, ValueError):     # gone meanwhile, or an id we cannot form a path for
                 return None
-            return None if got is None else registration_metrics_address(got[0])
+            return None if got is None else bookie_registration_metrics_address(got[0])
 
         addresses = dict(zip(ids, await asyncio.gather(*(address_of(b) for b in ids))))
         if not any(addresses.values()):
@@ -814,8 +804,8 @@ class BrokerAdminBackend:
     async def _on_stored_cursor(self, live, subscription: str, change):
         """Open the subscription's stored cursor (no consumer here has it loaded), apply
         ``change(cursor)`` (may be a coroutine function), close it: the change is persisted."""
-        cursor = await open_cursor(self.store, live.ml.name, subscription, initial=live.earliest_mark_delete(),
-                                   durable=True, ledgers_of=live.ml.ledgers)
+        cursor = await ManagedCursor.open(self.store, live.ml.name, subscription, initial=live.earliest_mark_delete(),
+                                          durable=True, ledgers=live.ml.ledgers)
         try:
             result = change(cursor)
             return (await result) if inspect.isawaitable(result) else result

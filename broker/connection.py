@@ -21,7 +21,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from broker.adapters import parse_topic
 from broker.dispatch import ConsumerBusyError, KeySharedMode, SubType
 from broker.errors import CumulativeAckNotAllowedError, NotAllowedError, server_error_of
 from broker.managed_ledger import Position
@@ -1149,7 +1148,7 @@ class ServerConnection(asyncio.Protocol):
         try:
             version = decode_version(body.schema_version) if body.HasField("schema_version") else None
             await self._authorize(body.topic, TopicOperation.LOOKUP)
-            got = await self.service.schemas.get(parse_topic(body.topic), version)
+            got = await self.service.schemas.get(TopicName.parse(body.topic), version)
         except Exception as e:
             self.write(c.get_schema_response(body.request_id, error=server_error_of(e), error_message=str(e)))
             return
@@ -1163,7 +1162,7 @@ class ServerConnection(asyncio.Protocol):
     async def _on_get_or_create_schema(self, body) -> None:
         try:
             await self._authorize(body.topic, TopicOperation.PRODUCE)
-            v = await self.service.schemas.add(parse_topic(body.topic), body.schema)
+            v = await self.service.schemas.add(TopicName.parse(body.topic), body.schema)
         except Exception as e:
             self.write(c.get_or_create_schema_response(body.request_id, error=server_error_of(e),
                                                        error_message=str(e)))

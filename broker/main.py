@@ -60,10 +60,10 @@ async def run_broker(config: BrokerConfig, *, stop_event: asyncio.Event | None =
     from aiohttp import web
 
     from bookie.client.ledger_client import LedgerClient
-    from broker.adapters import make_ownership
     from broker.admin.http import make_admin_app
     from broker.admin.serving import make_admin_runner
     from broker.admin_backend import BrokerAdminBackend
+    from broker.ownership.topics import make_ownership
     from broker.server import BrokerServer
     from broker.service import BrokerService
     from broker.tls import server_ssl_context

@@ -23,7 +23,8 @@ Shell (:class:`RetentionService`): one task per broker runs a pass over every lo
 ``retention_check_interval_ms`` and soon after a topic's rollover (bounded: one topic at a time,
 at most ``TTL_SEARCH_READS_MAX`` entry reads per subscription search). A pass reads the
 namespace policies, expires by TTL (moves mark-delete positions forward: live subscriptions
-through their cursor, idle ones by a compare-and-set of their cursor znode), evicts or blocks
+through their cursor, idle ones through ``broker.cursor.advance_stored_cursor``: one
+compare-and-set of the stored cursor), evicts or blocks
 producers by backlog quota, then trims ledgers through :meth:`ManagedLedger.trim_ledgers`
 (out of the list by CAS first, then from the tier and the bookies).
 """
@@ -36,17 +37,16 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Mapping, Protocol, Sequence
 
-from broker.adapters import SubscriptionCursor
 from broker.admin.policies import NotFoundError, PolicyStore
 from broker.config import BrokerConfig
-from broker.cursor import CursorState, list_cursors
+from broker.cursor import ManagedCursor, advance_stored_cursor, list_cursors, stored_mark_delete
 from broker.dedup import DedupState
 from broker.errors import ProducerBlockedError
 from broker.managed_ledger import LedgerInfo, LedgerInfoState, ManagedLedger, Position
 from broker.offloader import BrokerOffloader
-from pulsarlite.errors import MetadataError, PulsarliteError
+from pulsarlite.errors import PulsarliteError
 from pulsarlite.metadata import MetadataStore
-from pulsarlite.metadata_layout import cursor_path, dedup_path
+from pulsarlite.metadata_layout import dedup_path
 from pulsarlite.topic_name import TopicName
 from pulsarlite.wire.entry import peek_metadata
 
@@ -259,7 +259,7 @@ class RetainedSubscription(Protocol):
 
     name: str
     durable: bool
-    cursor: SubscriptionCursor
+    cursor: ManagedCursor
     read_position: Position
 
     def forget_payloads_through(self, position: Position) -> None: ...
@@ -423,14 +423,13 @@ class RetentionService:
         for name in await list_cursors(self.service.store, ml_name):
             if name in marks:
                 continue
-            got = await self.service.store.get_or_none(cursor_path(ml_name, name))
-            if got is None:
-                continue
             try:
-                marks[name] = CursorState.from_bytes(got[0]).mark_delete
+                mark = await stored_mark_delete(self.service.store, ml_name, name)
             except ValueError:
                 log.warning("retention: unreadable cursor topic=%s cursor=%s: kept ledgers", topic.key, name)
-                marks[name] = Position(-1, -1)       # keeps everything: never delete on a doubt
+                mark = Position(-1, -1)       # keeps everything: never delete on a doubt
+            if mark is not None:
+                marks[name] = mark
         return marks
 
     async def _retention_marks(self, topic: RetainedTopic, marks: dict[str, Position], dedup_enabled: bool) -> dict[str, Position]:
@@ -465,21 +464,11 @@ class RetentionService:
             sub.wake()
             log.info("%s: topic=%s subscription=%s mark-delete -> %s", why, topic.key, name, position)
             return True
-        path = cursor_path(topic.name.managed_ledger_name, name)
-        got = await self.service.store.get_or_none(path)
-        if got is None or name in topic.subscriptions:
-            return False
-        data, version = got
-        try:
-            state = CursorState.from_bytes(data, ledgers=topic.ml.ledgers)
-        except ValueError:
-            return False
-        if state.mark_delete >= position or not state.ack_cumulative(position):
-            return False
-        try:
-            await self.service.store.set(path, state.to_bytes(), version)
-        except MetadataError as e:     # changed meanwhile (a consumer came): next pass
-            log.info("%s: idle cursor topic=%s subscription=%s not moved: %s", why, topic.key, name, e)
+        # an idle subscription: its stored cursor moves through the cursor code (one
+        # compare-and-set; a consumer that comes meanwhile wins, and the next pass tries again)
+        if not await advance_stored_cursor(self.service.store, topic.name.managed_ledger_name, name, position,
+                                           ledgers=topic.ml.ledgers,
+                                           still_idle=lambda: name not in topic.subscriptions):
             return False
         log.info("%s: topic=%s idle subscription=%s mark-delete -> %s", why, topic.key, name, position)
         return True

@@ -2,7 +2,8 @@
 topic's schema as JSON, updated by compare-and-set (docs/protocol.md#zookeeper-layout). A partitioned topic's
 partitions share their parent's schema, as in Pulsar.
 
-The znode::
+The znode holds a :class:`~pulsarlite.metadata_documents.SchemaHistory` (its one codec is in
+pulsarlite/metadata_documents.py, shared with the Spark source and the lake export)::
 
     {"versions": [{"name": "...", "type": 4, "data": "<base64>", "properties": {...},
                    "timestamp": 1700000000000, "deleted": false}, ...]}
@@ -19,7 +20,6 @@ Versions travel on the wire as 8-byte big-endian integers, as in Pulsar.
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import struct
 import time
@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable
 
 from broker.schema_compat import (CompatibilityStrategy, IncompatibleSchemaError, InvalidSchemaError, SchemaDef,
                                   check_compatible, type_code, type_name, validate)
+from pulsarlite.metadata_documents import SchemaHistory, SchemaRecord, decode_schema_history, encode_schema_history
 from pulsarlite.metadata_layout import schema_path
 from pulsarlite.topic_name import TopicName
 from pulsarlite.wire import pb
@@ -103,24 +104,14 @@ def schema_def_from_admin(body: Any) -> tuple[str, SchemaDef]:
     return str(body.get("name", "")), definition
 
 
-def _to_json(name: str, d: SchemaDef, now_ms: int) -> dict:
-    return {"name": name, "type": type_code(d.type), "data": base64.b64encode(d.data).decode(),
-            "properties": dict(d.properties), "timestamp": now_ms, "deleted": False}
+def _record(name: str, d: SchemaDef, now_ms: int) -> SchemaRecord:
+    return SchemaRecord(name=name, type_code=type_code(d.type), data=d.data, properties=tuple(sorted(d.properties)),
+                        timestamp_ms=now_ms)
 
 
-def _from_json(version: int, d: dict) -> StoredSchema:
-    definition = SchemaDef(type_name(int(d["type"])), base64.b64decode(d["data"]),
-                           tuple(sorted(d.get("properties", {}).items())))
-    return StoredSchema(version, str(d.get("name", "")), definition, int(d.get("timestamp", 0)))
-
-
-def _live(versions: list[dict]) -> list[tuple[int, dict]]:
-    """(version, record) of the versions after the last tombstone."""
-    start = 0
-    for i, v in enumerate(versions):
-        if v.get("deleted"):
-            start = i + 1
-    return [(i, versions[i]) for i in range(start, len(versions))]
+def _stored(version: int, r: SchemaRecord) -> StoredSchema:
+    definition = SchemaDef(type_name(r.type_code), r.data, r.properties)
+    return StoredSchema(version, r.name, definition, r.timestamp_ms)
 
 
 class SchemaRegistry:
@@ -135,11 +126,9 @@ class SchemaRegistry:
         t = TopicName.parse(topic).partitioned_parent
         return schema_path(t.tenant, t.namespace_local_name, t.encoded_local_name)
 
-    async def _versions(self, topic) -> list[dict]:
+    async def _history(self, topic) -> SchemaHistory:
         got = await self._store.get_or_none(self.path(topic))
-        if got is None:
-            return []
-        return json.loads(got[0]).get("versions", [])
+        return SchemaHistory() if got is None else decode_schema_history(got[0])
 
     async def add(self, topic, schema: pb.Schema) -> int:
         """The version of ``schema`` for a producer or consumer: an equal live version, or a new
@@ -158,24 +147,23 @@ class SchemaRegistry:
         result: dict = {}
 
         def transform(current: bytes | None) -> bytes:
-            doc = json.loads(current) if current else {"versions": []}
-            versions = doc["versions"]
-            live = _live(versions)
+            history = decode_schema_history(current) if current else SchemaHistory()
+            live = history.live()
             for version, record in live:
-                if _from_json(version, record).definition.same_as(definition):
+                if _stored(version, record).definition.same_as(definition):
                     result["version"] = version
-                    return current if current else json.dumps(doc).encode()
+                    return current if current else encode_schema_history(history)
             if live and not from_admin and not allow_auto_update:
                 raise IncompatibleSchemaError(
                     f"topic {topic} has a schema and its namespace does not allow producers to "
                     f"add new versions (is_allow_auto_update_schema=false)")
-            check_compatible(definition, [_from_json(v, r).definition for v, r in live], strategy)
-            if len(versions) >= VERSIONS_MAX:
+            check_compatible(definition, [_stored(v, r).definition for v, r in live], strategy)
+            if len(history.versions) >= VERSIONS_MAX:
                 raise IncompatibleSchemaError(f"topic {topic} has {VERSIONS_MAX} schema versions, the limit")
-            versions.append(_to_json(name, definition, now_ms))
-            result["version"] = len(versions) - 1
+            history = history.appended(_record(name, definition, now_ms))
+            result["version"] = len(history.versions) - 1
             result["added"] = True
-            return json.dumps(doc).encode()
+            return encode_schema_history(history)
 
         await self._store.update(self.path(topic), transform)
         if result.get("added"):
@@ -185,9 +173,9 @@ class SchemaRegistry:
     async def test_compatibility(self, topic, definition: SchemaDef) -> tuple[bool, str]:
         topic = TopicName.parse(topic)
         strategy, _ = await self.policy_lookup(topic.namespace)
-        live = _live(await self._versions(topic))
+        live = (await self._history(topic)).live()
         try:
-            check_compatible(definition, [_from_json(v, r).definition for v, r in live], strategy)
+            check_compatible(definition, [_stored(v, r).definition for v, r in live], strategy)
         except (IncompatibleSchemaError, InvalidSchemaError) as e:
             return False, str(e)
         return True, ""
@@ -200,16 +188,16 @@ class SchemaRegistry:
         """The latest live version, or ``version`` if it is live: None if absent, a tombstone,
         or deleted (before the last tombstone), as Pulsar's getSchema(id, version) looks a
         version up among those after the last delete only."""
-        live = _live(await self._versions(topic))
+        live = (await self._history(topic)).live()
         if version is None:
-            return _from_json(*live[-1]) if live else None
+            return _stored(*live[-1]) if live else None
         if not live or not live[0][0] <= version <= live[-1][0]:
             return None
-        return _from_json(*live[version - live[0][0]])
+        return _stored(*live[version - live[0][0]])
 
     async def all_versions(self, topic) -> list[StoredSchema]:
         """Every live version, oldest first."""
-        return [_from_json(v, r) for v, r in _live(await self._versions(topic))]
+        return [_stored(v, r) for v, r in (await self._history(topic)).live()]
 
     async def delete(self, topic) -> int | None:
         """Append a tombstone; the version it took, or None if there was nothing live."""
@@ -218,14 +206,13 @@ class SchemaRegistry:
         result: dict = {}
 
         def transform(current: bytes | None) -> bytes:
-            doc = json.loads(current) if current else {"versions": []}
-            if not _live(doc["versions"]):
+            history = decode_schema_history(current) if current else SchemaHistory()
+            if not history.live():
                 result["version"] = None
-                return current if current else json.dumps(doc).encode()
-            doc["versions"].append({"name": "", "type": 0, "data": "", "properties": {}, "timestamp": now_ms,
-                                    "deleted": True})
-            result["version"] = len(doc["versions"]) - 1
-            return json.dumps(doc).encode()
+                return current if current else encode_schema_history(history)
+            history = history.appended(SchemaRecord.tombstone(now_ms))
+            result["version"] = len(history.versions) - 1
+            return encode_schema_history(history)
 
         await self._store.update(self.path(topic), transform)
         return result["version"]

@@ -10,13 +10,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
-import json
 import logging
 import re
 import time
 from urllib.parse import unquote_plus
 
-from broker.adapters import ManagedOwnership, parse_topic
 from broker.admin.metrics import BrokerMetrics, MetricsConfig
 from broker.admin.policies import AdminError, NotFoundError, PolicyStore, split_namespace
 from broker.config import BrokerConfig
@@ -26,6 +24,7 @@ from broker.latency import LatencyBuckets
 from broker.managed_ledger import ManagedLedger, ManagedLedgerClosedError
 from broker.nonpersistent import NonPersistentTopic, registration_path
 from broker.offloader import BrokerOffloader
+from broker.ownership.topics import ManagedOwnership
 from broker.compaction.shell import CompactionService
 from broker.retention import RetentionService, publish_time_of
 from broker.schema_compat import CompatibilityStrategy
@@ -36,6 +35,7 @@ from broker.termination import read_terminated
 from broker.topic import EntryCache, PersistentTopic, PublishBuffer
 from pulsarlite.metadata_layout import (MANAGED_LEDGERS_ROOT, managed_ledger_path, non_persistent_of_namespace_path,
                                        partitioned_topic_path, partitioned_topics_of_namespace_path)
+from pulsarlite.metadata_documents import PartitionedTopicMetadata, decode_partitioned_metadata, encode_partitioned_metadata
 from pulsarlite.topic_name import TopicName
 
 log = logging.getLogger("pulsarlite.broker")
@@ -105,7 +105,7 @@ class BrokerService:
         for loaded, unload in ((self.topics, self.unload_topic), (self.nonpersistent, self.unload_nonpersistent)):
             for key in list(loaded):
                 try:
-                    lost = is_lost(parse_topic(key))
+                    lost = is_lost(TopicName.parse(key))
                 except Exception:
                     lost = True
                 if lost:
@@ -130,7 +130,7 @@ class BrokerService:
         authz = self.authorization
         if not authz.enabled or authz.is_superuser(role):
             return
-        topic = parse_topic(topic_name)
+        topic = TopicName.parse(topic_name)
         admin_roles, auth = await self.auth_context(topic.namespace)
         if not authz.allows_topic(role, operation, str(topic), auth, admin_roles):
             log.info("authorization refused role=%s operation=%s topic=%s", role, operation.value, topic)
@@ -165,22 +165,22 @@ class BrokerService:
         """(service URL of the owner, whether it is this broker, authoritative, the owner's TLS
         service URL or "" when it has no TLS listener); with ``listener_name``, the URLs of that
         advertised listener of the owner (BrokerConfig.advertised_listeners)."""
-        topic = parse_topic(topic_name)
+        topic = TopicName.parse(topic_name)
         return await self.ownership.lookup(topic, authoritative=authoritative, listener_name=listener_name)
 
     async def partitions(self, topic_name: str) -> int:
         """Partition count from ``/admin/partitioned-topics/<tenant>/<ns>/persistent/<topic>``
-        (JSON ``{"partitions": N}``, written by the admin API); 0: not partitioned."""
-        topic = parse_topic(topic_name)
+        (:class:`PartitionedTopicMetadata`, written by the admin API); 0: not partitioned."""
+        topic = TopicName.parse(topic_name)
         if topic.partition_index >= 0:
             return 0
         got = await self.store.get_or_none(partitioned_topic_path(topic.managed_ledger_name))
         if got is None:
             return 0
         try:
-            return int(json.loads(got[0])["partitions"])
-        except (ValueError, KeyError, TypeError):
-            log.warning("bad partitioned-topic metadata for %s", topic)
+            return decode_partitioned_metadata(got[0]).partitions
+        except ValueError as e:
+            log.warning("bad partitioned-topic metadata topic=%s: %s", topic, e)
             return 0
 
     async def partitions_or_create(self, topic_name: str) -> int:
@@ -189,7 +189,7 @@ class BrokerService:
         ``defaultNumPartitions`` (its partitions are created on first use), as Pulsar does on
         the client's first metadata request."""
         n = await self.partitions(topic_name)
-        topic = parse_topic(topic_name)
+        topic = TopicName.parse(topic_name)
         if n > 0 or topic.partition_index >= 0 or not _is_persistent(topic):
             return n
         if await self.store.exists(managed_ledger_path(topic.managed_ledger_name)):
@@ -205,7 +205,7 @@ class BrokerService:
         from pulsarlite.metadata import MetadataExistsError
         try:
             await self.store.create(partitioned_topic_path(topic.managed_ledger_name),
-                                    json.dumps({"partitions": auto.default_partitions}).encode(),
+                                    encode_partitioned_metadata(PartitionedTopicMetadata(auto.default_partitions)),
                                     make_parents=True)
             log.info("partitioned topic auto-created %s partitions=%d", topic, auto.default_partitions)
         except MetadataExistsError:
@@ -262,7 +262,7 @@ class BrokerService:
     async def get_topic(self, topic_name: str, *, create: bool = True) -> PersistentTopic:
         if self.closing:
             raise ServiceNotReadyError("broker is shutting down")
-        topic = parse_topic(topic_name)
+        topic = TopicName.parse(topic_name)
         if not self.ownership.owns(topic) and not await self.ownership.ensure_owned(topic):
             raise ServiceNotReadyError(f"topic {topic} is not owned by this broker")
         if not _is_persistent(topic):

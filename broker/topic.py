@@ -26,11 +26,10 @@ import time
 from collections import OrderedDict, deque
 from typing import Any, Protocol
 
-from broker.adapters import open_cursor
 from broker.compaction.core import COMPACTION_CURSOR, last_index_of
 from broker.compaction.shell import CompactedReader, compacted_view
 from broker.admin.policies import NotFoundError, PreconditionFailedError
-from broker.cursor import InvalidAckError
+from broker.cursor import InvalidAckError, ManagedCursor
 from broker.dedup import DedupSnapshotStore, DedupState, entry_sequence
 from broker.dispatch import Delivery, DispatcherCore, KeySharedMode, SubType
 from broker.errors import (ConsumerAssignError, ConsumerBusyError, NotAllowedError,  # noqa: F401 - re-exported
@@ -622,8 +621,9 @@ class PersistentTopic:
                 initial = self.earliest_mark_delete() if initial_earliest else self.last_position()
             else:
                 initial = self._reader_start(start_message_id, initial_earliest)
-            cursor = await open_cursor(self.service.store, self.name.managed_ledger_name, subscription,
-                                       initial=initial, durable=durable, ledgers_of=self.ml.ledgers)
+            # the function, not a snapshot: mark-delete must follow the list into new ledgers
+            cursor = await ManagedCursor.open(self.service.store, self.name.managed_ledger_name, subscription,
+                                              initial=initial, durable=durable, ledgers=self.ml.ledgers)
             sub = self.subscriptions.get(subscription)   # someone else may have won meanwhile
             if sub is None:
                 sub = Subscription(self, subscription, sub_type, cursor, durable,
@@ -670,7 +670,7 @@ class PersistentTopic:
         store, ml_name = self.service.store, self.name.managed_ledger_name
         if name in self.subscriptions or await store.exists(cursor_path(ml_name, name)):
             return False
-        cursor = await open_cursor(store, ml_name, name, initial=initial, durable=True, ledgers_of=self.ml.ledgers)
+        cursor = await ManagedCursor.open(store, ml_name, name, initial=initial, durable=True, ledgers=self.ml.ledgers)
         await cursor.close()
         return True
 
@@ -1107,7 +1107,7 @@ class Subscription:
         else:
             check(partial, "an individual whole-entry ack goes through Subscription.ack's run")
             size = mid.batch_size if mid.HasField("batch_size") else None
-            self._track(cursor.ack_set(position, list(mid.ack_set), size))   # a reader's: not tracked
+            self._track(cursor.ack_set(position, list(mid.ack_set), size))
             if cursor.is_acked(position):   # the last unacked index of the batch: entry done
                 self.core.ack([position])
                 self._payloads.pop(position, None)

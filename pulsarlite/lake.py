@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pulsarlite.errors import PulsarliteError
+from pulsarlite.metadata_documents import decode_schema_history
 from pulsarlite.topic_name import TopicName
 
 log = logging.getLogger("pulsarlite.lake")
@@ -172,7 +173,7 @@ async def _typed_columns(store, parent: str):
     got = await store.get_or_none(schema_path(parent))
     if got is None:
         return None
-    versions = live_struct_versions(json.loads(got[0]))
+    versions = live_struct_versions(decode_schema_history(got[0]))
     if not versions:
         return None
     from broker.offloader import TableTypedColumns

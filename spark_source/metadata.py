@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Mapping
 from pulsarlite.errors import MetadataNotFoundError, NoSuchLedgerError, PulsarliteError
 from pulsarlite.ledger_list import LedgerInfoState, ManagedLedgerMetadata, decode_compaction
 from pulsarlite.ledger_list import decode as decode_ledger_list
+from pulsarlite.metadata_documents import decode_partitioned_metadata
 from pulsarlite.metadata_layout import (MANAGED_LEDGERS_ROOT, PARTITIONED_TOPICS_ROOT, managed_ledger_path,
                                         partitioned_topic_path)
 from pulsarlite.topic_name import TopicName
@@ -61,9 +62,9 @@ async def partition_count(store: MetadataStore, topic: TopicName) -> int:
     if got is None:
         return 0
     try:
-        return int(json.loads(got[0])["partitions"])
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(f"topic {topic}: malformed partitioned-topic metadata") from None
+        return decode_partitioned_metadata(got[0]).partitions
+    except ValueError as e:
+        raise ValueError(f"topic {topic}: {e}") from None
 
 
 async def expand_topics(store: MetadataStore, *, topics: list[str], pattern: str | None) -> list[tuple[str, int]]:

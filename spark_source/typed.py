@@ -18,7 +18,6 @@ columns and their values are the same (tests/unit/test_offload_typed_columns.py)
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import logging
@@ -30,6 +29,7 @@ from offload.typed_columns import (DecodeStats, column_names_beside, decode_colu
                                    version_numbers)
 from pulsarlite.errors import PulsarliteError
 from pulsarlite import metadata_layout as layout
+from pulsarlite.metadata_documents import SchemaHistory, decode_schema_history
 from pulsarlite.topic_name import TopicName
 
 log = logging.getLogger("pulsarlite.spark")
@@ -80,21 +80,15 @@ def schema_path(topic: str) -> str:
     return layout.schema_path(t.tenant, t.namespace_local_name, t.encoded_local_name)
 
 
-def live_struct_versions(doc: dict) -> list[tuple[int, str, str]]:
+def live_struct_versions(history: SchemaHistory) -> list[tuple[int, str, str]]:
     """(version, kind, definition) of the live AVRO/JSON versions of a registry znode (the
-    versions after the last tombstone); empty when the latest live version is not a struct."""
-    versions = doc.get("versions") or []
-    start = 0
-    for i, v in enumerate(versions):
-        if v.get("deleted"):
-            start = i + 1
+    versions after the last tombstone); empty when a live version is not a struct."""
     out = []
-    for i in range(start, len(versions)):
-        v = versions[i]
-        kind = STRUCT_TYPE_CODES.get(int(v.get("type", 0)))
+    for version, record in history.live():
+        kind = STRUCT_TYPE_CODES.get(record.type_code)
         if kind is None:
             return []
-        out.append((i, kind, base64.b64decode(v.get("data", "")).decode("utf-8")))
+        out.append((version, kind, record.data.decode("utf-8")))
     return out
 
 
@@ -110,7 +104,7 @@ async def load_typed_value(store, topics: list[str], metadata_names: list[str]) 
         except PulsarliteError as e:
             log.info("schema of %s unreadable (%s): reading raw values", parent, e)
             return None
-        found[parent] = live_struct_versions(json.loads(got[0])) if got is not None else []
+        found[parent] = live_struct_versions(decode_schema_history(got[0])) if got is not None else []
     distinct = {tuple(v) for v in found.values()}
     if len(distinct) != 1 or not next(iter(distinct)):
         if any(found.values()):

@@ -17,7 +17,6 @@ the counter is a signed 32-bit int, so one cluster can allocate about 10^9 ledge
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import time
@@ -26,6 +25,7 @@ from typing import Any, Callable, Iterable
 from bookie.client.metadata import LedgerMetadata
 from pulsarlite.errors import MetadataError, MetadataNotFoundError
 from pulsarlite.metadata import ChildrenWatch, MetadataExistsError, MetadataStore
+from pulsarlite.metadata_documents import bookie_registration_data
 from pulsarlite.metadata_layout import (AVAILABLE_PATH, IDGEN_PREFIX, LEDGERS_ROOT, READONLY_CHILD,
                                        READONLY_PATH, ledger_id_from_path, ledger_path)
 from pulsarlite.metadata_layout import bookie_registration_path as _registration_path
@@ -171,37 +171,13 @@ class LedgerManager:
         return writable, readonly
 
 
-def registration_data(bookie_id: str, metrics_address: str = "") -> bytes:
-    """The data of a bookie's registration node: JSON ``{"bookieId", "metrics"?}``, where
-    ``metrics`` is the ``host:port`` of its Prometheus /metrics (absent when it serves none).
-    Written once per registration (never on a disk check); read by the broker's console."""
-    got = {"bookieId": bookie_id}
-    if metrics_address:
-        got["metrics"] = metrics_address
-    return json.dumps(got, sort_keys=True).encode()
-
-
-def registration_metrics_address(data: bytes) -> str | None:
-    """The ``host:port`` of a bookie's /metrics from its registration node's data, None if it
-    records none (a bookie without ``metrics_port``, an older bookie whose node holds its id,
-    anything that is not such JSON or not a ``host:port`` with a port in [1, 65535])."""
-    try:
-        got = json.loads(data.decode())
-    except (UnicodeDecodeError, ValueError):
-        return None
-    address = got.get("metrics") if isinstance(got, dict) else None
-    if not isinstance(address, str):
-        return None
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535 or any(c in host for c in "/@?#\\ "):
-        return None
-    return address
 
 
 async def register_bookie(store: MetadataStore, bookie_id: str, *, read_only: bool,
                           stale_wait_s: float = 30.0, metrics_address: str = "") -> str:
     """Register a live bookie: an ephemeral node under /ledgers/available (or its readonly/ child
-    when ``read_only``) owned by this store's session, holding :func:`registration_data`; the
+    when ``read_only``) owned by this store's session, holding ``bookie_registration_data``
+    (pulsarlite/metadata_documents.py); the
     node of the other mode, if this session owns it, is removed after the new one exists.
     Idempotent. A node left by an earlier
     session (a bookie restarted before its old session expired) is waited for, up to
@@ -209,7 +185,7 @@ async def register_bookie(store: MetadataStore, bookie_id: str, *, read_only: bo
     same id?). Returns the registration path. Call again after SessionState.LOST."""
     path = bookie_registration_path(bookie_id, read_only=read_only)
     other = bookie_registration_path(bookie_id, read_only=not read_only)
-    data = registration_data(bookie_id, metrics_address)
+    data = bookie_registration_data(bookie_id, metrics_address)
     deadline = time.monotonic() + stale_wait_s
     while True:
         try:
@@ -246,5 +222,4 @@ async def _delete_if_ours(store: MetadataStore, path: str) -> None:
         pass
 
 
-__all__ = ["LedgerManager", "register_bookie", "unregister_bookie", "bookie_registration_path",
-           "registration_data", "registration_metrics_address"]
+__all__ = ["LedgerManager", "register_bookie", "unregister_bookie", "bookie_registration_path"]

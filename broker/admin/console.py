@@ -16,11 +16,12 @@ list of the managed ledger and the ledger's own metadata):
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from pulsarlite.metadata_documents import decode_broker_record
 
 STATIC_PACKAGE = "broker.admin.console_static"
 # the console's files and their content types: served as they are, nothing else under /console/
@@ -47,15 +48,13 @@ class BrokerEntry:
 
 
 def parse_broker(broker_id: str, data: bytes) -> BrokerEntry:
-    """A broker registration's JSON (``{"broker_id", "pulsar_url", "http_url", ...}``); a node
-    that is not such JSON still shows, with empty URLs."""
+    """A broker registration (a BrokerRecord, pulsarlite/metadata_documents.py); a node that is
+    not one still shows, with empty URLs."""
     try:
-        got = json.loads(data.decode())
-    except (UnicodeDecodeError, ValueError):
-        got = {}
-    if not isinstance(got, dict):
-        got = {}
-    return BrokerEntry(broker_id, str(got.get("pulsar_url") or ""), str(got.get("http_url") or ""))
+        record = decode_broker_record(data)
+    except ValueError:
+        return BrokerEntry(broker_id, "", "")
+    return BrokerEntry(broker_id, record.pulsar_url, record.http_url)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,9 @@ znode, docs/protocol.md#zookeeper-layout), as the JSON of ``CursorState.to_json`
   fails, the error is kept, raised by the next :meth:`flush`, and the write is retried on the
   next ack.
 - **Non-durable** cursors (readers) never touch ZooKeeper.
+- A stored cursor nobody has loaded (an idle subscription) is read by :func:`stored_mark_delete`
+  and moved by :func:`advance_stored_cursor` (retention: TTL, backlog quotas), one
+  compare-and-set at the version read, so an owner that loads it meanwhile fences nothing.
 
 Cursor names are URL-encoded into the znode name (``/`` and other odd characters are allowed
 in subscription names, like Pulsar's ``Codec.encode``); :func:`list_cursors` decodes them.
@@ -26,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from broker.cursor.core import CursorConfig, CursorState, LedgersArg
 from broker.managed_ledger.core import ManagedLedgerError, ManagedLedgerFencedError, Position
@@ -75,6 +78,61 @@ async def list_cursors(store: MetadataStore | ManagedLedgerStore, managed_ledger
     """The names of the durable cursors of a managed ledger (sorted by znode name)."""
     md_store = _metadata_store(store)
     return [decode_cursor_name(n) for n in await md_store.children(managed_ledger_path(managed_ledger_name))]
+
+
+# -- stored cursors nobody has loaded (retention, admin) ---------------------------------------------
+async def stored_mark_delete(store: MetadataStore | ManagedLedgerStore, managed_ledger_name: str,
+                             cursor_name: str) -> Position | None:
+    """The mark-delete position a stored cursor records; None if it is not stored. ValueError if
+    its znode is malformed (``CursorState.from_bytes``)."""
+    got = await _metadata_store(store).get_or_none(cursor_path(managed_ledger_name, cursor_name))
+    return None if got is None else CursorState.from_bytes(got[0]).mark_delete
+
+
+async def stored_cursors(store: MetadataStore | ManagedLedgerStore, managed_ledger_name: str, *,
+                         ledgers: LedgersArg = None) -> dict[str, CursorState | None]:
+    """Every stored cursor of a managed ledger as its state (None: its znode is malformed), for
+    the stats of subscriptions nobody has loaded; one deleted meanwhile is left out."""
+    md_store = _metadata_store(store)
+    out: dict[str, CursorState | None] = {}
+    for name in await list_cursors(md_store, managed_ledger_name):
+        got = await md_store.get_or_none(cursor_path(managed_ledger_name, name))
+        if got is None:
+            continue
+        try:
+            out[name] = CursorState.from_bytes(got[0], ledgers=ledgers)
+        except ValueError:
+            out[name] = None
+    return out
+
+
+async def advance_stored_cursor(store: MetadataStore | ManagedLedgerStore, managed_ledger_name: str,
+                                cursor_name: str, position: Position, *, ledgers: LedgersArg = None,
+                                still_idle: Callable[[], bool] = lambda: True) -> bool:
+    """Move a stored cursor that no subscription has loaded forward to ``position`` (a cumulative
+    ack, never back), by one compare-and-set at the version read: True if moved. False, nothing
+    written, when it is not stored, is malformed, is at or past ``position`` already,
+    ``still_idle()`` turns False once it is read (a consumer came and loaded it), or the write
+    write failed (someone changed it meanwhile, or ZooKeeper trouble: the caller tries again on
+    its next pass). A MetadataError reading it is raised."""
+    md_store = _metadata_store(store)
+    path = cursor_path(managed_ledger_name, cursor_name)
+    got = await md_store.get_or_none(path)
+    if got is None or not still_idle():
+        return False
+    data, version = got
+    try:
+        state = CursorState.from_bytes(data, ledgers=ledgers)
+    except ValueError:
+        return False
+    if state.mark_delete >= position or not state.ack_cumulative(position):
+        return False
+    try:
+        await md_store.set(path, state.to_bytes(), version)
+    except MetadataError as e:      # changed meanwhile (a consumer came), or ZooKeeper trouble
+        log.info("stored cursor %s not moved to %s: %s", path, position, e)
+        return False
+    return True
 
 
 # -- the cursor ------------------------------------------------------------------------------------
@@ -384,4 +442,4 @@ class ManagedCursor:
 
 
 __all__ = ["CursorClosedError", "CursorError", "CursorFencedError", "ManagedCursor", "ManagedCursorState",
-           "list_cursors"]
+           "advance_stored_cursor", "list_cursors", "stored_cursors", "stored_mark_delete"]

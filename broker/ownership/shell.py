@@ -8,6 +8,9 @@ ZooKeeper layout::
     /namespace/<tenant>/<ns>/<range>      ephemeral, JSON {"broker_id", "pulsar_url", "http_url"}:
                                           the bundle's owner (created by the owner's session)
 
+Both hold a :class:`~pulsarlite.metadata_documents.BrokerRecord` (its codec, shared with the admin
+console, is in pulsarlite/metadata_documents.py).
+
 Session handling (kazoo states through :class:`MetadataStore`):
 
 - SUSPENDED: every OWNED bundle becomes SUSPECT at once; :meth:`OwnershipManager.owns` answers
@@ -22,12 +25,11 @@ Session handling (kazoo states through :class:`MetadataStore`):
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from broker.ownership.core import (AcquireSelf, BrokerLoad, BundleState, Connect, Fail, OwnershipError,
@@ -37,6 +39,7 @@ from broker.ownership.core import (AcquireSelf, BrokerLoad, BundleState, Connect
 from pulsarlite import metadata_layout as layout
 from pulsarlite.errors import MetadataError, MetadataNotFoundError
 from pulsarlite.metadata import MetadataExistsError, MetadataStore, SessionState
+from pulsarlite.metadata_documents import BrokerRecord, decode_broker_record, encode_broker_record
 from pulsarlite.topic_name import TopicName
 
 log = logging.getLogger(__name__)
@@ -81,17 +84,10 @@ class BrokerInfo:
     listeners: tuple[tuple[str, str, str], ...] = ()   # (name, pulsar URL, pulsar+ssl URL)
 
 
-def _listeners_of(doc: dict) -> tuple[tuple[str, str, str], ...]:
-    """The advertised listeners of an owner or registration znode (none when absent)."""
-    return tuple((str(name), str(urls.get("pulsar_url", "")), str(urls.get("pulsar_url_tls", "")))
-                 for name, urls in (doc.get("listeners") or {}).items())
-
-
-def _broker_info(broker_id: str, doc: dict, load: BrokerLoad) -> BrokerInfo:
-    """A broker's URLs from its owner or registration znode (KeyError, TypeError or
-    AttributeError when the znode is malformed)."""
-    return BrokerInfo(broker_id, str(doc["pulsar_url"]), str(doc["http_url"]), load,
-                      str(doc.get("pulsar_url_tls", "")), str(doc.get("http_url_tls", "")), _listeners_of(doc))
+def _broker_info(broker_id: str, record: BrokerRecord, load: BrokerLoad) -> BrokerInfo:
+    """A broker's URLs from its owner or registration znode's record."""
+    return BrokerInfo(broker_id, record.pulsar_url, record.http_url, load, record.pulsar_url_tls,
+                      record.http_url_tls, record.listeners)
 
 
 def _redirect_to(info: BrokerInfo, *, authoritative: bool) -> LookupResult:
@@ -391,10 +387,9 @@ class OwnershipManager:
             if read is None:
                 continue  # went away meanwhile
             try:
-                doc = json.loads(read[0])
-                load = doc.get("load", {})
-                info = _broker_info(name, doc, BrokerLoad(int(load.get("bundles", 0)), int(load.get("topics", 0))))
-            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                record = decode_broker_record(read[0])
+                info = _broker_info(name, record, BrokerLoad(record.load_bundles or 0, record.load_topics or 0))
+            except ValueError as e:
                 log.warning("ignoring malformed broker registration %s: %s", name, e)
                 continue
             if name == self.broker_id:
@@ -484,25 +479,17 @@ class OwnershipManager:
     def _load(self) -> BrokerLoad:
         return BrokerLoad(bundles=len(self._table.held()), topics=self._topics)
 
-    def _urls(self) -> dict:
-        """The URLs in owner and registration znodes; the TLS ones only when there are listeners."""
-        urls = {"broker_id": self.broker_id, "pulsar_url": self.pulsar_url, "http_url": self.http_url}
-        if self.pulsar_url_tls:
-            urls["pulsar_url_tls"] = self.pulsar_url_tls
-        if self.http_url_tls:
-            urls["http_url_tls"] = self.http_url_tls
-        if self.listeners:        # advertised listeners: {name: {"pulsar_url", "pulsar_url_tls"}}
-            urls["listeners"] = {name: {"pulsar_url": url, "pulsar_url_tls": url_tls}
-                                 for name, url, url_tls in self.listeners}
-        return urls
+    def _record(self) -> BrokerRecord:
+        """What owner and registration znodes say about this broker (pulsarlite/metadata_documents.py)."""
+        return BrokerRecord(self.broker_id, self.pulsar_url, self.http_url, self.pulsar_url_tls, self.http_url_tls,
+                            self.listeners)
 
     def _owner_doc(self) -> bytes:
-        return json.dumps(self._urls()).encode()
+        return encode_broker_record(self._record())
 
     def _registration_doc(self) -> bytes:
         load = self._load()
-        return json.dumps({**self._urls(),
-                           "load": {"bundles": load.bundles, "topics": load.topics}}).encode()
+        return encode_broker_record(replace(self._record(), load_bundles=load.bundles, load_topics=load.topics))
 
     async def _read_owner(self, path: str) -> tuple[BrokerInfo, int] | None:
         """(owner record, owning session id) or None."""
@@ -513,9 +500,9 @@ class OwnershipManager:
         if read is None:
             return None
         try:
-            doc = json.loads(read[0])
-            info = _broker_info(str(doc["broker_id"]), doc, BrokerLoad())
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            record = decode_broker_record(read[0])
+            info = _broker_info(record.broker_id, record, BrokerLoad())
+        except ValueError as e:
             raise OwnershipError(f"malformed owner znode {path}: {e}") from None
         return info, stat.ephemeral_owner
 

@@ -207,3 +207,49 @@ async def test_reset_is_persisted(store):
     assert again.mark_delete_position == P(3, 3) and again.individually_acked == []
     assert again.read_position == P(3, 4)
     await again.close()
+
+
+async def test_stored_cursor_read_and_moved_through_the_cursor_code(store):
+    """What retention does to an idle subscription: read its mark-delete, move it forward by one
+    compare-and-set; never back, not once a consumer loaded it, not when absent or malformed."""
+    from broker.cursor import advance_stored_cursor, stored_mark_delete
+
+    assert await stored_mark_delete(store, ML, "idle") is None
+    assert not await advance_stored_cursor(store, ML, "idle", P(3, 5), ledgers=lambda: LEDGERS)
+    c = await open_cursor(store, "idle")
+    c.ack_individual(P(3, 7))
+    await c.close()
+    _, version = await znode(store, "idle")
+
+    assert await advance_stored_cursor(store, ML, "idle", P(3, 5), ledgers=lambda: LEDGERS)
+    assert await stored_mark_delete(store, ML, "idle") == P(3, 5)
+    doc, moved_version = await znode(store, "idle")
+    assert moved_version == version + 1
+    assert not await advance_stored_cursor(store, ML, "idle", P(3, 2), ledgers=lambda: LEDGERS)   # never back
+    assert not await advance_stored_cursor(store, ML, "idle", P(3, 9), ledgers=lambda: LEDGERS,
+                                           still_idle=lambda: False)                             # loaded meanwhile
+    assert (await znode(store, "idle"))[1] == moved_version
+    again = await open_cursor(store, "idle")          # the acks above the new mark-delete are kept
+    assert again.mark_delete_position == P(3, 5) and again.is_acked(P(3, 7)) and not again.is_acked(P(3, 6))
+    await again.close()
+
+    await store.set(cursor_path(ML, "idle"), b"not a cursor", -1)
+    with pytest.raises(ValueError):
+        await stored_mark_delete(store, ML, "idle")
+    assert not await advance_stored_cursor(store, ML, "idle", P(8, 0), ledgers=lambda: LEDGERS)
+    assert (await store.get(cursor_path(ML, "idle")))[0] == b"not a cursor"
+
+
+async def test_stored_cursors_of_a_managed_ledger(store):
+    from broker.cursor import stored_cursors
+
+    assert await stored_cursors(store, ML) == {}
+    a = await open_cursor(store, "a")
+    a.ack_cumulative(P(3, 4))
+    await a.close()
+    b = await open_cursor(store, "b/odd name")
+    await b.close()
+    await store.create(cursor_path(ML, "broken"), b"{", make_parents=False)
+    got = await stored_cursors(store, ML, ledgers=lambda: LEDGERS)
+    assert set(got) == {"a", "b/odd name", "broken"} and got["broken"] is None
+    assert got["a"].mark_delete == P(3, 4) and got["b/odd name"].mark_delete == P(3, -1)

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from bookie.client.ledger_manager import registration_data, registration_metrics_address
+from pulsarlite.metadata_documents import bookie_registration_data as registration_data
+from pulsarlite.metadata_documents import bookie_registration_metrics_address as registration_metrics_address
 from bookie.metrics import BookieMetrics
 from broker.admin.console import (STATIC_FILES, TOPICS_LISTED_PER_BUNDLE_MAX, UNDER_REPLICATED_LISTED_MAX,
                                   BookieDisk, BrokerEntry, cluster_view, disk_text, format_bytes, parse_broker,

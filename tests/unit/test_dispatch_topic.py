@@ -236,13 +236,15 @@ class ConsumerStub:
 
 
 async def test_failover_sends_active_consumer_change():
-    from broker.adapters import MemoryCursor
+    from broker.cursor import ManagedCursor
     from broker.dispatch import SubType
     from broker.topic import Subscription
 
     topic, ml = make_topic()
     ml.ledgers = lambda: ()
-    sub = Subscription(topic, "sub", SubType.FAILOVER, MemoryCursor(Position(7, -1), lambda: ()), True)
+    cursor = await ManagedCursor.open(None, "t/ns/persistent/x", "sub", initial=Position(7, -1), durable=False,
+                                      ledgers=lambda: ())
+    sub = Subscription(topic, "sub", SubType.FAILOVER, cursor, True)
     try:
         first, second = ConsumerStub(), ConsumerStub()
         sub.add_consumer(first, name="zeta")
@@ -528,3 +530,32 @@ async def test_with_dedup_a_sequence_id_beyond_int64_is_refused_and_the_producer
     ml.confirm(0)
     await settle()
     assert ml.adds and h.out == [("receipt", 6, (7, 0))]
+
+
+async def test_a_readers_subscription_tracks_partial_batch_acks():
+    """A reader's (non-durable) subscription runs on the real cursor (the memory stand-in of
+    broker/adapters.py, deleted, raised TypeError on a cumulative ack with an ack set and kept
+    no batch index acked)."""
+    from broker.cursor import ManagedCursor
+    from broker.dispatch import SubType
+    from broker.topic import Subscription
+    from pulsarlite.wire import pb
+
+    topic, ml = make_topic()
+    infos = ()
+    ml.ledgers = lambda: infos
+    ml.last_confirmed_position = Position(7, 3)
+    cursor = await ManagedCursor.open(None, "public/default/persistent/t", "reader-1", initial=Position(7, -1),
+                                      durable=False, ledgers=lambda: infos)
+    sub = Subscription(topic, "reader-1", SubType.EXCLUSIVE, cursor, False)
+    try:
+        consumer = ConsumerStub()
+        sub.add_consumer(consumer, name="r")
+        # indexes 0 and 1 of the 4 in entry (7, 2) acked (their bits cleared), with everything before
+        mid = pb.MessageIdData(ledgerId=7, entryId=2, ack_set=[0b1100], batch_size=4)
+        sub.ack(consumer, [mid], cumulative=True)
+        assert sub.cursor.mark_delete_position == Position(7, 1)
+        assert sub.cursor.remaining_ack_set(Position(7, 2), 4) == [0b1100]
+        assert not sub.cursor.is_acked(Position(7, 2))
+    finally:
+        await sub.close(delete_cursor=False)
