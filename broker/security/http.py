@@ -11,12 +11,13 @@ need none: they hold no data; every call they make for data is one of the routes
 What you may do (403 when not allowed), by route:
 
 - ``/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}``, and GET of a topic's stats,
-  internal stats, segments and console page, partitions, last message id and schemas: lookup
-  permission on the topic
+  internal stats, segments and console page, partitions, last message id and schemas, and the
+  same under ``non-persistent`` (lookup, stats, partitions): lookup permission on the topic
   (produce or consume), as Pulsar's GET_STATS / GET_METADATA;
 - ``GET /admin/v2/namespaces/{tenant}/{namespace}/topics``: a role with a namespace permission;
 - ``GET /admin/v2/tenants/{tenant}`` and every path under ``/admin/v2/namespaces/{tenant}``,
-  ``/admin/v2/persistent/{tenant}``, ``/admin/v2/schemas/{tenant}``: the tenant's admins;
+  ``/admin/v2/persistent/{tenant}``, ``/admin/v2/non-persistent/{tenant}``,
+  ``/admin/v2/schemas/{tenant}``: the tenant's admins;
 - everything else (clusters, creating/changing/deleting/listing tenants, unknown paths):
   superusers.
 
@@ -63,8 +64,10 @@ def forwarded_headers() -> dict[str, str]:
 
 
 _CONSOLE_FILE_ROUTES = frozenset({"/", "/console/{name}"})
-_TENANT_PREFIXES = ("/admin/v2/namespaces/{tenant}", "/admin/v2/persistent/{tenant}", "/admin/v2/schemas/{tenant}")
+_TENANT_PREFIXES = ("/admin/v2/namespaces/{tenant}", "/admin/v2/persistent/{tenant}",
+                    "/admin/v2/non-persistent/{tenant}", "/admin/v2/schemas/{tenant}")
 _LOOKUP_ROUTE = "/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}"
+_NP_LOOKUP_ROUTE = "/lookup/v2/topic/non-persistent/{tenant}/{namespace}/{topic}"
 _NAMESPACE_TOPICS_ROUTE = "/admin/v2/namespaces/{tenant}/{namespace}/topics"
 # reads a role with lookup permission on the topic may make (Pulsar: GET_STATS, GET_METADATA ->
 # canLookup): the topic's stats, partitions, last message id and schemas
@@ -74,6 +77,9 @@ _LOOKUP_READ_ROUTES = frozenset({
     _LOOKUP_ROUTE, _TOPIC + "/stats", _TOPIC + "/partitioned-stats", _TOPIC + "/internalStats",
     _TOPIC + "/partitions", _TOPIC + "/lastMessageId", _TOPIC + "/segments",
     _TOPIC + "/console", _SCHEMA + "/schema", _SCHEMA + "/schema/{version}", _SCHEMA + "/schemas"})
+# the same reads of a non-persistent topic (its lookup, stats and partitions)
+_NP_TOPIC = "/admin/v2/non-persistent/{tenant}/{namespace}/{topic}"
+_NP_LOOKUP_READ_ROUTES = frozenset({_NP_LOOKUP_ROUTE, _NP_TOPIC + "/stats", _NP_TOPIC + "/partitions"})
 
 
 def _reason(status: int, reason: str) -> web.Response:
@@ -144,11 +150,12 @@ async def _authorize(service, authorization, role: str, request: web.Request, ro
     if not authorization.enabled or authorization.is_superuser(role) or route == "/metrics":
         return None
     info = request.match_info
-    if route in _LOOKUP_READ_ROUTES and request.method == "GET":
+    if route in _LOOKUP_READ_ROUTES | _NP_LOOKUP_READ_ROUTES and request.method in ("GET", "HEAD"):
         from broker.security.authorization import AuthorizationError
         from pulsarlite.topic_name import InvalidTopicNameError
+        domain = "non-persistent" if route in _NP_LOOKUP_READ_ROUTES else "persistent"
         try:
-            await service.authorize_topic(role, f"persistent://{info['tenant']}/{info['namespace']}/{info['topic']}",
+            await service.authorize_topic(role, f"{domain}://{info['tenant']}/{info['namespace']}/{info['topic']}",
                                           TopicOperation.LOOKUP)
         except AuthorizationError as e:
             return str(e)

@@ -191,3 +191,23 @@ async def test_a_superuser_passes_the_gate_on_every_route(secured):
         await resp.read()
         assert resp.status not in (401, 403), (method, path, resp.status)
     assert backend.calls                      # the handlers ran and called the backend
+
+
+async def test_a_tenant_admin_passes_the_gate_on_every_topic_route_of_its_tenant(secured):
+    """Persistent and non-persistent alike (Pulsar's tenant admins manage both kinds): every
+    route under a tenant's topic paths and both lookups admit the tenant's admin. The
+    non-persistent ones were superuser-only before."""
+    client, _, routes, _, _ = secured
+    prefixes = ("/admin/v2/persistent/{tenant}", "/admin/v2/non-persistent/{tenant}", "/lookup/v2/topic/")
+    checked = 0
+    refused_routes = []
+    for method, path in routes:
+        if not path.startswith(prefixes):
+            continue
+        checked += 1
+        resp = await client.request(method, url_of(path), headers=basic(TENANT_ADMIN), json=None)
+        await resp.read()
+        if resp.status in (401, 403):
+            refused_routes.append((method, path, resp.status))
+    assert refused_routes == []
+    assert checked > 20 and any("non-persistent" in p for _, p in routes)
