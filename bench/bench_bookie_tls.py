@@ -20,7 +20,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench_ledger import pipelined  # noqa: E402 - bench/ is on sys.path
 from bookie.client.ledger_client import LedgerClient  # noqa: E402
-from pulsarlite.cluster import LocalCluster  # noqa: E402
+from faces.cluster import LocalCluster  # noqa: E402
 from pulsarlite.config import LedgerClientConfig  # noqa: E402
 
 

@@ -59,7 +59,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import pulsar  # noqa: E402
 
-from pulsarlite.cluster import LocalCluster  # noqa: E402
+from faces.cluster import LocalCluster  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 STAMP = struct.Struct("<d")  # perf_counter at send, at the start of the payload

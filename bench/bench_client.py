@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pulsar  # noqa: E402
 
 import pulsarlite  # noqa: E402
-from pulsarlite.cluster import LocalCluster  # noqa: E402
+from faces.cluster import LocalCluster  # noqa: E402
 
 PAYLOAD = b"x" * 100
 

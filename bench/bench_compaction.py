@@ -27,7 +27,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import pulsar  # noqa: E402
 import requests  # noqa: E402
 
-from pulsarlite.cluster import LocalCluster  # noqa: E402
+from faces.cluster import LocalCluster  # noqa: E402
 
 TOPIC = "persistent://public/default/bench-compaction"
 

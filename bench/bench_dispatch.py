@@ -158,7 +158,7 @@ def main() -> None:
     base = Path(args.dir or tempfile.mkdtemp(prefix="bench-dispatch-"))
     from pulsarlite.zk_server import ZooKeeperServer
     if not args.no_e2e:
-        from pulsarlite.cluster import LocalCluster
+        from faces.cluster import LocalCluster
         cluster = LocalCluster(base / "cluster")
         try:
             cluster.start_processes(bookies=3, brokers=1)

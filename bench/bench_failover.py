@@ -95,7 +95,7 @@ def main() -> None:
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stop the cluster on SIGTERM too
     from kazoo.client import KazooClient
-    from pulsarlite.cluster import LocalCluster
+    from faces.cluster import LocalCluster
     base = Path(args.dir or tempfile.mkdtemp(prefix="bench-failover-"))
     cluster = LocalCluster(base / "cluster")
     rows = []

@@ -63,7 +63,7 @@ def wait(pred, timeout_s: float = 600.0, interval_s: float = 0.02):
 def run(lake: bool, args) -> dict:
     import pulsar
 
-    from pulsarlite.cluster import LocalCluster
+    from faces.cluster import LocalCluster
     with tempfile.TemporaryDirectory(prefix="bench-lake-") as tmp:
         tier = Path(tmp) / "tier"
         tier.mkdir()

@@ -23,7 +23,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bookie.client.ledger_client import LedgerClient  # noqa: E402
-from pulsarlite.cluster import LocalCluster  # noqa: E402
+from faces.cluster import LocalCluster  # noqa: E402
 
 from machine_limits import disk_append_fdatasync_ops_s, disk_fsync_seq_mb_s  # noqa: E402 - bench/ is on sys.path
 from pulsarlite.config import BookieConfig, LedgerClientConfig  # noqa: E402

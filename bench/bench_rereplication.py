@@ -28,7 +28,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from bookie.autorecovery.urmanager import UnderReplicationManager  # noqa: E402
 from bookie.autorecovery.worker import ReplicationWorker  # noqa: E402
 from bookie.client.ledger_client import LedgerClient  # noqa: E402
-from pulsarlite.cluster import LocalCluster  # noqa: E402
+from faces.cluster import LocalCluster  # noqa: E402
 from pulsarlite.config import LedgerClientConfig  # noqa: E402
 
 from machine_limits import disk_fsync_seq_mb_s  # noqa: E402

@@ -126,7 +126,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print a JSON object of the medians first (bench/suite.py)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stop the cluster on SIGTERM too
-    from pulsarlite.cluster import LocalCluster
+    from faces.cluster import LocalCluster
     base = Path(args.dir or tempfile.mkdtemp(prefix="bench-small-"))
     cluster = LocalCluster(base / "cluster")
     cases = ["batched-shared", "small-shared", "small-keyshared"]

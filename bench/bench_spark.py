@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 import pulsar  # noqa: E402
 
-from pulsarlite.cluster import LocalCluster  # noqa: E402
+from faces.cluster import LocalCluster  # noqa: E402
 
 
 def admin(url: str, method: str, path: str, body=None):

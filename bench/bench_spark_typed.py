@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import pulsar  # noqa: E402
 from pulsar.schema import Array, AvroSchema, Double, Integer, Long, Map, Record, String  # noqa: E402
 
-from pulsarlite.cluster import LocalCluster  # noqa: E402
+from faces.cluster import LocalCluster  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_spark import admin, ledgers_of, timed  # noqa: E402  (the untyped scan benchmark's helpers)

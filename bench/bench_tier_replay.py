@@ -39,7 +39,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import pulsar  # noqa: E402
 
 from bench.common import http  # noqa: E402
-from pulsarlite.cluster import LocalCluster  # noqa: E402
+from faces.cluster import LocalCluster  # noqa: E402
 
 
 def wait(predicate, timeout_s: float, what: str, interval_s: float = 0.2):

@@ -33,7 +33,7 @@ import pulsar  # noqa: E402
 import trustme  # noqa: E402
 
 import pulsarlite  # noqa: E402
-from pulsarlite.cluster import LocalCluster  # noqa: E402
+from faces.cluster import LocalCluster  # noqa: E402
 from pulsarlite.zk_server import find_free_port  # noqa: E402
 
 from bench_broker import process_cpu_s  # noqa: E402

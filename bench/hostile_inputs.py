@@ -56,7 +56,7 @@ import pulsar  # noqa: E402
 from bookie._proto import bookie_rpc_pb2 as bpb  # noqa: E402
 from bookie.transport import HEADER as BOOKIE_HEADER, MESSAGE_TYPES as BOOKIE_MESSAGE_TYPES, encode_message  # noqa: E402
 from pulsarlite.checksum import entry_checksum  # noqa: E402
-from pulsarlite.cluster import LocalCluster  # noqa: E402
+from faces.cluster import LocalCluster  # noqa: E402
 from pulsarlite.wire import commands as c  # noqa: E402
 from pulsarlite.wire import pb  # noqa: E402
 from pulsarlite.wire.frames import FrameDecoder, encode_command  # noqa: E402

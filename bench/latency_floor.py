@@ -311,7 +311,7 @@ def main() -> int:
 
     import pulsar
     from bench_broker import CpuMeter, parse_overrides, produce_paced, start_null_broker
-    from pulsarlite.cluster import LocalCluster
+    from faces.cluster import LocalCluster
 
     targets = args.targets.split(",")
     modes = args.modes.split(",")

@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bookie.client.ledger_client import LedgerClient  # noqa: E402
-from pulsarlite.cluster import LocalCluster  # noqa: E402
+from faces.cluster import LocalCluster  # noqa: E402
 from pulsarlite.config import BookieConfig, LedgerClientConfig  # noqa: E402
 
 TICK_S = 0.001  # uvloop rounds shorter sleeps to zero: pace in whole milliseconds

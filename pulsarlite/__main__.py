@@ -1,5 +1,15 @@
+"""``python -m pulsarlite``: the base package's one entry shim. The command lives in the faces
+package (``faces/cli.py``, also the ``pulsarlite`` console script); it is imported here, inside a
+function, only when this module runs, so nothing that imports the base package loads a face or a
+component."""
+
 import sys
 
-from pulsarlite.cli import main
 
-sys.exit(main())
+def _main() -> int:
+    from faces.cli import main
+    return main()
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,4 +1,4 @@
-"""Pulsar's token format, for ``pulsarlite tokens`` (pulsarlite/cli_tokens.py): JWTs signed with
+"""Pulsar's token format, for ``pulsarlite tokens`` (faces/cli_tokens.py): JWTs signed with
 a secret key (HS256/HS384/HS512) or a private key (RS256.. / ES256..), the role in ``sub``, an
 optional ``exp``. Files are Pulsar's: ``create-secret-key`` writes the key's raw bytes (base64
 with ``--base64``); ``create-key-pair`` writes DER (PKCS#8 private key, X.509

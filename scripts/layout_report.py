@@ -31,7 +31,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-PACKAGES_DEFAULT = ("bookie", "broker", "offload", "pulsarlite", "spark_source")
+PACKAGES_DEFAULT = ("bookie", "broker", "faces", "offload", "pulsarlite", "spark_source")
 TOP_DEFAULT = 15
 BUILTIN_EXCEPTIONS = frozenset(name for name in dir(builtins)
                                if isinstance(getattr(builtins, name), type)

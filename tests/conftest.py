@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 import pytest
 import uvloop
 
-from pulsarlite.cluster import LocalCluster
+from faces.cluster import LocalCluster
 from pulsarlite.zk_server import ZooKeeperServer
 
 

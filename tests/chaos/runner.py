@@ -24,7 +24,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pulsarlite.cluster import LocalCluster
+from faces.cluster import LocalCluster
 from pulsarlite.config import BookieConfig, load_toml, to_toml
 from tests.chaos.checker import ProducerLog, Verdict, check, payload
 from tests.chaos.schedule import (BOOKIE_READONLY, FAULT_KINDS, KILL_ALL_BOOKIES, KILL_BOOKIE, KILL_BROKER, LOSE_BOOKIE,
@@ -285,7 +285,7 @@ class ChaosRun:
         broker = {"zk_session_timeout_ms": c.session_timeout_ms, "rollover_entries_max": 400}
         tier_dir = c.directory / "tier"
         if c.offload:
-            from pulsarlite.standalone import broker_supports_tier
+            from faces.standalone import broker_supports_tier
             if broker_supports_tier():
                 tier_dir.mkdir(parents=True, exist_ok=True)
                 broker["tier_uri"] = tier_dir.resolve().as_uri()

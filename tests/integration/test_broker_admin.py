@@ -22,7 +22,7 @@ WAIT_S = 30
 # -- fixtures and helpers -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cluster(module_tmp_path):
-    from pulsarlite.cluster import LocalCluster
+    from faces.cluster import LocalCluster
     c = LocalCluster(module_tmp_path / "admin" / "cluster")
     try:
         c.start_processes(bookies=3, brokers=1)

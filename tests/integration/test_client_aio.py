@@ -12,7 +12,7 @@ import pytest
 
 import pulsarlite
 import pulsarlite.aio as pla
-from pulsarlite.cluster import LocalCluster
+from faces.cluster import LocalCluster
 
 pulsar = pytest.importorskip("pulsar")
 

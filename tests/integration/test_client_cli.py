@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from pulsarlite.cluster import LocalCluster
+from faces.cluster import LocalCluster
 
 pulsar = pytest.importorskip("pulsar")
 

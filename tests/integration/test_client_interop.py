@@ -13,7 +13,7 @@ import pytest
 
 import pulsarlite
 from pulsarlite.client.core import partition_for_key
-from pulsarlite.cluster import LocalCluster
+from faces.cluster import LocalCluster
 
 pulsar = pytest.importorskip("pulsar")
 

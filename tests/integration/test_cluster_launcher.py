@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bookie.client.ledger_manager import LedgerManager
-from pulsarlite.cluster import ClusterError, LocalCluster
+from faces.cluster import ClusterError, LocalCluster
 from pulsarlite.config import BookieConfig, load_toml
 from pulsarlite.errors import ConfigError
 from pulsarlite.metadata import MetadataStore

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from broker.config import BrokerConfig
-from pulsarlite.cluster import BOOKIE, BROKER, settings_from_file
+from faces.cluster import BOOKIE, BROKER, settings_from_file
 from pulsarlite.config import BookieConfig, load_toml
 
 yaml = pytest.importorskip("yaml", reason="PyYAML (a dependency of moto[server]) reads the compose file")

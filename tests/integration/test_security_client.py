@@ -15,7 +15,7 @@ import pytest
 
 import pulsarlite
 import pulsarlite.aio as aio
-from pulsarlite.cli import main as cli_main
+from faces.cli import main as cli_main
 from pulsarlite.tokens import create_token
 from pulsarlite.zk_server import find_free_port
 from tests.integration.helpers import wait_for

@@ -148,7 +148,7 @@ def test_topic_permissions_merge_and_revoke(cluster):
 def test_cli_grant_permissions_and_revoke(cluster, capsys):
     """`pulsarlite admin namespaces|topics grant-permission | permissions | revoke-permission` as
     the tenant admin; the granted role can then produce; a role that is not an admin is refused."""
-    from pulsarlite.cli import main as cli_main
+    from faces.cli import main as cli_main
 
     def admin(role, *args) -> int:
         return cli_main(["admin", "--admin-url", cluster.admin_url, "--auth-plugin", "token",

@@ -18,7 +18,7 @@ import pytest
 pulsar = pytest.importorskip("pulsar")
 pytest.importorskip("pyspark")
 
-from pulsarlite.cluster import LocalCluster  # noqa: E402
+from faces.cluster import LocalCluster  # noqa: E402
 from tests.integration.helpers import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.integration

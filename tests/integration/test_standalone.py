@@ -17,7 +17,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from pulsarlite.standalone import GiveUp, Restart, RestartBook, RestartPolicy
+from faces.standalone import GiveUp, Restart, RestartBook, RestartPolicy
 from pulsarlite.zk_server import find_free_port, process_alive
 from tests.integration.helpers import wait_for
 
@@ -97,7 +97,7 @@ class StandaloneProcess:
                 self.popen.wait(timeout=30)
         state_path = self.data_dir / "cluster.json"
         if state_path.exists():
-            from pulsarlite.cluster import LocalCluster
+            from faces.cluster import LocalCluster
             LocalCluster.open(self.data_dir).stop()
 
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 import pytest
 
 from integration.helpers import wait_for
-from pulsarlite.cluster import LocalCluster
+from faces.cluster import LocalCluster
 
 pulsar = pytest.importorskip("pulsar")
 

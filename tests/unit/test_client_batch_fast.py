@@ -457,7 +457,7 @@ def test_blocking_refused_in_the_drain_reaches_the_callback():
 # ------------------------------------------------------------------ the perf tool's stats
 
 def test_latency_stats_count_interval_and_bounded_sample(monkeypatch):
-    from pulsarlite import cli_perf
+    from faces import cli_perf
     monkeypatch.setattr(cli_perf, "RESERVOIR_MAX", 50)
     stats = cli_perf.LatencyStats()
     for i in range(30):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pulsarlite import cli_admin
+from faces import cli_admin
 from pulsarlite.client_config import (DEFAULT_ADMIN_URL, DEFAULT_SERVICE_URL, ClientConfig, add_connection_flags,
                                       load_client_config, parse_client_conf, resolve_connection)
 from pulsarlite.errors import ConfigError
@@ -166,7 +166,7 @@ def test_retention_body_converts_like_pulsar_admin():
 
 
 def test_bad_arguments_exit_2(capsys):
-    from pulsarlite.cli import main
+    from faces.cli import main
     for argv in (["admin", "namespaces", "set-retention", "a/b", "--size", "10X", "--time", "1h"],
                  ["admin", "topics", "create-partitioned-topic", "t", "-p", "0"],
                  ["admin", "tenants", "nosuch"]):
@@ -181,7 +181,7 @@ def test_bad_arguments_exit_2(capsys):
 
 
 def test_unreachable_admin_exits_1(capsys):
-    from pulsarlite.cli import main
+    from faces.cli import main
     from pulsarlite.zk_server import find_free_port
     assert main(["admin", "--admin-url", f"http://127.0.0.1:{find_free_port()}", "tenants", "list"]) == 1
     err = capsys.readouterr().err
@@ -322,7 +322,7 @@ def test_error_reason_from_json_or_first_line(server_factory):
 
 
 def test_cli_prints_one_line_and_exits_1_on_http_error(server_factory, capsys):
-    from pulsarlite.cli import main
+    from faces.cli import main
     srv = server_factory(lambda m, p, b, s: (404, {}, b'{"reason": "Tenant nope does not exist"}'))
     assert main(["admin", "--admin-url", srv.url, "namespaces", "create", "nope/ns"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -331,7 +331,7 @@ def test_cli_prints_one_line_and_exits_1_on_http_error(server_factory, capsys):
 
 
 def test_offload_command_puts_the_first_kept_ledger(server_factory, capsys):
-    from pulsarlite.cli import main
+    from faces.cli import main
 
     def respond(m, p, b, s):
         if p.endswith("/internalStats"):

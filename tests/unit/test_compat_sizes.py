@@ -12,7 +12,7 @@ from bookie.client.actions import AddOutcome, FailAdds, WriteMetadata
 from bookie.client.metadata import LedgerMetadata
 from bookie.client.write_core import LedgerWriteCore
 from broker.config import BrokerConfig
-from pulsarlite.cluster import ZOOKEEPER, LocalCluster, ProcessRecord
+from faces.cluster import ZOOKEEPER, LocalCluster, ProcessRecord
 from pulsarlite.config import BookieConfig
 from pulsarlite.errors import BadRequestError, ConfigError
 

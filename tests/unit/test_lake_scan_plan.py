@@ -1,10 +1,10 @@
-"""[lakehouse] pulsarlite.lake.plan_sources: each ledger of the cut read from exactly one place."""
+"""[lakehouse] faces.lake.plan_sources: each ledger of the cut read from exactly one place."""
 
 from __future__ import annotations
 
 from spark_source.plan import LedgerSegment
 
-from pulsarlite.lake import Source, plan_sources
+from faces.lake import Source, plan_sources
 
 
 def seg(ledger_id: int, last: int, state: str = "none", uri: str | None = None) -> LedgerSegment:

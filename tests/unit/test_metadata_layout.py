@@ -10,7 +10,7 @@ import pytest
 from pulsarlite import metadata_layout as layout
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-PRODUCT_PACKAGES = ("bookie", "broker", "offload", "pulsarlite", "spark_source")
+PRODUCT_PACKAGES = ("bookie", "broker", "faces", "offload", "pulsarlite", "spark_source")
 
 # every znode root and sub-root of the layout; HTTP routes (/admin/v2/...) are not znodes
 ROOTS = ("/ledgers", "/managed-ledgers", "/admin/clusters", "/admin/policies", "/admin/partitioned-topics",

@@ -118,7 +118,7 @@ def test_broker_overlay_applies_and_validates(tmp_path, caplog):
 
 
 def test_standalone_flags_win_and_bad_files_refuse_before_start(tmp_path):
-    from pulsarlite.cli_standalone import _ports_and_broker_settings
+    from faces.cli_standalone import _ports_and_broker_settings
     path = tmp_path / "standalone.conf"
     path.write_text("brokerServicePort=6800\nwebServicePort=8800\nbrokerServicePortTls=6801\n"
                     f"tlsCertificateFilePath={tmp_path}/missing.pem\ntlsKeyFilePath={tmp_path}/missing.key\n"
@@ -133,7 +133,7 @@ def test_standalone_flags_win_and_bad_files_refuse_before_start(tmp_path):
 
 
 def test_relative_paths_resolved_for_the_standalone(tmp_path, monkeypatch):
-    from pulsarlite.cli_standalone import _ports_and_broker_settings
+    from faces.cli_standalone import _ports_and_broker_settings
     (tmp_path / "certs").mkdir()
     (tmp_path / "certs" / "secret.key").write_bytes(b"k" * 32)
     conf = map_pulsar_conf(parse_properties(

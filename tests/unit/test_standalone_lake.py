@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pulsarlite.standalone import StandaloneSettings, lake_setting
+from faces.standalone import StandaloneSettings, lake_setting
 
 FILE_TIER = "file:///data/tier"
 

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives import serialization
 
 from broker.security.authentication import (AuthenticationData, AuthenticationError, TokenAuthenticationProvider,
                                             load_public_key, read_key_bytes)
-from pulsarlite.cli import main
+from faces.cli import main
 from pulsarlite.tokens import (TokenError, create_key_pair, create_secret_key, create_token, parse_relative_time_s,
                                show_token, validate_token)
 

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from pulsarlite.cli_client import COMPRESSIONS, CONSUMER_TYPES
+from faces.cli_client import COMPRESSIONS, CONSUMER_TYPES
 
 # latencies kept for the summary's percentiles: an even sample of the whole run (p99.9 still
 # rests on ~260 samples); sorting it at the end costs ~0.1 s, a million took ~0.35 s

@@ -1,5 +1,5 @@
 """`pulsarlite standalone [--data-dir D]`: ZooKeeper + 3 bookies + 1 broker + a file:// tier,
-in the foreground until Ctrl-C (see pulsarlite/standalone.py)."""
+in the foreground until Ctrl-C (see faces/standalone.py)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def add_parser(subparsers) -> None:
 
 def _run(args) -> int:
     from pulsarlite.errors import ConfigError
-    from pulsarlite.standalone import RestartPolicy, Standalone, StandaloneSettings
+    from faces.standalone import RestartPolicy, Standalone, StandaloneSettings
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)

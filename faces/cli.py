@@ -11,15 +11,15 @@ import sys
 SUBCOMMANDS = {
     "bookie": "bookie.main",
     "broker": "broker.main",
-    "cluster": "pulsarlite.cli_cluster",
-    "bookkeeper": "pulsarlite.cli_bookkeeper",
-    "admin": "pulsarlite.cli_admin",
-    "standalone": "pulsarlite.cli_standalone",
-    "produce": "pulsarlite.cli_client",   # registers produce and consume
-    "consume": "pulsarlite.cli_client",
-    "perf": "pulsarlite.cli_perf",
+    "cluster": "faces.cli_cluster",
+    "bookkeeper": "faces.cli_bookkeeper",
+    "admin": "faces.cli_admin",
+    "standalone": "faces.cli_standalone",
+    "produce": "faces.cli_client",   # registers produce and consume
+    "consume": "faces.cli_client",
+    "perf": "faces.cli_perf",
     "autorecovery": "bookie.autorecovery.service",
-    "tokens": "pulsarlite.cli_tokens",
+    "tokens": "faces.cli_tokens",
 }
 
 

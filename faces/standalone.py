@@ -1,7 +1,7 @@
 """``pulsarlite standalone``: ZooKeeper + 3 bookies + 1 broker + a file:// tier in one foreground
 command, like ``pulsar standalone``.
 
-The processes are the ones of the local cluster launcher (:class:`pulsarlite.cluster.LocalCluster`)
+The processes are the ones of the local cluster launcher (:class:`faces.cluster.LocalCluster`)
 in ``--data-dir`` (state, configs, data, ``logs/NAME.log``); this module adds what a foreground
 server needs:
 
@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pulsarlite.cluster import ClusterError, LocalCluster
+from faces.cluster import ClusterError, LocalCluster
 from pulsarlite.errors import ConfigError, PulsarliteError
 from pulsarlite.process import write_private_file
 

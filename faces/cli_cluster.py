@@ -74,7 +74,7 @@ def _fail(e: Exception) -> int:
 
 
 def _start(args) -> int:
-    from pulsarlite.cluster import BOOKIE, BROKER, LocalCluster, format_status, settings_from_file, tier_settings
+    from faces.cluster import BOOKIE, BROKER, LocalCluster, format_status, settings_from_file, tier_settings
     _quiet_kazoo()
     try:
         settings = tier_settings(args.tier, args.s3_endpoint)
@@ -101,7 +101,7 @@ def _start(args) -> int:
 
 
 def _status(args) -> int:
-    from pulsarlite.cluster import LocalCluster, format_status
+    from faces.cluster import LocalCluster, format_status
     _quiet_kazoo()
     try:
         cluster = LocalCluster.open(args.dir)
@@ -116,7 +116,7 @@ def _status(args) -> int:
 
 
 def _stop(args) -> int:
-    from pulsarlite.cluster import LocalCluster
+    from faces.cluster import LocalCluster
     _quiet_kazoo()
     try:
         LocalCluster.open(args.dir, stop_grace_s=args.grace).stop()
@@ -126,7 +126,7 @@ def _stop(args) -> int:
 
 
 def _kill(args) -> int:
-    from pulsarlite.cluster import LocalCluster
+    from faces.cluster import LocalCluster
     _quiet_kazoo()
     try:
         cluster = LocalCluster.open(args.dir)
@@ -140,7 +140,7 @@ def _kill(args) -> int:
 
 
 def _restart(args) -> int:
-    from pulsarlite.cluster import LocalCluster
+    from faces.cluster import LocalCluster
     _quiet_kazoo()
     try:
         cluster = LocalCluster.open(args.dir, start_timeout_s=args.timeout)
