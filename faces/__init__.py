@@ -7,8 +7,11 @@
   ``pulsarlite cluster``);
 - ``faces.standalone``: ``pulsarlite standalone`` (ZooKeeper + bookies + broker + a tier in one
   command);
-- ``faces.lake``: ``scan``, the fresh view of a topic as one Arrow table.
+- ``faces.lake``: ``scan``, the fresh view of a topic as one Arrow table (users call it by its
+  public name ``pulsarlite.lake.scan``: a lazy shim in the base package).
 
-The faces may import any floor; the base package ``pulsarlite/`` imports no face and no component. The Python client stays in the base package
-(``pulsarlite.client``, ``pulsarlite.aio``): it imports only the base.
+The faces may import any floor; the base package ``pulsarlite/`` imports no face and no
+component (tests/unit/test_layout_faces.py; its two entry shims import ``faces`` inside a function
+only). The Python client stays in the base package (``pulsarlite.client``, ``pulsarlite.aio``): it
+imports only the base.
 """

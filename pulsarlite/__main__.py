@@ -1,7 +1,8 @@
-"""``python -m pulsarlite``: the base package's one entry shim. The command lives in the faces
+"""``python -m pulsarlite``: the base package's entry shim. The command lives in the faces
 package (``faces/cli.py``, also the ``pulsarlite`` console script); it is imported here, inside a
 function, only when this module runs, so nothing that imports the base package loads a face or a
-component."""
+component (tests/unit/test_layout_faces.py names this module and ``pulsarlite/lake/__init__.py`` as the
+only exceptions)."""
 
 import sys
 

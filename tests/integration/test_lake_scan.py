@@ -1,4 +1,4 @@
-"""[lakehouse] ``faces.lake.scan``: the fresh view of a half-offloaded topic. Real
+"""[lakehouse] ``pulsarlite.lake.scan``: the fresh view of a half-offloaded topic. Real
 ZooKeeper, bookies and a broker (lake on, file:// tier, embedded catalog), the official client's
 AvroSchema producers (one schema evolution) and reader: the scan returns every message once,
 with the official reader's message ids, the table's typed columns for the rows still on the
@@ -25,7 +25,7 @@ def test_scan_of_a_half_offloaded_topic_returns_every_message_once_with_the_read
     import duckdb
     import polars as pl
 
-    from faces.lake import LakeScanError, scan
+    from pulsarlite.lake import LakeScanError, scan
 
     tier_dir = tmp_path / "tier"
     tier_dir.mkdir()
