@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,13 @@ def test_dockerfile():
     assert re.search(r"pip install \.", text)
     assert "java" not in text.lower().replace("no java", "")
     root = DEPLOY.parent
+    copied = set()
     for line in re.findall(r"^COPY (.+)$", text, re.M):
         for source in line.split()[:-1]:
             assert (root / source).exists(), f"COPY source {source} missing"
+            copied.add(source.rstrip("/"))
+    # every package `pip install .` installs is in the image (the console script imports faces)
+    pyproject = tomllib.loads((root / "pyproject.toml").read_text())
+    include = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {pattern.rstrip("*") for pattern in include}
+    assert packages and packages <= copied, f"packages not copied into the image: {sorted(packages - copied)}"
