@@ -30,6 +30,8 @@ from pulsarlite.wire.entry import Compression, Message as WireMessage, build_chu
 
 log = logging.getLogger("pulsarlite.client")
 
+SEQUENCE_ID_MAX = 2**64 - 1     # the wire field is uint64
+
 Callback = Callable[[BaseException | None, MessageId | None], None]
 
 
@@ -191,6 +193,12 @@ class ProducerImpl(Handler):
             seq = message.sequence_id
             if seq is None:
                 seq = self._next_seq
+        if not 0 <= seq <= SEQUENCE_ID_MAX:
+            # refused here, before anything is queued: a batch holding it could not be encoded,
+            # and every message batched with it would never be answered
+            raise InvalidConfiguration(f"sequence id {seq} is outside 0..2**64-1 (topic {self.topic}; "
+                                       "an explicit sequence id of 2**64-1 leaves no id for the next "
+                                       "message)")
         conf = self.conf
         if size > self.max_message_size and not conf.chunking_enabled:
             raise MessageTooBig(f"message of {size} bytes exceeds the maximum message size of "
@@ -284,8 +292,8 @@ class ProducerImpl(Handler):
                 while inbox:
                     message = popleft()
                     callback = popleft()
-                    if type(message) is not bytes:
-                        slow = (message, callback)
+                    if type(message) is not bytes or seq > SEQUENCE_ID_MAX:
+                        slow = (message, callback)      # send() answers it (or refuses it)
                         break
                     size = len(message)
                     if size > size_max or (messages and payload_bytes + size > bytes_max):

@@ -355,6 +355,39 @@ def test_send_many_writes_what_send_one_by_one_writes(items, messages_max, bytes
     assert run(True) == run(False)
 
 
+@pytest.mark.parametrize("use_many", [False, True], ids=["send", "send_many"])
+def test_a_sequence_id_past_uint64_is_refused_and_its_batch_still_goes_out(use_many):
+    """An explicit sequence id of 2**64-1 leaves the next message an id the wire cannot carry:
+    that message is refused when it is sent (send raises, send_many answers its callback), and
+    the batch already holding the first message is still encoded and sent. Before, the refusal
+    came from the batch's encoding: the whole batch failed at its flush (found by the property
+    above)."""
+    import collections
+
+    from pulsarlite.client.errors import InvalidConfiguration
+    loop = asyncio.new_event_loop()
+    try:
+        producer = _producer(loop, batching_max_messages=7)
+        first = Message(b"a", sequence_id=2**64 - 1)
+        refused = []
+        if use_many:
+            inbox = collections.deque([first, "cb-first", b"b", "cb-second"])
+            producer.send_many(inbox, lambda cb, exc: refused.append((cb, type(exc))))
+        else:
+            producer.send(first, "cb-first")
+            with pytest.raises(InvalidConfiguration, match="outside 0..2[*][*]64-1"):
+                producer.send(b"b", "cb-second")
+            refused.append(("cb-second", InvalidConfiguration))
+        assert refused == [("cb-second", InvalidConfiguration)]
+        producer._flush_batch()
+        [parts] = producer.conn.parts
+        metadata, got = unpack_entry(bytes(parts[-1]))
+        assert [(bytes(g.payload), g.sequence_id) for g in got] == [(b"a", 2**64 - 1)]
+        assert [op.callbacks for op in producer._pending] == [["cb-first"]]
+    finally:
+        loop.close()
+
+
 # ------------------------------------------------------------------ the blocking producer
 
 class _FakeIO:
