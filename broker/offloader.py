@@ -65,13 +65,12 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 from broker.managed_ledger import (LedgerInfo, LedgerInfoState, ManagedLedger, ManagedLedgerClosedError,
-                                   ManagedLedgerFencedError, OffloadInfo, OffloadState, Position)
+                                   ManagedLedgerFencedError, OffloadState, Position)
 from broker.schemas import SchemaRegistry
 from offload.core import (BookiesDeleted, CasConflict, CommitToTable, DeleteFromBookies, DeleteObject, Done, LedgerOffload,
                           LedgerView, ListedObject, ObjectDeleted, ObjectStats, ObjectVerified, ObjectWritten,
                           Offload, OffloadPolicy, OffloadRecord, Recorded, RecordOffload, StepFailed,
                           TableCommitted, Tick, VerifyObject, WriteObject, orphan_objects, plan_offload)
-from offload.core import OffloadState as CoreState
 from offload.lake import Lake, TableId
 from pulsarlite.errors import InvariantViolation, MetadataNotFoundError, PulsarliteError, check
 from pulsarlite.metadata_layout import topic_policies_path
@@ -150,29 +149,11 @@ async def read_topic_offload_policies(store, topic_name) -> TopicOffloadPolicies
 
 
 # -- glue between the managed-ledger list and offload.core (pure) ---------------------------------
-def record_of(offload: OffloadInfo) -> OffloadRecord:
-    """The ``offload`` dict of a ledger (the offload record, docs/protocol.md#offload-record) as
-    offload.core's record."""
-    return OffloadRecord.from_json({**offload.attributes, "state": offload.state.value, "uri": offload.uri})
-
-
-def offload_info_of(record: OffloadRecord) -> OffloadInfo:
-    raw = record.to_json()
-    state = OffloadState(raw.pop("state"))
-    uri = raw.pop("uri")
-    return OffloadInfo(state, uri, raw)
-
-
 def ledger_views(ledgers: Sequence[LedgerInfo]) -> list[LedgerView]:
     return [LedgerView(ledger_id=i.ledger_id, closed=i.state is LedgerInfoState.CLOSED, entries=i.entries,
                        size_bytes=i.size_bytes, created_ms=i.created_ms, closed_ms=i.max_publish_time_ms,
-                       state=CoreState(i.offload.state.value),
-                       offloaded_ms=_opt_int(i.offload.attributes.get("offloaded_ms")))
+                       state=i.offload.state, offloaded_ms=i.offload.offloaded_ms)
             for i in ledgers]
-
-
-def _opt_int(v: Any) -> int | None:
-    return None if v is None else int(v)
 
 
 def ledgers_before(ledgers: Sequence[LedgerInfo], position: Position) -> list[int]:
@@ -441,7 +422,8 @@ class TierReadCache:
 
     def _open_object(self, key: str, info: LedgerInfo) -> _OpenObject:
         from offload.format import open_parquet, row_group_entry_ranges
-        size = info.offload.attributes.get("size_bytes")
+        stats = info.offload.stats
+        size = None if stats is None else stats.size_bytes
         data = None
         if size is not None and size <= SMALL_OBJECT_BYTES:
             data = self.tier.get(key)          # one GET instead of footer + row-group GETs
@@ -451,7 +433,7 @@ class TierReadCache:
         else:
             pf = open_parquet(self.tier.open_input(key, size), what=key)
         ranges = row_group_entry_ranges(pf)
-        rows = info.offload.attributes.get("rows")
+        rows = None if stats is None else stats.rows
         if rows is not None and pf.metadata.num_rows != rows:
             raise OffloadError(f"object {key}: {pf.metadata.num_rows} rows, metadata says {rows}")
         return _OpenObject(key, size, pf.metadata, ranges, data)
@@ -742,7 +724,7 @@ class TopicOffloader:
         if info is None:
             return None
         name = self.topic.name
-        machine = LedgerOffload(ledger_id, record_of(info.offload), tier_uri=self.broker.tier.uri,
+        machine = LedgerOffload(ledger_id, info.offload, tier_uri=self.broker.tier.uri,
                                 tenant=name.tenant, namespace=name.namespace_local_name,
                                 topic=name.encoded_local_name, deletion_lag_ms=policy.deletion_lag_ms,
                                 table=self.broker.lake is not None)
@@ -778,18 +760,17 @@ class TopicOffloader:
         broker = self.broker
         ledger_id = action.ledger_id
         if isinstance(action, RecordOffload):
-            def transform(current: OffloadInfo) -> OffloadInfo:
-                found = record_of(current)
-                if found != action.expected:
-                    raise _Conflict(found)
-                return offload_info_of(action.record)
+            def transform(current: OffloadRecord) -> OffloadRecord:
+                if current != action.expected:
+                    raise _Conflict(current)
+                return action.record
             try:
                 # shielded: a worker cancelled by an unload must not cut a CAS in half (the
                 # managed ledger's close waits for it on the metadata lock)
                 await asyncio.shield(self.ml.update_offload(ledger_id, transform))
             except _Conflict as c:
                 return CasConflict(c.record)
-            if action.record.state is CoreState.BOOKIE_DELETED:
+            if action.record.state is OffloadState.BOOKIE_DELETED:
                 log.info("offload: ledger deleted from bookies topic=%s ledger=%d uri=%s", self.ml_name,
                          ledger_id, action.record.uri)
             return Recorded(action.record)
@@ -920,7 +901,7 @@ class TopicOffloader:
         ours is between its write and its record; other brokers cannot record (fenced)."""
         broker = self.broker
         keys = await broker.run(broker.tier.list, self.prefix)
-        records = [record_of(i.offload) for i in self.ml.ledgers()]
+        records = [i.offload for i in self.ml.ledgers()]
         objects = [ListedObject(broker.tier.uri_of(k), 0) for k in keys]
         orphans = orphan_objects(objects, records, now_ms=broker.clock(), grace_ms=0)
         for uri in orphans:
@@ -1110,4 +1091,4 @@ class BrokerOffloader:
 __all__ = ["BrokerOffloader", "CorruptObjectError", "OffloadError", "OffloadStatus", "Tier",
            "TierReadCache", "TopicOffloadPolicies", "read_topic_offload_policies",
            "TableTypedColumns", "TopicOffloader", "encode_and_upload", "ledger_views", "ledgers_before",
-           "offload_info_of", "record_of", "topic_prefix", "verify_object"]
+           "topic_prefix", "verify_object"]

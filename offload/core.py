@@ -58,21 +58,15 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from pulsarlite.errors import InvariantViolation, check
+from pulsarlite.ledger_list import ObjectStats, OffloadRecord, OffloadState
 
 OBJECT_SUFFIX = ".parquet"
 _UUID_RE = re.compile(r"^[0-9a-f]{8,32}$")
 _NAME_RE = re.compile(r"^ledger-(\d+)-([0-9a-f]{8,32})\.parquet$")
-
-
-class OffloadState(enum.Enum):
-    NONE = "none"
-    OFFLOADING = "offloading"
-    OFFLOADED = "offloaded"
-    BOOKIE_DELETED = "bookie-deleted"
 
 
 # which recorded state may follow which (a CAS that breaks this is a bug)
@@ -111,79 +105,6 @@ def parse_object_name(uri_or_key: str) -> tuple[int, str] | None:
     """(ledger id, uuid) from an object's URI or key; None if it is not one of ours."""
     m = _NAME_RE.match(uri_or_key.rsplit("/", 1)[-1])
     return (int(m.group(1)), m.group(2)) if m else None
-
-
-@dataclass(frozen=True)
-class ObjectStats:
-    """What the written object holds (from the writer), recorded with ``offloaded``."""
-
-    rows: int
-    size_bytes: int
-    checksum: str                      # CRC32C of the whole object, 8 hex digits
-    min_publish_time_ms: int | None
-    max_publish_time_ms: int | None
-
-    def __post_init__(self) -> None:
-        check(self.rows >= 0 and self.size_bytes > 0, f"bad object stats {self}")
-
-
-@dataclass(frozen=True)
-class OffloadRecord:
-    """The recorded offload metadata of one ledger (docs/protocol.md#offload-record)."""
-
-    state: OffloadState = OffloadState.NONE
-    uri: str | None = None
-    attempt_uuid: str | None = None
-    stats: ObjectStats | None = None
-    offloaded_ms: int | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)   # unknown keys, kept verbatim
-
-    def __post_init__(self) -> None:
-        if self.state is OffloadState.NONE:
-            check(self.uri is None and self.stats is None, f"state none with an object: {self}")
-        else:
-            check(self.uri is not None and self.attempt_uuid is not None,
-                  f"state {self.state.value} without uri/uuid")
-        if self.state in (OffloadState.OFFLOADED, OffloadState.BOOKIE_DELETED):
-            check(self.stats is not None and self.offloaded_ms is not None,
-                  f"state {self.state.value} without object stats")
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(self.extra)
-        out["state"] = self.state.value
-        out["uri"] = self.uri
-        if self.attempt_uuid is not None:
-            out["uuid"] = self.attempt_uuid
-        if self.stats is not None:
-            out.update(rows=self.stats.rows, size_bytes=self.stats.size_bytes,
-                       checksum=self.stats.checksum,
-                       min_publish_time_ms=self.stats.min_publish_time_ms,
-                       max_publish_time_ms=self.stats.max_publish_time_ms)
-        if self.offloaded_ms is not None:
-            out["offloaded_ms"] = self.offloaded_ms
-        return out
-
-    @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "OffloadRecord":
-        """ValueError if malformed."""
-        known = {"state", "uri", "uuid", "rows", "size_bytes", "checksum",
-                 "min_publish_time_ms", "max_publish_time_ms", "offloaded_ms"}
-        try:
-            state = OffloadState(raw.get("state", "none"))
-            stats = None
-            if "size_bytes" in raw and raw.get("checksum") is not None:
-                stats = ObjectStats(int(raw["rows"]), int(raw["size_bytes"]), str(raw["checksum"]),
-                                    _opt_int(raw.get("min_publish_time_ms")),
-                                    _opt_int(raw.get("max_publish_time_ms")))
-            return cls(state=state, uri=raw.get("uri"), attempt_uuid=raw.get("uuid"),
-                       stats=stats, offloaded_ms=_opt_int(raw.get("offloaded_ms")),
-                       extra={k: v for k, v in raw.items() if k not in known})
-        except (InvariantViolation, TypeError, KeyError) as exc:
-            raise ValueError(f"malformed offload record {dict(raw)!r}: {exc}") from None
-
-
-def _opt_int(v: Any) -> int | None:
-    return None if v is None else int(v)
 
 
 # -- events ---------------------------------------------------------------------------------------

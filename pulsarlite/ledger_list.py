@@ -12,7 +12,8 @@ The znode holds::
                   "offload": {"state": "none", "uri": null}}, ...],
      "properties": {}}
 
-Ledger ids grow along the list; only ledgers at its end may be OPEN. Unknown keys of ``offload``
+Ledger ids grow along the list; only ledgers at its end may be OPEN. ``offload`` is the ledger's
+:class:`OffloadRecord` (its codec is ``to_json`` / ``from_json``); its unknown keys
 are kept verbatim (the offloader owns them); ``properties`` maps strings to strings (the
 compaction view is one, ``pulsarlite.compaction``: :class:`CompactionRecord`, its codec below). Encoding is deterministic (sorted keys), so
 equal lists are equal bytes. :func:`decode` refuses a malformed document with a ValueError
@@ -27,7 +28,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from pulsarlite.errors import check
+from pulsarlite.errors import InvariantViolation, check
 
 FORMAT_VERSION = 1
 
@@ -39,6 +40,8 @@ class LedgerInfoState(enum.Enum):
 
 
 class OffloadState(enum.Enum):
+    """The offload state of a ledger (offload/core.py: the machine and its transition table)."""
+
     NONE = "none"
     OFFLOADING = "offloading"
     OFFLOADED = "offloaded"
@@ -46,12 +49,75 @@ class OffloadState(enum.Enum):
 
 
 @dataclass(frozen=True)
-class OffloadInfo:
-    """Filled by the offloader later; kept verbatim here (unknown keys in ``attributes``)."""
+class ObjectStats:
+    """What the written object holds (from the writer), recorded with ``offloaded``."""
+
+    rows: int
+    size_bytes: int
+    checksum: str                      # CRC32C of the whole object, 8 hex digits
+    min_publish_time_ms: int | None
+    max_publish_time_ms: int | None
+
+    def __post_init__(self) -> None:
+        check(self.rows >= 0 and self.size_bytes > 0, f"bad object stats {self}")
+
+
+@dataclass(frozen=True)
+class OffloadRecord:
+    """The recorded offload metadata of one ledger (docs/protocol.md#offload-record): the
+    ``offload`` dict of its entry in the list, written only by the offloader (offload/core.py
+    drives it); ``to_json`` / ``from_json`` are its one codec. Unknown keys are kept verbatim
+    in ``extra``."""
 
     state: OffloadState = OffloadState.NONE
     uri: str | None = None
-    attributes: Mapping[str, Any] = field(default_factory=dict)
+    attempt_uuid: str | None = None
+    stats: ObjectStats | None = None
+    offloaded_ms: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)   # unknown keys, kept verbatim
+
+    def __post_init__(self) -> None:
+        if self.state is OffloadState.NONE:
+            check(self.uri is None and self.stats is None, f"state none with an object: {self}")
+        else:
+            check(self.uri is not None and self.attempt_uuid is not None,
+                  f"state {self.state.value} without uri/uuid")
+        if self.state in (OffloadState.OFFLOADED, OffloadState.BOOKIE_DELETED):
+            check(self.stats is not None and self.offloaded_ms is not None,
+                  f"state {self.state.value} without object stats")
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.extra)
+        out["state"] = self.state.value
+        out["uri"] = self.uri
+        if self.attempt_uuid is not None:
+            out["uuid"] = self.attempt_uuid
+        if self.stats is not None:
+            out.update(rows=self.stats.rows, size_bytes=self.stats.size_bytes,
+                       checksum=self.stats.checksum,
+                       min_publish_time_ms=self.stats.min_publish_time_ms,
+                       max_publish_time_ms=self.stats.max_publish_time_ms)
+        if self.offloaded_ms is not None:
+            out["offloaded_ms"] = self.offloaded_ms
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "OffloadRecord":
+        """ValueError if malformed."""
+        known = {"state", "uri", "uuid", "rows", "size_bytes", "checksum",
+                 "min_publish_time_ms", "max_publish_time_ms", "offloaded_ms"}
+        try:
+            state = OffloadState(raw.get("state", "none"))
+            stats = None
+            if "size_bytes" in raw and raw.get("checksum") is not None:
+                stats = ObjectStats(int(raw["rows"]), int(raw["size_bytes"]), str(raw["checksum"]),
+                                    _opt_int(raw.get("min_publish_time_ms")),
+                                    _opt_int(raw.get("max_publish_time_ms")))
+            return cls(state=state, uri=raw.get("uri"), attempt_uuid=raw.get("uuid"),
+                       stats=stats, offloaded_ms=_opt_int(raw.get("offloaded_ms")),
+                       extra={k: v for k, v in raw.items() if k not in known})
+        except (InvariantViolation, TypeError, KeyError) as exc:
+            raise ValueError(f"malformed offload record {dict(raw)!r}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -65,7 +131,7 @@ class LedgerInfo:
     min_publish_time_ms: int | None = None
     max_publish_time_ms: int | None = None
     created_ms: int = 0
-    offload: OffloadInfo = field(default_factory=OffloadInfo)
+    offload: OffloadRecord = field(default_factory=OffloadRecord)
 
     def __post_init__(self) -> None:
         check(self.ledger_id >= 0, f"ledger id {self.ledger_id} < 0")
@@ -120,20 +186,6 @@ class ManagedLedgerMetadata:
 
 
 # -- codec -------------------------------------------------------------------------------------
-def _offload_to_json(o: OffloadInfo) -> dict[str, Any]:
-    out = dict(o.attributes)
-    out["state"] = o.state.value
-    out["uri"] = o.uri
-    return out
-
-
-def _offload_from_json(raw: dict[str, Any]) -> OffloadInfo:
-    attributes = {k: v for k, v in raw.items() if k not in ("state", "uri")}
-    uri = raw.get("uri")
-    return OffloadInfo(state=OffloadState(raw.get("state", "none")), uri=None if uri is None else str(uri),
-                       attributes=attributes)
-
-
 def _opt_int(v: Any) -> int | None:
     return None if v is None else int(v)
 
@@ -150,7 +202,7 @@ def encode(md: ManagedLedgerMetadata) -> bytes:
             "min_publish_time_ms": i.min_publish_time_ms,
             "max_publish_time_ms": i.max_publish_time_ms,
             "created_ms": i.created_ms,
-            "offload": _offload_to_json(i.offload),
+            "offload": i.offload.to_json(),
         } for i in md.ledgers],
         "properties": dict(md.properties),
     }, sort_keys=True).encode()
@@ -176,7 +228,7 @@ def decode(data: bytes) -> ManagedLedgerMetadata:
             min_publish_time_ms=_opt_int(r.get("min_publish_time_ms")),
             max_publish_time_ms=_opt_int(r.get("max_publish_time_ms")),
             created_ms=int(r.get("created_ms", 0)),
-            offload=_offload_from_json(r.get("offload") or {}),
+            offload=OffloadRecord.from_json(r.get("offload") or {}),
         ) for r in raw["ledgers"])
         properties = {str(k): str(v) for k, v in (raw.get("properties") or {}).items()}
         return ManagedLedgerMetadata(ledgers=ledgers, properties=properties)
@@ -250,5 +302,5 @@ def decode_compaction(properties: Mapping[str, str]) -> CompactionRecord | None:
 
 
 __all__ = ["COMPACTION_PROPERTY", "COMPACTION_PROPERTY_CHARS_MAX", "CompactionRecord", "FORMAT_VERSION", "LedgerInfo",
-           "LedgerInfoState", "ManagedLedgerMetadata", "OffloadInfo", "OffloadState", "decode", "decode_compaction",
+           "LedgerInfoState", "ManagedLedgerMetadata", "ObjectStats", "OffloadRecord", "OffloadState", "decode", "decode_compaction",
            "encode", "encode_compaction"]

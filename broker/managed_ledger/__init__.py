@@ -10,7 +10,7 @@
 from broker.managed_ledger.config import ManagedLedgerConfig
 from broker.managed_ledger.core import (LedgerInfo, LedgerInfoState, ManagedLedgerClosedError, ManagedLedgerError,
                                         ManagedLedgerFencedError, ManagedLedgerMetadata, ManagedLedgerState,
-                                        OffloadInfo, OffloadState, Position, RolloverPolicy, iter_positions,
+                                        OffloadRecord, OffloadState, Position, RolloverPolicy, iter_positions,
                                         next_position)
 from broker.managed_ledger.shell import ManagedLedger
 from broker.managed_ledger.store import ManagedLedgerStore
@@ -18,6 +18,6 @@ from broker.managed_ledger.store import ManagedLedgerStore
 __all__ = [
     "LedgerInfo", "LedgerInfoState", "ManagedLedger", "ManagedLedgerClosedError", "ManagedLedgerConfig",
     "ManagedLedgerError", "ManagedLedgerFencedError", "ManagedLedgerMetadata", "ManagedLedgerState",
-    "ManagedLedgerStore", "OffloadInfo", "OffloadState", "Position", "RolloverPolicy", "iter_positions",
+    "ManagedLedgerStore", "OffloadRecord", "OffloadState", "Position", "RolloverPolicy", "iter_positions",
     "next_position",
 ]

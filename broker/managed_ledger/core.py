@@ -33,7 +33,7 @@ from typing import Iterator, Mapping, NamedTuple, Sequence, Union
 
 from broker.errors import BrokerError
 from pulsarlite.errors import InvariantViolation, LedgerFencedError, PulsarliteError, check
-from pulsarlite.ledger_list import LedgerInfo, LedgerInfoState, ManagedLedgerMetadata, OffloadInfo, OffloadState
+from pulsarlite.ledger_list import LedgerInfo, LedgerInfoState, ManagedLedgerMetadata, OffloadRecord, OffloadState
 from pulsarlite.wire import pb
 
 
@@ -109,7 +109,7 @@ def without_ledgers(md: ManagedLedgerMetadata, ledger_ids: Sequence[int]) -> Man
     return replace(md, ledgers=tuple(i for i in md.ledgers if i.ledger_id not in drop))
 
 
-def with_offload(md: ManagedLedgerMetadata, ledger_id: int, offload: OffloadInfo) -> ManagedLedgerMetadata:
+def with_offload(md: ManagedLedgerMetadata, ledger_id: int, offload: OffloadRecord) -> ManagedLedgerMetadata:
     """The list with ``ledger_id``'s offload info replaced (the offloader's CAS transform). Only
     a CLOSED ledger is offloaded."""
     out = []
@@ -736,7 +736,7 @@ class ManagedLedgerCore:
         self._to(ManagedLedgerState.DELETED)
 
     # -- offload -----------------------------------------------------------------------------
-    def offload_metadata(self, ledger_id: int, offload: OffloadInfo) -> ManagedLedgerMetadata:
+    def offload_metadata(self, ledger_id: int, offload: OffloadRecord) -> ManagedLedgerMetadata:
         """Pure: the stored list with ``ledger_id``'s offload info replaced (the shell CASes it,
         then calls on_offload_written)."""
         check(self._state in (ManagedLedgerState.READY, ManagedLedgerState.ROLLING_OVER),
@@ -745,8 +745,8 @@ class ManagedLedgerCore:
 
     def on_offload_written(self, md: ManagedLedgerMetadata) -> None:
         """The list ``md`` (from offload_metadata) is stored: only offload infos may differ."""
-        check([replace(i, offload=OffloadInfo()) for i in md.ledgers]
-              == [replace(i, offload=OffloadInfo()) for i in self._md.ledgers],
+        check([replace(i, offload=OffloadRecord()) for i in md.ledgers]
+              == [replace(i, offload=OffloadRecord()) for i in self._md.ledgers],
               f"{self.name}: an offload update changed more than offload infos")
         self._md = md
 
@@ -795,7 +795,7 @@ class ManagedLedgerCore:
 __all__ = [
     "Action", "CompleteAdds", "FailAdd", "LedgerInfo", "LedgerInfoState", "ManagedLedgerClosedError",
     "ManagedLedgerCore", "ManagedLedgerError", "ManagedLedgerFencedError", "ManagedLedgerMetadata",
-    "ManagedLedgerState", "OffloadInfo", "OffloadState", "Position", "RolloverPolicy", "RolloverReason",
+    "ManagedLedgerState", "OffloadRecord", "OffloadState", "Position", "RolloverPolicy", "RolloverReason",
     "STATE_TRANSITIONS", "StartRollover", "WriteEntries", "iter_positions", "ledger_ranges",
     "next_position",
     "with_ledger_appended", "with_ledger_closed", "with_offload", "without_ledgers",

@@ -42,7 +42,7 @@ from broker.managed_ledger.config import ManagedLedgerConfig
 from broker.managed_ledger.core import (CompleteAdds, FailAdd, LedgerInfo, LedgerInfoState,
                                         ManagedLedgerClosedError, ManagedLedgerCore, ManagedLedgerError,
                                         ManagedLedgerFencedError, ManagedLedgerMetadata, ManagedLedgerState,
-                                        OffloadInfo, OffloadState, Position, RolloverPolicy, StartRollover,
+                                        OffloadRecord, OffloadState, Position, RolloverPolicy, StartRollover,
                                         WriteEntries, ledger_ranges)
 from broker.managed_ledger.store import ManagedLedgerStore
 from pulsarlite.errors import (InvariantViolation, LedgerFencedError, MetadataError, MetadataNotFoundError,
@@ -454,7 +454,7 @@ class ManagedLedger:
 
     # -- offload ---------------------------------------------------------------------------------
     async def update_offload(self, ledger_id: int,
-                             transform: Callable[[OffloadInfo], OffloadInfo]) -> OffloadInfo:
+                             transform: Callable[[OffloadRecord], OffloadRecord]) -> OffloadRecord:
         """CAS the list with ``transform(current offload info)`` for CLOSED ledger ``ledger_id``
         (the offloader's state machine steps; only the owner writes). Serialised with rollovers.
         Raises ManagedLedgerClosedError if not READY/ROLLING_OVER, ManagedLedgerFencedError if

@@ -15,14 +15,23 @@ from broker.admin.console import (STATIC_FILES, TOPICS_LISTED_PER_BUNDLE_MAX, UN
                                   parse_disk_gauges, segment_location, segments_view, static_file,
                                   topics_by_bundle)
 from pulsarlite.config import BookieConfig
-from broker.managed_ledger.core import LedgerInfo, LedgerInfoState, OffloadInfo, OffloadState
+from broker.managed_ledger.core import LedgerInfo, LedgerInfoState, OffloadRecord, OffloadState
+from pulsarlite.ledger_list import ObjectStats
 
 
 def ledger(ledger_id: int, *, state=LedgerInfoState.CLOSED, offload=OffloadState.NONE, uri=None, entries=10):
     return LedgerInfo(ledger_id, state=state, entries=entries, size_bytes=100 * entries,
                       min_publish_time_ms=1_000 * ledger_id if entries else None,
                       max_publish_time_ms=1_000 * ledger_id + 999 if entries else None, created_ms=5,
-                      offload=OffloadInfo(offload, uri))
+                      offload=offload_record(offload, uri))
+
+
+def offload_record(state, uri):
+    if state is OffloadState.NONE:
+        return OffloadRecord()
+    stats = (ObjectStats(1, 10, "0badf00d", None, None)
+             if state in (OffloadState.OFFLOADED, OffloadState.BOOKIE_DELETED) else None)
+    return OffloadRecord(state, uri, "abcdef12", stats, 1 if stats else None)
 
 
 @pytest.mark.parametrize("current, offload, expected", [

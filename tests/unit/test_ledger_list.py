@@ -9,20 +9,25 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pulsarlite.ledger_list import (COMPACTION_PROPERTY, COMPACTION_PROPERTY_CHARS_MAX, CompactionRecord, LedgerInfo,
-                                    LedgerInfoState, ManagedLedgerMetadata, OffloadInfo, OffloadState, decode,
+                                    LedgerInfoState, ManagedLedgerMetadata, ObjectStats, OffloadRecord, OffloadState,
+                                    decode,
                                     decode_compaction, encode, encode_compaction)
 from spark_source.metadata import parse_ledger_list
 
 DOC = ManagedLedgerMetadata(
     (LedgerInfo(3, LedgerInfoState.CLOSED, 2, 10, 1700000000000, 1700000000500, 1699999999000,
-                OffloadInfo(OffloadState.OFFLOADED, "s3://b/k", {"size": 9, "extra": [1]})),
+                OffloadRecord(OffloadState.OFFLOADED, "s3://b/k", "abcdef12",
+                              ObjectStats(2, 9, "0badf00d", 1700000000000, 1700000000500),
+                              offloaded_ms=1700000000600, extra={"extra": [1]})),
      LedgerInfo(7, created_ms=1700000001000)),
     {"pulsarlite.compaction": '{"ledger": 9}'})
 
 DOC_BYTES = (
     b'{"ledgers": [{"created_ms": 1699999999000, "entries": 2, "ledger_id": 3, "max_publish_time_ms": 1700000000500,'
-    b' "min_publish_time_ms": 1700000000000, "offload": {"extra": [1], "size": 9, "state": "offloaded",'
-    b' "uri": "s3://b/k"}, "size_bytes": 10, "state": "CLOSED"}, {"created_ms": 1700000001000, "entries": 0,'
+    b' "min_publish_time_ms": 1700000000000, "offload": {"checksum": "0badf00d", "extra": [1],'
+    b' "max_publish_time_ms": 1700000000500, "min_publish_time_ms": 1700000000000, "offloaded_ms": 1700000000600,'
+    b' "rows": 2, "size_bytes": 9, "state": "offloaded", "uri": "s3://b/k", "uuid": "abcdef12"},'
+    b' "size_bytes": 10, "state": "CLOSED"}, {"created_ms": 1700000001000, "entries": 0,'
     b' "ledger_id": 7, "max_publish_time_ms": null, "min_publish_time_ms": null, "offload": {"state": "none",'
     b' "uri": null}, "size_bytes": 0, "state": "OPEN"}], "properties": {"pulsarlite.compaction":'
     b' "{\\"ledger\\": 9}"}, "version": 1}')
@@ -44,11 +49,21 @@ def test_round_trip(gaps, last_open, offload_state, uri, properties):
         ledgers.append(LedgerInfo(
             ledger_id, LedgerInfoState.OPEN if is_open else LedgerInfoState.CLOSED, entries,
             size if entries else 0, 5 if entries else None, 9 if entries else None, created_ms=ledger_id,
-            offload=OffloadInfo(offload_state, uri, {"k": [ledger_id]})))
+            offload=_record(offload_state, uri, {"k": [ledger_id]})))
     md = ManagedLedgerMetadata(tuple(ledgers), properties)
     data = encode(md)
     assert decode(data) == md
     assert encode(decode(data)) == data          # equal lists, equal bytes
+
+
+def _record(state, uri, extra):
+    """A valid offload record in ``state`` (a uri, uuid and stats where the state needs them)."""
+    if state is OffloadState.NONE:
+        return OffloadRecord(extra=extra)
+    stats = None
+    if state in (OffloadState.OFFLOADED, OffloadState.BOOKIE_DELETED):
+        stats = ObjectStats(3, 40, "0badf00d", None, None)
+    return OffloadRecord(state, uri or "s3://b/k", "abcdef12", stats, 7 if stats else None, extra=extra)
 
 
 def _doc(*ledgers, version=1):

@@ -13,12 +13,12 @@ from broker.managed_ledger.config import ManagedLedgerConfig
 from broker.managed_ledger.core import (STATE_TRANSITIONS, CompleteAdds, FailAdd, LedgerInfo, LedgerInfoState,
                                         ManagedLedgerClosedError, ManagedLedgerCore, ManagedLedgerError,
                                         ManagedLedgerFencedError, ManagedLedgerMetadata, ManagedLedgerState,
-                                        OffloadInfo, OffloadState, Position, RolloverPolicy, RolloverReason,
+                                        OffloadRecord, OffloadState, Position, RolloverPolicy, RolloverReason,
                                         StartRollover, WriteEntries, iter_positions, ledger_ranges, next_position,
                                         with_ledger_appended, with_ledger_closed)
 from pulsarlite.errors import (ConfigError, InvariantViolation, LedgerFencedError, NotEnoughBookiesError,
                                TimeoutError_)
-from pulsarlite.ledger_list import decode, encode
+from pulsarlite.ledger_list import ObjectStats, decode, encode
 from pulsarlite.metadata_layout import check_name, managed_ledger_name, managed_ledger_path
 
 NAME = "t/ns/persistent/topic"
@@ -135,13 +135,23 @@ def test_metadata_invariants():
         with_ledger_closed(closed, 4, entries=4, size_bytes=9, min_publish_time_ms=1, max_publish_time_ms=2)
 
 
+def _record(state, uri, extra):
+    """A valid offload record in ``state`` (a uri, uuid and stats where the state needs them)."""
+    if state is OffloadState.NONE:
+        return OffloadRecord(extra=extra)
+    stats = None
+    if state in (OffloadState.OFFLOADED, OffloadState.BOOKIE_DELETED):
+        stats = ObjectStats(3, 40, "0badf00d", None, None)
+    return OffloadRecord(state, uri or "s3://b/k", "abcdef12", stats, 7 if stats else None, extra=extra)
+
+
 @given(ledger_lists(),
        st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3),
        st.sampled_from(list(OffloadState)), st.none() | st.text(max_size=10))
 def test_codec_round_trip(ledgers, properties, offload_state, uri):
     ledgers = tuple(LedgerInfo(i.ledger_id, i.state, i.entries, i.size_bytes,
                                1_000 if i.entries else None, 2_000 if i.entries else None, created_ms=7,
-                               offload=OffloadInfo(offload_state, uri, {"extra": [1, 2]}))
+                               offload=_record(offload_state, uri, {"extra": [1, 2]}))
                     for i in ledgers)
     md = ManagedLedgerMetadata(ledgers, properties)
     assert decode(encode(md)) == md

@@ -1,15 +1,15 @@
 """The broker offloader's pure glue: positions to ledgers, the managed-ledger list as offload.core's
-views and records (both ways), and the managed-ledger transform of an offload step."""
+views, the one offload record through the list's codec, and the managed-ledger transform of an
+offload step."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.managed_ledger.core import (LedgerInfo, LedgerInfoState, ManagedLedgerMetadata, OffloadInfo,
+from broker.managed_ledger.core import (LedgerInfo, LedgerInfoState, ManagedLedgerMetadata, OffloadRecord,
                                         OffloadState, Position, with_offload)
-from broker.offloader import ledger_views, ledgers_before, offload_info_of, record_of
-from offload.core import ObjectStats, OffloadPolicy, OffloadRecord, plan_offload
-from offload.core import OffloadState as CoreState
+from broker.offloader import ledger_views, ledgers_before
+from offload.core import ObjectStats, OffloadPolicy, plan_offload
 from pulsarlite.errors import InvariantViolation
 from pulsarlite.ledger_list import decode, encode
 
@@ -18,11 +18,11 @@ HOUR_MS = 3600 * 1000
 
 def closed(ledger_id: int, size: int = 100, *, t: int = 0, state: OffloadState = OffloadState.NONE,
            offloaded_ms: int | None = None) -> LedgerInfo:
-    attributes = {} if offloaded_ms is None else {"offloaded_ms": offloaded_ms}
+    stats = ObjectStats(10, 40, "0badf00d", t, t) if offloaded_ms is not None else None
+    offload = OffloadRecord() if state is OffloadState.NONE else OffloadRecord(
+        state, f"s3://b/{ledger_id}", "abcdef12", stats, offloaded_ms)
     return LedgerInfo(ledger_id, LedgerInfoState.CLOSED, entries=10, size_bytes=size, min_publish_time_ms=t,
-                      max_publish_time_ms=t, created_ms=t,
-                      offload=OffloadInfo(state, None if state is OffloadState.NONE else f"s3://b/{ledger_id}",
-                                          attributes))
+                      max_publish_time_ms=t, created_ms=t, offload=offload)
 
 
 def current(ledger_id: int, size: int = 0) -> LedgerInfo:
@@ -43,37 +43,36 @@ def test_views_feed_the_core_policy():
                closed(3, 100, t=2 * HOUR_MS), current(4, 50)]
     views = ledger_views(ledgers)
     assert [v.closed for v in views] == [True, True, True, False]
-    assert views[1].state is CoreState.OFFLOADED and views[1].offloaded_ms == 5
+    assert views[1].state is OffloadState.OFFLOADED and views[1].offloaded_ms == 5
     assert views[2].closed_ms == 2 * HOUR_MS
     plan = plan_offload(views, OffloadPolicy(threshold_bytes=200, deletion_lag_ms=0), now_ms=10)
     assert plan.offload == (1,) and plan.delete_from_bookies == (2,)
 
 
-def test_offload_info_round_trips_through_the_core_record():
+def test_offload_record_round_trips_through_the_list_codec():
     stats = ObjectStats(rows=12, size_bytes=3456, checksum="0badf00d", min_publish_time_ms=1,
                         max_publish_time_ms=2)
     for record in (OffloadRecord(),
-                   OffloadRecord(CoreState.OFFLOADING, "s3://b/p/t/ledger-1-abcdef12.parquet", "abcdef12"),
-                   OffloadRecord(CoreState.OFFLOADED, "s3://b/p/t/ledger-1-abcdef12.parquet", "abcdef12",
+                   OffloadRecord(OffloadState.OFFLOADING, "s3://b/p/t/ledger-1-abcdef12.parquet", "abcdef12"),
+                   OffloadRecord(OffloadState.OFFLOADED, "s3://b/p/t/ledger-1-abcdef12.parquet", "abcdef12",
                                  stats, offloaded_ms=99, extra={"future_key": [1, 2]})):
-        info = offload_info_of(record)
-        assert info.state.value == record.state.value and info.uri == record.uri
-        assert record_of(info) == record
+        assert OffloadRecord.from_json(record.to_json()) == record
     # what the managed-ledger codec stores and reads back is the same record
     md = ManagedLedgerMetadata((closed(1), current(2)))
-    md = with_offload(md, 1, offload_info_of(OffloadRecord(CoreState.BOOKIE_DELETED, "file:///x/ledger-1-abcdef12.parquet",
-                                                           "abcdef12", stats, offloaded_ms=7)))
-    again = decode(encode(md)).info(1).offload
-    assert record_of(again).stats == stats and record_of(again).state is CoreState.BOOKIE_DELETED
+    record = OffloadRecord(OffloadState.BOOKIE_DELETED, "file:///x/ledger-1-abcdef12.parquet", "abcdef12", stats,
+                           offloaded_ms=7)
+    md = with_offload(md, 1, record)
+    assert decode(encode(md)).info(1).offload == record
 
 
 def test_with_offload_only_on_closed_ledgers():
     md = ManagedLedgerMetadata((closed(1), current(2)))
-    out = with_offload(md, 1, OffloadInfo(OffloadState.OFFLOADING, "s3://b/1.parquet", {"started_ms": 5}))
+    out = with_offload(md, 1, OffloadRecord(OffloadState.OFFLOADING, "s3://b/1.parquet", "abcdef12",
+                                            extra={"started_ms": 5}))
     assert out.info(1).offload.state is OffloadState.OFFLOADING
-    assert out.info(1).offload.attributes == {"started_ms": 5}
+    assert out.info(1).offload.extra == {"started_ms": 5}
     assert out.info(2) == md.info(2)
     with pytest.raises(InvariantViolation):
-        with_offload(md, 2, OffloadInfo(OffloadState.OFFLOADING, "x"))
+        with_offload(md, 2, OffloadRecord(OffloadState.OFFLOADING, "x", "abcdef12"))
     with pytest.raises(InvariantViolation):
-        with_offload(md, 7, OffloadInfo(OffloadState.OFFLOADING, "x"))
+        with_offload(md, 7, OffloadRecord(OffloadState.OFFLOADING, "x", "abcdef12"))

@@ -21,8 +21,8 @@ FAILING = 1
 def ledger(ledger_id: int, state: OffloadState = OffloadState.NONE) -> SimpleNamespace:
     return SimpleNamespace(ledger_id=ledger_id, state=LedgerInfoState.CLOSED, entries=10, size_bytes=100,
                            created_ms=0, max_publish_time_ms=0,
-                           offload=SimpleNamespace(state=state, attributes={"offloaded_ms": 0}
-                                                   if state is OffloadState.OFFLOADED else {}))
+                           offload=SimpleNamespace(state=state, offloaded_ms=0
+                                                   if state is OffloadState.OFFLOADED else None))
 
 
 def worker(now: list[int]) -> tuple[TopicOffloader, list[list[int]]]:

@@ -12,10 +12,8 @@ import pytest
 
 import broker.offloader as offloader
 from broker.managed_ledger.core import LedgerInfo, LedgerInfoState
-from broker.offloader import (CorruptObjectError, Tier, TierReadCache, encode_and_upload, offload_info_of,
-                              verify_object)
-from offload.core import OffloadRecord
-from offload.core import OffloadState as CoreState
+from broker.offloader import CorruptObjectError, Tier, TierReadCache, encode_and_upload, verify_object
+from offload.core import OffloadRecord, OffloadState
 from pulsarlite.wire.entry import Message, build_batch_entry, build_entry
 
 KEY = "public/default/t/ledger-7-0123456789abcdef.parquet"
@@ -44,9 +42,9 @@ def tier(tmp_path):
 
 
 def offloaded_info(tier: Tier, stats, n: int) -> LedgerInfo:
-    record = OffloadRecord(CoreState.OFFLOADED, tier.uri_of(KEY), "0123456789abcdef", stats, offloaded_ms=1)
+    record = OffloadRecord(OffloadState.OFFLOADED, tier.uri_of(KEY), "0123456789abcdef", stats, offloaded_ms=1)
     return LedgerInfo(7, LedgerInfoState.CLOSED, entries=n, size_bytes=1, min_publish_time_ms=0,
-                      max_publish_time_ms=0, offload=offload_info_of(record))
+                      max_publish_time_ms=0, offload=record)
 
 
 def test_encode_upload_verify_and_detect_corruption(tier, tmp_path):
