@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pyarrow.parquet as pq  # noqa: E402
 
 from offload.format import entries_to_table, write_parquet  # noqa: E402
-from offload.local_s3 import LocalS3Server  # noqa: E402
+from tests.local_s3 import LocalS3Server  # noqa: E402
 from offload.reader import TierReader, write_ledger_object  # noqa: E402
 from offload.store import open_object_store  # noqa: E402
 from pulsarlite.wire.entry import Compression, Message, build_batch_entry, build_entry  # noqa: E402

@@ -127,7 +127,7 @@ def main() -> int:
     s3 = None
     endpoint = None
     if args.tier == "s3":
-        from offload.local_s3 import LocalS3Server
+        from tests.local_s3 import LocalS3Server
         s3 = LocalS3Server(work / "moto")
         s3.start()
         s3.create_bucket("bench")

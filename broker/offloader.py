@@ -59,7 +59,7 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol, Sequence
@@ -67,22 +67,15 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence
 from broker.managed_ledger import (LedgerInfo, LedgerInfoState, ManagedLedger, ManagedLedgerClosedError,
                                    ManagedLedgerFencedError, OffloadState, Position)
 from broker.schemas import SchemaRegistry
-from offload.core import (BookiesDeleted, CasConflict, CommitToTable, DeleteFromBookies, DeleteObject, Done, LedgerOffload,
-                          LedgerView, ListedObject, ObjectDeleted, ObjectStats, ObjectVerified, ObjectWritten,
-                          Offload, OffloadPolicy, OffloadRecord, Recorded, RecordOffload, StepFailed,
-                          TableCommitted, Tick, VerifyObject, WriteObject, orphan_objects, plan_offload)
+from offload.core import (LedgerOffload, LedgerView, ListedObject, ObjectStats, Offload, OffloadPolicy, OffloadRecord,
+                          Tick, orphan_objects, plan_offload)
+from offload.shell import CorruptObjectError, LedgerOffloadShell, OffloadError
 from offload.lake import Lake, TableId
-from pulsarlite.errors import InvariantViolation, MetadataNotFoundError, PulsarliteError, check
+from pulsarlite.errors import MetadataNotFoundError, PulsarliteError, check
 from pulsarlite.metadata_layout import topic_policies_path
 from pulsarlite.topic_name import TopicName
 
 log = logging.getLogger("pulsarlite.broker.offload")
-
-class OffloadError(PulsarliteError):
-    """An offload step failed (object store, bookies, verification); retried on a later pass."""
-
-    retriable = True
-
 
 class OffloadStatus(enum.Enum):
     """Pulsar's LongRunningProcessStatus for ``GET .../offload``."""
@@ -174,10 +167,6 @@ def topic_prefix(topic_name) -> str:
 
 
 # -- object store work (runs in the thread pool) -------------------------------------------------
-class CorruptObjectError(OffloadError):
-    """The object does not match what was recorded (size, CRC32C, rows, entries)."""
-
-
 _COUNTERS_LOCK = threading.Lock()
 
 
@@ -530,6 +519,33 @@ class _Retry:
     not_before_ms: int
 
 
+class _TopicSteps:
+    """offload.shell's steps for one ledger of a topic (``info``: the list's entry when the run
+    began; a closed ledger's entries and size do not change)."""
+
+    def __init__(self, offloader: "TopicOffloader", info: LedgerInfo) -> None:
+        self.offloader, self.info = offloader, info
+
+    async def record(self, ledger_id: int, expected: OffloadRecord, new: OffloadRecord) -> OffloadRecord:
+        return await self.offloader.record_step(ledger_id, expected, new)
+
+    async def write_object(self, ledger_id: int, uri: str) -> ObjectStats:
+        return await self.offloader.write_step(self.info, uri)
+
+    async def verify_object(self, ledger_id: int, uri: str, stats: ObjectStats) -> None:
+        await self.offloader.verify_step(self.info, uri, stats)
+
+    async def delete_object(self, ledger_id: int, uri: str) -> None:
+        await self.offloader.delete_object_step(uri)
+
+    async def delete_from_bookies(self, ledger_id: int) -> None:
+        await self.offloader.delete_from_bookies_step(ledger_id)
+
+    async def commit_to_table(self, ledger_id: int, uri: str) -> None:
+        # the record says offloaded (CAS done): the table may now hold the object
+        await self.offloader.sync_table()
+
+
 class TopicOffloader:
     """The offload work of one topic loaded on this broker (its owner). One worker task runs
     offload.core's per-ledger machines one step at a time (so the list's CASes are ordered and
@@ -718,8 +734,8 @@ class TopicOffloader:
         return None
 
     async def _drive(self, ledger_id: int, event, policy: OffloadPolicy) -> str | None:
-        """Run one ledger's machine from ``event`` until it is Done; the machine's last error
-        (None if the steps succeeded)."""
+        """Run one ledger's machine from ``event`` until it is Done (offload.shell, with this
+        topic's steps); the machine's last error (None if the steps succeeded)."""
         info = self._info(ledger_id)
         if info is None:
             return None
@@ -728,27 +744,9 @@ class TopicOffloader:
                                 tenant=name.tenant, namespace=name.namespace_local_name,
                                 topic=name.encoded_local_name, deletion_lag_ms=policy.deletion_lag_ms,
                                 table=self.broker.lake is not None)
-        pending = deque(machine.handle(event))
-        steps = 0
-        while pending:
-            action = pending.popleft()
-            if isinstance(action, Done):
-                break
-            steps += 1
-            if steps > 64:
-                raise OffloadError(f"ledger {ledger_id}: offload machine did not settle ({machine.phase})")
-            try:
-                result = await self._execute(action, info)
-            except (asyncio.CancelledError, ManagedLedgerFencedError, ManagedLedgerClosedError, InvariantViolation):
-                raise
-            except CorruptObjectError as e:
-                log.warning("offload topic=%s ledger=%d: %s", self.ml_name, ledger_id, e)
-                result = StepFailed(str(e), corrupt=True)
-            except Exception as e:       # noqa: BLE001 - the machine decides what next
-                log.warning("offload topic=%s ledger=%d: %s failed: %s: %s", self.ml_name, ledger_id,
-                            type(action).__name__, type(e).__name__, e)
-                result = StepFailed(f"{type(action).__name__}: {type(e).__name__}: {e}")
-            pending.extend(machine.handle(result))
+        shell = LedgerOffloadShell(machine, _TopicSteps(self, info), topic=self.ml_name,
+                                   fatal=(ManagedLedgerFencedError, ManagedLedgerClosedError))
+        await shell.run(event)
         if machine.table_error is not None:
             self.table_error = machine.table_error
             log.warning("lake commit failed topic=%s ledger=%d table=%s (the ledger is offloaded; the table is "
@@ -756,76 +754,75 @@ class TopicOffloader:
                         machine.table_error)
         return machine.last_error
 
-    async def _execute(self, action, info: LedgerInfo):
-        broker = self.broker
-        ledger_id = action.ledger_id
-        if isinstance(action, RecordOffload):
-            def transform(current: OffloadRecord) -> OffloadRecord:
-                if current != action.expected:
-                    raise _Conflict(current)
-                return action.record
-            try:
-                # shielded: a worker cancelled by an unload must not cut a CAS in half (the
-                # managed ledger's close waits for it on the metadata lock)
-                await asyncio.shield(self.ml.update_offload(ledger_id, transform))
-            except _Conflict as c:
-                return CasConflict(c.record)
-            if action.record.state is OffloadState.BOOKIE_DELETED:
-                log.info("offload: ledger deleted from bookies topic=%s ledger=%d uri=%s", self.ml_name,
-                         ledger_id, action.record.uri)
-            return Recorded(action.record)
-        if isinstance(action, WriteObject):
-            key = broker.tier.key_of(action.uri)
-            async with broker.slots:
-                started = time.monotonic()
-                log.info("offload start topic=%s ledger=%d entries=%d bytes=%d uri=%s", self.ml_name,
-                         ledger_id, info.entries, info.size_bytes, action.uri)
-                if info.size_bytes > broker.config.offload.ledger_bytes_max:
-                    raise OffloadError(f"ledger {ledger_id} has {info.size_bytes} bytes, more than "
-                                       f"[offload] ledger_bytes_max {broker.config.offload.ledger_bytes_max}")
-                typed_versions = await self._typed_versions(ledger_id)
-                entries = await self._read_from_bookies(ledger_id, info.entries)
-                typed_counts: dict[str, int] = {}     # filled in the worker thread, merged here
-                stats = await broker.run(encode_and_upload, broker.tier, key, ledger_id, entries,
-                                         partition=self.partition,
-                                         row_group_bytes=broker.config.offload.row_group_bytes,
-                                         uncompressed_bytes_max=broker.config.message_bytes_max,
-                                         typed_versions=typed_versions, topic=self.ml_name,
-                                         counters=typed_counts)
-                for name, n in typed_counts.items():
-                    broker.typed_counters[name] = broker.typed_counters.get(name, 0) + n
-                del entries
-                elapsed = time.monotonic() - started
-            broker.offloaded_bytes += info.size_bytes
-            log.info("offload written topic=%s ledger=%d rows=%d object_bytes=%d seconds=%.3f MBps=%.1f",
-                     self.ml_name, ledger_id, stats.rows, stats.size_bytes, elapsed,
-                     info.size_bytes / 1e6 / max(elapsed, 1e-9))
-            return ObjectWritten(stats)
-        if isinstance(action, VerifyObject):
-            async with broker.slots:
-                await broker.run(verify_object, broker.tier, broker.tier.key_of(action.uri), action.stats,
-                                 info.entries)
-            return ObjectVerified()
-        if isinstance(action, DeleteObject):
-            await broker.run(broker.tier.delete, broker.tier.key_of(action.uri))
-            broker.cache.forget(broker.tier.key_of(action.uri))
-            log.info("offload: object deleted topic=%s ledger=%d uri=%s", self.ml_name, ledger_id, action.uri)
-            return ObjectDeleted()
-        if isinstance(action, CommitToTable):
-            # the record says offloaded (CAS done): the table may now hold the object
-            await self.sync_table()
-            return TableCommitted()
-        if isinstance(action, DeleteFromBookies):
-            # invariant 6: the machine asks only from ``offloaded``, after a fresh verification
-            current = self._info(ledger_id)
-            check(current is not None and current.offload.state is OffloadState.OFFLOADED,
-                  f"{self.ml_name}: bookie delete of ledger {ledger_id} that is not offloaded: {current}")
-            try:
-                await broker.ledger_client.delete_ledger(ledger_id)
-            except MetadataNotFoundError:
-                pass                  # deleted before a crash; the record had not followed
-            return BookiesDeleted()
-        raise OffloadError(f"unknown offload action {action!r}")
+    # -- the steps of offload.shell (through _TopicSteps) ---------------------------------------
+    async def record_step(self, ledger_id: int, expected: OffloadRecord, new: OffloadRecord) -> OffloadRecord:
+        """CAS the ledger's offload record in the list; what is stored after (``new`` or the
+        record found instead of ``expected``)."""
+        def transform(current: OffloadRecord) -> OffloadRecord:
+            if current != expected:
+                raise _Conflict(current)
+            return new
+        try:
+            # shielded: a worker cancelled by an unload must not cut a CAS in half (the
+            # managed ledger's close waits for it on the metadata lock)
+            await asyncio.shield(self.ml.update_offload(ledger_id, transform))
+        except _Conflict as c:
+            return c.record
+        if new.state is OffloadState.BOOKIE_DELETED:
+            log.info("offload: ledger deleted from bookies topic=%s ledger=%d uri=%s", self.ml_name,
+                     ledger_id, new.uri)
+        return new
+
+    async def write_step(self, info: LedgerInfo, uri: str) -> ObjectStats:
+        """Read the ledger from the bookies, encode (typed columns when the schema allows) and
+        upload it in the pool, under one of the broker's slots."""
+        broker, ledger_id = self.broker, info.ledger_id
+        key = broker.tier.key_of(uri)
+        async with broker.slots:
+            started = time.monotonic()
+            log.info("offload start topic=%s ledger=%d entries=%d bytes=%d uri=%s", self.ml_name,
+                     ledger_id, info.entries, info.size_bytes, uri)
+            if info.size_bytes > broker.config.offload.ledger_bytes_max:
+                raise OffloadError(f"ledger {ledger_id} has {info.size_bytes} bytes, more than "
+                                   f"[offload] ledger_bytes_max {broker.config.offload.ledger_bytes_max}")
+            typed_versions = await self._typed_versions(ledger_id)
+            entries = await self._read_from_bookies(ledger_id, info.entries)
+            typed_counts: dict[str, int] = {}     # filled in the worker thread, merged here
+            stats = await broker.run(encode_and_upload, broker.tier, key, ledger_id, entries,
+                                     partition=self.partition,
+                                     row_group_bytes=broker.config.offload.row_group_bytes,
+                                     uncompressed_bytes_max=broker.config.message_bytes_max,
+                                     typed_versions=typed_versions, topic=self.ml_name,
+                                     counters=typed_counts)
+            for name, n in typed_counts.items():
+                broker.typed_counters[name] = broker.typed_counters.get(name, 0) + n
+            del entries
+            elapsed = time.monotonic() - started
+        broker.offloaded_bytes += info.size_bytes
+        log.info("offload written topic=%s ledger=%d rows=%d object_bytes=%d seconds=%.3f MBps=%.1f",
+                 self.ml_name, ledger_id, stats.rows, stats.size_bytes, elapsed,
+                 info.size_bytes / 1e6 / max(elapsed, 1e-9))
+        return stats
+
+    async def verify_step(self, info: LedgerInfo, uri: str, stats: ObjectStats) -> None:
+        async with self.broker.slots:
+            await self.broker.run(verify_object, self.broker.tier, self.broker.tier.key_of(uri), stats,
+                                  info.entries)
+
+    async def delete_object_step(self, uri: str) -> None:
+        key = self.broker.tier.key_of(uri)
+        await self.broker.run(self.broker.tier.delete, key)
+        self.broker.cache.forget(key)
+
+    async def delete_from_bookies_step(self, ledger_id: int) -> None:
+        # invariant 6: the machine asks only from ``offloaded``, after a fresh verification
+        current = self._info(ledger_id)
+        check(current is not None and current.offload.state is OffloadState.OFFLOADED,
+              f"{self.ml_name}: bookie delete of ledger {ledger_id} that is not offloaded: {current}")
+        try:
+            await self.broker.ledger_client.delete_ledger(ledger_id)
+        except MetadataNotFoundError:
+            pass                  # deleted before a crash; the record had not followed
 
     async def _typed_versions(self, ledger_id: int) -> tuple[tuple[int, str, str], ...] | None:
         """The topic's live schema versions when every one is AVRO or JSON (typed columns), else

@@ -7,6 +7,7 @@ state machine and the tier reader (docs/architecture.md#floors, floor 3).
 - :mod:`offload.core`     the pure per-ledger offload state machine and the offload policy
 - :mod:`offload.reader`   ``write_ledger_object``, ``verify_object``, ``TierReader`` (parallel
                           ranged GETs, read-ahead)
-- :mod:`offload.executor` a blocking shell running the state machine's actions
-- :mod:`offload.local_s3` moto's S3 server as a child process (tests, benchmarks)
+- :mod:`offload.shell`    the one shell: runs the machine's actions through ``OffloadSteps``
+                          (the broker's offloader implements them; tests/offload_executor.py
+                          is a blocking facade for tests)
 """

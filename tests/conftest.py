@@ -142,7 +142,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
     ``s3_server.env``). Use ``s3_tier_uri`` for a fresh prefix per test."""
     import os
 
-    from offload.local_s3 import LocalS3Server
+    from tests.local_s3 import LocalS3Server
 
     server = LocalS3Server(tmp_path_factory.mktemp("moto"))
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",

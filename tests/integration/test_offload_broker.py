@@ -443,7 +443,7 @@ def test_objects_lost_in_s3_are_redone_before_any_bookie_copy_goes(cluster_facto
     endpoint dies and comes back empty. Once the lag allows deletion, the verification finds the
     objects gone: the ledgers go back to offloading, are offloaded again, and only then leave
     the bookies."""
-    from offload.local_s3 import LocalS3Server
+    from tests.local_s3 import LocalS3Server
     s3 = LocalS3Server(tmp_path / "moto")
     s3.start()
     try:

@@ -318,7 +318,7 @@ def test_offload_machine_with_crashes_against_s3(s3_server, seed):
     import random
 
     from offload.core import LedgerOffload, OffloadState
-    from offload.executor import LedgerOffloadExecutor
+    from tests.offload_executor import LedgerOffloadExecutor
     from offload.reader import TierReader
     from tests.unit.test_offload_format import assert_same_entries, make_entries
 
@@ -329,10 +329,10 @@ def test_offload_machine_with_crashes_against_s3(s3_server, seed):
     listing = open_object_store(tier, s3_endpoint_url=s3_server.endpoint_url)
 
     class CrashingExecutor(LedgerOffloadExecutor):
-        def _execute(self, action):
+        async def execute(self, action):
             if rng.random() < 0.25:
                 raise _Crash()
-            event = super()._execute(action)
+            event = await super().execute(action)
             if rng.random() < 0.25:
                 raise _Crash()
             return event
@@ -382,7 +382,7 @@ def test_offload_machine_with_crashes_against_s3(s3_server, seed):
 
 def test_sweep_orphans_on_s3(s3_server):
     from offload.core import OffloadRecord, OffloadState, object_key
-    from offload.executor import sweep_orphans
+    from offload.shell import sweep_orphans
     store = open_object_store(s3_server.tier_uri(), s3_endpoint_url=s3_server.endpoint_url)
     named = object_key("t", "ns", "topic", 1, "aa" * 8)
     orphan = object_key("t", "ns", "topic", 2, "bb" * 8)

@@ -1,4 +1,5 @@
-"""offload/executor.py on a file:// store: failures of a step leave the machine idle with the
+"""The one offload shell (offload/shell.py) through its blocking test facade
+(tests/offload_executor.py) on a file:// store: failures of a step leave the machine idle with the
 error, and the next call converges."""
 
 from __future__ import annotations
@@ -6,7 +7,7 @@ from __future__ import annotations
 import random
 
 from offload.core import LedgerOffload, OffloadRecord, OffloadState
-from offload.executor import LedgerOffloadExecutor
+from tests.offload_executor import LedgerOffloadExecutor
 from offload.reader import TierReader
 from offload.store import open_object_store
 from pulsarlite.errors import BookieUnavailableError

@@ -132,7 +132,7 @@ def test_encode_in_a_process_pool_then_put(store):
 
 def test_sweep_orphans(store):
     from offload.core import OffloadRecord, OffloadState, object_key
-    from offload.executor import sweep_orphans
+    from offload.shell import sweep_orphans
     named = object_key("t", "ns", "topic", 1, "aa" * 8)
     orphan = object_key("t", "ns", "topic", 2, "bb" * 8)
     young = object_key("t", "ns", "topic", 3, "cc" * 8)
