@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--payload-bytes", type=int, default=200)
     args = ap.parse_args()
 
-    from broker.offloader import TableTypedColumns
+    from offload.tier import TableTypedColumns
     from offload.lake import Lake, TableId
     from offload.reader import encode_ledger
     from pulsarlite.wire.entry import Message, build_entry

@@ -176,7 +176,7 @@ async def _typed_columns(store, parent: str):
     versions = live_struct_versions(decode_schema_history(got[0]))
     if not versions:
         return None
-    from broker.offloader import TableTypedColumns
+    from offload.tier import TableTypedColumns
     return TableTypedColumns.of(tuple(versions), topic=parent)
 
 

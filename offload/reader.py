@@ -200,23 +200,25 @@ def write_ledger_object(store: ObjectStore, key: str, ledger_id: int,
     return put_encoded(store, key, ledger_id, encoded)
 
 
-def verify_object(store: ObjectStore, key: str, stats: ObjectStats, *, full: bool = True) -> None:
-    """The object is complete and intact: size (HEAD), and with ``full`` the CRC32C of all of
-    it and the row count in its footer (page checksums verified while reading the footer's
-    row groups is left to readers). Raises TierChecksumError / TierFormatError /
+def verify_object(store: ObjectStore, key: str, stats: ObjectStats, *, full: bool = True,
+                  entries: int | None = None) -> None:
+    """The object is complete and intact. With ``full`` (one GET): its size and CRC32C, the row
+    count in its footer and, with ``entries``, row groups covering entry ids 0..entries-1 (page
+    checksums are left to readers); without (one HEAD): its size and the ``crc32c`` user
+    metadata, if the object has it. Raises TierChecksumError / TierFormatError /
     ObjectStoreError (ObjectNotFoundError when it is gone)."""
+    from offload.store import ObjectNotFoundError
     where = store.object_uri(key)
-    head = store.head(key)
-    if head is None:
-        from offload.store import ObjectNotFoundError
-        raise ObjectNotFoundError(f"no object {where}")
-    if head.size_bytes != stats.size_bytes:
-        raise TierChecksumError(f"{where}: {head.size_bytes} bytes, recorded {stats.size_bytes}")
-    recorded = head.metadata.get("crc32c")
-    if recorded is not None and recorded != stats.checksum:
-        raise TierChecksumError(f"{where}: object says crc32c {recorded}, recorded "
-                                f"{stats.checksum}")
     if not full:
+        head = store.head(key)
+        if head is None:
+            raise ObjectNotFoundError(f"no object {where}")
+        if head.size_bytes != stats.size_bytes:
+            raise TierChecksumError(f"{where}: {head.size_bytes} bytes, recorded {stats.size_bytes}")
+        recorded = head.metadata.get("crc32c")
+        if recorded is not None and recorded != stats.checksum:
+            raise TierChecksumError(f"{where}: object says crc32c {recorded}, recorded "
+                                    f"{stats.checksum}")
         return
     data = store.get(key)
     if len(data) != stats.size_bytes or crc32c_hex(data) != stats.checksum:
@@ -225,6 +227,11 @@ def verify_object(store: ObjectStore, key: str, stats: ObjectStats, *, full: boo
     pf = open_parquet(pa.BufferReader(data), what=where)
     if pf.metadata.num_rows != stats.rows:
         raise TierFormatError(f"{where}: {pf.metadata.num_rows} rows, recorded {stats.rows}")
+    if entries is not None:
+        ranges = row_group_entry_ranges(pf)
+        if not ranges or ranges[0][0] != 0 or ranges[-1][1] != entries - 1 or any(
+                b[0] != a[1] + 1 for a, b in zip(ranges, ranges[1:])):
+            raise TierFormatError(f"{where}: entry ranges {ranges[:3]}... do not cover 0..{entries - 1}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,16 +303,20 @@ def _row_group_span(md: pq.FileMetaData, index: int) -> tuple[int, int]:
 
 
 class TierReader:
-    """Reads one tier object (see the module docstring). Thread-safe for sequential use by
-    one caller; the I/O pool may be shared."""
+    """Reads one tier object (see the module docstring): the one tier reader of the broker
+    (offload/tier.py TierReadCache), tools and tests. Each row group is decoded through its own
+    file object, so threads may read different row groups at once; the I/O pool may be shared."""
 
     def __init__(self, uri: str, *, s3_endpoint_url: str | None = None,
                  size_bytes: int | None = None, checksum: str | None = None,
                  rows: int | None = None, io_pool: ThreadPoolExecutor | None = None,
                  read_ahead_row_groups: int = 2, part_bytes: int = PART_BYTES_DEFAULT,
-                 store: ObjectStore | None = None, key: str | None = None) -> None:
+                 store: ObjectStore | None = None, key: str | None = None,
+                 whole_object_bytes_max: int | None = None) -> None:
         if read_ahead_row_groups < 0 or part_bytes <= 0:
             raise ValueError("read_ahead_row_groups >= 0 and part_bytes > 0")
+        if whole_object_bytes_max is not None and whole_object_bytes_max < 0:
+            raise ValueError("whole_object_bytes_max >= 0")
         self.uri = uri
         if store is None:
             store, key = open_object_uri(uri, s3_endpoint_url=s3_endpoint_url)
@@ -314,6 +325,8 @@ class TierReader:
         self.pool = io_pool or default_io_pool()
         self.read_ahead_row_groups = read_ahead_row_groups
         self.part_bytes = part_bytes
+        # objects up to this size are fetched whole by the footer's GET (default: part_bytes)
+        self.whole_object_bytes_max = part_bytes if whole_object_bytes_max is None else whole_object_bytes_max
         self.bytes_fetched = 0
         if size_bytes is None:
             info = self.store.head(self.key)
@@ -332,6 +345,12 @@ class TierReader:
         self.entry_ranges = row_group_entry_ranges(pf)
         self.num_row_groups = self.metadata.num_row_groups
 
+    @property
+    def bytes_held(self) -> int:
+        """Bytes of the object this reader keeps (the footer's segment: a small object whole)."""
+        ((_, seg),) = self._footer_segment.items()
+        return len(seg)
+
     # -- fetching --
     def _get(self, start: int, length: int) -> bytes:
         data = self.store.get_range(self.key, start, length)
@@ -343,8 +362,11 @@ class TierReader:
         if size < 12:
             raise TierFormatError(f"{self.uri}: {size} bytes is not a Parquet file")
         # a small object is fetched whole by this one GET (no row-group GETs later)
-        tail_len = size if size <= self.part_bytes else min(size, FOOTER_TAIL_BYTES)
+        tail_len = size if size <= self.whole_object_bytes_max else min(size, FOOTER_TAIL_BYTES)
         tail = self._get(size - tail_len, tail_len)
+        if len(tail) != tail_len:
+            raise TierFormatError(f"{self.uri}: read {len(tail)} bytes at {size - tail_len}, expected "
+                                  f"{tail_len} (the object is not {size} bytes)")
         if tail[-4:] != b"PAR1":
             raise TierFormatError(f"{self.uri}: no Parquet magic at the end")
         footer_len = struct.unpack("<I", tail[-8:-4])[0]

@@ -1,6 +1,6 @@
 """[hardening] The offloaders encode a ledger a row group of decoded bytes at a time
 (offload.format.ledger_tables -> ParquetStreamWriter, through offload.reader.encode_ledger, which
-broker.offloader.encode_and_upload calls too): memory holds about one row group's rows, never the
+offload.tier.encode_and_upload calls too): memory holds about one row group's rows, never the
 ledger's (240 entries of 5 KB stored and 5 MiB decoded each took a broker to 3.9 GB and stalled its
 loop 9 s: BENCHMARKS.md, hostile inputs), and the objects are those the whole ledger's table made."""
 
@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.offloader import Tier, encode_and_upload
+from offload.tier import Tier, encode_and_upload
 from offload import format as fmt
 from offload.format import (ROW_SCHEMA, entries_to_table, entries_to_table_fast, read_parquet, table_to_entries,
                             write_parquet)

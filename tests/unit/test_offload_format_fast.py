@@ -240,7 +240,7 @@ def test_plain_batches_of_empty_payloads():
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(entries=entry_lists(), row_group_bytes=st.sampled_from([64, 4_096, 1 << 20]))
 def test_offloaded_objects_are_byte_for_byte_those_of_the_general_path(entries, row_group_bytes):
-    """The offloaders (offload.reader.encode_ledger, broker.offloader.encode_and_upload) build
+    """The offloaders (offload.reader.encode_ledger, offload.tier.encode_and_upload) build
     their tables with entries_to_table_fast: the Parquet bytes must be those the general path
     writes (same pages, same statistics, same checksum), whatever the chunks of the table."""
     import io

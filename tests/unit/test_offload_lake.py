@@ -99,7 +99,7 @@ V1 = {"type": "record", "name": "Order", "fields": V0["fields"] + [
 
 def _write_object(tier_dir, ledger_id: int, versions, rows: list[dict], version_of) -> str:
     """A tier object as the offloader writes it: JSON-schema messages with typed columns."""
-    from broker.offloader import TableTypedColumns
+    from offload.tier import TableTypedColumns
     from offload.reader import encode_ledger
     from pulsarlite.wire.entry import Message, build_entry
     entries = [(i, build_entry(Message(payload=json.dumps(row).encode()), producer_name="p", sequence_id=i,

@@ -165,9 +165,9 @@ def test_old_code_failed_these(monkeypatch):
 
 
 def test_the_brokers_offload_of_such_a_ledger_succeeds_and_its_read_path_rebuilds_it(tmp_path):
-    """broker.offloader.encode_and_upload (what a broker's offload runs) and the broker's reader
+    """offload.tier.encode_and_upload (what a broker's offload runs) and the broker's reader
     (row groups of REBUILD_COLUMNS -> table_to_entries)."""
-    from broker.offloader import Tier, encode_and_upload
+    from offload.tier import Tier, encode_and_upload
     from offload.format import REBUILD_COLUMNS
     entries, bad = ledger(batched_bad_key_zlib)
     tier = Tier(f"file://{tmp_path}", None)

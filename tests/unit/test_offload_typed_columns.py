@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from broker.offloader import Tier, encode_and_upload, verify_object
+from offload.tier import Tier, encode_and_upload, verify_object
 from offload.format import ROW_SCHEMA, read_parquet, table_to_entries
 from offload.typed_columns import (TIER_METADATA_KEY, DecodeStats, decode_columns, merged_schema, stored_columns,
                                    typed_columns_for)

@@ -10,9 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-import broker.offloader as offloader
+import offload.tier as offloader
 from broker.managed_ledger.core import LedgerInfo, LedgerInfoState
-from broker.offloader import CorruptObjectError, Tier, TierReadCache, encode_and_upload, verify_object
+from offload.shell import CorruptObjectError
+from offload.tier import Tier, TierReadCache, encode_and_upload, verify_object
 from offload.core import OffloadRecord, OffloadState
 from pulsarlite.wire.entry import Message, build_batch_entry, build_entry
 

@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql.types import (BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType,
                                TimestampType)
 
-from broker.offloader import Tier, encode_and_upload
+from offload.tier import Tier, encode_and_upload
 from offload.format import entries_to_table
 from pulsarlite.wire.entry import Message, build_batch_entry, build_entry
 from spark_source.plan import Location, Position, SegmentScan
