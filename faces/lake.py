@@ -162,9 +162,9 @@ def _snapshot(location: str | None, s3_endpoint_url: str | None) -> tuple[pa.Tab
 
 
 def _read_object(uri: str, s3_endpoint_url: str | None) -> pa.Table:
-    from offload.format import read_parquet
-    from offload.store import open_input_file
-    return read_parquet(open_input_file(uri, s3_endpoint_url=s3_endpoint_url))
+    from offload.reader import TierReader
+    with TierReader(uri, s3_endpoint_url=s3_endpoint_url, read_ahead_row_groups=0) as reader:
+        return reader.read_table()
 
 
 async def _typed_columns(store, parent: str):

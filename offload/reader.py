@@ -312,12 +312,14 @@ class TierReader:
                  rows: int | None = None, io_pool: ThreadPoolExecutor | None = None,
                  read_ahead_row_groups: int = 2, part_bytes: int = PART_BYTES_DEFAULT,
                  store: ObjectStore | None = None, key: str | None = None,
-                 whole_object_bytes_max: int | None = None) -> None:
+                 whole_object_bytes_max: int | None = None, what: str | None = None) -> None:
         if read_ahead_row_groups < 0 or part_bytes <= 0:
             raise ValueError("read_ahead_row_groups >= 0 and part_bytes > 0")
         if whole_object_bytes_max is not None and whole_object_bytes_max < 0:
             raise ValueError("whole_object_bytes_max >= 0")
         self.uri = uri
+        self.what = what or uri            # names the object in errors
+        self._opened: list[Any] = []       # files opened by parquet_file (closed by close())
         if store is None:
             store, key = open_object_uri(uri, s3_endpoint_url=s3_endpoint_url)
         self.store, self.key = store, key
@@ -337,7 +339,7 @@ class TierReader:
         self.size_bytes = size_bytes
         self._footer_segment = self._fetch_footer()
         pf = open_parquet(_SparseFile(size_bytes, self._footer_segment, self._get),
-                          what=uri)
+                          what=self.what)
         self.metadata = pf.metadata
         self.schema = pf.schema_arrow
         if rows is not None and self.metadata.num_rows != rows:
@@ -413,7 +415,7 @@ class TierReader:
         sparse = _SparseFile(self.size_bytes, segments, self._get)
         pf = pq.ParquetFile(pa.PythonFile(sparse, mode="r"), metadata=self.metadata,
                             page_checksum_verification=True)
-        return read_row_groups(pf, [index], columns=columns, what=self.uri)
+        return read_row_groups(pf, [index], columns=columns, what=self.what)
 
     # -- reading --
     def row_groups_for(self, first: int, last: int) -> list[int]:
@@ -445,7 +447,7 @@ class TierReader:
                 and self.size_bytes <= WHOLE_OBJECT_BYTES_MAX:
             pf = self._whole_object()
             for index in indexes:
-                table = read_row_groups(pf, [index], columns=REBUILD_COLUMNS, what=self.uri)
+                table = read_row_groups(pf, [index], columns=REBUILD_COLUMNS, what=self.what)
                 for entry_id, entry in table_to_entries(table):
                     if first <= entry_id <= last:
                         yield entry_id, entry
@@ -459,7 +461,7 @@ class TierReader:
         """The whole object (parallel ranged GETs), its CRC32C checked against ``checksum``
         when known, page checksums verified."""
         pf = self._whole_object()
-        return read_row_groups(pf, range(pf.num_row_groups), columns=columns, what=self.uri)
+        return read_row_groups(pf, range(pf.num_row_groups), columns=columns, what=self.what)
 
     def _whole_object(self) -> pq.ParquetFile:
         """The whole object fetched (parallel ranged GETs) and its CRC32C checked."""
@@ -468,10 +470,29 @@ class TierReader:
         if self.checksum is not None and crc32c_hex(data) != self.checksum:
             raise TierChecksumError(f"{self.uri}: crc32c {crc32c_hex(data)}, recorded "
                                     f"{self.checksum}")
-        return open_parquet(pa.BufferReader(data), what=self.uri)
+        return open_parquet(pa.BufferReader(data), what=self.what)
+
+    def parquet_file(self, *, read_dictionary: Sequence[str] | None = None) -> pq.ParquetFile:
+        """The object as a ParquetFile for column-projected reads (the Spark source's): the
+        footer already read is reused, page checksums are verified, and reads fetch only the
+        column chunks they touch through the store's seekable file (a small object fetched
+        whole with the footer is read from memory). Closed with the reader."""
+        ((seg_start, seg),) = self._footer_segment.items()
+        if seg_start == 0:
+            source: Any = pa.BufferReader(seg)
+        else:
+            source = self.store.open_input_file(self.key, size=self.size_bytes)
+            self._opened.append(source)
+        try:
+            return pq.ParquetFile(source, metadata=self.metadata, page_checksum_verification=True,
+                                  read_dictionary=list(read_dictionary) if read_dictionary else None)
+        except (OSError, pa.ArrowException, ValueError) as exc:
+            raise TierFormatError(f"{self.what}: {exc}") from None
 
     def close(self) -> None:
-        pass
+        opened, self._opened = self._opened, []
+        for f in opened:
+            f.close()
 
     def __enter__(self) -> "TierReader":
         return self

@@ -220,19 +220,18 @@ def _typed_mapping(scans: list[SegmentScan], typed, full_schema, settings_endpoi
     object's footer (driver side)."""
     from pyspark.sql.pandas.types import from_arrow_type
 
-    from offload.format import open_parquet
-    from offload.store import open_input_file
+    from offload.reader import TierReader
     from offload.typed_columns import stored_columns
     out: dict[int, tuple[dict[str, str | None], dict[str, str]] | None] = {}
     for s in scans:
-        with open_input_file(s.uri, s3_endpoint_url=settings_endpoint) as f:
-            pf = open_parquet(f, what=f"topic {s.topic} ledger {s.ledger_id} ({s.uri})")
-            stored = stored_columns(pf.metadata.metadata, pf.schema_arrow, typed.versions, typed.target)
+        with TierReader(s.uri, s3_endpoint_url=settings_endpoint, read_ahead_row_groups=0,
+                        what=f"topic {s.topic} ledger {s.ledger_id} ({s.uri})") as reader:
+            stored = stored_columns(reader.metadata.metadata, reader.schema, typed.versions, typed.target)
             if stored is None:
                 out[s.ledger_id] = None
                 continue
             names = dict(zip(typed.names, stored))
-            types = {c: from_arrow_type(pf.schema_arrow.field(c).type).simpleString() for c in stored if c}
+            types = {c: from_arrow_type(reader.schema.field(c).type).simpleString() for c in stored if c}
             out[s.ledger_id] = (names, types)
     return out
 

@@ -507,11 +507,12 @@ def _read_parquet(uri: str, scan: SegmentScan, settings: ReadSettings) -> Iterat
     publish time statistics), pages checksum-verified, each with whether it is exact (every
     row wanted: no filter needed). Only the columns the output needs are read (plus the filter
     columns for a row group that is not exact)."""
-    from offload.format import open_parquet, read_row_groups
+    from offload.format import read_row_groups
+    from offload.reader import TierReader
 
-    with _open_input(uri, settings) as source:
-        what = f"topic {scan.topic} ledger {scan.ledger_id} ({uri})"
-        pf = open_parquet(source, what=what, read_dictionary=["producer_name"])
+    what = f"topic {scan.topic} ledger {scan.ledger_id} ({uri})"
+    with TierReader(uri, s3_endpoint_url=settings.s3_endpoint_url, read_ahead_row_groups=0, what=what) as reader:
+        pf = reader.parquet_file(read_dictionary=["producer_name"])
         names = pf.schema_arrow.names
         entry_col, time_col = names.index("entry_id"), names.index("publish_time")
         ledger_col = names.index("ledger_id")
@@ -585,12 +586,6 @@ def _with_stored_typed(table: pa.Table, stored: list[str | None], typed, fields:
         array = table[column] if column is not None else pa.nulls(table.num_rows, f.type)
         table = table.append_column(STORED_TYPED_PREFIX + str(i), array)
     return table
-
-
-def _open_input(uri: str, settings: ReadSettings):
-    """A pyarrow-readable file for ``uri`` (s3:// through the object store, file:// directly)."""
-    from offload.store import open_input_file
-    return open_input_file(uri, s3_endpoint_url=settings.s3_endpoint_url)
 
 
 __all__ = ["OUTPUT_DDL", "OUTPUT_SCHEMA", "ReadSettings", "DataLoss", "filter_rows", "read_scans", "record",

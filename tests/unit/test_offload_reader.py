@@ -150,3 +150,35 @@ def test_sweep_orphans(store):
     assert gone == [store.object_uri(orphan)]
     left = sorted(i.key for i in store.list())
     assert left == sorted([named, young, other_topic, "t/ns/topic/notes.txt"])
+
+
+@pytest.mark.parametrize("whole_object_bytes_max", [0, 1 << 30])
+def test_parquet_file_reads_projected_columns_like_a_plain_open(store, written, whole_object_bytes_max):
+    """The Spark source's path through the one reader: column-projected row groups, the same
+    rows as a plain open of the object, whether the object was fetched whole or is read by
+    ranges; the file it opens is closed with the reader."""
+    import pyarrow as pa
+
+    from offload.format import open_parquet, read_row_groups
+    _, w = written
+    plain = open_parquet(pa.BufferReader(store.get(KEY)), read_dictionary=["producer_name"])
+    columns = ["entry_id", "batch_index", "producer_name", "value"]
+    with TierReader(w.uri, read_ahead_row_groups=0, whole_object_bytes_max=whole_object_bytes_max) as reader:
+        pf = reader.parquet_file(read_dictionary=["producer_name"])
+        assert pf.metadata.num_row_groups == plain.metadata.num_row_groups > 5
+        for i in (0, 3, pf.metadata.num_row_groups - 1):
+            got = read_row_groups(pf, [i], columns=columns)
+            assert got.equals(read_row_groups(plain, [i], columns=columns))
+        assert pa.types.is_dictionary(got.schema.field("producer_name").type)
+        opened = list(reader._opened)
+    assert len(opened) == (1 if whole_object_bytes_max == 0 else 0)
+    assert all(f.closed for f in opened)
+
+
+def test_a_recorded_size_larger_than_the_object_is_refused(store, written):
+    """A short object (the store refuses the range, or returns fewer bytes) is an error, never
+    a misaligned footer read (the broker then reads an offloaded ledger from its bookies)."""
+    from offload.store import ObjectStoreError
+    _, w = written
+    with pytest.raises((TierFormatError, ObjectStoreError)):
+        TierReader(w.uri, size_bytes=w.stats.size_bytes + 10)
