@@ -50,7 +50,7 @@ from offload.core import ObjectStats
 from offload.format import (ENTRY_UNCOMPRESSED_BYTES_MAX, REBUILD_COLUMNS, ROW_GROUP_BYTES_DEFAULT, ROW_SCHEMA,
                             ParquetStreamWriter, TierChecksumError, TierFormatError, ledger_tables, open_parquet,
                             read_row_groups, row_group_entry_ranges, summarize_table, table_to_entries)
-from offload.store import (Crc32cHasher, ObjectStore, crc32c_hex, open_object_uri)
+from offload.store import Crc32cHasher, ObjectNotFoundError, ObjectStore, crc32c_hex, open_object_uri
 
 log = logging.getLogger("pulsarlite.offload.reader")
 
@@ -207,7 +207,6 @@ def verify_object(store: ObjectStore, key: str, stats: ObjectStats, *, full: boo
     checksums are left to readers); without (one HEAD): its size and the ``crc32c`` user
     metadata, if the object has it. Raises TierChecksumError / TierFormatError /
     ObjectStoreError (ObjectNotFoundError when it is gone)."""
-    from offload.store import ObjectNotFoundError
     where = store.object_uri(key)
     if not full:
         head = store.head(key)
@@ -333,7 +332,6 @@ class TierReader:
         if size_bytes is None:
             info = self.store.head(self.key)
             if info is None:
-                from offload.store import ObjectNotFoundError
                 raise ObjectNotFoundError(f"no object {uri}")
             size_bytes = info.size_bytes
         self.size_bytes = size_bytes

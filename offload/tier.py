@@ -27,9 +27,16 @@ import threading
 from collections import OrderedDict
 from typing import Callable
 
+import pyarrow as pa
+
 from offload.core import ObjectStats
-from offload.reader import TierReader
+from offload.format import (ENTRY_UNCOMPRESSED_BYTES_MAX, REBUILD_COLUMNS, ROW_SCHEMA, TierChecksumError,
+                            TierFormatError, table_to_entries)
+from offload.reader import TierReader, encode_ledger
+from offload.reader import verify_object as verify
 from offload.shell import CorruptObjectError, OffloadError
+from offload.store import ObjectNotFoundError, open_object_store
+from offload.typed_columns import TypedColumnsBuilder, TypedColumnsError
 from pulsarlite.errors import PulsarliteError
 from pulsarlite.ledger_list import LedgerInfo
 
@@ -49,10 +56,7 @@ class TableTypedColumns:
 
     def __init__(self, versions, *, topic: str, ledger_id: int) -> None:
         """TypedColumnsError for a schema that cannot be columns (recursive records)."""
-        import pyarrow as pa
 
-        from offload.format import ROW_SCHEMA
-        from offload.typed_columns import TypedColumnsBuilder
         self.builder = TypedColumnsBuilder(versions, ROW_SCHEMA.names)
         self.fields = [pa.field(name, f.type) for name, f in zip(self.builder.names, self.builder.target)]
         self.topic, self.ledger_id = topic, ledger_id
@@ -60,7 +64,6 @@ class TableTypedColumns:
     @classmethod
     def of(cls, versions, *, topic: str = "", ledger_id: int = -1) -> "TableTypedColumns | None":
         """None (the object is written without typed columns) when ``versions`` cannot be columns."""
-        from offload.typed_columns import TypedColumnsError
         try:
             return cls(versions, topic=topic, ledger_id=ledger_id)
         except TypedColumnsError as e:
@@ -105,8 +108,6 @@ def encode_and_upload(tier, key: str, ledger_id: int, entries: list[tuple[int, b
     versions) the object also holds the record's fields as typed columns (``TableTypedColumns``);
     ``counters`` (if given) gets ``typed_values`` / ``typed_values_undecodable`` /
     ``typed_fields_unconvertible`` added."""
-    from offload.format import ENTRY_UNCOMPRESSED_BYTES_MAX
-    from offload.reader import encode_ledger
     encode = functools.partial(
         encode_ledger, ledger_id, entries, partition=partition, row_group_bytes=row_group_bytes,
         uncompressed_bytes_max=ENTRY_UNCOMPRESSED_BYTES_MAX if uncompressed_bytes_max is None else uncompressed_bytes_max,
@@ -136,9 +137,6 @@ def verify_object(tier: "Tier", key: str, stats: ObjectStats, entries: int) -> N
     row groups covering entry ids 0..entries-1 (``offload.reader.verify_object``).
     CorruptObjectError otherwise (a missing object too); other errors (the store unreachable)
     pass through."""
-    from offload.format import TierChecksumError, TierFormatError
-    from offload.reader import verify_object as verify
-    from offload.store import ObjectNotFoundError
     try:
         verify(tier.store, key, stats, entries=entries)
     except ObjectNotFoundError as e:
@@ -153,7 +151,6 @@ class Tier:
     (run them in the pool)."""
 
     def __init__(self, uri: str, s3_endpoint_url: str | None) -> None:
-        from offload.store import open_object_store
         self.store = open_object_store(uri, s3_endpoint_url=s3_endpoint_url or None)
         self.uri = self.store.uri.rstrip("/")
 
@@ -295,7 +292,6 @@ class TierReadCache:
                 self.bytes -= old
 
     def _read_group(self, obj: TierReader, index: int) -> tuple[dict[int, bytes], int]:
-        from offload.format import REBUILD_COLUMNS, table_to_entries
         (table,) = obj.read_row_group_tables([index], columns=REBUILD_COLUMNS)   # not typed columns
         entries = dict(table_to_entries(table))
         a, b = obj.entry_ranges[index]
