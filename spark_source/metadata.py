@@ -113,8 +113,9 @@ async def read_partition(store: MetadataStore, client: LedgerClient | None, topi
     """The segments of one partition. An open ledger ends at the owner broker's last confirmed
     entry when ``admin_url`` is given and the broker answers for that ledger (the writer's LAC:
     the bookies learn an entry's confirmation only from the next entry, so theirs is never
-    ahead; the call carries ``admin_token`` when one is given), else at the LAC read from its
-    bookies (without fencing). With ``read_compacted``, the compacted view comes from the same
+    ahead; the call carries ``admin_token`` when one is given); it holds nothing confirmed when
+    the broker names an earlier ledger (the writer's LAC is past none of its entries); else it
+    ends at the LAC read from its bookies (without fencing). With ``read_compacted``, the compacted view comes from the same
     znode read as the list (one consistent version)."""
     t = TopicName.parse(topic)
     got = await store.get_or_none(managed_ledger_path(t.managed_ledger_name))
@@ -133,6 +134,8 @@ async def read_partition(store: MetadataStore, client: LedgerClient | None, topi
             if confirmed is not None and confirmed[0] == ledger_id:
                 # the writer's LAC, never behind the bookies': no bookie read (nor ledger client) needed
                 last = max(last, confirmed[1])
+            elif confirmed is not None and 0 <= confirmed[0] < ledger_id:
+                pass     # the topic's last entry is in an earlier ledger: none of this one confirmed
             else:
                 last = await _open_ledger_lac(client, topic, ledger_id, last)
         segments.append(LedgerSegment(

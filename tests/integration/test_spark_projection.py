@@ -220,3 +220,11 @@ def test_planning_closed_segments_connects_no_ledger_client(cluster, client):
     parts, connected = asyncio.run(_with_metadata(opts, run))
     assert not connected
     assert sum(lg.entries for lg in parts[0].ledgers) == ROLLOVER_ENTRIES + 5
+    # the broker loads the topic again: a new, empty open ledger, the last entry in an earlier one;
+    # with admin_url the broker's answer says so (nothing of the open ledger to read): no bookie read
+    got = admin(cluster.admin_url, "GET", f"/admin/v2/persistent/public/default/{local}/lastMessageId")
+    assert any(lg["state"] != "CLOSED" and lg["ledger_id"] > got["ledgerId"] for lg in ledger_list(cluster, local))
+    parts_admin, connected = asyncio.run(_with_metadata(with_admin, run_admin))
+    assert not connected
+    assert parts_admin[0].ledgers[-1].last_entry_id == -1 and not parts_admin[0].ledgers[-1].closed
+    assert sum(lg.last_entry_id + 1 for lg in parts_admin[0].ledgers) == ROLLOVER_ENTRIES + 5
