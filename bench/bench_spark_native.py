@@ -86,6 +86,15 @@ def offload_all(cluster, local: str, keep_last: int = 0) -> list[dict]:
         time.sleep(1)
 
 
+def load_average() -> str:
+    """The 1-minute load average (the machine is shared: figures are read with it)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return f.read().split()[0]
+    except OSError:
+        return "?"
+
+
 def timed(fn) -> tuple[float, object]:
     t = time.monotonic()
     r = fn()
@@ -151,8 +160,10 @@ def main() -> None:
                     t[name], _ = timed(run)
                     seconds[f"{q} {name}"].append(t[name])
                 ratios[q].append(t["read_topic"] / t["parquet"])
-            print(f"round {r + 1}: " + ", ".join(f"{q} {ratios[q][-1]:.2f}x" for q in QUERIES), file=sys.stderr)
+            print(f"round {r + 1}: " + ", ".join(f"{q} {ratios[q][-1]:.2f}x" for q in QUERIES)
+                  + f" load {load_average()}", file=sys.stderr)
         out["read_topic_over_parquet_median"] = {q: statistics.median(v) for q, v in ratios.items()}
+        out["per_round"] = ratios
         out["seconds_median"] = {k: statistics.median(v) for k, v in seconds.items()}
 
         fmt_df = lambda: (spark.read.format("pulsarlite").option("zookeeper", cluster.zookeeper)  # noqa: E731
@@ -170,8 +181,11 @@ def main() -> None:
                 t[name], _ = timed(run)
                 half_s[name].append(t[name])
             half_ratios.append(t["read_topic"] / t["format"])
+            print(f"half round {r + 1}: read_topic / format {half_ratios[-1]:.2f}x "
+                  f"({t['read_topic']:.2f}s vs {t['format']:.2f}s) load {load_average()}", file=sys.stderr)
         out["half_topic"] = {"messages": args.half_messages, "read_topic_over_format_median": statistics.median(
-            half_ratios), "seconds_median": {k: statistics.median(v) for k, v in half_s.items()}}
+            half_ratios), "per_round": half_ratios,
+            "seconds_median": {k: statistics.median(v) for k, v in half_s.items()}}
     finally:
         if spark is not None:
             spark.stop()
@@ -187,7 +201,8 @@ def main() -> None:
     h = out["half_topic"]
     print(f"  half tier / half bookies ({h['messages']:,} msgs), count+sum(length): read_topic / format = "
           f"{h['read_topic_over_format_median']:.2f}x ({h['seconds_median']['read_topic']:.2f}s vs "
-          f"{h['seconds_median']['format']:.2f}s)")
+          f"{h['seconds_median']['format']:.2f}s); per round "
+          + " ".join(f"{x:.2f}" for x in h["per_round"]))
 
 
 if __name__ == "__main__":

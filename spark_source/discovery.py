@@ -25,17 +25,9 @@ ANSWER_BYTES_MAX = 64 * 1024
 
 def admin_token(options: dict[str, str]) -> str:
     """The admin token of the options ``adminToken`` / ``adminTokenFile`` ("" when none)."""
-    o = {k.lower(): v for k, v in options.items()}
-    token, path = str(o.get("admintoken") or "").strip(), str(o.get("admintokenfile") or "").strip()
-    if token and path:
-        raise OptionError("give at most one of the options adminToken and adminTokenFile")
-    if path:
-        try:
-            with open(path) as f:
-                return f.read().strip()
-        except OSError as e:
-            raise OptionError(f"option adminTokenFile: cannot read {path}: {e.strerror}") from None
-    return token
+    from spark_source.options import _admin_token, read_admin_token
+    got = _admin_token({str(k).lower(): v for k, v in options.items()})
+    return read_admin_token(got["admin_token"], got["admin_token_file"])
 
 
 def parse_answer(admin_url: str, body: bytes) -> dict[str, str | None]:

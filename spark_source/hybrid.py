@@ -22,7 +22,7 @@ Protocol (docs/spark.md, docs/decisions.md "Hybrid reads"):
    Python reader builds (invariant 7). Typed value columns come from the object's stored typed
    columns when its footer says they stand for decoding ``value`` (``stored_columns``), cast to
    the format's types; an object without them is read by the Python source.
-4. ``unionByName`` of the two parts, in the format's column order.
+4. ``union`` of the parts (each has the format's columns in its order).
 
 Filters a query puts on the DataFrame later (``where(publish_time > ...)``) reach both parts:
 Spark pushes them into the Parquet scan (row groups) and into the Python source
@@ -38,7 +38,7 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from spark_source.plan import LedgerSegment, Location, PartitionLedgers, PlanReport, SegmentScan, scan_to_dict
 
@@ -121,97 +121,131 @@ def _s3a_available(spark) -> bool:
         return False
 
 
-def _s3a_options(opts) -> dict[str, str]:
-    """Hadoop settings (per-read options, merged into the scan's Hadoop configuration) that
-    point S3A at the tier: endpoint, path-style access, the credentials given as options or in
-    the driver's AWS environment."""
-    import os
-    env = dict(opts.aws_env)
+S3A_TEMPORARY_PROVIDER = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+
+
+def s3a_settings(endpoint_url: str | None, aws_env: Mapping[str, str]) -> dict[str, str]:
+    """Pure: the Hadoop settings (hadoop-aws's S3A keys) that point S3A at the tier, from the
+    tier's S3 endpoint and the AWS variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+    ``AWS_SESSION_TOKEN``, ``AWS_DEFAULT_REGION``). Path-style access always (S3-compatible
+    stores such as the tests' serve no virtual-host buckets); TLS as the endpoint's scheme says;
+    a session token also names S3A's temporary-credentials provider (the only one that reads
+    ``fs.s3a.session.token``). Keys and secrets only as a pair."""
     out = {"fs.s3a.path.style.access": "true"}
-    endpoint = opts.s3_endpoint_url
-    if endpoint:
-        out["fs.s3a.endpoint"] = endpoint
-        out["fs.s3a.connection.ssl.enabled"] = "true" if endpoint.lower().startswith("https") else "false"
-    key = env.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_ACCESS_KEY_ID")
-    secret = env.get("AWS_SECRET_ACCESS_KEY") or os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if endpoint_url:
+        out["fs.s3a.endpoint"] = endpoint_url
+        out["fs.s3a.connection.ssl.enabled"] = "true" if endpoint_url.lower().startswith("https") else "false"
+    key, secret = aws_env.get("AWS_ACCESS_KEY_ID"), aws_env.get("AWS_SECRET_ACCESS_KEY")
     if key and secret:
         out["fs.s3a.access.key"] = key
         out["fs.s3a.secret.key"] = secret
-        token = env.get("AWS_SESSION_TOKEN") or os.environ.get("AWS_SESSION_TOKEN")
+        token = aws_env.get("AWS_SESSION_TOKEN")
         if token:
             out["fs.s3a.session.token"] = token
-    region = env.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+            out["fs.s3a.aws.credentials.provider"] = S3A_TEMPORARY_PROVIDER
+    region = aws_env.get("AWS_DEFAULT_REGION")
     if region:
         out["fs.s3a.endpoint.region"] = region
     return out
 
 
-def _ts_millis(ms: int):
-    from pyspark.sql import functions as F
-    return F.timestamp_millis(F.lit(ms))
+def _s3a_options(opts) -> dict[str, str]:
+    """``s3a_settings`` of the read's options over the driver's AWS environment (options win):
+    per-read options, merged by Spark into that scan's Hadoop configuration."""
+    import os
+    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION")
+    env = {k: os.environ[k] for k in names if os.environ.get(k)}
+    env.update(dict(opts.aws_env))
+    return s3a_settings(opts.s3_endpoint_url, env)
 
 
-def _position_filter(scans: list[SegmentScan], ledgers: dict[int, LedgerSegment]):
-    """A Spark condition keeping the planned rows of ``scans`` (one topic partition), or None
-    when every scan takes its whole ledger."""
-    from functools import reduce
+def sql_string(text: str) -> str:
+    """A Spark SQL expression for the string ``text``, whatever it holds (quotes, backslashes,
+    non-ASCII) and whatever the session's ``spark.sql.parser.escapedStringLiterals``: its UTF-8
+    bytes as a hex binary literal cast to a string (constant-folded by the optimizer)."""
+    return f"CAST(X'{text.encode('utf-8').hex()}' AS STRING)"
 
-    from pyspark.sql import functions as F
+
+def position_condition(scans: list[SegmentScan], ledgers: dict[int, LedgerSegment]) -> str | None:
+    """Pure: a Spark SQL condition (over the stored columns) keeping the planned rows of
+    ``scans`` (one topic partition), or None when every scan takes its whole ledger."""
     partial = [s for s in scans if not is_whole_ledger(s, ledgers.get(s.ledger_id))]
     if not partial:
         return None
     whole = [s.ledger_id for s in scans if s not in partial]
     terms = []
     if whole:
-        terms.append(F.col("ledger_id").isin(whole))
+        terms.append(f"ledger_id IN ({', '.join(str(int(x)) for x in whole)})")
     for s in partial:
-        c = ((F.col("ledger_id") == s.ledger_id) & (F.col("entry_id") >= s.first_entry_id)
-             & (F.col("entry_id") <= s.last_entry_id))
+        c = (f"ledger_id = {int(s.ledger_id)} AND entry_id >= {int(s.first_entry_id)} "
+             f"AND entry_id <= {int(s.last_entry_id)}")
         if s.start.ledger_id == s.ledger_id and s.start.batch_index > 0:
-            c = c & ~((F.col("entry_id") == s.start.entry_id) & (F.col("batch_index") < s.start.batch_index))
+            c += f" AND NOT (entry_id = {int(s.start.entry_id)} AND batch_index < {int(s.start.batch_index)})"
         if s.end is not None and s.end.ledger_id == s.ledger_id and s.end.batch_index >= 0:
-            c = c & ~((F.col("entry_id") == s.end.entry_id) & (F.col("batch_index") >= s.end.batch_index))
-        terms.append(c)
-    return reduce(lambda a, b: a | b, terms)
+            c += f" AND NOT (entry_id = {int(s.end.entry_id)} AND batch_index >= {int(s.end.batch_index)})"
+        terms.append(f"({c})")
+    return " OR ".join(terms)
+
+
+def time_condition(first: SegmentScan) -> str | None:
+    """Pure: the scan's publish-time bounds as a Spark SQL condition (Spark prunes row groups by
+    it), or None."""
+    terms = []
+    if first.publish_time_min_ms is not None:
+        terms.append(f"publish_time >= timestamp_millis({int(first.publish_time_min_ms)})")
+    if first.publish_time_max_ms is not None:
+        terms.append(f"publish_time < timestamp_millis({int(first.publish_time_max_ms) + 1})")
+    return " AND ".join(terms) or None
+
+
+def derived_columns(topic: str, partition: int) -> dict[str, str]:
+    """Pure: the format's columns the tier objects do not store, as Spark SQL over the stored
+    ones; ``message_id`` is ``ledger:entry:partition:batch``, the string the Python reader
+    builds (invariant 7)."""
+    return {"topic": sql_string(topic), "partition": f"CAST({int(partition)} AS INT)",
+            "message_id": f"concat_ws(':', ledger_id, entry_id, '{int(partition)}', batch_index)"}
 
 
 def _native_frame(spark, scans: list[SegmentScan], ledgers: dict[int, LedgerSegment], full_schema,
                   typed_columns: dict[str, str | None], stored_types: dict[str, str], reader_options: dict):
-    """The format's columns of ``scans`` (one topic partition, the same stored typed columns)."""
-    from pyspark.sql import functions as F
+    """The format's columns of ``scans`` (one topic partition, the same stored typed columns).
+    Built from SQL text (a handful of calls into the JVM, not a few hundred: the planning cost
+    of a read that is mostly on bookies)."""
     first = scans[0]
     stored = dict(STORED_DDL)
     stored.update(stored_types)
     ddl = ", ".join(f"`{n}` {t}" for n, t in stored.items())
-    reader = spark.read.schema(ddl).option("parquet.page.verify-checksum.enabled", "true")
-    for k, v in reader_options.items():
-        reader = reader.option(k, v)
+    reader = spark.read.schema(ddl).options(**{"parquet.page.verify-checksum.enabled": "true", **reader_options})
     df = reader.parquet(*[spark_path(s.uri) for s in scans])
-    cond = _position_filter(scans, ledgers)
-    if first.publish_time_min_ms is not None:
-        df = df.where(F.col("publish_time") >= _ts_millis(first.publish_time_min_ms))
-    if first.publish_time_max_ms is not None:
-        df = df.where(F.col("publish_time") < _ts_millis(first.publish_time_max_ms + 1))
-    if cond is not None:
-        df = df.where(cond)
-    columns = []
+    conds = [c for c in (time_condition(first), position_condition(scans, ledgers)) if c]
+    if conds:
+        df = df.where(" AND ".join(f"({c})" for c in conds))
+    derived = derived_columns(first.topic, first.partition)
+    exprs: list = []
+    typed_cast = False
     for f in full_schema.fields:
         n = f.name
-        if n == "topic":
-            c = F.lit(first.topic)
-        elif n == "partition":
-            c = F.lit(first.partition)
-        elif n == "message_id":
-            c = F.concat_ws(":", F.col("ledger_id"), F.col("entry_id"), F.lit(str(first.partition)),
-                            F.col("batch_index"))
+        if n in derived:
+            exprs.append(f"{derived[n]} AS `{n}`")
         elif n in STORED_DDL:
-            c = F.col(n)
+            exprs.append(f"`{n}`")
         elif typed_columns.get(n) is not None:
-            c = F.col(typed_columns[n])
+            exprs.append((typed_columns[n], n, f.dataType))
+            typed_cast = True
         else:
-            c = F.lit(None)
-        columns.append(c.cast(f.dataType).alias(n) if n not in STORED_DDL else c.alias(n))
-    return df.select(*columns)
+            exprs.append((None, n, f.dataType))
+            typed_cast = True
+    if not typed_cast:
+        return df.selectExpr(*exprs)
+    from pyspark.sql import functions as F
+    cols = []
+    for e in exprs:
+        if isinstance(e, str):
+            cols.append(F.expr(e))
+        else:
+            source, n, dtype = e
+            cols.append((F.col(source) if source is not None else F.lit(None)).cast(dtype).alias(n))
+    return df.select(*cols)
 
 
 def _typed_mapping(scans: list[SegmentScan], typed, full_schema, settings_endpoint: str | None):
@@ -236,13 +270,24 @@ def _typed_mapping(scans: list[SegmentScan], typed, full_schema, settings_endpoi
     return out
 
 
+def _register_once(spark) -> None:
+    """``spark_source.register(spark)``, skipped when this session already has the source
+    registered for its current filter-pushdown setting (registering pickles the source classes
+    into the JVM: a cost per call otherwise)."""
+    import spark_source
+    setting = spark.conf.get(spark_source.FILTER_PUSHDOWN_CONF, None)
+    if setting is not None and getattr(spark, "_pulsarlite_registered", None) == setting:
+        return
+    spark_source.register(spark)
+    spark._pulsarlite_registered = spark.conf.get(spark_source.FILTER_PUSHDOWN_CONF, None)
+
+
 def read_topic(spark, topic: str | None = None, **options):
     """One DataFrame of ``topic`` (or of the topics named by the options ``topics`` /
     ``topicsPattern``), with the same columns and rows as ``spark.read.format("pulsarlite")``
     given the same options (keyword arguments, e.g. ``zookeeper=``, ``admin_url=``,
     ``startingTime=``): offloaded segments through Spark's Parquet reader, the rest through
     the Python source. The segment list is read once, here."""
-    import spark_source
     from spark_source.metrics import record
     from spark_source.options import parse_options
     from spark_source.source import (_load_partitions, _metadata_struct, _schema_with, _time_bounds,
@@ -254,7 +299,7 @@ def read_topic(spark, topic: str | None = None, **options):
         raw["topic"] = str(topic)
     raw = resolve_metadata_options(raw)
     opts = parse_options(raw, streaming=False)
-    spark_source.register(spark)
+    _register_once(spark)
 
     from spark_source.scan import OUTPUT_SCHEMA
     typed_wanted = _value_schema_mode(raw) != "raw"
@@ -269,6 +314,7 @@ def read_topic(spark, topic: str | None = None, **options):
         return parts, typed
 
     parts, typed = asyncio.run(_with_metadata(opts, run))
+    metadata_ms = int((time.monotonic() - started) * 1000)
     parts = list(parts)
     tmin, tmax = _time_bounds(opts, (None, None))
     report = PlanReport()
@@ -277,9 +323,7 @@ def read_topic(spark, topic: str | None = None, **options):
     # the format's columns, computed here (no round trip through a Python worker for schema())
     full_schema = _schema_with(typed) if typed is not None else _metadata_struct()
 
-    py_reader = spark.read.format("pulsarlite").schema(full_schema)
-    for k, v in raw.items():
-        py_reader = py_reader.option(k, v)
+    py_reader = spark.read.format("pulsarlite").schema(full_schema).options(**raw)
     s3a = _s3a_available(spark) if any((s.uri or "").lower().startswith("s3://") for s in scans
                                        if s.location is Location.TIER) else False
     split = split_scans(scans, s3a=s3a)
@@ -297,11 +341,10 @@ def read_topic(spark, topic: str | None = None, **options):
         log.warning("native tier reads off: %s", msg)
         warnings.warn(msg, S3TierFallbackWarning, stacklevel=2)
 
-    names = [f.name for f in full_schema.fields]
     frames = []
-    if split.python:
+    if split.python:       # the source's schema is full_schema: its columns in the format's order
         frames.append(py_reader.option("plannedSegments", json.dumps([scan_to_dict(s) for s in split.python]))
-                      .load().select(*names))
+                      .load())
     reader_options = _s3a_options(opts) if s3a else {}
     groups: dict[tuple, list[SegmentScan]] = {}
     for s in split.native:
@@ -314,17 +357,17 @@ def read_topic(spark, topic: str | None = None, **options):
         frames.append(_native_frame(spark, group, ledgers, full_schema, typed_columns, stored_types,
                                     reader_options))
     if not frames:      # nothing planned: the format's (empty) read
-        frames.append(py_reader.option("plannedSegments", "[]").load().select(*names))
+        frames.append(py_reader.option("plannedSegments", "[]").load())
     df = frames[0]
     for f in frames[1:]:
-        df = df.unionByName(f)
+        df = df.union(f)      # every part has the format's columns in its order (full_schema)
 
     native_bytes, python_bytes = split.bytes_of(split.native), split.bytes_of(split.python)
     log.info("read_topic planned topics=%s segments_total=%d native_segments=%d native_bytes=%d "
-             "python_segments=%d python_bytes=%d pruned_by_time=%d pruned_by_position=%d elapsed_ms=%d",
+             "python_segments=%d python_bytes=%d pruned_by_time=%d pruned_by_position=%d metadata_ms=%d elapsed_ms=%d",
              ",".join(opts.topics) or opts.topics_pattern, report.segments_total, len(split.native),
              native_bytes, len(split.python), python_bytes, len(report.pruned_by_time),
-             report.pruned_by_position, int((time.monotonic() - started) * 1000))
+             report.pruned_by_position, metadata_ms, int((time.monotonic() - started) * 1000))
     record(opts.metrics_dir, "hybrid", {
         "native": [s.ledger_id for s in split.native], "python": [s.ledger_id for s in split.python],
         "native_bytes": native_bytes, "python_bytes": python_bytes, "fallback_s3": split.fallback_s3,
@@ -348,5 +391,6 @@ def resolve_metadata_options(raw: dict[str, str]) -> dict[str, str]:
     return discover(raw)
 
 
-__all__ = ["S3TierFallbackWarning", "SplitPlan", "is_whole_ledger", "read_topic", "register_topic_view",
-           "spark_path", "split_scans"]
+__all__ = ["S3TierFallbackWarning", "SplitPlan", "derived_columns", "is_whole_ledger", "position_condition",
+           "read_topic", "register_topic_view", "s3a_settings", "spark_path", "split_scans", "sql_string",
+           "time_condition"]

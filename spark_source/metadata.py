@@ -109,11 +109,14 @@ def _decode(child: str) -> str:
 
 async def read_partition(store: MetadataStore, client: LedgerClient | None, topic: str, partition: int,
                          *, must_exist: bool, admin_url: str | None = None,
-                         read_compacted: bool = False) -> PartitionLedgers:
-    """The segments of one partition; open ledgers get their current LAC from the bookies and,
-    with ``admin_url``, the owner broker's last confirmed entry (the writer's LAC: the bookies
-    learn an entry's confirmation only from the next entry). With ``read_compacted``, the
-    compacted view comes from the same znode read as the list (one consistent version)."""
+                         read_compacted: bool = False, admin_token: str = "") -> PartitionLedgers:
+    """The segments of one partition. An open ledger ends at the owner broker's last confirmed
+    entry when ``admin_url`` is given and the broker answers for that ledger (the writer's LAC:
+    the bookies learn an entry's confirmation only from the next entry, so theirs is never
+    ahead; the call carries ``admin_token`` when one is given); it holds nothing confirmed when
+    the broker names an earlier ledger (the writer's LAC is past none of its entries); else it
+    ends at the LAC read from its bookies (without fencing). With ``read_compacted``, the compacted view comes from the same
+    znode read as the list (one consistent version)."""
     t = TopicName.parse(topic)
     got = await store.get_or_none(managed_ledger_path(t.managed_ledger_name))
     if got is None:
@@ -127,11 +130,14 @@ async def read_partition(store: MetadataStore, client: LedgerClient | None, topi
         closed = info.state is LedgerInfoState.CLOSED
         last = info.entries - 1
         if not closed:
-            last = await _open_ledger_lac(client, topic, ledger_id, last)
-            if admin_url:
-                confirmed = await _broker_last_confirmed(admin_url, topic)
-                if confirmed is not None and confirmed[0] == ledger_id:
-                    last = max(last, confirmed[1])
+            confirmed = await _broker_last_confirmed(admin_url, topic, admin_token) if admin_url else None
+            if confirmed is not None and confirmed[0] == ledger_id:
+                # the writer's LAC, never behind the bookies': no bookie read (nor ledger client) needed
+                last = max(last, confirmed[1])
+            elif confirmed is not None and 0 <= confirmed[0] < ledger_id:
+                pass     # the topic's last entry is in an earlier ledger: none of this one confirmed
+            else:
+                last = await _open_ledger_lac(client, topic, ledger_id, last)
         segments.append(LedgerSegment(
             ledger_id=ledger_id, closed=closed, last_entry_id=last, size_bytes=info.size_bytes,
             min_publish_time_ms=info.min_publish_time_ms if closed else None,
@@ -154,9 +160,10 @@ async def _open_ledger_lac(client: LedgerClient | None, topic: str, ledger_id: i
     return max(known_last, reader.last_readable_entry_id)
 
 
-async def _broker_last_confirmed(admin_url: str, topic: str) -> tuple[int, int] | None:
-    """(ledger id, entry id) of the topic's last confirmed entry from the admin API; None if
-    the broker cannot say (logged: the scan then stops at the bookies' LAC)."""
+async def _broker_last_confirmed(admin_url: str, topic: str, admin_token: str = "") -> tuple[int, int] | None:
+    """(ledger id, entry id) of the topic's last confirmed entry from the admin API (with
+    ``Authorization: Bearer admin_token`` when a token is given); None if the broker cannot say
+    (logged: the scan then stops at the bookies' LAC)."""
     import asyncio
     import urllib.error
     import urllib.request
@@ -165,8 +172,10 @@ async def _broker_last_confirmed(admin_url: str, topic: str) -> tuple[int, int] 
     url = (f"{admin_url.rstrip('/')}/admin/v2/persistent/{t.tenant}/{t.namespace_local_name}/"
            f"{t.encoded_local_name}/lastMessageId")
 
+    headers = {"Accept": "application/json", **({"Authorization": f"Bearer {admin_token}"} if admin_token else {})}
+
     def fetch():
-        with urllib.request.urlopen(url, timeout=30) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as r:
             return json.loads(r.read())
     try:
         got = await asyncio.to_thread(fetch)

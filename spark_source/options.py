@@ -130,6 +130,17 @@ class SourceOptions:
     # option readCompacted (batch only): read each topic's compacted view, then what follows its
     # horizon (spark_source.plan.plan_partition_compacted); a topic never compacted is read whole
     read_compacted: bool = False
+    # the token the admin API calls carry (``Authorization: Bearer``): options adminToken /
+    # adminTokenFile (at most one; the file is read when a call is made, on the driver): where the
+    # metadata store is (spark_source.discovery) and an open ledger's last confirmed entry
+    # (spark_source.metadata)
+    admin_token: str = field(default="", repr=False)
+    admin_token_file: str = ""
+
+    def admin_bearer(self) -> str:
+        """The admin token ("" when none): ``admin_token``, or the content of ``admin_token_file``
+        (OptionError when it cannot be read)."""
+        return read_admin_token(self.admin_token, self.admin_token_file)
 
     def apply_aws_env(self) -> None:
         """Credentials given as options become the standard AWS variables of this worker."""
@@ -185,7 +196,25 @@ def parse_options(options: Mapping[str, str], *, streaming: bool, need_topics: b
         s3_endpoint_url=endpoint, aws_env=aws_env,
         metrics_dir=(o.get("metricsdir") or "").strip() or None,
         planned_scans=_planned(o.get("plannedsegments")), read_compacted=read_compacted,
-        **_bookie_auth(o), **_zookeeper_auth(o), **_bookie_tls(o))
+        **_bookie_auth(o), **_zookeeper_auth(o), **_bookie_tls(o), **_admin_token(o))
+
+
+def _admin_token(o: Mapping[str, str]) -> dict[str, str]:
+    token, path = str(o.get("admintoken") or "").strip(), str(o.get("admintokenfile") or "").strip()
+    if token and path:
+        raise OptionError("give at most one of the options adminToken and adminTokenFile")
+    return {"admin_token": token, "admin_token_file": path}
+
+
+def read_admin_token(token: str, path: str) -> str:
+    """The admin token given as ``token`` or as the file ``path`` ("" when neither)."""
+    if path:
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except OSError as e:
+            raise OptionError(f"option adminTokenFile: cannot read {path}: {e.strerror}") from None
+    return token
 
 
 def _planned(text) -> tuple | None:

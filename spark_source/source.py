@@ -92,10 +92,11 @@ async def _with_metadata(opts: SourceOptions, fn):
 async def _load_partitions(opts: SourceOptions, store, client) -> list[PartitionLedgers]:
     from spark_source.metadata import expand_topics, read_partition
     members = await expand_topics(store, topics=list(opts.topics), pattern=opts.topics_pattern)
+    token = opts.admin_bearer() if opts.admin_url else ""
     out = []
     for topic, index in members:
         out.append(await read_partition(store, client, topic, index, must_exist=False, admin_url=opts.admin_url,
-                                        read_compacted=opts.read_compacted))
+                                        read_compacted=opts.read_compacted, admin_token=token))
     return out
 
 

@@ -170,6 +170,16 @@ def test_publish_time_prunes_tier_files(spark, cluster, client, tmp_path):
     # a filter on the DataFrame reaches both parts (Parquet row groups, the Python source)
     f = f"publish_time >= timestamp_millis({cut})"
     assert rows_by_id(everything.where(f)) == rows_by_id(fmt(spark, cluster, topic=topic).where(f))
+    # positions prune tier files too: startingOffsets at the second ledger, endingOffsets (exclusive)
+    # at the fourth: the objects of the second and third only
+    opts = dict(startingOffsets=f'{{"{topic}": "{closed[1]}:0"}}', endingOffsets=f'{{"{topic}": "{closed[3]}:0"}}')
+    middle = hybrid(spark, cluster, topic, **opts)
+    objects = {lg["ledger_id"]: lg["offload"]["uri"] for lg in ledger_list(cluster, local)
+               if lg["ledger_id"] in closed[:4]}
+    name = lambda uri: uri.rsplit("/", 1)[1]                                  # noqa: E731 (file:/ vs file:///)
+    assert sorted(map(name, middle.inputFiles())) == sorted(name(objects[lid]) for lid in closed[1:3])
+    assert rows_by_id(middle) == rows_by_id(fmt(spark, cluster, topic=topic, **opts))
+    assert middle.count() == 2 * ROLLOVER_ENTRIES
 
 
 def test_typed_avro_topic_whose_schema_evolved(spark, cluster, client, tmp_path):

@@ -187,7 +187,8 @@ def test_typed_topic_subset_of_typed_fields(spark, cluster, client, tmp_path):
 
 def test_planning_closed_segments_connects_no_ledger_client(cluster, client):
     """A plan over closed ledgers needs one ZooKeeper session; the ledger client (bookie watch)
-    is connected only for an open ledger's LAC."""
+    is connected only for an open ledger's LAC, and not even then when the owner broker (admin_url)
+    says where the open ledger ends."""
     import asyncio
 
     from spark_source.options import parse_options
@@ -203,8 +204,27 @@ def test_planning_closed_segments_connects_no_ledger_client(cluster, client):
 
     parts, connected = asyncio.run(_with_metadata(opts, run))
     assert connected and any(not lg.closed for lg in parts[0].ledgers)          # open ledger: LAC read
+    # with admin_url the owner broker's last confirmed entry ends the open ledger: no bookie read
+    with_admin = parse_options({"zookeeper": cluster.zookeeper, "admin_url": cluster.admin_url, "topic": topic},
+                               streaming=False)
+
+    async def run_admin(store, ledger_client):
+        return await _load_partitions(with_admin, store, ledger_client), ledger_client._client is not None
+
+    parts_admin, connected = asyncio.run(_with_metadata(with_admin, run_admin))
+    assert not connected
+    assert all(a.last_entry_id >= b.last_entry_id for a, b in zip(parts_admin[0].ledgers, parts[0].ledgers))
+    assert sum(lg.last_entry_id + 1 for lg in parts_admin[0].ledgers) == ROLLOVER_ENTRIES + 5
     admin(cluster.admin_url, "PUT", f"/admin/v2/persistent/public/default/{local}/unload")
     wait_for(lambda: all(lg["state"] == "CLOSED" for lg in ledger_list(cluster, local)), 60, "ledgers closed")
     parts, connected = asyncio.run(_with_metadata(opts, run))
     assert not connected
     assert sum(lg.entries for lg in parts[0].ledgers) == ROLLOVER_ENTRIES + 5
+    # the broker loads the topic again: a new, empty open ledger, the last entry in an earlier one;
+    # with admin_url the broker's answer says so (nothing of the open ledger to read): no bookie read
+    got = admin(cluster.admin_url, "GET", f"/admin/v2/persistent/public/default/{local}/lastMessageId")
+    assert any(lg["state"] != "CLOSED" and lg["ledger_id"] > got["ledgerId"] for lg in ledger_list(cluster, local))
+    parts_admin, connected = asyncio.run(_with_metadata(with_admin, run_admin))
+    assert not connected
+    assert parts_admin[0].ledgers[-1].last_entry_id == -1 and not parts_admin[0].ledgers[-1].closed
+    assert sum(lg.last_entry_id + 1 for lg in parts_admin[0].ledgers) == ROLLOVER_ENTRIES + 5
