@@ -180,6 +180,21 @@ def split_chroot(hosts: str) -> tuple[str, str]:
     return hosts[:slash], "" if chroot == "/" else chroot
 
 
+# kazoo (as ZooKeeper's Java client) waits session_timeout / len(hosts) for a server to answer a
+# handshake: with one server, a server that accepts the connection but does not answer (a JVM
+# starting on a loaded machine) holds the reconnection for the whole session, and the session
+# expires although the server came back in time. Each server listed this many times makes that
+# wait a fraction of the session, so a reconnection can try again within it.
+HANDSHAKE_TRIES_PER_SESSION = 3
+
+
+def kazoo_hosts(servers: str) -> str:
+    """The host list handed to kazoo: ``servers`` ('h1:1,h2:2') repeated
+    HANDSHAKE_TRIES_PER_SESSION times (kazoo tries them in turn; a repeated server is simply
+    tried again)."""
+    return ",".join([servers] * HANDSHAKE_TRIES_PER_SESSION)
+
+
 def _map_error(exc: BaseException, what: str, path: str) -> BaseException:
     """A kazoo exception as a pulsarlite operating error (others are returned unchanged)."""
     where = f"{what} {path}"
@@ -271,7 +286,7 @@ class MetadataStore:
                      max_delay=reconnect_delay_s_max)
         if chroot:
             await asyncio.to_thread(_ensure_chroot, servers, chroot, connect_timeout_s, retry, auth)
-        client = KazooClient(hosts=servers + chroot, timeout=session_timeout_ms / 1000,
+        client = KazooClient(hosts=kazoo_hosts(servers) + chroot, timeout=session_timeout_ms / 1000,
                              connection_retry=retry, command_retry=dict(retry, max_tries=3),
                              **_auth_kwargs(auth))
         try:

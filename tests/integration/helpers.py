@@ -32,6 +32,7 @@ class BlockableProxy:
         self.target_port = target_port
         self.port = find_free_port()
         self.blocked = False
+        self.stalls_left = 0          # connections to accept and then never answer (stall_next)
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", self.port))
@@ -48,6 +49,11 @@ class BlockableProxy:
                 continue
             if self.blocked:
                 client.close()
+                continue
+            if self.stalls_left > 0:
+                self.stalls_left -= 1
+                with self._lock:
+                    self._sockets.add(client)      # held open, never read nor forwarded
                 continue
             try:
                 upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=2)
@@ -89,6 +95,16 @@ class BlockableProxy:
 
     def unblock(self) -> None:
         self.blocked = False
+
+    def stall_next(self, count: int = 1) -> None:
+        """The next ``count`` connections are accepted and then never answered (a server that
+        accepts but does not serve yet, e.g. a JVM still starting); later ones are forwarded."""
+        self.stalls_left = count
+
+    def cut(self) -> None:
+        """Close every connection now; new ones are accepted again at once."""
+        self.block()
+        self.unblock()
 
     def close(self) -> None:
         self._stopped = True
