@@ -18,6 +18,7 @@ and new readers read data of any compatible version.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import io
@@ -34,6 +35,7 @@ from pulsarlite.errors import PulsarliteError
 from pulsarlite.keyvalue import join_pair, split_pair
 from pulsarlite.schema.definition import (Record, _RESERVED, dataclass_avro_schema, from_avro_datum,
                                           record_fields, to_avro_datum)
+from pulsarlite.wire import commands as c
 
 log = logging.getLogger(__name__)
 
@@ -295,8 +297,7 @@ class AvroSchema(Schema):
         return self._writers.get((_parent(topic), bytes(version)))
 
     def _store_writer(self, topic: str, version: bytes, schema_pb) -> Any:
-        from pulsarlite.schema import _resolve
-        writer = _resolve.writer_of(schema_pb, self._schema, topic, version)
+        writer = _writer_definition(schema_pb, self._schema, topic, version)
         with self._writers_lock:
             self._writers[(_parent(topic), bytes(version))] = writer
         return writer
@@ -305,8 +306,7 @@ class AvroSchema(Schema):
         cached = self._cached_writer(topic, version)
         if cached is not None:
             return cached
-        from pulsarlite.schema import _resolve
-        schema_pb = _resolve.fetch_blocking(client, topic, version, WRITER_SCHEMA_FETCH_TIMEOUT_S)
+        schema_pb = _fetch_writer_schema_blocking(client, topic, version, WRITER_SCHEMA_FETCH_TIMEOUT_S)
         return self._store_writer(topic, version, schema_pb)
 
     async def _prefetch(self, msg) -> None:
@@ -319,8 +319,7 @@ class AvroSchema(Schema):
         topic = msg.topic_name()
         if self._cached_writer(topic, version) is not None:
             return
-        from pulsarlite.schema import _resolve
-        schema_pb = await _resolve.fetch(consumer.client, topic, version)
+        schema_pb = await _fetch_writer_schema(consumer.client, topic, version)
         self._store_writer(topic, version, schema_pb)
 
     def __repr__(self) -> str:
@@ -477,3 +476,54 @@ class KeyValueSchema(Schema):
 
     def __repr__(self) -> str:
         return f"KeyValueSchema({self.key_schema!r}, {self.value_schema!r})"
+
+
+# -- writer schemas of received messages: GET_SCHEMA on the client's loop, and the fastavro
+# writer definition resolved against the reader's
+
+async def _fetch_writer_schema(client, topic: str, version: bytes):
+    """The wire Schema of ``topic`` at ``version`` (a ClientError when the broker has none)."""
+    conn = await client.connection_for(topic)
+    rid = client.next_request_id()
+    resp = await conn.request(c.get_schema(rid, topic, schema_version=bytes(version)), rid,
+                              f"get schema of {topic} version {bytes(version).hex()}")
+    log.info("event=writer_schema_fetched topic=%s version=%s", topic, bytes(version).hex())
+    return resp.command.getSchemaResponse.schema
+
+
+def _fetch_writer_schema_blocking(client, topic: str, version: bytes, timeout_s: float):
+    """``_fetch_writer_schema`` from any thread but the client's loop thread (pulsarlite.aio prefetches
+    instead: its receive() resolves the writer schema before returning the message)."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is client.loop:
+        raise SchemaSerializationError(
+            f"the writer schema of {topic} version {bytes(version).hex()} is not known yet and "
+            "cannot be fetched from the client's event loop: receive messages with "
+            "pulsarlite.aio's receive()/read_next(), which fetch it")
+    future = asyncio.run_coroutine_threadsafe(_fetch_writer_schema(client, topic, version), client.loop)
+    # the request itself times out after the client's operation timeout (a ClientError)
+    return future.result(max(timeout_s, client.operation_timeout_s + 5))
+
+
+def _writer_definition(schema_pb, reader_definition: dict, topic: str, version: bytes):
+    """The parsed writer definition for fastavro, named like the reader's record (as the
+    official client does: versions of one record may carry different names)."""
+    if int(schema_pb.type) not in (int(SchemaType.AVRO), int(SchemaType.JSON)):
+        raise SchemaSerializationError(
+            f"schema version {bytes(version).hex()} of {topic} is of type {schema_pb.type}, "
+            "not AVRO")
+    try:
+        writer = json.loads(schema_pb.schema_data)
+        if isinstance(writer, dict) and isinstance(reader_definition, dict):
+            writer["name"] = reader_definition.get("name", writer.get("name"))
+            if "namespace" in reader_definition:
+                writer["namespace"] = reader_definition["namespace"]
+            else:
+                writer.pop("namespace", None)
+        return fastavro.parse_schema(writer)
+    except Exception as e:
+        raise SchemaSerializationError(f"schema version {bytes(version).hex()} of {topic} is "
+                                       f"not a usable Avro definition: {e}") from None

@@ -245,14 +245,14 @@ def test_writer_schemas_are_not_fetched_blocking_on_the_client_loop():
     must not block it."""
     import asyncio
 
-    from pulsarlite.schema import _resolve
+    from pulsarlite.schema import schemas
 
     async def main():
-        class FakeClient:            # only what fetch_blocking looks at
+        class FakeClient:            # only what the blocking fetch looks at
             loop = asyncio.get_running_loop()
             operation_timeout_s = 1.0
         with pytest.raises(ls.SchemaSerializationError, match="event loop"):
-            _resolve.fetch_blocking(FakeClient(), "persistent://t/n/x", b"\0" * 8, 1.0)
+            schemas._fetch_writer_schema_blocking(FakeClient(), "persistent://t/n/x", b"\0" * 8, 1.0)
     asyncio.run(main())
 
 
@@ -262,11 +262,11 @@ def test_writer_definitions_take_the_readers_record_name():
          "fields": [{"name": "zip", "type": "int"}]}).encode())
     reader = ls.AvroSchema({"type": "record", "name": "New", "fields": [
         {"name": "zip", "type": "int"}, {"name": "street", "type": ["null", "string"], "default": None}]})
-    from pulsarlite.schema import _resolve
-    parsed = _resolve.writer_of(writer, reader._schema, "t", b"\0" * 8)
+    from pulsarlite.schema import schemas
+    parsed = schemas._writer_definition(writer, reader._schema, "t", b"\0" * 8)
     payload = ls.AvroSchema({"type": "record", "name": "Old", "fields": [{"name": "zip", "type": "int"}]}).encode({"zip": 5})
     assert reader._decode(payload, parsed) == {"zip": 5, "street": None}
     with pytest.raises(ls.SchemaSerializationError):
-        _resolve.writer_of(pb.Schema(type=pb.Schema.String, schema_data=b"null"), reader._schema, "t", b"\0" * 8)
+        schemas._writer_definition(pb.Schema(type=pb.Schema.String, schema_data=b"null"), reader._schema, "t", b"\0" * 8)
     with pytest.raises(ls.SchemaSerializationError):
-        _resolve.writer_of(pb.Schema(type=pb.Schema.Avro, schema_data=b"{bad"), reader._schema, "t", b"\0" * 8)
+        schemas._writer_definition(pb.Schema(type=pb.Schema.Avro, schema_data=b"{bad"), reader._schema, "t", b"\0" * 8)
