@@ -1055,26 +1055,37 @@ class Subscription:
         if cumulative:
             self.core.check_cumulative_allowed()
         last = self.topic.ml.last_confirmed_position
-        done: list[Position] = []      # whole entries acked individually: to the core as one run
+        run: list[Position] = []       # whole entries acked individually: to the cursor and core as one run
         for mid in message_ids:
             try:
                 if cumulative or (mid.ack_set and any(mid.ack_set)):
                     self._ack_one(consumer, mid, cumulative=cumulative, last=last)
                 else:
-                    position = self._valid_position(mid, last)
-                    self._track(self.cursor.ack_individual(position))
-                    done.append(position)
+                    position = Position(mid.ledgerId, mid.entryId)
+                    if position > last or position.entry_id < 0 or position.ledger_id < 0:
+                        self._valid_position(mid, last)       # raises, saying why
+                    run.append(position)
             except ValueError as e:  # InvalidAckError: a bad id from the client changes nothing
-                if self._acks_refused.due():
-                    log.warning("subscription %s/%s: ack of %s:%s refused: %s (%d refused so far)", self.topic.key,
-                                self.name, mid.ledgerId, mid.entryId, e, self._acks_refused.count)
-        if done:
-            self.core.ack(done)
+                self._ack_refused(Position(mid.ledgerId, mid.entryId), e)
+        if run:
+            _, refused = self.cursor.ack_entries(run)
+            if refused:
+                for position, e in refused:
+                    self._ack_refused(position, e)
+                bad = {position for position, _ in refused}
+                run = [p for p in run if p not in bad]
+            self.core.ack(run)
             payloads = self._payloads
-            for position in done:
-                payloads.pop(position, None)
+            if payloads:
+                for position in run:
+                    payloads.pop(position, None)
         if self.sub_type is SubType.KEY_SHARED and self.core.pending_count:
             self.wake()       # an ack may free a key held by another consumer (order after a join)
+
+    def _ack_refused(self, position: Position, error: Exception) -> None:
+        if self._acks_refused.due():
+            log.warning("subscription %s/%s: ack of %s:%s refused: %s (%d refused so far)", self.topic.key,
+                        self.name, position.ledger_id, position.entry_id, error, self._acks_refused.count)
 
     @staticmethod
     def _valid_position(mid, last: Position) -> Position:

@@ -298,6 +298,42 @@ def test_batch_acks_round_trip_through_json_as_ack_sets():
     assert again.remaining_batch_indexes(P(1, 4), 100) == set(range(100)) - {1, 70}
 
 
+@settings(max_examples=300, deadline=None)
+@given(scenarios(), st.data())
+def test_a_run_of_entry_acks_is_the_same_as_acking_each_in_turn(scenario, data):
+    """ack_entries (one ACK frame's whole-entry ids: one pass, mark_delete advanced once) leaves
+    the state that ack_individual on each id in turn leaves, from any prior state (partial
+    batches, ranges, a cumulative mark), with bad ids (no such ledger, past a closed ledger,
+    negative) refused and the rest still acked; it returns the ids newly acked."""
+    ledgers, ops = scenario
+    prior = ops[:len(ops) // 2]
+    known = universe(ledgers)
+    last_id, last_n = ledgers[-1]
+    bad = [P(ledgers[0][0] - 1, 0) if ledgers[0][0] > 0 else P(21, 0), P(last_id, -1),
+           *[P(lid, n) for lid, n in ledgers[:-1]]]
+    candidates = known + [P(last_id, last_n), P(last_id + 1, 0)]
+    run = data.draw(st.lists(st.sampled_from(candidates + bad), max_size=30))
+    one = CursorState(P(ledgers[0][0], -1), ledgers=ledgers)
+    each = CursorState(P(ledgers[0][0], -1), ledgers=ledgers)
+    for op in prior:
+        apply(one, None, op)
+        apply(each, None, op)
+    expect_acked, expect_refused = [], []
+    for p in run:
+        try:
+            if each.ack_individual(p):
+                expect_acked.append(p)
+        except InvalidAckError:
+            expect_refused.append(p)
+    acked, refused = one.ack_entries(run)
+    one.check_invariants()
+    assert acked == expect_acked
+    assert [p for p, e in refused] == expect_refused
+    assert all(isinstance(e, InvalidAckError) for _, e in refused)
+    assert one.to_json() == each.to_json()
+    assert one.read_position == each.read_position
+
+
 # -- bad input and invariants --------------------------------------------------------------------
 def test_bad_acks_raise_and_change_nothing():
     s = CursorState(P(1, -1), ledgers=[(1, 3), (3, 5)])
