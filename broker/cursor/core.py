@@ -327,7 +327,9 @@ class CursorState:
         :meth:`ack_individual` on each in turn, in one pass: each position is checked (a bad one
         is refused and changes nothing; the others are still acked), the new ones join the
         ranges, and mark_delete advances once at the end. Returns (the positions newly acked, in
-        the order given; the refused ones with their error)."""
+        the order given; the refused ones with their error). As mark_delete moves only at the
+        end, a bad id below where an earlier id of the run moves it is refused here (one at a time
+        it would be found below mark_delete: a no-op); either way it changes nothing."""
         acked: list[Position] = []
         refused: list[tuple[Position, InvalidAckError]] = []
         batches = self._batches

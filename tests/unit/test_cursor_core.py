@@ -304,7 +304,9 @@ def test_a_run_of_entry_acks_is_the_same_as_acking_each_in_turn(scenario, data):
     """ack_entries (one ACK frame's whole-entry ids: one pass, mark_delete advanced once) leaves
     the state that ack_individual on each id in turn leaves, from any prior state (partial
     batches, ranges, a cumulative mark), with bad ids (no such ledger, past a closed ledger,
-    negative) refused and the rest still acked; it returns the ids newly acked."""
+    negative) refused and the rest still acked; it returns the ids newly acked. mark_delete
+    moves once, at the end: a bad id below where an earlier id of the run moves it is refused
+    (acking each in turn found it below mark_delete: a no-op); either way nothing changes."""
     ledgers, ops = scenario
     prior = ops[:len(ops) // 2]
     known = universe(ledgers)
@@ -328,7 +330,11 @@ def test_a_run_of_entry_acks_is_the_same_as_acking_each_in_turn(scenario, data):
     acked, refused = one.ack_entries(run)
     one.check_invariants()
     assert acked == expect_acked
-    assert [p for p, e in refused] == expect_refused
+    # an id the sequence refused, the run refuses; the run may also refuse a bad id that the
+    # sequence found at or below a mark_delete moved by an earlier id of the run (a no-op there)
+    refused_ids = [p for p, e in refused]
+    assert all(p in refused_ids for p in expect_refused)
+    assert all(p in expect_refused or p <= each.mark_delete for p in refused_ids)
     assert all(isinstance(e, InvalidAckError) for _, e in refused)
     assert one.to_json() == each.to_json()
     assert one.read_position == each.read_position
