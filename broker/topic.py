@@ -68,6 +68,9 @@ class ConsumerHandle(Protocol):
     def send_message(self, position: Position, entry: bytes, redelivery_count: int,
                      ack_set: list[int] | None = None) -> None: ...
 
+    def send_messages(self, messages: list[tuple[Position, bytes, int, list[int] | None]]) -> None:
+        """send_message for each (position, entry, redelivery_count, ack_set), in order, as one write."""
+
     def send_active_change(self, is_active: bool) -> None: ...
 
     def close_by_broker(self) -> None: ...
@@ -1313,6 +1316,7 @@ class Subscription:
         # a read_compacted subscription reading the whole view gets messages below its
         # mark-delete position (in ledgers trimmed since; see resume_position): not consumed
         view_floor = self.cursor.mark_delete_position if self.read_compacted else None
+        out: dict[Any, tuple[Any, list]] = {}
         for d, data in resolved:
             consumer = self.consumers.get(d.consumer)
             if consumer is not None:
@@ -1328,12 +1332,14 @@ class Subscription:
                 if ack_set is not None and not ack_set:
                     self.core.ack([d.position])     # acked meanwhile: nothing to deliver
                     continue
-                if ack_set:
-                    consumer.send_message(d.position, data, d.redelivery_count, ack_set)
-                else:
-                    consumer.send_message(d.position, data, d.redelivery_count)
+                batch = out.get(d.consumer)
+                if batch is None:
+                    batch = out[d.consumer] = (consumer, [])
+                batch[1].append((d.position, data, d.redelivery_count, ack_set or None))
                 msgs += d.message_count
                 size += len(data)
+        for consumer, messages in out.values():     # one write per consumer, in the core's order
+            consumer.send_messages(messages)
         self.msg_out += msgs
         self.bytes_out += size
         self.topic.msg_out += msgs
