@@ -330,11 +330,20 @@ class _ConsumerRef:
 
     def send_message(self, position: Position, entry: bytes, redelivery_count: int,
                      ack_set: list[int] | None = None) -> None:
+        self.send_messages([(position, entry, redelivery_count, ack_set)])
+
+    def send_messages(self, messages) -> None:
+        """MESSAGE frames for (position, entry, redelivery_count, ack_set or None), in order, as
+        one write to the connection (one back-pressure check for a dispatch round's entries)."""
         if self.closed:
             return
-        self.connection.write_parts(c.message_parts(
-            self.consumer_id, position.ledger_id, position.entry_id, entry, partition=self.partition,
-            redelivery_count=redelivery_count, ack_set=ack_set))
+        parts: list = []
+        consumer_id, partition, encode = self.consumer_id, self.partition, c.message_parts
+        for position, entry, redelivery_count, ack_set in messages:
+            parts += encode(consumer_id, position.ledger_id, position.entry_id, entry, partition=partition,
+                            redelivery_count=redelivery_count, ack_set=ack_set)
+        if parts:
+            self.connection.write_parts(parts)
 
     def send_active_change(self, is_active: bool) -> None:
         if self.closed:
@@ -645,7 +654,7 @@ class ServerConnection(asyncio.Protocol):
         if not self.closed and self.transport is not None:
             parts = list(parts)
             self._out.extend(parts)
-            self._out_bytes += sum(len(p) for p in parts)
+            self._out_bytes += sum(map(len, parts))
             if not self._receiving and not self._flush_scheduled:
                 self._flush_scheduled = True
                 asyncio.get_running_loop().call_soon(self._flush)

@@ -68,6 +68,9 @@ class ConsumerHandle(Protocol):
     def send_message(self, position: Position, entry: bytes, redelivery_count: int,
                      ack_set: list[int] | None = None) -> None: ...
 
+    def send_messages(self, messages: list[tuple[Position, bytes, int, list[int] | None]]) -> None:
+        """send_message for each (position, entry, redelivery_count, ack_set), in order, as one write."""
+
     def send_active_change(self, is_active: bool) -> None: ...
 
     def close_by_broker(self) -> None: ...
@@ -1055,26 +1058,37 @@ class Subscription:
         if cumulative:
             self.core.check_cumulative_allowed()
         last = self.topic.ml.last_confirmed_position
-        done: list[Position] = []      # whole entries acked individually: to the core as one run
+        run: list[Position] = []       # whole entries acked individually: to the cursor and core as one run
         for mid in message_ids:
             try:
                 if cumulative or (mid.ack_set and any(mid.ack_set)):
                     self._ack_one(consumer, mid, cumulative=cumulative, last=last)
                 else:
-                    position = self._valid_position(mid, last)
-                    self._track(self.cursor.ack_individual(position))
-                    done.append(position)
+                    position = Position(mid.ledgerId, mid.entryId)
+                    if position > last or position.entry_id < 0 or position.ledger_id < 0:
+                        self._valid_position(mid, last)       # raises, saying why
+                    run.append(position)
             except ValueError as e:  # InvalidAckError: a bad id from the client changes nothing
-                if self._acks_refused.due():
-                    log.warning("subscription %s/%s: ack of %s:%s refused: %s (%d refused so far)", self.topic.key,
-                                self.name, mid.ledgerId, mid.entryId, e, self._acks_refused.count)
-        if done:
-            self.core.ack(done)
+                self._ack_refused(Position(mid.ledgerId, mid.entryId), e)
+        if run:
+            _, refused = self.cursor.ack_entries(run)
+            if refused:
+                for position, e in refused:
+                    self._ack_refused(position, e)
+                bad = {position for position, _ in refused}
+                run = [p for p in run if p not in bad]
+            self.core.ack(run)
             payloads = self._payloads
-            for position in done:
-                payloads.pop(position, None)
+            if payloads:
+                for position in run:
+                    payloads.pop(position, None)
         if self.sub_type is SubType.KEY_SHARED and self.core.pending_count:
             self.wake()       # an ack may free a key held by another consumer (order after a join)
+
+    def _ack_refused(self, position: Position, error: Exception) -> None:
+        if self._acks_refused.due():
+            log.warning("subscription %s/%s: ack of %s:%s refused: %s (%d refused so far)", self.topic.key,
+                        self.name, position.ledger_id, position.entry_id, error, self._acks_refused.count)
 
     @staticmethod
     def _valid_position(mid, last: Position) -> Position:
@@ -1302,6 +1316,7 @@ class Subscription:
         # a read_compacted subscription reading the whole view gets messages below its
         # mark-delete position (in ledgers trimmed since; see resume_position): not consumed
         view_floor = self.cursor.mark_delete_position if self.read_compacted else None
+        out: dict[Any, tuple[Any, list]] = {}
         for d, data in resolved:
             consumer = self.consumers.get(d.consumer)
             if consumer is not None:
@@ -1317,12 +1332,14 @@ class Subscription:
                 if ack_set is not None and not ack_set:
                     self.core.ack([d.position])     # acked meanwhile: nothing to deliver
                     continue
-                if ack_set:
-                    consumer.send_message(d.position, data, d.redelivery_count, ack_set)
-                else:
-                    consumer.send_message(d.position, data, d.redelivery_count)
+                batch = out.get(d.consumer)
+                if batch is None:
+                    batch = out[d.consumer] = (consumer, [])
+                batch[1].append((d.position, data, d.redelivery_count, ack_set or None))
                 msgs += d.message_count
                 size += len(data)
+        for consumer, messages in out.values():     # one write per consumer, in the core's order
+            consumer.send_messages(messages)
         self.msg_out += msgs
         self.bytes_out += size
         self.topic.msg_out += msgs

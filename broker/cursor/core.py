@@ -195,12 +195,15 @@ class CursorState:
         # and not in a range
         self._batches: dict[Position, int] = {}
         self._checked_pairs: list[tuple[int, int]] | None = None   # the list _check_position saw last
+        # of that list: ledger id -> entries it may hold (the last, open ledger: any)
+        self._checked_limits: dict[int, int] = {}
 
     # -- the ledger list --------------------------------------------------------------------
     def set_ledgers(self, ledgers: LedgersArg) -> None:
         """Give a new ledger list (or callable); mark_delete advances if it now can."""
         self._ledgers_arg = ledgers
         self._checked_pairs = None
+        self._checked_limits = {}
         self._advance()
 
     def _pairs(self) -> list[tuple[int, int]] | None:
@@ -243,8 +246,9 @@ class CursorState:
         ranges = self._ranges.get(position.ledger_id)
         if not ranges:
             return False
-        i = bisect.bisect_right(ranges, position.entry_id, key=lambda r: r[0])
-        return i > 0 and ranges[i - 1][1] >= position.entry_id
+        e = position.entry_id
+        i = bisect.bisect_right(ranges, (e, _ENTRY_MAX))     # the first range starting after e
+        return i > 0 and ranges[i - 1][1] >= e
 
     def unacked_in(self, positions: Iterable[Position]) -> list[Position]:
         """The positions (in the order given) that are not acked as a whole."""
@@ -316,6 +320,35 @@ class CursorState:
         self._insert(position)
         self._advance()
         return True
+
+    def ack_entries(self, positions: Iterable[Position]) -> tuple[list[Position],
+                                                                  list[tuple[Position, InvalidAckError]]]:
+        """Individual acks of whole entries as one run (the ids of one ACK frame): the same as
+        :meth:`ack_individual` on each in turn, in one pass: each position is checked (a bad one
+        is refused and changes nothing; the others are still acked), the new ones join the
+        ranges, and mark_delete advances once at the end. Returns (the positions newly acked, in
+        the order given; the refused ones with their error). As mark_delete moves only at the
+        end, a bad id below where an earlier id of the run moves it is refused here (one at a time
+        it would be found below mark_delete: a no-op); either way it changes nothing."""
+        acked: list[Position] = []
+        refused: list[tuple[Position, InvalidAckError]] = []
+        batches = self._batches
+        check_position, is_acked, insert = self._check_position, self.is_acked, self._insert
+        for position in positions:
+            try:
+                check_position(position)
+            except InvalidAckError as e:
+                refused.append((position, e))
+                continue
+            if is_acked(position):
+                continue
+            if batches:
+                batches.pop(position, None)
+            insert(position)
+            acked.append(position)
+        if acked:
+            self._advance()
+        return acked, refused
 
     def ack_batch_indexes(self, position: Position, indexes: Iterable[int], batch_size: int) -> bool:
         """Ack these batch indexes of a batched entry; the entry is acked once all are."""
@@ -418,20 +451,21 @@ class CursorState:
         # ledger's entry count never changes, and the last (open) ledger accepts any entry. Only
         # a ledger beyond it or missing from it asks for the list again (it costs the managed
         # ledger a copy of its list, per ack).
-        pairs = self._checked_pairs
-        if not pairs or position.ledger_id > pairs[-1][0] or \
-                all(ledger_id != position.ledger_id for ledger_id, _ in pairs):
+        ledger_id = position.ledger_id
+        limit = self._checked_limits.get(ledger_id)
+        if limit is None:
             pairs = self._checked_pairs = self._pairs()
-        if not pairs:
-            return
-        if position.ledger_id > pairs[-1][0]:
-            return   # a ledger newer than the list we were given (it may be stale): accepted
-        for index, (ledger_id, entries) in enumerate(pairs):
-            if ledger_id == position.ledger_id:
-                if index < len(pairs) - 1 and position.entry_id >= entries:
-                    raise InvalidAckError(f"{position}: ledger {ledger_id} has {entries} entries")
+            limits = self._checked_limits = dict(pairs or ())
+            if not pairs:
                 return
-        raise InvalidAckError(f"{position}: ledger {position.ledger_id} is not in the list")
+            limits[pairs[-1][0]] = _ENTRY_MAX     # the last (open) ledger accepts any entry
+            if ledger_id > pairs[-1][0]:
+                return   # a ledger newer than the list we were given (it may be stale): accepted
+            limit = limits.get(ledger_id)
+            if limit is None:
+                raise InvalidAckError(f"{position}: ledger {ledger_id} is not in the list")
+        if position.entry_id >= limit:
+            raise InvalidAckError(f"{position}: ledger {ledger_id} has {limit} entries")
 
     def _move_mark_delete(self, position: Position) -> bool:
         if position <= self._mark_delete:

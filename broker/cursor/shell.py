@@ -262,6 +262,14 @@ class ManagedCursor:
         self._check_writable()
         return self._changed(self._core.ack_individual(position, batch_index=batch_index, batch_size=batch_size))
 
+    def ack_entries(self, positions: Iterable[Position]) -> tuple[list[Position], list[tuple[Position, Exception]]]:
+        """Individual acks of whole entries as one run (see CursorState.ack_entries): (newly
+        acked, refused with their InvalidAckError); persisted soon."""
+        self._check_writable()
+        acked, refused = self._core.ack_entries(positions)
+        self._changed(bool(acked))
+        return acked, refused
+
     def ack_set(self, position: Position, words: Sequence[int], batch_size: int | None = None) -> bool:
         """Ack a batched entry from a wire ack_set (a set bit = not acked; batch_size optional)."""
         self._check_writable()

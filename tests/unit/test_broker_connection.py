@@ -287,3 +287,38 @@ async def test_dispatch_pauses_above_high_water_and_always_resumes():
     finally:
         conn._consumers.clear()
         conn.connection_lost(None)
+
+
+def test_a_rounds_messages_go_to_the_connection_in_one_write_in_order():
+    """send_messages (a dispatch round's entries for one consumer) writes, in one call, the
+    frames message_parts gives for each message in turn: the same bytes as one send_message per
+    entry, ack_set and redelivery count kept, the partition of the consumer's topic."""
+    from broker.connection import _ConsumerRef
+    from broker.managed_ledger import Position
+
+    class Recorder:                 # the connection's output side only
+        def __init__(self) -> None:
+            self.writes: list[list] = []
+
+        def write_parts(self, parts) -> None:
+            self.writes.append(list(parts))
+
+    entry = build_entry(Message(b"v", key="k"), producer_name="p", sequence_id=0, publish_time_ms=1)
+    ref = _ConsumerRef(Recorder(), 7, "persistent://public/default/t-partition-3")
+    messages = [(Position(5, 0), entry, 0, None), (Position(5, 1), entry, 2, None),
+                (Position(6, 0), entry, 0, [0b101])]
+    ref.send_messages(messages)
+    assert len(ref.connection.writes) == 1
+    expected = []
+    for position, data, redelivery_count, ack_set in messages:
+        expected += c.message_parts(7, position.ledger_id, position.entry_id, data, partition=3,
+                                    redelivery_count=redelivery_count, ack_set=ack_set)
+    assert b"".join(map(bytes, ref.connection.writes[0])) == b"".join(map(bytes, expected))
+    frames = decode(ref.connection.writes[0])
+    assert [(f.command.message.message_id.entryId, f.command.message.redelivery_count,
+             list(f.command.message.ack_set)) for f in frames] == [(0, 0, []), (1, 2, []), (0, 0, [5])]
+    ref.send_message(Position(6, 1), entry, 0)      # a batch of one: one more write
+    assert len(ref.connection.writes) == 2
+    ref.closed = True
+    ref.send_messages(messages)
+    assert len(ref.connection.writes) == 2          # a closed consumer is sent nothing

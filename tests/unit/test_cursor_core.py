@@ -298,6 +298,48 @@ def test_batch_acks_round_trip_through_json_as_ack_sets():
     assert again.remaining_batch_indexes(P(1, 4), 100) == set(range(100)) - {1, 70}
 
 
+@settings(max_examples=300, deadline=None)
+@given(scenarios(), st.data())
+def test_a_run_of_entry_acks_is_the_same_as_acking_each_in_turn(scenario, data):
+    """ack_entries (one ACK frame's whole-entry ids: one pass, mark_delete advanced once) leaves
+    the state that ack_individual on each id in turn leaves, from any prior state (partial
+    batches, ranges, a cumulative mark), with bad ids (no such ledger, past a closed ledger,
+    negative) refused and the rest still acked; it returns the ids newly acked. mark_delete
+    moves once, at the end: a bad id below where an earlier id of the run moves it is refused
+    (acking each in turn found it below mark_delete: a no-op); either way nothing changes."""
+    ledgers, ops = scenario
+    prior = ops[:len(ops) // 2]
+    known = universe(ledgers)
+    last_id, last_n = ledgers[-1]
+    bad = [P(ledgers[0][0] - 1, 0) if ledgers[0][0] > 0 else P(21, 0), P(last_id, -1),
+           *[P(lid, n) for lid, n in ledgers[:-1]]]
+    candidates = known + [P(last_id, last_n), P(last_id + 1, 0)]
+    run = data.draw(st.lists(st.sampled_from(candidates + bad), max_size=30))
+    one = CursorState(P(ledgers[0][0], -1), ledgers=ledgers)
+    each = CursorState(P(ledgers[0][0], -1), ledgers=ledgers)
+    for op in prior:
+        apply(one, None, op)
+        apply(each, None, op)
+    expect_acked, expect_refused = [], []
+    for p in run:
+        try:
+            if each.ack_individual(p):
+                expect_acked.append(p)
+        except InvalidAckError:
+            expect_refused.append(p)
+    acked, refused = one.ack_entries(run)
+    one.check_invariants()
+    assert acked == expect_acked
+    # an id the sequence refused, the run refuses; the run may also refuse a bad id that the
+    # sequence found at or below a mark_delete moved by an earlier id of the run (a no-op there)
+    refused_ids = [p for p, e in refused]
+    assert all(p in refused_ids for p in expect_refused)
+    assert all(p in expect_refused or p <= each.mark_delete for p in refused_ids)
+    assert all(isinstance(e, InvalidAckError) for _, e in refused)
+    assert one.to_json() == each.to_json()
+    assert one.read_position == each.read_position
+
+
 # -- bad input and invariants --------------------------------------------------------------------
 def test_bad_acks_raise_and_change_nothing():
     s = CursorState(P(1, -1), ledgers=[(1, 3), (3, 5)])

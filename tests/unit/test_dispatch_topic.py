@@ -231,6 +231,10 @@ class ConsumerStub:
     def send_message(self, position, entry, redelivery_count, ack_set=None):
         self.messages.append((position, redelivery_count, ack_set))
 
+    def send_messages(self, messages):
+        for position, entry, redelivery_count, ack_set in messages:
+            self.send_message(position, entry, redelivery_count, ack_set)
+
     def close_by_broker(self):
         pass
 
