@@ -1081,11 +1081,15 @@ class WholePathSimulation:
         scenario = random.Random(f"{seed}/scenario")
         self.bookie_count = scenario.choice([4, 5])
         self.ensemble_size, self.write_quorum, self.ack_quorum = scenario.choice([(3, 3, 2), (3, 2, 2), (2, 2, 2)])
+        rollover_entries_max = scenario.choice([3, 8, 30, 50_000])      # draws in the seeds' order
+        dedup_snapshot_interval_entries = scenario.choice([3, 20, 1000])
+        base = BrokerConfig()
         self.broker_config = dataclasses.replace(
-            BrokerConfig(), broker_deduplication_enabled=True,
-            ensemble_size=self.ensemble_size, write_quorum=self.write_quorum, ack_quorum=self.ack_quorum,
-            rollover_entries_max=scenario.choice([3, 8, 30, 50_000]),
-            dedup_snapshot_interval_entries=scenario.choice([3, 20, 1000]),
+            base, broker_deduplication_enabled=True,
+            managed_ledger=dataclasses.replace(
+                base.managed_ledger, ensemble_size=self.ensemble_size, write_quorum=self.write_quorum,
+                ack_quorum=self.ack_quorum, rollover_entries_max=rollover_entries_max),
+            dedup_snapshot_interval_entries=dedup_snapshot_interval_entries,
             shutdown_grace_ms=2_000)
         self.ledger_client_config = LedgerClientConfig(add_timeout_ms=scenario.choice([300, 1000]),
                                                        rpc_timeout_ms=200, read_timeout_ms=200,
