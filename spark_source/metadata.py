@@ -22,6 +22,7 @@ from pulsarlite.metadata_documents import decode_partitioned_metadata
 from pulsarlite.metadata_layout import (MANAGED_LEDGERS_ROOT, PARTITIONED_TOPICS_ROOT, managed_ledger_path,
                                         partitioned_topic_path)
 from pulsarlite.topic_name import TopicName
+from spark_source.errors import TopicNotFound
 from spark_source.plan import CompactedSegment, LedgerSegment, PartitionLedgers, Position
 
 if TYPE_CHECKING:      # imported lazily at run time: planning over closed segments needs neither
@@ -29,10 +30,6 @@ if TYPE_CHECKING:      # imported lazily at run time: planning over closed segme
     from pulsarlite.metadata import MetadataStore
 
 log = logging.getLogger("pulsarlite.spark")
-
-class TopicNotFound(ValueError):
-    pass
-
 
 def parse_ledger_list(topic: str, data: bytes) -> ManagedLedgerMetadata:
     """The list of a managed-ledger znode (pulsarlite.ledger_list.decode); ValueError naming the

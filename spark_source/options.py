@@ -9,13 +9,10 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from pulsarlite.topic_name import TopicName
+from spark_source.errors import OptionError
 from spark_source.plan import Position
 
 MiB = 1024 * 1024
-
-
-class OptionError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)

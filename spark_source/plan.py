@@ -15,6 +15,8 @@ import enum
 import math
 from dataclasses import dataclass, field, replace
 
+from spark_source.errors import DataLossError
+
 # columns of the DataFrame, in order (Spark DDL); spark_source.scan builds them
 OUTPUT_DDL = ("key string, value binary, topic string, partition int, message_id string, ledger_id bigint, "
               "entry_id bigint, batch_index int, publish_time timestamp, event_time timestamp, "
@@ -22,11 +24,6 @@ OUTPUT_DDL = ("key string, value binary, topic string, partition int, message_id
 
 # a position past every entry of a ledger (entry ids are < 2**63)
 ENTRY_ID_END = 2**63 - 1
-
-
-class DataLossError(ValueError):
-    """A requested start position is no longer stored (deleted by retention) and the scan was
-    told to fail on data loss."""
 
 
 class Location(str, enum.Enum):

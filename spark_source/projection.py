@@ -17,14 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ERROR_CLASS = "PULSARLITE_SCHEMA_MISMATCH"
-
-
-class SchemaMismatchError(ValueError):
-    """A user-given schema that is not a projection of the source's columns."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(f"[{ERROR_CLASS}] {message}")
+from spark_source.errors import SCHEMA_MISMATCH_ERROR_CLASS as ERROR_CLASS
+from spark_source.errors import SchemaMismatchError
 
 
 @dataclass(frozen=True)

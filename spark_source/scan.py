@@ -18,6 +18,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_source.errors import CompactedViewGone, DataLossError
 from spark_source.plan import Location, Position, SegmentScan
 
 log = logging.getLogger("pulsarlite.spark")
@@ -298,7 +299,7 @@ def _read_bookies(scan: SegmentScan, settings: ReadSettings, loop, client) -> It
         if uri is None:
             msg = f"topic {scan.topic}: ledger {scan.ledger_id} is gone from the bookies and not offloaded"
             if settings.fail_on_data_loss:
-                raise DataLoss(msg + " (failOnDataLoss=true)")
+                raise DataLossError(msg + " (failOnDataLoss=true)")
             log.warning("%s: skipped (failOnDataLoss=false)", msg)
             return
         log.info("ledger moved to the tier since planning topic=%s ledger=%d uri=%s", scan.topic,
@@ -310,7 +311,7 @@ def _read_bookies(scan: SegmentScan, settings: ReadSettings, loop, client) -> It
         reader.last_add_confirmed = max(reader.last_add_confirmed, scan.last_entry_id)
     last = min(scan.last_entry_id, reader.last_readable_entry_id)
     if last < scan.last_entry_id:
-        raise DataLoss(f"topic {scan.topic}: ledger {scan.ledger_id} has entries only up to {last}, "
+        raise DataLossError(f"topic {scan.topic}: ledger {scan.ledger_id} has entries only up to {last}, "
                        f"planned up to {scan.last_entry_id}")
     for entries in _read_in_chunks(loop, reader, scan.first_entry_id, last, settings.chunk_entries):
         yield entries_to_table_fast(scan.ledger_id, ((e.entry_id, e.payload) for e in entries),
@@ -323,15 +324,6 @@ def _read_in_chunks(loop, reader, first_entry_id: int, last_entry_id: int, chunk
     for first in range(first_entry_id, last_entry_id + 1, chunk_entries):
         yield loop.run_until_complete(reader.read(first, min(first + chunk_entries - 1, last_entry_id)))
 
-
-class DataLoss(RuntimeError):
-    pass
-
-
-class CompactedViewGone(DataLoss):
-    """The compacted ledger planned is gone (a newer compaction replaced the view and deleted it,
-    or the topic was deleted) since planning: the read fails (whatever failOnDataLoss says)
-    rather than mix two views; planning again reads the new view."""
 
 
 def _position_at_least(table: pa.Table, p: Position):
@@ -436,7 +428,7 @@ async def _tier_uri_now(client, scan: SegmentScan) -> str | None:
 
 def _read_tier(scan: SegmentScan, settings: ReadSettings) -> Iterator[pa.Table]:
     if not scan.uri:
-        raise DataLoss(f"topic {scan.topic}: ledger {scan.ledger_id} is offloaded without a URI")
+        raise DataLossError(f"topic {scan.topic}: ledger {scan.ledger_id} is offloaded without a URI")
     yield from _read_parquet(scan.uri, scan, settings)
 
 
@@ -588,5 +580,5 @@ def _with_stored_typed(table: pa.Table, stored: list[str | None], typed, fields:
     return table
 
 
-__all__ = ["OUTPUT_DDL", "OUTPUT_SCHEMA", "ReadSettings", "DataLoss", "filter_rows", "read_scans", "record",
+__all__ = ["OUTPUT_DDL", "OUTPUT_SCHEMA", "ReadSettings", "DataLossError", "filter_rows", "read_scans", "record",
            "to_output"]
