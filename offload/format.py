@@ -65,6 +65,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from offload.errors import TierError
 from pulsarlite._proto import pulsar_api_pb2 as pb
 from pulsarlite.errors import ChecksumError, PulsarliteError
 from pulsarlite.wire.columnar import plain_batch_columns
@@ -121,12 +122,12 @@ log = logging.getLogger("pulsarlite.offload.format")
 ENTRY_UNCOMPRESSED_BYTES_MAX = 8 * 1024 * 1024
 
 
-class TierFormatError(PulsarliteError):
+class TierFormatError(TierError):
     """A tier object (or a table) that does not decode as this format: not Parquet, a wrong
     schema, rows that do not form whole entries, or entry bytes that do not decode."""
 
 
-class TierChecksumError(ChecksumError):
+class TierChecksumError(ChecksumError, TierError):
     """A Parquet page checksum (CRC32) or the object's recorded checksum does not match."""
 
 

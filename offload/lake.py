@@ -57,7 +57,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from pulsarlite.errors import PulsarliteError
+from offload.errors import TierError
 
 log = logging.getLogger("pulsarlite.offload.lake")
 
@@ -81,7 +81,7 @@ CATALOG_NAME = "pulsarlite"
 PARTITION_SUFFIX = "-partition-"
 
 
-class LakeError(PulsarliteError):
+class LakeError(TierError):
     """A table operation failed (catalog, metadata files, a data file that does not fit);
     retried on the next offloader pass."""
 

@@ -42,15 +42,16 @@ from offload.core import (Action, BookiesDeleted, CasConflict, CommitToTable, De
                           ObjectStats, ObjectVerified, ObjectWritten, OffloadRecord, Recorded,
                           RecordOffload, StepFailed, TableCommitted, VerifyObject, WriteObject,
                           orphan_objects)
+from offload.errors import TierError
 from offload.store import ObjectStore
-from pulsarlite.errors import InvariantViolation, PulsarliteError
+from pulsarlite.errors import InvariantViolation
 
 log = logging.getLogger("pulsarlite.offload.shell")
 
 ACTIONS_PER_RUN_MAX = 64
 
 
-class OffloadError(PulsarliteError):
+class OffloadError(TierError):
     """An offload step failed (object store, bookies, verification); retried on a later pass."""
 
     retriable = True

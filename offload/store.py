@@ -49,14 +49,14 @@ from urllib.parse import unquote, urlparse
 import crc32c as _crc32c
 import pyarrow as pa
 
-from pulsarlite.errors import PulsarliteError
+from offload.errors import TierError
 
 log = logging.getLogger(__name__)
 
 TMP_PREFIX = ".tmp-"
 
 
-class ObjectStoreError(PulsarliteError):
+class ObjectStoreError(TierError):
     """An object store operation failed. ``retriable`` is True for transient failures
     (5xx/throttling/timeouts that outlasted botocore's retries, connection errors) and False
     for configuration problems (no such bucket, access denied, bad URI)."""
