@@ -16,13 +16,13 @@ import pathlib
 import uuid
 from dataclasses import dataclass
 
-from pulsarlite.errors import PulsarliteError
+from pulsarlite.errors import BookieError
 from pulsarlite.metadata_layout import COOKIES_PATH, cookie_path
 
 COOKIE_FILE = "COOKIE"
 
 
-class CookieError(PulsarliteError):
+class CookieError(BookieError):
     """The bookie's disks and ZooKeeper disagree about who it is; it must not start."""
 
 

@@ -14,6 +14,7 @@ from typing import Iterator
 from google.protobuf.message import DecodeError
 
 from bookie._proto import bookie_rpc_pb2 as pb
+from pulsarlite.errors import BookieError
 from pulsarlite.varint import SMALL_VARINTS, uvarint
 
 HEADER = struct.Struct(">IBQ")   # frame_bytes, frame_type, request_id
@@ -48,8 +49,9 @@ MESSAGE_TYPES = {
 }
 
 
-class FrameError(Exception):
-    """The byte stream broke the framing: the connection cannot be trusted any more.
+class FrameError(BookieError):
+    """The byte stream broke the framing: the connection cannot be trusted any more (the bookie
+    protocol's; ``pulsarlite.wire.frames.FrameError`` is the Pulsar protocol's).
 
     ``code`` is the StatusCode to answer with (TOO_LARGE or BAD_REQUEST); ``request_id`` is
     the offending frame's id when its header was readable, else 0."""
