@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from pulsarlite._proto import pulsar_api_pb2 as pb
+from pulsarlite.client.errors import ClientError
 from pulsarlite.errors import InvariantViolation
 from pulsarlite.hashing import murmur3_32  # noqa: F401 - re-exported
 from pulsarlite.wire import commands as c
@@ -113,8 +114,9 @@ class ConnectionState(enum.Enum):
     FAILED = "failed"
 
 
-class ProtocolError(Exception):
-    """The server broke the protocol: the connection must be closed."""
+class ProtocolError(ClientError):
+    """The server broke the protocol: the connection must be closed (the shell tells the
+    waiters a ConnectError, or an AuthenticationError for :class:`AuthenticationRefused`)."""
 
 
 class AuthenticationRefused(ProtocolError):
