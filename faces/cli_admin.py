@@ -85,7 +85,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-class UsageError(Exception):
+class UsageError(PulsarliteError):
     """A bad argument found after parsing (a malformed topic or namespace name): exit 2."""
 
 
@@ -125,14 +125,16 @@ class _NoContent:
 NO_CONTENT = _NoContent()  # a 204 (or empty) answer, unlike a JSON null
 
 
-class AdminHttpError(Exception):
+class AdminHttpError(PulsarliteError):
+    """The admin service answered an HTTP error (or too many redirects, a response too large): exit 1."""
+
     def __init__(self, status: int, reason: str, method: str, url: str) -> None:
         super().__init__(f"HTTP {status}: {reason}")
         self.status, self.reason, self.method, self.url = status, reason, method, url
 
 
-class AdminUnreachableError(Exception):
-    pass
+class AdminUnreachableError(PulsarliteError):
+    """The admin service cannot be reached: exit 1."""
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -579,7 +581,7 @@ def _run_reset_cursor(client: AdminClient, args: argparse.Namespace) -> Any:
     return client.request("POST", path)
 
 
-class AdminCommandError(Exception):
+class AdminCommandError(PulsarliteError):
     """A command-level failure (not HTTP): exit 1."""
 
 

@@ -1,7 +1,8 @@
 """One error hierarchy per component (issue 25; docs/decisions.md "One error hierarchy per
 component"): every exception class a module of the base floor (pulsarlite/), the offload
-component, the Spark source or the bookie defines is an operating error under its component's
-base, except the few listed here with the reason. The broker's is tests/unit/test_broker_errors.py.
+component, the Spark source, the bookie or the faces defines is an operating error under its
+component's base, except the few listed here with the reason. The broker's is
+tests/unit/test_broker_errors.py.
 
 Each walk imports every module of its package, so a class added outside the hierarchy fails the
 test; the tables below pin what callers rely on (the public names users catch, ``retriable``,
@@ -46,6 +47,9 @@ COMPONENTS = {
     # the bookie's errors are the base floor's BookieError family (shared with the ledger client);
     # RepairConflict is a metadata CAS lost (the worker re-plans, as for any version conflict)
     "bookie": ((BookieError, MetadataError), {}),
+    # the faces (CLI, launcher, standalone, lake view) raise base-floor errors of their own;
+    # standalone's _StopRequested (a BaseException, control flow) is private
+    "faces": ((PulsarliteError,), {}),
 }
 
 
