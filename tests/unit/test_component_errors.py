@@ -150,3 +150,18 @@ def test_component_errors_are_leaves(module):
     source = (ROOT / module).read_text()
     imports = [line for line in source.splitlines() if line.startswith(("from ", "import "))]
     assert imports and all(line.startswith(("from __future__", "from pulsarlite.errors")) for line in imports)
+
+
+def test_the_readers_data_loss_is_the_planners():
+    """The reader's data loss (an offloaded ledger without a URI, here) raises the folded
+    DataLossError (before: scan.DataLoss, a RuntimeError apart from the planner's ValueError)."""
+    from spark_source.plan import Location, Position, SegmentScan
+    from spark_source.scan import ReadSettings, _read_tier
+
+    scan = SegmentScan(topic="persistent://t/ns/x", partition=-1, ledger_id=7, first_entry_id=0, last_entry_id=9,
+                       location=Location.TIER, uri=None, start=Position(7, 0), end=None, publish_time_min_ms=None,
+                       publish_time_max_ms=None, size_bytes_estimate=0)
+    settings = ReadSettings(zookeeper="127.0.0.1:1", s3_endpoint_url=None, metrics_dir=None)
+    with pytest.raises(DataLossError, match="ledger 7 is offloaded without a URI") as caught:
+        next(_read_tier(scan, settings))
+    assert isinstance(caught.value, RuntimeError) and isinstance(caught.value, SparkSourceError)
