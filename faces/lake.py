@@ -41,6 +41,7 @@ reader`` replacement scan, ``duckdb.from_arrow``) take as they are.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import json
@@ -225,7 +226,7 @@ async def _stream(opts, req: _Request):
                 pieces = _snapshot_tables(plan, seg.ledger_id, seg.offload_uri, req)
             elif source is Source.OBJECT:
                 report.objects_read += 1
-                pieces = _object_tables(seg.offload_uri, req)
+                pieces = _object_tables(seg.ledger_id, seg.offload_uri, req)
             else:
                 report.bookie_ledgers_read += 1
                 async for table in _bookie_tables(client, p.topic, p.partition, seg, plan.typed, req):
@@ -312,8 +313,21 @@ def _snapshot_tables(plan: _Plan, ledger_id: int, uri: str, req: _Request):
     scan_ = plan.snapshot_scan
     arrow_scan = ArrowScan(scan_.table_metadata, scan_.io, scan_.projection(),
                            And(scan_.row_filter, EqualTo("ledger_id", ledger_id)), scan_.case_sensitive)
-    for batch in arrow_scan.to_record_batches([plan.snapshot_tasks[uri]]):
-        yield pa.Table.from_batches([batch])
+    with _gone(ledger_id, uri):
+        for batch in arrow_scan.to_record_batches([plan.snapshot_tasks[uri]]):
+            yield pa.Table.from_batches([batch])
+
+
+@contextlib.contextmanager
+def _gone(ledger_id: int, uri: str):
+    """A file or object deleted since the cut (retention while the stream was read) ->
+    LakeScanError."""
+    from offload.store import ObjectNotFoundError
+    try:
+        yield
+    except (FileNotFoundError, ObjectNotFoundError) as e:
+        raise LakeScanError(f"ledger {ledger_id}: {uri} is gone since the scan's cut (retention meanwhile?): "
+                            f"scan again ({e})") from None
 
 
 def _object_schema(uri: str, s3_endpoint_url: str | None) -> pa.Schema:
@@ -322,11 +336,11 @@ def _object_schema(uri: str, s3_endpoint_url: str | None) -> pa.Schema:
         return r.schema
 
 
-def _object_tables(uri: str, req: _Request):
+def _object_tables(ledger_id: int, uri: str, req: _Request):
     """A tier object's rows, row group by row group (those whose publish_time statistics
     overlap the requested range)."""
     from offload.reader import TierReader
-    with TierReader(uri, s3_endpoint_url=req.s3_endpoint_url, read_ahead_row_groups=1) as reader:
+    with _gone(ledger_id, uri), TierReader(uri, s3_endpoint_url=req.s3_endpoint_url, read_ahead_row_groups=1) as reader:
         keep = [i for i in range(reader.num_row_groups) if req.overlaps(*_row_group_times(reader.metadata, i))]
         req.report.row_groups_pruned += reader.num_row_groups - len(keep)
         for table in reader.read_row_group_tables(keep):

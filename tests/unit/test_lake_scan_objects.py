@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from faces.lake import ScanReport, _object_schema, _object_tables, _Request
+import pytest
+
+from faces.lake import LakeScanError, ScanReport, _object_schema, _object_tables, _Request
 from offload.reader import encode_ledger
 from pulsarlite.topic_name import TopicName
 from pulsarlite.wire.entry import Message, build_entry
@@ -30,7 +32,7 @@ def request(start: int | None, end: int | None) -> _Request:
 def test_every_row_group_in_order_without_a_window(tmp_path):
     uri = write_object(tmp_path)
     req = request(None, None)
-    tables = list(_object_tables(uri, req))
+    tables = list(_object_tables(7, uri, req))
     assert len(tables) == req.report.row_groups_read >= 4 and req.report.row_groups_pruned == 0
     got = pa.concat_tables(tables)
     assert got.column("entry_id").to_pylist() == list(range(60))
@@ -40,12 +42,12 @@ def test_every_row_group_in_order_without_a_window(tmp_path):
 def test_a_window_reads_only_the_row_groups_it_overlaps_and_keeps_its_rows(tmp_path):
     uri = write_object(tmp_path)
     req = request(T0 + 20, T0 + 30)
-    got = pa.concat_tables(list(_object_tables(uri, req)))
+    got = pa.concat_tables(list(_object_tables(7, uri, req)))
     assert got.column("entry_id").to_pylist() == list(range(20, 30))
     assert req.report.row_groups_pruned > 0
     assert req.report.row_groups_read + req.report.row_groups_pruned >= 4
     everything = request(None, None)
-    list(_object_tables(uri, everything))
+    list(_object_tables(7, uri, everything))
     assert req.report.row_groups_read < everything.report.row_groups_read
 
 
@@ -53,3 +55,10 @@ def test_the_window_rule_is_the_spark_sources_start_inclusive_end_exclusive():
     req = request(100, 200)
     assert req.overlaps(None, None) and req.overlaps(50, 100) and req.overlaps(199, 300)
     assert not req.overlaps(10, 99) and not req.overlaps(200, 300)
+
+
+def test_an_object_deleted_since_the_cut_fails_the_read_with_scan_again(tmp_path):
+    uri = write_object(tmp_path)
+    (tmp_path / "7.parquet").unlink()
+    with pytest.raises(LakeScanError, match="ledger 7: .* gone since the scan's cut.*scan again"):
+        list(_object_tables(7, uri, request(None, None)))
