@@ -126,8 +126,9 @@ def scan_batches(topic: str, *, zookeeper: str, admin_url: str, s3_endpoint_url:
     (partition, ledger_id, entry_id, batch_index) order: snapshot data files and tier objects
     row group by row group, bookie ledgers ``chunk_entries`` entries at a time, so memory stays
     bounded by one such piece. The cut (ledger list, snapshot, schema) is taken here, before
-    this returns; the rows are read as the reader is consumed. Close the reader (or use it in a
-    ``with``) if it is not read to its end: it holds a ZooKeeper session.
+    this returns; the rows are read as the reader is consumed. The reader holds a ZooKeeper
+    session until it is read to its end or released (garbage-collected: pyarrow's ``close()``
+    keeps the Python iterator that owns it).
 
     ``zookeeper``: the cluster's metadata store; ``admin_url``: a broker's admin URL (the lake
     endpoint, the open ledger's last confirmed entry); ``s3_endpoint_url`` for an s3:// tier;

@@ -62,3 +62,35 @@ def test_an_object_deleted_since_the_cut_fails_the_read_with_scan_again(tmp_path
     (tmp_path / "7.parquet").unlink()
     with pytest.raises(LakeScanError, match="ledger 7: .* gone since the scan's cut.*scan again"):
         list(_object_tables(7, uri, request(None, None)))
+
+
+def test_a_reader_dropped_before_its_end_closes_the_stream_and_its_loop():
+    """scan_batches' reader drives an async generator (the ZooKeeper session's holder) on its own
+    event loop: dropping the reader early runs the generator's cleanup and closes the loop
+    (pyarrow's ``close()`` keeps the Python iterator: only the reader's release ends it)."""
+    import asyncio
+    import gc
+
+    from faces.lake import _drive
+    schema = pa.schema([pa.field("n", pa.int64())])
+    cleaned = []
+
+    async def stream():
+        try:
+            for i in range(5):
+                await asyncio.sleep(0)
+                yield pa.table({"n": [i]})
+        finally:
+            cleaned.append(True)
+
+    loop = asyncio.new_event_loop()
+    reader = pa.RecordBatchReader.from_batches(schema, _drive(loop, stream(), schema))
+    assert reader.read_next_batch().column("n").to_pylist() == [0]
+    reader.close()
+    del reader
+    gc.collect()
+    assert cleaned == [True] and loop.is_closed()
+    loop = asyncio.new_event_loop()
+    with pa.RecordBatchReader.from_batches(schema, _drive(loop, stream(), schema)) as reader:
+        assert reader.read_all().column("n").to_pylist() == [0, 1, 2, 3, 4]
+    assert cleaned == [True, True] and loop.is_closed()
