@@ -1,31 +1,48 @@
-"""[lakehouse] ``scan(topic)``: the fresh view of a topic as one Arrow table -- the rows of its
-Iceberg table (offload/lake.py) plus the entries not in the table yet, with the table's columns
-and the messages' ids, each message once.
+"""[lakehouse] ``scan(topic)`` / ``scan_batches(topic)``: the fresh view of a topic in Arrow --
+the rows of its Iceberg table (offload/lake.py) plus the entries not in the table yet, with the
+table's columns and the messages' ids, each message once. ``scan_batches`` returns a
+``pyarrow.RecordBatchReader`` read ledger by ledger (bounded memory); ``scan`` is that stream
+read to one table (one path).
 
-Protocol (one consistent cut, at ledger boundaries):
+Protocol (one consistent cut, at ledger boundaries, taken before the reader is returned):
 
 1. the topic's managed-ledger list is read from ZooKeeper (for each partition; an open ledger's
    last entry is its LAC, or the owner broker's last confirmed entry with ``admin_url``);
 2. then the table's current snapshot (``GET .../lake`` -> ``metadata_location``, read with
-   pyiceberg's ``StaticTable``: no catalog credentials needed);
+   pyiceberg's ``StaticTable``: no catalog credentials needed); both admin calls carry the
+   options' ``adminToken`` / ``adminTokenFile`` (``Authorization: Bearer``) as the Spark
+   source's do;
 3. every ledger of the list is read from exactly one place: from the snapshot when its object is
-   one of the snapshot's data files; else from its tier object when it is offloaded (the table
-   commit lags the offload record); else from the bookies (entries 0..last, decoded by
-   offload.format's ``entries_to_table_fast``, the encoder of the objects, and the typed columns
-   of the schema registry by the offloader's ``TableTypedColumns``: the same columns).
+   one of the snapshot's data files (that file through pyiceberg's ``ArrowScan``: the table's
+   projection); else from its tier object when it is offloaded (the table commit lags the
+   offload record), row group by row group; else from the bookies (entries 0..last,
+   ``chunk_entries`` at a time, decoded by offload.format's ``entries_to_table_fast``, the
+   encoder of the objects, and the typed columns of the schema registry by the offloader's
+   ``TableTypedColumns``: the same columns).
 
 Rows of snapshot files whose ledger is no longer in the list (retention trimmed it between 1 and
-2) are left out: the list read in step 1 is the cut. The result is sorted by (partition,
-ledger_id, entry_id, batch_index) and has the snapshot's schema (its column order and types)
-plus any column only the newer rows have (a schema version the table has not seen yet).
+2) are left out: the list read in step 1 is the cut. Ledgers are read in (partition, ledger_id)
+order and each piece is in (entry_id, batch_index) order, so the stream is sorted by
+(partition, ledger_id, entry_id, batch_index). Its schema is fixed at the cut: the snapshot's
+(its column order and types) plus any column only the other ledgers have (their object
+footers, the bookie rows' columns: a schema version the table has not seen yet); every piece is
+cast to it (a missing column null).
 
-A pyarrow Table is what Polars (``pl.from_arrow``) and DuckDB (``duckdb.arrow`` / a
-``FROM tbl`` replacement scan) take without a copy.
+Publish-time push-down (``start_time_ms`` inclusive, ``end_time_ms`` exclusive: the Spark
+source's ``startingTime``/``endingTime``): a closed ledger whose recorded publish-time range
+misses it is not read; the snapshot's files are planned with the range as an Iceberg row filter
+(day partitions and column statistics prune files); an object's row groups are pruned by their
+publish_time statistics; the rows read are filtered.
+
+A pyarrow Table / RecordBatchReader is what Polars (``pl.from_arrow``) and DuckDB (a ``FROM
+reader`` replacement scan, ``duckdb.from_arrow``) take as they are.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import enum
 import json
 import logging
@@ -75,81 +92,310 @@ def plan_sources(ledgers, snapshot_files: set[str]) -> list[tuple[Any, Source]]:
     return out
 
 
+@dataclasses.dataclass
+class ScanReport:
+    """What a scan read, filled as its stream is consumed (pass one to count)."""
+
+    ledgers_total: int = 0                 # non-empty ledgers of the cut
+    ledgers_pruned_by_time: list[int] = dataclasses.field(default_factory=list)
+    snapshot_files_read: int = 0
+    objects_read: int = 0                  # tier objects not in the table yet
+    row_groups_read: int = 0               # of those objects
+    row_groups_pruned: int = 0             # by their publish_time statistics
+    bookie_ledgers_read: int = 0
+    bookie_entries_read: int = 0
+    rows: int = 0
+
+
 def scan(topic: str, *, zookeeper: str, admin_url: str, s3_endpoint_url: str | None = None,
-         options: Mapping[str, str] | None = None, chunk_entries: int = 1000) -> pa.Table:
+         options: Mapping[str, str] | None = None, chunk_entries: int = 1000, start_time_ms: int | None = None,
+         end_time_ms: int | None = None, report: ScanReport | None = None) -> pa.Table:
     """Every message of ``topic`` (a partitioned topic: all partitions) as one Arrow table: the
-    Iceberg snapshot plus the entries still on the bookies (see the module docstring).
+    stream of ``scan_batches`` (same arguments) read to its end (see the module docstring)."""
+    with scan_batches(topic, zookeeper=zookeeper, admin_url=admin_url, s3_endpoint_url=s3_endpoint_url,
+                      options=options, chunk_entries=chunk_entries, start_time_ms=start_time_ms,
+                      end_time_ms=end_time_ms, report=report) as reader:
+        return reader.read_all()
+
+
+def scan_batches(topic: str, *, zookeeper: str, admin_url: str, s3_endpoint_url: str | None = None,
+                 options: Mapping[str, str] | None = None, chunk_entries: int = 1000,
+                 start_time_ms: int | None = None, end_time_ms: int | None = None,
+                 report: ScanReport | None = None) -> pa.RecordBatchReader:
+    """Every message of ``topic`` as a ``pyarrow.RecordBatchReader``, ledger by ledger in
+    (partition, ledger_id, entry_id, batch_index) order: snapshot data files and tier objects
+    row group by row group, bookie ledgers ``chunk_entries`` entries at a time, so memory stays
+    bounded by one such piece. The cut (ledger list, snapshot, schema) is taken here, before
+    this returns; the rows are read as the reader is consumed. The reader holds a ZooKeeper
+    session until it is read to its end or released (garbage-collected: pyarrow's ``close()``
+    keeps the Python iterator that owns it).
+
     ``zookeeper``: the cluster's metadata store; ``admin_url``: a broker's admin URL (the lake
     endpoint, the open ledger's last confirmed entry); ``s3_endpoint_url`` for an s3:// tier;
-    ``options``: the Spark source's connection options for a secured cluster
-    (``bookieAuthToken``, ``zookeeperAuthDigest``, ``bookieTlsTrustCertsFile``..., docs/spark.md),
-    read and checked by the same code. ValueError / OptionError for bad arguments (nothing read)."""
+    ``options``: the Spark source's connection options for a secured cluster (``adminToken`` /
+    ``adminTokenFile`` for the admin calls, ``bookieAuthToken``, ``zookeeperAuthDigest``,
+    ``bookieTlsTrustCertsFile``..., docs/spark.md), read and checked by the same code.
+    ``start_time_ms`` (inclusive) / ``end_time_ms`` (exclusive): only messages published in
+    that range, the Spark source's ``startingTime``/``endingTime`` rule; ledgers whose recorded
+    publish-time range misses it, table files pruned by the table's day partitions and
+    statistics, and object row groups by their statistics are not read. ValueError /
+    OptionError for bad arguments (nothing read)."""
     from spark_source.options import parse_options
     if chunk_entries <= 0:
         raise ValueError(f"chunk_entries {chunk_entries} <= 0")
     name = TopicName.parse(topic)
-    opts = parse_options({**(options or {}), "topic": str(name), "zookeeper": zookeeper, "adminUrl": admin_url,
-                          **({"s3EndpointUrl": s3_endpoint_url} if s3_endpoint_url else {})}, streaming=False)
-    from spark_source.source import _with_metadata
+    times = {k: str(v) for k, v in (("startingTime", start_time_ms), ("endingTime", end_time_ms)) if v is not None}
+    opts = parse_options({**(options or {}), **times, "topic": str(name), "zookeeper": zookeeper,
+                          "adminUrl": admin_url, **({"s3EndpointUrl": s3_endpoint_url} if s3_endpoint_url else {})},
+                         streaming=False)
+    token = opts.admin_bearer()
+    request = _Request(name, admin_url.rstrip("/"), token, s3_endpoint_url, chunk_entries,
+                       opts.starting_time_ms, opts.ending_time_ms, report if report is not None else ScanReport())
+    loop = asyncio.new_event_loop()
+    stream = _stream(opts, request)
+    try:
+        schema = loop.run_until_complete(stream.__anext__())       # the cut and its schema
+    except BaseException:
+        _close(loop, stream)
+        raise
+    return pa.RecordBatchReader.from_batches(schema, _drive(loop, stream, schema))
 
-    async def run(store, client) -> list[pa.Table]:
-        return await _scan(store, client, name, admin_url=admin_url.rstrip("/"), s3_endpoint_url=s3_endpoint_url,
-                           chunk_entries=chunk_entries)
-    # the Spark source's ZooKeeper session and ledger client (connected only if a ledger is
-    # read from the bookies), with its credentials
-    parts = asyncio.run(_with_metadata(opts, run))
-    if not parts:
-        from offload.format import ROW_SCHEMA
-        return ROW_SCHEMA.empty_table()
-    out = _concat(parts)
-    return out.sort_by([("partition", "ascending"), ("ledger_id", "ascending"), ("entry_id", "ascending"),
-                        ("batch_index", "ascending")])
+
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    name: TopicName
+    admin_url: str
+    admin_token: str
+    s3_endpoint_url: str | None
+    chunk_entries: int
+    start_time_ms: int | None          # inclusive
+    end_time_ms: int | None            # exclusive
+    report: ScanReport
+
+    def overlaps(self, lo_ms: int | None, hi_ms: int | None) -> bool:
+        """False only when a known publish-time range [lo_ms, hi_ms] misses the request's."""
+        if self.start_time_ms is not None and hi_ms is not None and hi_ms < self.start_time_ms:
+            return False
+        return not (self.end_time_ms is not None and lo_ms is not None and lo_ms >= self.end_time_ms)
+
+    def keep(self, table: pa.Table) -> pa.Table:
+        """The rows of ``table`` published in the requested range."""
+        if self.start_time_ms is None and self.end_time_ms is None:
+            return table
+        ms = pc.cast(pc.cast(table.column("publish_time"), pa.timestamp("ms", tz="UTC"), safe=False), pa.int64())
+        mask = None
+        if self.start_time_ms is not None:
+            mask = pc.greater_equal(ms, self.start_time_ms)
+        if self.end_time_ms is not None:
+            below = pc.less(ms, self.end_time_ms)
+            mask = below if mask is None else pc.and_(mask, below)
+        return table.filter(mask)
 
 
-async def _scan(store, client, name: TopicName, *, admin_url: str, s3_endpoint_url: str | None,
-                chunk_entries: int) -> list[pa.Table]:
-    from spark_source.metadata import expand_topics, read_partition
-    members = await expand_topics(store, topics=[str(name)], pattern=None)
-    partitions = [await read_partition(store, client, t, i, must_exist=False, admin_url=admin_url)
-                  for t, i in members]                                                  # 1. the cut
-    if not any(p.ledgers for p in partitions):
-        raise LakeScanError(f"topic {name}: no managed ledger in ZooKeeper (never written?)")
-    parent = name.partitioned_parent
-    location = _metadata_location(admin_url, parent)                                    # 2. the snapshot
-    snapshot, files = _snapshot(location, s3_endpoint_url)
-    typed = await _typed_columns(store, str(parent))
-    parts: list[pa.Table] = []
-    from_snapshot: set[int] = set()
-    for p in partitions:                                                                # 3. each ledger once
-        for seg, source in plan_sources(p.ledgers, files):
+def _drive(loop, stream, schema: pa.Schema):
+    """The record batches of ``stream`` (an async generator) run on ``loop``, conformed to
+    ``schema``; the loop and the stream are closed when it ends or is dropped."""
+    try:
+        while True:
+            try:
+                table = loop.run_until_complete(stream.__anext__())
+            except StopAsyncIteration:
+                return
+            yield from _conform(table, schema).to_batches()
+    finally:
+        _close(loop, stream)
+
+
+def _close(loop, stream) -> None:
+    try:
+        loop.run_until_complete(stream.aclose())
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()
+
+
+async def _stream(opts, req: _Request):
+    """Yields the schema (after taking the cut), then the rows as tables, ledger by ledger."""
+    from spark_source.source import metadata_session
+    async with metadata_session(opts) as (store, client):
+        plan = await _plan(store, client, req)
+        yield plan.schema
+        report = req.report
+        for p, seg, source in plan.reads:
             if source is Source.SNAPSHOT:
-                from_snapshot.add(seg.ledger_id)
+                report.snapshot_files_read += 1
+                pieces = _snapshot_tables(plan, seg.ledger_id, seg.offload_uri, req)
             elif source is Source.OBJECT:
-                parts.append(_read_object(seg.offload_uri, s3_endpoint_url))
+                report.objects_read += 1
+                pieces = _object_tables(seg.ledger_id, seg.offload_uri, req)
             else:
-                parts.extend(await _read_bookies(client, p.topic, p.partition, seg, typed, chunk_entries))
-    if snapshot is not None:
-        keep = pc.is_in(snapshot.column("ledger_id"), value_set=pa.array(sorted(from_snapshot), pa.int64()))
-        parts.insert(0, snapshot.filter(keep))
-    log.info("lake scan topic=%s snapshot_ledgers=%d other_parts=%d metadata_location=%s", name,
-             len(from_snapshot), len(parts) - (snapshot is not None), location)
-    return parts
+                report.bookie_ledgers_read += 1
+                async for table in _bookie_tables(client, p.topic, p.partition, seg, plan.typed, req):
+                    report.rows += table.num_rows
+                    yield table
+                continue
+            for table in pieces:
+                report.rows += table.num_rows
+                yield table
+        log.info("lake scan topic=%s snapshot_files=%d objects=%d bookie_ledgers=%d pruned_by_time=%d rows=%d "
+                 "metadata_location=%s", req.name, report.snapshot_files_read, report.objects_read,
+                 report.bookie_ledgers_read, len(report.ledgers_pruned_by_time), report.rows, plan.location)
 
 
-def _metadata_location(admin_url: str, parent: TopicName) -> str | None:
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    reads: list            # (PartitionLedgers, LedgerSegment, Source), in output order
+    schema: pa.Schema
+    location: str | None
+    snapshot_scan: Any     # pyiceberg DataScan of the current snapshot (time-filtered), or None
+    snapshot_tasks: dict   # data file URI -> FileScanTask (those the time filter keeps)
+    typed: Any
+
+
+async def _plan(store, client, req: _Request) -> _Plan:
+    """The cut: the ledger lists, then the snapshot; which ledger is read from where; the schema."""
+    from spark_source.metadata import expand_topics, read_partition
+    members = await expand_topics(store, topics=[str(req.name)], pattern=None)
+    partitions = [await read_partition(store, client, t, i, must_exist=False, admin_url=req.admin_url,
+                                       admin_token=req.admin_token) for t, i in members]      # 1. the cut
+    if not any(p.ledgers for p in partitions):
+        raise LakeScanError(f"topic {req.name}: no managed ledger in ZooKeeper (never written?)")
+    parent = req.name.partitioned_parent
+    location = _metadata_location(req.admin_url, parent, req.admin_token)                     # 2. the snapshot
+    table, files = _snapshot(location, req.s3_endpoint_url)
+    typed = await _typed_columns(store, str(parent))
+    planned = [(p, seg, source) for p in sorted(partitions, key=lambda p: p.partition)
+               for seg, source in plan_sources(p.ledgers, files)]                              # 3. each ledger once
+    # the schema: the snapshot's (its column order and types), then any column only newer rows have
+    schemas = [] if table is None else [_snapshot_schema(table)]
+    for p, seg, source in planned:
+        if source is Source.OBJECT:
+            schemas.append(_object_schema(seg.offload_uri, req.s3_endpoint_url))
+        elif source is Source.BOOKIES:
+            schemas.append(_bookie_schema(seg.ledger_id, p.partition, typed))
+    schema = _union(schemas)
+    snapshot_scan, tasks = None, {}
+    if table is not None:
+        snapshot_scan = table.scan(row_filter=_time_filter(req))
+        tasks = {task.file.file_path: task for task in snapshot_scan.plan_files()}
+    reads = []
+    for p, seg, source in planned:
+        req.report.ledgers_total += 1
+        pruned = not req.overlaps(seg.min_publish_time_ms, seg.max_publish_time_ms) or (
+            source is Source.SNAPSHOT and seg.offload_uri not in tasks)
+        if pruned:
+            req.report.ledgers_pruned_by_time.append(seg.ledger_id)
+        else:
+            reads.append((p, seg, source))
+    return _Plan(reads, schema, location, snapshot_scan, tasks, typed)
+
+
+def _time_filter(req: _Request):
+    """The request's publish-time range as an Iceberg row filter (microseconds)."""
+    from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThan
+    out = AlwaysTrue()
+    if req.start_time_ms is not None:
+        out = And(out, GreaterThanOrEqual("publish_time", req.start_time_ms * 1000))
+    if req.end_time_ms is not None:
+        out = And(out, LessThan("publish_time", req.end_time_ms * 1000))
+    return out
+
+
+def _snapshot_schema(table) -> pa.Schema:
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+    return schema_to_pyarrow(table.schema(), include_field_ids=False)
+
+
+def _snapshot_tables(plan: _Plan, ledger_id: int, uri: str, req: _Request):
+    """One ledger's rows of the snapshot (its data file), batch by batch, through pyiceberg
+    (the table's projection: renamed/added columns, the row filter)."""
+    from pyiceberg.expressions import And, EqualTo
+    from pyiceberg.io.pyarrow import ArrowScan
+    scan_ = plan.snapshot_scan
+    arrow_scan = ArrowScan(scan_.table_metadata, scan_.io, scan_.projection(),
+                           And(scan_.row_filter, EqualTo("ledger_id", ledger_id)), scan_.case_sensitive)
+    with _gone(ledger_id, uri):
+        for batch in arrow_scan.to_record_batches([plan.snapshot_tasks[uri]]):
+            yield pa.Table.from_batches([batch])
+
+
+@contextlib.contextmanager
+def _gone(ledger_id: int, uri: str):
+    """A file or object deleted since the cut (retention while the stream was read) ->
+    LakeScanError."""
+    from offload.store import ObjectNotFoundError
+    try:
+        yield
+    except (FileNotFoundError, ObjectNotFoundError) as e:
+        raise LakeScanError(f"ledger {ledger_id}: {uri} is gone since the scan's cut (retention meanwhile?): "
+                            f"scan again ({e})") from None
+
+
+def _object_schema(uri: str, s3_endpoint_url: str | None) -> pa.Schema:
+    from offload.reader import TierReader
+    with TierReader(uri, s3_endpoint_url=s3_endpoint_url, read_ahead_row_groups=0, whole_object_bytes_max=0) as r:
+        return r.schema
+
+
+def _object_tables(ledger_id: int, uri: str, req: _Request):
+    """A tier object's rows, row group by row group (those whose publish_time statistics
+    overlap the requested range)."""
+    from offload.reader import TierReader
+    with _gone(ledger_id, uri), TierReader(uri, s3_endpoint_url=req.s3_endpoint_url, read_ahead_row_groups=1) as reader:
+        keep = [i for i in range(reader.num_row_groups) if req.overlaps(*_row_group_times(reader.metadata, i))]
+        req.report.row_groups_pruned += reader.num_row_groups - len(keep)
+        for table in reader.read_row_group_tables(keep):
+            req.report.row_groups_read += 1
+            yield req.keep(table)
+
+
+def _row_group_times(metadata, index: int) -> tuple[int | None, int | None]:
+    """(min, max) publish time (ms) of a row group from its statistics ((None, None): unknown)."""
+    rg = metadata.row_group(index)
+    for c in range(rg.num_columns):
+        col = rg.column(c)
+        if col.path_in_schema == "publish_time":
+            st = col.statistics
+            if st is None or not st.has_min_max or col.physical_type != "INT64":
+                return None, None
+            unit = metadata.schema.to_arrow_schema().field("publish_time").type.unit
+            div = {"ms": 1, "us": 1000, "ns": 1_000_000}.get(unit)
+            return (None, None) if div is None else (st.min_raw // div, st.max_raw // div)
+    return None, None
+
+
+def _bookie_schema(ledger_id: int, partition: int, typed) -> pa.Schema:
+    from offload.format import entries_to_table_fast
+    return _with_typed(entries_to_table_fast(ledger_id, [], partition=partition), typed).schema
+
+
+def _with_typed(table: pa.Table, typed) -> pa.Table:
+    if typed is not None:
+        for field, array in zip(typed.fields, typed.arrays(table)):
+            table = table.append_column(field, pa.array(array, field.type) if not isinstance(
+                array, (pa.Array, pa.ChunkedArray)) else array)
+    return table
+
+
+def _metadata_location(admin_url: str, parent: TopicName, admin_token: str = "") -> str | None:
+    """The table's current metadata file (``GET .../lake``, with ``Authorization: Bearer
+    admin_token`` when a token is given); None when there is no table yet."""
     url = (f"{admin_url}/admin/v2/persistent/{parent.tenant}/{parent.namespace_local_name}/"
            f"{parent.encoded_local_name}/lake")
+    headers = {"Accept": "application/json", **({"Authorization": f"Bearer {admin_token}"} if admin_token else {})}
     try:
-        with urllib.request.urlopen(url, timeout=60) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60) as resp:
             return json.loads(resp.read()).get("metadata_location")
     except urllib.error.HTTPError as e:
-        raise LakeScanError(f"topic {parent}: GET {url} answered {e.code}: {e.read()[:300]!r}") from None
+        hint = " (give options adminToken or adminTokenFile)" if e.code in (401, 403) else ""
+        raise LakeScanError(f"topic {parent}: GET {url} answered {e.code}{hint}: {e.read()[:300]!r}") from None
     except urllib.error.URLError as e:
         raise LakeScanError(f"topic {parent}: GET {url}: {e.reason}") from None
 
 
-def _snapshot(location: str | None, s3_endpoint_url: str | None) -> tuple[pa.Table | None, set[str]]:
-    """The current snapshot's rows and data file URIs (None, empty: no table yet)."""
+def _snapshot(location: str | None, s3_endpoint_url: str | None):
+    """The table (pyiceberg ``StaticTable``) and its current snapshot's data file URIs (None,
+    empty: no table or no snapshot yet). Nothing but metadata is read."""
     if not location:
         return None, set()
     from pyiceberg.table import StaticTable
@@ -157,14 +403,7 @@ def _snapshot(location: str | None, s3_endpoint_url: str | None) -> tuple[pa.Tab
     table = StaticTable.from_metadata(location, properties=props)
     if table.current_snapshot() is None:
         return None, set()
-    files = {task.file.file_path for task in table.scan().plan_files()}
-    return table.scan().to_arrow(), files
-
-
-def _read_object(uri: str, s3_endpoint_url: str | None) -> pa.Table:
-    from offload.reader import TierReader
-    with TierReader(uri, s3_endpoint_url=s3_endpoint_url, read_ahead_row_groups=0) as reader:
-        return reader.read_table()
+    return table, {task.file.file_path for task in table.scan().plan_files()}
 
 
 async def _typed_columns(store, parent: str):
@@ -180,7 +419,9 @@ async def _typed_columns(store, parent: str):
     return TableTypedColumns.of(tuple(versions), topic=parent)
 
 
-async def _read_bookies(client, topic: str, partition: int, seg, typed, chunk_entries: int) -> list[pa.Table]:
+async def _bookie_tables(client, topic: str, partition: int, seg, typed, req: _Request):
+    """A ledger's entries 0..last from the bookies, ``chunk_entries`` at a time, as tables with
+    the offloader's columns (typed ones included)."""
     from offload.format import entries_to_table_fast
     from pulsarlite.errors import MetadataNotFoundError, NoSuchLedgerError
     try:
@@ -193,40 +434,39 @@ async def _read_bookies(client, topic: str, partition: int, seg, typed, chunk_en
     if reader.last_readable_entry_id < seg.last_entry_id:
         raise LakeScanError(f"topic {topic}: ledger {seg.ledger_id} has entries up to "
                             f"{reader.last_readable_entry_id}, the list says {seg.last_entry_id}")
-    out = []
-    for first in range(0, seg.last_entry_id + 1, chunk_entries):
-        entries = await reader.read(first, min(first + chunk_entries - 1, seg.last_entry_id))
+    for first in range(0, seg.last_entry_id + 1, req.chunk_entries):
+        entries = await reader.read(first, min(first + req.chunk_entries - 1, seg.last_entry_id))
+        req.report.bookie_entries_read += len(entries)
         table = entries_to_table_fast(seg.ledger_id, [(e.entry_id, e.payload) for e in entries], partition=partition)
-        if typed is not None:
-            for field, array in zip(typed.fields, typed.arrays(table)):
-                table = table.append_column(field, pa.array(array, field.type) if not isinstance(
-                    array, (pa.Array, pa.ChunkedArray)) else array)
-        out.append(table)
-    return out
+        yield req.keep(_with_typed(table, typed))
 
 
-def _concat(parts: list[pa.Table]) -> pa.Table:
-    """The parts in the first one's schema (the snapshot's, when there is one): each column cast
-    to its type, a missing column null; columns only later parts have are appended."""
-    fields = list(parts[0].schema)
+def _union(schemas: list[pa.Schema]) -> pa.Schema:
+    """The first schema's fields (the snapshot's, when there is one), then those only later
+    ones have (nullable), in order; the offloader's row schema when there is none."""
+    if not schemas:
+        from offload.format import ROW_SCHEMA
+        return ROW_SCHEMA
+    fields = list(schemas[0])
     names = {f.name for f in fields}
-    for t in parts[1:]:
-        for f in t.schema:
+    for schema in schemas[1:]:
+        for f in schema:
             if f.name not in names:
                 fields.append(f.with_nullable(True))
                 names.add(f.name)
-    schema = pa.schema(fields)
-    conformed = []
-    for t in parts:
-        cols = []
-        for f in schema:
-            if f.name in t.column_names:
-                col = t.column(f.name)
-                cols.append(col if col.type == f.type else col.cast(f.type))
-            else:
-                cols.append(pa.nulls(t.num_rows, f.type))
-        conformed.append(pa.Table.from_arrays(cols, schema=schema))
-    return pa.concat_tables(conformed)
+    return pa.schema(fields)
 
 
-__all__ = ["LakeScanError", "Source", "plan_sources", "scan"]
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` in ``schema``: each column cast to its type, a missing column null."""
+    cols = []
+    for f in schema:
+        if f.name in table.column_names:
+            col = table.column(f.name)
+            cols.append(col if col.type == f.type else col.cast(f.type))
+        else:
+            cols.append(pa.nulls(table.num_rows, f.type))
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+__all__ = ["LakeScanError", "ScanReport", "Source", "plan_sources", "scan", "scan_batches"]

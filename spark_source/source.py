@@ -8,6 +8,7 @@ live (:mod:`spark_source.scan`): no broker on the read path.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -70,6 +71,14 @@ class _LazyLedgerClient:
 async def _with_metadata(opts: SourceOptions, fn):
     """Run ``fn(store, ledger_client)`` with a ZooKeeper session and a ledger client that
     connects on first use."""
+    async with metadata_session(opts) as (store, client):
+        return await fn(store, client)
+
+
+@contextlib.asynccontextmanager
+async def metadata_session(opts: SourceOptions):
+    """``(store, ledger_client)``: a ZooKeeper session and a ledger client that connects on
+    first use, with the options' credentials; both closed on exit."""
     from pulsarlite.metadata import MetadataStore
 
     if not opts.zookeeper:
@@ -82,7 +91,7 @@ async def _with_metadata(opts: SourceOptions, fn):
     try:
         client = _LazyLedgerClient(store, opts)
         try:
-            return await fn(store, client)
+            yield store, client
         finally:
             await client.close()
     finally:

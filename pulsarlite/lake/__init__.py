@@ -12,7 +12,7 @@ a face, and only inside a function. It is a package (``pulsarlite/lake/__init__.
 and carries edits made to it on other branches there when they are merged.
 """
 
-PUBLIC_NAMES = frozenset({"scan", "LakeScanError", "Source", "plan_sources"})
+PUBLIC_NAMES = frozenset({"scan", "scan_batches", "ScanReport", "LakeScanError", "Source", "plan_sources"})
 
 
 def __getattr__(name: str):

@@ -21,42 +21,53 @@ from tests.integration.test_offload_typed_columns import fields  # noqa: E402
 pytestmark = pytest.mark.integration
 
 
-def test_scan_of_a_half_offloaded_topic_returns_every_message_once_with_the_readers_ids(cluster_factory, tmp_path):
-    import duckdb
-    import polars as pl
-
+def half_offloaded(cluster_factory, tmp_path, client_box: list):
+    """A cluster (lake on, file:// tier, deletion lag: offloaded ledgers stay on the bookies too,
+    the scan must not read them twice) whose topic has its first ledgers offloaded and in the
+    table, the rest (the open ledger among them) on the bookies. Returns (cluster, client,
+    lake info, offloaded ledger ids); the client is put in ``client_box`` for the caller to close."""
     from pulsarlite.lake import LakeScanError, scan
 
     tier_dir = tmp_path / "tier"
     tier_dir.mkdir()
-    # deletion lag: offloaded ledgers stay on the bookies too, the scan must not read them twice
     cluster = cluster_factory(3, brokers=1, broker_overrides=broker_overrides(
         f"file://{tier_dir}", lake_enabled=True, offload_deletion_lag_ms=3_600_000))
     keep_everything(cluster.admin_url)
     client = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
+    client_box.append(client)
+    with pytest.raises(LakeScanError, match="no managed ledger"):
+        scan(TOPIC, zookeeper=cluster.zookeeper, admin_url=cluster.admin_url)
+    produce(client, 0, 25, 40)
+    ledgers = [i for i in internal_stats(cluster.admin_url, LOCAL)["ledgers"] if i["entries"] > 0]
+    assert len(ledgers) >= 4
+    middle = ledgers[len(ledgers) // 2]["ledgerId"]       # offload the first half only
+    code, body = http("PUT", topic_url(cluster.admin_url, LOCAL) + "/offload", {"ledgerId": middle, "entryId": 0})
+    assert code == 204, body
+    half = [i["ledgerId"] for i in ledgers if i["ledgerId"] < middle]
+
+    def committed():
+        code, got = http("GET", topic_url(cluster.admin_url, LOCAL) + "/offload")
+        assert got["status"] != "ERROR", got
+        info = lake(cluster.admin_url)
+        return got["status"] == "SUCCESS" and info["metadata_location"] and \
+            len(table_files(info["metadata_location"])) == len(half) and info
+
+    from tests.integration.helpers import wait_for
+    info = wait_for(committed, 120, "first half offloaded and in the table", interval_s=0.2)
+    assert set(offloaded_ledgers(cluster.admin_url)) == set(half)
+    produce(client, 65, 0, 15)              # more, on the bookies (the open ledger among them)
+    return cluster, client, info, half
+
+
+def test_scan_of_a_half_offloaded_topic_returns_every_message_once_with_the_readers_ids(cluster_factory, tmp_path):
+    import duckdb
+    import polars as pl
+
+    from pulsarlite.lake import scan
+
+    box: list = []
     try:
-        with pytest.raises(LakeScanError, match="no managed ledger"):
-            scan(TOPIC, zookeeper=cluster.zookeeper, admin_url=cluster.admin_url)
-        produce(client, 0, 25, 40)
-        ledgers = [i for i in internal_stats(cluster.admin_url, LOCAL)["ledgers"] if i["entries"] > 0]
-        assert len(ledgers) >= 4
-        middle = ledgers[len(ledgers) // 2]["ledgerId"]       # offload the first half only
-        code, body = http("PUT", topic_url(cluster.admin_url, LOCAL) + "/offload", {"ledgerId": middle, "entryId": 0})
-        assert code == 204, body
-        half = [i["ledgerId"] for i in ledgers if i["ledgerId"] < middle]
-
-        def committed():
-            code, got = http("GET", topic_url(cluster.admin_url, LOCAL) + "/offload")
-            assert got["status"] != "ERROR", got
-            info = lake(cluster.admin_url)
-            return got["status"] == "SUCCESS" and info["metadata_location"] and \
-                len(table_files(info["metadata_location"])) == len(half) and info
-
-        from tests.integration.helpers import wait_for
-        info = wait_for(committed, 120, "first half offloaded and in the table", interval_s=0.2)
-        assert set(offloaded_ledgers(cluster.admin_url)) == set(half)
-        produce(client, 65, 0, 15)              # more, on the bookies (the open ledger among them)
-
+        cluster, client, info, half = half_offloaded(cluster_factory, tmp_path, box)
         got = scan(TOPIC, zookeeper=cluster.zookeeper, admin_url=cluster.admin_url)
         rows = got.to_pylist()
         ids = [(r["ledger_id"], r["entry_id"], r["batch_index"]) for r in rows]
@@ -83,4 +94,64 @@ def test_scan_of_a_half_offloaded_topic_returns_every_message_once_with_the_read
         con.register("topic", got)
         assert con.execute("SELECT count(*), count(DISTINCT item) FROM topic").fetchone() == (80, 80)
     finally:
-        client.close()
+        for client in box:
+            client.close()
+
+
+def test_scan_batches_streams_the_same_rows_as_scan_and_prunes_by_publish_time(cluster_factory, tmp_path):
+    """The stream (small bookie chunks) holds the rows of ``scan``, in the same order and schema,
+    in pieces no larger than a chunk / a table batch; Polars and DuckDB read the reader itself; a
+    publish-time window returns the rows of ``scan`` in that window while ledgers whose recorded
+    range misses it are not read."""
+    import duckdb
+    import polars as pl
+    import pyarrow as pa
+
+    from pulsarlite.lake import ScanReport, scan, scan_batches
+
+    box: list = []
+    try:
+        cluster, client, info, half = half_offloaded(cluster_factory, tmp_path, box)
+        where = {"zookeeper": cluster.zookeeper, "admin_url": cluster.admin_url}
+        whole = scan(TOPIC, **where)
+        assert whole.num_rows == 80
+        report = ScanReport()
+        with scan_batches(TOPIC, **where, chunk_entries=2, report=report) as reader:
+            assert reader.schema == whole.schema
+            batches = list(reader)
+        streamed = pa.Table.from_batches(batches, whole.schema)
+        assert streamed.equals(whole)                                       # same rows, order, ids, columns
+        assert report.snapshot_files_read == len(half) and report.bookie_ledgers_read >= 2
+        assert report.rows == 80 and report.ledgers_pruned_by_time == []
+        bookie_batches = [b for b in batches if b.column("ledger_id")[0].as_py() not in half]
+        assert len(bookie_batches) >= report.bookie_entries_read // 2       # chunk_entries=2 at a time
+        assert max(b.num_rows for b in bookie_batches) <= 2 * 4             # 2 entries of <= 4 messages
+
+        # Polars and DuckDB consume the reader (a stream, read once)
+        with scan_batches(TOPIC, **where) as reader:
+            assert pl.from_arrow(reader).filter(pl.col("shop") == "north").height == 55
+        with scan_batches(TOPIC, **where) as reader:
+            assert duckdb.connect().execute("SELECT count(*), count(DISTINCT item) FROM reader").fetchone() == (80, 80)
+
+        # a window [t0, t1): from the last offloaded ledger's newest message to a bookie row's
+        rows = whole.to_pylist()
+        ms = [int(r["publish_time"].timestamp() * 1000) for r in rows]
+        t0 = max(m for r, m in zip(rows, ms) if r["ledger_id"] == half[-1])
+        t1 = ms[len(rows) - 8]
+        want = [(r["ledger_id"], r["entry_id"], r["batch_index"]) for r, m in zip(rows, ms) if t0 <= m < t1]
+        assert 0 < len(want) < 80
+        report = ScanReport()
+        got = scan(TOPIC, **where, start_time_ms=t0, end_time_ms=t1, report=report)
+        assert [(r["ledger_id"], r["entry_id"], r["batch_index"]) for r in got.to_pylist()] == want
+        assert got.schema == whole.schema
+        # the offloaded ledgers before the last one ended before t0: neither listed nor read
+        early = [lg for lg in half[:-1] if max(m for r, m in zip(rows, ms) if r["ledger_id"] == lg) < t0]
+        assert early and set(early) <= set(report.ledgers_pruned_by_time)
+        assert report.snapshot_files_read == len(half) - len(early)
+        assert report.rows == len(want)
+        from spark_source.options import OptionError
+        with pytest.raises(OptionError, match="before"):
+            scan(TOPIC, **where, start_time_ms=t1, end_time_ms=t0)
+    finally:
+        for client in box:
+            client.close()
