@@ -172,3 +172,48 @@ async def wait_ledger_repaired(client, lid: int, bookie: str, timeout_s: float):
             return md
         assert time.monotonic() < deadline, f"ledger {lid} still names {bookie} after {timeout_s}s"
         await asyncio.sleep(0.5)
+
+
+def hs256_token(secret: bytes, role: str) -> str:
+    """A token for ``role`` signed with ``secret`` (the broker's token_secret_key)."""
+    import jwt
+    return jwt.encode({"sub": role}, secret, algorithm="HS256")
+
+
+@contextlib.contextmanager
+def token_secured_cluster(base, secret: bytes, **broker_overrides):
+    """A LocalCluster (3 bookies, 1 broker) under ``base`` whose broker authenticates tokens
+    signed with ``secret`` and authorizes them (superuser role ``admin``); ``broker_overrides``
+    add to that. Stopped at the end, even on failure."""
+    from faces.cluster import LocalCluster
+    key_path = base / "secret.key"
+    key_path.write_bytes(secret)
+    cluster = LocalCluster(base / "cluster")
+    try:
+        cluster.start_processes(bookies=3, brokers=1, broker_overrides={
+            "authentication_enabled": True, "authentication_providers": "token",
+            "authorization_enabled": True, "superuser_roles": "admin",
+            "token_secret_key": f"file://{key_path}", **broker_overrides})
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def topic_with_an_unconfirmed_last_entry(service_url: str, admin_token: str, prefix: str, count: int) -> str:
+    """A new topic whose only ledger is open, holding ``count`` single-message entries sent by
+    the official client with ``admin_token``: the bookies' LAC is the entry before the last
+    (they learn a confirmation from the next entry), the broker's is the last."""
+    import uuid
+
+    import pulsar
+    topic = f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:6]}"
+    client = pulsar.Client(service_url, authentication=pulsar.AuthenticationToken(admin_token),
+                           operation_timeout_seconds=30)
+    try:
+        producer = client.create_producer(topic, batching_enabled=False)
+        for i in range(count):
+            producer.send(f"v{i}".encode())
+        producer.close()
+    finally:
+        client.close()
+    return topic

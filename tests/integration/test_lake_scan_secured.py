@@ -6,15 +6,13 @@ a secured broker (token provider, lake on, file:// tier), the official client.""
 from __future__ import annotations
 
 import os
-import uuid
 
-import jwt
 import pytest
 
 pulsar = pytest.importorskip("pulsar")
 pytest.importorskip("pyiceberg")
 
-from faces.cluster import LocalCluster  # noqa: E402
+from integration.helpers import hs256_token, token_secured_cluster, topic_with_an_unconfirmed_last_entry  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -23,41 +21,22 @@ N = 7
 
 
 def token(sub: str) -> str:
-    return jwt.encode({"sub": sub}, SECRET, algorithm="HS256")
+    return hs256_token(SECRET, sub)
 
 
 @pytest.fixture(scope="module")
 def secured(module_tmp_path):
-    key_path = module_tmp_path / "secret.key"
-    key_path.write_bytes(SECRET)
     tier = module_tmp_path / "tier"
     tier.mkdir()
-    c = LocalCluster(module_tmp_path / "secured-lake")
-    try:
-        c.start_processes(bookies=3, brokers=1, broker_overrides={
-            "authentication_enabled": True, "authentication_providers": "token",
-            "authorization_enabled": True, "superuser_roles": "admin",
-            "token_secret_key": f"file://{key_path}", "tier_uri": f"file://{tier}", "lake_enabled": True})
-        yield c
-    finally:
-        c.stop()
+    with token_secured_cluster(module_tmp_path, SECRET, tier_uri=f"file://{tier}", lake_enabled=True) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")
 def open_topic(secured):
-    """A topic whose only ledger is open, holding N single-message entries: the bookies' LAC is
-    the entry before the last, the broker's is the last."""
-    topic = f"persistent://public/default/secured-lake-{uuid.uuid4().hex[:6]}"
-    client = pulsar.Client(secured.service_url, authentication=pulsar.AuthenticationToken(token("admin")),
-                           operation_timeout_seconds=30)
-    try:
-        producer = client.create_producer(topic, batching_enabled=False)
-        for i in range(N):
-            producer.send(f"v{i}".encode())
-        producer.close()
-    finally:
-        client.close()
-    return topic
+    """A topic whose only ledger is open: the bookies' LAC is the entry before the last, the
+    broker's is the last."""
+    return topic_with_an_unconfirmed_last_entry(secured.service_url, token("admin"), "secured-lake", N)
 
 
 def test_scan_with_the_admin_token_reads_to_the_brokers_last_confirmed_entry(secured, open_topic, tmp_path):
