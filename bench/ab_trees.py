@@ -1,17 +1,19 @@
 """A/B one benchmark command across two source trees (e.g. before and after a refactor).
 
     .venv/bin/python bench/ab_trees.py OLD_TREE NEW_TREE --pairs 3 \\
-        --figure 'batched=json:batched.msg_s' --figure 'read=md:^\\| batched \\| file \\| tier read:4' \\
-        -- bench/bench_broker.py --json --seconds 5 --phases batched
+        --figure 'batched=json:results.batched.msg_s' \\
+        -- bench/bench_broker.py --json --seconds 5 --no-ceiling --phases warmup,batched
 
-Runs the command (after ``--``) with this interpreter, with the current directory set to each
-tree in turn so that tree's code is imported, alternating ABBA (old, new, new, old, old, new...)
-so a drift in the machine's load falls on both sides. Each run's stdout and stderr are kept
-under --out (default a temp dir), with the load average read just before it starts. A figure is
-``NAME=json:a.b.c`` (a key path into the first JSON object printed on stdout) or
-``NAME=md:REGEX:COL`` (the first stdout line matching REGEX, split on ``|``, column COL, the
-leading number taken). Prints, per figure, each run's value, the per-pair ratios new/old and
-their median, as markdown; also as one JSON object with --json. Not a test: figures only.
+Runs the command (after ``--``) with this interpreter, with the current directory and
+PYTHONPATH set to each tree in turn so that tree's code is imported (child processes too),
+alternating ABBA (old, new, new, old, old, new...) so a drift in the machine's load falls on
+both sides. Each run's stdout and stderr are kept under --out (default a temp dir), with the
+load average read just before it starts. A figure is ``NAME=json:a.b.c`` (a key path into the
+first JSON object printed on stdout) or ``NAME=md:REGEX:COL`` (the first stdout line matching
+REGEX, split on ``|``, column COL, the leading number taken; e.g.
+``read=md:^\\| batched \\| file \\| tier read:4`` for bench_offload.py). Prints, per figure, each
+run's value, the per-pair ratios new/old and their median, as markdown; also as one JSON object
+with --json. Not a test: figures only.
 """
 
 from __future__ import annotations
@@ -77,11 +79,11 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=600)
     parser.add_argument("--json", action="store_true")
     argv = sys.argv[1:]
-    if "--" not in argv or argv.index("--") == len(argv) - 1:
-        parser.error("no command after --")
-    cut = argv.index("--")
+    cut = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:cut])
     command = argv[cut + 1:]
+    if not command:
+        parser.error("no command after --")
     figures = [f.split("=", 1) for f in args.figure]
     out = pathlib.Path(args.out or tempfile.mkdtemp(prefix="ab-trees-"))
     out.mkdir(parents=True, exist_ok=True)
