@@ -29,18 +29,9 @@ import sys
 import tempfile
 import time
 
+from suite import first_json  # bench/suite.py: the first JSON object a script prints
+
 NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)*(?:\.\d+)?")
-
-
-def first_json(text: str) -> dict | None:
-    decoder = json.JSONDecoder()
-    for m in re.finditer(r"^\{", text, re.M):
-        try:
-            value, _ = decoder.raw_decode(text[m.start():])
-            return value
-        except ValueError:
-            continue
-    return None
 
 
 def extract(spec: str, stdout: str) -> float | None:
