@@ -34,6 +34,11 @@ misses it is not read; the snapshot's files are planned with the range as an Ice
 (day partitions and column statistics prune files); an object's row groups are pruned by their
 publish_time statistics; the rows read are filtered.
 
+Column projection (``columns``): the schema above cut to those names (unknown ones: LakeScanError
+at the cut, before any row is read); snapshot files are scanned with them as pyiceberg's selected
+fields, objects with them as the Parquet column projection (plus ``publish_time`` under a
+window), bookie rows are cut to them (typed columns decoded only when one is asked for).
+
 A pyarrow Table / RecordBatchReader is what Polars (``pl.from_arrow``) and DuckDB (a ``FROM
 reader`` replacement scan, ``duckdb.from_arrow``) take as they are.
 """
@@ -49,7 +54,7 @@ import logging
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -109,19 +114,20 @@ class ScanReport:
 
 def scan(topic: str, *, zookeeper: str, admin_url: str, s3_endpoint_url: str | None = None,
          options: Mapping[str, str] | None = None, chunk_entries: int = 1000, start_time_ms: int | None = None,
-         end_time_ms: int | None = None, report: ScanReport | None = None) -> pa.Table:
+         end_time_ms: int | None = None, columns: Sequence[str] | None = None,
+         report: ScanReport | None = None) -> pa.Table:
     """Every message of ``topic`` (a partitioned topic: all partitions) as one Arrow table: the
     stream of ``scan_batches`` (same arguments) read to its end (see the module docstring)."""
     with scan_batches(topic, zookeeper=zookeeper, admin_url=admin_url, s3_endpoint_url=s3_endpoint_url,
                       options=options, chunk_entries=chunk_entries, start_time_ms=start_time_ms,
-                      end_time_ms=end_time_ms, report=report) as reader:
+                      end_time_ms=end_time_ms, columns=columns, report=report) as reader:
         return reader.read_all()
 
 
 def scan_batches(topic: str, *, zookeeper: str, admin_url: str, s3_endpoint_url: str | None = None,
                  options: Mapping[str, str] | None = None, chunk_entries: int = 1000,
                  start_time_ms: int | None = None, end_time_ms: int | None = None,
-                 report: ScanReport | None = None) -> pa.RecordBatchReader:
+                 columns: Sequence[str] | None = None, report: ScanReport | None = None) -> pa.RecordBatchReader:
     """Every message of ``topic`` as a ``pyarrow.RecordBatchReader``, ledger by ledger in
     (partition, ledger_id, entry_id, batch_index) order: snapshot data files and tier objects
     row group by row group, bookie ledgers ``chunk_entries`` entries at a time, so memory stays
@@ -138,11 +144,16 @@ def scan_batches(topic: str, *, zookeeper: str, admin_url: str, s3_endpoint_url:
     ``start_time_ms`` (inclusive) / ``end_time_ms`` (exclusive): only messages published in
     that range, the Spark source's ``startingTime``/``endingTime`` rule; ledgers whose recorded
     publish-time range misses it, table files pruned by the table's day partitions and
-    statistics, and object row groups by their statistics are not read. ValueError /
-    OptionError for bad arguments (nothing read)."""
+    statistics, and object row groups by their statistics are not read. ``columns``: only these
+    columns, in this order (None: all): table files and tier objects read only them (plus
+    ``publish_time`` for a window), bookie rows are cut to them (typed columns decoded only
+    when one is asked for); a name the topic's schema (at the cut) does not have is a
+    LakeScanError raised here, before any row is read. ValueError / OptionError for bad
+    arguments (nothing read)."""
     from spark_source.options import parse_options
     if chunk_entries <= 0:
         raise ValueError(f"chunk_entries {chunk_entries} <= 0")
+    wanted = _checked_columns(columns)
     name = TopicName.parse(topic)
     times = {k: str(v) for k, v in (("startingTime", start_time_ms), ("endingTime", end_time_ms)) if v is not None}
     opts = parse_options({**(options or {}), **times, "topic": str(name), "zookeeper": zookeeper,
@@ -150,7 +161,8 @@ def scan_batches(topic: str, *, zookeeper: str, admin_url: str, s3_endpoint_url:
                          streaming=False)
     token = opts.admin_bearer()
     request = _Request(name, admin_url.rstrip("/"), token, s3_endpoint_url, chunk_entries,
-                       opts.starting_time_ms, opts.ending_time_ms, report if report is not None else ScanReport())
+                       opts.starting_time_ms, opts.ending_time_ms, report if report is not None else ScanReport(),
+                       wanted)
     loop = asyncio.new_event_loop()
     stream = _stream(opts, request)
     try:
@@ -171,6 +183,20 @@ class _Request:
     start_time_ms: int | None          # inclusive
     end_time_ms: int | None            # exclusive
     report: ScanReport
+    columns: tuple[str, ...] | None = None    # the projection (None: every column)
+
+    @property
+    def windowed(self) -> bool:
+        return self.start_time_ms is not None or self.end_time_ms is not None
+
+    def needed(self, have: Sequence[str]) -> list[str] | None:
+        """The columns to read from a piece whose columns are ``have`` (None: all): the
+        projection's that it has, ``publish_time`` for the window; never none (a row count needs
+        one column: ``entry_id`` then)."""
+        if self.columns is None:
+            return None
+        want = list(self.columns) + (["publish_time"] if self.windowed and "publish_time" not in self.columns else [])
+        return [c for c in want if c in have] or ["entry_id"]
 
     def overlaps(self, lo_ms: int | None, hi_ms: int | None) -> bool:
         """False only when a known publish-time range [lo_ms, hi_ms] misses the request's."""
@@ -180,7 +206,7 @@ class _Request:
 
     def keep(self, table: pa.Table) -> pa.Table:
         """The rows of ``table`` published in the requested range."""
-        if self.start_time_ms is None and self.end_time_ms is None:
+        if not self.windowed:
             return table
         ms = pc.cast(pc.cast(table.column("publish_time"), pa.timestamp("ms", tz="UTC"), safe=False), pa.int64())
         mask = None
@@ -273,10 +299,10 @@ async def _plan(store, client, req: _Request) -> _Plan:
             schemas.append(_object_schema(seg.offload_uri, req.s3_endpoint_url))
         elif source is Source.BOOKIES:
             schemas.append(_bookie_schema(seg.ledger_id, p.partition, typed))
-    schema = _union(schemas)
+    schema = _projected(_union(schemas), req.columns, req.name)
     snapshot_scan, tasks = None, {}
     if table is not None:
-        snapshot_scan = table.scan(row_filter=_time_filter(req))
+        snapshot_scan = _snapshot_scan(table, req)
         tasks = {task.file.file_path: task for task in snapshot_scan.plan_files()}
     reads = []
     for p, seg, source in planned:
@@ -288,6 +314,45 @@ async def _plan(store, client, req: _Request) -> _Plan:
         else:
             reads.append((p, seg, source))
     return _Plan(reads, schema, location, snapshot_scan, tasks, typed)
+
+
+def _checked_columns(columns: Sequence[str] | None) -> tuple[str, ...] | None:
+    """``columns`` as a tuple; ValueError for a non-list, an empty list, a non-string or a
+    repeated name."""
+    if columns is None:
+        return None
+    if isinstance(columns, (str, bytes)) or not isinstance(columns, Sequence):
+        raise ValueError(f"columns must be a list of column names, got {columns!r}")
+    if not columns:
+        raise ValueError("columns is empty (None reads every column)")
+    bad = [c for c in columns if not isinstance(c, str) or not c]
+    if bad:
+        raise ValueError(f"columns must be non-empty strings, got {bad!r}")
+    twice = sorted({c for c in columns if list(columns).count(c) > 1})
+    if twice:
+        raise ValueError(f"columns named more than once: {twice}")
+    return tuple(columns)
+
+
+def _projected(schema: pa.Schema, columns: tuple[str, ...] | None, topic) -> pa.Schema:
+    """``schema`` cut to ``columns``, in their order; LakeScanError naming the unknown ones and
+    the topic's columns."""
+    if columns is None:
+        return schema
+    unknown = [c for c in columns if schema.get_field_index(c) < 0]
+    if unknown:
+        raise LakeScanError(f"topic {topic}: no column {', '.join(map(repr, unknown))}; its columns are "
+                            f"{', '.join(schema.names)}")
+    return pa.schema([schema.field(c) for c in columns])
+
+
+def _snapshot_scan(table, req: _Request):
+    """The snapshot's scan: the window as a row filter, the projection's columns that the table
+    has as the selected fields (pyiceberg reads only those columns of the data files, and the
+    filter's)."""
+    names = {f.name for f in table.schema().fields}
+    selected = ("*",) if req.columns is None else tuple(req.needed(names) or ())
+    return table.scan(row_filter=_time_filter(req), selected_fields=selected)
 
 
 def _time_filter(req: _Request):
@@ -344,7 +409,7 @@ def _object_tables(ledger_id: int, uri: str, req: _Request):
     with _gone(ledger_id, uri), TierReader(uri, s3_endpoint_url=req.s3_endpoint_url, read_ahead_row_groups=1) as reader:
         keep = [i for i in range(reader.num_row_groups) if req.overlaps(*_row_group_times(reader.metadata, i))]
         req.report.row_groups_pruned += reader.num_row_groups - len(keep)
-        for table in reader.read_row_group_tables(keep):
+        for table in reader.read_row_group_tables(keep, columns=req.needed(reader.schema.names)):
             req.report.row_groups_read += 1
             yield req.keep(table)
 
@@ -422,7 +487,7 @@ async def _typed_columns(store, parent: str):
 async def _bookie_tables(client, topic: str, partition: int, seg, typed, req: _Request):
     """A ledger's entries 0..last from the bookies, ``chunk_entries`` at a time, as tables with
     the offloader's columns (typed ones included)."""
-    from offload.format import entries_to_table_fast
+    from offload.format import ROW_SCHEMA, entries_to_table_fast
     from pulsarlite.errors import MetadataNotFoundError, NoSuchLedgerError
     try:
         reader = await client.open_ledger(seg.ledger_id, recovery=False)
@@ -434,11 +499,16 @@ async def _bookie_tables(client, topic: str, partition: int, seg, typed, req: _R
     if reader.last_readable_entry_id < seg.last_entry_id:
         raise LakeScanError(f"topic {topic}: ledger {seg.ledger_id} has entries up to "
                             f"{reader.last_readable_entry_id}, the list says {seg.last_entry_id}")
+    typed_names = [f.name for f in typed.fields] if typed is not None else []
+    needed = req.needed(ROW_SCHEMA.names + typed_names)
+    if needed is not None and not set(needed) & set(typed_names):
+        typed = None                                    # no typed column asked for: not decoded
     for first in range(0, seg.last_entry_id + 1, req.chunk_entries):
         entries = await reader.read(first, min(first + req.chunk_entries - 1, seg.last_entry_id))
         req.report.bookie_entries_read += len(entries)
         table = entries_to_table_fast(seg.ledger_id, [(e.entry_id, e.payload) for e in entries], partition=partition)
-        yield req.keep(_with_typed(table, typed))
+        table = _with_typed(table, typed)
+        yield req.keep(table if needed is None else table.select(needed))
 
 
 def _union(schemas: list[pa.Schema]) -> pa.Schema:

@@ -152,6 +152,22 @@ def test_scan_batches_streams_the_same_rows_as_scan_and_prunes_by_publish_time(c
         from spark_source.options import OptionError
         with pytest.raises(OptionError, match="before"):
             scan(TOPIC, **where, start_time_ms=t1, end_time_ms=t0)
+
+        # column projection: the same rows, only the columns asked for, in their order, from the
+        # snapshot (typed ones included) and the bookies alike; with the window too
+        cols = ["qty", "ledger_id", "entry_id", "batch_index", "item"]
+        got = scan(TOPIC, **where, columns=cols)
+        assert got.schema.names == cols and got.equals(whole.select(cols))
+        with scan_batches(TOPIC, **where, chunk_entries=2, columns=["shop", "entry_id"]) as reader:
+            assert reader.schema.names == ["shop", "entry_id"]
+            assert reader.read_all().equals(whole.select(["shop", "entry_id"]))
+        got = scan(TOPIC, **where, start_time_ms=t0, end_time_ms=t1, columns=["ledger_id", "entry_id", "batch_index"])
+        assert [tuple(r.values()) for r in got.to_pylist()] == want
+        from pulsarlite.lake import LakeScanError
+        report = ScanReport()
+        with pytest.raises(LakeScanError, match="no column 'quantity'; its columns are ledger_id, .*qty"):
+            scan_batches(TOPIC, **where, columns=["qty", "quantity"], report=report)
+        assert report.rows == 0 and report.snapshot_files_read == 0 and report.bookie_entries_read == 0
     finally:
         for client in box:
             client.close()
