@@ -166,3 +166,20 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
 def s3_tier_uri(s3_server: S3Endpoint) -> str:
     """``s3://pulsarlite-test/t-<hex>``: an empty prefix for this test on the session's server."""
     return s3_server.tier_uri()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator["LocalPostgresServer"]:  # noqa: F821
+    """One PostgreSQL server (Debian's binaries, a child process on a free 127.0.0.1 port, its
+    cluster in a fresh temporary directory, trust authentication) for the session; stopped by
+    pid and its directory deleted at the end, even on failure. Give each test its own database
+    (``create_database``). Fails (does not skip) when PostgreSQL or psycopg2 is missing:
+    scripts/setup.sh installs both (tests/local_postgres.py)."""
+    from tests.local_postgres import LocalPostgresServer
+
+    server = LocalPostgresServer()
+    try:
+        server.start(timeout_s=60)
+        yield server
+    finally:
+        server.stop()

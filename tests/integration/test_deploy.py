@@ -122,7 +122,10 @@ def test_dockerfile():
     assert re.search(r"^FROM python:3\.11-slim\b", text, re.M)
     users = re.findall(r"^USER (\S+)", text, re.M)
     assert users and users[-1] not in ("root", "0")
-    assert re.search(r"pip install \.", text)
+    assert re.search(r"pip install \"?\.\[lake\]", text)           # pyiceberg and the PostgreSQL driver
+    lake_extra = " ".join(tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())
+                          ["project"]["optional-dependencies"]["lake"])
+    assert "sql-postgres" in lake_extra
     assert "java" not in text.lower().replace("no java", "")
     root = DEPLOY.parent
     copied = set()
@@ -135,3 +138,29 @@ def test_dockerfile():
     include = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
     packages = {pattern.rstrip("*") for pattern in include}
     assert packages and packages <= copied, f"packages not copied into the image: {sorted(packages - copied)}"
+
+
+@pytest.mark.parametrize("compose_file", ["docker-compose.yml", "docker-compose.secure.yml"])
+def test_brokers_share_the_postgres_lake_catalog(compose_file):
+    """[lakehouse] both brokers have the lake on, with one catalog: the postgres service's
+    database, reached by service name, user and database as the service makes them; the password
+    is not in the TOML (libpq reads PGPASSWORD from the broker's environment, the service's)."""
+    from urllib.parse import urlsplit
+
+    services = yaml.safe_load((DEPLOY / compose_file).read_text())["services"]
+    pg = services["postgres"]
+    assert pg["image"].startswith("postgres:") and "pg_isready" in pg["healthcheck"]["test"]
+    env = pg["environment"]
+    uris = set()
+    for name in ("broker-1", "broker-2"):
+        service = services[name]
+        assert service["depends_on"]["postgres"]["condition"] == "service_healthy"
+        (config_path,) = [source for source, target in bind_mounts(service) if target == service["command"][2]]
+        config = load_toml(BrokerConfig, config_path)
+        assert config.offload.lake_enabled
+        uri = urlsplit(config.offload.lake_catalog_uri)
+        assert uri.scheme == "postgresql+psycopg2" and uri.hostname == "postgres" and uri.port == 5432
+        assert uri.username == env["POSTGRES_USER"] and uri.path == "/" + env["POSTGRES_DB"] and uri.password is None
+        assert service["environment"]["PGPASSWORD"] == env["POSTGRES_PASSWORD"]
+        uris.add(config.offload.lake_catalog_uri)
+    assert len(uris) == 1                                                 # one catalog for both
