@@ -81,12 +81,18 @@ class LocalPostgresServer:
             import psycopg2  # noqa: F401
         except ImportError:
             raise PostgresUnavailable("no psycopg2 (pip install psycopg2-binary: the test extra)") from None
+        owner = None
+        if os.geteuid() == 0:
+            try:
+                owner = pwd.getpwnam("postgres")
+            except KeyError:
+                raise PostgresUnavailable("running as root and there is no postgres user to run PostgreSQL as "
+                                          "(Debian's postgresql package makes it)") from None
         # a directory the postgres user can reach (pytest's tmp_path is root's, mode 0700)
         self.dir = Path(tempfile.mkdtemp(prefix="pulsarlite-pg-"))
         data = self.dir / "data"
-        if os.geteuid() == 0:
-            pw = pwd.getpwnam("postgres")
-            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+        if owner is not None:
+            os.chown(self.dir, owner.pw_uid, owner.pw_gid)
         try:
             subprocess.run([str(bin_dir / "initdb"), "-D", str(data), "-U", USER, "--auth=trust", "-E", "UTF8",
                             "--no-sync", "--locale=C"], check=True, capture_output=True, timeout=timeout_s,
