@@ -63,6 +63,8 @@ class OffloadConfig:
     lake_catalog_uri: str = ""               # SQLAlchemy URI (SQL catalog) or http(s):// (Iceberg REST catalog); empty: sqlite in <file tier>/_lake
     lake_snapshot_retention_ms: int = 24 * 3600 * 1000   # expire older table snapshots (-1: keep all)
     lake_partition: str = "day"              # "day": tables partitioned by day(publish_time), ledgers roll at UTC midnight; "none"
+    lake_merge_target_bytes: int = 128 * MiB   # small table files merged up to this size (a second copy; 0: off)
+    lake_merge_files_min: int = 4            # the newest run of small files is merged from this many files
 
     def validate(self) -> "OffloadConfig":
         _positive_ints(self, "concurrent_max", "check_interval_ms", "row_group_bytes", "ledger_bytes_max",
@@ -87,6 +89,12 @@ class OffloadConfig:
         if isinstance(self.lake_snapshot_retention_ms, bool) or not isinstance(self.lake_snapshot_retention_ms, int) \
                 or self.lake_snapshot_retention_ms < -1:
             raise ConfigError("OffloadConfig.lake_snapshot_retention_ms must be an integer >= -1")
+        merge = self.lake_merge_target_bytes
+        if isinstance(merge, bool) or not isinstance(merge, int) or merge < 0:
+            raise ConfigError(f"OffloadConfig.lake_merge_target_bytes must be an integer >= 0 (0: off), got {merge!r}")
+        files_min = self.lake_merge_files_min
+        if isinstance(files_min, bool) or not isinstance(files_min, int) or files_min < 2:
+            raise ConfigError(f"OffloadConfig.lake_merge_files_min must be an integer >= 2, got {files_min!r}")
         if self.lake_partition not in ("day", "none"):
             raise ConfigError(f"OffloadConfig.lake_partition must be 'day' or 'none', got {self.lake_partition!r}")
         if self.lake_enabled:

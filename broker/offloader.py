@@ -67,6 +67,7 @@ from broker.schemas import SchemaRegistry
 from offload.core import (LedgerOffload, LedgerView, ListedObject, ObjectStats, Offload, OffloadPolicy, OffloadRecord,
                           Tick, orphan_objects, plan_offload)
 from offload.lake import Lake, TableId
+from offload.lake_merge import LedgerObject, ledger_day, merge_once, sweep_merged
 from offload.shell import LedgerOffloadShell, OffloadError
 from offload.tier import Tier, TierReadCache, encode_and_upload, verify_object
 from pulsarlite.errors import MetadataNotFoundError, check
@@ -390,9 +391,13 @@ class TopicOffloader:
             error = await self._drive(ledger_id, Tick(broker.clock()), policy)
             if error:
                 errors.append(f"ledger {ledger_id}: {error}")
+        if broker.lake is not None and not self._closed:
+            await self._merge_table_files()
         self._passes += 1
         if self._passes % self.ORPHAN_SWEEP_EVERY_PASSES == 1:
             await self.sweep_orphans()
+            if broker.lake is not None:
+                await self._sweep_merged()
         if errors:
             self.last_error = "; ".join(errors)
             raise OffloadError(self.last_error)
@@ -565,6 +570,45 @@ class TopicOffloader:
                                   prefix=self.object_prefix, topic=self.ml_name, now_ms=self.broker.clock())
             self._table_synced = state
             self.table_error = ""
+
+    async def merge_table_files(self) -> bool:
+        """At most one merge of small files of the topic's table (offload/lake_merge.py:
+        ``lake_merge_target_bytes``, ``lake_merge_files_min``), in the pool, under the table
+        lock (retention's sync waits: no ledger leaves meanwhile). True if one was committed."""
+        lake, cfg = self.broker.lake, self.broker.config.offload
+        if lake is None or cfg.lake_merge_target_bytes <= 0:
+            return False
+        async with self._table_lock:
+            ledgers = [LedgerObject(i.ledger_id,
+                                    i.offload.uri if i.offload.uri and i.ledger_id not in self.leaving
+                                    and i.offload.state in (OffloadState.OFFLOADED, OffloadState.BOOKIE_DELETED)
+                                    else None,
+                                    i.offload.stats.size_bytes if i.offload.stats is not None else 0,
+                                    None if i.offload.stats is None else
+                                    ledger_day(i.offload.stats.min_publish_time_ms, i.offload.stats.max_publish_time_ms))
+                       for i in self.ml.ledgers() if i.entries > 0]    # empty ledgers are never offloaded
+            done = await self.broker.run(merge_once, lake, self.broker.tier, self.table_id, ledgers,
+                                         object_prefix=self.object_prefix, topic=self.ml_name,
+                                         target_bytes=cfg.lake_merge_target_bytes, files_min=cfg.lake_merge_files_min,
+                                         row_group_bytes=cfg.row_group_bytes, now_ms=self.broker.clock())
+            return done is not None
+
+    async def _merge_table_files(self) -> None:
+        try:
+            await self.merge_table_files()
+        except (asyncio.CancelledError, ManagedLedgerFencedError, ManagedLedgerClosedError):
+            raise
+        except Exception as e:     # noqa: BLE001 - the table stays as it was; tried again on a later pass
+            self.table_error = f"merge: {type(e).__name__}: {e}"
+            log.warning("lake merge failed topic=%s table=%s (tried again on a later pass): %s", self.ml_name,
+                        self.table_id.name, e)
+
+    async def _sweep_merged(self) -> None:
+        try:
+            await self.broker.run(sweep_merged, self.broker.lake, self.broker.tier, self.table_id, self.prefix,
+                                  now_ms=self.broker.clock(), topic=self.ml_name)
+        except Exception as e:     # noqa: BLE001 - nothing deleted; tried again on a later sweep
+            log.warning("lake merged-object sweep failed topic=%s: %s", self.ml_name, e)
 
     async def remove_from_table(self) -> None:
         """Topic deletion: this topic's files leave the table (a non-partitioned topic's table is

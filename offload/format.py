@@ -747,7 +747,10 @@ def _row_group_cuts(table: pa.Table, row_group_bytes: int, row_group_rows_max: i
         return []
     eid = table.column("entry_id").combine_chunks()
     prev = pa.concat_arrays([pa.array([-1], pa.int64()), eid.slice(0, rows - 1)])
-    starts = pc.indices_nonzero(pc.not_equal(eid, prev))
+    lid = table.column("ledger_id").combine_chunks()
+    prev_lid = pa.concat_arrays([pa.array([-1], pa.int64()), lid.slice(0, rows - 1)])
+    # an entry starts where the entry id or the ledger id changes (a merged object holds several ledgers)
+    starts = pc.indices_nonzero(pc.or_(pc.not_equal(eid, prev), pc.not_equal(lid, prev_lid)))
     # lengths chunk by chunk, then combined (the values themselves are not copied)
     lengths = pc.binary_length(table.column("value")).combine_chunks()
     sizes = pc.add(lengths, ROW_BYTES_OVERHEAD).cast(pa.int64())
@@ -809,7 +812,7 @@ class ParquetStreamWriter:
         self.row_groups = 0
         self.min_publish_time_ms: int | None = None
         self.max_publish_time_ms: int | None = None
-        self._last_entry_id = -1
+        self._last_entry_id = (-1, -1)     # (ledger id, entry id) of the last row written
         self._held: pa.Table | None = None      # the rows of the row group not yet complete
 
     def write(self, table: pa.Table) -> None:
@@ -818,11 +821,11 @@ class ParquetStreamWriter:
         if table.num_rows == 0:
             return
         summary = summarize_table(table)
-        first = table.column("entry_id")[0].as_py()
+        first = (table.column("ledger_id")[0].as_py(), table.column("entry_id")[0].as_py())
         if first <= self._last_entry_id:
             raise TierFormatError(f"entry {first} after entry {self._last_entry_id}: tables "
-                                  "must hold whole entries in increasing id order")
-        self._last_entry_id = table.column("entry_id")[-1].as_py()
+                                  "must hold whole entries in increasing (ledger id, entry id) order")
+        self._last_entry_id = (table.column("ledger_id")[-1].as_py(), table.column("entry_id")[-1].as_py())
         rows = table if self._held is None else pa.concat_tables([self._held, table])
         start = 0
         for end in _row_group_cuts(rows, self.row_group_bytes, self.row_group_rows_max, last=False):

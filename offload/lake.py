@@ -127,13 +127,18 @@ class TableSync:
 
 def plan_table_sync(table_files: Iterable[str], offloaded: Mapping[int, str],
                     leaving: Iterable[int] = ()) -> TableSync:
-    """What to add to and remove from a topic's table so that its files are exactly the objects
-    of ``offloaded`` (ledger id -> object URI, the list's offloaded/bookie-deleted ledgers of
-    this topic or partition) minus the ledgers ``leaving`` (being trimmed); ``table_files``: the
-    table's files of this topic or partition."""
+    """What to add to and remove from a topic's table so that it holds exactly the rows of
+    ``offloaded`` (ledger id -> object URI, the list's offloaded/bookie-deleted ledgers of
+    this topic or partition) minus the ledgers ``leaving`` (being trimmed), each once;
+    ``table_files``: the table's files of this topic or partition. A merged file
+    (offload/lake_merge.py) stays while every ledger it stands for is still there (then their
+    own objects are not in the table); once one leaves, the merged file is removed and the
+    others' own objects are added back (``table_layout``)."""
+    from offload.lake_merge import table_layout
     gone = set(leaving)
-    keep = {uri for lid, uri in offloaded.items() if lid not in gone}
+    live = {lid: uri for lid, uri in offloaded.items() if lid not in gone}
     have = set(table_files)
+    _, keep = table_layout(have, live)
     return TableSync(tuple(sorted(keep - have)), tuple(sorted(have - keep)))
 
 
@@ -293,20 +298,63 @@ class Lake:
         if plan.add and self._unpartition_if_spanning(table, tid, plan.add, pq):
             table = self.load(tid)
         with table.transaction() as tx:
-            if plan.remove:
-                removing = set(plan.remove)
-                with tx.update_snapshot().overwrite() as ow:
-                    for task in table.scan().plan_files():
-                        if task.file.file_path in removing:
-                            ow.delete_data_file(task.file)
             if plan.add:
                 with tx.update_schema() as update:
                     for uri in plan.add:
                         update.union_by_name(_arrow_schema(table.io, uri, pq))
-                tx.add_files(list(plan.add), snapshot_properties={"pulsarlite.topic": topic})
+            _replace_files(tx, table, plan.remove, plan.add, topic)
         log.info("lake commit table=%s topic=%s added=%d removed=%d seconds=%.3f metadata=%s", tid.name, topic,
                  len(plan.add), len(plan.remove), time.monotonic() - started, table.metadata_location)
         return plan
+
+    def table_state(self, tid: TableId, prefix: str) -> tuple[set[str], bool]:
+        """(the table's current files under ``prefix``, whether it is partitioned by day)."""
+        table = self.load(tid)
+        if table is None:
+            return set(), self.partition == "day"
+        return ({f for f in _files(table) if f.startswith(prefix)},
+                any(f.name == DAY_FIELD for f in table.spec().fields))
+
+    def referenced_files(self, tid: TableId) -> set[str]:
+        """The data files of every snapshot the table keeps (the current one and the older ones
+        not expired yet): merged objects outside this set can be deleted."""
+        table = self.load(tid)
+        if table is None or table.current_snapshot() is None:
+            return set()
+        return set(table.inspect.all_data_files().column("file_path").to_pylist())
+
+    def commit_merge(self, tid: TableId, sources: Iterable[str], merged_uri: str, *, topic: str = "",
+                     now_ms: int | None = None) -> None:
+        """Replace ``sources`` (files of the table) by ``merged_uri`` (offload/lake_merge.py) in
+        one snapshot. LakeError, nothing committed, if a source is no longer in the table or the
+        merged file does not fit the table's day partition."""
+        sources = tuple(sources)
+        with self._lock:
+            try:
+                import pyarrow.parquet as pq
+                started = time.monotonic()
+                table = self.load(tid)
+                if table is None:
+                    raise LakeError(f"table {tid.name}: gone before the merge's commit")
+                missing = set(sources) - _files(table)
+                if missing:
+                    raise LakeError(f"table {tid.name}: merge sources no longer in the table: {sorted(missing)}")
+                if any(f.name == DAY_FIELD for f in table.spec().fields):
+                    bounds = _publish_time_bounds_ms(table.io, merged_uri, pq)
+                    if bounds is None or spans_days(*bounds):
+                        raise LakeError(f"table {tid.name}: merged object {merged_uri} does not lie inside one day")
+                with table.transaction() as tx:
+                    with tx.update_schema() as update:
+                        update.union_by_name(_arrow_schema(table.io, merged_uri, pq))
+                    _replace_files(tx, table, sources, (merged_uri,), topic)
+                log.info("lake merge commit table=%s topic=%s removed=%d added=%s seconds=%.3f", tid.name, topic,
+                         len(sources), merged_uri, time.monotonic() - started)
+                if now_ms is not None and self.snapshot_retention_ms >= 0:
+                    self._expire(tid, now_ms)
+            except LakeError:
+                raise
+            except Exception as e:    # noqa: BLE001 - pyiceberg, sqlalchemy, pyarrow, OSError
+                raise LakeError(f"table {tid.name}: {type(e).__name__}: {e}") from e
 
     def _unpartition_if_spanning(self, table, tid: TableId, uris: Iterable[str], pq) -> bool:
         """If the table is partitioned by day and one of ``uris`` spans days (its footer's
@@ -374,6 +422,29 @@ class Lake:
             out.update(metadata_location=table.metadata_location, snapshotId=None if snap is None else snap.snapshot_id,
                        dataFiles=len(_files(table)), location=table.location())
         return out
+
+
+def _replace_files(tx, table, remove: Iterable[str], add: Iterable[str], topic: str) -> None:
+    """In ``tx``: the data files ``remove`` out of the table and the Parquet files ``add`` in,
+    in ONE snapshot (an overwrite that deletes and appends; a plain append when nothing is
+    removed), so no snapshot holds a row twice or misses one that stays."""
+    removing, add = set(remove), list(add)
+    props = {"pulsarlite.topic": topic}
+    if not removing:
+        if add:
+            tx.add_files(add, snapshot_properties=props)
+        return
+    from pyiceberg.table import TableProperties, _parquet_files_to_data_files
+    if add and tx.table_metadata.name_mapping() is None:
+        tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING:
+                             tx.table_metadata.schema().name_mapping.model_dump_json()})
+    with tx.update_snapshot(snapshot_properties=props).overwrite() as ow:
+        for task in table.scan().plan_files():
+            if task.file.file_path in removing:
+                ow.delete_data_file(task.file)
+        if add:
+            for data_file in _parquet_files_to_data_files(tx.table_metadata, add, table.io):
+                ow.append_data_file(data_file)
 
 
 def _files(table) -> set[str]:

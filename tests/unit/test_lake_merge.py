@@ -1,0 +1,258 @@
+"""[lakehouse] Small files merged (offload/lake_merge.py): names, the planner, the table sync with
+merged files (a property test over offload / merge / retention / crash sequences), and the
+rewrite + commit + sweep against a real pyiceberg table on a file:// tier."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from offload.lake import plan_table_sync
+from offload.lake_merge import (DAY_MS, LedgerObject, MergedName, ledger_day, merged_file_ledgers, merged_object_uri,
+                                merged_objects_to_delete, parse_merged_name, plan_merge, table_layout)
+
+P = "file:///tier/t/ns/x/"
+
+
+def own(lid: int) -> str:
+    return f"{P}ledger-{lid}-{'ab' * 8}.parquet"
+
+
+def merged(ids, u="cd" * 8) -> str:
+    return merged_object_uri(P, list(ids), u)
+
+
+# -- names ----------------------------------------------------------------------------------------
+@given(st.integers(0, 2 ** 40), st.integers(0, 1000), st.integers(1, 1000))
+def test_merged_names_round_trip(first, extra, count):
+    name = MergedName(first, first + extra, min(count, extra + 1), "0123abcd")
+    assert parse_merged_name(P + name.file_name) == name
+    assert merged_object_uri(P, [first, first + extra], "0123abcd") == P + f"merged-{first}-{first + extra}-2-0123abcd.parquet" \
+        if extra else True
+
+
+def test_ledger_objects_and_other_names_are_not_merged_files():
+    assert parse_merged_name(own(3)) is None
+    assert parse_merged_name(f"{P}merged-5-3-1-{'ab' * 8}.parquet") is None      # last < first
+    assert parse_merged_name(f"{P}merged-3-5-4-{'ab' * 8}.parquet") is None      # more ledgers than ids
+    assert parse_merged_name(f"{P}merged-3-5-2-XYZ.parquet") is None
+
+
+def test_ledger_day():
+    assert ledger_day(5 * DAY_MS, 6 * DAY_MS - 1) == 5
+    assert ledger_day(5 * DAY_MS, 6 * DAY_MS) is None
+    assert ledger_day(None, None) is None
+
+
+# -- validity and the sync -------------------------------------------------------------------------
+def test_a_merged_file_stands_for_its_ledgers_until_one_leaves():
+    m = merged([2, 3, 5])          # 4 is not in the list (an empty ledger): 3 ledgers in 2..5
+    assert merged_file_ledgers(m, [1, 2, 3, 5, 6]) == (2, 3, 5)
+    assert merged_file_ledgers(m, [3, 5, 6]) is None          # ledger 2 trimmed
+    assert merged_file_ledgers(m, [2, 5, 6]) is None          # ledger 3 back to offloading
+    assert merged_file_ledgers(own(2), [2]) is None
+
+
+def test_sync_keeps_a_valid_merged_file_and_not_its_ledgers_objects():
+    live = {i: own(i) for i in (1, 2, 3, 4)}
+    m = merged([2, 3])
+    assert plan_table_sync({own(1), m, own(4)}, live).empty
+    # the ledgers' own objects left over in the table (never made by us, but repaired)
+    sync = plan_table_sync({own(1), m, own(2), own(3), own(4)}, live)
+    assert sync.add == () and set(sync.remove) == {own(2), own(3)}
+    # sync never adds a merged file that is not in the table
+    assert plan_table_sync({own(1), own(4)}, live).add == (own(2), own(3))
+
+
+def test_a_leaving_ledger_takes_its_merged_file_out_and_the_others_objects_back():
+    live = {i: own(i) for i in (1, 2, 3, 4)}
+    m = merged([1, 2, 3])
+    sync = plan_table_sync({m, own(4)}, live, leaving=[1])
+    assert set(sync.remove) == {m} and set(sync.add) == {own(2), own(3)}
+    sync = plan_table_sync({m, own(4)}, {i: own(i) for i in (1, 3, 4)})      # ledger 2 no longer offloaded
+    assert set(sync.remove) == {m} and set(sync.add) == {own(1), own(3)}
+    assert plan_table_sync({m, own(4)}, {}).remove == tuple(sorted({m, own(4)}))   # topic deleted
+
+
+def test_overlapping_merged_files_keep_one():
+    live = {i: own(i) for i in range(1, 6)}
+    a, b = merged([1, 2, 3], "aa" * 8), merged([3, 4, 5], "bb" * 8)
+    kept, desired = table_layout({a, b}, live)
+    assert set(kept) == {a} and desired == {a, own(4), own(5)}
+
+
+# -- the planner -----------------------------------------------------------------------------------
+def objs(sizes, *, day=0, offloaded=None):
+    return [LedgerObject(i, own(i) if offloaded is None or i in offloaded else None, s, day)
+            for i, s in enumerate(sizes, start=1)]
+
+
+def test_plan_merges_the_oldest_run_of_small_files_up_to_the_target():
+    ledgers = objs([10] * 10)
+    files = {own(i) for i in range(1, 11)}
+    plan = plan_merge(ledgers, files, target_bytes=45, files_min=4, by_day=False)
+    assert plan.ledger_ids == (1, 2, 3, 4) and plan.sources == tuple(own(i) for i in (1, 2, 3, 4))
+    assert plan.size_bytes == 40
+    assert plan_merge(ledgers, files, target_bytes=0, files_min=4, by_day=False) is None
+
+
+def test_the_newest_run_needs_files_min_a_closed_one_two():
+    files = {own(i) for i in range(1, 4)}
+    assert plan_merge(objs([10, 10, 10]), files, target_bytes=100, files_min=4, by_day=False) is None
+    # a full group (the next file would pass the target) is closed: merged from 2 files
+    assert plan_merge(objs([40, 40, 40]), files, target_bytes=100, files_min=4,
+                      by_day=False).ledger_ids == (1, 2)
+    # large files are left alone, and break runs
+    assert plan_merge(objs([10, 100, 10]), files, target_bytes=100, files_min=2, by_day=False) is None
+
+
+def test_a_merge_stays_inside_a_day_and_skips_unknown_days():
+    ledgers = [LedgerObject(1, own(1), 10, 5), LedgerObject(2, own(2), 10, 5), LedgerObject(3, own(3), 10, 6),
+               LedgerObject(4, own(4), 10, 6), LedgerObject(5, own(5), 10, None), LedgerObject(6, own(6), 10, 6)]
+    files = {own(i) for i in range(1, 7)}
+    assert plan_merge(ledgers, files, target_bytes=100, files_min=4, by_day=True).ledger_ids == (1, 2)
+    files -= {own(1), own(2)}
+    files.add(merged([1, 2]))
+    # day 6 (3, 4) is followed by an unknown day: a break, not a closed group
+    assert plan_merge(ledgers, files, target_bytes=100, files_min=4, by_day=True) is None
+    # unpartitioned: days do not matter
+    plan = plan_merge(ledgers, files, target_bytes=100, files_min=4, by_day=False)
+    assert plan.ledger_ids == (1, 2, 3, 4, 5, 6) and plan.sources[0] == merged([1, 2])
+
+
+def test_a_ledger_not_offloaded_or_not_in_the_table_breaks_a_run():
+    ledgers = objs([10] * 6, offloaded={1, 2, 4, 5, 6})
+    files = {own(i) for i in (1, 2, 4, 5, 6)}
+    assert plan_merge(ledgers, files, target_bytes=100, files_min=3, by_day=False).ledger_ids == (4, 5, 6)
+    files.discard(own(5))
+    assert plan_merge(ledgers, files, target_bytes=100, files_min=3, by_day=False) is None
+
+
+def test_merged_objects_to_delete():
+    m_old, m_ref, m_young = merged([1, 2], "a1" * 8), merged([3, 4], "b1" * 8), merged([5, 6], "c1" * 8)
+    listed = [(m_old, 0), (m_ref, 0), (m_young, 990), (own(1), 0)]
+    assert merged_objects_to_delete(listed, {m_ref, own(1)}, now_ms=1000, grace_ms=100) == [m_old]
+
+
+# -- the property: never a message twice or missing -------------------------------------------------
+class Model:
+    """A topic's list, its objects and its table, driven like the offloader does, with crashes
+    between the steps."""
+
+    def __init__(self) -> None:
+        self.next_id = 1
+        self.entries: dict[int, int] = {}            # the list: ledger id -> entries
+        self.uri: dict[int, str] = {}                # offloaded ledgers' objects
+        self.objects: dict[str, frozenset] = {}      # object URI -> its rows (ledger id, entry id)
+        self.table: set[str] = set()
+        self.leaving: set[int] = set()
+        self.n = 0
+
+    def rows(self, ids) -> frozenset:
+        return frozenset((i, e) for i in ids for e in range(self.entries[i]))
+
+    def table_rows(self) -> list:
+        return [r for f in self.table for r in self.objects[f]]
+
+    def offloaded(self) -> dict[int, str]:
+        return dict(self.uri)
+
+    def sync(self) -> None:
+        plan = plan_table_sync(self.table, self.offloaded(), self.leaving)
+        self.table = (self.table - set(plan.remove)) | set(plan.add)
+
+    def check(self, synced: bool) -> None:
+        rows = self.table_rows()
+        assert len(rows) == len(set(rows)), "a message twice"
+        live = [i for i in self.uri if i not in self.leaving]
+        assert set(rows) <= self.rows(self.uri), "a message of a ledger not offloaded"
+        if synced:
+            assert set(rows) == self.rows(live), "a message missing"
+
+    def new_uri(self, stem: str) -> str:
+        self.n += 1
+        return f"{P}{stem}-{self.n:016x}.parquet"
+
+    def step(self, op: tuple) -> None:
+        kind = op[0]
+        if kind == "offload":                       # a ledger closes and is offloaded; commit or crash
+            _, entries, crash = op
+            lid = self.next_id
+            self.next_id += 1
+            self.entries[lid] = entries
+            if entries == 0:
+                return
+            uri = f"{P}ledger-{lid}-{self.n:016x}.parquet"
+            self.n += 1
+            self.objects[uri] = self.rows([lid])
+            self.uri[lid] = uri
+            if not crash:
+                self.sync()
+        elif kind == "sync":
+            self.sync()
+        elif kind == "merge":                      # plan, write, commit (or crash before it)
+            _, target, crash = op
+            ledgers = [LedgerObject(i, self.uri.get(i) if i not in self.leaving else None,
+                                    self.entries[i], 0) for i in sorted(self.entries) if self.entries[i] > 0]
+            plan = plan_merge(ledgers, self.table, target_bytes=target, files_min=2, by_day=False)
+            if plan is None:
+                return
+            uri = merged_object_uri(P, plan.ledger_ids, f"{self.n:016x}")
+            self.n += 1
+            self.objects[uri] = frozenset().union(*(self.objects[s] for s in plan.sources))
+            assert self.objects[uri] == self.rows(plan.ledger_ids)
+            if not crash and set(plan.sources) <= self.table:     # Lake.commit_merge's check
+                self.table = (self.table - set(plan.sources)) | {uri}
+        elif kind == "retention":                  # the first k ledgers: out of the table, crash?, trimmed
+            _, k, crash = op
+            ids = sorted(self.entries)[:k]
+            self.leaving |= set(ids)
+            self.sync()
+            self.check(True)
+            if crash:                              # the broker restarts: leaving is in memory only
+                self.leaving = set()
+                return
+            for i in ids:
+                self.entries.pop(i)
+                self.uri.pop(i, None)
+            self.leaving -= set(ids)
+        elif kind == "reoffload":                  # a ledger back to offloading, then offloaded again
+            _, pick, crash = op
+            if not self.uri:
+                return
+            lid = sorted(self.uri)[pick % len(self.uri)]
+            self.uri.pop(lid)
+            self.sync()
+            self.check(True)
+            if crash:
+                return                             # stays offloading for now
+            uri = self.new_uri(f"ledger-{lid}")
+            self.objects[uri] = self.rows([lid])
+            self.uri[lid] = uri
+            self.sync()
+
+
+OPS = st.one_of(
+    st.tuples(st.just("offload"), st.integers(0, 5), st.booleans()),
+    st.tuples(st.just("sync")),
+    st.tuples(st.just("merge"), st.integers(1, 20), st.booleans()),
+    st.tuples(st.just("retention"), st.integers(1, 3), st.booleans()),
+    st.tuples(st.just("reoffload"), st.integers(0, 10), st.booleans()),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(OPS, max_size=40))
+def test_never_a_message_twice_or_missing(ops):
+    m = Model()
+    for op in ops:
+        m.step(op)
+        m.check(synced=False)
+        synced = Model.__new__(Model)
+        synced.__dict__ = {**m.__dict__, "table": set(m.table)}
+        synced.sync()
+        synced.check(synced=True)       # the next pass's repair makes it exact
+    m.sync()
+    m.check(synced=True)
+    # and once synced, the plan is stable (no new snapshot)
+    assert plan_table_sync(m.table, m.offloaded(), m.leaving).empty
