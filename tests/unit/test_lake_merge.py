@@ -256,3 +256,122 @@ def test_never_a_message_twice_or_missing(ops):
     m.check(synced=True)
     # and once synced, the plan is stable (no new snapshot)
     assert plan_table_sync(m.table, m.offloaded(), m.leaving).empty
+
+
+# -- the rewrite and the commit against a real table ------------------------------------------------
+def _object(tier_dir, ledger_id: int, entries: int, *, t0_ms: int = 1_700_000_000_000, typed: bool = False) -> str:
+    import json
+    from offload.reader import encode_ledger
+    from offload.tier import TableTypedColumns
+    from pulsarlite.wire.entry import Message, build_entry
+    version = (0).to_bytes(8, "big")
+    schema = {"type": "record", "name": "R", "fields": [{"name": "n", "type": "int"}]}
+    rows = [(i, build_entry(Message(payload=json.dumps({"n": i}).encode() if typed else f"{ledger_id}-{i}".encode()),
+                            producer_name="p", sequence_id=i, publish_time_ms=t0_ms + ledger_id * 1000 + i,
+                            schema_version=version if typed else None))
+            for i in range(entries)]
+    columns = TableTypedColumns([(0, "JSON", json.dumps(schema))], topic="t", ledger_id=ledger_id) if typed else None
+    path = tier_dir / "t" / "ns" / "x" / f"ledger-{ledger_id}-{'ab' * 8}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(encode_ledger(ledger_id, rows, partition=-1, columns=columns).data)
+    return f"file://{path}"
+
+
+def test_merge_rewrites_commits_in_one_snapshot_and_retention_restores_the_objects(tmp_path):
+    pytest.importorskip("pyiceberg")
+    import os
+
+    import pyarrow.parquet as pq
+    from offload.lake import Lake, TableId
+    from offload.lake_merge import MERGED_LEDGERS_KEY, merge_once, sweep_merged
+    from offload.tier import Tier
+    tier_dir = tmp_path / "tier"
+    tier_dir.mkdir()
+    tier = Tier(f"file://{tier_dir}", None)
+    prefix = f"file://{tier_dir}/t/ns/x/"
+    # ledger 3 has typed columns, the others not: the merged schema is their union
+    uris = {i: _object(tier_dir, i, 5 + i, typed=(i == 3)) for i in (1, 2, 3, 4, 5)}
+    ledgers = [LedgerObject(i, u, os.path.getsize(u[len("file://"):]), 0) for i, u in uris.items()]
+    lake = Lake(tier.uri, partition="day")
+    tid = TableId.of_topic("t", "ns", "x")
+    lake.sync(tid, uris, prefix=prefix)
+    ids = lambda table: sorted((r["ledger_id"], r["entry_id"], r["batch_index"])
+                               for r in table.scan(selected_fields=("ledger_id", "entry_id", "batch_index"))
+                               .to_arrow().to_pylist())
+    before = ids(lake.load(tid))
+    assert len(before) == sum(5 + i for i in uris)
+    snapshots = len(lake.load(tid).metadata.snapshots)
+
+    done = merge_once(lake, tier, tid, ledgers, object_prefix=prefix, topic="t/ns/x", target_bytes=10 ** 9,
+                      files_min=4, row_group_bytes=8 << 20)
+    assert done is not None
+    plan, obj = done
+    assert plan.ledger_ids == (1, 2, 3, 4, 5) and obj.rows == len(before)
+    table = lake.load(tid)
+    assert len(table.metadata.snapshots) == snapshots + 1                 # one snapshot
+    assert lake.table_files(tid) == {obj.uri}
+    assert ids(table) == before                                           # every message once, same ids
+    md = pq.read_metadata(obj.uri[len("file://"):])
+    assert md.metadata[MERGED_LEDGERS_KEY.encode()] == b"1,2,3,4,5"
+    assert md.row_group(0).column(0).statistics.has_min_max             # ledger_id statistics
+    assert "n" in md.schema.to_arrow_schema().names
+    assert {r["n"] for r in table.scan(selected_fields=("ledger_id", "n")).to_arrow().to_pylist()
+            if r["ledger_id"] != 3} == {None}
+    assert lake.sync(tid, uris, prefix=prefix).empty                     # the sync keeps it
+    merged_snapshot = table.current_snapshot().snapshot_id
+
+    # retention trims ledger 1: ONE snapshot without the merged file, with the others' objects
+    sync = lake.sync(tid, uris, leaving=[1], prefix=prefix)
+    assert sync.remove == (obj.uri,) and set(sync.add) == {uris[i] for i in (2, 3, 4, 5)}
+    table = lake.load(tid)
+    assert len(table.metadata.snapshots) == snapshots + 2
+    assert ids(table) == [r for r in before if r[0] != 1]
+    # the previous snapshot still reads (the merged object is kept while a snapshot names it)
+    assert sweep_merged(lake, tier, tid, "t/ns/x/", now_ms=10 ** 15, grace_ms=0) == []
+    assert len(table.scan(snapshot_id=merged_snapshot).to_arrow()) == len(before)
+    # a merged object written but never committed (a crash) goes after the grace
+    orphan = merged_object_uri(prefix, [2, 3], "ee" * 8)
+    tier.put(tier.key_of(orphan), b"x")
+    assert sweep_merged(lake, tier, tid, "t/ns/x/", now_ms=10 ** 15, grace_ms=0) == [orphan]
+    # once the snapshots naming it expire, the merged object goes too
+    expiring = Lake(tier.uri, snapshot_retention_ms=0)
+    expiring.sync(tid, {i: uris[i] for i in (2, 3, 4, 5)}, prefix=prefix,
+                  now_ms=table.current_snapshot().timestamp_ms + 10_000)
+    assert sweep_merged(lake, tier, tid, "t/ns/x/", now_ms=10 ** 15, grace_ms=0) == [obj.uri]
+    assert not os.path.exists(obj.uri[len("file://"):])
+
+
+def test_a_merge_whose_sources_left_the_table_is_not_committed(tmp_path):
+    pytest.importorskip("pyiceberg")
+    from offload.lake import Lake, LakeError, TableId
+    from offload.lake_merge import write_merged
+    from offload.tier import Tier
+    tier_dir = tmp_path / "tier"
+    tier_dir.mkdir()
+    tier = Tier(f"file://{tier_dir}", None)
+    prefix = f"file://{tier_dir}/t/ns/x/"
+    uris = {i: _object(tier_dir, i, 3) for i in (1, 2)}
+    lake = Lake(tier.uri)
+    tid = TableId.of_topic("t", "ns", "x")
+    lake.sync(tid, {2: uris[2]}, prefix=prefix)
+    uri = merged_object_uri(prefix, [1, 2])
+    write_merged(lambda u: tier.get(tier.key_of(u)), lambda u, d: tier.put(tier.key_of(u), d), list(uris.values()),
+                 uri, [1, 2], row_group_bytes=8 << 20)
+    location = lake.metadata_location(tid)
+    with pytest.raises(LakeError, match="no longer in the table"):
+        lake.commit_merge(tid, list(uris.values()), uri)
+    assert lake.metadata_location(tid) == location
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"lake_merge_target_bytes": -1}, "lake_merge_target_bytes"),
+    ({"lake_merge_target_bytes": True}, "lake_merge_target_bytes"),
+    ({"lake_merge_files_min": 1}, "lake_merge_files_min"),
+])
+def test_bad_merge_settings_are_refused(overrides, match):
+    from broker.config import OffloadConfig
+    from pulsarlite.errors import ConfigError
+    with pytest.raises(ConfigError, match=match):
+        OffloadConfig(**overrides).validate()
+    assert OffloadConfig().lake_merge_target_bytes == 128 * 1024 * 1024
+    OffloadConfig(lake_merge_target_bytes=0).validate()       # off
