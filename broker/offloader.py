@@ -40,7 +40,10 @@ a topic are the data files of its Iceberg table. The object is committed to the 
 from the list (``Lake.sync``: adds offloaded ledgers missing from it, removes files no offloaded
 ledger names); retention takes the ledgers it trims out of the table before they leave the list
 (``before_trim``); topic deletion takes the topic's files out (drops a non-partitioned topic's
-table) before its objects go. Table work runs in the thread pool under one lock per topic.
+table) before its objects go. After the table repair and the offloads, a pass may merge one run of the
+table's small files (offload/lake_merge.py, ``lake_merge_target_bytes``); the periodic sweep
+also deletes merged objects no snapshot names. Table work runs in the thread pool under one lock
+per topic.
 
 Triggers: on demand (admin ``PUT .../offload``: every closed ledger before a position), on
 ledger rollover and on a timer (``offload_check_interval_ms``), by the namespace policy

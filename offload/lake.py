@@ -25,6 +25,10 @@ Protocol (the owner broker only, driven by ``broker.offloader``):
   metadata columns plus the typed columns offload/format.py wrote from the schema registry;
   fields added by a registry evolution become optional Iceberg fields with new, stable ids.
   Topics without a struct schema have ``value`` (bytes) only.
+- **merged files** (offload/lake_merge.py): each offloader pass may replace a run of small
+  files by one merged object (a second copy of those ledgers' rows; ``commit_merge``, one
+  snapshot); the repair keeps a merged file while every ledger it stands for is offloaded and
+  not leaving, and otherwise swaps it for the remaining ledgers' own objects (one snapshot).
 - **snapshots** older than ``lake_snapshot_retention_ms`` (broker key; -1 keeps all) are expired
   after each commit, never the current one (metadata only).
 - **partition spec** (``partition="day"``, the broker's ``lake_partition``): a new table is
