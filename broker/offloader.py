@@ -268,6 +268,7 @@ class TopicOffloader:
         self.table_error = ""                     # the last table sync/commit failure ("" after a success)
         self._table_synced: tuple | None = None   # (offloaded, leaving) of the last successful sync
         self._table_lock = asyncio.Lock()
+        self._merge_not_before_ms = 0             # after a failed merge: no attempt before this
         self.demand: _Demand | None = None
         self.last_error = ""
         self._wake = asyncio.Event()
@@ -597,14 +598,21 @@ class TopicOffloader:
             return done is not None
 
     async def _merge_table_files(self) -> None:
+        """``merge_table_files`` from a pass: a failure is logged and the next attempt waits
+        ``retry_delay_ms_max`` (a merge is never urgent; files that cannot be merged, e.g. columns
+        whose types do not unify, are not read again on every pass)."""
+        if self.broker.clock() < self._merge_not_before_ms:
+            return
         try:
             await self.merge_table_files()
         except (asyncio.CancelledError, ManagedLedgerFencedError, ManagedLedgerClosedError):
             raise
-        except Exception as e:     # noqa: BLE001 - the table stays as it was; tried again on a later pass
+        except Exception as e:     # noqa: BLE001 - the table stays as it was; tried again later
+            delay_ms = self.broker.config.offload.retry_delay_ms_max
+            self._merge_not_before_ms = self.broker.clock() + delay_ms
             self.table_error = f"merge: {type(e).__name__}: {e}"
-            log.warning("lake merge failed topic=%s table=%s (tried again on a later pass): %s", self.ml_name,
-                        self.table_id.name, e)
+            log.warning("lake merge failed topic=%s table=%s (next attempt in %d s): %s", self.ml_name,
+                        self.table_id.name, delay_ms // 1000, e)
 
     async def _sweep_merged(self) -> None:
         try:
