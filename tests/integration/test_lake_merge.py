@@ -45,7 +45,8 @@ def test_small_ledgers_are_merged_in_the_table_and_unmerged_when_one_leaves(clus
     tier_dir = tmp_path / "tier"
     tier_dir.mkdir()
     overrides = broker_overrides(f"file://{tier_dir}", lake_enabled=True, retention_check_interval_ms=500,
-                                 **{"offload.lake_merge_files_min": 3})
+                                 **{"offload.lake_merge_files_min": 3,
+                                    "offload.lake_merge_target_bytes": 128 << 20})
     cluster = cluster_factory(3, brokers=1, broker_overrides=overrides)
     keep_everything(cluster.admin_url)
     client = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)

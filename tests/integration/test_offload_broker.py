@@ -134,8 +134,11 @@ def keep_everything(admin_url: str) -> None:
 
 
 def broker_overrides(tier_uri: str, endpoint: str = "", **extra) -> dict:
+    """Small ledgers offloaded at once. The lake's small-file merge is off (the lake tests assert
+    the zero-copy table, one file per ledger); tests/integration/test_lake_merge.py turns it on."""
     return {"tier_uri": tier_uri, "tier_s3_endpoint_url": endpoint, "rollover_entries_max": ENTRIES_PER_LEDGER,
-            "offload_deletion_lag_ms": 0, "offload_check_interval_ms": 500, **extra}
+            "offload_deletion_lag_ms": 0, "offload_check_interval_ms": 500,
+            "offload.lake_merge_target_bytes": 0, **extra}
 
 
 # -- tests ---------------------------------------------------------------------------------------
