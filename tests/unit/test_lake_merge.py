@@ -27,8 +27,8 @@ def merged(ids, u="cd" * 8) -> str:
 def test_merged_names_round_trip(first, extra, count):
     name = MergedName(first, first + extra, min(count, extra + 1), "0123abcd")
     assert parse_merged_name(P + name.file_name) == name
-    assert merged_object_uri(P, [first, first + extra], "0123abcd") == P + f"merged-{first}-{first + extra}-2-0123abcd.parquet" \
-        if extra else True
+    ids = [first, first + extra] if extra else [first]
+    assert merged_object_uri(P, ids, "0123abcd") == P + f"merged-{first}-{first + extra}-{len(ids)}-0123abcd.parquet"
 
 
 def test_ledger_objects_and_other_names_are_not_merged_files():
