@@ -191,10 +191,12 @@ class Model:
         elif kind == "sync":
             self.sync()
         elif kind == "merge":                      # plan, write, commit (or crash before it)
-            _, target, crash = op
+            _, target, crash, by_day = op
             ledgers = [LedgerObject(i, self.uri.get(i) if i not in self.leaving else None,
-                                    self.entries[i], 0) for i in sorted(self.entries) if self.entries[i] > 0]
-            plan = plan_merge(ledgers, self.table, target_bytes=target, files_min=2, by_day=False)
+                                    self.entries[i], i // 3) for i in sorted(self.entries) if self.entries[i] > 0]
+            plan = plan_merge(ledgers, self.table, target_bytes=target, files_min=2, by_day=by_day)
+            if plan is not None and by_day:
+                assert len({i // 3 for i in plan.ledger_ids}) == 1, "a merge across days"
             if plan is None:
                 return
             uri = merged_object_uri(P, plan.ledger_ids, f"{self.n:016x}")
@@ -235,7 +237,7 @@ class Model:
 OPS = st.one_of(
     st.tuples(st.just("offload"), st.integers(0, 5), st.booleans()),
     st.tuples(st.just("sync")),
-    st.tuples(st.just("merge"), st.integers(1, 20), st.booleans()),
+    st.tuples(st.just("merge"), st.integers(1, 20), st.booleans(), st.booleans()),
     st.tuples(st.just("retention"), st.integers(1, 3), st.booleans()),
     st.tuples(st.just("reoffload"), st.integers(0, 10), st.booleans()),
 )
