@@ -65,6 +65,7 @@ class OffloadConfig:
     lake_partition: str = "day"              # "day": tables partitioned by day(publish_time), ledgers roll at UTC midnight; "none"
     lake_merge_target_bytes: int = 128 * MiB   # small table files merged up to this size (a second copy; 0: off)
     lake_merge_files_min: int = 4            # the newest run of small files is merged from this many files
+    lake_merge_file_bytes_max: int = 8 * MiB  # a table file above this is not small: never merged (0: the target)
 
     def validate(self) -> "OffloadConfig":
         _positive_ints(self, "concurrent_max", "check_interval_ms", "row_group_bytes", "ledger_bytes_max",
@@ -95,6 +96,10 @@ class OffloadConfig:
         files_min = self.lake_merge_files_min
         if isinstance(files_min, bool) or not isinstance(files_min, int) or files_min < 2:
             raise ConfigError(f"OffloadConfig.lake_merge_files_min must be an integer >= 2, got {files_min!r}")
+        small = self.lake_merge_file_bytes_max
+        if isinstance(small, bool) or not isinstance(small, int) or small < 0:
+            raise ConfigError(f"OffloadConfig.lake_merge_file_bytes_max must be an integer >= 0 (0: the target), "
+                              f"got {small!r}")
         if self.lake_partition not in ("day", "none"):
             raise ConfigError(f"OffloadConfig.lake_partition must be 'day' or 'none', got {self.lake_partition!r}")
         if self.lake_enabled:

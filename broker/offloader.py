@@ -594,6 +594,7 @@ class TopicOffloader:
             done = await self.broker.run(merge_once, lake, self.broker.tier, self.table_id, ledgers,
                                          object_prefix=self.object_prefix, topic=self.ml_name,
                                          target_bytes=cfg.lake_merge_target_bytes, files_min=cfg.lake_merge_files_min,
+                                         file_bytes_max=cfg.lake_merge_file_bytes_max,
                                          row_group_bytes=cfg.row_group_bytes, now_ms=self.broker.clock())
             return done is not None
 

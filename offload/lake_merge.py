@@ -194,11 +194,13 @@ def _units(ledgers: Sequence[LedgerObject], table_files: Iterable[str]) -> list[
 
 
 def plan_merge(ledgers: Sequence[LedgerObject], table_files: Iterable[str], *, target_bytes: int,
-               files_min: int, by_day: bool) -> MergePlan | None:
+               files_min: int, by_day: bool, file_bytes_max: int = 0) -> MergePlan | None:
     """The oldest run of small files of the topic's table to merge now, or None (module
     docstring). ``ledgers``: the topic's list in order; ``table_files``: the table's files of
     this topic; ``by_day``: the table is partitioned by day (a merged file stays inside one
-    day; a ledger of unknown or spanning day is not merged). ``target_bytes`` 0: never."""
+    day; a ledger of unknown or spanning day is not merged). ``target_bytes`` 0: never.
+    ``file_bytes_max``: a unit above it is not small (never merged; 0: ``target_bytes``): a
+    merge pays for files of up to ~1 MB, not for files of tens of MB (BENCHMARKS.md)."""
     if target_bytes <= 0:
         return None
     if files_min < 2:
@@ -213,8 +215,10 @@ def plan_merge(ledgers: Sequence[LedgerObject], table_files: Iterable[str], *, t
             groups.append((current, closed))
         current, total = [], 0
 
+    small_max = min(file_bytes_max or target_bytes, target_bytes)
     for unit in _units(ledgers, table_files):
-        small = unit is not None and unit.size_bytes < target_bytes and (not by_day or unit.day is not None)
+        small = unit is not None and unit.size_bytes < target_bytes and unit.size_bytes <= small_max \
+            and (not by_day or unit.day is not None)
         if not small:
             close(False)        # a break: what follows may still be offloaded later; not "closed" by it
             continue
@@ -292,14 +296,15 @@ def _conform(table, schema):
 
 # -- one merge, one sweep (blocking: the offloader's thread pool) -----------------------------------
 def merge_once(lake, tier, tid, ledgers: Sequence[LedgerObject], *, object_prefix: str, topic: str,
-               target_bytes: int, files_min: int, row_group_bytes: int,
+               target_bytes: int, files_min: int, row_group_bytes: int, file_bytes_max: int = 0,
                now_ms: int | None = None) -> tuple[MergePlan, MergedObject] | None:
     """Plan one merge of the topic's table (``plan_merge`` over ``lake.table_state``), write the
     merged object to ``tier`` and commit it (``Lake.commit_merge``); None if there is nothing
     to merge. A failed commit leaves the merged object for ``sweep_merged`` (the commit's
     outcome may be unknown: never delete an object the table might name)."""
     files, by_day = lake.table_state(tid, object_prefix)
-    plan = plan_merge(ledgers, files, target_bytes=target_bytes, files_min=files_min, by_day=by_day)
+    plan = plan_merge(ledgers, files, target_bytes=target_bytes, files_min=files_min, by_day=by_day,
+                      file_bytes_max=file_bytes_max)
     if plan is None:
         return None
     uri = merged_object_uri(object_prefix, plan.ledger_ids)

@@ -106,6 +106,18 @@ def test_the_newest_run_needs_files_min_a_closed_one_two():
     assert plan_merge(objs([10, 100, 10]), files, target_bytes=100, files_min=2, by_day=False) is None
 
 
+def test_files_above_the_small_bound_are_never_merged_and_break_runs():
+    files = {own(i) for i in range(1, 7)}
+    ledgers = objs([10, 10, 30, 10, 10, 10])
+    # 30 is above file_bytes_max 20: ledgers 1-2 are a run cut by it (not closed), 4-6 the newest
+    assert plan_merge(ledgers, files, target_bytes=100, files_min=3, by_day=False,
+                      file_bytes_max=20).ledger_ids == (4, 5, 6)
+    assert plan_merge(ledgers, files, target_bytes=100, files_min=4, by_day=False, file_bytes_max=20) is None
+    # 0: the target is the bound (30 is small then)
+    assert plan_merge(ledgers, files, target_bytes=100, files_min=4, by_day=False,
+                      file_bytes_max=0).ledger_ids == (1, 2, 3, 4, 5, 6)
+
+
 def test_a_merge_stays_inside_a_day_and_skips_unknown_days():
     ledgers = [LedgerObject(1, own(1), 10, 5), LedgerObject(2, own(2), 10, 5), LedgerObject(3, own(3), 10, 6),
                LedgerObject(4, own(4), 10, 6), LedgerObject(5, own(5), 10, None), LedgerObject(6, own(6), 10, 6)]
@@ -369,6 +381,7 @@ def test_a_merge_whose_sources_left_the_table_is_not_committed(tmp_path):
     ({"lake_merge_target_bytes": -1}, "lake_merge_target_bytes"),
     ({"lake_merge_target_bytes": True}, "lake_merge_target_bytes"),
     ({"lake_merge_files_min": 1}, "lake_merge_files_min"),
+    ({"lake_merge_file_bytes_max": -1}, "lake_merge_file_bytes_max"),
 ])
 def test_bad_merge_settings_are_refused(overrides, match):
     from broker.config import OffloadConfig
