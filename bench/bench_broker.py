@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_broker.py [--seconds S] [--dir D] [--profile]
                                            [--paced-rate 5000] [--e2e-rate 2000] [--no-ceiling]
+                                           [--ceilings batched,unbatched,perf]
                                            [--phases unbatched,paced] [--paced-sample-every 10]
                                            [--broker-set key=value ...] [--bookie-set key=value ...]
 
@@ -14,7 +15,9 @@ Starts a fresh local cluster (3 bookies, 1 broker) and, with ``pulsar.Client`` (
 in one process, one phase after the other (each bounded by --seconds):
 
   ceiling     the batched and unbatched loops below against a broker that stores nothing (a
-              Pulsar-protocol responder in its own process): the client's own limit, this run
+              Pulsar-protocol responder in its own process): the client's own limit, this run;
+              and (when the perf phase runs) `pulsarlite perf produce` against it, the same
+              command as the perf phase: our client's own limit ("ceiling perf")
   warmup      batched produce for up to 3 s (topic load, ledger creation, connections settle)
   batched     send_async, batching on (max delay 10 ms), block_if_queue_full, at most --window
               messages outstanding; msg/s and MB/s counted by ack callbacks (one per 100
@@ -265,14 +268,22 @@ def produce_paced(client, topic: str, seconds: float, size: int, rate: float, la
 def broker_publish_buckets(admin_url: str) -> dict[float, float]:
     """The broker's SEND-to-receipt histogram (``pulsarlite_publish_latency_seconds``), summed
     over its series: {bucket upper bound in s: cumulative count}."""
+    return histogram_buckets(admin_url + "/metrics", "pulsarlite_publish_latency_seconds")
+
+
+def histogram_buckets(*urls_then_metric: str) -> dict[float, float]:
+    """A Prometheus histogram's buckets summed over its series and over the ``/metrics`` URLs
+    given (the last argument is the metric's name): {bucket upper bound in s: cumulative count}."""
     import re
     import urllib.request
-    with urllib.request.urlopen(admin_url + "/metrics", timeout=30) as r:
-        text = r.read().decode()
+    *urls, metric = urls_then_metric
     out: dict[float, float] = {}
-    for m in re.finditer(r'^pulsarlite_publish_latency_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} (\S+)$', text, re.M):
-        le = float(m.group(1))
-        out[le] = out.get(le, 0.0) + float(m.group(2))
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            text = r.read().decode()
+        for m in re.finditer(rf'^{metric}_bucket\{{[^}}]*le="([^"]+)"[^}}]*\}} (\S+)$', text, re.M):
+            le = float(m.group(1))
+            out[le] = out.get(le, 0.0) + float(m.group(2))
     return out
 
 
@@ -508,6 +519,9 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="repeat the batched and unbatched phases under py-spy")
     parser.add_argument("--no-ceiling", action="store_true",
                         help="skip measuring the client against a broker that stores nothing")
+    parser.add_argument("--ceilings", default="batched,unbatched,perf",
+                        help="which ceilings to measure against the null broker (default: all three; "
+                             "perf only when the perf phase runs)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--phases", default=None,
                         help=f"comma-separated subset of {','.join(PHASES)} "
@@ -565,11 +579,20 @@ def main() -> int:
                 meter.pids = pids_null
                 null_client = pulsar.Client(null_url, operation_timeout_seconds=60,
                                             logger=pulsar.FileLogger(pulsar.LoggerLevel.Warn, str(base / "null-client.log")))
+                ceilings = set(args.ceilings.split(","))
                 try:
-                    phase("ceiling batched", produce_windowed, null_client, "persistent://public/default/null-b", s,
-                          size, args.window, True, "client ceiling, batched")
-                    phase("ceiling unbatched", produce_windowed, null_client, "persistent://public/default/null-u",
-                          s, size, args.unbatched_window, False, "client ceiling, unbatched")
+                    if "batched" in ceilings:
+                        phase("ceiling batched", produce_windowed, null_client, "persistent://public/default/null-b",
+                              s, size, args.window, True, "client ceiling, batched")
+                    if "unbatched" in ceilings:
+                        phase("ceiling unbatched", produce_windowed, null_client,
+                              "persistent://public/default/null-u", s, size, args.unbatched_window, False,
+                              "client ceiling, unbatched")
+                    if "perf" in ceilings and "perf" in wanted:
+                        # our client's own ceiling: `perf produce` as in the perf phase below
+                        phase("ceiling perf", perf_produce, null_url, cluster.admin_url,
+                              "persistent://public/default/null-perf", s, size, args.window,
+                              args.perf_latency_every)
                 finally:
                     null_client.close()
                     null_proc.kill()
@@ -579,8 +602,12 @@ def main() -> int:
             phase("batched", produce_windowed, client, batched_topic, s, size, args.window, True, "batched")
             phase("unbatched", produce_windowed, client, "persistent://public/default/bench-unbatched", s, size,
                   args.unbatched_window, False, "unbatched")
+            bookie_metrics = [f"http://127.0.0.1:{cluster.records[n].ports['metrics']}/metrics"
+                              for n in cluster.bookie_names if "metrics" in cluster.records[n].ports]
+            sync_metric = "bookie_journal_JOURNAL_SYNC_seconds"
             for name, delay_ms in (("paced", None), ("paced-batched", args.paced_batch_delay_ms)):
                 buckets_before = broker_publish_buckets(cluster.admin_url)
+                sync_before = histogram_buckets(*bookie_metrics, sync_metric) if bookie_metrics else {}
                 paced = phase(name, produce_paced, client, f"persistent://public/default/bench-{name}", s,
                               size, args.paced_rate, f"{name} {args.paced_rate:.0f}/s", args.paced_sample_every,
                               delay_ms)
@@ -590,6 +617,11 @@ def main() -> int:
                     buckets_after = broker_publish_buckets(cluster.admin_url)
                     paced["broker_p50_ms"] = bucket_quantile_ms(buckets_before, buckets_after, 0.50)
                     paced["broker_p99_ms"] = bucket_quantile_ms(buckets_before, buckets_after, 0.99)
+                    # and the bookies' journal groups' fdatasync, all three bookies summed
+                    if bookie_metrics:
+                        sync_after = histogram_buckets(*bookie_metrics, sync_metric)
+                        for q in (50, 99, 99.9):
+                            paced[f"bookie_sync_p{q:g}_ms"] = bucket_quantile_ms(sync_before, sync_after, q / 100)
             phase("e2e", end_to_end, client, "persistent://public/default/bench-e2e", s, size, args.e2e_rate,
                   f"e2e {args.e2e_rate:.0f}/s")
             expected = (results.get("warmup") or {}).get("acked", 0) + (results.get("batched") or {}).get("acked", 0)
@@ -656,6 +688,10 @@ def main() -> int:
         if p.get("broker_p99_ms") is not None:
             row("the same SENDs inside the broker, SEND read to entry confirmed (histogram bucket bounds)",
                 f"p50 <= {p['broker_p50_ms']:g} ms, p99 <= {p['broker_p99_ms']:g} ms")
+        if p.get("bookie_sync_p99_ms") is not None:
+            row("the bookies' journal fdatasync per group meanwhile (histogram bucket bounds)",
+                f"p50 <= {p['bookie_sync_p50_ms']:g} ms, p99 <= {p['bookie_sync_p99_ms']:g} ms, "
+                f"p99.9 <= {p['bookie_sync_p99.9_ms']:g} ms")
     if e:
         row(f"end-to-end latency at {args.e2e_rate:,.0f} msg/s unbatched ({e['received']}/{e['sent']} received)",
             f"p50 {e['p50_ms']:.2f} ms, p99 {e['p99_ms']:.2f} ms, max {e['max_ms']:.1f} ms")
@@ -665,6 +701,13 @@ def main() -> int:
             f"latency of 1 in {args.perf_latency_every})",
             f"{pp['msg_s']:,.0f} msg/s, {pp['mb_s']:.1f} MB/s, client {pp['client_cpu_us']:.1f} us CPU/msg",
             ">= 500k msg/s", pp["msg_s"] / 500_000)
+    cp = results.get("ceiling perf")
+    if cp and cp.get("acked"):
+        row("our client's ceiling: the same `perf produce` against a broker that stores nothing",
+            f"{cp['msg_s']:,.0f} msg/s, client {cp['client_cpu_us']:.1f} us CPU/msg", "(machine/client limit)")
+        if pp and pp.get("acked"):
+            row("`perf produce` / its ceiling", f"{pp['msg_s'] / cp['msg_s']:.2f}", ">= 0.8 (issue 29)",
+                pp["msg_s"] / cp["msg_s"] / 0.8)
     if c:
         row(f"catch-up read from earliest ({c['read']:,}/{c['expected']:,} msgs, {c['seconds']:.1f} s)",
             f"{c['msg_s']:,.0f} msg/s, {c['mb_s']:.1f} MB/s")
