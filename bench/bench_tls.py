@@ -180,7 +180,9 @@ def main() -> int:
         print(f"| {what} | {s['plain_msg_s']:.0f} | {s['tls_msg_s']:.0f} | {ratio:.2f} "
               f"| {s['plain_broker_cpu_us_per_msg']:.1f} | {s['tls_broker_cpu_us_per_msg']:.1f} | {cpu_ratio:.2f} |")
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(dict(summary, settings={"client": args.client, "size": args.size, "rounds": args.rounds,
+                                                 "messages": args.messages,
+                                                 "unbatched_messages": args.unbatched_messages})))
     return 0
 
 
