@@ -5,17 +5,25 @@ limits and a peer (NATS JetStream) measured in the same run.
     make bench                        (the same, with --write)
 
 Each round runs, one after the other: the machine limits (bench/machine_limits.py), the broker
-figures (bench/bench_broker.py: the official client batched, unbatched, paced at 5k/s, end to
-end, catch-up, and `pulsarlite perf produce`) the peer (bench/peer_nats.py: NATS JetStream
-with sync always, default, and paced at the same rate) and the latency floor (bench/latency_floor.py:
-the same paced client against a minimal Python relay and three fsync'd journals, what this
-machine allows that layout), each in its own process with a deadline.
+figures (bench/bench_broker.py: the official client and `pulsarlite perf produce` against a null
+broker -- each client's own ceiling --, then against the cluster: the official client batched,
+unbatched, paced at 5k/s, end to end, catch-up, and `perf produce`) the peer
+(bench/peer_nats.py: NATS JetStream with sync always, default, and paced at the same rate) and
+the latency floor (bench/latency_floor.py: the same paced client against a minimal Python relay
+and three fsync'd journals, what this machine allows that layout), each in its own process with
+a deadline.
 The first round also runs the component scripts once (COMPONENTS: idle topics' RSS, tier replay
 vs direct pyarrow, the Spark source vs spark.read.parquet on the same files, our client vs the
-official one): their ratios are taken inside one script run. --runs rounds (default 2, `make
-bench` 3); the table shows medians, each ratio is the median of the per-round ratios (pulsarlite
-and peer of the same round: the machine is noisy, pairs measured together compare fairly), and
-each goal row says whether the goal is met. The suite stops starting new work once --budget-s
+official one, small entries, failover, TLS on vs off): their ratios are taken inside one script
+run. --runs rounds (default 2, `make bench` 3); the table shows medians, each ratio is the median
+of the per-round ratios (pulsarlite and its reference of the same round: the machine is noisy,
+pairs measured together compare fairly), and each goal row says whether the goal is met.
+Issue 29's goals are such ratios: the official client batched >= 0.9 of its ceiling, `perf
+produce` >= 0.8 of its ceiling, publish p99 at 5k/s <= 2x (unbatched) and <= 1.5x (client
+batching 1 ms) the floor's p99, the small-entry drains >= 0.5 of default batches, service back
+after kill -9 within the session timeout + 2 s, produce with TLS >= 0.8 of without; the old
+absolute goals (>= 200k msg/s, >= 500k msg/s, p99 <= 5 ms) are kept as context in the
+reference column. The suite stops starting new work once --budget-s
 (default 900 s) is spent. Every round's raw figures are saved as JSON (--save, default
 bench/last-suite.json); --render FILE rebuilds the table from such a file without measuring.
 With --write, the table replaces the generated block of BENCHMARKS.md (between the
@@ -115,9 +123,10 @@ COMPONENTS = (
     ("bench_spark.py", ["--messages", "1000000", "--rollover-entries", "200", "--repeat", "3",
                         "--masters", "local[2]", "--user-schema"]),
     ("bench_client.py", ["--messages", "50000", "--rounds", "2"]),
-    ("bench_spark_native.py", ["--messages", "1000000", "--rounds", "4", "--half-messages", "100000"]),
+    ("bench_spark_native.py", ["--messages", "1000000", "--rounds", "2", "--half-messages", "100000"]),
     ("bench_small_entries.py", ["--messages", "100000", "--rounds", "3"]),
     ("bench_failover.py", ["--rounds", "2"]),
+    ("bench_tls.py", ["--messages", "40000", "--unbatched-messages", "300", "--rounds", "5"]),
 )
 
 
@@ -125,10 +134,15 @@ def one_round(args, deadline: float, first: bool) -> Round:
     r = Round()
     left = lambda: max(30.0, deadline - time.monotonic())  # noqa: E731
     r.limits = run_script(["bench/machine_limits.py", "--json"], min(120, left()))
+    # the unbatched ceiling is not in the table: not measured here (6 s a round)
     r.broker = run_script(["bench/bench_broker.py", "--json", "--seconds", str(args.seconds),
-                           "--paced-rate", "5000", "--paced-sample-every", "10"], min(600, left()))
-    r.nats = run_script(["bench/peer_nats.py", "--json", "--seconds", str(args.seconds), "--rate", "5000"],
-                        min(300, left()))
+                           "--paced-rate", "5000", "--paced-sample-every", "10", "--ceilings", "batched,perf"],
+                          min(600, left()))
+    # not JetStream paced with sync always: an fsync per message does not keep up with 5k/s on
+    # this VM (~2k msg/s pipelined), so that phase measured a queue seconds long and spent ~45 s
+    # a round waiting out its publishes' timeouts
+    r.nats = run_script(["bench/peer_nats.py", "--json", "--seconds", str(args.seconds), "--rate", "5000",
+                         "--phases", "durable,default,paced"], min(300, left()))
     r.floor = run_script(["bench/latency_floor.py", "--json", "--rounds", "1", "--seconds", str(args.seconds),
                           "--rate", "5000", "--targets", "floor"], min(180, left()))
     if first and args.components:
@@ -165,11 +179,16 @@ def table(rounds: list[Round]) -> list[tuple[str, str, str, str, str]]:
 
     b = lambda r, *k: get(r.broker, "results", *k)  # noqa: E731
     n = lambda r, *k: get(r.nats, *k)  # noqa: E731
-    ceiling = med(lambda r: b(r, "ceiling batched", "msg_s"))
-    rows.append(("produce, batched, official client", fmt(med(lambda r: b(r, "batched", "msg_s")), "msg/s"),
-                 f"client ceiling {fmt(ceiling, 'msg/s')}",
-                 _ratio(ratio_med(lambda r: b(r, "batched", "msg_s"), lambda r: b(r, "ceiling batched", "msg_s"))),
-                 ">= 200k msg/s", verdict(med(lambda r: b(r, "batched", "msg_s")), lambda v: v >= 200_000)))
+    # issue 29's goals are ratios against a reference measured in the same round, taken pair by
+    # pair (the median of the per-round ratios); the old absolute goals stay as context
+    batched = lambda r: b(r, "batched", "msg_s")  # noqa: E731
+    ceiling = lambda r: b(r, "ceiling batched", "msg_s")  # noqa: E731
+    batched_over_ceiling = ratio_med(batched, ceiling)
+    rows.append(("produce, batched, official client", fmt(med(batched), "msg/s"),
+                 f"its ceiling against a null broker {fmt(med(ceiling), 'msg/s')}; old goal >= 200k msg/s "
+                 f"({verdict(med(batched), lambda v: v >= 200_000)})",
+                 _ratio(batched_over_ceiling), ">= 0.9 of its ceiling",
+                 verdict(batched_over_ceiling, lambda x: x >= 0.9)))
     rows.append(("produce, unbatched, pipelined (official client)",
                  fmt(med(lambda r: b(r, "unbatched", "msg_s")), "msg/s"),
                  f"JetStream sync always {fmt(med(lambda r: n(r, 'durable', 'msg_s')), 'msg/s')}",
@@ -179,45 +198,54 @@ def table(rounds: list[Round]) -> list[tuple[str, str, str, str, str]]:
                          ratio_med(lambda r: b(r, "unbatched", "msg_s"), lambda r: n(r, "durable", "msg_s")),
                          lambda x: x >= 3)))
     perf = lambda r: b(r, "perf", "msg_s")  # noqa: E731
+    perf_ceiling = lambda r: b(r, "ceiling perf", "msg_s")  # noqa: E731
+    perf_over_ceiling = ratio_med(perf, perf_ceiling)
     rows.append(("produce, batched, `pulsarlite perf produce` (our client, latency of 1 in 16)", fmt(med(perf), "msg/s"),
-                 f"its CPU {fmt(med(lambda r: b(r, 'perf', 'client_cpu_us')), 'us/msg', 1)}",
-                 "", ">= 500k msg/s", verdict(med(perf), lambda v: v >= 500_000)))
+                 f"the same command against a null broker {fmt(med(perf_ceiling), 'msg/s')}; its CPU "
+                 f"{fmt(med(lambda r: b(r, 'perf', 'client_cpu_us')), 'us/msg', 1)} "
+                 f"(against the null broker {fmt(med(lambda r: b(r, 'ceiling perf', 'client_cpu_us')), 'us/msg', 1)}); "
+                 f"old goal >= 500k msg/s ({verdict(med(perf), lambda v: v >= 500_000)})",
+                 _ratio(perf_over_ceiling), ">= 0.8 of its ceiling", verdict(perf_over_ceiling, lambda x: x >= 0.8)))
     best = lambda r: max(filter(None, (b(r, "batched", "msg_s"), perf(r))), default=None)  # noqa: E731
     rows.append(("produce, batched, best of the two clients",
                  fmt(med(best), "msg/s"),
                  f"JetStream default {fmt(med(lambda r: n(r, 'default', 'msg_s')), 'msg/s')}",
                  _ratio(ratio_med(best, lambda r: n(r, "default", "msg_s"))), ">= 3x",
                  verdict(ratio_med(best, lambda r: n(r, "default", "msg_s")), lambda x: x >= 3)))
+
     def p50_p99(phase: str, kind: str = "", bound: str = "") -> str:
         """'p50 / p99' of a bench_broker phase's medians; kind "broker_" for the broker's own."""
         return " / ".join(f"{bound}{fmt(med(lambda r: b(r, phase, f'{kind}{q}_ms')), 'ms', 1)}"
                           for q in ("p50", "p99"))
 
-    rows.append(("publish latency at 5k msg/s unbatched, p50 / p99", p50_p99("paced"),
-                 f"JetStream sync always {fmt(med(lambda r: n(r, 'paced-durable', 'p50_ms')), 'ms', 1)} / "
-                 f"{fmt(med(lambda r: n(r, 'paced-durable', 'p99_ms')), 'ms', 1)}; default "
-                 f"{fmt(med(lambda r: n(r, 'paced', 'p50_ms')), 'ms', 1)} / "
-                 f"{fmt(med(lambda r: n(r, 'paced', 'p99_ms')), 'ms', 1)}",
-                 _ratio(ratio_med(lambda r: b(r, "paced", "p99_ms"), lambda r: n(r, "paced-durable", "p99_ms"))),
-                 "p99 <= 5 ms", verdict(med(lambda r: b(r, "paced", "p99_ms")), lambda v: v <= 5)))
-    rows.append(("the same inside the broker (SEND read to entry confirmed), p50 / p99",
-                 p50_p99("paced", "broker_", "<= "), "the broker's histogram, bucket bounds", "", ""))
-    rows.append(("publish latency at 5k msg/s, client batching 1 ms window (pulsar-perf's default), p50 / p99",
-                 p50_p99("paced-batched"), "inside the broker " + p50_p99("paced-batched", "broker_", "<= "),
-                 _ratio(ratio_med(lambda r: b(r, "paced-batched", "p99_ms"), lambda r: n(r, "paced-durable", "p99_ms"))),
-                 "p99 <= 5 ms", verdict(med(lambda r: b(r, "paced-batched", "p99_ms")), lambda v: v <= 5)))
-    for mode, phase, what in (("unbatched", "paced", "unbatched"),
-                              ("batched-1ms", "paced-batched", "client batching 1 ms window")):
-        # the least latency this machine allows the same layout in Python (one relay, three
-        # fsync'd journals, two of three answers), measured in the same round: ours over it
+    def jetstream_p50_p99(phase: str) -> str:
+        return " / ".join(fmt(med(lambda r, q=q: n(r, phase, f"{q}_ms")), "ms", 1) for q in ("p50", "p99"))
+
+    for mode, phase, what, bound in (
+            ("unbatched", "paced", "unbatched", 2.0),
+            ("batched-1ms", "paced-batched", "client batching 1 ms window (pulsar-perf's default)", 1.5)):
+        # the floor: the least latency this machine allows the same layout in Python (one relay,
+        # three fsync'd journals, two of three answers; bench/latency_floor.py), same round
         floor = lambda r, q, m=mode: r.floor_figure(m, f"{q}_ms")  # noqa: E731
+        over_floor = ratio_med(lambda r, p=phase: b(r, p, "p99_ms"), lambda r: floor(r, "p99"))
+        rows.append((f"publish latency at 5k msg/s, {what}, p50 / p99", p50_p99(phase),
+                     "the floor " + " / ".join(fmt(med(lambda r, q=q: floor(r, q)), "ms", 1) for q in ("p50", "p99"))
+                     + "; ratio: p99 over the floor's p99; old goal p99 <= 5 ms "
+                     f"({verdict(med(lambda r, p=phase: b(r, p, 'p99_ms')), lambda v: v <= 5)})",
+                     _ratio(over_floor), f"p99 <= {bound:g}x the floor's", verdict(over_floor, lambda x, m=bound: x <= m)))
+        rows.append((f"the same inside the broker (SEND read to entry confirmed), {mode}, p50 / p99",
+                     p50_p99(phase, "broker_", "<= "), "the broker's histogram, bucket bounds", "", ""))
+    rows.append(("JetStream paced at 5k msg/s, default sync (2 min), p50 / p99 (the peer, same round)",
+                 jetstream_p50_p99("paced"), "with sync always not paced: an fsync per message does not keep "
+                 f"5k/s here (pipelined {fmt(med(lambda r: n(r, 'durable', 'msg_s')), 'msg/s')})", "", ""))
+    for mode, what in (("unbatched", "unbatched"), ("batched-1ms", "client batching 1 ms window")):
         rows.append((f"the floor at 5k msg/s, {what}: a minimal Python relay + 3 fsync'd journals, Qa2 "
                      "(bench/latency_floor.py), p50 / p99",
-                     " / ".join(fmt(med(lambda r, q=q: floor(r, q)), "ms", 1) for q in ("p50", "p99")),
-                     "pulsarlite's p99 over the floor's, pair by pair; the machine busy "
+                     " / ".join(fmt(med(lambda r, q=q, m=mode: r.floor_figure(m, f"{q}_ms")), "ms", 1)
+                                for q in ("p50", "p99")),
+                     "the machine busy "
                      f"{fmt(med(lambda r, m=mode: r.floor_figure(m, 'machine_busy_pct')), '%', 0)} (of 200%) "
-                     "under the floor",
-                     _ratio(ratio_med(lambda r, p=phase: b(r, p, "p99_ms"), lambda r: floor(r, "p99"))), ""))
+                     "under the floor", "", ""))
     rows.append(("end-to-end latency at 2k msg/s, p50 / p99", p50_p99("e2e"), "", "", ""))
     rows.append(("catch-up read from bookies", fmt(med(lambda r: b(r, "catch-up", "msg_s")), "msg/s"), "", "", ""))
     for phase in ("batched", "unbatched", "paced", "paced-batched"):
@@ -308,6 +336,22 @@ def table(rounds: list[Round]) -> list[tuple[str, str, str, str, str]]:
         rows.append(("service back after kill -9 of a topic's owner (first acknowledged send on the new owner)",
                      fmt(back, "s", 1), f"metadata session timeout {fmt(t, 's', 1)}", _ratio(back / t),
                      "<= timeout + 2 s", verdict(back, lambda v: v <= t + 2)))
+    tls = extra("bench_tls.py")
+    if tls:
+        how = tls.get("settings", {})
+        sizing = (f"{how['client']} client, {how['size']} B, {how['rounds']} rounds alternated" if how
+                  else "official client")
+        for phase, what, goal in (("produce_batched", "produce with TLS on, batched", ">= 0.8"),
+                                  ("produce_unbatched", "produce with TLS on, unbatched (send, one at a time)", ""),
+                                  ("consume", "consume with TLS on (receive + ack)", "")):
+            t = tls.get(phase)
+            if not t:
+                continue
+            rows.append((f"{what} ({sizing}); broker CPU {t['plain_broker_cpu_us_per_msg']:.1f} -> "
+                         f"{t['tls_broker_cpu_us_per_msg']:.1f} us/msg",
+                         fmt(t["tls_msg_s"], "msg/s"), f"TLS off, same broker {fmt(t['plain_msg_s'], 'msg/s')}; "
+                         "median of per-round ratios", _ratio(t["tls_over_plain"]), goal,
+                         verdict(t["tls_over_plain"], lambda x: x >= 0.8) if goal else ""))
     return rows
 
 
@@ -346,7 +390,7 @@ def write_benchmarks(block: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--seconds", type=float, default=6.0, help="length of each phase")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each phase")
     parser.add_argument("--budget-s", type=float, default=900.0, help="stop starting new work after this")
     parser.add_argument("--no-components", dest="components", action="store_false",
                         help="only the broker, the peer and the machine limits")
