@@ -342,7 +342,7 @@ def table(rounds: list[Round]) -> list[tuple[str, str, str, str, str]]:
         sizing = (f"{how['client']} client, {how['size']} B, {how['rounds']} rounds alternated" if how
                   else "official client")
         for phase, what, goal in (("produce_batched", "produce with TLS on, batched", ">= 0.8"),
-                                  ("produce_unbatched", "produce with TLS on, unbatched (send, one at a time)", ""),
+                                  ("produce_unbatched", "produce with TLS on, unbatched, send one at a time", ""),
                                   ("consume", "consume with TLS on (receive + ack)", "")):
             t = tls.get(phase)
             if not t:
