@@ -120,7 +120,7 @@ class Round:
 COMPONENTS = (
     ("bench_idle_topics.py", ["--topics", "1000"]),
     ("bench_tier_replay.py", ["--mb", "32"]),
-    ("bench_spark.py", ["--messages", "1000000", "--rollover-entries", "200", "--repeat", "3",
+    ("bench_spark.py", ["--messages", "1000000", "--rollover-entries", "200", "--repeat", "2",
                         "--masters", "local[2]", "--user-schema"]),
     ("bench_client.py", ["--messages", "50000", "--rounds", "2"]),
     ("bench_spark_native.py", ["--messages", "1000000", "--rounds", "2", "--half-messages", "100000"]),
