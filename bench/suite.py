@@ -232,7 +232,8 @@ def table(rounds: list[Round]) -> list[tuple[str, str, str, str, str]]:
                      "the floor " + " / ".join(fmt(med(lambda r, q=q: floor(r, q)), "ms", 1) for q in ("p50", "p99"))
                      + "; ratio: p99 over the floor's p99; old goal p99 <= 5 ms "
                      f"({verdict(med(lambda r, p=phase: b(r, p, 'p99_ms')), lambda v: v <= 5)})",
-                     _ratio(over_floor), f"p99 <= {bound:g}x the floor's", verdict(over_floor, lambda x, m=bound: x <= m)))
+                     _ratio(over_floor), f"p99 <= {bound:g}x the floor's",
+                     verdict(over_floor, lambda x, m=bound: x <= m)))
         rows.append((f"the same inside the broker (SEND read to entry confirmed), {mode}, p50 / p99",
                      p50_p99(phase, "broker_", "<= "), "the broker's histogram, bucket bounds", "", ""))
     rows.append(("JetStream paced at 5k msg/s, default sync (2 min), p50 / p99 (the peer, same round)",
