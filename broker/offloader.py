@@ -532,6 +532,8 @@ class TopicOffloader:
                 await encoding          # the encoder's own failure, raised here, says why
                 raise OffloadError(f"ledger {ledger_id}: the encoder finished before the last entry") from None
             encoding.add_done_callback(lambda f: f.cancelled() or f.exception())
+            if not isinstance(e, asyncio.CancelledError):
+                await asyncio.wait([encoding])    # its upload aborted before this step fails
             raise
         stats = await encoding
         for name, n in typed_counts.items():

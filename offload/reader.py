@@ -88,6 +88,7 @@ class _HashingSink(io.RawIOBase):
         self.parts: list[bytes] = []
         self.hasher = Crc32cHasher()
         self.out = out
+        self.error: Exception | None = None
 
     def writable(self) -> bool:
         return True
@@ -97,9 +98,19 @@ class _HashingSink(io.RawIOBase):
         self.hasher.update(b)
         if self.out is None:
             self.parts.append(b)
-        else:
-            self.out.write(b)
+        elif self.error is None:
+            # an error is kept, not raised through Arrow's C++ writer (pyarrow would wrap it
+            # and format its traceback later, in a finalizer: that corrupts a concurrent
+            # ast.parse on CPython 3.11); the encoder raises it after the write returns
+            try:
+                self.out.write(b)
+            except Exception as e:      # noqa: BLE001 - raised by raise_error()
+                self.error = e
         return len(b)
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
 
     def tell(self) -> int:
         return self.hasher.size_bytes
@@ -202,10 +213,12 @@ def _encode(sink: _HashingSink, ledger_id: int, entries: Iterable[tuple[int, byt
                 for field, array in zip(columns.fields, columns.arrays(table)):
                     table = table.append_column(field, array)
             writer.write(table)
+            sink.raise_error()
     except BaseException:
         writer.close()
         raise
     summary = writer.close(columns.metadata() if columns is not None else None)
+    sink.raise_error()
     if summary.rows == 0:
         raise TierFormatError(f"ledger {ledger_id}: nothing to offload (no entries)")
     stats = ObjectStats(rows=summary.rows, size_bytes=sink.hasher.size_bytes,
