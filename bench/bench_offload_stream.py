@@ -21,7 +21,7 @@ compressible), then for each ledger in turn, alternating:
 
 Prints one JSON object: per round the MB/s of both, the ratio offload / replay, the broker's
 write step seconds and loop lags over 20 ms (from its log: ``offload start`` .. ``offload
-written``), the RSS growth; their medians / max. ``--big-mb N`` instead produces one N MB ledger
+written``; the broker runs with PULSARLITE_LOOP_MONITOR_MS=20), the RSS growth; their medians / max. ``--big-mb N`` instead produces one N MB ledger
 and offloads it once (RSS growth only; an old broker refuses ledgers over 1 GiB). Not a test:
 figures only.
 """
@@ -65,15 +65,15 @@ class RssSampler(threading.Thread):
         self.pid, self.interval_s = pid, interval_s
         self.baseline = rss_mb(pid)
         self.peak = self.baseline
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             self.peak = max(self.peak, rss_mb(self.pid))
             time.sleep(self.interval_s)
 
     def stop(self) -> float:
-        self._stop.set()
+        self._halt.set()
         self.join()
         self.peak = max(self.peak, rss_mb(self.pid))
         return self.peak - self.baseline
@@ -169,6 +169,7 @@ def main() -> int:
     else:
         (work / "tier").mkdir(parents=True, exist_ok=True)
         tier_uri = f"file://{work / 'tier'}"
+    os.environ.setdefault("PULSARLITE_LOOP_MONITOR_MS", "20")    # the broker logs loop lags >= 20 ms
     cluster = LocalCluster(work / "cluster")
     try:
         cluster.start_processes(bookies=3, brokers=1, broker_overrides={

@@ -12,7 +12,7 @@ the same paced client against a minimal Python relay and three fsync'd journals,
 machine allows that layout), each in its own process with a deadline.
 The first round also runs the component scripts once (COMPONENTS: idle topics' RSS, tier replay
 vs direct pyarrow, the Spark source vs spark.read.parquet on the same files, our client vs the
-official one): their ratios are taken inside one script run. --runs rounds (default 2, `make
+official one, offload of a closed ledger vs its replay from the bookies): their ratios are taken inside one script run. --runs rounds (default 2, `make
 bench` 3); the table shows medians, each ratio is the median of the per-round ratios (pulsarlite
 and peer of the same round: the machine is noisy, pairs measured together compare fairly), and
 each goal row says whether the goal is met. The suite stops starting new work once --budget-s
@@ -118,6 +118,7 @@ COMPONENTS = (
     ("bench_spark_native.py", ["--messages", "1000000", "--rounds", "4", "--half-messages", "100000"]),
     ("bench_small_entries.py", ["--messages", "100000", "--rounds", "3"]),
     ("bench_failover.py", ["--rounds", "2"]),
+    ("bench_offload_stream.py", ["--mb", "200", "--rounds", "3"]),
 )
 
 
@@ -308,6 +309,17 @@ def table(rounds: list[Round]) -> list[tuple[str, str, str, str, str]]:
         rows.append(("service back after kill -9 of a topic's owner (first acknowledged send on the new owner)",
                      fmt(back, "s", 1), f"metadata session timeout {fmt(t, 's', 1)}", _ratio(back / t),
                      "<= timeout + 2 s", verdict(back, lambda v: v <= t + 2)))
+    stream = extra("bench_offload_stream.py")
+    if stream and stream.get("ratio_offload_replay_median") is not None:
+        ratio = stream["ratio_offload_replay_median"]
+        rows.append((f"offload of a closed ~{stream['mb']} MB ledger ({stream['tier']} tier; median of "
+                     f"{len(stream['rounds'])} rounds, alternated with the replay)",
+                     fmt(stream["offload_mb_s_median"], "MB/s", 1),
+                     f"replay from bookies {fmt(stream['replay_bookies_mb_s_median'], 'MB/s', 1)} (the offloader's "
+                     "read path)", _ratio(ratio), ">= 0.5", verdict(ratio, lambda x: x >= 0.5)))
+        growth = stream["rss_growth_mb_max"]
+        rows.append((f"broker RSS growth while offloading (~{stream['mb']} MB ledgers, max of rounds)",
+                     fmt(growth, "MB"), "", "", "< 300 MB", verdict(growth, lambda v: v < 300)))
     return rows
 
 

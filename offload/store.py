@@ -11,6 +11,7 @@ a thread pool; Spark workers call it directly)::
     w = store.open_writer(key)                  # an object written in pieces (ObjectWriter):
     w.write(data); w.commit() -> ObjectInfo     # visible under key only after commit;
     w.abort()                                   # abort: nothing under key, nothing left behind
+    BackgroundObjectWriter(w, bytes_max=)       # the same, written by a thread of its own
     store.get(key) -> bytes
     store.get_range(key, start, length) -> bytes              # exactly length bytes
     store.head(key) -> ObjectInfo | None                      # None: no such object
@@ -275,6 +276,84 @@ class ObjectWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.abort()
+
+
+class BackgroundObjectWriter(ObjectWriter):
+    """Another object writer (``inner``) fed by a thread of its own, so that the caller (an
+    encoder) goes on while the bytes are written or uploaded: ``write`` queues them, waiting
+    while ``bytes_max`` are queued; ``commit`` waits for the queue to drain, then commits;
+    ``abort`` drops the queue and aborts. An error of ``inner`` is raised by the next
+    ``write`` / ``commit``."""
+
+    def __init__(self, inner: ObjectWriter, *, bytes_max: int, name: str = "object-writer") -> None:
+        if bytes_max <= 0:
+            raise ValueError(f"bytes_max {bytes_max} <= 0")
+        self.inner = inner
+        self.bytes_max = bytes_max
+        self.size_bytes = 0
+        self.bytes_queued = 0
+        self._queue: list[bytes] = []
+        self._cond = threading.Condition()
+        self._error: BaseException | None = None
+        self._closing = False                 # no more writes: the thread drains and exits
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                data = self._queue.pop(0)
+            try:
+                if self._error is None:
+                    self.inner.write(data)
+            except BaseException as e:        # noqa: BLE001 - raised to the caller
+                self._error = e
+            with self._cond:
+                self.bytes_queued -= len(data)
+                self._cond.notify_all()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def write(self, data: bytes | memoryview) -> None:
+        data = bytes(data)
+        with self._cond:
+            while self.bytes_queued and self.bytes_queued + len(data) > self.bytes_max and self._error is None:
+                self._cond.wait()
+            self._raise()
+            self._queue.append(data)
+            self.bytes_queued += len(data)
+            self.size_bytes += len(data)
+            self._cond.notify_all()
+
+    def _drain(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    def commit(self) -> ObjectInfo:
+        self._drain()
+        try:
+            self._raise()
+        except BaseException:
+            self.inner.abort()
+            raise
+        return self.inner.commit()
+
+    def abort(self) -> None:
+        with self._cond:
+            self._error = self._error or ObjectStoreError("aborted", retriable=False)
+            self._queue.clear()
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+        self.inner.abort()
 
 
 class _FileObjectWriter(ObjectWriter):
@@ -780,7 +859,7 @@ def open_input_file(uri: str, *, s3_endpoint_url: str | None = None,
 
 
 __all__ = [
-    "Crc32cHasher", "FileObjectStore", "ObjectInfo", "ObjectNotFoundError", "ObjectStore", "ObjectWriter",
+    "BackgroundObjectWriter", "Crc32cHasher", "FileObjectStore", "ObjectInfo", "ObjectNotFoundError", "ObjectStore", "ObjectWriter",
     "ObjectStoreError", "RangedReader", "S3ObjectStore", "S3Settings", "crc32c_hex",
     "open_input_file", "open_object_store", "open_object_uri",
 ]

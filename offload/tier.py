@@ -36,7 +36,7 @@ from offload.format import (ENTRY_UNCOMPRESSED_BYTES_MAX, REBUILD_COLUMNS, ROW_S
 from offload.reader import EncodedObject, TierReader, encode_ledger_to
 from offload.reader import verify_object as verify
 from offload.shell import CorruptObjectError, OffloadError
-from offload.store import ObjectNotFoundError, open_object_store
+from offload.store import BackgroundObjectWriter, ObjectNotFoundError, open_object_store
 from offload.typed_columns import TypedColumnsBuilder, TypedColumnsError
 from pulsarlite.errors import PulsarliteError
 from pulsarlite.ledger_list import LedgerInfo
@@ -45,6 +45,7 @@ log = logging.getLogger("pulsarlite.offload.tier")
 
 
 # -- object store work (runs in the thread pool) -------------------------------------------------
+WRITE_QUEUE_BYTES = 16 * 1024 * 1024     # encoded bytes an offload queues for its object writer's thread
 _COUNTERS_LOCK = threading.Lock()
 
 
@@ -149,9 +150,10 @@ def encode_and_upload(tier, key: str, ledger_id: int, entries: Iterable[tuple[in
 
 
 def _upload(tier, key: str, ledger_id: int, expected: int, encode) -> "EncodedObject":
-    """``encode(out)`` into a new object writer of ``key``; committed only if it encoded
-    ``expected`` entries, else (or on any error) aborted."""
-    out = tier.store.open_writer(key)
+    """``encode(out)`` into a new object writer of ``key`` (written by a thread of its own while
+    the next row groups are encoded, WRITE_QUEUE_BYTES queued at most); committed only if it
+    encoded ``expected`` entries, else (or on any error) aborted."""
+    out = BackgroundObjectWriter(tier.store.open_writer(key), bytes_max=WRITE_QUEUE_BYTES, name=f"offload-write-{ledger_id}")
     try:
         encoded = encode(out)
         if encoded.entries != expected:

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 import broker.offloader as offloader_module
+import offload.tier as tier_module
 from broker.config import OffloadConfig
 from broker.offloader import TopicOffloader
 from offload.core import ObjectStats
@@ -44,10 +45,11 @@ def in_memory_object(ledger_id: int, entries, row_group_bytes: int) -> bytes:
 
 
 # -- the encoder writes as it goes -----------------------------------------------------------------
-def test_the_encoder_writes_row_groups_as_it_reads_and_the_object_is_unchanged(tmp_path):
+def test_the_encoder_writes_row_groups_as_it_reads_and_the_object_is_unchanged(tmp_path, monkeypatch):
     """At every write to the object, the entries pulled from the source are at most a few row
-    groups ahead of the bytes written (before: the whole ledger was pulled, then one put); the
-    object is byte for byte the in-memory encoder's."""
+    groups (and the writer thread's queue) ahead of the bytes written (before: the whole ledger
+    was pulled, then one put); the object is byte for byte the in-memory encoder's."""
+    monkeypatch.setattr(tier_module, "WRITE_QUEUE_BYTES", 10_000)
     entries = random_entries(300, 2_000)
     row_group_bytes = 20_000
     tier = Tier(f"file://{tmp_path}", None)
@@ -75,7 +77,7 @@ def test_the_encoder_writes_row_groups_as_it_reads_and_the_object_is_unchanged(t
     stats = encode_and_upload(tier, KEY, 7, source(), partition=-1, row_group_bytes=row_group_bytes,
                               entries_expected=len(entries))
     total = sum(len(e) for _, e in entries)
-    assert len(gaps) > 10 and max(gaps) < 3 * row_group_bytes + 2_100, (max(gaps), total)
+    assert len(gaps) > 10 and max(gaps) < 3 * row_group_bytes + 10_000 + 2_100, (max(gaps), total)
     data = (tmp_path / KEY).read_bytes()
     assert data == in_memory_object(7, entries, row_group_bytes)
     verify_object(tier, KEY, stats, len(entries))
@@ -297,7 +299,8 @@ def test_a_bookie_failure_mid_ledger_leaves_no_object_and_no_temp_file(tmp_path)
     assert tier.store.head(KEY) is None and not tier.store.list_temp_files() and len(reader.reads) == 5
 
 
-def test_an_upload_failure_stops_the_reads_and_aborts_the_multipart_upload(tmp_path):
+def test_an_upload_failure_stops_the_reads_and_aborts_the_multipart_upload(tmp_path, monkeypatch):
+    monkeypatch.setattr(tier_module, "WRITE_QUEUE_BYTES", 1 * MiB)
     entries = random_entries(150, 100_000)        # 15 MB, parts of 5 MiB: part 2 fails
     fake = FakeS3(fail_part=2)
     tier = Tier(f"file://{tmp_path}", None)
@@ -312,3 +315,23 @@ def test_an_upload_failure_stops_the_reads_and_aborts_the_multipart_upload(tmp_p
         asyncio.run(main())
     assert fake.calls[-1] == "abort" and "complete" not in fake.calls and not fake.objects
     assert reader.reads[-1][1] < 149                  # the reads stopped with the encoder
+
+
+def test_the_background_writer_bounds_its_queue_and_reports_the_inner_error(tmp_path):
+    from offload.store import BackgroundObjectWriter
+    store = FileObjectStore(tmp_path)
+    w = BackgroundObjectWriter(store.open_writer("a"), bytes_max=3_000)
+    for i in range(50):
+        w.write(bytes([i]) * 1_000)
+        assert w.bytes_queued <= 3_000
+    w.commit()
+    assert store.get("a") == b"".join(bytes([i]) * 1_000 for i in range(50))
+
+    fake = FakeS3(fail_part=1)
+    w = BackgroundObjectWriter(s3_store(fake).open_writer("b"), bytes_max=6 * MiB)
+    with pytest.raises(ObjectStoreError, match="connection reset"):
+        for _ in range(20):
+            w.write(b"z" * MiB)         # part 1 fails in the thread: a later write raises it
+        w.commit()
+    w.abort()
+    assert fake.calls == ["create", "part1", "abort"] and not fake.objects
