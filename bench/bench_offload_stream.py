@@ -114,6 +114,7 @@ def broker_log_figures(log_path: pathlib.Path, ledger_id: int) -> dict:
     """The write step's seconds and the loop lags over the monitor's threshold between the
     broker's ``offload start`` and ``offload written`` lines of ``ledger_id``."""
     seconds = None
+    waits: dict[str, float] = {}      # streaming broker only: who waited for whom in the write step
     lags: list[float] = []
     inside = False
     for line in log_path.read_text(errors="replace").splitlines():
@@ -124,8 +125,10 @@ def broker_log_figures(log_path: pathlib.Path, ledger_id: int) -> dict:
         elif inside and "offload written" in line and f" ledger={ledger_id} " in line:
             m = re.search(r"seconds=([\d.]+)", line)
             seconds = float(m.group(1)) if m else None
+            waits = {k: float(v) for k, v in re.findall(r"(read_wait_s|encode_wait_s)=([\d.]+)", line)}
             break
-    return {"write_step_s": seconds, "loop_lags_over_threshold": len(lags), "loop_lag_ms_max": max(lags, default=0.0)}
+    return {"write_step_s": seconds, "loop_lags_over_threshold": len(lags), "loop_lag_ms_max": max(lags, default=0.0),
+            **waits}
 
 
 def offload(turl: str, before_ledger: int, pid: int) -> tuple[float, float, str]:

@@ -493,19 +493,21 @@ class TopicOffloader:
                                    f"[offload] ledger_bytes_max {broker.config.offload.ledger_bytes_max}")
             typed_versions = await self._typed_versions(ledger_id)
             try:
-                stats, held_max = await self._stream_to_tier(info, key, typed_versions)
+                stats, pipe = await self._stream_to_tier(info, key, typed_versions)
             except TypedColumnsFailedError as e:
                 log.warning("offload topic=%s ledger=%d: %s; read again, written without typed columns",
                             self.ml_name, ledger_id, e)
-                stats, held_max = await self._stream_to_tier(info, key, None)
+                stats, pipe = await self._stream_to_tier(info, key, None)
             elapsed = time.monotonic() - started
         broker.offloaded_bytes += info.size_bytes
+        # who waited: the reads for the encoder (read_wait_s) or the encoder for the reads
         log.info("offload written topic=%s ledger=%d rows=%d object_bytes=%d seconds=%.3f MBps=%.1f "
-                 "pipe_bytes_max=%d", self.ml_name, ledger_id, stats.rows, stats.size_bytes, elapsed,
-                 info.size_bytes / 1e6 / max(elapsed, 1e-9), held_max)
+                 "pipe_bytes_max=%d read_wait_s=%.3f encode_wait_s=%.3f", self.ml_name, ledger_id, stats.rows,
+                 stats.size_bytes, elapsed, info.size_bytes / 1e6 / max(elapsed, 1e-9), pipe.bytes_held_max,
+                 pipe.put_wait_s, pipe.take_wait_s)
         return stats
 
-    async def _stream_to_tier(self, info: LedgerInfo, key: str, typed_versions) -> tuple[ObjectStats, int]:
+    async def _stream_to_tier(self, info: LedgerInfo, key: str, typed_versions) -> tuple[ObjectStats, EntryPipe]:
         """One attempt of write_step's stream: the bookie reads here, the encoder in the pool."""
         broker, ledger_id = self.broker, info.ledger_id
         window_bytes = broker.config.offload.read_window_bytes
@@ -538,7 +540,7 @@ class TopicOffloader:
         stats = await encoding
         for name, n in typed_counts.items():
             broker.typed_counters[name] = broker.typed_counters.get(name, 0) + n
-        return stats, pipe.bytes_held_max
+        return stats, pipe
     async def verify_step(self, info: LedgerInfo, uri: str, stats: ObjectStats) -> None:
         async with self.broker.slots:
             await self.broker.run(verify_object, self.broker.tier, self.broker.tier.key_of(uri), stats,

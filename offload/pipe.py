@@ -14,12 +14,15 @@ API::
     for entry_id, payload in pipe: ...                # the thread
     pipe.stop()                                       # the thread: done, the loop's puts fail
     pipe.bytes_held_max                               # the most bytes it ever held
+    pipe.put_wait_s, pipe.take_wait_s                 # time the loop waited for room / the
+                                                      # thread for entries (who is the bottleneck)
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from typing import Iterator, Sequence
 
@@ -44,6 +47,8 @@ class EntryPipe:
         self._error: BaseException | None = None   # the producer failed
         self._stopped = False                      # the consumer is done
         self._room = asyncio.Event()
+        self.put_wait_s = 0.0
+        self.take_wait_s = 0.0
 
     # -- the event loop's side ------------------------------------------------------------------
     async def put(self, batch: Sequence[tuple[int, bytes]]) -> None:
@@ -62,7 +67,9 @@ class EntryPipe:
                     self._cond.notify_all()
                     return
                 self._room.clear()       # under the lock: a take after this sets it again
+            started = time.monotonic()
             await self._room.wait()
+            self.put_wait_s += time.monotonic() - started
 
     def close(self) -> None:
         with self._cond:
@@ -80,8 +87,11 @@ class EntryPipe:
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         while True:
             with self._cond:
-                while not self._batches and not self._closed:
-                    self._cond.wait()
+                if not self._batches and not self._closed:
+                    started = time.monotonic()
+                    while not self._batches and not self._closed:
+                        self._cond.wait()
+                    self.take_wait_s += time.monotonic() - started
                 if self._error is not None:
                     raise OffloadError(f"reading the ledger failed: {type(self._error).__name__}: "
                                        f"{self._error}")
