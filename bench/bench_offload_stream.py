@@ -11,9 +11,9 @@ a deletion lag of an hour (ledgers stay on the bookies). Produces --rounds close
 compressible), then for each ledger in turn, alternating:
 
   replay   the bench process opens the ledger with the broker's ledger client
-           (bookie.client, ``open_ledger(recovery=False)`` + ``read`` by windows of the
-           broker's ``read_window_bytes`` mean-entry-size estimate, 8 MiB): the read path the
-           offloader uses, without encoding: MB/s of the ledger's bytes
+           (bookie.client, ``open_ledger(recovery=False)`` + ``read_some`` reply by reply, as
+           the offloader reads; an older broker read by ``iter_entries``): the read path of
+           the offloader without encoding: MB/s of the ledger's bytes
   offload  admin ``PUT .../offload`` before the next ledger; poll the status every 50 ms until
            SUCCESS: MB/s of the ledger's bytes over the wall time (read from the bookies,
            encode, upload, verification, CAS); the broker's VmRSS sampled every 50 ms from just
@@ -47,7 +47,6 @@ import pulsar  # noqa: E402
 from bench.common import http  # noqa: E402
 from faces.cluster import LocalCluster  # noqa: E402
 
-WINDOW_BYTES = 8 * 1024 * 1024
 TOPIC = "offload-stream"
 
 
@@ -90,21 +89,25 @@ def produce(client, topic: str, total_bytes: int, size: int) -> int:
     return n
 
 
-async def replay_from_bookies(zookeeper: str, ledger_id: int, entries: int, size_bytes: int) -> tuple[int, float]:
-    """The offloader's read path (broker/offloader.py ``_read_from_bookies``): windows of about
-    WINDOW_BYTES, one after the other; bytes read and seconds."""
+async def replay_from_bookies(zookeeper: str, ledger_id: int, entries: int) -> tuple[int, float]:
+    """The offloader's read path (broker/offloader.py ``_read_from_bookies``): one bookie reply
+    after the other (``read_some``; ``iter_entries`` where the tree has no ``read_some``);
+    bytes read and seconds."""
     from bookie.client.ledger_client import LedgerClient
     from pulsarlite.config import LedgerClientConfig
     client = await LedgerClient.connect(LedgerClientConfig(zookeeper=zookeeper))
     try:
         started = time.perf_counter()
         reader = await client.open_ledger(ledger_id, recovery=False)
-        per_read = max(1, WINDOW_BYTES * entries // max(size_bytes, 1))
         first = got = 0
+        if not hasattr(reader, "read_some"):
+            async for e in reader.iter_entries(0, entries - 1):
+                got += len(e.payload)
+            return got, time.perf_counter() - started
         while first < entries:
-            last = min(entries - 1, first + per_read - 1)
-            got += sum(len(e.payload) for e in await reader.read(first, last))
-            first = last + 1
+            batch = await reader.read_some(first, entries - 1)
+            got += sum(len(e.payload) for e in batch)
+            first += len(batch)
         return got, time.perf_counter() - started
     finally:
         await client.close()
@@ -197,8 +200,7 @@ def main() -> int:
             nxt = ledgers[ledgers.index(info) + 1]["ledgerId"]
             replay_mb_s = None
             if not args.big_mb:
-                nbytes, rsec = asyncio.run(replay_from_bookies(cluster.zookeeper, info["ledgerId"], info["entries"],
-                                                               info["size"]))
+                nbytes, rsec = asyncio.run(replay_from_bookies(cluster.zookeeper, info["ledgerId"], info["entries"]))
                 replay_mb_s = nbytes / rsec / 1e6
             osec, growth, status = offload(turl, nxt, broker.pid)
             figures = broker_log_figures(pathlib.Path(broker.log), info["ledgerId"])

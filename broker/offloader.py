@@ -33,8 +33,8 @@ shell executes its actions one at a time and feeds the results back::
   select only the columns that rebuild entries.
 - Encoding, uploads, verification and tier reads run in a bounded thread pool
   (``offload_concurrent_max`` ledgers at once per broker); the event loop only moves entries.
-  An offload streams: the loop reads the ledger by windows of ``[offload] read_window_bytes``
-  into a pipe of two windows (offload/pipe.py), a pool thread encodes row groups from it and
+  An offload streams: the loop reads the ledger one bookie reply (<= 4 MiB) at a time into a
+  pipe of ``[offload] read_ahead_bytes`` (offload/pipe.py), a pool thread encodes row groups from it and
   writes them to the object as it goes (S3 multipart, file:// temp file), committed whole or
   aborted: memory is bounded whatever the ledger's size (docs/decisions.md "Streaming offload").
 
@@ -477,11 +477,11 @@ class TopicOffloader:
 
     async def write_step(self, info: LedgerInfo, uri: str) -> ObjectStats:
         """Stream the ledger from the bookies into its object, under one of the broker's slots:
-        the event loop reads windows of about ``read_window_bytes`` and hands them through a
-        bounded pipe (two windows) to a pool thread that encodes row groups (typed columns when
-        the schema allows) and writes them to the object as it goes (multipart on S3); the
-        object is committed only whole, else aborted. Memory: about two windows, a row group
-        and one upload part, whatever the ledger's size."""
+        the event loop reads it one bookie reply at a time into a pipe of at most
+        ``read_ahead_bytes`` to a pool thread that encodes row groups (typed columns when the
+        schema allows) and writes them to the object as it goes (multipart on S3); the object
+        is committed only whole, else aborted. Memory: the pipe, a bookie reply, about a row
+        group, the writer's queue and one upload part, whatever the ledger's size."""
         broker, ledger_id = self.broker, info.ledger_id
         key = broker.tier.key_of(uri)
         async with broker.slots:
@@ -510,8 +510,7 @@ class TopicOffloader:
     async def _stream_to_tier(self, info: LedgerInfo, key: str, typed_versions) -> tuple[ObjectStats, EntryPipe]:
         """One attempt of write_step's stream: the bookie reads here, the encoder in the pool."""
         broker, ledger_id = self.broker, info.ledger_id
-        window_bytes = broker.config.offload.read_window_bytes
-        pipe = EntryPipe(2 * window_bytes)
+        pipe = EntryPipe(broker.config.offload.read_ahead_bytes)
         typed_counts: dict[str, int] = {}     # filled in the worker thread, merged here
 
         def encode() -> ObjectStats:
@@ -526,7 +525,7 @@ class TopicOffloader:
 
         encoding = asyncio.ensure_future(broker.run(encode))
         try:
-            await self._read_from_bookies(info, pipe, window_bytes)
+            await self._read_from_bookies(info, pipe)
             pipe.close()
         except BaseException as e:
             pipe.fail(e)            # the encoder stops reading, aborts the upload and returns
@@ -541,6 +540,7 @@ class TopicOffloader:
         for name, n in typed_counts.items():
             broker.typed_counters[name] = broker.typed_counters.get(name, 0) + n
         return stats, pipe
+
     async def verify_step(self, info: LedgerInfo, uri: str, stats: ObjectStats) -> None:
         async with self.broker.slots:
             await self.broker.run(verify_object, self.broker.tier, self.broker.tier.key_of(uri), stats,
@@ -580,25 +580,23 @@ class TopicOffloader:
                  [v for v, _, _ in versions])
         return versions
 
-    async def _read_from_bookies(self, info: LedgerInfo, pipe: EntryPipe, window_bytes: int) -> None:
-        """The closed ledger's entries, in order, into ``pipe``: read by windows of about
-        ``window_bytes`` (entries per read from the list's mean entry size), each read once
-        the pipe has room for it (back-pressure from the encoder)."""
+    async def _read_from_bookies(self, info: LedgerInfo, pipe: EntryPipe) -> None:
+        """The closed ledger's entries, in order, into ``pipe``, one bookie reply at a time
+        (``LedgerReader.read_some``: bounded in bytes by the bookie, whatever the entries'
+        sizes), each read once the pipe has room (back-pressure from the encoder)."""
         ledger_id, entries = info.ledger_id, info.entries
         reader = await self.broker.ledger_client.open_ledger(ledger_id, recovery=False)
         if reader.last_readable_entry_id != entries - 1:
             raise OffloadError(f"ledger {ledger_id}: bookies have entries up to {reader.last_readable_entry_id}, "
                                f"the list says {entries}")
-        per_read = max(1, window_bytes * entries // max(info.size_bytes, 1))
         first = 0
         while first < entries:
-            last = min(entries - 1, first + per_read - 1)
-            got = [(e.entry_id, bytes(e.payload)) for e in await reader.read(first, last)]
-            if [e for e, _ in got] != list(range(first, last + 1)):
+            got = [(e.entry_id, bytes(e.payload)) for e in await reader.read_some(first, entries - 1)]
+            if not got or [e for e, _ in got] != list(range(first, first + len(got))):
                 raise OffloadError(f"ledger {ledger_id}: read entries {got[0][0] if got else None}.."
-                                   f"{got[-1][0] if got else None}, expected {first}..{last}")
+                                   f"{got[-1][0] if got else None}, expected {first} on")
             await pipe.put(got)
-            first = last + 1
+            first += len(got)
 
     # -- the table ([lakehouse]) ---------------------------------------------------------------
     def offloaded_objects(self) -> dict[int, str]:

@@ -224,20 +224,29 @@ def test_a_failed_part_aborts_the_multipart_upload_and_records_nothing():
 
 # -- the broker's write step (TopicOffloader.write_step over fakes) --------------------------------
 class FakeReader:
-    def __init__(self, entries, fail_at_read: int | None) -> None:
+    """A closed ledger's reader whose replies hold at most ``reply_bytes`` (as a bookie's
+    ``read_bytes_max``); ``fail_at_read``: that read fails."""
+
+    def __init__(self, entries, fail_at_read: int | None, reply_bytes: int = 16_000) -> None:
         self.entries = entries
         self.last_readable_entry_id = len(entries) - 1
         self.reads: list[tuple[int, int]] = []
         self.fail_at_read = fail_at_read
+        self.reply_bytes = reply_bytes
 
-    async def read(self, first: int, last: int):
-        self.reads.append((first, last))
-        if len(self.reads) == self.fail_at_read:
+    async def read_some(self, first: int, last: int):
+        if len(self.reads) + 1 == self.fail_at_read:
+            self.reads.append((first, first))
             raise BookieUnavailableError("no bookie answers")
-        return [SimpleNamespace(entry_id=i, payload=self.entries[i][1]) for i in range(first, last + 1)]
+        end, size = first, 0
+        while end <= last and (end == first or size + len(self.entries[end][1]) <= self.reply_bytes):
+            size += len(self.entries[end][1])
+            end += 1
+        self.reads.append((first, end - 1))
+        return [SimpleNamespace(entry_id=i, payload=self.entries[i][1]) for i in range(first, end)]
 
 
-def offloader(tier: Tier, reader: FakeReader, pool: ThreadPoolExecutor, *, window: int,
+def offloader(tier: Tier, reader: FakeReader, pool: ThreadPoolExecutor, *, read_ahead: int,
               row_group_bytes: int) -> TopicOffloader:
     async def open_ledger(ledger_id, *, recovery):
         return reader
@@ -250,7 +259,7 @@ def offloader(tier: Tier, reader: FakeReader, pool: ThreadPoolExecutor, *, windo
         tier=tier, slots=asyncio.Semaphore(1), run=run, typed_counters={}, offloaded_bytes=0,
         ledger_client=SimpleNamespace(open_ledger=open_ledger),
         config=SimpleNamespace(message_bytes_max=5 * MiB, offload=OffloadConfig(
-            read_window_bytes=window, row_group_bytes=row_group_bytes, typed_columns=False)))
+            read_ahead_bytes=read_ahead, row_group_bytes=row_group_bytes, typed_columns=False)))
     t.ml_name, t.partition = "public/default/persistent/t", -1
     return t
 
@@ -259,7 +268,7 @@ def info_of(entries) -> SimpleNamespace:
     return SimpleNamespace(ledger_id=7, entries=len(entries), size_bytes=sum(len(e) for _, e in entries))
 
 
-def test_the_write_step_reads_by_windows_through_a_bounded_pipe(tmp_path, monkeypatch):
+def test_the_write_step_reads_reply_by_reply_through_a_bounded_pipe(tmp_path, monkeypatch):
     entries = random_entries(200, 2_000)
     tier = Tier(f"file://{tmp_path}", None)
     reader = FakeReader(entries, None)
@@ -273,12 +282,12 @@ def test_the_write_step_reads_by_windows_through_a_bounded_pipe(tmp_path, monkey
 
     async def main():
         with ThreadPoolExecutor(2) as pool:
-            return await offloader(tier, reader, pool, window=16_000, row_group_bytes=20_000).write_step(
+            return await offloader(tier, reader, pool, read_ahead=32_000, row_group_bytes=20_000).write_step(
                 info_of(entries), tier.uri_of(KEY))
     stats = asyncio.run(main())
     assert isinstance(stats, ObjectStats) and stats.rows == 200
-    assert len(reader.reads) >= 20 and all(b - a + 1 <= 8 for a, b in reader.reads)    # 16 KB / 2 KB entries
-    assert [a for a, _ in reader.reads] == sorted({a for a, _ in reader.reads}) and reader.reads[-1][1] == 199
+    assert len(reader.reads) >= 20 and all(b - a + 1 <= 8 for a, b in reader.reads)    # 16 KB replies
+    assert [a for a, _ in reader.reads] == [0] + [b + 1 for _, b in reader.reads[:-1]] and reader.reads[-1][1] == 199
     (pipe,) = pipes
     assert pipe.bytes_max == 32_000 and 0 < pipe.bytes_held_max <= 32_000
     assert (tmp_path / KEY).read_bytes() == in_memory_object(7, entries, 20_000)
@@ -292,7 +301,7 @@ def test_a_bookie_failure_mid_ledger_leaves_no_object_and_no_temp_file(tmp_path)
 
     async def main():
         with ThreadPoolExecutor(2) as pool:
-            await offloader(tier, reader, pool, window=16_000, row_group_bytes=20_000).write_step(
+            await offloader(tier, reader, pool, read_ahead=32_000, row_group_bytes=20_000).write_step(
                 info_of(entries), tier.uri_of(KEY))
     with pytest.raises(BookieUnavailableError):
         asyncio.run(main())
@@ -305,11 +314,11 @@ def test_an_upload_failure_stops_the_reads_and_aborts_the_multipart_upload(tmp_p
     fake = FakeS3(fail_part=2)
     tier = Tier(f"file://{tmp_path}", None)
     tier.store = s3_store(fake)
-    reader = FakeReader(entries, None)
+    reader = FakeReader(entries, None, reply_bytes=1 * MiB)
 
     async def main():
         with ThreadPoolExecutor(2) as pool:
-            await offloader(tier, reader, pool, window=1 * MiB, row_group_bytes=1 * MiB).write_step(
+            await offloader(tier, reader, pool, read_ahead=2 * MiB, row_group_bytes=1 * MiB).write_step(
                 info_of(entries), f"{tier.uri}/{KEY}")
     with pytest.raises(ObjectStoreError, match="connection reset"):
         asyncio.run(main())
