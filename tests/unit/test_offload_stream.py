@@ -344,3 +344,47 @@ def test_the_background_writer_bounds_its_queue_and_reports_the_inner_error(tmp_
         w.commit()
     w.abort()
     assert fake.calls == ["create", "part1", "abort"] and not fake.objects
+
+
+def test_typed_columns_that_fail_mid_stream_abort_the_object_for_a_read_without_them(tmp_path, monkeypatch):
+    """A list is encoded again without typed columns (as before); a stream cannot be read again
+    here: TypedColumnsFailedError, nothing under the key (the broker reads the ledger again)."""
+    from offload.tier import TableTypedColumns, TypedColumnsFailedError
+    from tests.unit.test_offload_typed_columns import VERSIONS, ledger_entries
+
+    def broken(self, table):
+        raise RuntimeError("a bug in the typed columns")
+    monkeypatch.setattr(TableTypedColumns, "arrays", broken)
+    tier = Tier(f"file://{tmp_path}", None)
+    entries = ledger_entries()
+    with pytest.raises(TypedColumnsFailedError):
+        encode_and_upload(tier, KEY, 7, iter(entries), partition=-1, row_group_bytes=600, typed_versions=VERSIONS,
+                          entries_expected=len(entries))
+    assert tier.store.head(KEY) is None and not tier.store.list_temp_files()
+    stats = encode_and_upload(tier, KEY, 7, entries, partition=-1, row_group_bytes=600, typed_versions=VERSIONS)
+    assert stats.rows > 0 and (tmp_path / KEY).read_bytes() == in_memory_object(7, entries, 600)
+
+
+def test_the_write_step_reads_the_ledger_again_without_typed_columns_when_they_fail(tmp_path, monkeypatch):
+    from offload.tier import TableTypedColumns
+    from tests.unit.test_offload_typed_columns import VERSIONS, ledger_entries
+
+    def broken(self, table):
+        raise RuntimeError("a bug in the typed columns")
+    monkeypatch.setattr(TableTypedColumns, "arrays", broken)
+    entries = ledger_entries()
+    tier = Tier(f"file://{tmp_path}", None)
+    reader = FakeReader(entries, None, reply_bytes=200)
+
+    async def main():
+        with ThreadPoolExecutor(2) as pool:
+            t = offloader(tier, reader, pool, read_ahead=1_000, row_group_bytes=600)
+
+            async def typed_versions(ledger_id):
+                return VERSIONS
+            t._typed_versions = typed_versions
+            return await t.write_step(info_of(entries), tier.uri_of(KEY))
+    stats = asyncio.run(main())
+    assert [a for a, _ in reader.reads].count(0) == 2             # read twice from the first entry
+    assert (tmp_path / KEY).read_bytes() == in_memory_object(7, entries, 600)     # raw columns
+    verify_object(tier, KEY, stats, len(entries))
