@@ -14,7 +14,8 @@ and three fsync'd journals, what this machine allows that layout), each in its o
 a deadline.
 The first round also runs the component scripts once (COMPONENTS: idle topics' RSS, tier replay
 vs direct pyarrow, the Spark source vs spark.read.parquet on the same files, our client vs the
-official one, small entries, failover, TLS on vs off): their ratios are taken inside one script
+official one, small entries, failover, TLS on vs off, offload of a closed ledger vs its replay
+from the bookies): their ratios are taken inside one script
 run. --runs rounds (default 2, `make bench` 3); the table shows medians, each ratio is the median
 of the per-round ratios (pulsarlite and its reference of the same round: the machine is noisy,
 pairs measured together compare fairly), and each goal row says whether the goal is met.
@@ -127,6 +128,7 @@ COMPONENTS = (
     ("bench_small_entries.py", ["--messages", "100000", "--rounds", "3"]),
     ("bench_failover.py", ["--rounds", "2"]),
     ("bench_tls.py", ["--messages", "40000", "--unbatched-messages", "300", "--rounds", "5"]),
+    ("bench_offload_stream.py", ["--mb", "200", "--rounds", "3"]),
 )
 
 
@@ -353,6 +355,17 @@ def table(rounds: list[Round]) -> list[tuple[str, str, str, str, str]]:
                          fmt(t["tls_msg_s"], "msg/s"), f"TLS off, same broker {fmt(t['plain_msg_s'], 'msg/s')}; "
                          "median of per-round ratios", _ratio(t["tls_over_plain"]), goal,
                          verdict(t["tls_over_plain"], lambda x: x >= 0.8) if goal else ""))
+    stream = extra("bench_offload_stream.py")
+    if stream and stream.get("ratio_offload_replay_median") is not None:
+        ratio = stream["ratio_offload_replay_median"]
+        rows.append((f"offload of a closed ~{stream['mb']} MB ledger ({stream['tier']} tier; median of "
+                     f"{len(stream['rounds'])} rounds, alternated with the replay)",
+                     fmt(stream["offload_mb_s_median"], "MB/s", 1),
+                     f"replay from bookies {fmt(stream['replay_bookies_mb_s_median'], 'MB/s', 1)} (the offloader's "
+                     "read path)", _ratio(ratio), ">= 0.5", verdict(ratio, lambda x: x >= 0.5)))
+        growth = stream["rss_growth_mb_max"]
+        rows.append((f"broker RSS growth while offloading (~{stream['mb']} MB ledgers, max of rounds)",
+                     fmt(growth, "MB"), "", "", "< 300 MB", verdict(growth, lambda v: v < 300)))
     return rows
 
 

@@ -54,7 +54,8 @@ class OffloadConfig:
     check_interval_ms: int = 60_000          # the timer trigger (thresholds, deletion lag)
     deletion_lag_ms: int = 4 * 3600 * 1000   # default lag before offloaded ledgers leave the bookies
     row_group_bytes: int = 8 * MiB           # Parquet row-group size (message bytes) of offloaded ledgers
-    ledger_bytes_max: int = 1024 * MiB       # a bigger closed ledger is not offloaded (memory bound)
+    ledger_bytes_max: int = 64 * 1024 * MiB  # a bigger closed ledger is not offloaded (a safety bound: memory is not)
+    read_ahead_bytes: int = 16 * MiB         # per offload: entries read from the bookies, not yet encoded
     retry_delay_ms_max: int = 3600 * 1000    # a failed ledger's automatic retries: doubling delays up to this
     tier_read_cache_bytes_max: int = 64 * MiB  # per broker: rebuilt entries of offloaded ledgers
     tier_read_ahead_ledgers: int = 4         # offloaded ledgers whose first row group a replay reads ahead
@@ -68,7 +69,7 @@ class OffloadConfig:
     lake_merge_file_bytes_max: int = 8 * MiB  # a table file above this is not small: never merged (0: the target)
 
     def validate(self) -> "OffloadConfig":
-        _positive_ints(self, "concurrent_max", "check_interval_ms", "row_group_bytes", "ledger_bytes_max",
+        _positive_ints(self, "concurrent_max", "check_interval_ms", "row_group_bytes", "ledger_bytes_max", "read_ahead_bytes",
                        "retry_delay_ms_max", "tier_read_cache_bytes_max", "tier_read_ahead_ledgers")
         for name in ("tier_uri", "tier_s3_endpoint_url"):
             if not isinstance(getattr(self, name), str):

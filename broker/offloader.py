@@ -33,6 +33,10 @@ shell executes its actions one at a time and feeds the results back::
   select only the columns that rebuild entries.
 - Encoding, uploads, verification and tier reads run in a bounded thread pool
   (``offload_concurrent_max`` ledgers at once per broker); the event loop only moves entries.
+  An offload streams: the loop reads the ledger one bookie reply (<= 4 MiB) at a time into a
+  pipe of ``[offload] read_ahead_bytes`` (offload/pipe.py), a pool thread encodes row groups from it and
+  writes them to the object as it goes (S3 multipart, file:// temp file), committed whole or
+  aborted: memory is bounded whatever the ledger's size (docs/decisions.md "Streaming offload").
 
 Lakehouse ([lakehouse], broker key ``lake_enabled``; offload/lake.py): the offloaded objects of
 a topic are the data files of its Iceberg table. The object is committed to the table right after
@@ -72,7 +76,8 @@ from offload.core import (LedgerOffload, LedgerView, ListedObject, ObjectStats, 
 from offload.lake import Lake, TableId
 from offload.lake_merge import LedgerObject, ledger_day, merge_once, sweep_merged
 from offload.shell import LedgerOffloadShell, OffloadError
-from offload.tier import Tier, TierReadCache, encode_and_upload, verify_object
+from offload.pipe import EntryPipe, PipeStoppedError
+from offload.tier import Tier, TierReadCache, TypedColumnsFailedError, encode_and_upload, verify_object
 from pulsarlite.errors import MetadataNotFoundError, check
 from pulsarlite.metadata_layout import topic_policies_path
 from pulsarlite.topic_name import TopicName
@@ -471,8 +476,12 @@ class TopicOffloader:
         return new
 
     async def write_step(self, info: LedgerInfo, uri: str) -> ObjectStats:
-        """Read the ledger from the bookies, encode (typed columns when the schema allows) and
-        upload it in the pool, under one of the broker's slots."""
+        """Stream the ledger from the bookies into its object, under one of the broker's slots:
+        the event loop reads it one bookie reply at a time into a pipe of at most
+        ``read_ahead_bytes`` to a pool thread that encodes row groups (typed columns when the
+        schema allows) and writes them to the object as it goes (multipart on S3); the object
+        is committed only whole, else aborted. Memory: the pipe, a bookie reply, about a row
+        group, the writer's queue and one upload part, whatever the ledger's size."""
         broker, ledger_id = self.broker, info.ledger_id
         key = broker.tier.key_of(uri)
         async with broker.slots:
@@ -483,23 +492,54 @@ class TopicOffloader:
                 raise OffloadError(f"ledger {ledger_id} has {info.size_bytes} bytes, more than "
                                    f"[offload] ledger_bytes_max {broker.config.offload.ledger_bytes_max}")
             typed_versions = await self._typed_versions(ledger_id)
-            entries = await self._read_from_bookies(ledger_id, info.entries)
-            typed_counts: dict[str, int] = {}     # filled in the worker thread, merged here
-            stats = await broker.run(encode_and_upload, broker.tier, key, ledger_id, entries,
-                                     partition=self.partition,
-                                     row_group_bytes=broker.config.offload.row_group_bytes,
-                                     uncompressed_bytes_max=broker.config.message_bytes_max,
-                                     typed_versions=typed_versions, topic=self.ml_name,
-                                     counters=typed_counts)
-            for name, n in typed_counts.items():
-                broker.typed_counters[name] = broker.typed_counters.get(name, 0) + n
-            del entries
+            try:
+                stats, pipe = await self._stream_to_tier(info, key, typed_versions)
+            except TypedColumnsFailedError as e:
+                log.warning("offload topic=%s ledger=%d: %s; read again, written without typed columns",
+                            self.ml_name, ledger_id, e)
+                stats, pipe = await self._stream_to_tier(info, key, None)
             elapsed = time.monotonic() - started
         broker.offloaded_bytes += info.size_bytes
-        log.info("offload written topic=%s ledger=%d rows=%d object_bytes=%d seconds=%.3f MBps=%.1f",
-                 self.ml_name, ledger_id, stats.rows, stats.size_bytes, elapsed,
-                 info.size_bytes / 1e6 / max(elapsed, 1e-9))
+        # who waited: the reads for the encoder (read_wait_s) or the encoder for the reads
+        log.info("offload written topic=%s ledger=%d rows=%d object_bytes=%d seconds=%.3f MBps=%.1f "
+                 "pipe_bytes_max=%d read_wait_s=%.3f encode_wait_s=%.3f", self.ml_name, ledger_id, stats.rows,
+                 stats.size_bytes, elapsed, info.size_bytes / 1e6 / max(elapsed, 1e-9), pipe.bytes_held_max,
+                 pipe.put_wait_s, pipe.take_wait_s)
         return stats
+
+    async def _stream_to_tier(self, info: LedgerInfo, key: str, typed_versions) -> tuple[ObjectStats, EntryPipe]:
+        """One attempt of write_step's stream: the bookie reads here, the encoder in the pool."""
+        broker, ledger_id = self.broker, info.ledger_id
+        pipe = EntryPipe(broker.config.offload.read_ahead_bytes)
+        typed_counts: dict[str, int] = {}     # filled in the worker thread, merged here
+
+        def encode() -> ObjectStats:
+            try:
+                return encode_and_upload(broker.tier, key, ledger_id, pipe, partition=self.partition,
+                                         row_group_bytes=broker.config.offload.row_group_bytes,
+                                         uncompressed_bytes_max=broker.config.message_bytes_max,
+                                         typed_versions=typed_versions, topic=self.ml_name,
+                                         counters=typed_counts, entries_expected=info.entries)
+            finally:
+                pipe.stop()
+
+        encoding = asyncio.ensure_future(broker.run(encode))
+        try:
+            await self._read_from_bookies(info, pipe)
+            pipe.close()
+        except BaseException as e:
+            pipe.fail(e)            # the encoder stops reading, aborts the upload and returns
+            if isinstance(e, PipeStoppedError):
+                await encoding          # the encoder's own failure, raised here, says why
+                raise OffloadError(f"ledger {ledger_id}: the encoder finished before the last entry") from None
+            encoding.add_done_callback(lambda f: f.cancelled() or f.exception())
+            if not isinstance(e, asyncio.CancelledError):
+                await asyncio.wait([encoding])    # its upload aborted before this step fails
+            raise
+        stats = await encoding
+        for name, n in typed_counts.items():
+            broker.typed_counters[name] = broker.typed_counters.get(name, 0) + n
+        return stats, pipe
 
     async def verify_step(self, info: LedgerInfo, uri: str, stats: ObjectStats) -> None:
         async with self.broker.slots:
@@ -540,15 +580,23 @@ class TopicOffloader:
                  [v for v, _, _ in versions])
         return versions
 
-    async def _read_from_bookies(self, ledger_id: int, entries: int) -> list[tuple[int, bytes]]:
+    async def _read_from_bookies(self, info: LedgerInfo, pipe: EntryPipe) -> None:
+        """The closed ledger's entries, in order, into ``pipe``, one bookie reply at a time
+        (``LedgerReader.read_some``: bounded in bytes by the bookie, whatever the entries'
+        sizes), each read once the pipe has room (back-pressure from the encoder)."""
+        ledger_id, entries = info.ledger_id, info.entries
         reader = await self.broker.ledger_client.open_ledger(ledger_id, recovery=False)
         if reader.last_readable_entry_id != entries - 1:
             raise OffloadError(f"ledger {ledger_id}: bookies have entries up to {reader.last_readable_entry_id}, "
                                f"the list says {entries}")
-        out = [(e.entry_id, bytes(e.payload)) async for e in reader.iter_entries(0, entries - 1)]
-        if [e for e, _ in out] != list(range(entries)):
-            raise OffloadError(f"ledger {ledger_id}: read {len(out)} entries, expected {entries}")
-        return out
+        first = 0
+        while first < entries:
+            got = [(e.entry_id, bytes(e.payload)) for e in await reader.read_some(first, entries - 1)]
+            if not got or [e for e, _ in got] != list(range(first, first + len(got))):
+                raise OffloadError(f"ledger {ledger_id}: read entries {got[0][0] if got else None}.."
+                                   f"{got[-1][0] if got else None}, expected {first} on")
+            await pipe.put(got)
+            first += len(got)
 
     # -- the table ([lakehouse]) ---------------------------------------------------------------
     def offloaded_objects(self) -> dict[int, str]:

@@ -12,6 +12,8 @@ API::
         holds one row group's rows plus the compressed object) -> store.put (CRC32C computed while writing,
         stored as the object's ``crc32c`` user metadata on S3); result.uri, .stats (core.ObjectStats: rows,
         size_bytes, checksum, min/max publish time), .entries, .row_groups
+    encode_ledger_to(store.open_writer(key), ledger_id, entries, ...) -> EncodedObject (data b"")
+        the same object written out as it is encoded (memory: about one row group)
     verify_object(store, key, stats, *, full=True)      # size, CRC32C, footer rows, else
                                                          # TierChecksumError / TierFormatError
     ledger_offload_summary(table) -> dict                # rows, min/max_publish_time_ms
@@ -50,7 +52,7 @@ from offload.core import ObjectStats
 from offload.format import (ENTRY_UNCOMPRESSED_BYTES_MAX, REBUILD_COLUMNS, ROW_GROUP_BYTES_DEFAULT, ROW_SCHEMA,
                             ParquetStreamWriter, TierChecksumError, TierFormatError, ledger_tables, open_parquet,
                             read_row_groups, row_group_entry_ranges, summarize_table, table_to_entries)
-from offload.store import Crc32cHasher, ObjectNotFoundError, ObjectStore, crc32c_hex, open_object_uri
+from offload.store import Crc32cHasher, ObjectNotFoundError, ObjectStore, ObjectWriter, crc32c_hex, open_object_uri
 
 log = logging.getLogger("pulsarlite.offload.reader")
 
@@ -58,6 +60,7 @@ FOOTER_TAIL_BYTES = 64 * 1024
 PART_BYTES_DEFAULT = 8 * 1024 * 1024     # ranged GETs of 8 MiB (AWS advises 8-16 MB)
 IO_THREADS_DEFAULT = 8
 WHOLE_OBJECT_BYTES_MAX = 256 * 1024 * 1024   # larger objects are read by row groups only
+VERIFY_PART_BYTES = 8 * 1024 * 1024      # verify_object reads objects in parts of this size
 
 _default_pool: ThreadPoolExecutor | None = None
 _default_pool_lock = threading.Lock()
@@ -77,12 +80,15 @@ def default_io_pool() -> ThreadPoolExecutor:
 # ---------------------------------------------------------------------------------------------
 
 class _HashingSink(io.RawIOBase):
-    """A write-only file collecting the bytes and their CRC32C as they are written."""
+    """A write-only file computing the CRC32C of the bytes as they are written, and collecting
+    them (``parts``) or handing them on to ``out`` (an object writer: nothing held here)."""
 
-    def __init__(self) -> None:
+    def __init__(self, out: "ObjectWriter | None" = None) -> None:
         super().__init__()
         self.parts: list[bytes] = []
         self.hasher = Crc32cHasher()
+        self.out = out
+        self.error: Exception | None = None
 
     def writable(self) -> bool:
         return True
@@ -90,8 +96,21 @@ class _HashingSink(io.RawIOBase):
     def write(self, data) -> int:
         b = bytes(data)
         self.hasher.update(b)
-        self.parts.append(b)
+        if self.out is None:
+            self.parts.append(b)
+        elif self.error is None:
+            # an error is kept, not raised through Arrow's C++ writer (pyarrow would wrap it
+            # and format its traceback later, in a finalizer: that corrupts a concurrent
+            # ast.parse on CPython 3.11); the encoder raises it after the write returns
+            try:
+                self.out.write(b)
+            except Exception as e:      # noqa: BLE001 - raised by raise_error()
+                self.error = e
         return len(b)
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
 
     def tell(self) -> int:
         return self.hasher.size_bytes
@@ -140,16 +159,47 @@ def encode_ledger(ledger_id: int, entries: Iterable[tuple[int, bytes | memoryvie
                   uncompressed_bytes_max: int = ENTRY_UNCOMPRESSED_BYTES_MAX,
                   metadata: dict[str, str] | None = None,
                   columns: ExtraColumns | None = None) -> EncodedObject:
-    """Entries -> Parquet bytes and their stats (CRC32C computed while writing): the one
-    encoder of both offloaders. Memory holds about one row group of decoded rows at a time
-    (``offload.format.ledger_tables``: tables of at most ``row_group_bytes`` of decoded
-    bytes), plus the compressed object; an entry whose payload declares more than
-    ``uncompressed_bytes_max`` is kept as one opaque row. ``metadata``: the footer's pairs
-    besides the format's (default: ledger id and partition); ``columns``: extra columns after
-    ROW_SCHEMA's. Pure CPU work with picklable arguments and result (without ``columns``): run
-    it in a ``ProcessPoolExecutor`` to keep a broker's GIL free (pass the entries as a list of
-    (int, bytes))."""
+    """Entries -> Parquet bytes and their stats (CRC32C computed while writing): the object
+    held in memory (``encode_ledger_to`` writes it out as it goes instead). Memory holds about
+    one row group of decoded rows at a time (``offload.format.ledger_tables``: tables of at
+    most ``row_group_bytes`` of decoded bytes), plus the compressed object; an entry whose
+    payload declares more than ``uncompressed_bytes_max`` is kept as one opaque row.
+    ``metadata``: the footer's pairs besides the format's (default: ledger id and partition);
+    ``columns``: extra columns after ROW_SCHEMA's. Pure CPU work with picklable arguments and
+    result (without ``columns``): run it in a ``ProcessPoolExecutor`` to keep a broker's GIL
+    free (pass the entries as a list of (int, bytes))."""
     sink = _HashingSink()
+    stats, entries_written, row_groups = _encode(sink, ledger_id, entries, partition=partition,
+                                                 row_group_bytes=row_group_bytes, compression=compression,
+                                                 uncompressed_bytes_max=uncompressed_bytes_max,
+                                                 metadata=metadata, columns=columns)
+    data = b"".join(sink.parts)
+    return EncodedObject(data, stats, entries_written, row_groups)
+
+
+def encode_ledger_to(out: "ObjectWriter", ledger_id: int, entries: Iterable[tuple[int, bytes | memoryview]], *,
+                     partition: int, row_group_bytes: int = ROW_GROUP_BYTES_DEFAULT,
+                     compression: str = "zstd",
+                     uncompressed_bytes_max: int = ENTRY_UNCOMPRESSED_BYTES_MAX,
+                     metadata: dict[str, str] | None = None,
+                     columns: ExtraColumns | None = None) -> EncodedObject:
+    """``encode_ledger``, the bytes written to ``out`` (``ObjectStore.open_writer``; not
+    committed here) as each row group is encoded: memory holds about one row group of decoded
+    rows and its encoded pages, never the object. The result's ``data`` is empty."""
+    sink = _HashingSink(out)
+    stats, entries_written, row_groups = _encode(sink, ledger_id, entries, partition=partition,
+                                                 row_group_bytes=row_group_bytes, compression=compression,
+                                                 uncompressed_bytes_max=uncompressed_bytes_max,
+                                                 metadata=metadata, columns=columns)
+    if out.size_bytes != stats.size_bytes:
+        raise TierFormatError(f"ledger {ledger_id}: {out.size_bytes} bytes reached the object writer, "
+                              f"{stats.size_bytes} encoded")
+    return EncodedObject(b"", stats, entries_written, row_groups)
+
+
+def _encode(sink: _HashingSink, ledger_id: int, entries: Iterable[tuple[int, bytes | memoryview]], *,
+            partition: int, row_group_bytes: int, compression: str, uncompressed_bytes_max: int,
+            metadata: dict[str, str] | None, columns: ExtraColumns | None) -> tuple[ObjectStats, int, int]:
     if metadata is None:
         metadata = {"pulsarlite.ledger_id": str(ledger_id), "pulsarlite.partition": str(partition)}
     schema = ROW_SCHEMA if columns is None else pa.schema(list(ROW_SCHEMA) + list(columns.fields))
@@ -163,18 +213,19 @@ def encode_ledger(ledger_id: int, entries: Iterable[tuple[int, bytes | memoryvie
                 for field, array in zip(columns.fields, columns.arrays(table)):
                     table = table.append_column(field, array)
             writer.write(table)
+            sink.raise_error()
     except BaseException:
         writer.close()
         raise
     summary = writer.close(columns.metadata() if columns is not None else None)
+    sink.raise_error()
     if summary.rows == 0:
         raise TierFormatError(f"ledger {ledger_id}: nothing to offload (no entries)")
-    data = b"".join(sink.parts)
-    stats = ObjectStats(rows=summary.rows, size_bytes=len(data),
+    stats = ObjectStats(rows=summary.rows, size_bytes=sink.hasher.size_bytes,
                         checksum=sink.hasher.hexdigest(),
                         min_publish_time_ms=summary.min_publish_time_ms,
                         max_publish_time_ms=summary.max_publish_time_ms)
-    return EncodedObject(data, stats, summary.entries, summary.row_groups)
+    return stats, summary.entries, summary.row_groups
 
 
 def put_encoded(store: ObjectStore, key: str, ledger_id: int,
@@ -202,7 +253,8 @@ def write_ledger_object(store: ObjectStore, key: str, ledger_id: int,
 
 def verify_object(store: ObjectStore, key: str, stats: ObjectStats, *, full: bool = True,
                   entries: int | None = None) -> None:
-    """The object is complete and intact. With ``full`` (one GET): its size and CRC32C, the row
+    """The object is complete and intact. With ``full`` (a HEAD, then the object read in ranged
+    parts of VERIFY_PART_BYTES, and its footer): its size and CRC32C, the row
     count in its footer and, with ``entries``, row groups covering entry ids 0..entries-1 (page
     checksums are left to readers); without (one HEAD): its size and the ``crc32c`` user
     metadata, if the object has it. Raises TierChecksumError / TierFormatError /
@@ -219,11 +271,19 @@ def verify_object(store: ObjectStore, key: str, stats: ObjectStats, *, full: boo
             raise TierChecksumError(f"{where}: object says crc32c {recorded}, recorded "
                                     f"{stats.checksum}")
         return
-    data = store.get(key)
-    if len(data) != stats.size_bytes or crc32c_hex(data) != stats.checksum:
-        raise TierChecksumError(f"{where}: {len(data)} bytes crc32c {crc32c_hex(data)}, "
+    # read in parts (memory: one part, whatever the object's size)
+    head = store.head(key)
+    if head is None:
+        raise ObjectNotFoundError(f"no object {where}")
+    if head.size_bytes != stats.size_bytes:
+        raise TierChecksumError(f"{where}: {head.size_bytes} bytes, recorded {stats.size_bytes}")
+    hasher = Crc32cHasher()
+    for start in range(0, head.size_bytes, VERIFY_PART_BYTES):
+        hasher.update(store.get_range(key, start, min(VERIFY_PART_BYTES, head.size_bytes - start)))
+    if hasher.hexdigest() != stats.checksum:
+        raise TierChecksumError(f"{where}: {hasher.size_bytes} bytes crc32c {hasher.hexdigest()}, "
                                 f"recorded {stats.size_bytes} {stats.checksum}")
-    pf = open_parquet(pa.BufferReader(data), what=where)
+    pf = open_parquet(store.open_input_file(key, size=head.size_bytes), what=where)
     if pf.metadata.num_rows != stats.rows:
         raise TierFormatError(f"{where}: {pf.metadata.num_rows} rows, recorded {stats.rows}")
     if entries is not None:
@@ -499,5 +559,5 @@ class TierReader:
         self.close()
 
 
-__all__ = ["EncodedObject", "TierReader", "WrittenObject", "default_io_pool", "encode_ledger",
+__all__ = ["EncodedObject", "TierReader", "WrittenObject", "default_io_pool", "encode_ledger", "encode_ledger_to",
            "ledger_offload_summary", "put_encoded", "verify_object", "write_ledger_object"]

@@ -8,6 +8,10 @@ a thread pool; Spark workers call it directly)::
     store.uri                                   # the base URI, normalised
     store.object_uri(key) -> str                # full URI of a key (what metadata records)
     store.put(key, data, *, metadata=None) -> ObjectInfo      # bytes-like; multipart if big
+    w = store.open_writer(key)                  # an object written in pieces (ObjectWriter):
+    w.write(data); w.commit() -> ObjectInfo     # visible under key only after commit;
+    w.abort()                                   # abort: nothing under key, nothing left behind
+    BackgroundObjectWriter(w, bytes_max=)       # the same, written by a thread of its own
     store.get(key) -> bytes
     store.get_range(key, start, length) -> bytes              # exactly length bytes
     store.head(key) -> ObjectInfo | None                      # None: no such object
@@ -31,7 +35,13 @@ raises ObjectStoreError (retriable). A missing bucket or refused credentials rai
 ObjectStoreError with ``retriable = False`` and a message naming the bucket and endpoint.
 
 file://: ``put`` writes a temp file in the target directory, fsyncs it, renames it into
-place and fsyncs the directory: a reader sees the whole object or none.
+place and fsyncs the directory: a reader sees the whole object or none. ``open_writer`` does the
+same with the temp file written piece by piece (abort: the temp file is removed).
+
+S3: ``open_writer`` buffers one part (``S3Settings.multipart_chunk_bytes``); an object that
+stays below one part is one PUT at commit, a bigger one a multipart upload
+(create_multipart_upload at the first full part, upload_part as parts fill, the last part and
+complete_multipart_upload at commit, abort_multipart_upload on abort): memory holds one part.
 """
 
 from __future__ import annotations
@@ -145,6 +155,9 @@ class ObjectStore:
             metadata: Mapping[str, str] | None = None) -> ObjectInfo:
         raise NotImplementedError
 
+    def open_writer(self, key: str, *, metadata: Mapping[str, str] | None = None) -> "ObjectWriter":
+        raise NotImplementedError
+
     def get(self, key: str) -> bytes:
         raise NotImplementedError
 
@@ -240,6 +253,172 @@ class RangedReader(io.RawIOBase):
 # file://
 # ---------------------------------------------------------------------------------------------
 
+class ObjectWriter:
+    """An object written in pieces (``ObjectStore.open_writer``): ``write`` bytes in order,
+    then ``commit()`` (the object appears under its key, whole) or ``abort()`` (nothing appears,
+    nothing is left behind; idempotent, also after a failed write or commit). ``size_bytes``:
+    bytes written so far. Not thread-safe: one writer thread."""
+
+    size_bytes: int
+
+    def write(self, data: bytes | memoryview) -> None:
+        raise NotImplementedError
+
+    def commit(self) -> ObjectInfo:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> "ObjectWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+
+
+class BackgroundObjectWriter(ObjectWriter):
+    """Another object writer (``inner``) fed by a thread of its own, so that the caller (an
+    encoder) goes on while the bytes are written or uploaded: ``write`` queues them, waiting
+    while ``bytes_max`` are queued; ``commit`` waits for the queue to drain, then commits;
+    ``abort`` drops the queue and aborts. An error of ``inner`` is raised by the next
+    ``write`` / ``commit``."""
+
+    def __init__(self, inner: ObjectWriter, *, bytes_max: int, name: str = "object-writer") -> None:
+        if bytes_max <= 0:
+            raise ValueError(f"bytes_max {bytes_max} <= 0")
+        self.inner = inner
+        self.bytes_max = bytes_max
+        self.size_bytes = 0
+        self.bytes_queued = 0
+        self._queue: list[bytes] = []
+        self._cond = threading.Condition()
+        self._error: BaseException | None = None
+        self._closing = False                 # no more writes: the thread drains and exits
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                data = self._queue.pop(0)
+            try:
+                if self._error is None:
+                    self.inner.write(data)
+            except BaseException as e:        # noqa: BLE001 - raised to the caller
+                self._error = e
+            with self._cond:
+                self.bytes_queued -= len(data)
+                self._cond.notify_all()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def write(self, data: bytes | memoryview) -> None:
+        data = bytes(data)
+        with self._cond:
+            while self.bytes_queued and self.bytes_queued + len(data) > self.bytes_max and self._error is None:
+                self._cond.wait()
+            self._raise()
+            self._queue.append(data)
+            self.bytes_queued += len(data)
+            self.size_bytes += len(data)
+            self._cond.notify_all()
+
+    def _drain(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    def commit(self) -> ObjectInfo:
+        self._drain()
+        try:
+            self._raise()
+        except BaseException:
+            self.inner.abort()
+            raise
+        return self.inner.commit()
+
+    def abort(self) -> None:
+        with self._cond:
+            self._error = self._error or ObjectStoreError("aborted", retriable=False)
+            self._queue.clear()
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+        self.inner.abort()
+
+
+class _FileObjectWriter(ObjectWriter):
+    """A temp file beside the final path (``TMP_PREFIX``: never listed), fsynced and renamed
+    into place at commit, the directory fsynced."""
+
+    def __init__(self, store: "FileObjectStore", key: str) -> None:
+        self.store, self.key = store, key
+        self.path = store._path(key)
+        self.size_bytes = 0
+        self._done = False
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.tmp = self.path.with_name(f"{TMP_PREFIX}{uuid.uuid4().hex}-{self.path.name}")
+            self._fd: int | None = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:
+            raise ObjectStoreError(f"put {store.object_uri(key)}: {exc}") from None
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self._done or self._fd is None:
+            raise ObjectStoreError(f"put {self.store.object_uri(self.key)}: writer already finished",
+                                   retriable=False)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+                self.size_bytes += written
+        except OSError as exc:
+            raise ObjectStoreError(f"put {self.store.object_uri(self.key)}: {exc}") from None
+
+    def commit(self) -> ObjectInfo:
+        if self._done or self._fd is None:
+            raise ObjectStoreError(f"put {self.store.object_uri(self.key)}: writer already finished",
+                                   retriable=False)
+        try:
+            fd, self._fd = self._fd, None
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(self.tmp, self.path)
+            self._done = True
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            self.abort()
+            raise ObjectStoreError(f"put {self.store.object_uri(self.key)}: {exc}") from None
+        return ObjectInfo(self.key, self.size_bytes, {})
+
+    def abort(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if not self._done:
+            self._done = True
+            self.tmp.unlink(missing_ok=True)
+
+
 class FileObjectStore(ObjectStore):
     """Objects as files under a directory; atomic puts (temp file, fsync, rename)."""
 
@@ -284,6 +463,10 @@ class FileObjectStore(ObjectStore):
         except OSError as exc:
             raise ObjectStoreError(f"put {self.object_uri(key)}: {exc}") from None
         return ObjectInfo(key, len(data), {})
+
+    def open_writer(self, key: str, *, metadata: Mapping[str, str] | None = None) -> ObjectWriter:
+        """``metadata`` is not kept (file:// has no user metadata, as ``put``)."""
+        return _FileObjectWriter(self, key)
 
     def get(self, key: str) -> bytes:
         path = self._path(key)
@@ -367,6 +550,87 @@ _CONFIG_ERRORS = {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId",
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 
 
+class _S3ObjectWriter(ObjectWriter):
+    """One part buffered; a multipart upload once the first part is full, else one PUT."""
+
+    def __init__(self, store: "S3ObjectStore", key: str, metadata: Mapping[str, str] | None) -> None:
+        self.store, self.key = store, key
+        self.full = store._key(key)
+        self.metadata = dict(metadata or {})
+        self.part_bytes = store.settings.multipart_chunk_bytes
+        self.size_bytes = 0
+        self._buffer = bytearray()
+        self._upload_id: str | None = None
+        self._parts: list[dict[str, Any]] = []
+        self._done = False
+
+    def _client(self):
+        return self.store._client
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self._done:
+            raise ObjectStoreError(f"put {self.store.object_uri(self.key)}: writer already finished",
+                                   retriable=False)
+        self._buffer += data
+        self.size_bytes += len(data)
+        while len(self._buffer) >= self.part_bytes:
+            part = bytes(self._buffer[:self.part_bytes])
+            del self._buffer[:self.part_bytes]
+            self._upload(part)
+
+    def _upload(self, part: bytes) -> None:
+        try:
+            if self._upload_id is None:
+                created = self._client().create_multipart_upload(Bucket=self.store.bucket, Key=self.full,
+                                                                  Metadata=self.metadata)
+                self._upload_id = created["UploadId"]
+            number = len(self._parts) + 1
+            got = self._client().upload_part(Bucket=self.store.bucket, Key=self.full, UploadId=self._upload_id,
+                                              PartNumber=number, Body=part)
+            self._parts.append({"PartNumber": number, "ETag": got["ETag"]})
+        except Exception as exc:
+            self.abort()
+            raise self.store._error("put", self.key, exc) from None
+
+    def commit(self) -> ObjectInfo:
+        if self._done:
+            raise ObjectStoreError(f"put {self.store.object_uri(self.key)}: writer already finished",
+                                   retriable=False)
+        if self._upload_id is None:
+            try:
+                self._client().put_object(Bucket=self.store.bucket, Key=self.full, Body=bytes(self._buffer),
+                                          Metadata=self.metadata)
+            except Exception as exc:
+                self.abort()
+                raise self.store._error("put", self.key, exc) from None
+        else:
+            if self._buffer:
+                self._upload(bytes(self._buffer))      # the last part may be short
+            try:
+                self._client().complete_multipart_upload(Bucket=self.store.bucket, Key=self.full,
+                                                         UploadId=self._upload_id,
+                                                         MultipartUpload={"Parts": self._parts})
+            except Exception as exc:
+                self.abort()
+                raise self.store._error("put", self.key, exc) from None
+        self._done = True
+        self._buffer = bytearray()
+        return ObjectInfo(self.key, self.size_bytes, self.metadata)
+
+    def abort(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._buffer = bytearray()
+        if self._upload_id is not None:
+            upload_id, self._upload_id = self._upload_id, None
+            try:
+                self._client().abort_multipart_upload(Bucket=self.store.bucket, Key=self.full, UploadId=upload_id)
+            except Exception as exc:      # noqa: BLE001 - the bucket's lifecycle rule reaps it
+                log.warning("abort of the multipart upload of %s failed (left to the bucket's lifecycle "
+                            "rule): %s", self.store.object_uri(self.key), exc)
+
+
 class S3ObjectStore(ObjectStore):
     def __init__(self, bucket: str, prefix: str, *, endpoint_url: str | None = None,
                  settings: S3Settings = S3Settings(), client: Any = None) -> None:
@@ -438,6 +702,9 @@ class S3ObjectStore(ObjectStore):
         except Exception as exc:
             raise self._error("put", key, exc) from None
         return ObjectInfo(key, size, dict(metadata or {}))
+
+    def open_writer(self, key: str, *, metadata: Mapping[str, str] | None = None) -> ObjectWriter:
+        return _S3ObjectWriter(self, key, metadata)
 
     def get(self, key: str) -> bytes:
         try:
@@ -592,7 +859,7 @@ def open_input_file(uri: str, *, s3_endpoint_url: str | None = None,
 
 
 __all__ = [
-    "Crc32cHasher", "FileObjectStore", "ObjectInfo", "ObjectNotFoundError", "ObjectStore",
+    "BackgroundObjectWriter", "Crc32cHasher", "FileObjectStore", "ObjectInfo", "ObjectNotFoundError", "ObjectStore", "ObjectWriter",
     "ObjectStoreError", "RangedReader", "S3ObjectStore", "S3Settings", "crc32c_hex",
     "open_input_file", "open_object_store", "open_object_uri",
 ]

@@ -11,7 +11,8 @@ API::
                                                      # .size/.delete/.list(prefix), .store
     stats = encode_and_upload(tier, key, ledger_id, entries, partition=, row_group_bytes=,
                               uncompressed_bytes_max=None, typed_versions=None, topic="",
-                              counters=None) -> ObjectStats
+                              counters=None, entries_expected=None) -> ObjectStats
+                                                     # streamed to store.open_writer(key)
     verify_object(tier, key, stats, entries)        # CorruptObjectError: bad, short or gone
     cache = TierReadCache(tier, run, bytes_max)     # run: await run(fn, *args) in a thread pool
     await cache.read(ledger_info, first, last) -> [(entry_id, entry bytes)]
@@ -25,17 +26,17 @@ import functools
 import logging
 import threading
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Iterable, Sequence
 
 import pyarrow as pa
 
 from offload.core import ObjectStats
 from offload.format import (ENTRY_UNCOMPRESSED_BYTES_MAX, REBUILD_COLUMNS, ROW_SCHEMA, TierChecksumError,
                             TierFormatError, table_to_entries)
-from offload.reader import TierReader, encode_ledger
+from offload.reader import EncodedObject, TierReader, encode_ledger_to
 from offload.reader import verify_object as verify
 from offload.shell import CorruptObjectError, OffloadError
-from offload.store import ObjectNotFoundError, open_object_store
+from offload.store import BackgroundObjectWriter, ObjectNotFoundError, open_object_store
 from offload.typed_columns import TypedColumnsBuilder, TypedColumnsError
 from pulsarlite.errors import PulsarliteError
 from pulsarlite.ledger_list import LedgerInfo
@@ -44,6 +45,7 @@ log = logging.getLogger("pulsarlite.offload.tier")
 
 
 # -- object store work (runs in the thread pool) -------------------------------------------------
+WRITE_QUEUE_BYTES = 16 * 1024 * 1024     # encoded bytes an offload queues for its object writer's thread
 _COUNTERS_LOCK = threading.Lock()
 
 
@@ -97,39 +99,70 @@ class TableTypedColumns:
                     counters[name] = counters.get(name, 0) + n
 
 
-def encode_and_upload(tier, key: str, ledger_id: int, entries: list[tuple[int, bytes]], *, partition: int,
+class TypedColumnsFailedError(OffloadError):
+    """Encoding with typed columns failed for a reason other than the entries, with entries
+    that cannot be read again here (a stream): the upload was aborted; encode the ledger again
+    without typed columns."""
+
+
+def encode_and_upload(tier, key: str, ledger_id: int, entries: Iterable[tuple[int, bytes]], *, partition: int,
                       row_group_bytes: int, uncompressed_bytes_max: int | None = None, typed_versions=None,
-                      topic: str = "", counters: dict | None = None) -> ObjectStats:
-    """Entries -> Parquet -> object store; the stats to record (offload.core's ObjectStats).
-    Encoded by ``offload.reader.encode_ledger`` about one row group of decoded rows at a time
-    (memory: one row group, not the ledger); an entry whose payload declares more than
-    ``uncompressed_bytes_max`` (the broker's ``message_bytes_max``; None: the format's default)
-    is kept as one opaque row. With ``typed_versions`` (the topic's live AVRO/JSON schema
-    versions) the object also holds the record's fields as typed columns (``TableTypedColumns``);
-    ``counters`` (if given) gets ``typed_values`` / ``typed_values_undecodable`` /
-    ``typed_fields_unconvertible`` added."""
+                      topic: str = "", counters: dict | None = None,
+                      entries_expected: int | None = None) -> ObjectStats:
+    """Entries -> Parquet -> object store, streamed: each row group is encoded (about one row
+    group of decoded rows at a time, ``offload.reader.encode_ledger_to``) and written to the
+    store's object writer as it goes (a multipart upload on S3, a temp file on file://), which
+    commits only once the whole object is written and its entries are counted; any failure
+    aborts it (nothing under ``key``). ``entries``: a list, or a one-shot stream (e.g. an
+    ``offload.pipe.EntryPipe``: memory then stays bounded whatever the ledger's size) with
+    ``entries_expected`` its count. The stats to record (offload.core's ObjectStats: size and
+    CRC32C of the bytes written, rows). An entry whose payload declares more than
+    ``uncompressed_bytes_max`` (the broker's ``message_bytes_max``; None: the format's
+    default) is kept as one opaque row. With ``typed_versions`` (the topic's live AVRO/JSON
+    schema versions) the object also holds the record's fields as typed columns
+    (``TableTypedColumns``); ``counters`` (if given) gets ``typed_values`` /
+    ``typed_values_undecodable`` / ``typed_fields_unconvertible`` added. An offload never fails
+    over typed columns: a list is encoded again without them; a stream raises
+    TypedColumnsFailedError (read it again, without ``typed_versions``)."""
+    expected = len(entries) if entries_expected is None else entries_expected   # type: ignore[arg-type]
     encode = functools.partial(
-        encode_ledger, ledger_id, entries, partition=partition, row_group_bytes=row_group_bytes,
+        encode_ledger_to, ledger_id=ledger_id, entries=entries, partition=partition, row_group_bytes=row_group_bytes,
         uncompressed_bytes_max=ENTRY_UNCOMPRESSED_BYTES_MAX if uncompressed_bytes_max is None else uncompressed_bytes_max,
         metadata={"pulsarlite.ledger_id": str(ledger_id)})
     typed = TableTypedColumns.of(typed_versions, topic=topic, ledger_id=ledger_id) if typed_versions else None
     try:
-        encoded = encode(columns=typed)
+        encoded = _upload(tier, key, ledger_id, expected, functools.partial(encode, columns=typed))
     except PulsarliteError:
-        raise               # the entries themselves (TierFormatError): the same without typed columns
+        raise               # the entries themselves (TierFormatError), the store, the read: the same without typed columns
     except Exception:       # noqa: BLE001 - an offload never fails over typed columns
         if typed is None:
             raise
         log.exception("offload topic=%s ledger=%d: Parquet with typed columns failed; written without them",
                       topic, ledger_id)
+        if not isinstance(entries, Sequence):
+            raise TypedColumnsFailedError(f"ledger {ledger_id}: typed columns failed; encode again without them") \
+                from None
         typed = None
-        encoded = encode()
+        encoded = _upload(tier, key, ledger_id, expected, encode)
     if typed is not None:
         typed.report(counters)
-    if encoded.entries != len(entries):
-        raise OffloadError(f"ledger {ledger_id}: {encoded.entries} entries encoded, {len(entries)} read")
-    tier.put(key, encoded.data)
     return encoded.stats
+
+
+def _upload(tier, key: str, ledger_id: int, expected: int, encode) -> "EncodedObject":
+    """``encode(out)`` into a new object writer of ``key`` (written by a thread of its own while
+    the next row groups are encoded, WRITE_QUEUE_BYTES queued at most); committed only if it
+    encoded ``expected`` entries, else (or on any error) aborted."""
+    out = BackgroundObjectWriter(tier.store.open_writer(key), bytes_max=WRITE_QUEUE_BYTES, name=f"offload-write-{ledger_id}")
+    try:
+        encoded = encode(out)
+        if encoded.entries != expected:
+            raise OffloadError(f"ledger {ledger_id}: {encoded.entries} entries encoded, {expected} read")
+        out.commit()
+    except BaseException:
+        out.abort()
+        raise
+    return encoded
 
 
 def verify_object(tier: "Tier", key: str, stats: ObjectStats, entries: int) -> None:
@@ -310,4 +343,5 @@ class TierReadCache:
 
 
 
-__all__ = ["SMALL_OBJECT_BYTES", "TableTypedColumns", "Tier", "TierReadCache", "encode_and_upload", "verify_object"]
+__all__ = ["SMALL_OBJECT_BYTES", "TableTypedColumns", "Tier", "TierReadCache", "TypedColumnsFailedError",
+           "encode_and_upload", "verify_object"]

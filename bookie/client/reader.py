@@ -118,29 +118,48 @@ class LedgerReader:
         self.metadata = current
         return True
 
+    async def read_some(self, first_entry_id: int, last_entry_id: int) -> list[LedgerEntry]:
+        """Entries from first on, at most up to last: what one replica's reply holds (a bookie
+        bounds a reply's payload bytes, its ``read_bytes_max``; one entry on a striped ledger),
+        at least one; the same replicas, checksums and failover as ``read``. A caller that must
+        bound its memory whatever the entries' sizes reads a ledger by these (the offloader)."""
+        if first_entry_id < 0 or last_entry_id < first_entry_id:
+            raise ValueError(f"ledger {self.ledger_id}: bad range {first_entry_id}..{last_entry_id}")
+        if last_entry_id > self.last_readable_entry_id:
+            raise NoSuchEntryError(
+                f"ledger {self.ledger_id}: entry {last_entry_id} is past the last readable entry "
+                f"{self.last_readable_entry_id} (LAC of an open ledger, last entry of a closed one)")
+        try:
+            return await self._read_some_once(first_entry_id, last_entry_id)
+        except (BookieUnavailableError, NoSuchEntryError, ChecksumError):
+            if not await self._adopt_moved_fragments():
+                raise
+            return await self._read_some_once(first_entry_id, last_entry_id)
+
     async def _read_range_once(self, first: int, last: int) -> list[LedgerEntry]:
         out: list[LedgerEntry] = []
         entry_id = first
         while entry_id <= last:
-            # stay within one fragment: its ensemble decides the replicas
-            fragment_end = last
-            for start, _ in self.metadata.ensembles:
-                if start > entry_id:
-                    fragment_end = min(fragment_end, start - 1)
-                    break
-            md = self.metadata
-            if md.write_quorum == md.ensemble_size:
-                # every bookie of the fragment holds every entry: read the whole range from one
-                # replica, rotating the starting replica so readers spread over the ensemble
-                ensemble = md.ensemble_for(entry_id)
-                replicas = [ensemble[(entry_id + i) % len(ensemble)] for i in range(len(ensemble))]
-                got = await self._read_from_replicas(replicas, entry_id, fragment_end)
-            else:
-                # striped: each entry lives on its own write set; read entry by entry
-                got = await self._read_from_replicas(md.write_set(entry_id), entry_id, entry_id)
-            out.extend(got)
+            out.extend(await self._read_some_once(entry_id, last))
             entry_id = out[-1].entry_id + 1
         return out
+
+    async def _read_some_once(self, entry_id: int, last: int) -> list[LedgerEntry]:
+        # stay within one fragment: its ensemble decides the replicas
+        fragment_end = last
+        for start, _ in self.metadata.ensembles:
+            if start > entry_id:
+                fragment_end = min(fragment_end, start - 1)
+                break
+        md = self.metadata
+        if md.write_quorum == md.ensemble_size:
+            # every bookie of the fragment holds every entry: read the whole range from one
+            # replica, rotating the starting replica so readers spread over the ensemble
+            ensemble = md.ensemble_for(entry_id)
+            replicas = [ensemble[(entry_id + i) % len(ensemble)] for i in range(len(ensemble))]
+            return await self._read_from_replicas(replicas, entry_id, fragment_end)
+        # striped: each entry lives on its own write set; read entry by entry
+        return await self._read_from_replicas(md.write_set(entry_id), entry_id, entry_id)
 
     async def _read_from_replicas(self, replicas, first: int, last: int) -> list[LedgerEntry]:
         """The verified prefix of first..last from the first replica that has one; the next

@@ -491,3 +491,38 @@ def test_objects_lost_in_s3_are_redone_before_any_bookie_copy_goes(cluster_facto
             client.close()
     finally:
         s3.stop()
+
+
+def test_a_ledger_of_many_bookie_replies_streams_to_the_tier_and_reads_back(cluster_factory, tmp_path):
+    """[perf] Streaming offload: the broker reads a closed ledger one bookie reply at a time
+    (replies of at most 64 KiB here) into a pipe of 64 KiB to the encoder, which writes row
+    groups (32 KiB) to the object as it goes; the object (many row groups, no temp file left)
+    reads back through the broker exactly as the bookies did."""
+    import pyarrow.parquet as pq
+    tier_dir = tmp_path / "tier"
+    tier_dir.mkdir()
+    cluster = cluster_factory(3, brokers=1, bookie_overrides={"read_bytes_max": 64 * 1024},
+                              broker_overrides=broker_overrides(
+                                  f"file://{tier_dir}", rollover_entries_max=10_000,
+                                  **{"offload.read_ahead_bytes": 64 * 1024, "offload.row_group_bytes": 32 * 1024}))
+    topic = "streamed"
+    keep_everything(cluster.admin_url)
+    client = pulsar.Client(cluster.service_url, operation_timeout_seconds=30)
+    try:
+        producer = client.create_producer(topic, batching_enabled=False)
+        for i in range(300):                 # ~1.2 MB in one ledger: ~19 bookie replies
+            producer.send_async(bytes([i % 251]) * 4000 + str(i).encode(), None, properties={"i": str(i)})
+        producer.flush()
+        producer.close()
+        unload(cluster.admin_url, topic)     # closes the ledger: the next one is current
+        before = read_all(client, topic, 300)
+        closed = offload_everything_closed(cluster.admin_url, topic)
+        assert len(closed) == 1 and closed[0]["entries"] == 300 and closed[0]["size"] > 16 * 64 * 1024
+        (ledger,) = wait_bookie_deleted(cluster.admin_url, topic, [closed[0]["ledgerId"]])
+        path = ledger["offloadUri"][len("file://"):]
+        assert pq.ParquetFile(path).num_row_groups >= 16
+        assert not [p for p in tier_dir.rglob("*") if p.name.startswith(".tmp-")]
+        unload(cluster.admin_url, topic)
+        assert read_all(client, topic, 300) == before      # from the tier now: the same messages
+    finally:
+        client.close()

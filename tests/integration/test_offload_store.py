@@ -113,6 +113,32 @@ def test_multipart_upload_for_big_objects(s3_server):
     assert crc32c_hex(store.get("big")) == crc32c_hex(data)
 
 
+def test_objects_written_in_pieces(store):
+    """``open_writer``: nothing under the key before commit; on S3 an object over one part is a
+    multipart upload (moto's), under one part a PUT; an aborted one leaves nothing."""
+    if hasattr(store, "settings"):
+        store = open_object_store(store.uri, s3_endpoint_url=store.endpoint_url,
+                                  settings=S3Settings(multipart_chunk_bytes=5 * 1024 * 1024))
+    data = bytes(range(256)) * (12 * 4096)      # 12 MiB: three parts on S3
+    w = store.open_writer("w/big")
+    for i in range(0, len(data), 1_000_000):
+        w.write(data[i:i + 1_000_000])
+    assert store.head("w/big") is None
+    assert w.commit().size_bytes == len(data)
+    assert store.head("w/big").size_bytes == len(data) and crc32c_hex(store.get("w/big")) == crc32c_hex(data)
+    w = store.open_writer("w/small")
+    w.write(b"small")
+    w.commit()
+    assert store.get("w/small") == b"small"
+    w = store.open_writer("w/gone")
+    w.write(data)
+    w.abort()
+    assert store.head("w/gone") is None and [i.key for i in store.list("w/")] == ["w/big", "w/small"]
+    if hasattr(store, "_client"):
+        uploads = store._client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])
+        assert not uploads, uploads               # the aborted upload is gone
+
+
 def test_endpoint_from_environment(s3_server, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint_url)
     store = open_object_store(s3_server.tier_uri())

@@ -95,3 +95,22 @@ async def test_striped_reads_use_the_entry_write_set():
     bookies = {n: FakeBookie(stores[n]) for n in names}
     entries = await reader(bookies, e=3, qw=2, qa=2).read(0, 9)
     assert [e.payload for e in entries] == [b"entry-%d" % i for i in range(10)]
+
+
+async def test_read_some_returns_one_replys_verified_entries():
+    """``read_some`` (the offloader reads ledgers by it: memory bounded by the bookie's reply):
+    what one reply holds, verified, from ``first``; the next replica if a copy is corrupt."""
+    class ShortReplies(FakeBookie):
+        async def read(self, ledger_id, first, last, *, fence=False, max_bytes=0):
+            return await super().read(ledger_id, first, min(last, first + 2))     # 3 entries a reply
+
+    a = {i: good(i) for i in range(10)}
+    a[0] = corrupt(0)
+    bookies = {"a": ShortReplies(a), "b": ShortReplies({i: good(i) for i in range(10)}),
+               "c": ShortReplies({i: good(i) for i in range(10)})}
+    r = reader(bookies)
+    got = await r.read_some(0, 9)
+    assert [e.entry_id for e in got] == [0, 1, 2] and got[0].payload == b"entry-0"     # from b: a's is corrupt
+    assert [e.entry_id for e in await r.read_some(8, 9)] == [8, 9]
+    with pytest.raises(Exception, match="past the last readable entry"):
+        await r.read_some(9, 10)
