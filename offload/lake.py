@@ -81,6 +81,19 @@ def metrics_properties() -> dict[str, str]:
     from offload.format import STATISTICS_COLUMNS
     return {METRICS_DEFAULT_KEY: "none",
             **{f"write.metadata.metrics.column.{c}": "full" for c in STATISTICS_COLUMNS}}
+METADATA_VERSIONS_MAX = 100     # previous table metadata files kept (Iceberg's default); older ones deleted
+
+
+def table_properties(metadata_versions_max: int = METADATA_VERSIONS_MAX) -> dict[str, str]:
+    """Every property our tables carry: the metrics ones (``metrics_properties``) and Iceberg's
+    own clean-up of old metadata files: after each commit, metadata files beyond the
+    ``metadata_versions_max`` previous ones are deleted (``write.metadata.delete-after-commit.enabled``,
+    ``write.metadata.previous-versions-max``; a reader that loaded one of them mid-scan reads
+    on: data files are never deleted by this)."""
+    return {**metrics_properties(), "write.metadata.delete-after-commit.enabled": "true",
+            "write.metadata.previous-versions-max": str(metadata_versions_max)}
+
+
 CATALOG_NAME = "pulsarlite"
 PARTITION_SUFFIX = "-partition-"
 
@@ -198,7 +211,8 @@ class Lake:
     overlap)."""
 
     def __init__(self, tier_uri: str, catalog_uri: str = "", *, s3_endpoint_url: str | None = None,
-                 snapshot_retention_ms: int = -1, partition: str = "none") -> None:
+                 snapshot_retention_ms: int = -1, partition: str = "none",
+                 metadata_versions_max: int = METADATA_VERSIONS_MAX) -> None:
         if partition not in PARTITIONS:
             raise ValueError(f"lake partition must be one of {PARTITIONS}, got {partition!r}")
         self.partition = partition
@@ -207,6 +221,9 @@ class Lake:
         self.kind = catalog_kind(self.catalog_uri)
         self.warehouse = f"{self.tier_uri}/{LAKE_DIR}"
         self.snapshot_retention_ms = snapshot_retention_ms
+        if metadata_versions_max < 1:
+            raise ValueError(f"metadata_versions_max {metadata_versions_max} < 1")
+        self.table_properties = table_properties(metadata_versions_max)
         self.properties: dict[str, str] = {}
         if s3_endpoint_url:
             self.properties["s3.endpoint"] = s3_endpoint_url
@@ -294,10 +311,10 @@ class Lake:
                 return plan
             table = self._create(tid, plan.add[0])
         import pyarrow.parquet as pq
-        if plan.add and table.properties.get(METRICS_DEFAULT_KEY) != "none":
-            # a table created before the metrics properties: set them once (own commit)
+        if plan.add and any(table.properties.get(k) != v for k, v in self.table_properties.items()):
+            # a table created before these properties (metrics, metadata clean-up): set them once (own commit)
             with table.transaction() as tx:
-                tx.set_properties(metrics_properties())
+                tx.set_properties(self.table_properties)
             table = self.load(tid)
         if plan.add and self._unpartition_if_spanning(table, tid, plan.add, pq):
             table = self.load(tid)
@@ -396,7 +413,7 @@ class Lake:
         schema = _arrow_schema(catalog._load_file_io(location=self.warehouse), first_uri, pq)
         table = catalog.create_table_if_not_exists(tid.identifier, schema=schema,
                                                    location=tid.location(self.warehouse),
-                                                   properties=metrics_properties())
+                                                   properties=self.table_properties)
         if self.partition == "day" and table.current_snapshot() is None and not table.spec().fields:
             from pyiceberg.transforms import DayTransform
             with table.update_spec() as update:
@@ -480,5 +497,5 @@ def _arrow_schema(io, uri: str, pq):
         return pq.read_schema(stream)
 
 
-__all__ = ["DAY_FIELD", "LAKE_DIR", "PARTITIONS", "metrics_properties", "spans_days", "Lake", "LakeError", "TableId", "TableSync", "catalog_kind", "default_catalog_uri", "plan_table_sync",
+__all__ = ["DAY_FIELD", "LAKE_DIR", "METADATA_VERSIONS_MAX", "PARTITIONS", "metrics_properties", "table_properties", "spans_days", "Lake", "LakeError", "TableId", "TableSync", "catalog_kind", "default_catalog_uri", "plan_table_sync",
            "redacted_uri", "snapshots_to_expire"]

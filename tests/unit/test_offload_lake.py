@@ -5,6 +5,7 @@ written by the offloader's encoder (file:// tier in a temporary directory)."""
 from __future__ import annotations
 
 import json
+import pathlib
 import random
 
 import pytest
@@ -427,3 +428,25 @@ def test_a_catalog_created_by_another_process_meanwhile_is_opened_again(tmp_path
     monkeypatch.setattr(Lake, "_open_catalog", lambda self: (_ for _ in ()).throw(RuntimeError("disk I/O error")))
     with pytest.raises(RuntimeError, match="disk I/O"):
         Lake(f"file://{tmp_path}/other").catalog()
+
+
+def test_old_metadata_files_are_deleted_beyond_the_versions_kept(tmp_path):
+    """Iceberg's own clean-up (write.metadata.delete-after-commit.enabled): after many commits
+    the table's metadata directory keeps the current file and ``metadata_versions_max`` previous
+    ones; the table still reads every file it has."""
+    pytest.importorskip("pyiceberg")
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    lake = Lake(f"file://{tier}", metadata_versions_max=2)
+    tid = TableId.of_topic("t", "ns", "days")
+    prefix = f"file://{tier}/t/ns/days/"
+    offloaded = {}
+    for ledger_id in range(1, 7):          # one commit per ledger (the create and property set too)
+        offloaded[ledger_id] = _object_at(tier, ledger_id, [ledger_id * 10, ledger_id * 10 + 1])
+        lake.sync(tid, offloaded, prefix=prefix)
+    table = lake.load(tid)
+    metadata_dir = pathlib.Path(table.metadata_location[len("file://"):]).parent
+    kept = sorted(metadata_dir.glob("*.metadata.json"))
+    assert len(kept) == 3, kept            # current + 2 previous (7+ commits made)
+    assert table.properties["write.metadata.delete-after-commit.enabled"] == "true"
+    assert lake.table_files(tid) == set(offloaded.values())
