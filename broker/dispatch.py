@@ -382,7 +382,7 @@ class DispatcherCore:
             consumer = consumers.get(key) if key is not None else None
             holders = slot_holders.get(slot)
             if consumer is None or not can_take(consumer) or \
-                    (holders and strict and any(h != key for h in holders)):
+                    (holders and strict and (len(holders) > 1 or key not in holders)):
                 blocked.add(slot)
                 continue
             count = dict.__getitem__(pending, position)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import time
@@ -111,13 +112,20 @@ class EntryCache:
     dict of ints. With (topic, Position) keys and (bytes, count) values, three tracked objects
     per entry lived long enough to fill every young-generation collection: a 100k-object
     collection (30-200 ms pause) every ~30k messages, the largest source of the publish tail
-    (BENCHMARKS.md "[perf] hot path")."""
+    (BENCHMARKS.md "[perf] hot path").
+
+    What dispatch needs from an entry's metadata is kept with it when the publish path read it
+    (side dicts of ints, as the counts): the Key_Shared hash slot of its sticky key and its
+    deliver_at_time (delayed delivery), so a read of cached entries parses no metadata
+    (:meth:`read_run`; docs/decisions.md "[perf] Entries as runs")."""
 
     def __init__(self, bytes_max: int) -> None:
         self.bytes_max = bytes_max
         self.bytes = 0
         self._entries: OrderedDict[int, bytes] = OrderedDict()
         self._counts: dict[int, int] = {}       # message counts != 1
+        self._slots: dict[int, int] = {}        # Key_Shared hash slot, when the publish path gave it
+        self._delays: dict[int, int] = {}       # deliver_at_time (ms) of entries that have one
         self._topic_numbers: dict[str, int] = {}
         self._next_topic_number = 0          # never reused (a dropped topic's keys must not alias)
 
@@ -126,7 +134,10 @@ class EntryCache:
         number = self._topic_numbers[topic] = self._next_topic_number
         return number
 
-    def put(self, topic: str, position: Position, data: bytes, message_count: int) -> None:
+    def put(self, topic: str, position: Position, data: bytes, message_count: int,
+            slot: int | None = None, deliver_at_ms: int = 0) -> None:
+        """``slot``: the entry's Key_Shared hash slot if known (None: a reader parses the
+        metadata); ``deliver_at_ms``: its deliver_at_time (0: none)."""
         if len(data) > self.bytes_max:
             return
         number = self._topic_numbers.get(topic) or self._new_topic_number(topic)
@@ -139,11 +150,20 @@ class EntryCache:
         self._entries[key] = data
         if message_count != 1:
             self._counts[key] = message_count
+        if slot is not None:
+            self._slots[key] = slot
+        if deliver_at_ms:
+            self._delays[key] = deliver_at_ms
         self.bytes += len(data)
         while self.bytes > self.bytes_max:
             old_key, old = self._entries.popitem(last=False)
-            self._counts.pop(old_key, None)
+            self._forget(old_key)
             self.bytes -= len(old)
+
+    def _forget(self, key: int) -> None:
+        self._counts.pop(key, None)
+        self._slots.pop(key, None)
+        self._delays.pop(key, None)
 
     def get(self, topic: str, position: Position) -> tuple[bytes, int] | None:
         number = self._topic_numbers.get(topic)
@@ -156,13 +176,35 @@ class EntryCache:
             return None
         return data, self._counts.get(key, 1)
 
+    def read_run(self, topic: str, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[tuple]:
+        """The cached entries ``first_entry_id ..`` of one ledger, in order, up to
+        ``last_entry_id`` or the first one not cached: ``[(entry_id, data, message_count, slot or
+        None, deliver_at_ms or 0), ...]`` (the same entries and counts as :meth:`get` one by one)."""
+        number = self._topic_numbers.get(topic)
+        if number is None or not (0 <= ledger_id < _U64_LIMIT and 0 <= first_entry_id
+                                  and last_entry_id < _U64_LIMIT):
+            return []
+        base = (number << 128) | (ledger_id << 64)
+        entries_get, counts_get, slots_get = self._entries.get, self._counts.get, self._slots.get
+        delays = self._delays
+        out = []
+        append = out.append
+        for entry_id in range(first_entry_id, last_entry_id + 1):
+            key = base | entry_id
+            data = entries_get(key)
+            if data is None:
+                break
+            append((entry_id, data, counts_get(key, 1), slots_get(key),
+                    delays.get(key, 0) if delays else 0))
+        return out
+
     def drop_topic(self, topic: str) -> None:
         number = self._topic_numbers.pop(topic, None)
         if number is None:
             return
         for key in [k for k in self._entries if k >> 128 == number]:
             data = self._entries.pop(key)
-            self._counts.pop(key, None)
+            self._forget(key)
             self.bytes -= len(data)
 
 
@@ -477,6 +519,10 @@ class PersistentTopic:
             raw = meta.raw
             size += len(data)
             op = Send(sequence_id, highest_sequence_id, len(data), raw.num_messages_in_batch or 1, start_s)
+            # what dispatch reads of the metadata, kept with the entry in the cache (no parse per read)
+            op.slot = _slot_of_key(raw.ordering_key or raw.partition_key or None)
+            if raw.HasField("deliver_at_time"):
+                op.deliver_at_ms = raw.deliver_at_time
             if raw.num_chunks_from_msg > 1:      # a chunk: a resend of a stored one is answered, not stored
                 op.chunk = (raw.uuid, raw.chunk_id, raw.num_chunks_from_msg, crc32c_of(data))
             ops.append(op)
@@ -562,7 +608,7 @@ class PersistentTopic:
         i = first
         while i <= last:                 # (not a range: its cost is the loop's for a run of one)
             op = ops[i]
-            put(key, op.position, datas[i], op.message_count)
+            put(key, op.position, datas[i], op.message_count, op.slot, op.deliver_at_ms)
             messages += op.message_count
             size += op.size
             i += 1
@@ -870,11 +916,12 @@ def _slot_of(data: bytes) -> int:
 
 def _slot_of_metadata(raw) -> int:
     """Key_Shared hash slot of an entry's parsed MessageMetadata (see _slot_of)."""
-    if raw.ordering_key:
-        return sticky_key_hash(raw.ordering_key)
-    if raw.partition_key:
-        return sticky_key_hash(raw.partition_key)
-    return sticky_key_hash(None)
+    return _slot_of_key(raw.ordering_key or raw.partition_key or None)
+
+
+# the slot of a sticky key (ordering key bytes, partition key str, or None), memoised: a topic's
+# keys repeat, and the publish path computes it for every entry
+_slot_of_key = functools.lru_cache(maxsize=4096)(sticky_key_hash)
 
 
 # -- subscriptions -------------------------------------------------------------------------------
@@ -948,6 +995,7 @@ class Subscription:
         self.consumers: dict[int, Any] = {}       # id(handle) -> handle
         self.read_position = self.resume_position()
         self._payloads: dict[Position, bytes] = {}
+        self._payload_bytes_max = 0           # >= the size of every payload in _payloads (_round_entries_max)
         self._wake = asyncio.Event()
         self._closed = False
         self._epoch = 0                       # bumped by reset: reads begun before it are dropped
@@ -1187,6 +1235,9 @@ class Subscription:
         ahead (redelivered) counts 0 bytes here."""
         budget = self.topic.config.dispatch.connection_write_high_water_bytes
         payloads = self._payloads
+        pending = self.core.pending_count
+        if pending * self._payload_bytes_max <= budget:
+            return max(pending, 1)       # every pending entry fits: what the walk below finds
         n = total = 0
         for p in self.core.iter_pending():
             data = payloads.get(p)
@@ -1219,6 +1270,7 @@ class Subscription:
             if p > mark_delete and self.cursor.is_acked(p):
                 continue
             self._payloads[p] = entry.data
+            self._payload_bytes_max = max(self._payload_bytes_max, len(entry.data))
             if entry.ack_set is not None:
                 self._compacted_acks[p] = entry.ack_set
             offered.append((p, peek_metadata(entry.data).message_count))
@@ -1232,53 +1284,83 @@ class Subscription:
             if view is not None and self.read_position <= view.horizon:
                 return await self._read_compacted(view, want)
         cache = topic.service.entry_cache
-        entries: list[tuple[Position, bytes, int]] = []
+        # runs of entries, one per ledger: (ledger id, [(entry id, data, message count, slot or
+        # None, deliver_at_ms or 0), ...]); from the cache the metadata's fields come with the
+        # entry (kept by the publish path), from the bookies they are parsed here
+        runs: list[tuple[int, list[tuple]]] = []
+        n = 0
         position = self.read_position
         last = topic.ml.last_confirmed_position
         epoch = self._epoch
         # the last entry of the ledger being read: up to it, the next position is the next entry
         # of the same ledger (topic.next_after copies the ledger list: too dear once per entry)
         end_ledger, end_entry = last.ledger_id, last.entry_id
-        while len(entries) < want and position <= last:
-            cached = cache.get(topic.key, position)
-            if cached is None:
+        while n < want and position <= last:
+            ledger_id, first = position
+            if ledger_id != end_ledger:
+                end_ledger, end_entry = ledger_id, self._last_entry_of(ledger_id)
+            stop = max(first, min(end_entry, first + want - n - 1))
+            run = cache.read_run(topic.key, ledger_id, first, stop)
+            if not run:
                 break
-            entries.append((position, cached[0], cached[1]))
-            if position.ledger_id != end_ledger:
-                end_ledger, end_entry = position.ledger_id, self._last_entry_of(position.ledger_id)
-            if 0 <= position.entry_id < end_entry:
-                position = Position(position.ledger_id, position.entry_id + 1)
+            runs.append((ledger_id, run))
+            n += len(run)
+            last_read = run[-1][0]
+            if 0 <= last_read < end_entry:
+                position = Position(ledger_id, last_read + 1)
             else:
-                position = topic.next_after(position)
-        if entries:
-            topic.service.cache_hits += len(entries)
+                position = topic.next_after(Position(ledger_id, last_read))
+            if last_read < stop:
+                break                    # the next entry is not cached: read it next round
+        if runs:
+            topic.service.cache_hits += n
         else:
             got = await topic.ml.read_entries(position, want)
             topic.service.cache_misses += len(got)
             for p, data in got:
-                entries.append((p, data, peek_metadata(data).message_count))
-            if entries:
-                position = topic.next_after(entries[-1][0])
+                meta = peek_metadata(data)
+                raw = meta.raw
+                entry = (p.entry_id, data, meta.message_count, _slot_of_metadata(raw),
+                         raw.deliver_at_time if raw.HasField("deliver_at_time") else 0)
+                if runs and runs[-1][0] == p.ledger_id:
+                    runs[-1][1].append(entry)
+                else:
+                    runs.append((p.ledger_id, [entry]))
+            if got:
+                position = topic.next_after(got[-1][0])
         if self._closed or epoch != self._epoch or position < self.read_position:
             return False
         self.read_position = max(self.read_position, position)
         offered = []
+        append = offered.append
+        payloads = self._payloads
         key_shared = self.sub_type is SubType.KEY_SHARED
         delays = key_shared or self.sub_type is SubType.SHARED
         now_ms = int(time.time() * 1000)
-        for p, data, count in entries:
-            if self.cursor.is_acked(p):
-                continue
-            raw = None
-            if delays:      # delayed delivery: held by the core until due (payload re-read then)
-                raw = peek_metadata(data).raw      # parsed once per entry: the slot reads it too
-                if raw.HasField("deliver_at_time") and raw.deliver_at_time > now_ms:
-                    self.core.offer_delayed(p, count, raw.deliver_at_time, _slot_of_metadata(raw) if key_shared else 0)
+        if not payloads:
+            self._payload_bytes_max = 0
+        largest = self._payload_bytes_max
+        for ledger_id, run in runs:
+            acked = self.cursor.acked_in_run(ledger_id, run[0][0], run[-1][0])
+            for entry_id, data, count, slot, deliver_at_ms in run:
+                if acked and entry_id in acked:
                     continue
-            self._payloads[p] = data
-            offered.append((p, count, _slot_of_metadata(raw)) if key_shared else (p, count))
+                p = Position(ledger_id, entry_id)
+                if slot is None and delays:      # cached without the fields (not by the publish path)
+                    raw = peek_metadata(data).raw
+                    slot = _slot_of_metadata(raw)
+                    deliver_at_ms = raw.deliver_at_time if raw.HasField("deliver_at_time") else 0
+                if delays and deliver_at_ms > now_ms:
+                    # delayed delivery: held by the core until due (payload re-read then)
+                    self.core.offer_delayed(p, count, deliver_at_ms, slot if key_shared else 0)
+                    continue
+                payloads[p] = data
+                if len(data) > largest:
+                    largest = len(data)
+                append((p, count, slot) if key_shared else (p, count))
+        self._payload_bytes_max = largest
         self.core.offer(offered)
-        return bool(entries)
+        return bool(runs)
 
     def _last_entry_of(self, ledger_id: int) -> int:
         """The last entry id of a ledger of the topic (-1: not in the list, or empty)."""

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import gc
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from broker.managed_ledger import Position
 from broker.topic import EntryCache
 
@@ -52,3 +55,29 @@ def test_cached_entries_hold_no_gc_tracked_objects():
     for key, value in cache._entries.items():
         assert not gc.is_tracked(key) and not gc.is_tracked(value)
     assert all(not gc.is_tracked(k) and not gc.is_tracked(v) for k, v in cache._counts.items())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("ab"), st.integers(1, 3), st.integers(0, 12), st.integers(1, 40),
+                          st.integers(1, 3), st.one_of(st.none(), st.integers(0, 65535)),
+                          st.one_of(st.just(0), st.integers(1, 1 << 45))), max_size=40),
+       st.integers(20, 400), st.sampled_from("ab"), st.integers(1, 3), st.integers(0, 12), st.integers(-1, 14))
+def test_a_run_read_is_the_entries_got_one_by_one(puts, bytes_max, topic, ledger_id, first, last):
+    # read_run (dispatch reads a run of entries at once) gives what get gives one by one, from
+    # the first entry up to the last asked or the first one not cached, with the slot and the
+    # deliver_at_time the publish path kept (even after evictions and a dropped topic)
+    cache = EntryCache(bytes_max)
+    fields = {}
+    for t, lid, e, size, count, slot, at in puts:
+        if cache.get(t, Position(lid, e)) is None:
+            fields[(t, lid, e)] = (slot, at)
+        cache.put(t, Position(lid, e), bytes(size), count, slot, at)
+        if e == 12 and t == "b":
+            cache.drop_topic("b")
+    expected = []
+    for e in range(first, last + 1):
+        got = cache.get(topic, Position(ledger_id, e))
+        if got is None:
+            break
+        expected.append((e, got[0], got[1], *fields[(topic, ledger_id, e)]))
+    assert cache.read_run(topic, ledger_id, first, last) == expected
