@@ -426,9 +426,29 @@ class DispatcherCore:
         """Individual acks (from any consumer of the subscription); returns the positions that
         were outstanding or pending and are now done."""
         done = []
-        for position in positions:
-            if self._forget(position):
-                done.append(position)
+        owner_pop, counts_pop, slots_pop = self._owner.pop, self._redelivery_counts.pop, self._slots.pop
+        consumers = self._consumers
+        slot_holders = self._slot_holders if self._selector is not None else None
+        for position in positions:       # _forget of each, inlined for an outstanding entry
+            owner = owner_pop(position, None)
+            if owner is None:
+                if self._forget_not_outstanding(position):
+                    done.append(position)
+                continue
+            counts_pop(position, None)
+            slot = slots_pop(position, None)
+            if slot_holders is not None:          # _release_slot
+                holders = slot_holders.get(slot)
+                if holders is not None and owner in holders:
+                    holders[owner] -= 1
+                    if holders[owner] <= 0:
+                        del holders[owner]
+                        if not holders:
+                            del slot_holders[slot]
+            consumer = consumers.get(owner)
+            if consumer is not None:
+                consumer.outstanding.pop(position, None)
+            done.append(position)
         return done
 
     def check_cumulative_allowed(self) -> None:
@@ -450,15 +470,11 @@ class DispatcherCore:
         return done
 
     def _forget(self, position: Any) -> bool:
-        owner = self._owner.pop(position, None)
+        return bool(self.ack((position,)))
+
+    def _forget_not_outstanding(self, position: Any) -> bool:
+        """The end of :meth:`ack` for a position no consumer holds: pending or delayed."""
         self._redelivery_counts.pop(position, None)
-        if owner is not None:
-            self._release_slot(position, owner)
-            self._slots.pop(position, None)
-            consumer = self._consumers.get(owner)
-            if consumer is not None:
-                consumer.outstanding.pop(position, None)
-            return True
         self._slots.pop(position, None)
         at = self._delayed_at.pop(position, None)
         if at is not None:

@@ -24,7 +24,8 @@ import functools
 import inspect
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
+from itertools import repeat
 from typing import Any, Protocol
 
 from broker.compaction.core import COMPACTION_CURSOR, last_index_of
@@ -104,30 +105,72 @@ class ProducerConnection(Protocol):
 
 
 # -- entry cache ---------------------------------------------------------------------------------
+class _CachedLedger:
+    """The cached entries of one ledger of one topic, in entry order: ``datas[i]`` is entry
+    ``base + i`` (None once evicted, below ``head``); Key_Shared slots beside them; message
+    counts other than 1 and deliver_at_times by entry id. One object and a few lists per
+    ledger, none per entry."""
+
+    __slots__ = ("base", "head", "datas", "slots", "counts", "delays", "dropped")
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.head = 0
+        self.datas: list[bytes | None] = []
+        self.slots: list[int | None] = []
+        self.counts: dict[int, int] = {}
+        self.delays: dict[int, int] = {}
+        self.dropped = False          # its topic was dropped: its entries no longer counted
+
+    def evict_head(self) -> int:
+        """Drop the oldest entry kept; returns its size."""
+        i = self.head
+        datas = self.datas
+        while datas[i] is None:       # entries never put (a gap): skipped
+            i += 1
+        data = datas[i]
+        self.datas[i] = None
+        self.slots[i] = None
+        if self.counts:
+            self.counts.pop(self.base + i, None)
+        if self.delays:
+            self.delays.pop(self.base + i, None)
+        self.head = i = i + 1
+        if i >= 1024 and 2 * i >= len(self.datas):       # forget the evicted prefix now and then
+            del self.datas[:i], self.slots[:i]
+            self.base += i
+            self.head = 0
+        return len(data)
+
+
 class EntryCache:
     """Recent confirmed entries of every topic of the broker, bounded in bytes (oldest out).
 
-    Holds no object the garbage collector tracks per entry: keys are ints (topic number,
-    ledger id, entry id packed) and values bytes; message counts other than 1 sit in a side
-    dict of ints. With (topic, Position) keys and (bytes, count) values, three tracked objects
-    per entry lived long enough to fill every young-generation collection: a 100k-object
-    collection (30-200 ms pause) every ~30k messages, the largest source of the publish tail
-    (BENCHMARKS.md "[perf] hot path").
+    Entries are kept per ledger in entry order (a list per ledger of each topic), so dispatch
+    reads a run of them as a slice (:meth:`read_run`); eviction follows the order of puts (a
+    deque holding, per entry, a reference to its ledger's object). What dispatch needs from an
+    entry's metadata is kept with it when the publish path read it: the Key_Shared hash slot of
+    its sticky key and its deliver_at_time, so a read of cached entries parses no metadata
+    (docs/decisions.md "[perf] Entries as runs").
 
-    What dispatch needs from an entry's metadata is kept with it when the publish path read it
-    (side dicts of ints, as the counts): the Key_Shared hash slot of its sticky key and its
-    deliver_at_time (delayed delivery), so a read of cached entries parses no metadata
-    (:meth:`read_run`; docs/decisions.md "[perf] Entries as runs")."""
+    Holds no object the garbage collector tracks per entry (values are bytes, slots and counts
+    ints; one object and its lists per ledger): with (topic, Position) keys and (bytes, count)
+    values, three tracked objects per entry lived long enough to fill every young-generation
+    collection: a 100k-object collection (30-200 ms pause) every ~30k messages, the largest
+    source of the publish tail (BENCHMARKS.md "[perf] hot path")."""
 
     def __init__(self, bytes_max: int) -> None:
         self.bytes_max = bytes_max
         self.bytes = 0
-        self._entries: OrderedDict[int, bytes] = OrderedDict()
-        self._counts: dict[int, int] = {}       # message counts != 1
-        self._slots: dict[int, int] = {}        # Key_Shared hash slot, when the publish path gave it
-        self._delays: dict[int, int] = {}       # deliver_at_time (ms) of entries that have one
+        self._ledgers: dict[tuple[int, int], _CachedLedger] = {}   # (topic number, ledger id) ->
+        self._order: deque[_CachedLedger] = deque()   # one reference per entry put, oldest first
+        self._dropped_refs = 0                         # references in _order to dropped ledgers
         self._topic_numbers: dict[str, int] = {}
         self._next_topic_number = 0          # never reused (a dropped topic's keys must not alias)
+
+    @property
+    def entry_count(self) -> int:
+        return len(self._order) - self._dropped_refs
 
     def _new_topic_number(self, topic: str) -> int:
         self._next_topic_number += 1
@@ -137,78 +180,102 @@ class EntryCache:
     def put(self, topic: str, position: Position, data: bytes, message_count: int,
             slot: int | None = None, deliver_at_ms: int = 0) -> None:
         """``slot``: the entry's Key_Shared hash slot if known (None: a reader parses the
-        metadata); ``deliver_at_ms``: its deliver_at_time (0: none)."""
+        metadata); ``deliver_at_ms``: its deliver_at_time (0: none). Entries of a ledger are put
+        in entry order; one put out of that order starts the ledger's list again from it."""
         if len(data) > self.bytes_max:
             return
         number = self._topic_numbers.get(topic) or self._new_topic_number(topic)
         ledger_id, entry_id = position
         if not (0 <= ledger_id < _U64_LIMIT and 0 <= entry_id < _U64_LIMIT):
             return                       # not a stored entry's position: never cached
-        key = (number << 128) | (ledger_id << 64) | entry_id
-        if key in self._entries:
-            return
-        self._entries[key] = data
+        ledger = self._ledgers.get((number, ledger_id))
+        if ledger is None:
+            ledger = self._ledgers[(number, ledger_id)] = _CachedLedger(entry_id)
+        else:
+            end = ledger.base + len(ledger.datas)
+            if entry_id != end:
+                if ledger.base + ledger.head <= entry_id < end and ledger.datas[entry_id - ledger.base] is not None:
+                    return               # already cached
+                if end < entry_id <= end + _CACHE_GAP_MAX:      # entries not put (too big): a hole
+                    ledger.datas.extend([None] * (entry_id - end))
+                    ledger.slots.extend([None] * (entry_id - end))
+                else:                    # out of order: the ledger's list starts again from it
+                    self._drop_ledger(number, ledger_id)
+                    ledger = self._ledgers[(number, ledger_id)] = _CachedLedger(entry_id)
+        ledger.datas.append(data)
+        ledger.slots.append(slot)
         if message_count != 1:
-            self._counts[key] = message_count
-        if slot is not None:
-            self._slots[key] = slot
+            ledger.counts[entry_id] = message_count
         if deliver_at_ms:
-            self._delays[key] = deliver_at_ms
+            ledger.delays[entry_id] = deliver_at_ms
+        self._order.append(ledger)
         self.bytes += len(data)
+        order = self._order
         while self.bytes > self.bytes_max:
-            old_key, old = self._entries.popitem(last=False)
-            self._forget(old_key)
-            self.bytes -= len(old)
-
-    def _forget(self, key: int) -> None:
-        self._counts.pop(key, None)
-        self._slots.pop(key, None)
-        self._delays.pop(key, None)
+            oldest = order.popleft()
+            if oldest.dropped:
+                self._dropped_refs -= 1
+            else:
+                self.bytes -= oldest.evict_head()
 
     def get(self, topic: str, position: Position) -> tuple[bytes, int] | None:
         number = self._topic_numbers.get(topic)
+        if number is None:
+            return None
         ledger_id, entry_id = position
-        if number is None or not (0 <= ledger_id < _U64_LIMIT and 0 <= entry_id < _U64_LIMIT):
+        ledger = self._ledgers.get((number, ledger_id))
+        if ledger is None:
             return None
-        key = (number << 128) | (ledger_id << 64) | entry_id
-        data = self._entries.get(key)
-        if data is None:
+        i = entry_id - ledger.base
+        if not ledger.head <= i < len(ledger.datas) or ledger.datas[i] is None:
             return None
-        return data, self._counts.get(key, 1)
+        return ledger.datas[i], ledger.counts.get(entry_id, 1)
 
     def read_run(self, topic: str, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[tuple]:
         """The cached entries ``first_entry_id ..`` of one ledger, in order, up to
         ``last_entry_id`` or the first one not cached: ``[(entry_id, data, message_count, slot or
         None, deliver_at_ms or 0), ...]`` (the same entries and counts as :meth:`get` one by one)."""
         number = self._topic_numbers.get(topic)
-        if number is None or not (0 <= ledger_id < _U64_LIMIT and 0 <= first_entry_id
-                                  and last_entry_id < _U64_LIMIT):
+        ledger = self._ledgers.get((number, ledger_id)) if number is not None else None
+        if ledger is None:
             return []
-        base = (number << 128) | (ledger_id << 64)
-        entries_get, counts_get, slots_get = self._entries.get, self._counts.get, self._slots.get
-        delays = self._delays
-        out = []
-        append = out.append
-        for entry_id in range(first_entry_id, last_entry_id + 1):
-            key = base | entry_id
-            data = entries_get(key)
-            if data is None:
-                break
-            append((entry_id, data, counts_get(key, 1), slots_get(key),
-                    delays.get(key, 0) if delays else 0))
-        return out
+        i = first_entry_id - ledger.base
+        if not ledger.head <= i < len(ledger.datas) or last_entry_id < first_entry_id:
+            return []
+        datas = ledger.datas
+        j = min(last_entry_id - ledger.base + 1, len(datas))
+        try:
+            j = datas.index(None, i, j)      # a hole: the run stops before it
+        except ValueError:
+            pass
+        ids = range(first_entry_id, first_entry_id + j - i)
+        counts, delays = ledger.counts, ledger.delays
+        return list(zip(ids, datas[i:j],
+                        [counts.get(e, 1) for e in ids] if counts else repeat(1),
+                        ledger.slots[i:j],
+                        [delays.get(e, 0) for e in ids] if delays else repeat(0)))
 
     def drop_topic(self, topic: str) -> None:
         number = self._topic_numbers.pop(topic, None)
         if number is None:
             return
-        for key in [k for k in self._entries if k >> 128 == number]:
-            data = self._entries.pop(key)
-            self._forget(key)
-            self.bytes -= len(data)
+        for key in [k for k in self._ledgers if k[0] == number]:
+            self._drop_ledger(*key)
+
+    def _drop_ledger(self, number: int, ledger_id: int) -> None:
+        ledger = self._ledgers.pop((number, ledger_id))
+        kept = [d for d in ledger.datas[ledger.head:] if d is not None]
+        self.bytes -= sum(len(d) for d in kept)
+        self._dropped_refs += len(kept)
+        ledger.dropped = True
+        ledger.datas, ledger.slots, ledger.counts, ledger.delays = [], [], {}, {}
+        if self._dropped_refs > 1024 and 2 * self._dropped_refs > len(self._order):
+            self._order = deque(ledger for ledger in self._order if not ledger.dropped)
+            self._dropped_refs = 0
 
 
 _U64_LIMIT = 1 << 64
+_CACHE_GAP_MAX = 1024    # entries of a ledger not put (too big) that its list keeps as holes
 
 
 # -- publish buffer ------------------------------------------------------------------------------
