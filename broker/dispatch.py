@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterable
+from typing import Any, Hashable, Iterable, NamedTuple
 
 from sortedcontainers import SortedDict
 
@@ -63,8 +63,11 @@ class KeySharedMode(enum.Enum):
     STICKY = "STICKY"
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(NamedTuple):
+    """One entry given to one consumer. A named tuple, not a frozen dataclass: one is built per
+    entry dispatched, and a frozen dataclass's __init__ (object.__setattr__ per field) cost ~4x
+    a tuple's (BENCHMARKS.md "[perf] Session 19")."""
+
     consumer: Hashable
     position: Any
     message_count: int

@@ -1441,8 +1441,9 @@ class Subscription:
 
     async def _deliver(self, deliveries: list[Delivery]) -> None:
         resolved = []
+        payloads_pop = self._payloads.pop
         for d in deliveries:
-            data = self._payloads.pop(d.position, None)
+            data = payloads_pop(d.position, None)
             if data is None and self.read_compacted:
                 view = self.topic.compacted_view()
                 if view is not None and d.position <= view.horizon:
@@ -1465,28 +1466,33 @@ class Subscription:
         # a read_compacted subscription reading the whole view gets messages below its
         # mark-delete position (in ledgers trimmed since; see resume_position): not consumed
         view_floor = self.cursor.mark_delete_position if self.read_compacted else None
+        compacted_acks = self._compacted_acks
+        consumers = self.consumers
         out: dict[Any, tuple[Any, list]] = {}
-        for d, data in resolved:
-            consumer = self.consumers.get(d.consumer)
-            if consumer is not None:
+        for (key, position, count, redelivery_count), data in resolved:
+            consumer = consumers.get(key)
+            if consumer is None:
+                continue
+            ack_set = None
+            if count > 1 and (view_floor is None or position > view_floor):
                 # a partly acked batch goes with the indexes still to deliver (set bits)
-                ack_set = remaining(d.position, d.message_count) \
-                    if d.message_count > 1 and (view_floor is None or d.position > view_floor) else None
-                survivors = self._compacted_acks.pop(d.position, None) if self._compacted_acks else None
+                ack_set = remaining(position, count)
+            if compacted_acks:
+                survivors = compacted_acks.pop(position, None)
                 if survivors is not None:
                     ack_set = list(survivors) if ack_set is None else \
                         [a & b for a, b in zip(ack_set, survivors)]
                     while ack_set and not ack_set[-1]:
                         ack_set.pop()
-                if ack_set is not None and not ack_set:
-                    self.core.ack([d.position])     # acked meanwhile: nothing to deliver
-                    continue
-                batch = out.get(d.consumer)
-                if batch is None:
-                    batch = out[d.consumer] = (consumer, [])
-                batch[1].append((d.position, data, d.redelivery_count, ack_set or None))
-                msgs += d.message_count
-                size += len(data)
+            if ack_set is not None and not ack_set:
+                self.core.ack([position])     # acked meanwhile: nothing to deliver
+                continue
+            batch = out.get(key)
+            if batch is None:
+                batch = out[key] = (consumer, [])
+            batch[1].append((position, data, redelivery_count, ack_set or None))
+            msgs += count
+            size += len(data)
         for consumer, messages in out.values():     # one write per consumer, in the core's order
             consumer.send_messages(messages)
         self.msg_out += msgs

@@ -14,9 +14,10 @@ from __future__ import annotations
 import struct
 from typing import Iterable, Mapping, Sequence
 
+from crc32c import crc32c
+
 from pulsarlite._proto import pulsar_api_pb2 as pb
 from pulsarlite.varint import SMALL_VARINTS, uvarint
-from pulsarlite.checksum import crc32c_of
 from pulsarlite.wire.frames import MAGIC_CRC32C, encode_command, encode_payload_command_parts
 
 T = pb.BaseCommand
@@ -424,8 +425,12 @@ def message_run_parts(consumer_id: int, messages: Iterable[tuple], *, partition:
     head = b"".join((b"\x08", uvarint(consumer_id), b"\x12")) if by_hand else b""
     # MessageIdData{ledgerId: 1, entryId: 2, partition: 3 (the default -1 left out)}
     tail = b"\x18" + uvarint(partition) if by_hand and partition != -1 else b""
-    prefix, small, pack, magic = _MESSAGE_PREFIX, SMALL_VARINTS, _U32_PAIR.pack, _MAGIC_U32.pack
+    small, pack, magic = SMALL_VARINTS, _U32_PAIR.pack, _MAGIC_U32.pack
     ledger_part, ledger_of_part = b"", None
+    # per ledger and length of the entry id's varint: the command's bytes before that varint
+    # (BaseCommand's prefix, the CommandMessage's length, the consumer id, the MessageIdData's
+    # length, the ledger id); the command is at most 52 bytes: every length fits one byte
+    before_entry: dict[int, bytes] = {}
     append = parts.append
     for (ledger_id, entry_id), entry, redelivery_count, ack_set in messages:
         if not by_hand or ack_set or not 0 <= redelivery_count < (1 << 32) or len(entry) < 4:
@@ -440,17 +445,27 @@ def message_run_parts(consumer_id: int, messages: Iterable[tuple], *, partition:
             continue
         if ledger_id != ledger_of_part:
             ledger_part, ledger_of_part = b"".join((b"\x08", uvarint(ledger_id & _U64_MASK), b"\x10")), ledger_id
-        mid = b"".join((ledger_part, uvarint(entry_id & _U64_MASK), tail))
+            before_entry = {}
+        entry_varint = uvarint(entry_id & _U64_MASK)
         if redelivery_count:
-            body = b"".join((head, small[len(mid)], mid, b"\x18", uvarint(redelivery_count)))
+            redelivery = b"\x18" + uvarint(redelivery_count)
+            mid_bytes = len(ledger_part) + len(entry_varint) + len(tail)
+            before = b"".join((_MESSAGE_PREFIX, small[len(head) + 1 + mid_bytes + len(redelivery)], head,
+                               small[mid_bytes], ledger_part))
         else:
-            body = b"".join((head, small[len(mid)], mid))    # at most 52 bytes: every length fits one byte
-        command_bytes = len(prefix) + 1 + len(body)
+            redelivery = b""
+            before = before_entry.get(len(entry_varint))
+            if before is None:
+                mid_bytes = len(ledger_part) + len(entry_varint) + len(tail)
+                before = before_entry[len(entry_varint)] = b"".join((
+                    _MESSAGE_PREFIX, small[len(head) + 1 + mid_bytes], head, small[mid_bytes], ledger_part))
+        command_bytes = len(before) + len(entry_varint) + len(tail) + len(redelivery)
         if with_checksum:
-            append(b"".join((pack(command_bytes + 10 + len(entry), command_bytes), prefix, small[len(body)],
-                             body, magic(MAGIC_CRC32C, crc32c_of(entry)))))
+            append(b"".join((pack(command_bytes + 10 + len(entry), command_bytes), before, entry_varint, tail,
+                             redelivery, magic(MAGIC_CRC32C, crc32c(entry)))))
         else:
-            append(b"".join((pack(command_bytes + 4 + len(entry), command_bytes), prefix, small[len(body)], body)))
+            append(b"".join((pack(command_bytes + 4 + len(entry), command_bytes), before, entry_varint, tail,
+                             redelivery)))
         append(entry)
     return parts
 
