@@ -74,6 +74,70 @@ class Delivery(NamedTuple):
     redelivery_count: int
 
 
+class _PendingSet:
+    """The pending entries, position -> message count, iterated lowest first. Entries mostly come
+    in ascending order (each read is above everything pending), so a plain dict in insertion
+    order holds them: adding, finding and removing one is a dict operation (a sorted dict cost a
+    bisect insert and remove per entry). One added below the highest (a redelivery, a delayed
+    entry released) marks the dict unsorted; the next walk sorts it once."""
+
+    __slots__ = ("counts", "_highest", "_sorted")
+
+    def __init__(self) -> None:
+        self.counts: dict[Any, int] = {}
+        self._highest: Any = None
+        self._sorted = True
+
+    def add(self, position: Any, count: int) -> None:
+        counts = self.counts
+        if not counts:
+            self._highest, self._sorted = position, True
+        elif position > self._highest:
+            self._highest = position
+        else:
+            self._sorted = False
+        counts[position] = count
+
+    def ordered(self) -> dict[Any, int]:
+        """The dict, in position order (sorted first if needed). Its identity may change here:
+        take it again after adding."""
+        if not self._sorted:
+            self.counts = dict(sorted(self.counts.items()))
+            self._sorted = True
+        return self.counts
+
+    def __iter__(self):
+        return iter(self.ordered())
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def __contains__(self, position: Any) -> bool:
+        return position in self.counts
+
+    def __delitem__(self, position: Any) -> None:
+        del self.counts[position]
+
+    def pop(self, position: Any, default: Any = None) -> Any:
+        return self.counts.pop(position, default)
+
+    def values(self):
+        return self.counts.values()
+
+    def upto(self, position: Any) -> list[Any]:
+        """The pending positions <= ``position``, lowest first."""
+        out = []
+        for p in self.ordered():
+            if p > position:
+                break
+            out.append(p)
+        return out
+
+    def clear(self) -> None:
+        self.counts.clear()
+        self._sorted = True
+
+
 @dataclass
 class _Consumer:
     key: Hashable
@@ -110,7 +174,7 @@ class DispatcherCore:
         self._delayed_at: dict[Any, int] = {}                 # position -> deliver_at_ms
         self._consumers: dict[Hashable, _Consumer] = {}      # insertion order = arrival order
         self._arrivals = 0
-        self._pending: SortedDict = SortedDict()              # position -> message count
+        self._pending = _PendingSet()                         # position -> message count
         self._redelivery_counts: dict[Any, int] = {}          # position -> times redelivered
         self._owner: dict[Any, Hashable] = {}                 # outstanding position -> consumer key
         self._rr: dict[int, int] = {}                         # round-robin cursor per priority level (Shared)
@@ -253,7 +317,7 @@ class DispatcherCore:
                 break
             self._delayed.popitem(0)
             del self._delayed_at[position]
-            self._pending[position] = count
+            self._pending.add(position, count)
             if self._selector is not None:
                 self._slots[position] = slot
             released += 1
@@ -276,14 +340,14 @@ class DispatcherCore:
                 count = 1
             if position in self._owner or position in self._pending or position in self._delayed_at:
                 continue
-            self._pending[position] = count
+            self._pending.add(position, count)
             if self._selector is not None:
                 self._slots[position] = entry[2] if len(entry) > 2 else 0
 
     def _requeue(self, position: Any, count: int, holder: Hashable) -> None:
         self._owner.pop(position, None)
         self._release_slot(position, holder)
-        self._pending[position] = count
+        self._pending.add(position, count)
         self._redelivery_counts[position] = self._redelivery_counts.get(position, 0) + 1
 
     def _release_slot(self, position: Any, holder: Hashable) -> None:
@@ -319,7 +383,7 @@ class DispatcherCore:
         return cls._can_take(consumer)
 
     def _give(self, consumer: _Consumer, position: Any, count: int) -> Delivery:
-        del self._pending[position]
+        """``position`` goes to ``consumer`` (the caller takes it out of the pending set)."""
         consumer.permits -= count
         consumer.outstanding[position] = count
         self._owner[position] = consumer.key
@@ -341,8 +405,11 @@ class DispatcherCore:
         for consumer in receivers:
             levels.setdefault(consumer.priority, []).append(consumer)
         groups = [(level, levels[level]) for level in sorted(levels)]
-        while self._pending and (entries_max is None or len(out) < entries_max):
-            position, count = self._pending.peekitem(0)
+        pending = self._pending.ordered()
+        given: list[Any] = []
+        for position, count in pending.items():      # lowest first; what is given goes after the walk
+            if entries_max is not None and len(out) >= entries_max:
+                break
             chosen = None
             for level, group in groups:
                 n = len(group)
@@ -357,7 +424,10 @@ class DispatcherCore:
                     break
             if chosen is None:
                 break   # lowest first: never skip ahead of an entry nobody can take yet
+            given.append(position)
             out.append(self._give(chosen, position, count))
+        for position in given:
+            del pending[position]
         return out
 
     def _dispatch_key_shared(self, entries_max: int | None) -> list[Delivery]:
@@ -370,7 +440,7 @@ class DispatcherCore:
         # (no copy of the set per call). A slot whose consumer is out of permits or must wait
         # for another's outstanding entries is blocked: its later entries wait too (key order).
         blocked: set[int] = set()
-        pending = self._pending
+        pending = self._pending.ordered()
         slots = self._slots
         select = self._selector.select
         consumers = self._consumers
@@ -388,7 +458,7 @@ class DispatcherCore:
                     (holders and strict and (len(holders) > 1 or key not in holders)):
                 blocked.add(slot)
                 continue
-            count = dict.__getitem__(pending, position)
+            count = pending[position]
             given.append(position)
             consumer.permits -= count
             consumer.outstanding[position] = count
@@ -463,7 +533,7 @@ class DispatcherCore:
         """Everything up to and including ``position`` is acked (Exclusive/Failover only)."""
         self.check_cumulative_allowed()
         done = []
-        for p in list(self._pending.irange(maximum=position)):
+        for p in self._pending.upto(position):
             self._forget(p)
             done.append(p)
         for consumer in self._consumers.values():

@@ -203,7 +203,7 @@ def test_allow_out_of_order_lets_a_moved_key_go_at_once():
 
 
 def _core_state(core: DispatcherCore) -> tuple:
-    return (dict(core._pending), dict(core._owner), dict(core._redelivery_counts), dict(core._slots),
+    return (dict(core._pending.counts), dict(core._owner), dict(core._redelivery_counts), dict(core._slots),
             {s: dict(h) for s, h in core._slot_holders.items()}, dict(core._delayed), dict(core._delayed_at),
             {k: (c.permits, dict(c.outstanding)) for k, c in core._consumers.items()})
 
