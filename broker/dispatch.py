@@ -51,6 +51,9 @@ from broker.key_shared import AutoSplitSelector, StickySelector
 from pulsarlite.errors import check
 
 
+_UNKNOWN = object()     # a slot whose consumer is not looked up yet (None: nobody covers it)
+
+
 class SubType(enum.Enum):
     EXCLUSIVE = "Exclusive"
     SHARED = "Shared"
@@ -184,6 +187,7 @@ class DispatcherCore:
             if sub_type is SubType.KEY_SHARED else None
         self._slots: dict[Any, int] = {}                      # pending/outstanding position -> hash slot
         self._slot_holders: dict[int, dict[Hashable, int]] = {}   # slot -> consumer -> outstanding entries
+        self._slot_keys: dict[int, Hashable | None] = {}     # slot -> selector's consumer (cleared on joins and leaves)
 
     # -- consumers ------------------------------------------------------------------------------
     @property
@@ -199,6 +203,7 @@ class DispatcherCore:
             raise ConsumerBusyError("exclusive subscription already has a consumer")
         if self._selector is not None:
             self._selector.add(key, hash_ranges)
+            self._slot_keys.clear()
         self._arrivals += 1
         self._consumers[key] = _Consumer(key, priority=priority, name=name or "", arrival=self._arrivals)
         self._choose_active()
@@ -211,6 +216,7 @@ class DispatcherCore:
             return 0
         if self._selector is not None:
             self._selector.remove(key)
+            self._slot_keys.clear()
         for position, count in list(consumer.outstanding.items()):
             self._requeue(position, count, key)
         n = len(consumer.outstanding)
@@ -443,27 +449,33 @@ class DispatcherCore:
         pending = self._pending.ordered()
         slots = self._slots
         select = self._selector.select
+        slot_keys = self._slot_keys
         consumers = self._consumers
         slot_holders = self._slot_holders
+        owner = self._owner
+        redeliveries = self._redelivery_counts
         strict = not self.allow_out_of_order
         given: list[Any] = []
-        for position in pending:
+        append = out.append
+        for position, count in pending.items():
             slot = slots.get(position, 0)
             if slot in blocked:
                 continue
-            key = select(slot)
+            key = slot_keys.get(slot, _UNKNOWN)
+            if key is _UNKNOWN:
+                key = slot_keys[slot] = select(slot)
             consumer = consumers.get(key) if key is not None else None
             holders = slot_holders.get(slot)
-            if consumer is None or not can_take(consumer) or \
+            # _can_take (a permit left, writable), inlined
+            if consumer is None or consumer.permits <= 0 or not consumer.writable or \
                     (holders and strict and (len(holders) > 1 or key not in holders)):
                 blocked.add(slot)
                 continue
-            count = pending[position]
             given.append(position)
             consumer.permits -= count
             consumer.outstanding[position] = count
-            self._owner[position] = key
-            out.append(Delivery(key, position, count, self._redelivery_counts.get(position, 0)))
+            owner[position] = key
+            append(Delivery(key, position, count, redeliveries.get(position, 0)))
             if holders is None:
                 slot_holders[slot] = {key: 1}
             else:
