@@ -393,7 +393,7 @@ class DispatcherCore:
         consumer.permits -= count
         consumer.outstanding[position] = count
         self._owner[position] = consumer.key
-        return Delivery(consumer.key, position, count, self._redelivery_counts.get(position, 0))
+        return tuple.__new__(Delivery, (consumer.key, position, count, self._redelivery_counts.get(position, 0)))
 
     def dispatch(self, entries_max: int | None = None) -> list[Delivery]:
         """Assign pending entries (lowest first) to consumers while permits and writability
@@ -457,6 +457,7 @@ class DispatcherCore:
         strict = not self.allow_out_of_order
         given: list[Any] = []
         append = out.append
+        new_tuple = tuple.__new__       # Delivery(...) without the named tuple's Python-level __new__
         for position, count in pending.items():
             slot = slots.get(position, 0)
             if slot in blocked:
@@ -475,7 +476,7 @@ class DispatcherCore:
             consumer.permits -= count
             consumer.outstanding[position] = count
             owner[position] = key
-            append(Delivery(key, position, count, redeliveries.get(position, 0)))
+            append(new_tuple(Delivery, (key, position, count, redeliveries.get(position, 0))))
             if holders is None:
                 slot_holders[slot] = {key: 1}
             else:

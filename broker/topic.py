@@ -1174,12 +1174,13 @@ class Subscription:
             self.core.check_cumulative_allowed()
         last = self.topic.ml.last_confirmed_position
         run: list[Position] = []       # whole entries acked individually: to the cursor and core as one run
+        new_tuple = tuple.__new__       # Position(...) without the named tuple's Python-level __new__
         for mid in message_ids:
             try:
                 if cumulative or (mid.ack_set and any(mid.ack_set)):
                     self._ack_one(consumer, mid, cumulative=cumulative, last=last)
                 else:
-                    position = Position(mid.ledgerId, mid.entryId)
+                    position = new_tuple(Position, (mid.ledgerId, mid.entryId))
                     if position > last or position.entry_id < 0 or position.ledger_id < 0:
                         self._valid_position(mid, last)       # raises, saying why
                     run.append(position)
@@ -1407,12 +1408,13 @@ class Subscription:
         if not payloads:
             self._payload_bytes_max = 0
         largest = self._payload_bytes_max
+        new_tuple = tuple.__new__       # Position(...) without the named tuple's Python-level __new__
         for ledger_id, run in runs:
             acked = self.cursor.acked_in_run(ledger_id, run[0][0], run[-1][0])
             for entry_id, data, count, slot, deliver_at_ms in run:
                 if acked and entry_id in acked:
                     continue
-                p = Position(ledger_id, entry_id)
+                p = new_tuple(Position, (ledger_id, entry_id))
                 if slot is None and delays:      # cached without the fields (not by the publish path)
                     raw = peek_metadata(data).raw
                     slot = _slot_of_metadata(raw)
