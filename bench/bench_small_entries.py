@@ -8,7 +8,8 @@ of 100 B over 1,000 keys (``key-{i % 1000}``) to a fresh topic, with 4 official 
 (``receiver_queue_size`` 1,000, one thread each, same process) subscribed before the publish and
 not receiving yet; then they drain it with individual acks: msg/s from the first message received
 to the last, and the broker's CPU time per message over the drain (/proc: less sensitive to the
-machine's load than the rate). The cases, alternated in each round:
+machine's load than the rate), and this process's (the consumers') CPU time per message. The
+cases, alternated in each round:
 
   batched-shared   default batching (the reference), Shared
   small-shared     batching off: one message per entry, Shared
@@ -54,8 +55,9 @@ def cpu_s(pid: int) -> float:
 
 
 def drain(service_url: str, case: str, messages: int, broker_pid: int,
-          profile: tuple[int, float] | None = None) -> tuple[float, float]:
-    """(msg/s of the drain, broker CPU microseconds per message during it)."""
+          profile: tuple[int, float] | None = None) -> tuple[float, float, float]:
+    """(msg/s of the drain, broker CPU microseconds per message during it, the same for this
+    process: the 4 official consumers, their threads and the receive/ack loops)."""
     import pulsar
     client = pulsar.Client(service_url, operation_timeout_seconds=60,
                            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
@@ -79,19 +81,20 @@ def drain(service_url: str, case: str, messages: int, broker_pid: int,
             spy = subprocess.Popen([shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(pid), "-d",
                                     str(int(seconds)), "-r", "200", "-f", "raw", "-o", str(out)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        cpu0 = cpu_s(broker_pid)
+        cpu0, client0 = cpu_s(broker_pid), time.process_time()
         counts, rate = drain_consumers(consumers)
         cpu_us = (cpu_s(broker_pid) - cpu0) * 1e6 / max(1, sum(counts))
+        client_us = (time.process_time() - client0) * 1e6 / max(1, sum(counts))
         if spy is not None:
             spy.wait()
             summarize_raw(out)
         total = sum(counts)
         say(f"{case}: {total}/{messages} received, per consumer {counts}, {rate:,.0f} msg/s, "
-            f"broker CPU {cpu_us:.1f} us/msg")
+            f"broker CPU {cpu_us:.1f} us/msg, consumers' process CPU {client_us:.1f} us/msg")
         producer.close()
         for c in consumers:
             c.close()
-        return rate, cpu_us
+        return rate, cpu_us, client_us
     finally:
         client.close()
 
@@ -139,8 +142,8 @@ def main() -> None:
             rates = {}
             for case in order:
                 profile = (broker_pid, args.py_spy) if args.py_spy and r == 0 and case == "small-keyshared" else None
-                rates[case], rates[f"cpu-us-{case}"] = drain(cluster.service_url, case, args.messages,
-                                                              broker_pid, profile)
+                rates[case], rates[f"cpu-us-{case}"], rates[f"client-cpu-us-{case}"] = drain(
+                    cluster.service_url, case, args.messages, broker_pid, profile)
             rates["ratio-shared"] = rates["small-shared"] / rates["batched-shared"]
             rates["ratio-keyshared"] = rates["small-keyshared"] / rates["batched-shared"]
             say(f"round {r + 1}: " + ", ".join(f"{k} {v:,.2f}" for k, v in rates.items()))
