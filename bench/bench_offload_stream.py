@@ -44,7 +44,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import pulsar  # noqa: E402
 
-from bench.common import http  # noqa: E402
+from bench.common import http, start_tier  # noqa: E402
 from faces.cluster import LocalCluster  # noqa: E402
 
 TOPIC = "offload-stream"
@@ -163,18 +163,7 @@ def main() -> int:
     ledger_mb = args.big_mb or args.mb
     rounds = 1 if args.big_mb else args.rounds
     work = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="bench-offstream-"))
-    s3 = endpoint = None
-    if args.tier == "s3":
-        from tests.local_s3 import LocalS3Server
-        s3 = LocalS3Server(work / "moto")
-        s3.start()
-        s3.create_bucket("bench")
-        os.environ.update({k: v for k, v in s3.env.items() if k != "AWS_ENDPOINT_URL"})
-        endpoint = s3.endpoint_url
-        tier_uri = "s3://bench/tier"
-    else:
-        (work / "tier").mkdir(parents=True, exist_ok=True)
-        tier_uri = f"file://{work / 'tier'}"
+    s3, endpoint, tier_uri = start_tier(work, args.tier)
     os.environ.setdefault("PULSARLITE_LOOP_MONITOR_MS", "20")    # the broker logs loop lags >= 20 ms
     cluster = LocalCluster(work / "cluster")
     try:

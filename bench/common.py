@@ -48,3 +48,20 @@ def drain_consumers(consumers, receive_timeout_ms: int = 3000) -> tuple[list[int
         t.join()
     rate = sum(counts) / (last[0] - first[0]) if first[0] and last[0] > first[0] else 0.0
     return counts, rate
+
+
+def start_tier(work, kind: str):
+    """The tier of a bench cluster under ``work`` (a pathlib.Path): ``kind`` "s3" starts the tests'
+    S3 server (moto) with a bucket ``bench`` and puts its credentials in this process's
+    environment; "file" makes ``work/tier``. Returns (the S3 server or None, its endpoint URL or
+    None, the tier URI); the caller stops the server."""
+    import os
+    if kind == "s3":
+        from tests.local_s3 import LocalS3Server
+        s3 = LocalS3Server(work / "moto")
+        s3.start()
+        s3.create_bucket("bench")
+        os.environ.update({k: v for k, v in s3.env.items() if k != "AWS_ENDPOINT_URL"})
+        return s3, s3.endpoint_url, "s3://bench/tier"
+    (work / "tier").mkdir(parents=True, exist_ok=True)
+    return None, None, f"file://{work / 'tier'}"

@@ -399,17 +399,23 @@ def message_parts(consumer_id: int, ledger_id: int, entry_id: int, entry: bytes 
     if consumer_epoch is None and broker_entry_metadata is None and checksum is None:
         return message_run_parts(consumer_id, [((ledger_id, entry_id), entry, redelivery_count, ack_set)],
                                  partition=partition, with_checksum=with_checksum)
-    body = pb.CommandMessage(consumer_id=consumer_id,
-                             message_id=message_id(ledger_id, entry_id, partition=partition))
-    if redelivery_count:
-        body.redelivery_count = redelivery_count
-    if ack_set:
-        body.ack_set.extend(ack_set)
+    body = _message_command(consumer_id, ledger_id, entry_id, partition, redelivery_count, ack_set)
     if consumer_epoch is not None:
         body.consumer_epoch = consumer_epoch
     return encode_payload_command_parts(T(type=T.MESSAGE, message=body), entry, checksum=checksum,
                                         with_checksum=with_checksum,
                                         broker_entry_metadata=broker_entry_metadata)
+
+
+def _message_command(consumer_id: int, ledger_id: int, entry_id: int, partition: int, redelivery_count: int,
+                     ack_set) -> "pb.CommandMessage":
+    """The CommandMessage of one entry through protobuf (the MESSAGEs not encoded by hand)."""
+    body = pb.CommandMessage(consumer_id=consumer_id, message_id=message_id(ledger_id, entry_id, partition=partition))
+    if redelivery_count:
+        body.redelivery_count = redelivery_count
+    if ack_set:
+        body.ack_set.extend(ack_set)
+    return body
 
 
 def message_run_parts(consumer_id: int, messages: Iterable[tuple], *, partition: int = -1,
@@ -434,12 +440,7 @@ def message_run_parts(consumer_id: int, messages: Iterable[tuple], *, partition:
     append = parts.append
     for (ledger_id, entry_id), entry, redelivery_count, ack_set in messages:
         if not by_hand or ack_set or not 0 <= redelivery_count < (1 << 32) or len(entry) < 4:
-            body = pb.CommandMessage(consumer_id=consumer_id,
-                                     message_id=message_id(ledger_id, entry_id, partition=partition))
-            if redelivery_count:
-                body.redelivery_count = redelivery_count
-            if ack_set:
-                body.ack_set.extend(ack_set)
+            body = _message_command(consumer_id, ledger_id, entry_id, partition, redelivery_count, ack_set)
             parts += encode_payload_command_parts(T(type=T.MESSAGE, message=body), entry,
                                                   with_checksum=with_checksum)
             continue
