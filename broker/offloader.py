@@ -631,10 +631,9 @@ class TopicOffloader:
         if lake is None or cfg.lake_merge_target_bytes <= 0:
             return False
         async with self._table_lock:
+            offloaded = self.offloaded_objects()
             ledgers = [LedgerObject(i.ledger_id,
-                                    i.offload.uri if i.offload.uri and i.ledger_id not in self.leaving
-                                    and i.offload.state in (OffloadState.OFFLOADED, OffloadState.BOOKIE_DELETED)
-                                    else None,
+                                    offloaded.get(i.ledger_id) if i.ledger_id not in self.leaving else None,
                                     i.offload.stats.size_bytes if i.offload.stats is not None else 0,
                                     None if i.offload.stats is None else
                                     ledger_day(i.offload.stats.min_publish_time_ms, i.offload.stats.max_publish_time_ms))

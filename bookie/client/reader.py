@@ -93,12 +93,17 @@ class LedgerReader:
                 pending.cancel()
 
     async def _read_range(self, first: int, last: int) -> list[LedgerEntry]:
+        return await self._read_adopting_moved_fragments(self._read_range_once, first, last)
+
+    async def _read_adopting_moved_fragments(self, read_once, first: int, last: int) -> list[LedgerEntry]:
+        """``read_once(first, last)``, once more if it failed because the ledger's fragments
+        moved to other bookies since this reader was opened (autorecovery)."""
         try:
-            return await self._read_range_once(first, last)
+            return await read_once(first, last)
         except (BookieUnavailableError, NoSuchEntryError, ChecksumError):
             if not await self._adopt_moved_fragments():
                 raise
-            return await self._read_range_once(first, last)
+            return await read_once(first, last)
 
     async def _adopt_moved_fragments(self) -> bool:
         """Re-read a CLOSED ledger's metadata; True if its fragments now name other bookies
@@ -129,12 +134,7 @@ class LedgerReader:
             raise NoSuchEntryError(
                 f"ledger {self.ledger_id}: entry {last_entry_id} is past the last readable entry "
                 f"{self.last_readable_entry_id} (LAC of an open ledger, last entry of a closed one)")
-        try:
-            return await self._read_some_once(first_entry_id, last_entry_id)
-        except (BookieUnavailableError, NoSuchEntryError, ChecksumError):
-            if not await self._adopt_moved_fragments():
-                raise
-            return await self._read_some_once(first_entry_id, last_entry_id)
+        return await self._read_adopting_moved_fragments(self._read_some_once, first_entry_id, last_entry_id)
 
     async def _read_range_once(self, first: int, last: int) -> list[LedgerEntry]:
         out: list[LedgerEntry] = []
