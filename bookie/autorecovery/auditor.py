@@ -23,7 +23,7 @@ import time
 import random
 
 from bookie._proto import bookie_rpc_pb2 as pb
-from bookie.autorecovery.auditor_core import (AuditorCore, BookieLost, MarkLedger, ReplicaProbe,
+from bookie.autorecovery.auditor_core import (AuditorCore, BookieLost, MarkLedger, ReplicaProbe, UnmarkBookies,
                                               plan_replica_check)
 from bookie.autorecovery.layout import DECOMMISSIONING_ROOT, ELECTION_PREFIX, ELECTION_ROOT
 from bookie.autorecovery.urmanager import UnderReplicationManager
@@ -234,6 +234,17 @@ class Auditor:
             if isinstance(a, BookieLost):
                 log.warning("bookie lost for good bookie=%s reason=%s ledgers=%d delay_ms=%d",
                             a.bookie_id, a.reason, a.ledgers, self.delay_ms)
+            elif isinstance(a, UnmarkBookies):
+                try:
+                    done = await self.urm.remove_from_mark(a.ledger_id, a.bookies)
+                except PulsarliteError as e:
+                    done = False
+                    log.warning("taking returned bookies out of a mark failed ledger=%d bookies=%s: %s",
+                                a.ledger_id, ",".join(a.bookies), e)
+                core.on_unmarked_bookies(a.ledger_id, a.bookies, done)
+                if done:
+                    log.info("returned bookie taken out of the mark ledger=%d bookies=%s", a.ledger_id,
+                             ",".join(a.bookies))
             elif isinstance(a, MarkLedger):
                 try:
                     mark = await self.urm.mark(a.ledger_id, a.missing_bookies, int(time.time() * 1000))

@@ -52,6 +52,28 @@ class UnderReplicationManager:
         except MetadataVersionConflict:
             return False
 
+    async def remove_from_mark(self, ledger_id: int, bookies: Iterable[str]) -> bool:
+        """Take ``bookies`` out of the mark (compare-and-set; the mark is deleted if none is
+        left). True when done (or nothing to do), False when the mark changed meanwhile."""
+        got = await self.read_mark(ledger_id)
+        if got is None:
+            return True
+        mark, version = got
+        left = set(mark.missing_bookies) - set(bookies)
+        if len(left) == len(mark.missing_bookies):
+            return True
+        try:
+            if left:
+                await self.store.set(mark_path(ledger_id),
+                                     UnderReplicatedMark.of(ledger_id, left, mark.ctime_ms).to_json(), version)
+            else:
+                await self.store.delete(mark_path(ledger_id), version)
+            return True
+        except MetadataNotFoundError:
+            return True
+        except MetadataVersionConflict:
+            return False
+
     async def list_marked(self) -> list[int]:
         """Every marked ledger id, ascending (walks the four hex levels)."""
         paths = [MARKS_ROOT]

@@ -386,3 +386,33 @@ async def test_a_reader_opened_before_a_repair_reads_from_the_replacement(cluste
         assert first not in old_reader.metadata.all_bookies()
     finally:
         await client.close()
+
+
+async def test_returned_bookies_are_taken_out_of_a_mark_by_compare_and_set(zk_hosts):
+    """UrManager.remove_from_mark (the auditor's UnmarkBookies) on a real ZooKeeper: the other
+    bookies stay, the mark goes once none is left, a mark changed meanwhile is not written."""
+    from pulsarlite.metadata import MetadataStore
+    from bookie.autorecovery.layout import mark_path
+    lid = 900_000 + random.randrange(100_000)
+    async with await MetadataStore.connect(zk_hosts) as store:
+        urm = UnderReplicationManager(store)
+        await urm.mark(lid, ["b1:3181", "b2:3181", "b3:3181"], 1)
+        assert await urm.remove_from_mark(lid, ["b1:3181", "b9:3181"])
+        mark, version = await urm.read_mark(lid)
+        assert mark.missing_bookies == ("b2:3181", "b3:3181") and mark.ctime_ms == 1
+        assert await urm.remove_from_mark(lid, ["b9:3181"])                 # nothing to take out
+        assert (await urm.read_mark(lid))[1] == version
+
+        real_read = urm.read_mark
+
+        async def read_then_someone_marks(ledger_id):
+            got = await real_read(ledger_id)
+            await urm.mark(ledger_id, ["b4:3181"], 2)                     # a concurrent mark
+            return got
+        urm.read_mark = read_then_someone_marks
+        assert not await urm.remove_from_mark(lid, ["b2:3181"])             # refused: it changed
+        urm.read_mark = real_read
+        assert (await urm.read_mark(lid))[0].missing_bookies == ("b2:3181", "b3:3181", "b4:3181")
+        assert await urm.remove_from_mark(lid, ["b2:3181", "b3:3181", "b4:3181"])
+        assert await urm.read_mark(lid) is None and await store.get_or_none(mark_path(lid)) is None
+        assert await urm.remove_from_mark(lid, ["b2:3181"])                 # no mark: nothing to do

@@ -9,7 +9,9 @@ One scenario per seed:
   closed after a delayed ensemble change (``under_replicated_bookies``: that bookie lacks the
   last fragment's entries). Every entry is stored on its write set with its CRC32C.
 - Faults during the fault phase: bookies lost for good (down forever, their data gone), bookies
-  down for less than the lost-bookie delay (back before the auditor may mark them), a
+  down for less than the lost-bookie delay (back before the auditor may mark them), a bookie
+  down for longer than the delay and then back with its data (a session that outlasted the
+  delay: marked lost, then taken out of its marks by the auditor), a
   decommission (the bookie stays up and read-only), rot (a stored copy whose bytes no longer
   match its checksum), worker crashes (preferably mid-copy: the crashed worker's callbacks are
   dropped; its ZooKeeper session, and so its ephemeral locks, end ``session_timeout_ms``
@@ -32,7 +34,8 @@ Checks, at every metadata change: a ledger's new metadata names no bookie, for a
 not named for before, that lacks that entry's right bytes (invariant 10); its ensembles hold
 distinct bookies; it is written by the holder of the ledger's lock. At every copy start: no
 other worker is copying that ledger (two workers never repair one ledger at once). At every
-mark deletion: the metadata names none of the deleted mark's bookies. At the end (after a
+mark deletion by a worker: the metadata names none of the deleted mark's bookies; a bookie the
+auditor takes out of a mark (back after it was declared lost) is not one lost for good. At the end (after a
 quiet phase with no faults): no mark and no lock remains, no ledger names a lost or
 decommissioned bookie or keeps ``under_replicated_bookies``, and every entry is held with the
 right bytes by each of the Qw distinct bookies its metadata names (so it survives any Qa - 1
@@ -51,7 +54,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from bookie.autorecovery.auditor_core import AuditorCore, BookieLost, MarkLedger, plan_replica_check
+from bookie.autorecovery.auditor_core import AuditorCore, BookieLost, MarkLedger, UnmarkBookies, plan_replica_check
 from bookie.autorecovery.layout import UnderReplicatedMark, lock_path, mark_path, merge_mark
 from bookie.autorecovery.replication_core import (CopyDone, CopyFailed, CopyFragment, FragmentBlocked,
                                                   FragmentCopy, FragmentRecorded, LedgerRepair,
@@ -80,6 +83,7 @@ class AutorecoveryConfig:
     fault_phase_ms: int = 15_000
     losses: tuple[int, int] = (0, 3)
     transient_downs: tuple[int, int] = (0, 3)
+    long_downs: tuple[int, int] = (0, 1)    # down past the delay, then back with its data
     decommission_probability: float = 0.3
     rots: tuple[int, int] = (0, 3)
     worker_crashes: tuple[int, int] = (0, 3)
@@ -223,6 +227,7 @@ class Simulation:
         self.stats: dict[str, int] = {}
         self.store = Store()
         self.bookies = {f"b{i}": SimBookie(f"b{i}", f"rack{i % c.racks}") for i in range(c.bookies)}
+        self.long_down_bookies: set[str] = set()
         self.originals: dict[tuple[int, int], StoredEntry] = {}   # the acknowledged entries
         self.copying: dict[int, str] = {}                          # ledger -> worker copying it
         self._sessions = 0
@@ -368,6 +373,8 @@ class Simulation:
             self.at(rng.randint(0, span), self.lose_bookie)
         for _ in range(rng.randint(*c.transient_downs)):
             self.at(rng.randint(0, span), self.transient_down)
+        for _ in range(rng.randint(*c.long_downs)):
+            self.at(rng.randint(0, span), self.long_down)
         if rng.random() < c.decommission_probability:
             self.at(rng.randint(0, span), self.decommission)
         for _ in range(rng.randint(*c.rots)):
@@ -400,6 +407,9 @@ class Simulation:
         return True
 
     def lose_bookie(self) -> None:
+        if self.long_down_bookies:
+            self.log("loss skipped: a bookie is down past the delay")   # the budget counts it as lost
+            return
         candidates = [b for b in sorted(self.bookies) if not self.bookies[b].lost and self._loss_allowed(b)]
         if not candidates:
             self.log("loss skipped: over the fault budget")
@@ -426,6 +436,31 @@ class Simulation:
                 self.bookies[b].up = True
                 self.log(f"bookie {b} back")
                 self.auditor.registrations_changed()
+        self.at(down_ms, back)
+
+    def long_down(self) -> None:
+        """Down for longer than the lost-bookie delay, then back with its data (a ZooKeeper
+        session that outlasted the delay): the auditor marks it lost; once it is back it is
+        taken out of those marks. Counted as a loss for the fault budget while it is down."""
+        candidates = [b for b in sorted(self.bookies) if self.bookies[b].up and not self.bookies[b].decommissioning
+                      and self._loss_allowed(b)]
+        if self.long_down_bookies or not candidates:
+            self.log("long down skipped: over the fault budget")
+            return
+        b = self.rng.choice(candidates)
+        delay = self.config.lost_bookie_recovery_delay_ms
+        down_ms = self.rng.randint(int(delay * 1.3), delay * 4)
+        self.bookies[b].up = False
+        self.long_down_bookies.add(b)
+        self.count("long_downs")
+        self.log(f"bookie {b} down for {down_ms} ms (past the delay)")
+        self.auditor.registrations_changed()
+
+        def back() -> None:
+            self.long_down_bookies.discard(b)
+            self.bookies[b].up = True
+            self.log(f"bookie {b} back with its data")
+            self.auditor.registrations_changed()
         self.at(down_ms, back)
 
     def decommission(self) -> None:
@@ -604,6 +639,8 @@ class SimAuditor:
                 sim.log(f"auditor: bookie {a.bookie_id} {a.reason} ledgers={a.ledgers}")
             elif isinstance(a, MarkLedger):
                 self.mark(a.ledger_id, a.missing_bookies)
+            elif isinstance(a, UnmarkBookies):
+                self.unmark_bookies(a.ledger_id, a.bookies)
         deadline = self.core.next_deadline_ms()
         if deadline is not None and (self._tick_at is None or deadline < self._tick_at):
             self._tick_at = deadline
@@ -626,6 +663,34 @@ class SimAuditor:
             self.core.on_marked(lid, mark.missing_bookies)
             sim.count("marks")
             sim.log(f"auditor: marked ledger={lid} missing={list(mark.missing_bookies)}")
+        sim.metadata_op(self.alive, op, reply)
+
+    def unmark_bookies(self, lid: int, bookies: tuple[str, ...]) -> None:
+        """``UrManager.remove_from_mark``: CAS the mark without ``bookies`` (deleted if empty)."""
+        sim = self.sim
+
+        for b in bookies:
+            if sim.bookies[b].lost:
+                sim.violation(f"auditor: takes {b}, lost for good, out of ledger {lid}'s mark")
+
+        def op() -> bool:
+            node = sim.store.get(mark_path(lid))
+            if node is None:
+                return True
+            mark = UnderReplicatedMark.from_json(node.value)
+            left = set(mark.missing_bookies) - set(bookies)
+            if len(left) == len(mark.missing_bookies):
+                return True
+            if left:
+                return sim.store.set(mark_path(lid), UnderReplicatedMark.of(lid, left, mark.ctime_ms).to_json(),
+                                     node.version)
+            return sim.store.delete(mark_path(lid), node.version) != "conflict"
+
+        def reply(done: bool) -> None:
+            self.core.on_unmarked_bookies(lid, bookies, done)
+            if done:
+                sim.count("returned_unmarked")
+                sim.log(f"auditor: ledger={lid} mark without returned {list(bookies)}")
         sim.metadata_op(self.alive, op, reply)
 
     def replica_check(self) -> None:

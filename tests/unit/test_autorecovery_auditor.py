@@ -183,3 +183,51 @@ def test_replica_check_probes_closed_ledgers_fragment_ends_on_every_replica():
     assert len({p.entry_id for p in more if p.ledger_id == 1}) == 10     # 5 per fragment
     assert len(plan_replica_check(ledgers, 5, 7, random.Random(0))) == 7
     assert all(isinstance(p, ReplicaProbe) for p in more)
+
+
+def unmarks(actions):
+    from bookie.autorecovery.auditor_core import UnmarkBookies
+    return {a.ledger_id: a.bookies for a in actions if isinstance(a, UnmarkBookies)}
+
+
+def test_a_bookie_back_after_it_was_declared_lost_is_taken_out_of_the_marks_it_was_given():
+    """A chaos run (session 20): a bookie's session expired for longer than the delay after a
+    ZooKeeper restart on a loaded machine; it came back with its disks, but its marks stayed,
+    so workers kept trying to move copies off a live bookie and, with no bookie outside the
+    ensemble left, the repair of a really lost bookie in the same ledgers waited for ever."""
+    core = AuditorCore(DELAY)
+    core.on_bookies(B[:4], [], 0)
+    ledgers = [md(1, (0, B[:3])),                              # names b0 (comes back) and b1 (lost)
+               md(2, (0, [B[0], B[2], B[3]])),                 # names b0 only
+               md(3, (0, [B[0], B[2], B[3]]), urb=[B[0]]),     # the metadata says b0 lacks entries
+               md(4, (0, [B[2], B[3], B[1]]))]                 # names b1 only
+    assert marks(core.on_scan(ledgers, {}, [], 0)) == {3: (B[0],)}    # lacking, by its metadata
+    core.on_marked(3, (B[0],))
+    core.on_bookies([B[2], B[3]], [], 10)                      # b0 and b1 gone
+    got = core.on_tick(10 + DELAY)
+    assert marks(got) == {1: (B[0], B[1]), 2: (B[0],), 4: (B[1],)}
+    for a in got:
+        if isinstance(a, MarkLedger):
+            core.on_marked(a.ledger_id, a.missing_bookies)
+    assert unmarks(got) == {}
+    got = core.on_bookies([B[0], B[2], B[3]], [], 10 + 3 * DELAY)       # b0 is back, b1 is not
+    # out of the marks of 1 and 2; 3 keeps b0 (its metadata says b0 lacks entries)
+    assert unmarks(got) == {1: (B[0],), 2: (B[0],)} and marks(got) == {}
+    core.on_unmarked_bookies(1, (B[0],), False)               # a CAS lost: tried again
+    core.on_unmarked_bookies(2, (B[0],), True)
+    assert unmarks(core.on_tick(10 + 4 * DELAY)) == {1: (B[0],)}
+    core.on_unmarked_bookies(1, (B[0],), True)
+    assert core.on_tick(10 + 5 * DELAY) == []
+    # gone again for longer than the delay: marked again
+    core.on_bookies([B[2], B[3]], [], 10 + 6 * DELAY)
+    got = core.on_tick(10 + 8 * DELAY)
+    assert marks(got) == {1: (B[0], B[1]), 2: (B[0],)} and unmarks(got) == {}
+
+
+def test_a_decommissioned_bookie_stays_in_its_marks_while_live():
+    core = AuditorCore(DELAY)
+    core.on_bookies(B[:4], [], 0)
+    got = core.on_scan([md(1, (0, B[:3]))], {}, [B[0]], 0)
+    assert marks(got) == {1: (B[0],)} and BookieLost(B[0], "decommissioning", 1) in got
+    core.on_marked(1, (B[0],))
+    assert unmarks(core.on_tick(2 * DELAY)) == {}
