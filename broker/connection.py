@@ -337,11 +337,7 @@ class _ConsumerRef:
         one write to the connection (one back-pressure check for a dispatch round's entries)."""
         if self.closed:
             return
-        parts: list = []
-        consumer_id, partition, encode = self.consumer_id, self.partition, c.message_parts
-        for position, entry, redelivery_count, ack_set in messages:
-            parts += encode(consumer_id, position.ledger_id, position.entry_id, entry, partition=partition,
-                            redelivery_count=redelivery_count, ack_set=ack_set)
+        parts = c.message_run_parts(self.consumer_id, messages, partition=self.partition)
         if parts:
             self.connection.write_parts(parts)
 

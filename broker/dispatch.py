@@ -42,13 +42,16 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterable
+from typing import Any, Hashable, Iterable, NamedTuple
 
 from sortedcontainers import SortedDict
 
 from broker.errors import ConsumerAssignError, ConsumerBusyError, CumulativeAckNotAllowedError
 from broker.key_shared import AutoSplitSelector, StickySelector
 from pulsarlite.errors import check
+
+
+_UNKNOWN = object()     # a slot whose consumer is not looked up yet (None: nobody covers it)
 
 
 class SubType(enum.Enum):
@@ -63,12 +66,79 @@ class KeySharedMode(enum.Enum):
     STICKY = "STICKY"
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(NamedTuple):
+    """One entry given to one consumer. A named tuple, not a frozen dataclass: one is built per
+    entry dispatched, and a frozen dataclass's __init__ (object.__setattr__ per field) cost ~4x
+    a tuple's (BENCHMARKS.md "[perf] Session 19")."""
+
     consumer: Hashable
     position: Any
     message_count: int
     redelivery_count: int
+
+
+class _PendingSet:
+    """The pending entries, position -> message count, iterated lowest first. Entries mostly come
+    in ascending order (each read is above everything pending), so a plain dict in insertion
+    order holds them: adding, finding and removing one is a dict operation (a sorted dict cost a
+    bisect insert and remove per entry). One added below the highest (a redelivery, a delayed
+    entry released) marks the dict unsorted; the next walk sorts it once."""
+
+    __slots__ = ("counts", "_highest", "_sorted")
+
+    def __init__(self) -> None:
+        self.counts: dict[Any, int] = {}
+        self._highest: Any = None
+        self._sorted = True
+
+    def add(self, position: Any, count: int) -> None:
+        counts = self.counts
+        if not counts:
+            self._highest, self._sorted = position, True
+        elif position > self._highest:
+            self._highest = position
+        else:
+            self._sorted = False
+        counts[position] = count
+
+    def ordered(self) -> dict[Any, int]:
+        """The dict, in position order (sorted first if needed). Its identity may change here:
+        take it again after adding."""
+        if not self._sorted:
+            self.counts = dict(sorted(self.counts.items()))
+            self._sorted = True
+        return self.counts
+
+    def __iter__(self):
+        return iter(self.ordered())
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def __contains__(self, position: Any) -> bool:
+        return position in self.counts
+
+    def __delitem__(self, position: Any) -> None:
+        del self.counts[position]
+
+    def pop(self, position: Any, default: Any = None) -> Any:
+        return self.counts.pop(position, default)
+
+    def values(self):
+        return self.counts.values()
+
+    def upto(self, position: Any) -> list[Any]:
+        """The pending positions <= ``position``, lowest first."""
+        out = []
+        for p in self.ordered():
+            if p > position:
+                break
+            out.append(p)
+        return out
+
+    def clear(self) -> None:
+        self.counts.clear()
+        self._sorted = True
 
 
 @dataclass
@@ -107,7 +177,7 @@ class DispatcherCore:
         self._delayed_at: dict[Any, int] = {}                 # position -> deliver_at_ms
         self._consumers: dict[Hashable, _Consumer] = {}      # insertion order = arrival order
         self._arrivals = 0
-        self._pending: SortedDict = SortedDict()              # position -> message count
+        self._pending = _PendingSet()                         # position -> message count
         self._redelivery_counts: dict[Any, int] = {}          # position -> times redelivered
         self._owner: dict[Any, Hashable] = {}                 # outstanding position -> consumer key
         self._rr: dict[int, int] = {}                         # round-robin cursor per priority level (Shared)
@@ -117,6 +187,7 @@ class DispatcherCore:
             if sub_type is SubType.KEY_SHARED else None
         self._slots: dict[Any, int] = {}                      # pending/outstanding position -> hash slot
         self._slot_holders: dict[int, dict[Hashable, int]] = {}   # slot -> consumer -> outstanding entries
+        self._slot_keys: dict[int, Hashable | None] = {}     # slot -> selector's consumer (cleared on joins and leaves)
 
     # -- consumers ------------------------------------------------------------------------------
     @property
@@ -132,6 +203,7 @@ class DispatcherCore:
             raise ConsumerBusyError("exclusive subscription already has a consumer")
         if self._selector is not None:
             self._selector.add(key, hash_ranges)
+            self._slot_keys.clear()
         self._arrivals += 1
         self._consumers[key] = _Consumer(key, priority=priority, name=name or "", arrival=self._arrivals)
         self._choose_active()
@@ -144,6 +216,7 @@ class DispatcherCore:
             return 0
         if self._selector is not None:
             self._selector.remove(key)
+            self._slot_keys.clear()
         for position, count in list(consumer.outstanding.items()):
             self._requeue(position, count, key)
         n = len(consumer.outstanding)
@@ -250,7 +323,7 @@ class DispatcherCore:
                 break
             self._delayed.popitem(0)
             del self._delayed_at[position]
-            self._pending[position] = count
+            self._pending.add(position, count)
             if self._selector is not None:
                 self._slots[position] = slot
             released += 1
@@ -273,14 +346,14 @@ class DispatcherCore:
                 count = 1
             if position in self._owner or position in self._pending or position in self._delayed_at:
                 continue
-            self._pending[position] = count
+            self._pending.add(position, count)
             if self._selector is not None:
                 self._slots[position] = entry[2] if len(entry) > 2 else 0
 
     def _requeue(self, position: Any, count: int, holder: Hashable) -> None:
         self._owner.pop(position, None)
         self._release_slot(position, holder)
-        self._pending[position] = count
+        self._pending.add(position, count)
         self._redelivery_counts[position] = self._redelivery_counts.get(position, 0) + 1
 
     def _release_slot(self, position: Any, holder: Hashable) -> None:
@@ -316,11 +389,11 @@ class DispatcherCore:
         return cls._can_take(consumer)
 
     def _give(self, consumer: _Consumer, position: Any, count: int) -> Delivery:
-        del self._pending[position]
+        """``position`` goes to ``consumer`` (the caller takes it out of the pending set)."""
         consumer.permits -= count
         consumer.outstanding[position] = count
         self._owner[position] = consumer.key
-        return Delivery(consumer.key, position, count, self._redelivery_counts.get(position, 0))
+        return tuple.__new__(Delivery, (consumer.key, position, count, self._redelivery_counts.get(position, 0)))
 
     def dispatch(self, entries_max: int | None = None) -> list[Delivery]:
         """Assign pending entries (lowest first) to consumers while permits and writability
@@ -338,8 +411,11 @@ class DispatcherCore:
         for consumer in receivers:
             levels.setdefault(consumer.priority, []).append(consumer)
         groups = [(level, levels[level]) for level in sorted(levels)]
-        while self._pending and (entries_max is None or len(out) < entries_max):
-            position, count = self._pending.peekitem(0)
+        pending = self._pending.ordered()
+        given: list[Any] = []
+        for position, count in pending.items():      # lowest first; what is given goes after the walk
+            if entries_max is not None and len(out) >= entries_max:
+                break
             chosen = None
             for level, group in groups:
                 n = len(group)
@@ -354,7 +430,10 @@ class DispatcherCore:
                     break
             if chosen is None:
                 break   # lowest first: never skip ahead of an entry nobody can take yet
+            given.append(position)
             out.append(self._give(chosen, position, count))
+        for position in given:
+            del pending[position]
         return out
 
     def _dispatch_key_shared(self, entries_max: int | None) -> list[Delivery]:
@@ -367,30 +446,37 @@ class DispatcherCore:
         # (no copy of the set per call). A slot whose consumer is out of permits or must wait
         # for another's outstanding entries is blocked: its later entries wait too (key order).
         blocked: set[int] = set()
-        pending = self._pending
+        pending = self._pending.ordered()
         slots = self._slots
         select = self._selector.select
+        slot_keys = self._slot_keys
         consumers = self._consumers
         slot_holders = self._slot_holders
+        owner = self._owner
+        redeliveries = self._redelivery_counts
         strict = not self.allow_out_of_order
         given: list[Any] = []
-        for position in pending:
+        append = out.append
+        new_tuple = tuple.__new__       # Delivery(...) without the named tuple's Python-level __new__
+        for position, count in pending.items():
             slot = slots.get(position, 0)
             if slot in blocked:
                 continue
-            key = select(slot)
+            key = slot_keys.get(slot, _UNKNOWN)
+            if key is _UNKNOWN:
+                key = slot_keys[slot] = select(slot)
             consumer = consumers.get(key) if key is not None else None
             holders = slot_holders.get(slot)
-            if consumer is None or not can_take(consumer) or \
-                    (holders and strict and any(h != key for h in holders)):
+            # _can_take (a permit left, writable), inlined
+            if consumer is None or consumer.permits <= 0 or not consumer.writable or \
+                    (holders and strict and (len(holders) > 1 or key not in holders)):
                 blocked.add(slot)
                 continue
-            count = dict.__getitem__(pending, position)
             given.append(position)
             consumer.permits -= count
             consumer.outstanding[position] = count
-            self._owner[position] = key
-            out.append(Delivery(key, position, count, self._redelivery_counts.get(position, 0)))
+            owner[position] = key
+            append(new_tuple(Delivery, (key, position, count, redeliveries.get(position, 0))))
             if holders is None:
                 slot_holders[slot] = {key: 1}
             else:
@@ -426,9 +512,29 @@ class DispatcherCore:
         """Individual acks (from any consumer of the subscription); returns the positions that
         were outstanding or pending and are now done."""
         done = []
-        for position in positions:
-            if self._forget(position):
-                done.append(position)
+        owner_pop, counts_pop, slots_pop = self._owner.pop, self._redelivery_counts.pop, self._slots.pop
+        consumers = self._consumers
+        slot_holders = self._slot_holders if self._selector is not None else None
+        for position in positions:       # _forget of each, inlined for an outstanding entry
+            owner = owner_pop(position, None)
+            if owner is None:
+                if self._forget_not_outstanding(position):
+                    done.append(position)
+                continue
+            counts_pop(position, None)
+            slot = slots_pop(position, None)
+            if slot_holders is not None:          # _release_slot
+                holders = slot_holders.get(slot)
+                if holders is not None and owner in holders:
+                    holders[owner] -= 1
+                    if holders[owner] <= 0:
+                        del holders[owner]
+                        if not holders:
+                            del slot_holders[slot]
+            consumer = consumers.get(owner)
+            if consumer is not None:
+                consumer.outstanding.pop(position, None)
+            done.append(position)
         return done
 
     def check_cumulative_allowed(self) -> None:
@@ -440,7 +546,7 @@ class DispatcherCore:
         """Everything up to and including ``position`` is acked (Exclusive/Failover only)."""
         self.check_cumulative_allowed()
         done = []
-        for p in list(self._pending.irange(maximum=position)):
+        for p in self._pending.upto(position):
             self._forget(p)
             done.append(p)
         for consumer in self._consumers.values():
@@ -450,15 +556,11 @@ class DispatcherCore:
         return done
 
     def _forget(self, position: Any) -> bool:
-        owner = self._owner.pop(position, None)
+        return bool(self.ack((position,)))
+
+    def _forget_not_outstanding(self, position: Any) -> bool:
+        """The end of :meth:`ack` for a position no consumer holds: pending or delayed."""
         self._redelivery_counts.pop(position, None)
-        if owner is not None:
-            self._release_slot(position, owner)
-            self._slots.pop(position, None)
-            consumer = self._consumers.get(owner)
-            if consumer is not None:
-                consumer.outstanding.pop(position, None)
-            return True
         self._slots.pop(position, None)
         at = self._delayed_at.pop(position, None)
         if at is not None:

@@ -89,6 +89,8 @@ class Send:
     held: tuple | None = None            # (data, publish time) while held (dedup)
     dedup_skip: bool = False             # a chunk before the last of a chunked message (dedup)
     chunk: tuple | None = None           # (uuid, chunk id, chunks, CRC32C) of a chunk (ChunkResends)
+    slot: int | None = None              # Key_Shared hash slot of its sticky key (for the entry cache)
+    deliver_at_ms: int = 0               # its deliver_at_time, 0 if none (for the entry cache)
 
 
 @dataclass

@@ -514,7 +514,7 @@ class BrokerService:
         self._pauses_flushed = pauses
         self.metrics.set_publish_buffer(self.publish_buffer.bytes)
         cache = self.entry_cache
-        self.metrics.set_cache(cache.bytes, len(cache._entries))
+        self.metrics.set_cache(cache.bytes, cache.entry_count)
         served = [*topics, *self.nonpersistent.values()]
         self.metrics.set_counts(
             topics=len(served), producers=sum(len(t.producers) for t in served),

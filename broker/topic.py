@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
+from itertools import repeat
 from typing import Any, Protocol
 
 from broker.compaction.core import COMPACTION_CURSOR, last_index_of
@@ -103,70 +105,177 @@ class ProducerConnection(Protocol):
 
 
 # -- entry cache ---------------------------------------------------------------------------------
+class _CachedLedger:
+    """The cached entries of one ledger of one topic, in entry order: ``datas[i]`` is entry
+    ``base + i`` (None once evicted, below ``head``); Key_Shared slots beside them; message
+    counts other than 1 and deliver_at_times by entry id. One object and a few lists per
+    ledger, none per entry."""
+
+    __slots__ = ("base", "head", "datas", "slots", "counts", "delays", "dropped")
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.head = 0
+        self.datas: list[bytes | None] = []
+        self.slots: list[int | None] = []
+        self.counts: dict[int, int] = {}
+        self.delays: dict[int, int] = {}
+        self.dropped = False          # its topic was dropped: its entries no longer counted
+
+    def evict_head(self) -> int:
+        """Drop the oldest entry kept; returns its size."""
+        i = self.head
+        datas = self.datas
+        while datas[i] is None:       # entries never put (a gap): skipped
+            i += 1
+        data = datas[i]
+        self.datas[i] = None
+        self.slots[i] = None
+        if self.counts:
+            self.counts.pop(self.base + i, None)
+        if self.delays:
+            self.delays.pop(self.base + i, None)
+        self.head = i = i + 1
+        if i >= 1024 and 2 * i >= len(self.datas):       # forget the evicted prefix now and then
+            del self.datas[:i], self.slots[:i]
+            self.base += i
+            self.head = 0
+        return len(data)
+
+
 class EntryCache:
     """Recent confirmed entries of every topic of the broker, bounded in bytes (oldest out).
 
-    Holds no object the garbage collector tracks per entry: keys are ints (topic number,
-    ledger id, entry id packed) and values bytes; message counts other than 1 sit in a side
-    dict of ints. With (topic, Position) keys and (bytes, count) values, three tracked objects
-    per entry lived long enough to fill every young-generation collection: a 100k-object
-    collection (30-200 ms pause) every ~30k messages, the largest source of the publish tail
-    (BENCHMARKS.md "[perf] hot path")."""
+    Entries are kept per ledger in entry order (a list per ledger of each topic), so dispatch
+    reads a run of them as a slice (:meth:`read_run`); eviction follows the order of puts (a
+    deque holding, per entry, a reference to its ledger's object). What dispatch needs from an
+    entry's metadata is kept with it when the publish path read it: the Key_Shared hash slot of
+    its sticky key and its deliver_at_time, so a read of cached entries parses no metadata
+    (docs/decisions.md "[perf] Entries as runs").
+
+    Holds no object the garbage collector tracks per entry (values are bytes, slots and counts
+    ints; one object and its lists per ledger): with (topic, Position) keys and (bytes, count)
+    values, three tracked objects per entry lived long enough to fill every young-generation
+    collection: a 100k-object collection (30-200 ms pause) every ~30k messages, the largest
+    source of the publish tail (BENCHMARKS.md "[perf] hot path")."""
 
     def __init__(self, bytes_max: int) -> None:
         self.bytes_max = bytes_max
         self.bytes = 0
-        self._entries: OrderedDict[int, bytes] = OrderedDict()
-        self._counts: dict[int, int] = {}       # message counts != 1
+        self._ledgers: dict[tuple[int, int], _CachedLedger] = {}   # (topic number, ledger id) ->
+        self._order: deque[_CachedLedger] = deque()   # one reference per entry put, oldest first
+        self._dropped_refs = 0                         # references in _order to dropped ledgers
         self._topic_numbers: dict[str, int] = {}
         self._next_topic_number = 0          # never reused (a dropped topic's keys must not alias)
+
+    @property
+    def entry_count(self) -> int:
+        return len(self._order) - self._dropped_refs
 
     def _new_topic_number(self, topic: str) -> int:
         self._next_topic_number += 1
         number = self._topic_numbers[topic] = self._next_topic_number
         return number
 
-    def put(self, topic: str, position: Position, data: bytes, message_count: int) -> None:
+    def put(self, topic: str, position: Position, data: bytes, message_count: int,
+            slot: int | None = None, deliver_at_ms: int = 0) -> None:
+        """``slot``: the entry's Key_Shared hash slot if known (None: a reader parses the
+        metadata); ``deliver_at_ms``: its deliver_at_time (0: none). Entries of a ledger are put
+        in entry order; one put out of that order starts the ledger's list again from it."""
         if len(data) > self.bytes_max:
             return
         number = self._topic_numbers.get(topic) or self._new_topic_number(topic)
         ledger_id, entry_id = position
         if not (0 <= ledger_id < _U64_LIMIT and 0 <= entry_id < _U64_LIMIT):
             return                       # not a stored entry's position: never cached
-        key = (number << 128) | (ledger_id << 64) | entry_id
-        if key in self._entries:
-            return
-        self._entries[key] = data
+        ledger = self._ledgers.get((number, ledger_id))
+        if ledger is None:
+            ledger = self._ledgers[(number, ledger_id)] = _CachedLedger(entry_id)
+        else:
+            end = ledger.base + len(ledger.datas)
+            if entry_id != end:
+                if ledger.base + ledger.head <= entry_id < end and ledger.datas[entry_id - ledger.base] is not None:
+                    return               # already cached
+                if end < entry_id <= end + _CACHE_GAP_MAX:      # entries not put (too big): a hole
+                    ledger.datas.extend([None] * (entry_id - end))
+                    ledger.slots.extend([None] * (entry_id - end))
+                else:                    # out of order: the ledger's list starts again from it
+                    self._drop_ledger(number, ledger_id)
+                    ledger = self._ledgers[(number, ledger_id)] = _CachedLedger(entry_id)
+        ledger.datas.append(data)
+        ledger.slots.append(slot)
         if message_count != 1:
-            self._counts[key] = message_count
+            ledger.counts[entry_id] = message_count
+        if deliver_at_ms:
+            ledger.delays[entry_id] = deliver_at_ms
+        self._order.append(ledger)
         self.bytes += len(data)
+        order = self._order
         while self.bytes > self.bytes_max:
-            old_key, old = self._entries.popitem(last=False)
-            self._counts.pop(old_key, None)
-            self.bytes -= len(old)
+            oldest = order.popleft()
+            if oldest.dropped:
+                self._dropped_refs -= 1
+            else:
+                self.bytes -= oldest.evict_head()
 
     def get(self, topic: str, position: Position) -> tuple[bytes, int] | None:
         number = self._topic_numbers.get(topic)
+        if number is None:
+            return None
         ledger_id, entry_id = position
-        if number is None or not (0 <= ledger_id < _U64_LIMIT and 0 <= entry_id < _U64_LIMIT):
+        ledger = self._ledgers.get((number, ledger_id))
+        if ledger is None:
             return None
-        key = (number << 128) | (ledger_id << 64) | entry_id
-        data = self._entries.get(key)
-        if data is None:
+        i = entry_id - ledger.base
+        if not ledger.head <= i < len(ledger.datas) or ledger.datas[i] is None:
             return None
-        return data, self._counts.get(key, 1)
+        return ledger.datas[i], ledger.counts.get(entry_id, 1)
+
+    def read_run(self, topic: str, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[tuple]:
+        """The cached entries ``first_entry_id ..`` of one ledger, in order, up to
+        ``last_entry_id`` or the first one not cached: ``[(entry_id, data, message_count, slot or
+        None, deliver_at_ms or 0), ...]`` (the same entries and counts as :meth:`get` one by one)."""
+        number = self._topic_numbers.get(topic)
+        ledger = self._ledgers.get((number, ledger_id)) if number is not None else None
+        if ledger is None:
+            return []
+        i = first_entry_id - ledger.base
+        if not ledger.head <= i < len(ledger.datas) or last_entry_id < first_entry_id:
+            return []
+        datas = ledger.datas
+        j = min(last_entry_id - ledger.base + 1, len(datas))
+        try:
+            j = datas.index(None, i, j)      # a hole: the run stops before it
+        except ValueError:
+            pass
+        ids = range(first_entry_id, first_entry_id + j - i)
+        counts, delays = ledger.counts, ledger.delays
+        return list(zip(ids, datas[i:j],
+                        [counts.get(e, 1) for e in ids] if counts else repeat(1),
+                        ledger.slots[i:j],
+                        [delays.get(e, 0) for e in ids] if delays else repeat(0)))
 
     def drop_topic(self, topic: str) -> None:
         number = self._topic_numbers.pop(topic, None)
         if number is None:
             return
-        for key in [k for k in self._entries if k >> 128 == number]:
-            data = self._entries.pop(key)
-            self._counts.pop(key, None)
-            self.bytes -= len(data)
+        for key in [k for k in self._ledgers if k[0] == number]:
+            self._drop_ledger(*key)
+
+    def _drop_ledger(self, number: int, ledger_id: int) -> None:
+        ledger = self._ledgers.pop((number, ledger_id))
+        kept = [d for d in ledger.datas[ledger.head:] if d is not None]
+        self.bytes -= sum(len(d) for d in kept)
+        self._dropped_refs += len(kept)
+        ledger.dropped = True
+        ledger.datas, ledger.slots, ledger.counts, ledger.delays = [], [], {}, {}
+        if self._dropped_refs > 1024 and 2 * self._dropped_refs > len(self._order):
+            self._order = deque(ledger for ledger in self._order if not ledger.dropped)
+            self._dropped_refs = 0
 
 
 _U64_LIMIT = 1 << 64
+_CACHE_GAP_MAX = 1024    # entries of a ledger not put (too big) that its list keeps as holes
 
 
 # -- publish buffer ------------------------------------------------------------------------------
@@ -477,6 +586,10 @@ class PersistentTopic:
             raw = meta.raw
             size += len(data)
             op = Send(sequence_id, highest_sequence_id, len(data), raw.num_messages_in_batch or 1, start_s)
+            # what dispatch reads of the metadata, kept with the entry in the cache (no parse per read)
+            op.slot = _slot_of_key(raw.ordering_key or raw.partition_key or None)
+            if raw.HasField("deliver_at_time"):
+                op.deliver_at_ms = raw.deliver_at_time
             if raw.num_chunks_from_msg > 1:      # a chunk: a resend of a stored one is answered, not stored
                 op.chunk = (raw.uuid, raw.chunk_id, raw.num_chunks_from_msg, crc32c_of(data))
             ops.append(op)
@@ -562,7 +675,7 @@ class PersistentTopic:
         i = first
         while i <= last:                 # (not a range: its cost is the loop's for a run of one)
             op = ops[i]
-            put(key, op.position, datas[i], op.message_count)
+            put(key, op.position, datas[i], op.message_count, op.slot, op.deliver_at_ms)
             messages += op.message_count
             size += op.size
             i += 1
@@ -870,11 +983,12 @@ def _slot_of(data: bytes) -> int:
 
 def _slot_of_metadata(raw) -> int:
     """Key_Shared hash slot of an entry's parsed MessageMetadata (see _slot_of)."""
-    if raw.ordering_key:
-        return sticky_key_hash(raw.ordering_key)
-    if raw.partition_key:
-        return sticky_key_hash(raw.partition_key)
-    return sticky_key_hash(None)
+    return _slot_of_key(raw.ordering_key or raw.partition_key or None)
+
+
+# the slot of a sticky key (ordering key bytes, partition key str, or None), memoised: a topic's
+# keys repeat, and the publish path computes it for every entry
+_slot_of_key = functools.lru_cache(maxsize=4096)(sticky_key_hash)
 
 
 # -- subscriptions -------------------------------------------------------------------------------
@@ -948,6 +1062,7 @@ class Subscription:
         self.consumers: dict[int, Any] = {}       # id(handle) -> handle
         self.read_position = self.resume_position()
         self._payloads: dict[Position, bytes] = {}
+        self._payload_bytes_max = 0           # >= the size of every payload in _payloads (_round_entries_max)
         self._wake = asyncio.Event()
         self._closed = False
         self._epoch = 0                       # bumped by reset: reads begun before it are dropped
@@ -1059,12 +1174,13 @@ class Subscription:
             self.core.check_cumulative_allowed()
         last = self.topic.ml.last_confirmed_position
         run: list[Position] = []       # whole entries acked individually: to the cursor and core as one run
+        new_tuple = tuple.__new__       # Position(...) without the named tuple's Python-level __new__
         for mid in message_ids:
             try:
                 if cumulative or (mid.ack_set and any(mid.ack_set)):
                     self._ack_one(consumer, mid, cumulative=cumulative, last=last)
                 else:
-                    position = Position(mid.ledgerId, mid.entryId)
+                    position = new_tuple(Position, (mid.ledgerId, mid.entryId))
                     if position > last or position.entry_id < 0 or position.ledger_id < 0:
                         self._valid_position(mid, last)       # raises, saying why
                     run.append(position)
@@ -1187,6 +1303,9 @@ class Subscription:
         ahead (redelivered) counts 0 bytes here."""
         budget = self.topic.config.dispatch.connection_write_high_water_bytes
         payloads = self._payloads
+        pending = self.core.pending_count
+        if pending * self._payload_bytes_max <= budget:
+            return max(pending, 1)       # every pending entry fits: what the walk below finds
         n = total = 0
         for p in self.core.iter_pending():
             data = payloads.get(p)
@@ -1219,6 +1338,7 @@ class Subscription:
             if p > mark_delete and self.cursor.is_acked(p):
                 continue
             self._payloads[p] = entry.data
+            self._payload_bytes_max = max(self._payload_bytes_max, len(entry.data))
             if entry.ack_set is not None:
                 self._compacted_acks[p] = entry.ack_set
             offered.append((p, peek_metadata(entry.data).message_count))
@@ -1232,53 +1352,84 @@ class Subscription:
             if view is not None and self.read_position <= view.horizon:
                 return await self._read_compacted(view, want)
         cache = topic.service.entry_cache
-        entries: list[tuple[Position, bytes, int]] = []
+        # runs of entries, one per ledger: (ledger id, [(entry id, data, message count, slot or
+        # None, deliver_at_ms or 0), ...]); from the cache the metadata's fields come with the
+        # entry (kept by the publish path), from the bookies they are parsed here
+        runs: list[tuple[int, list[tuple]]] = []
+        n = 0
         position = self.read_position
         last = topic.ml.last_confirmed_position
         epoch = self._epoch
         # the last entry of the ledger being read: up to it, the next position is the next entry
         # of the same ledger (topic.next_after copies the ledger list: too dear once per entry)
         end_ledger, end_entry = last.ledger_id, last.entry_id
-        while len(entries) < want and position <= last:
-            cached = cache.get(topic.key, position)
-            if cached is None:
+        while n < want and position <= last:
+            ledger_id, first = position
+            if ledger_id != end_ledger:
+                end_ledger, end_entry = ledger_id, self._last_entry_of(ledger_id)
+            stop = max(first, min(end_entry, first + want - n - 1))
+            run = cache.read_run(topic.key, ledger_id, first, stop)
+            if not run:
                 break
-            entries.append((position, cached[0], cached[1]))
-            if position.ledger_id != end_ledger:
-                end_ledger, end_entry = position.ledger_id, self._last_entry_of(position.ledger_id)
-            if 0 <= position.entry_id < end_entry:
-                position = Position(position.ledger_id, position.entry_id + 1)
+            runs.append((ledger_id, run))
+            n += len(run)
+            last_read = run[-1][0]
+            if 0 <= last_read < end_entry:
+                position = Position(ledger_id, last_read + 1)
             else:
-                position = topic.next_after(position)
-        if entries:
-            topic.service.cache_hits += len(entries)
+                position = topic.next_after(Position(ledger_id, last_read))
+            if last_read < stop:
+                break                    # the next entry is not cached: read it next round
+        if runs:
+            topic.service.cache_hits += n
         else:
             got = await topic.ml.read_entries(position, want)
             topic.service.cache_misses += len(got)
             for p, data in got:
-                entries.append((p, data, peek_metadata(data).message_count))
-            if entries:
-                position = topic.next_after(entries[-1][0])
+                meta = peek_metadata(data)
+                raw = meta.raw
+                entry = (p.entry_id, data, meta.message_count, _slot_of_metadata(raw),
+                         raw.deliver_at_time if raw.HasField("deliver_at_time") else 0)
+                if runs and runs[-1][0] == p.ledger_id:
+                    runs[-1][1].append(entry)
+                else:
+                    runs.append((p.ledger_id, [entry]))
+            if got:
+                position = topic.next_after(got[-1][0])
         if self._closed or epoch != self._epoch or position < self.read_position:
             return False
         self.read_position = max(self.read_position, position)
         offered = []
+        append = offered.append
+        payloads = self._payloads
         key_shared = self.sub_type is SubType.KEY_SHARED
         delays = key_shared or self.sub_type is SubType.SHARED
         now_ms = int(time.time() * 1000)
-        for p, data, count in entries:
-            if self.cursor.is_acked(p):
-                continue
-            raw = None
-            if delays:      # delayed delivery: held by the core until due (payload re-read then)
-                raw = peek_metadata(data).raw      # parsed once per entry: the slot reads it too
-                if raw.HasField("deliver_at_time") and raw.deliver_at_time > now_ms:
-                    self.core.offer_delayed(p, count, raw.deliver_at_time, _slot_of_metadata(raw) if key_shared else 0)
+        if not payloads:
+            self._payload_bytes_max = 0
+        largest = self._payload_bytes_max
+        new_tuple = tuple.__new__       # Position(...) without the named tuple's Python-level __new__
+        for ledger_id, run in runs:
+            acked = self.cursor.acked_in_run(ledger_id, run[0][0], run[-1][0])
+            for entry_id, data, count, slot, deliver_at_ms in run:
+                if acked and entry_id in acked:
                     continue
-            self._payloads[p] = data
-            offered.append((p, count, _slot_of_metadata(raw)) if key_shared else (p, count))
+                p = new_tuple(Position, (ledger_id, entry_id))
+                if slot is None and delays:      # cached without the fields (not by the publish path)
+                    raw = peek_metadata(data).raw
+                    slot = _slot_of_metadata(raw)
+                    deliver_at_ms = raw.deliver_at_time if raw.HasField("deliver_at_time") else 0
+                if delays and deliver_at_ms > now_ms:
+                    # delayed delivery: held by the core until due (payload re-read then)
+                    self.core.offer_delayed(p, count, deliver_at_ms, slot if key_shared else 0)
+                    continue
+                payloads[p] = data
+                if len(data) > largest:
+                    largest = len(data)
+                append((p, count, slot) if key_shared else (p, count))
+        self._payload_bytes_max = largest
         self.core.offer(offered)
-        return bool(entries)
+        return bool(runs)
 
     def _last_entry_of(self, ledger_id: int) -> int:
         """The last entry id of a ledger of the topic (-1: not in the list, or empty)."""
@@ -1292,8 +1443,9 @@ class Subscription:
 
     async def _deliver(self, deliveries: list[Delivery]) -> None:
         resolved = []
+        payloads_pop = self._payloads.pop
         for d in deliveries:
-            data = self._payloads.pop(d.position, None)
+            data = payloads_pop(d.position, None)
             if data is None and self.read_compacted:
                 view = self.topic.compacted_view()
                 if view is not None and d.position <= view.horizon:
@@ -1316,28 +1468,33 @@ class Subscription:
         # a read_compacted subscription reading the whole view gets messages below its
         # mark-delete position (in ledgers trimmed since; see resume_position): not consumed
         view_floor = self.cursor.mark_delete_position if self.read_compacted else None
+        compacted_acks = self._compacted_acks
+        consumers = self.consumers
         out: dict[Any, tuple[Any, list]] = {}
-        for d, data in resolved:
-            consumer = self.consumers.get(d.consumer)
-            if consumer is not None:
+        for (key, position, count, redelivery_count), data in resolved:
+            consumer = consumers.get(key)
+            if consumer is None:
+                continue
+            ack_set = None
+            if count > 1 and (view_floor is None or position > view_floor):
                 # a partly acked batch goes with the indexes still to deliver (set bits)
-                ack_set = remaining(d.position, d.message_count) \
-                    if d.message_count > 1 and (view_floor is None or d.position > view_floor) else None
-                survivors = self._compacted_acks.pop(d.position, None) if self._compacted_acks else None
+                ack_set = remaining(position, count)
+            if compacted_acks:
+                survivors = compacted_acks.pop(position, None)
                 if survivors is not None:
                     ack_set = list(survivors) if ack_set is None else \
                         [a & b for a, b in zip(ack_set, survivors)]
                     while ack_set and not ack_set[-1]:
                         ack_set.pop()
-                if ack_set is not None and not ack_set:
-                    self.core.ack([d.position])     # acked meanwhile: nothing to deliver
-                    continue
-                batch = out.get(d.consumer)
-                if batch is None:
-                    batch = out[d.consumer] = (consumer, [])
-                batch[1].append((d.position, data, d.redelivery_count, ack_set or None))
-                msgs += d.message_count
-                size += len(data)
+            if ack_set is not None and not ack_set:
+                self.core.ack([position])     # acked meanwhile: nothing to deliver
+                continue
+            batch = out.get(key)
+            if batch is None:
+                batch = out[key] = (consumer, [])
+            batch[1].append((position, data, redelivery_count, ack_set or None))
+            msgs += count
+            size += len(data)
         for consumer, messages in out.values():     # one write per consumer, in the core's order
             consumer.send_messages(messages)
         self.msg_out += msgs

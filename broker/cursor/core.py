@@ -250,6 +250,29 @@ class CursorState:
         i = bisect.bisect_right(ranges, (e, _ENTRY_MAX))     # the first range starting after e
         return i > 0 and ranges[i - 1][1] >= e
 
+    def acked_in_run(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> set[int]:
+        """The entry ids of ``ledger_id`` in ``first_entry_id .. last_entry_id`` acked as a whole
+        (:meth:`is_acked` of each, for a run of entries read together: one bisect per run)."""
+        if last_entry_id < first_entry_id:
+            return set()
+        md = self._mark_delete
+        if ledger_id < md.ledger_id:
+            return set(range(first_entry_id, last_entry_id + 1))
+        acked: set[int] = set()
+        if ledger_id == md.ledger_id and first_entry_id <= md.entry_id:
+            acked.update(range(first_entry_id, min(md.entry_id, last_entry_id) + 1))
+        ranges = self._ranges.get(ledger_id)
+        if ranges:
+            i = bisect.bisect_right(ranges, (first_entry_id, _ENTRY_MAX))
+            if i > 0:
+                i -= 1                   # the range starting at or before first may cover it
+            while i < len(ranges) and ranges[i][0] <= last_entry_id:
+                a, b = ranges[i]
+                if b >= first_entry_id:
+                    acked.update(range(max(a, first_entry_id), min(b, last_entry_id) + 1))
+                i += 1
+        return acked
+
     def unacked_in(self, positions: Iterable[Position]) -> list[Position]:
         """The positions (in the order given) that are not acked as a whole."""
         return [p for p in positions if not self.is_acked(p)]
@@ -333,18 +356,26 @@ class CursorState:
         acked: list[Position] = []
         refused: list[tuple[Position, InvalidAckError]] = []
         batches = self._batches
-        check_position, is_acked, insert = self._check_position, self.is_acked, self._insert
+        check_position, ranges_of, bisect_right = self._check_position, self._ranges, bisect.bisect_right
+        mark_delete = self._mark_delete
         for position in positions:
             try:
                 check_position(position)
             except InvalidAckError as e:
                 refused.append((position, e))
                 continue
-            if is_acked(position):
-                continue
+            if position <= mark_delete:
+                continue                 # acked (is_acked), as below: one bisect for both
+            ledger_id, e = position
+            ranges = ranges_of.get(ledger_id)
+            if ranges is None:
+                ranges = []
+            i = bisect_right(ranges, (e, _ENTRY_MAX))     # the first range starting after e
+            if i and ranges[i - 1][1] >= e:
+                continue                 # in a range: acked
             if batches:
                 batches.pop(position, None)
-            insert(position)
+            self._insert_at(ledger_id, e, ranges, i)
             acked.append(position)
         if acked:
             self._advance()
@@ -512,6 +543,11 @@ class CursorState:
         i = bisect.bisect_right(ranges, (e, _ENTRY_MAX))
         if not (i == 0 or ranges[i - 1][1] < e):
             check(False, f"{position} is already in a range")
+        self._insert_at(position.ledger_id, e, ranges, i)
+
+    def _insert_at(self, ledger_id: int, e: int, ranges: list[tuple[int, int]], i: int) -> None:
+        """:meth:`_insert` of entry ``e`` of ``ledger_id``, whose ranges list (possibly new) and
+        bisect index (the first range starting after ``e``; none covers it) are known."""
         left = i > 0 and ranges[i - 1][1] == e - 1
         right = i < len(ranges) and ranges[i][0] == e + 1
         if left and right:
@@ -522,7 +558,9 @@ class CursorState:
             ranges[i] = (e, ranges[i][1])
         else:
             ranges.insert(i, (e, e))
-        self._set_ranges(position.ledger_id, ranges)
+        if ledger_id not in self._ranges:        # _set_ranges (the list is not empty)
+            bisect.insort(self._range_ledgers, ledger_id)
+            self._ranges[ledger_id] = ranges
 
     def _advance(self) -> None:
         """Move mark_delete over the ranges that continue it (also across ledgers)."""

@@ -233,6 +233,9 @@ class ManagedCursor:
     def is_acked(self, position: Position) -> bool:
         return self._core.is_acked(position)
 
+    def acked_in_run(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> set[int]:
+        return self._core.acked_in_run(ledger_id, first_entry_id, last_entry_id)
+
     def unacked_in(self, positions: Iterable[Position]) -> list[Position]:
         return self._core.unacked_in(positions)
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import struct
 from typing import Iterable, Mapping, Sequence
 
+from crc32c import crc32c
+
 from pulsarlite._proto import pulsar_api_pb2 as pb
 from pulsarlite.varint import SMALL_VARINTS, uvarint
-from pulsarlite.checksum import crc32c_of
 from pulsarlite.wire.frames import MAGIC_CRC32C, encode_command, encode_payload_command_parts
 
 T = pb.BaseCommand
@@ -392,41 +393,82 @@ def message_parts(consumer_id: int, ledger_id: int, entry_id: int, entry: bytes 
     (e.g. the producer's, stored with it), else computed here. ``ack_set``: for a partly
     acknowledged batch, the words of the bitset of messages still to deliver.
 
-    The common MESSAGE (no ack_set, epoch or broker entry metadata; ids in range) is encoded by
-    hand: one goes out per entry on the dispatch path. Byte for byte what protobuf writes
-    (tests/unit/test_wire_frames.py compares them)."""
-    if not ack_set and consumer_epoch is None and broker_entry_metadata is None \
-            and 0 <= consumer_id <= _U64_MASK and 0 <= redelivery_count < (1 << 32) \
-            and -1 <= partition < (1 << 31) and len(entry) >= 4:
-        # MessageIdData{ledgerId: 1, entryId: 2, partition: 3 (the default -1 left out)}
-        mid = b"".join((b"\x08", uvarint(ledger_id & _U64_MASK), b"\x10", uvarint(entry_id & _U64_MASK)))
-        if partition != -1:
-            mid += b"\x18" + uvarint(partition)
-        # CommandMessage{consumer_id: 1, message_id: 2, redelivery_count: 3 (0 left out)}
-        parts = [b"\x08", uvarint(consumer_id), b"\x12", SMALL_VARINTS[len(mid)], mid]
-        if redelivery_count:
-            parts.append(b"\x18")
-            parts.append(uvarint(redelivery_count))
-        body = b"".join(parts)                # at most 52 bytes: every length fits one byte
-        command_bytes = len(_MESSAGE_PREFIX) + 1 + len(body)
-        if with_checksum:
-            if checksum is None:
-                checksum = crc32c_of(entry)
-            return [b"".join((_U32_PAIR.pack(command_bytes + 10 + len(entry), command_bytes), _MESSAGE_PREFIX,
-                              SMALL_VARINTS[len(body)], body, _MAGIC_U32.pack(MAGIC_CRC32C, checksum))), entry]
-        return [b"".join((_U32_PAIR.pack(command_bytes + 4 + len(entry), command_bytes), _MESSAGE_PREFIX,
-                          SMALL_VARINTS[len(body)], body)), entry]
-    body = pb.CommandMessage(consumer_id=consumer_id,
-                             message_id=message_id(ledger_id, entry_id, partition=partition))
-    if redelivery_count:
-        body.redelivery_count = redelivery_count
-    if ack_set:
-        body.ack_set.extend(ack_set)
+    The common MESSAGE (no ack_set, epoch, broker entry metadata or given checksum) is encoded
+    by hand, by :func:`message_run_parts` (the dispatch path's encoder for a run of entries).
+    Byte for byte what protobuf writes (tests/unit/test_wire_frames.py compares them)."""
+    if consumer_epoch is None and broker_entry_metadata is None and checksum is None:
+        return message_run_parts(consumer_id, [((ledger_id, entry_id), entry, redelivery_count, ack_set)],
+                                 partition=partition, with_checksum=with_checksum)
+    body = _message_command(consumer_id, ledger_id, entry_id, partition, redelivery_count, ack_set)
     if consumer_epoch is not None:
         body.consumer_epoch = consumer_epoch
     return encode_payload_command_parts(T(type=T.MESSAGE, message=body), entry, checksum=checksum,
                                         with_checksum=with_checksum,
                                         broker_entry_metadata=broker_entry_metadata)
+
+
+def _message_command(consumer_id: int, ledger_id: int, entry_id: int, partition: int, redelivery_count: int,
+                     ack_set) -> "pb.CommandMessage":
+    """The CommandMessage of one entry through protobuf (the MESSAGEs not encoded by hand)."""
+    body = pb.CommandMessage(consumer_id=consumer_id, message_id=message_id(ledger_id, entry_id, partition=partition))
+    if redelivery_count:
+        body.redelivery_count = redelivery_count
+    if ack_set:
+        body.ack_set.extend(ack_set)
+    return body
+
+
+def message_run_parts(consumer_id: int, messages: Iterable[tuple], *, partition: int = -1,
+                      with_checksum: bool = True) -> list[bytes | memoryview]:
+    """The MESSAGE frames of a run of stored entries to one consumer, in order: ``messages`` as
+    ``((ledger_id, entry_id), entry, redelivery_count, ack_set or None)``. The same bytes as
+    :func:`message_parts` of each in turn; the consumer's part of the command is encoded once
+    per run, the ledger id's once per ledger. A message with an ack_set (or ids out of range)
+    goes through protobuf."""
+    parts: list[bytes | memoryview] = []
+    by_hand = 0 <= consumer_id <= _U64_MASK and -1 <= partition < (1 << 31)
+    # CommandMessage{consumer_id: 1, message_id: 2 (length-delimited), redelivery_count: 3 (0 left out)}
+    head = b"".join((b"\x08", uvarint(consumer_id), b"\x12")) if by_hand else b""
+    # MessageIdData{ledgerId: 1, entryId: 2, partition: 3 (the default -1 left out)}
+    tail = b"\x18" + uvarint(partition) if by_hand and partition != -1 else b""
+    small, pack, magic = SMALL_VARINTS, _U32_PAIR.pack, _MAGIC_U32.pack
+    ledger_part, ledger_of_part = b"", None
+    # per ledger and length of the entry id's varint: the command's bytes before that varint
+    # (BaseCommand's prefix, the CommandMessage's length, the consumer id, the MessageIdData's
+    # length, the ledger id); the command is at most 52 bytes: every length fits one byte
+    before_entry: dict[int, bytes] = {}
+    append = parts.append
+    for (ledger_id, entry_id), entry, redelivery_count, ack_set in messages:
+        if not by_hand or ack_set or not 0 <= redelivery_count < (1 << 32) or len(entry) < 4:
+            body = _message_command(consumer_id, ledger_id, entry_id, partition, redelivery_count, ack_set)
+            parts += encode_payload_command_parts(T(type=T.MESSAGE, message=body), entry,
+                                                  with_checksum=with_checksum)
+            continue
+        if ledger_id != ledger_of_part:
+            ledger_part, ledger_of_part = b"".join((b"\x08", uvarint(ledger_id & _U64_MASK), b"\x10")), ledger_id
+            before_entry = {}
+        entry_varint = uvarint(entry_id & _U64_MASK)
+        if redelivery_count:
+            redelivery = b"\x18" + uvarint(redelivery_count)
+            mid_bytes = len(ledger_part) + len(entry_varint) + len(tail)
+            before = b"".join((_MESSAGE_PREFIX, small[len(head) + 1 + mid_bytes + len(redelivery)], head,
+                               small[mid_bytes], ledger_part))
+        else:
+            redelivery = b""
+            before = before_entry.get(len(entry_varint))
+            if before is None:
+                mid_bytes = len(ledger_part) + len(entry_varint) + len(tail)
+                before = before_entry[len(entry_varint)] = b"".join((
+                    _MESSAGE_PREFIX, small[len(head) + 1 + mid_bytes], head, small[mid_bytes], ledger_part))
+        command_bytes = len(before) + len(entry_varint) + len(tail) + len(redelivery)
+        if with_checksum:
+            append(b"".join((pack(command_bytes + 10 + len(entry), command_bytes), before, entry_varint, tail,
+                             redelivery, magic(MAGIC_CRC32C, crc32c(entry)))))
+        else:
+            append(b"".join((pack(command_bytes + 4 + len(entry), command_bytes), before, entry_varint, tail,
+                             redelivery)))
+        append(entry)
+    return parts
 
 
 # BaseCommand{type: MESSAGE (field 1, varint 9), message: (field 9, length-delimited)}

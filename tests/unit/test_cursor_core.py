@@ -123,6 +123,13 @@ def check_against(state: CursorState, model: Model) -> None:
             assert remaining is None or remaining == set(range(batch_size_of(q)))
     assert state.read_position == model.first_unacked()
     assert state.unacked_in(model.positions) == [q for q in model.positions if q not in model.acked]
+    # a run of entries read together (dispatch): the same as is_acked of each, for every span
+    for ledger_id, n in model.ledgers:
+        for first in range(-1, n + 1):
+            for last in (first - 1, first, first + 2, n):
+                assert state.acked_in_run(ledger_id, max(first, 0), last) == \
+                    {e for e in range(max(first, 0), last + 1) if state.is_acked(P(ledger_id, e))}, \
+                    (ledger_id, first, last)
     last_id, last_n = model.ledgers[-1]
     assert state.backlog(P(last_id, last_n - 1)) == len(model.positions) - len(model.acked)
 

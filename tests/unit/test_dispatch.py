@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sortedcontainers import SortedDict
 
-from broker.dispatch import ConsumerBusyError, DispatcherCore, SubType
+from broker.dispatch import ConsumerBusyError, DispatcherCore, SubType, _PendingSet
 
 
 def test_exclusive_refuses_second_consumer():
@@ -440,3 +441,29 @@ def test_dispatch_entries_max_bounds_a_round_lowest_first(sub_type):
     assert [d.position for d in core.dispatch()] == [7, 8, 9, 10]
     with pytest.raises(ValueError):
         core.dispatch(0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "add", "add", "del", "pop", "upto", "iter", "clear"]),
+                          st.integers(0, 60), st.integers(1, 5)), max_size=80))
+def test_pending_set_is_a_sorted_dict(ops):
+    # the dispatcher's pending set (a dict in insertion order, sorted again only after an entry
+    # came below the highest) iterates lowest first, as a sorted dict of the same entries does
+    pending, model = _PendingSet(), SortedDict()
+    for kind, position, count in ops:
+        if kind == "add" and position not in model:
+            pending.add(position, count)
+            model[position] = count
+        elif kind == "del" and position in model:
+            del pending[position]
+            del model[position]
+        elif kind == "pop":
+            assert pending.pop(position) == model.pop(position, None)
+        elif kind == "upto":
+            assert pending.upto(position) == list(model.irange(maximum=position))
+        elif kind == "clear":
+            pending.clear()
+            model.clear()
+        assert list(pending) == list(model) and list(pending.ordered().items()) == list(model.items())
+        assert len(pending) == len(model) and (position in pending) == (position in model)
+        assert sorted(pending.values()) == sorted(model.values())

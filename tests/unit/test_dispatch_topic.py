@@ -9,10 +9,12 @@ import pytest
 
 from broker.config import BrokerConfig
 from broker.dedup import DedupState
+from broker.key_shared import sticky_key_hash
 from broker.managed_ledger import ManagedLedgerState, Position
-from broker.topic import AccessMode, EntryCache, PersistentTopic, ProducerFencedError, PublishBuffer
+from broker.topic import AccessMode, EntryCache, PersistentTopic, ProducerFencedError, PublishBuffer, _slot_of
 from pulsarlite.topic_name import TopicName
-from pulsarlite.wire.entry import Message, build_batch_entry, build_entry, peek_metadata
+from pulsarlite.wire import pb
+from pulsarlite.wire.entry import Message, build_batch_entry, build_entry, frame_entry, peek_metadata
 
 
 
@@ -563,3 +565,33 @@ async def test_a_readers_subscription_tracks_partial_batch_acks():
         assert not sub.cursor.is_acked(Position(7, 2))
     finally:
         await sub.close(delete_cursor=False)
+
+
+async def test_the_cache_keeps_what_dispatch_reads_of_the_metadata_as_the_entry_says():
+    # the publish path reads the Key_Shared slot and deliver_at_time once, from the metadata it
+    # parses anyway; the cache gives them with the entry: the same as parsing the stored entry
+    def entry_with(key=None, ordering_key=None, deliver_at_ms=None, sequence_id=0) -> bytes:
+        meta = pb.MessageMetadata(producer_name="p", sequence_id=sequence_id, publish_time=1)
+        if key is not None:
+            meta.partition_key = key
+        if ordering_key is not None:
+            meta.ordering_key = ordering_key
+        if deliver_at_ms is not None:
+            meta.deliver_at_time = deliver_at_ms
+        return frame_entry(meta, b"x")
+
+    topic, ml = make_topic()
+    p = topic.add_producer(Handle(), "p", None)
+    datas = [entry_with(key="k1", sequence_id=0), entry_with(key="k2", ordering_key=b"ok", sequence_id=1),
+             entry_with(sequence_id=2), entry_with(key="k1", deliver_at_ms=1 << 42, sequence_id=3),
+             entry_with(deliver_at_ms=0, sequence_id=4)]
+    for i, data in enumerate(datas):
+        publish(topic, p, i, i, data)
+        ml.confirm(i)
+    await settle()
+    run = topic.service.entry_cache.read_run(topic.key, 7, 0, 10)
+    assert [(e, data, count) for e, data, count, _, _ in run] == [(i, d, 1) for i, d in enumerate(datas)]
+    assert [slot for _, _, _, slot, _ in run] == [sticky_key_hash("k1"), sticky_key_hash(b"ok"),
+                                                 sticky_key_hash(None), sticky_key_hash("k1"), sticky_key_hash(None)]
+    assert [slot for _, _, _, slot, _ in run] == [_slot_of(d) for d in datas]
+    assert [at for _, _, _, _, at in run] == [0, 0, 0, 1 << 42, 0]

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import gc
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from broker.managed_ledger import Position
 from broker.topic import EntryCache
 
@@ -49,6 +52,65 @@ def test_cached_entries_hold_no_gc_tracked_objects():
     cache = EntryCache(1 << 20)
     for i in range(100):
         cache.put("t", Position(3, i), bytes([i]) * 10, 1 + i % 3)
-    for key, value in cache._entries.items():
-        assert not gc.is_tracked(key) and not gc.is_tracked(value)
-    assert all(not gc.is_tracked(k) and not gc.is_tracked(v) for k, v in cache._counts.items())
+    for i in range(100):
+        cache.put("t", Position(4, i), bytes([i]) * 10, 1, i * 600, 1 + i)
+    assert len(cache._ledgers) == 2 and cache.entry_count == 200      # one object per ledger, not per entry
+    for ledger in cache._ledgers.values():
+        assert not any(gc.is_tracked(x) for x in [*ledger.datas, *ledger.slots, *ledger.counts, *ledger.counts.values(),
+                                                   *ledger.delays, *ledger.delays.values()])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("ab"), st.integers(1, 3), st.integers(0, 12), st.integers(1, 40),
+                          st.integers(1, 3), st.one_of(st.none(), st.integers(0, 65535)),
+                          st.one_of(st.just(0), st.integers(1, 1 << 45))), max_size=40),
+       st.integers(20, 400), st.sampled_from("ab"), st.integers(1, 3), st.integers(0, 12), st.integers(-1, 14))
+def test_a_run_read_is_the_entries_got_one_by_one(puts, bytes_max, topic, ledger_id, first, last):
+    # read_run (dispatch reads a run of entries at once) gives what get gives one by one, from
+    # the first entry up to the last asked or the first one not cached, with the slot and the
+    # deliver_at_time the publish path kept (even after evictions and a dropped topic)
+    cache = EntryCache(bytes_max)
+    fields = {}
+    for t, lid, e, size, count, slot, at in puts:
+        if cache.get(t, Position(lid, e)) is None:
+            fields[(t, lid, e)] = (slot, at)
+        cache.put(t, Position(lid, e), bytes(size), count, slot, at)
+        if e == 12 and t == "b":
+            cache.drop_topic("b")
+    kept = [d for ledger in cache._ledgers.values() for d in ledger.datas if d is not None]
+    assert cache.bytes == sum(map(len, kept)) <= bytes_max and cache.entry_count == len(kept)
+    expected = []
+    for e in range(first, last + 1):
+        got = cache.get(topic, Position(ledger_id, e))
+        if got is None:
+            break
+        expected.append((e, got[0], got[1], *fields[(topic, ledger_id, e)]))
+    assert cache.read_run(topic, ledger_id, first, last) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(1, 3), st.integers(1, 30), st.integers(1, 3)),
+                max_size=60), st.integers(10, 200), st.lists(st.sampled_from("abc"), max_size=2))
+def test_eviction_is_oldest_put_first_by_bytes(puts, bytes_max, dropped):
+    # puts in entry order per ledger (as the publish path makes them): the cache keeps what a
+    # plain first-in first-out list bounded in bytes keeps, and a dropped topic frees its bytes
+    cache = EntryCache(bytes_max)
+    model: list[tuple[str, Position, bytes, int]] = []
+    next_entry: dict[tuple[str, int], int] = {}
+    for topic, ledger_id, size, count in puts:
+        e = next_entry.get((topic, ledger_id), 0)
+        next_entry[(topic, ledger_id)] = e + 1
+        data = bytes([e % 256]) * size
+        cache.put(topic, Position(ledger_id, e), data, count)
+        if size <= bytes_max:
+            model.append((topic, Position(ledger_id, e), data, count))
+            while sum(len(m[2]) for m in model) > bytes_max:
+                model.pop(0)
+    for topic in dropped:
+        cache.drop_topic(topic)
+        model = [m for m in model if m[0] != topic]
+    assert cache.bytes == sum(len(m[2]) for m in model) and cache.entry_count == len(model)
+    kept = {(t, p): (d, c) for t, p, d, c in model}
+    for (topic, ledger_id), n in next_entry.items():
+        for e in range(n):
+            assert cache.get(topic, Position(ledger_id, e)) == kept.get((topic, Position(ledger_id, e)))

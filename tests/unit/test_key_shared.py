@@ -200,3 +200,60 @@ def test_allow_out_of_order_lets_a_moved_key_go_at_once():
     core.add_consumer("b")      # takes slot 100
     core.flow("b", 10)
     assert [(d.consumer, d.position) for d in core.dispatch()] == [("b", 2)]
+
+
+def _core_state(core: DispatcherCore) -> tuple:
+    return (dict(core._pending.counts), dict(core._owner), dict(core._redelivery_counts), dict(core._slots),
+            {s: dict(h) for s, h in core._slot_holders.items()}, dict(core._delayed), dict(core._delayed_at),
+            {k: (c.permits, dict(c.outstanding)) for k, c in core._consumers.items()})
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), sub_type=st.sampled_from([SubType.KEY_SHARED, SubType.SHARED]))
+def test_an_ack_run_is_the_same_as_acking_each_in_turn(seed, sub_type):
+    """DispatcherCore.ack of a run of positions (one ACK frame's ids: outstanding, pending, delayed,
+    unknown, repeated) leaves the state, and returns the positions, that acking each in turn does;
+    the dispatches that follow are the same too."""
+    rng = random.Random(seed)
+    run_core = DispatcherCore(sub_type, pending_entries_max=10_000)
+    each_core = DispatcherCore(sub_type, pending_entries_max=10_000)
+    cores = (run_core, each_core)
+    next_pos = 0
+    for step in range(60):
+        kind = rng.choice(["add", "remove", "flow", "offer", "delayed", "ack", "ack", "redeliver", "release"])
+        key = rng.randrange(4)
+        if kind == "add" and key not in run_core.consumers:
+            for core in cores:
+                core.add_consumer(key)
+        elif kind == "remove":
+            for core in cores:
+                core.remove_consumer(key)
+        elif kind == "flow" and key in run_core.consumers:
+            permits = rng.randrange(1, 8)
+            for core in cores:
+                core.flow(key, permits)
+        elif kind == "offer":
+            batch = [(next_pos + i, rng.randrange(1, 3), rng.randrange(5)) for i in range(rng.randrange(1, 6))]
+            next_pos += len(batch)
+            for core in cores:
+                core.offer(batch if sub_type is SubType.KEY_SHARED else [b[:2] for b in batch])
+        elif kind == "delayed":
+            at, slot = rng.randrange(100), rng.randrange(5)
+            for core in cores:
+                core.offer_delayed(next_pos, 1, at, slot)
+            next_pos += 1
+        elif kind == "release":
+            now = rng.randrange(100)
+            for core in cores:
+                core.release_due(now)
+        elif kind == "redeliver" and key in run_core.consumers:
+            for core in cores:
+                core.redeliver(key)
+        elif kind == "ack":
+            positions = [rng.randrange(next_pos + 2) for _ in range(rng.randrange(8))]
+            got = run_core.ack(positions)
+            expected = [p for p in positions if each_core.ack([p])]
+            assert got == expected
+        assert run_core.dispatch() == each_core.dispatch()
+        assert _core_state(run_core) == _core_state(each_core)
+        run_core.check_invariants()

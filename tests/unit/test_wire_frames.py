@@ -379,13 +379,34 @@ def test_send_receipt_refuses_out_of_range_ids(bad):
         C.send_receipt(args["producer_id"], args["sequence_id"], args["ledger_id"], args["entry_id"], **kwargs)
 
 
-def _message_via_protobuf(consumer_id, ledger_id, entry_id, entry, partition, redelivery_count, with_checksum):
+def _message_via_protobuf(consumer_id, ledger_id, entry_id, entry, partition, redelivery_count, with_checksum,
+                          ack_set=None):
     from pulsarlite.wire.frames import encode_payload_command_parts
     body = pb.CommandMessage(consumer_id=consumer_id,
                              message_id=C.message_id(ledger_id, entry_id, partition=partition))
     if redelivery_count:
         body.redelivery_count = redelivery_count
+    if ack_set:
+        body.ack_set.extend(ack_set)
     return encode_payload_command_parts(T(type=T.MESSAGE, message=body), entry, with_checksum=with_checksum)
+
+
+@settings(max_examples=300, deadline=None)
+@given(consumer_id=_U64, partition=st.one_of(st.just(-1), st.integers(0, (1 << 31) - 1)),
+       with_checksum=st.booleans(),
+       run=st.lists(st.tuples(st.integers(0, 3), _ID, st.one_of(st.just(0), st.integers(0, (1 << 32) - 1)),
+                              st.one_of(st.none(), st.just([]), st.lists(st.integers(-(1 << 63), (1 << 63) - 1), min_size=1, max_size=3)),
+                              st.binary(max_size=16)), max_size=8))
+def test_message_run_parts_equal_each_message_via_protobuf(consumer_id, partition, with_checksum, run):
+    # a run of MESSAGEs encoded together (the dispatch path: one ledger id part per ledger, ack
+    # sets through protobuf) is the concatenation of each message as protobuf writes it
+    messages = [((ledger_id, entry_id), entry_of(payload), redelivery_count, ack_set)
+                for ledger_id, entry_id, redelivery_count, ack_set, payload in run]
+    got = C.message_run_parts(consumer_id, messages, partition=partition, with_checksum=with_checksum)
+    expected = [part for (ledger_id, entry_id), entry, redelivery_count, ack_set in messages
+                for part in _message_via_protobuf(consumer_id, ledger_id, entry_id, entry, partition,
+                                                  redelivery_count, with_checksum, ack_set)]
+    assert b"".join(map(bytes, got)) == b"".join(map(bytes, expected))
 
 
 @settings(max_examples=400, deadline=None)
