@@ -190,12 +190,14 @@ class Auditor:
                 log.error("audit: unreadable ledger metadata ledger=%d: %s", lid, e)
                 continue
             ledgers.append(md)
-        marks = {m.ledger_id: m.missing_bookies for m in await self.urm.list_marks()}
+        listed = await self.urm.list_marks()
+        marks = {m.ledger_id: m.missing_bookies for m in listed}
+        lost_marks = {m.ledger_id: m.lost_bookies for m in listed if m.lost_bookies}
         decommissioning = await self.urm.decommissioning()
         self.scans += 1
         if self.metrics is not None:
             self.metrics.under_replicated_ledgers.set(len(marks))
-        return core.on_scan(ledgers, marks, decommissioning, _now_ms())
+        return core.on_scan(ledgers, marks, decommissioning, _now_ms(), lost_marks)
 
     async def _check_replicas(self, core: AuditorCore) -> list:
         """Probe a sample of entries on their replicas; returns MarkLedger actions for the
@@ -247,7 +249,8 @@ class Auditor:
                              ",".join(a.bookies))
             elif isinstance(a, MarkLedger):
                 try:
-                    mark = await self.urm.mark(a.ledger_id, a.missing_bookies, int(time.time() * 1000))
+                    mark = await self.urm.mark(a.ledger_id, a.missing_bookies, int(time.time() * 1000),
+                                               a.lost_bookies)
                     core.on_marked(a.ledger_id, mark.missing_bookies)
                     log.info("ledger marked under-replicated ledger=%d missing=%s", a.ledger_id,
                              ",".join(mark.missing_bookies))

@@ -17,15 +17,15 @@ Protocol:
   change: its last fragment lacks entries on those bookies, live or not) is marked with them too.
 - A ledger is marked again only for bookies its known mark lacks (marks read in a scan count);
   the shell merges marks by compare-and-set, so marking twice is harmless.
-- A bookie this auditor declared lost that is live again (a registration is cookie-checked:
-  the same bookie with its disks) is taken out of the marks this auditor gave it
-  (``UnmarkBookies``; a mark left empty goes), unless the metadata says the ledger lacks
-  entries on it or it is being decommissioned. Without that, a bookie whose session expired
-  for longer than the delay (a loaded machine after a ZooKeeper restart) stayed "lost" in its
-  marks for good: workers kept trying to move copies off a live bookie and, with no bookie
-  outside the ensemble left, the repair of a really lost one in the same ledgers waited
-  forever (a chaos run, session 20). Known gap: an auditor elected after the return does not
-  know which marks were for loss (marks do not say why) and leaves them.
+- A mark says which of its bookies were marked because they were lost (``lost_bookies``). A
+  bookie marked lost that is live again (a registration is cookie-checked: the same bookie
+  with its disks) is taken out of those marks (``UnmarkBookies``; a mark left empty goes),
+  unless the metadata says the ledger lacks entries on it or it is being decommissioned; any
+  auditor does it (the marks of a scan count), so an election between the loss and the return
+  changes nothing. Without that, a bookie whose session expired for longer than the delay (a
+  loaded machine after a ZooKeeper restart) stayed "lost" in its marks for good: workers kept
+  trying to move copies off a live bookie and, with no bookie outside the ensemble left, the
+  repair of a really lost one in the same ledgers waited for ever (a chaos run, session 20).
 
 Bounded: at most ``marks_per_step_max`` marks per call (the rest on the next tick).
 """
@@ -41,10 +41,12 @@ from pulsarlite.errors import check
 
 @dataclass(frozen=True)
 class MarkLedger:
-    """Action: mark ``ledger_id`` under-replicated for ``missing_bookies`` (merged)."""
+    """Action: mark ``ledger_id`` under-replicated for ``missing_bookies`` (merged), of which
+    ``lost_bookies`` because they were lost."""
 
     ledger_id: int
     missing_bookies: tuple[str, ...]
+    lost_bookies: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ class AuditorCore:
         self._decommissioning: frozenset[str] = frozenset()
         self._missing_since_ms: dict[str, int] = {}
         self._announced: set[str] = set()
-        self._marked_lost: dict[str, set[int]] = {}        # bookie -> ledgers this auditor marked it lost in
+        self._marked_lost: dict[str, set[int]] = {}        # bookie -> ledgers whose mark has it lost
         self._returned: dict[int, set[str]] = {}           # ledger -> returned bookies to take out of its mark
 
     # -- events --------------------------------------------------------------------------
@@ -85,10 +87,15 @@ class AuditorCore:
         return self._decide(now_ms)
 
     def on_scan(self, ledgers: Iterable[LedgerMetadata], marks: Mapping[int, Iterable[str]],
-                decommissioning: Iterable[str], now_ms: int) -> list:
-        """A full scan: every ledger's metadata, every mark, the decommissioning bookies."""
+                decommissioning: Iterable[str], now_ms: int,
+                lost_marks: Mapping[int, Iterable[str]] | None = None) -> list:
+        """A full scan: every ledger's metadata, every mark (its bookies; ``lost_marks``: those
+        of them marked lost), the decommissioning bookies."""
         self._ledgers = {md.ledger_id: md for md in ledgers}
         self._marked = {lid: frozenset(b) for lid, b in marks.items()}
+        for ledger_id, bookies in (lost_marks or {}).items():
+            for b in bookies:
+                self._marked_lost.setdefault(b, set()).add(ledger_id)
         self._decommissioning = frozenset(decommissioning)
         return self._decide(now_ms)
 
@@ -168,8 +175,9 @@ class AuditorCore:
             if new and marks < self.marks_per_step_max:
                 marks += 1
                 self._marked[ledger_id] = self._marked.get(ledger_id, frozenset()) | new
-                actions.append(MarkLedger(ledger_id, tuple(sorted(missing))))
-                for b in new & lost - self._decommissioning:
+                lost_here = (missing & lost) - self._decommissioning
+                actions.append(MarkLedger(ledger_id, tuple(sorted(missing)), tuple(sorted(lost_here))))
+                for b in lost_here:
                     self._marked_lost.setdefault(b, set()).add(ledger_id)
         for ledger_id in sorted(self._returned):
             returned = self._returned[ledger_id] - self._missing_since_ms.keys()

@@ -94,11 +94,16 @@ def is_mark_leaf(name: str) -> bool:
 
 @dataclass(frozen=True)
 class UnderReplicatedMark:
-    """One under-replicated ledger: which bookies' copies it lacks (sorted, no repeats)."""
+    """One under-replicated ledger: which bookies' copies it lacks (sorted, no repeats), and of
+    those the ones marked because they were lost (unregistered past the lost-bookie delay): any
+    auditor takes those out again when they come back (a registration is cookie-checked: the
+    same bookie with its disks). The others (decommissioning, a copy found missing or bad,
+    a delayed ensemble change) stay until a worker moves their copies."""
 
     ledger_id: int
     missing_bookies: tuple[str, ...]
     ctime_ms: int = 0
+    lost_bookies: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_id(self.ledger_id)
@@ -106,35 +111,45 @@ class UnderReplicatedMark:
             raise ValueError(f"ledger {self.ledger_id}: a mark needs at least one missing bookie")
         if tuple(sorted(set(self.missing_bookies))) != self.missing_bookies:
             raise ValueError(f"ledger {self.ledger_id}: missing bookies must be sorted and distinct")
+        if tuple(sorted(set(self.lost_bookies))) != self.lost_bookies or \
+                not set(self.lost_bookies) <= set(self.missing_bookies):
+            raise ValueError(f"ledger {self.ledger_id}: lost bookies must be sorted, distinct and missing")
 
     @classmethod
-    def of(cls, ledger_id: int, missing: Iterable[str], ctime_ms: int) -> "UnderReplicatedMark":
-        return cls(ledger_id, tuple(sorted(set(missing))), ctime_ms)
+    def of(cls, ledger_id: int, missing: Iterable[str], ctime_ms: int,
+           lost: Iterable[str] = ()) -> "UnderReplicatedMark":
+        missing = set(missing)
+        return cls(ledger_id, tuple(sorted(missing)), ctime_ms, tuple(sorted(set(lost) & missing)))
 
     def to_json(self) -> bytes:
-        return json.dumps({"ledger_id": self.ledger_id, "missing_bookies": list(self.missing_bookies),
-                           "ctime_ms": self.ctime_ms}, sort_keys=True).encode()
+        raw = {"ledger_id": self.ledger_id, "missing_bookies": list(self.missing_bookies), "ctime_ms": self.ctime_ms}
+        if self.lost_bookies:
+            raw["lost_bookies"] = list(self.lost_bookies)
+        return json.dumps(raw, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> "UnderReplicatedMark":
         try:
             raw = json.loads(data)
             return cls.of(int(raw["ledger_id"]), [str(b) for b in raw["missing_bookies"]],
-                          int(raw.get("ctime_ms", 0)))
+                          int(raw.get("ctime_ms", 0)), [str(b) for b in raw.get("lost_bookies", ())])
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed under-replication mark: {e}") from None
 
 
-def merge_mark(current: bytes | None, ledger_id: int, missing: Iterable[str], now_ms: int) -> bytes:
+def merge_mark(current: bytes | None, ledger_id: int, missing: Iterable[str], now_ms: int,
+               lost: Iterable[str] = ()) -> bytes:
     """The CAS transform of marking: a new mark, or ``current`` with ``missing`` added (its
-    ctime kept). A malformed current mark is replaced (its bookies are lost from it; the
-    auditor marks them again on its next pass)."""
-    missing = set(missing)
+    ctime kept); ``lost``: those of ``missing`` marked because they were lost. A malformed
+    current mark is replaced (its bookies are lost from it; the auditor marks them again on its
+    next pass)."""
+    missing, lost = set(missing), set(lost)
     if current is not None:
         try:
             old = UnderReplicatedMark.from_json(current)
         except ValueError:
             old = None
         if old is not None and old.ledger_id == ledger_id:
-            return UnderReplicatedMark.of(ledger_id, missing | set(old.missing_bookies), old.ctime_ms).to_json()
-    return UnderReplicatedMark.of(ledger_id, missing, now_ms).to_json()
+            return UnderReplicatedMark.of(ledger_id, missing | set(old.missing_bookies), old.ctime_ms,
+                                          lost | set(old.lost_bookies)).to_json()
+    return UnderReplicatedMark.of(ledger_id, missing, now_ms, lost).to_json()

@@ -23,11 +23,13 @@ class UnderReplicationManager:
         self.store = store
 
     # -- marks ---------------------------------------------------------------------------
-    async def mark(self, ledger_id: int, missing: Iterable[str], now_ms: int) -> UnderReplicatedMark:
-        """Mark ``ledger_id`` under-replicated for ``missing`` (merged into an existing mark by CAS)."""
-        missing = tuple(missing)
+    async def mark(self, ledger_id: int, missing: Iterable[str], now_ms: int,
+                   lost: Iterable[str] = ()) -> UnderReplicatedMark:
+        """Mark ``ledger_id`` under-replicated for ``missing`` (merged into an existing mark by
+        CAS); ``lost``: those of them marked because they were lost."""
+        missing, lost = tuple(missing), tuple(lost)
         data, _ = await self.store.update(mark_path(ledger_id),
-                                          lambda cur: merge_mark(cur, ledger_id, missing, now_ms))
+                                          lambda cur: merge_mark(cur, ledger_id, missing, now_ms, lost))
         return UnderReplicatedMark.from_json(data)
 
     async def read_mark(self, ledger_id: int) -> tuple[UnderReplicatedMark, int] | None:
@@ -64,8 +66,8 @@ class UnderReplicationManager:
             return True
         try:
             if left:
-                await self.store.set(mark_path(ledger_id),
-                                     UnderReplicatedMark.of(ledger_id, left, mark.ctime_ms).to_json(), version)
+                kept = UnderReplicatedMark.of(ledger_id, left, mark.ctime_ms, set(mark.lost_bookies) - set(bookies))
+                await self.store.set(mark_path(ledger_id), kept.to_json(), version)
             else:
                 await self.store.delete(mark_path(ledger_id), version)
             return True

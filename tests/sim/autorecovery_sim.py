@@ -84,6 +84,7 @@ class AutorecoveryConfig:
     losses: tuple[int, int] = (0, 3)
     transient_downs: tuple[int, int] = (0, 3)
     long_downs: tuple[int, int] = (0, 1)    # down past the delay, then back with its data
+    auditor_restarts: tuple[int, int] = (0, 2)    # a new auditor (an election): what it knows is the store
     decommission_probability: float = 0.3
     rots: tuple[int, int] = (0, 3)
     worker_crashes: tuple[int, int] = (0, 3)
@@ -375,6 +376,8 @@ class Simulation:
             self.at(rng.randint(0, span), self.transient_down)
         for _ in range(rng.randint(*c.long_downs)):
             self.at(rng.randint(0, span), self.long_down)
+        for _ in range(rng.randint(*c.auditor_restarts)):
+            self.at(rng.randint(0, span), self.restart_auditor)
         if rng.random() < c.decommission_probability:
             self.at(rng.randint(0, span), self.decommission)
         for _ in range(rng.randint(*c.rots)):
@@ -462,6 +465,14 @@ class Simulation:
             self.log(f"bookie {b} back with its data")
             self.auditor.registrations_changed()
         self.at(down_ms, back)
+
+    def restart_auditor(self) -> None:
+        """Another auditor is elected: a fresh core, which knows only what a scan reads."""
+        self.auditor.core = AuditorCore(self.config.lost_bookie_recovery_delay_ms)
+        self.count("auditor_restarts")
+        self.log("auditor restarted (an election)")
+        self.auditor.registrations_changed()
+        self.auditor.scan(reschedule=False)
 
     def decommission(self) -> None:
         candidates = [b for b in self.writable() if self._replacements_stay(b)]
@@ -619,12 +630,14 @@ class SimAuditor:
 
     def scan(self, reschedule: bool = True) -> None:
         sim = self.sim
-        marks = {}
+        marks, lost_marks = {}, {}
         for p in sim.store.under("/ledgers/underreplication/ledgers/"):
             m = UnderReplicatedMark.from_json(sim.store.get(p).value)
             marks[m.ledger_id] = m.missing_bookies
+            if m.lost_bookies:
+                lost_marks[m.ledger_id] = m.lost_bookies
         decommissioning = [b for b, s in sorted(sim.bookies.items()) if s.decommissioning]
-        self.execute(self.core.on_scan(sim.ledgers(), marks, decommissioning, sim.now_ms))
+        self.execute(self.core.on_scan(sim.ledgers(), marks, decommissioning, sim.now_ms, lost_marks))
         if reschedule:
             sim.at(sim.config.audit_interval_ms, self.scan)
 
@@ -638,7 +651,7 @@ class SimAuditor:
             if isinstance(a, BookieLost):
                 sim.log(f"auditor: bookie {a.bookie_id} {a.reason} ledgers={a.ledgers}")
             elif isinstance(a, MarkLedger):
-                self.mark(a.ledger_id, a.missing_bookies)
+                self.mark(a.ledger_id, a.missing_bookies, a.lost_bookies)
             elif isinstance(a, UnmarkBookies):
                 self.unmark_bookies(a.ledger_id, a.bookies)
         deadline = self.core.next_deadline_ms()
@@ -646,13 +659,13 @@ class SimAuditor:
             self._tick_at = deadline
             sim.at(deadline - sim.now_ms + 1, self.tick)
 
-    def mark(self, lid: int, missing: tuple[str, ...]) -> None:
+    def mark(self, lid: int, missing: tuple[str, ...], lost: tuple[str, ...] = ()) -> None:
         sim = self.sim
 
         def op() -> UnderReplicatedMark:
             path = mark_path(lid)
             node = sim.store.get(path)
-            data = merge_mark(node.value if node else None, lid, missing, sim.now_ms)
+            data = merge_mark(node.value if node else None, lid, missing, sim.now_ms, lost)
             if node is None:
                 sim.store.create(path, data)
             else:
@@ -682,8 +695,8 @@ class SimAuditor:
             if len(left) == len(mark.missing_bookies):
                 return True
             if left:
-                return sim.store.set(mark_path(lid), UnderReplicatedMark.of(lid, left, mark.ctime_ms).to_json(),
-                                     node.version)
+                kept = UnderReplicatedMark.of(lid, left, mark.ctime_ms, set(mark.lost_bookies) - set(bookies))
+                return sim.store.set(mark_path(lid), kept.to_json(), node.version)
             return sim.store.delete(mark_path(lid), node.version) != "conflict"
 
         def reply(done: bool) -> None:

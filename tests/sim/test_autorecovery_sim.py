@@ -37,6 +37,7 @@ pytestmark = pytest.mark.sim
 COVERAGE = ("losses", "fragments_repaired", "ledgers_repaired", "worker_crashes", "copies_failed",
             "passes_retried", "replica_check_found", "replicas_rejected", "rots")
 COVERAGE_ANY = ("crashes_mid_copy", "decommissions", "transient_downs", "long_downs", "returned_unmarked",
+                "auditor_restarts",
                 "unmark_refused",
                 "short_answers", "entry_exists", "blocked", "worker_pauses", "sessions_expired_in_pause")
 

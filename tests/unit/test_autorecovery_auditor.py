@@ -231,3 +231,28 @@ def test_a_decommissioned_bookie_stays_in_its_marks_while_live():
     assert marks(got) == {1: (B[0],)} and BookieLost(B[0], "decommissioning", 1) in got
     core.on_marked(1, (B[0],))
     assert unmarks(core.on_tick(2 * DELAY)) == {}
+
+
+def test_marks_say_which_bookies_were_lost_so_an_auditor_elected_later_unmarks_them_too():
+    core = AuditorCore(DELAY)
+    core.on_bookies(B[:4], [], 0)
+    core.on_scan([md(1, (0, B[:3]))], {}, [B[2]], 0)           # b2 decommissioning
+    core.on_bookies([B[1], B[2], B[3]], [], 10)                # b0 gone
+    got = core.on_tick(10 + DELAY)
+    assert [a for a in got if isinstance(a, MarkLedger)] == [MarkLedger(1, (B[0], B[2]), (B[0],))]
+    data = merge_mark(None, 1, (B[0], B[2]), 5, (B[0],))
+    mark = UnderReplicatedMark.from_json(data)
+    assert mark.lost_bookies == (B[0],) and mark.missing_bookies == (B[0], B[2])
+    # merged with a replica-check mark (not lost): the lost part is kept
+    mark = UnderReplicatedMark.from_json(merge_mark(data, 1, (B[3],), 6))
+    assert mark.missing_bookies == (B[0], B[2], B[3]) and mark.lost_bookies == (B[0],) and mark.ctime_ms == 5
+    # a mark written before lost_bookies existed reads as none lost
+    old = UnderReplicatedMark.from_json(b'{"ledger_id": 1, "missing_bookies": ["b0:3181"], "ctime_ms": 3}')
+    assert old.lost_bookies == () and b"lost_bookies" not in old.to_json()
+
+    # the auditor changes while b0 is away; b0 comes back: the new one unmarks it from the scan
+    new = AuditorCore(DELAY)
+    new.on_bookies(B[:4], [], 20 * DELAY)
+    got = new.on_scan([md(1, (0, B[:3]))], {1: mark.missing_bookies}, [B[2]], 20 * DELAY,
+                      {1: mark.lost_bookies})
+    assert unmarks(got) == {1: (B[0],)}                 # not b2 (decommissioning), not b3 (a bad copy)
