@@ -64,12 +64,11 @@ class UnderReplicationManager:
         left = set(mark.missing_bookies) - set(bookies)
         if len(left) == len(mark.missing_bookies):
             return True
+        if not left:
+            return await self.unmark(ledger_id, version)
+        kept = UnderReplicatedMark.of(ledger_id, left, mark.ctime_ms, set(mark.lost_bookies) - set(bookies))
         try:
-            if left:
-                kept = UnderReplicatedMark.of(ledger_id, left, mark.ctime_ms, set(mark.lost_bookies) - set(bookies))
-                await self.store.set(mark_path(ledger_id), kept.to_json(), version)
-            else:
-                await self.store.delete(mark_path(ledger_id), version)
+            await self.store.set(mark_path(ledger_id), kept.to_json(), version)
             return True
         except MetadataNotFoundError:
             return True
