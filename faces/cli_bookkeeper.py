@@ -71,7 +71,8 @@ def add_parser(subparsers) -> None:
 
     s = sub.add_parser("listunderreplicated", help="list ledgers marked under-replicated")
     s.add_argument("--json", action="store_true",
-                   help="a JSON list: one object per ledger (ledger_id, missing_bookies, ctime_ms, locked_by)")
+                   help="a JSON list: one object per ledger (ledger_id, missing_bookies, lost_bookies: those "
+                        "marked because they were lost, ctime_ms, locked_by)")
     s.set_defaults(func=_run(_listunderreplicated))
 
     s = sub.add_parser("recover", help="mark every ledger naming BOOKIE under-replicated now "
@@ -245,12 +246,14 @@ async def _listunderreplicated(client, args) -> int:
     rows = []
     for mark in await urm.list_marks():
         rows.append({"ledger_id": mark.ledger_id, "missing_bookies": list(mark.missing_bookies),
-                     "ctime_ms": mark.ctime_ms, "locked_by": await urm.lock_holder(mark.ledger_id)})
+                     "lost_bookies": list(mark.lost_bookies), "ctime_ms": mark.ctime_ms,
+                     "locked_by": await urm.lock_holder(mark.ledger_id)})
     if args.json:
         print(json.dumps(rows))
     else:
         for r in rows:
             print(f"{r['ledger_id']}\tmissing={','.join(r['missing_bookies'])}"
+                  + (f"\tlost={','.join(r['lost_bookies'])}" if r["lost_bookies"] else "")
                   + (f"\tlocked_by={r['locked_by']}" if r["locked_by"] else ""))
     return 0
 
