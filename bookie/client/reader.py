@@ -33,8 +33,16 @@ class LedgerEntry:
 
 
 def verify_entry(e: pb.Entry, ledger_id: int, entry_id: int) -> bool:
-    return (e.ledger_id == ledger_id and e.entry_id == entry_id
-            and entry_checksum(e.ledger_id, e.entry_id, e.lac, e.length, e.payload) == e.checksum)
+    return verified_payload(e, ledger_id, entry_id) is not None
+
+
+def verified_payload(e: pb.Entry, ledger_id: int, entry_id: int) -> bytes | None:
+    """The entry's payload if it is entry ``entry_id`` of ``ledger_id`` and its checksum holds,
+    else None. (Each read of a protobuf bytes field copies it: read once here.)"""
+    if e.ledger_id != ledger_id or e.entry_id != entry_id:
+        return None
+    payload = e.payload
+    return payload if entry_checksum(ledger_id, entry_id, e.lac, e.length, payload) == e.checksum else None
 
 
 class LedgerReader:
@@ -184,11 +192,12 @@ class LedgerReader:
         out = []
         expected = first
         for e in resp.entries:
-            if not verify_entry(e, self.ledger_id, expected):
+            payload = verified_payload(e, self.ledger_id, expected)
+            if payload is None:
                 log.error("checksum mismatch ledger=%d entry=%d bookie=%s: trying another replica",
                           self.ledger_id, expected, bookie)
                 break
-            out.append(LedgerEntry(e.ledger_id, e.entry_id, e.payload, e.length))
+            out.append(LedgerEntry(e.ledger_id, e.entry_id, payload, e.length))
             expected += 1
         return out
 
