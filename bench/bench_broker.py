@@ -50,11 +50,9 @@ import datetime
 import json
 import os
 import pathlib
-import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -62,6 +60,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import pulsar  # noqa: E402
 
+from bench.common import work_dir  # noqa: E402
 from faces.cluster import LocalCluster  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -516,7 +515,8 @@ def main() -> int:
     parser.add_argument("--paced-sample-every", type=int, default=1,
                         help="paced phase: measure the latency of every Nth message only (a Python "
                              "callback per message loads the client)")
-    parser.add_argument("--profile", action="store_true", help="repeat the batched and unbatched phases under py-spy")
+    parser.add_argument("--profile", action="store_true", help="repeat the batched and unbatched phases under py-spy "
+                        "(the raw stacks are written in the run's directory: only --dir keeps them)")
     parser.add_argument("--no-ceiling", action="store_true",
                         help="skip measuring the client against a broker that stores nothing")
     parser.add_argument("--ceilings", default="batched,unbatched,perf",
@@ -536,229 +536,225 @@ def main() -> int:
         serve_null_broker(args.serve_null_broker)
         return 0
 
-    base = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="pulsarlite-bench-broker-"))
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    print(f"== starting 3 bookies + 1 broker in {base}", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    wanted = set(args.phases.split(",")) if args.phases else set(PHASES)
-    broker_overrides, bookie_overrides = parse_overrides(args.broker_set), parse_overrides(args.bookie_set)
-    cluster = LocalCluster(base / "cluster")
-    with cluster:
-        cluster.start_processes(bookies=3, brokers=1, broker_overrides=broker_overrides or None,
-                                bookie_overrides=bookie_overrides or None)
-        print(f"   up in {time.perf_counter() - t0:.1f}s: {cluster.service_url}", file=sys.stderr, flush=True)
-        pids = {name: cluster.records[name].pid for name in cluster.broker_names + cluster.bookie_names}
-        broker_pid = cluster.records[cluster.broker_names[0]].pid
-        meter = CpuMeter(pids)
-        client = pulsar.Client(cluster.service_url, operation_timeout_seconds=60,
-                               logger=pulsar.FileLogger(pulsar.LoggerLevel.Warn, str(base / "client.log")))
-        results: dict = {}
-        cpu: dict = {}
-        cpu_us: dict = {}     # phase -> process -> CPU microseconds per acknowledged message
+    with work_dir(args.dir, "pulsarlite-bench-broker-") as base:
+        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        print(f"== starting 3 bookies + 1 broker in {base}", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        wanted = set(args.phases.split(",")) if args.phases else set(PHASES)
+        broker_overrides, bookie_overrides = parse_overrides(args.broker_set), parse_overrides(args.bookie_set)
+        cluster = LocalCluster(base / "cluster")
+        with cluster:
+            cluster.start_processes(bookies=3, brokers=1, broker_overrides=broker_overrides or None,
+                                    bookie_overrides=bookie_overrides or None)
+            print(f"   up in {time.perf_counter() - t0:.1f}s: {cluster.service_url}", file=sys.stderr, flush=True)
+            pids = {name: cluster.records[name].pid for name in cluster.broker_names + cluster.bookie_names}
+            broker_pid = cluster.records[cluster.broker_names[0]].pid
+            meter = CpuMeter(pids)
+            client = pulsar.Client(cluster.service_url, operation_timeout_seconds=60,
+                                   logger=pulsar.FileLogger(pulsar.LoggerLevel.Warn, str(base / "client.log")))
+            results: dict = {}
+            cpu: dict = {}
+            cpu_us: dict = {}     # phase -> process -> CPU microseconds per acknowledged message
 
-        def phase(name: str, fn, *fargs):
-            if name.split()[0] in PHASES and name.split()[0] not in wanted:
-                return None
-            print(f"== {name}", file=sys.stderr, flush=True)
-            before, started = meter.snapshot(), time.perf_counter()
-            r = fn(*fargs)
-            after = meter.snapshot()
-            cpu[name] = meter.percent(before, after, time.perf_counter() - started)
-            messages = r.get("acked", r.get("read", 0)) if isinstance(r, dict) else 0
-            if messages:
-                cpu_us[name] = {n: (after[n] - before[n]) / messages * 1e6 for n in before if n != "machine"}
-            results[name] = r
-            return r
+            def phase(name: str, fn, *fargs):
+                if name.split()[0] in PHASES and name.split()[0] not in wanted:
+                    return None
+                print(f"== {name}", file=sys.stderr, flush=True)
+                before, started = meter.snapshot(), time.perf_counter()
+                r = fn(*fargs)
+                after = meter.snapshot()
+                cpu[name] = meter.percent(before, after, time.perf_counter() - started)
+                messages = r.get("acked", r.get("read", 0)) if isinstance(r, dict) else 0
+                if messages:
+                    cpu_us[name] = {n: (after[n] - before[n]) / messages * 1e6 for n in before if n != "machine"}
+                results[name] = r
+                return r
 
-        s, size = args.seconds, args.size
-        batched_topic = "persistent://public/default/bench-batched"
-        try:
-            if not args.no_ceiling:
-                null_proc, null_url = start_null_broker()
-                pids_null = dict(pids, **{"null-broker": null_proc.pid})
-                meter.pids = pids_null
-                null_client = pulsar.Client(null_url, operation_timeout_seconds=60,
-                                            logger=pulsar.FileLogger(pulsar.LoggerLevel.Warn, str(base / "null-client.log")))
-                ceilings = set(args.ceilings.split(","))
-                try:
-                    if "batched" in ceilings:
-                        phase("ceiling batched", produce_windowed, null_client, "persistent://public/default/null-b",
-                              s, size, args.window, True, "client ceiling, batched")
-                    if "unbatched" in ceilings:
-                        phase("ceiling unbatched", produce_windowed, null_client,
-                              "persistent://public/default/null-u", s, size, args.unbatched_window, False,
-                              "client ceiling, unbatched")
-                    if "perf" in ceilings and "perf" in wanted:
-                        # our client's own ceiling: `perf produce` as in the perf phase below
-                        phase("ceiling perf", perf_produce, null_url, cluster.admin_url,
-                              "persistent://public/default/null-perf", s, size, args.window,
-                              args.perf_latency_every)
-                finally:
-                    null_client.close()
-                    null_proc.kill()
-                    null_proc.wait()
-                    meter.pids = pids
-            phase("warmup", produce_windowed, client, batched_topic, min(3.0, s), size, args.window, True, "warmup")
-            phase("batched", produce_windowed, client, batched_topic, s, size, args.window, True, "batched")
-            phase("unbatched", produce_windowed, client, "persistent://public/default/bench-unbatched", s, size,
-                  args.unbatched_window, False, "unbatched")
-            bookie_metrics = [f"http://127.0.0.1:{cluster.records[n].ports['metrics']}/metrics"
-                              for n in cluster.bookie_names if "metrics" in cluster.records[n].ports]
-            sync_metric = "bookie_journal_JOURNAL_SYNC_seconds"
-            for name, delay_ms in (("paced", None), ("paced-batched", args.paced_batch_delay_ms)):
-                buckets_before = broker_publish_buckets(cluster.admin_url)
-                sync_before = histogram_buckets(*bookie_metrics, sync_metric) if bookie_metrics else {}
-                paced = phase(name, produce_paced, client, f"persistent://public/default/bench-{name}", s,
-                              size, args.paced_rate, f"{name} {args.paced_rate:.0f}/s", args.paced_sample_every,
-                              delay_ms)
-                if paced:
-                    # the same SENDs timed inside the broker (SEND read to entry confirmed): what
-                    # the client's figure adds is its own time and the socket hops
-                    buckets_after = broker_publish_buckets(cluster.admin_url)
-                    paced["broker_p50_ms"] = bucket_quantile_ms(buckets_before, buckets_after, 0.50)
-                    paced["broker_p99_ms"] = bucket_quantile_ms(buckets_before, buckets_after, 0.99)
-                    # and the bookies' journal groups' fdatasync, all three bookies summed
-                    if bookie_metrics:
-                        sync_after = histogram_buckets(*bookie_metrics, sync_metric)
-                        for q in (50, 99, 99.9):
-                            paced[f"bookie_sync_p{q:g}_ms"] = bucket_quantile_ms(sync_before, sync_after, q / 100)
-            phase("e2e", end_to_end, client, "persistent://public/default/bench-e2e", s, size, args.e2e_rate,
-                  f"e2e {args.e2e_rate:.0f}/s")
-            expected = (results.get("warmup") or {}).get("acked", 0) + (results.get("batched") or {}).get("acked", 0)
-            if expected:
-                phase("catch-up", catch_up, client, batched_topic, expected, 2 * s, size, "catch-up")
-            phase("perf", perf_produce, cluster.service_url, cluster.admin_url,
-                  "persistent://public/default/bench-perf", s, size, args.window,
-                  args.perf_latency_every)
-            if args.profile:
-                phase("batched under py-spy", run_profiled, client, "persistent://public/default/bench-prof-b",
-                      s, size, args.window, True, broker_pid, base / "broker-batched.py-spy.raw")
-                phase("unbatched under py-spy", run_profiled, client, "persistent://public/default/bench-prof-u",
-                      s, size, args.unbatched_window, False, broker_pid, base / "broker-unbatched.py-spy.raw")
-        finally:
-            client.close()
-    if not args.dir and not args.profile:
-        # the cluster's journals and entry logs: ~2 GB a run (26 runs filled the disk to the
-        # bookies' read-only threshold, session 12); --dir keeps them, --profile keeps py-spy's
-        shutil.rmtree(base, ignore_errors=True)
+            s, size = args.seconds, args.size
+            batched_topic = "persistent://public/default/bench-batched"
+            try:
+                if not args.no_ceiling:
+                    null_proc, null_url = start_null_broker()
+                    pids_null = dict(pids, **{"null-broker": null_proc.pid})
+                    meter.pids = pids_null
+                    null_client = pulsar.Client(null_url, operation_timeout_seconds=60,
+                                                logger=pulsar.FileLogger(pulsar.LoggerLevel.Warn, str(base / "null-client.log")))
+                    ceilings = set(args.ceilings.split(","))
+                    try:
+                        if "batched" in ceilings:
+                            phase("ceiling batched", produce_windowed, null_client, "persistent://public/default/null-b",
+                                  s, size, args.window, True, "client ceiling, batched")
+                        if "unbatched" in ceilings:
+                            phase("ceiling unbatched", produce_windowed, null_client,
+                                  "persistent://public/default/null-u", s, size, args.unbatched_window, False,
+                                  "client ceiling, unbatched")
+                        if "perf" in ceilings and "perf" in wanted:
+                            # our client's own ceiling: `perf produce` as in the perf phase below
+                            phase("ceiling perf", perf_produce, null_url, cluster.admin_url,
+                                  "persistent://public/default/null-perf", s, size, args.window,
+                                  args.perf_latency_every)
+                    finally:
+                        null_client.close()
+                        null_proc.kill()
+                        null_proc.wait()
+                        meter.pids = pids
+                phase("warmup", produce_windowed, client, batched_topic, min(3.0, s), size, args.window, True, "warmup")
+                phase("batched", produce_windowed, client, batched_topic, s, size, args.window, True, "batched")
+                phase("unbatched", produce_windowed, client, "persistent://public/default/bench-unbatched", s, size,
+                      args.unbatched_window, False, "unbatched")
+                bookie_metrics = [f"http://127.0.0.1:{cluster.records[n].ports['metrics']}/metrics"
+                                  for n in cluster.bookie_names if "metrics" in cluster.records[n].ports]
+                sync_metric = "bookie_journal_JOURNAL_SYNC_seconds"
+                for name, delay_ms in (("paced", None), ("paced-batched", args.paced_batch_delay_ms)):
+                    buckets_before = broker_publish_buckets(cluster.admin_url)
+                    sync_before = histogram_buckets(*bookie_metrics, sync_metric) if bookie_metrics else {}
+                    paced = phase(name, produce_paced, client, f"persistent://public/default/bench-{name}", s,
+                                  size, args.paced_rate, f"{name} {args.paced_rate:.0f}/s", args.paced_sample_every,
+                                  delay_ms)
+                    if paced:
+                        # the same SENDs timed inside the broker (SEND read to entry confirmed): what
+                        # the client's figure adds is its own time and the socket hops
+                        buckets_after = broker_publish_buckets(cluster.admin_url)
+                        paced["broker_p50_ms"] = bucket_quantile_ms(buckets_before, buckets_after, 0.50)
+                        paced["broker_p99_ms"] = bucket_quantile_ms(buckets_before, buckets_after, 0.99)
+                        # and the bookies' journal groups' fdatasync, all three bookies summed
+                        if bookie_metrics:
+                            sync_after = histogram_buckets(*bookie_metrics, sync_metric)
+                            for q in (50, 99, 99.9):
+                                paced[f"bookie_sync_p{q:g}_ms"] = bucket_quantile_ms(sync_before, sync_after, q / 100)
+                phase("e2e", end_to_end, client, "persistent://public/default/bench-e2e", s, size, args.e2e_rate,
+                      f"e2e {args.e2e_rate:.0f}/s")
+                expected = (results.get("warmup") or {}).get("acked", 0) + (results.get("batched") or {}).get("acked", 0)
+                if expected:
+                    phase("catch-up", catch_up, client, batched_topic, expected, 2 * s, size, "catch-up")
+                phase("perf", perf_produce, cluster.service_url, cluster.admin_url,
+                      "persistent://public/default/bench-perf", s, size, args.window,
+                      args.perf_latency_every)
+                if args.profile:
+                    phase("batched under py-spy", run_profiled, client, "persistent://public/default/bench-prof-b",
+                          s, size, args.window, True, broker_pid, base / "broker-batched.py-spy.raw")
+                    phase("unbatched under py-spy", run_profiled, client, "persistent://public/default/bench-prof-u",
+                          s, size, args.unbatched_window, False, broker_pid, base / "broker-unbatched.py-spy.raw")
+            finally:
+                client.close()
+        if args.json:
+            print(json.dumps({"results": results, "cpu": cpu, "cpu_us": cpu_us}, indent=2, default=str))
 
-    if args.json:
-        print(json.dumps({"results": results, "cpu": cpu, "cpu_us": cpu_us}, indent=2, default=str))
+        b, u, p, e, c = (results.get(k) for k in ("batched", "unbatched", "paced", "e2e", "catch-up"))
+        for name in ("ceiling batched", "ceiling unbatched", "warmup", "batched", "unbatched"):
+            if name in results and results[name]["failed"]:
+                print(f"!! {name}: {results[name]['failed']} sends failed ({results[name]['error']})")
 
-    b, u, p, e, c = (results.get(k) for k in ("batched", "unbatched", "paced", "e2e", "catch-up"))
-    for name in ("ceiling batched", "ceiling unbatched", "warmup", "batched", "unbatched"):
-        if name in results and results[name]["failed"]:
-            print(f"!! {name}: {results[name]['failed']} sends failed ({results[name]['error']})")
+        def row(figure: str, value: str, goal: str = "", ratio: float | None = None, lower_is_better=False) -> None:
+            if ratio is None:
+                print(f"| {figure} | {value} | {goal} | |")
+            else:
+                met = ratio <= 1 if lower_is_better else ratio >= 1
+                print(f"| {figure} | {value} | {goal} | {ratio:.2f} ({'met' if met else 'missed'}) |")
 
-    def row(figure: str, value: str, goal: str = "", ratio: float | None = None, lower_is_better=False) -> None:
-        if ratio is None:
-            print(f"| {figure} | {value} | {goal} | |")
-        else:
-            met = ratio <= 1 if lower_is_better else ratio >= 1
-            print(f"| {figure} | {value} | {goal} | {ratio:.2f} ({'met' if met else 'missed'}) |")
-
-    every = (b or u or {}).get("ack_every", 100)
-    print(f"\n{when}; {size} B payloads; {s:g} s per phase; batched/unbatched acks counted by a callback "
-          f"on every {every}th message (receipts are in order)\n")
-    print("| figure | value | goal | ratio to goal |")
-    print("|---|---|---|---|")
-    cb, cu = results.get("ceiling batched"), results.get("ceiling unbatched")
-    if cb:
-        row("client ceiling: batched produce against a broker that stores nothing",
-            f"{cb['msg_s']:,.0f} msg/s, {cb['mb_s']:.1f} MB/s", "(machine/client limit)")
-    if b:
-        row(f"batched produce (window {args.window}, delay 10 ms)", f"{b['msg_s']:,.0f} msg/s, {b['mb_s']:.1f} MB/s",
-            ">= 200k msg/s", b["msg_s"] / 200_000)
-    if cb and b:
-        row("batched produce / client ceiling", f"{b['msg_s'] / cb['msg_s']:.2f}", "~1 (broker not the limit)")
-    if cu:
-        row("client ceiling: unbatched produce against a broker that stores nothing",
-            f"{cu['msg_s']:,.0f} msg/s", "(machine/client limit)")
-    if u:
-        row(f"unbatched produce (window {args.unbatched_window})", f"{u['msg_s']:,.0f} msg/s, {u['mb_s']:.1f} MB/s",
-            ">= 20k msg/s", u["msg_s"] / 20_000)
-    for p, how in ((p, "unbatched"),
-                   (results.get("paced-batched"), f"batched, {args.paced_batch_delay_ms} ms window")):
-        if not p:
-            continue
-        sampled = f", 1 in {p['sample_every']} timed" if p.get("sample_every", 1) > 1 else ""
-        row(f"publish latency at {args.paced_rate:,.0f} msg/s {how} (achieved {p['achieved']:,.0f}/s{sampled})",
-            f"p50 {p['p50_ms']:.2f} ms, p99 {p['p99_ms']:.2f} ms, max {p['max_ms']:.1f} ms",
-            "p99 <= 5 ms", p["p99_ms"] / 5.0, lower_is_better=True)
-        if p.get("broker_p99_ms") is not None:
-            row("the same SENDs inside the broker, SEND read to entry confirmed (histogram bucket bounds)",
-                f"p50 <= {p['broker_p50_ms']:g} ms, p99 <= {p['broker_p99_ms']:g} ms")
-        if p.get("bookie_sync_p99_ms") is not None:
-            row("the bookies' journal fdatasync per group meanwhile (histogram bucket bounds)",
-                f"p50 <= {p['bookie_sync_p50_ms']:g} ms, p99 <= {p['bookie_sync_p99_ms']:g} ms, "
-                f"p99.9 <= {p['bookie_sync_p99.9_ms']:g} ms")
-    if e:
-        row(f"end-to-end latency at {args.e2e_rate:,.0f} msg/s unbatched ({e['received']}/{e['sent']} received)",
-            f"p50 {e['p50_ms']:.2f} ms, p99 {e['p99_ms']:.2f} ms, max {e['max_ms']:.1f} ms")
-    pp = results.get("perf")
-    if pp and pp.get("acked"):
-        row(f"batched produce, `pulsarlite perf produce` (our client, window {args.window}, "
-            f"latency of 1 in {args.perf_latency_every})",
-            f"{pp['msg_s']:,.0f} msg/s, {pp['mb_s']:.1f} MB/s, client {pp['client_cpu_us']:.1f} us CPU/msg",
-            ">= 500k msg/s", pp["msg_s"] / 500_000)
-    cp = results.get("ceiling perf")
-    if cp and cp.get("acked"):
-        row("our client's ceiling: the same `perf produce` against a broker that stores nothing",
-            f"{cp['msg_s']:,.0f} msg/s, client {cp['client_cpu_us']:.1f} us CPU/msg", "(machine/client limit)")
+        every = (b or u or {}).get("ack_every", 100)
+        print(f"\n{when}; {size} B payloads; {s:g} s per phase; batched/unbatched acks counted by a callback "
+              f"on every {every}th message (receipts are in order)\n")
+        print("| figure | value | goal | ratio to goal |")
+        print("|---|---|---|---|")
+        cb, cu = results.get("ceiling batched"), results.get("ceiling unbatched")
+        if cb:
+            row("client ceiling: batched produce against a broker that stores nothing",
+                f"{cb['msg_s']:,.0f} msg/s, {cb['mb_s']:.1f} MB/s", "(machine/client limit)")
+        if b:
+            row(f"batched produce (window {args.window}, delay 10 ms)", f"{b['msg_s']:,.0f} msg/s, {b['mb_s']:.1f} MB/s",
+                ">= 200k msg/s", b["msg_s"] / 200_000)
+        if cb and b:
+            row("batched produce / client ceiling", f"{b['msg_s'] / cb['msg_s']:.2f}", "~1 (broker not the limit)")
+        if cu:
+            row("client ceiling: unbatched produce against a broker that stores nothing",
+                f"{cu['msg_s']:,.0f} msg/s", "(machine/client limit)")
+        if u:
+            row(f"unbatched produce (window {args.unbatched_window})", f"{u['msg_s']:,.0f} msg/s, {u['mb_s']:.1f} MB/s",
+                ">= 20k msg/s", u["msg_s"] / 20_000)
+        for p, how in ((p, "unbatched"),
+                       (results.get("paced-batched"), f"batched, {args.paced_batch_delay_ms} ms window")):
+            if not p:
+                continue
+            sampled = f", 1 in {p['sample_every']} timed" if p.get("sample_every", 1) > 1 else ""
+            row(f"publish latency at {args.paced_rate:,.0f} msg/s {how} (achieved {p['achieved']:,.0f}/s{sampled})",
+                f"p50 {p['p50_ms']:.2f} ms, p99 {p['p99_ms']:.2f} ms, max {p['max_ms']:.1f} ms",
+                "p99 <= 5 ms", p["p99_ms"] / 5.0, lower_is_better=True)
+            if p.get("broker_p99_ms") is not None:
+                row("the same SENDs inside the broker, SEND read to entry confirmed (histogram bucket bounds)",
+                    f"p50 <= {p['broker_p50_ms']:g} ms, p99 <= {p['broker_p99_ms']:g} ms")
+            if p.get("bookie_sync_p99_ms") is not None:
+                row("the bookies' journal fdatasync per group meanwhile (histogram bucket bounds)",
+                    f"p50 <= {p['bookie_sync_p50_ms']:g} ms, p99 <= {p['bookie_sync_p99_ms']:g} ms, "
+                    f"p99.9 <= {p['bookie_sync_p99.9_ms']:g} ms")
+        if e:
+            row(f"end-to-end latency at {args.e2e_rate:,.0f} msg/s unbatched ({e['received']}/{e['sent']} received)",
+                f"p50 {e['p50_ms']:.2f} ms, p99 {e['p99_ms']:.2f} ms, max {e['max_ms']:.1f} ms")
+        pp = results.get("perf")
         if pp and pp.get("acked"):
-            row("`perf produce` / its ceiling", f"{pp['msg_s'] / cp['msg_s']:.2f}", ">= 0.8 (issue 29)",
-                pp["msg_s"] / cp["msg_s"] / 0.8)
-    if c:
-        row(f"catch-up read from earliest ({c['read']:,}/{c['expected']:,} msgs, {c['seconds']:.1f} s)",
-            f"{c['msg_s']:,.0f} msg/s, {c['mb_s']:.1f} MB/s")
-    broker_name = next(iter(pids))
-    for ph in ("batched", "unbatched", "paced", "paced-batched", "e2e"):
-        if ph in cpu_us:
-            row(f"broker CPU per message, {ph}", f"{cpu_us[ph][broker_name]:.1f} us",
-                "<= ~40 us (unbatched 20k/s)" if ph == "unbatched" else "")
+            row(f"batched produce, `pulsarlite perf produce` (our client, window {args.window}, "
+                f"latency of 1 in {args.perf_latency_every})",
+                f"{pp['msg_s']:,.0f} msg/s, {pp['mb_s']:.1f} MB/s, client {pp['client_cpu_us']:.1f} us CPU/msg",
+                ">= 500k msg/s", pp["msg_s"] / 500_000)
+        cp = results.get("ceiling perf")
+        if cp and cp.get("acked"):
+            row("our client's ceiling: the same `perf produce` against a broker that stores nothing",
+                f"{cp['msg_s']:,.0f} msg/s, client {cp['client_cpu_us']:.1f} us CPU/msg", "(machine/client limit)")
+            if pp and pp.get("acked"):
+                row("`perf produce` / its ceiling", f"{pp['msg_s'] / cp['msg_s']:.2f}", ">= 0.8 (issue 29)",
+                    pp["msg_s"] / cp["msg_s"] / 0.8)
+        if c:
+            row(f"catch-up read from earliest ({c['read']:,}/{c['expected']:,} msgs, {c['seconds']:.1f} s)",
+                f"{c['msg_s']:,.0f} msg/s, {c['mb_s']:.1f} MB/s")
+        broker_name = next(iter(pids))
+        for ph in ("batched", "unbatched", "paced", "paced-batched", "e2e"):
+            if ph in cpu_us:
+                row(f"broker CPU per message, {ph}", f"{cpu_us[ph][broker_name]:.1f} us",
+                    "<= ~40 us (unbatched 20k/s)" if ph == "unbatched" else "")
 
-    names = ["client"] + list(pids) + (["null-broker"] if cb else []) + ["others"]
-    print("\nCPU, % of one core (2 cores = 200%), per phase:\n")
-    print("| phase | " + " | ".join(names) + " | machine total |")
-    print("|---|" + "---|" * (len(names) + 1))
-    for ph, per in cpu.items():
-        print(f"| {ph} | " + " | ".join(f"{per[n]:.0f}%" if n in per else "-" for n in names) + f" | {sum(per.values()):.0f}% |")
-    if cpu_us:
-        names_us = [n for n in names if n != "others"]
-        print("\nCPU microseconds per acknowledged message (process CPU delta / messages), per phase:\n")
-        print("| phase | " + " | ".join(names_us) + " |")
-        print("|---|" + "---|" * len(names_us))
-        for ph, per in cpu_us.items():
-            print(f"| {ph} | " + " | ".join(f"{per[n]:.1f}" if n in per else "-" for n in names_us) + " |")
+        names = ["client"] + list(pids) + (["null-broker"] if cb else []) + ["others"]
+        print("\nCPU, % of one core (2 cores = 200%), per phase:\n")
+        print("| phase | " + " | ".join(names) + " | machine total |")
+        print("|---|" + "---|" * (len(names) + 1))
+        for ph, per in cpu.items():
+            print(f"| {ph} | " + " | ".join(f"{per[n]:.0f}%" if n in per else "-" for n in names) + f" | {sum(per.values()):.0f}% |")
+        if cpu_us:
+            names_us = [n for n in names if n != "others"]
+            print("\nCPU microseconds per acknowledged message (process CPU delta / messages), per phase:\n")
+            print("| phase | " + " | ".join(names_us) + " |")
+            print("|---|" + "---|" * len(names_us))
+            for ph, per in cpu_us.items():
+                print(f"| {ph} | " + " | ".join(f"{per[n]:.1f}" if n in per else "-" for n in names_us) + " |")
 
-    for ph in ("batched under py-spy", "unbatched under py-spy"):
-        if ph not in results:
-            continue
-        pr = results[ph]
-        out = pathlib.Path(pr["file"])
-        print(f"\npy-spy --gil of the broker during a repeat of the {ph.split()[0]} phase "
-              f"({pr.get('msg_s', 0):,.0f} msg/s under the profiler; raw stacks: {out})")
-        if not out.exists():
-            print(f"py-spy failed (rc {pr.get('py_spy_rc')}): {pr.get('py_spy_err')}")
-            continue
-        leaf, inclusive, total = profile_summary(out)
-        print(f"\n{total} samples. Top self-time frames:\n")
-        print("| % samples | frame |")
-        print("|---|---|")
-        for frame, n in leaf:
-            print(f"| {n / total * 100:.1f}% | `{frame}` |")
-        print("\nTop inclusive frames (below the event loop):\n")
-        print("| % samples | frame |")
-        print("|---|---|")
-        shown = 0
-        for frame, n in inclusive:
-            if n / total > 0.9 or frame.startswith(("Thread.", "_run_", "<module>", "main (", "run (")):
-                continue  # the frames every sample shares
-            print(f"| {n / total * 100:.1f}% | `{frame}` |")
-            shown += 1
-            if shown == 15:
-                break
-    return 0
+        for ph in ("batched under py-spy", "unbatched under py-spy"):
+            if ph not in results:
+                continue
+            pr = results[ph]
+            out = pathlib.Path(pr["file"])
+            print(f"\npy-spy --gil of the broker during a repeat of the {ph.split()[0]} phase "
+                  f"({pr.get('msg_s', 0):,.0f} msg/s under the profiler; raw stacks: {out}"
+                  + ("" if args.dir else ", removed at exit: --dir keeps them") + ")")
+            if not out.exists():
+                print(f"py-spy failed (rc {pr.get('py_spy_rc')}): {pr.get('py_spy_err')}")
+                continue
+            leaf, inclusive, total = profile_summary(out)
+            print(f"\n{total} samples. Top self-time frames:\n")
+            print("| % samples | frame |")
+            print("|---|---|")
+            for frame, n in leaf:
+                print(f"| {n / total * 100:.1f}% | `{frame}` |")
+            print("\nTop inclusive frames (below the event loop):\n")
+            print("| % samples | frame |")
+            print("|---|---|")
+            shown = 0
+            for frame, n in inclusive:
+                if n / total > 0.9 or frame.startswith(("Thread.", "_run_", "<module>", "main (", "run (")):
+                    continue  # the frames every sample shares
+                print(f"| {n / total * 100:.1f}% | `{frame}` |")
+                shown += 1
+                if shown == 15:
+                    break
+        return 0
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ import argparse
 import json
 import pathlib
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
@@ -27,6 +26,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import pulsar  # noqa: E402
 import requests  # noqa: E402
 
+from bench.common import work_dir  # noqa: E402
 from faces.cluster import LocalCluster  # noqa: E402
 
 TOPIC = "persistent://public/default/bench-compaction"
@@ -53,46 +53,46 @@ def main() -> None:
     ap.add_argument("--value-bytes", type=int, default=100)
     ap.add_argument("--dir")
     args = ap.parse_args()
-    directory = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="bench-compaction-"))
-    cluster = LocalCluster.start(directory / "cluster", bookies=3, brokers=1)
-    try:
-        client = pulsar.Client(cluster.service_url, operation_timeout_seconds=60)
+    with work_dir(args.dir, "bench-compaction-") as directory:
+        cluster = LocalCluster.start(directory / "cluster", bookies=3, brokers=1)
         try:
-            producer = client.create_producer(TOPIC, batching_enabled=True, batching_max_messages=1000,
-                                              batching_max_publish_delay_ms=10, block_if_queue_full=True)
-            value = b"v" * args.value_bytes
-            t0 = time.perf_counter()
-            for i in range(args.messages):
-                producer.send_async(value, None, partition_key=f"k{i % args.keys}")
-            producer.flush()
-            produce_s = time.perf_counter() - t0
-            producer.close()
-            plain_n, plain_s = read_all(client, compacted=False)
-            admin = cluster.admin_url + "/admin/v2/persistent/public/default/bench-compaction/compaction"
-            t0 = time.perf_counter()
-            requests.put(admin, timeout=60).raise_for_status()
-            while True:
-                status = requests.get(admin, timeout=60).json()
-                if status["status"] in ("SUCCESS", "ERROR"):
-                    break
-                time.sleep(0.02)
-            compact_s = time.perf_counter() - t0
-            if status["status"] != "SUCCESS":
-                raise SystemExit(f"compaction failed: {status}")
-            view_n, view_s = read_all(client, compacted=True)
+            client = pulsar.Client(cluster.service_url, operation_timeout_seconds=60)
+            try:
+                producer = client.create_producer(TOPIC, batching_enabled=True, batching_max_messages=1000,
+                                                  batching_max_publish_delay_ms=10, block_if_queue_full=True)
+                value = b"v" * args.value_bytes
+                t0 = time.perf_counter()
+                for i in range(args.messages):
+                    producer.send_async(value, None, partition_key=f"k{i % args.keys}")
+                producer.flush()
+                produce_s = time.perf_counter() - t0
+                producer.close()
+                plain_n, plain_s = read_all(client, compacted=False)
+                admin = cluster.admin_url + "/admin/v2/persistent/public/default/bench-compaction/compaction"
+                t0 = time.perf_counter()
+                requests.put(admin, timeout=60).raise_for_status()
+                while True:
+                    status = requests.get(admin, timeout=60).json()
+                    if status["status"] in ("SUCCESS", "ERROR"):
+                        break
+                    time.sleep(0.02)
+                compact_s = time.perf_counter() - t0
+                if status["status"] != "SUCCESS":
+                    raise SystemExit(f"compaction failed: {status}")
+                view_n, view_s = read_all(client, compacted=True)
+            finally:
+                client.close()
         finally:
-            client.close()
-    finally:
-        cluster.stop()
-    print(json.dumps({
-        "messages": args.messages, "keys": args.keys, "value_bytes": args.value_bytes,
-        "produce_s": round(produce_s, 3),
-        "plain_read_messages": plain_n, "plain_read_s": round(plain_s, 3),
-        "plain_read_msg_per_s": round(plain_n / plain_s),
-        "compaction_s": round(compact_s, 3), "compaction_msg_per_s": round(args.messages / compact_s),
-        "compacted_read_messages": view_n, "compacted_read_s": round(view_s, 3),
-        "ratio_compaction_to_plain_read": round(compact_s / plain_s, 2),
-    }, indent=2))
+            cluster.stop()
+        print(json.dumps({
+            "messages": args.messages, "keys": args.keys, "value_bytes": args.value_bytes,
+            "produce_s": round(produce_s, 3),
+            "plain_read_messages": plain_n, "plain_read_s": round(plain_s, 3),
+            "plain_read_msg_per_s": round(plain_n / plain_s),
+            "compaction_s": round(compact_s, 3), "compaction_msg_per_s": round(args.messages / compact_s),
+            "compacted_read_messages": view_n, "compacted_read_s": round(view_s, 3),
+            "ratio_compaction_to_plain_read": round(compact_s / plain_s, 2),
+        }, indent=2))
 
 
 if __name__ == "__main__":

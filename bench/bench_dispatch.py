@@ -23,13 +23,12 @@ import asyncio
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import drain_consumers  # noqa: E402
+from bench.common import drain_consumers, work_dir  # noqa: E402
 from broker.cursor import CursorState, ManagedCursor  # noqa: E402
 from broker.dispatch import DispatcherCore, SubType  # noqa: E402
 from broker.key_shared import sticky_key_hash  # noqa: E402
@@ -155,32 +154,32 @@ def main() -> None:
     for st in (SubType.SHARED, SubType.KEY_SHARED):
         rate = bench_core(st, args.messages)
         rows.append((f"dispatcher core, {st.value}, 4 consumers", f"{rate:,.0f} msg/s"))
-    base = Path(args.dir or tempfile.mkdtemp(prefix="bench-dispatch-"))
-    from pulsarlite.zk_server import ZooKeeperServer
-    if not args.no_e2e:
-        from faces.cluster import LocalCluster
-        cluster = LocalCluster(base / "cluster")
+    with work_dir(args.dir, "bench-dispatch-") as base:
+        from pulsarlite.zk_server import ZooKeeperServer
+        if not args.no_e2e:
+            from faces.cluster import LocalCluster
+            cluster = LocalCluster(base / "cluster")
+            try:
+                cluster.start_processes(bookies=3, brokers=1)
+                for name in ("Shared", "KeyShared"):
+                    rate, info = bench_e2e(cluster.service_url, name, args.e2e_messages)
+                    rows.append((f"end to end, {name}, 4 consumers (official client, 1 process), "
+                                 f"{args.e2e_messages} msgs", f"{rate:,.0f} msg/s (per consumer {info['per_consumer']})"))
+            finally:
+                cluster.stop()
+        zk = ZooKeeperServer(base / "zk")
+        zk.start(timeout_s=60)
         try:
-            cluster.start_processes(bookies=3, brokers=1)
-            for name in ("Shared", "KeyShared"):
-                rate, info = bench_e2e(cluster.service_url, name, args.e2e_messages)
-                rows.append((f"end to end, {name}, 4 consumers (official client, 1 process), "
-                             f"{args.e2e_messages} msgs", f"{rate:,.0f} msg/s (per consumer {info['per_consumer']})"))
+            res = asyncio.run(bench_cursor(zk.connect_string))
         finally:
-            cluster.stop()
-    zk = ZooKeeperServer(base / "zk")
-    zk.start(timeout_s=60)
-    try:
-        res = asyncio.run(bench_cursor(zk.connect_string))
-    finally:
-        zk.stop()
-    rows.append(("cursor with 10,000 acked holes: serialise (to_bytes)", f"{res['serialise_ms']:.1f} ms"))
-    rows.append(("cursor with 10,000 acked holes: persist (serialise + ZooKeeper CAS write)",
-                 f"p50 {res['persist_ms_p50']:.1f} ms, max {res['persist_ms_max']:.1f} ms, "
-                 f"znode {res['bytes']:,} bytes"))
-    print("| figure | value |\n|---|---|")
-    for k, v in rows:
-        print(f"| {k} | {v} |")
+            zk.stop()
+        rows.append(("cursor with 10,000 acked holes: serialise (to_bytes)", f"{res['serialise_ms']:.1f} ms"))
+        rows.append(("cursor with 10,000 acked holes: persist (serialise + ZooKeeper CAS write)",
+                     f"p50 {res['persist_ms_p50']:.1f} ms, max {res['persist_ms_max']:.1f} ms, "
+                     f"znode {res['bytes']:,} bytes"))
+        print("| figure | value |\n|---|---|")
+        for k, v in rows:
+            print(f"| {k} | {v} |")
 
 
 if __name__ == "__main__":

@@ -23,12 +23,13 @@ import signal
 import json
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import work_dir  # noqa: E402
 
 BUNDLES_PER_NAMESPACE = 4
 
@@ -96,33 +97,33 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stop the cluster on SIGTERM too
     from kazoo.client import KazooClient
     from faces.cluster import LocalCluster
-    base = Path(args.dir or tempfile.mkdtemp(prefix="bench-failover-"))
-    cluster = LocalCluster(base / "cluster")
-    rows = []
-    zk = None
-    try:
-        cluster.start_processes(bookies=3, brokers=2, broker_overrides={"zk_session_timeout_ms": args.session_ms})
-        zk = KazooClient(hosts=cluster.zookeeper, timeout=10)
-        zk.start(timeout=10)
-        for r in range(args.rounds):
-            rows.append(one_round(cluster, zk, r + 1))
-    finally:
-        if zk is not None:
-            zk.stop()
-            zk.close()
-        cluster.stop()
-    timeout_s = args.session_ms / 1000
-    med = {k: statistics.median(row[k] for row in rows if k in row)
-           for k in ("owner_gone_s", "new_owner_s", "first_ack_s") if any(k in row for row in rows)}
-    first = med.get("first_ack_s", float("inf"))
-    if args.json:
-        print(json.dumps({"session_timeout_s": timeout_s, "rounds": len(rows), "median": med, "per_round": rows}))
-    print("| figure | value | reference (same run) | goal | goal met |\n|---|---|---|---|---|")
-    print(f"| service back after kill -9 of the owner (first acknowledged send), median of {len(rows)} | "
-          f"{first:.1f} s (owner znode gone {med.get('owner_gone_s', float('nan')):.1f} s, new owner "
-          f"{med.get('new_owner_s', float('nan')):.1f} s) | session timeout {timeout_s:.1f} s | "
-          f"<= {timeout_s + 2:.1f} s | {'met' if first <= timeout_s + 2 else '**missed**'} |")
-    say("per round: " + "; ".join(", ".join(f"{k} {v:.2f}" for k, v in row.items()) for row in rows))
+    with work_dir(args.dir, "bench-failover-") as base:
+        cluster = LocalCluster(base / "cluster")
+        rows = []
+        zk = None
+        try:
+            cluster.start_processes(bookies=3, brokers=2, broker_overrides={"zk_session_timeout_ms": args.session_ms})
+            zk = KazooClient(hosts=cluster.zookeeper, timeout=10)
+            zk.start(timeout=10)
+            for r in range(args.rounds):
+                rows.append(one_round(cluster, zk, r + 1))
+        finally:
+            if zk is not None:
+                zk.stop()
+                zk.close()
+            cluster.stop()
+        timeout_s = args.session_ms / 1000
+        med = {k: statistics.median(row[k] for row in rows if k in row)
+               for k in ("owner_gone_s", "new_owner_s", "first_ack_s") if any(k in row for row in rows)}
+        first = med.get("first_ack_s", float("inf"))
+        if args.json:
+            print(json.dumps({"session_timeout_s": timeout_s, "rounds": len(rows), "median": med, "per_round": rows}))
+        print("| figure | value | reference (same run) | goal | goal met |\n|---|---|---|---|---|")
+        print(f"| service back after kill -9 of the owner (first acknowledged send), median of {len(rows)} | "
+              f"{first:.1f} s (owner znode gone {med.get('owner_gone_s', float('nan')):.1f} s, new owner "
+              f"{med.get('new_owner_s', float('nan')):.1f} s) | session timeout {timeout_s:.1f} s | "
+              f"<= {timeout_s + 2:.1f} s | {'met' if first <= timeout_s + 2 else '**missed**'} |")
+        say("per round: " + "; ".join(", ".join(f"{k} {v:.2f}" for k, v in row.items()) for row in rows))
 
 
 if __name__ == "__main__":

@@ -13,13 +13,13 @@ import argparse
 import json
 import pathlib
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import pulsar  # noqa: E402
 
+from bench.common import work_dir  # noqa: E402
 from faces.cluster import LocalCluster  # noqa: E402
 
 
@@ -36,40 +36,41 @@ def main() -> int:
     parser.add_argument("--topics", type=int, default=1000)
     parser.add_argument("--idle-s", type=float, default=5.0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--dir", default=None, help="directory of the run, kept (default: a temporary one, removed)")
     args = parser.parse_args()
-    base = pathlib.Path(tempfile.mkdtemp(prefix="pulsarlite-bench-idle-"))
-    with LocalCluster.start(base / "cluster", bookies=3, brokers=1) as cluster:
-        pid = cluster.records[cluster.broker_names[0]].pid
-        baseline = rss_mb(pid)
-        client = pulsar.Client(cluster.service_url, operation_timeout_seconds=120,
-                               logger=pulsar.FileLogger(pulsar.LoggerLevel.Warn, str(base / "client.log")))
-        producers = []
-        try:
-            started = time.perf_counter()
-            last = started
-            for i in range(args.topics):
-                producers.append(client.create_producer(f"persistent://public/default/idle-{i}",
-                                                        batching_enabled=False))
-                now = time.perf_counter()
-                if now - last >= 1.0:
-                    print(f"  {len(producers):,} producers, broker RSS {rss_mb(pid):.0f} MB "
-                          f"({len(producers) / (now - started):.0f} topics/s)", file=sys.stderr, flush=True)
-                    last = now
-            create_s = time.perf_counter() - started
-            for p in producers[:: max(1, len(producers) // 50)]:
-                p.send(b"x" * 100)                         # a few topics have seen a message
-            time.sleep(args.idle_s)
-            loaded = rss_mb(pid)
-        finally:
-            client.close()
-    result = {"topics": args.topics, "baseline_rss_mb": baseline, "rss_mb": loaded,
-              "per_topic_kb": (loaded - baseline) * 1024 / max(1, args.topics), "create_s": create_s}
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"| broker RSS, {args.topics:,} topics x 1 idle producer | {loaded:.0f} MB (baseline {baseline:.0f} MB, "
-              f"{result['per_topic_kb']:.0f} KB per topic; created in {create_s:.0f} s) | <= 300 MB |")
-    return 0
+    with work_dir(args.dir, "pulsarlite-bench-idle-") as base:
+        with LocalCluster.start(base / "cluster", bookies=3, brokers=1) as cluster:
+            pid = cluster.records[cluster.broker_names[0]].pid
+            baseline = rss_mb(pid)
+            client = pulsar.Client(cluster.service_url, operation_timeout_seconds=120,
+                                   logger=pulsar.FileLogger(pulsar.LoggerLevel.Warn, str(base / "client.log")))
+            producers = []
+            try:
+                started = time.perf_counter()
+                last = started
+                for i in range(args.topics):
+                    producers.append(client.create_producer(f"persistent://public/default/idle-{i}",
+                                                            batching_enabled=False))
+                    now = time.perf_counter()
+                    if now - last >= 1.0:
+                        print(f"  {len(producers):,} producers, broker RSS {rss_mb(pid):.0f} MB "
+                              f"({len(producers) / (now - started):.0f} topics/s)", file=sys.stderr, flush=True)
+                        last = now
+                create_s = time.perf_counter() - started
+                for p in producers[:: max(1, len(producers) // 50)]:
+                    p.send(b"x" * 100)                         # a few topics have seen a message
+                time.sleep(args.idle_s)
+                loaded = rss_mb(pid)
+            finally:
+                client.close()
+        result = {"topics": args.topics, "baseline_rss_mb": baseline, "rss_mb": loaded,
+                  "per_topic_kb": (loaded - baseline) * 1024 / max(1, args.topics), "create_s": create_s}
+        if args.json:
+            print(json.dumps(result))
+        else:
+            print(f"| broker RSS, {args.topics:,} topics x 1 idle producer | {loaded:.0f} MB (baseline {baseline:.0f} MB, "
+                  f"{result['per_topic_kb']:.0f} KB per topic; created in {create_s:.0f} s) | <= 300 MB |")
+        return 0
 
 
 if __name__ == "__main__":

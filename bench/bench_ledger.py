@@ -17,11 +17,11 @@ import json
 import os
 import pathlib
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+from bench.common import work_dir  # noqa: E402
 from bookie.client.ledger_client import LedgerClient  # noqa: E402
 from faces.cluster import LocalCluster  # noqa: E402
 
@@ -146,33 +146,33 @@ def main() -> int:
         uvloop.install()
     except ImportError:
         pass
-    base = args.dir or tempfile.mkdtemp(prefix="pulsarlite-bench-")
-    print(f"== machine limits (in {base})", file=sys.stderr)
-    disk_mb_s = disk_fsync_seq_mb_s(base)
-    append_ops = disk_append_fdatasync_ops_s(base)
-    print(f"  fsync'd sequential write: {disk_mb_s:.0f} MB/s; 4 KiB append+fdatasync: {append_ops:.0f} ops/s",
-          file=sys.stderr)
-    print("== starting 3 bookies", file=sys.stderr)
-    if overrides:
-        print(f"  bookie settings: {overrides}", file=sys.stderr)
-    with LocalCluster.start(pathlib.Path(base) / "cluster", bookies=3, bookie_overrides=overrides) as cluster:
-        results = asyncio.run(run_client(cluster.zookeeper, args.seconds))
-    results["disk_fsync_seq_mb_s"] = disk_mb_s
-    results["disk_append_fdatasync_ops_s"] = append_ops
-    large = results["large_pipelined"]
-    results["large_replicated_disk_ratio"] = large["mb_per_s"] * 3 / disk_mb_s
-    if args.json:
-        print(json.dumps(results, indent=2))
-    s, h = results["small_pipelined"], results["small_paced_half"]
-    print("\n| figure | value | goal |")
-    print("|---|---|---|")
-    print(f"| raw fsync'd sequential write (1 MiB blocks) | {disk_mb_s:.0f} MB/s | (machine limit) |")
-    print(f"| 4 KiB append + fdatasync | {append_ops:.0f} ops/s | (machine limit) |")
-    print(f"| 100 B adds, pipelined (window 5000) | {s['adds_per_s']:.0f} adds/s, p50 {s['p50_ms']:.2f} ms, p99 {s['p99_ms']:.2f} ms | >= 20k adds/s |")
-    print(f"| 100 B adds at half that rate ({h['target_rate']:.0f}/s) | p50 {h['p50_ms']:.2f} ms, p99 {h['p99_ms']:.2f} ms | p99 <= 5 ms |")
-    print(f"| 64 KiB adds, pipelined (window 64) | {large['mb_per_s']:.1f} MB/s payload, {large['adds_per_s']:.0f} adds/s, p99 {large['p99_ms']:.1f} ms | |")
-    print(f"| (64 KiB MB/s x 3 replicas) / raw disk MB/s | {results['large_replicated_disk_ratio']:.2f} | >= 0.3 (0.5 is the ceiling) |")
-    return 0
+    with work_dir(args.dir, "pulsarlite-bench-") as base:
+        print(f"== machine limits (in {base})", file=sys.stderr)
+        disk_mb_s = disk_fsync_seq_mb_s(base)
+        append_ops = disk_append_fdatasync_ops_s(base)
+        print(f"  fsync'd sequential write: {disk_mb_s:.0f} MB/s; 4 KiB append+fdatasync: {append_ops:.0f} ops/s",
+              file=sys.stderr)
+        print("== starting 3 bookies", file=sys.stderr)
+        if overrides:
+            print(f"  bookie settings: {overrides}", file=sys.stderr)
+        with LocalCluster.start(pathlib.Path(base) / "cluster", bookies=3, bookie_overrides=overrides) as cluster:
+            results = asyncio.run(run_client(cluster.zookeeper, args.seconds))
+        results["disk_fsync_seq_mb_s"] = disk_mb_s
+        results["disk_append_fdatasync_ops_s"] = append_ops
+        large = results["large_pipelined"]
+        results["large_replicated_disk_ratio"] = large["mb_per_s"] * 3 / disk_mb_s
+        if args.json:
+            print(json.dumps(results, indent=2))
+        s, h = results["small_pipelined"], results["small_paced_half"]
+        print("\n| figure | value | goal |")
+        print("|---|---|---|")
+        print(f"| raw fsync'd sequential write (1 MiB blocks) | {disk_mb_s:.0f} MB/s | (machine limit) |")
+        print(f"| 4 KiB append + fdatasync | {append_ops:.0f} ops/s | (machine limit) |")
+        print(f"| 100 B adds, pipelined (window 5000) | {s['adds_per_s']:.0f} adds/s, p50 {s['p50_ms']:.2f} ms, p99 {s['p99_ms']:.2f} ms | >= 20k adds/s |")
+        print(f"| 100 B adds at half that rate ({h['target_rate']:.0f}/s) | p50 {h['p50_ms']:.2f} ms, p99 {h['p99_ms']:.2f} ms | p99 <= 5 ms |")
+        print(f"| 64 KiB adds, pipelined (window 64) | {large['mb_per_s']:.1f} MB/s payload, {large['adds_per_s']:.0f} adds/s, p99 {large['p99_ms']:.1f} ms | |")
+        print(f"| (64 KiB MB/s x 3 replicas) / raw disk MB/s | {results['large_replicated_disk_ratio']:.2f} | >= 0.3 (0.5 is the ceiling) |")
+        return 0
 
 
 if __name__ == "__main__":

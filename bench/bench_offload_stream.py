@@ -36,7 +36,6 @@ import pathlib
 import re
 import statistics
 import sys
-import tempfile
 import threading
 import time
 
@@ -44,7 +43,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import pulsar  # noqa: E402
 
-from bench.common import http, start_tier  # noqa: E402
+from bench.common import http, start_tier, work_dir  # noqa: E402
 from faces.cluster import LocalCluster  # noqa: E402
 
 TOPIC = "offload-stream"
@@ -162,68 +161,68 @@ def main() -> int:
 
     ledger_mb = args.big_mb or args.mb
     rounds = 1 if args.big_mb else args.rounds
-    work = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="bench-offstream-"))
-    s3, endpoint, tier_uri = start_tier(work, args.tier)
-    os.environ.setdefault("PULSARLITE_LOOP_MONITOR_MS", "20")    # the broker logs loop lags >= 20 ms
-    cluster = LocalCluster(work / "cluster")
-    try:
-        cluster.start_processes(bookies=3, brokers=1, broker_overrides={
-            "offload.tier_uri": tier_uri, "offload.tier_s3_endpoint_url": endpoint or "",
-            "managed_ledger.rollover_bytes_max": ledger_mb * 1_000_000, "managed_ledger.rollover_entries_max": 10_000_000,
-            "offload.deletion_lag_ms": 3_600_000, "offload.check_interval_ms": 3_600_000})
-        admin = cluster.admin_url
-        http("POST", f"{admin}/admin/v2/namespaces/public/default/retention",
-             {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
-        topic = f"persistent://public/default/{TOPIC}"
-        turl = f"{admin}/admin/v2/persistent/public/default/{TOPIC}"
-        broker = cluster.records[cluster.broker_names[0]]
-        client = pulsar.Client(cluster.service_url, operation_timeout_seconds=120)
-        t0 = time.perf_counter()
-        n = produce(client, topic, rounds * ledger_mb * 1_000_000 + 2 * args.size, args.size)
-        print(f"produced {n} messages in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
-        ledgers = http("GET", turl + "/internalStats")["ledgers"]
-        closed = [i for i in ledgers[:-1] if i["entries"] > 0][:rounds]
-        print(f"closed ledgers: {[(i['ledgerId'], i['entries'], i['size']) for i in closed]}", file=sys.stderr)
-        out_rounds = []
-        for i, info in enumerate(closed):
-            nxt = ledgers[ledgers.index(info) + 1]["ledgerId"]
-            replay_mb_s = None
-            if not args.big_mb:
-                nbytes, rsec = asyncio.run(replay_from_bookies(cluster.zookeeper, info["ledgerId"], info["entries"]))
-                replay_mb_s = nbytes / rsec / 1e6
-            osec, growth, status = offload(turl, nxt, broker.pid)
-            figures = broker_log_figures(pathlib.Path(broker.log), info["ledgerId"])
-            row = {"ledger_id": info["ledgerId"], "ledger_mb": info["size"] / 1e6, "status": status,
-                   "offload_mb_s": info["size"] / osec / 1e6, "replay_bookies_mb_s": replay_mb_s,
-                   "ratio_offload_replay": None if replay_mb_s is None else info["size"] / osec / 1e6 / replay_mb_s,
-                   "rss_growth_mb": growth, **figures}
-            print(json.dumps(row), file=sys.stderr)
-            out_rounds.append(row)
-        client.close()
-        ok = [r for r in out_rounds if r["status"] == "SUCCESS"]
-        med = lambda k: statistics.median([r[k] for r in ok if r[k] is not None]) if ok else None  # noqa: E731
-        result = {"mb": ledger_mb, "size": args.size, "tier": args.tier, "rounds": out_rounds,
-                  "big": bool(args.big_mb), "statuses": [r["status"] for r in out_rounds],
-                  "offload_mb_s_median": med("offload_mb_s"),
-                  "replay_bookies_mb_s_median": None if args.big_mb else med("replay_bookies_mb_s"),
-                  "ratio_offload_replay_median": None if args.big_mb else med("ratio_offload_replay"),
-                  "rss_growth_mb_max": max((r["rss_growth_mb"] for r in out_rounds), default=None),
-                  "loop_lag_ms_max": max((r["loop_lag_ms_max"] for r in out_rounds), default=None)}
-        if args.json:
-            print(json.dumps(result))
-        print(f"\n### Streaming offload ({args.tier}; ledgers of {ledger_mb} MB of {args.size}-byte messages)\n")
-        print("| round | offload MB/s | replay from bookies MB/s | ratio | write step s | RSS growth MB | loop lags > threshold (max ms) | status |")
-        print("|---|---|---|---|---|---|---|---|")
-        for i, r in enumerate(out_rounds):
-            rep = "n/a" if r["replay_bookies_mb_s"] is None else f"{r['replay_bookies_mb_s']:.1f}"
-            ratio = "n/a" if r["ratio_offload_replay"] is None else f"{r['ratio_offload_replay']:.2f}"
-            print(f"| {i + 1} | {r['offload_mb_s']:.1f} | {rep} | {ratio} | {r['write_step_s']} | "
-                  f"{r['rss_growth_mb']:.0f} | {r['loop_lags_over_threshold']} ({r['loop_lag_ms_max']:.0f}) | {r['status']} |")
-        return 0
-    finally:
-        cluster.stop()
-        if s3 is not None:
-            s3.stop()
+    with work_dir(args.dir, "bench-offstream-") as work:
+        s3, endpoint, tier_uri = start_tier(work, args.tier)
+        os.environ.setdefault("PULSARLITE_LOOP_MONITOR_MS", "20")    # the broker logs loop lags >= 20 ms
+        cluster = LocalCluster(work / "cluster")
+        try:
+            cluster.start_processes(bookies=3, brokers=1, broker_overrides={
+                "offload.tier_uri": tier_uri, "offload.tier_s3_endpoint_url": endpoint or "",
+                "managed_ledger.rollover_bytes_max": ledger_mb * 1_000_000, "managed_ledger.rollover_entries_max": 10_000_000,
+                "offload.deletion_lag_ms": 3_600_000, "offload.check_interval_ms": 3_600_000})
+            admin = cluster.admin_url
+            http("POST", f"{admin}/admin/v2/namespaces/public/default/retention",
+                 {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
+            topic = f"persistent://public/default/{TOPIC}"
+            turl = f"{admin}/admin/v2/persistent/public/default/{TOPIC}"
+            broker = cluster.records[cluster.broker_names[0]]
+            client = pulsar.Client(cluster.service_url, operation_timeout_seconds=120)
+            t0 = time.perf_counter()
+            n = produce(client, topic, rounds * ledger_mb * 1_000_000 + 2 * args.size, args.size)
+            print(f"produced {n} messages in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+            ledgers = http("GET", turl + "/internalStats")["ledgers"]
+            closed = [i for i in ledgers[:-1] if i["entries"] > 0][:rounds]
+            print(f"closed ledgers: {[(i['ledgerId'], i['entries'], i['size']) for i in closed]}", file=sys.stderr)
+            out_rounds = []
+            for i, info in enumerate(closed):
+                nxt = ledgers[ledgers.index(info) + 1]["ledgerId"]
+                replay_mb_s = None
+                if not args.big_mb:
+                    nbytes, rsec = asyncio.run(replay_from_bookies(cluster.zookeeper, info["ledgerId"], info["entries"]))
+                    replay_mb_s = nbytes / rsec / 1e6
+                osec, growth, status = offload(turl, nxt, broker.pid)
+                figures = broker_log_figures(pathlib.Path(broker.log), info["ledgerId"])
+                row = {"ledger_id": info["ledgerId"], "ledger_mb": info["size"] / 1e6, "status": status,
+                       "offload_mb_s": info["size"] / osec / 1e6, "replay_bookies_mb_s": replay_mb_s,
+                       "ratio_offload_replay": None if replay_mb_s is None else info["size"] / osec / 1e6 / replay_mb_s,
+                       "rss_growth_mb": growth, **figures}
+                print(json.dumps(row), file=sys.stderr)
+                out_rounds.append(row)
+            client.close()
+            ok = [r for r in out_rounds if r["status"] == "SUCCESS"]
+            med = lambda k: statistics.median([r[k] for r in ok if r[k] is not None]) if ok else None  # noqa: E731
+            result = {"mb": ledger_mb, "size": args.size, "tier": args.tier, "rounds": out_rounds,
+                      "big": bool(args.big_mb), "statuses": [r["status"] for r in out_rounds],
+                      "offload_mb_s_median": med("offload_mb_s"),
+                      "replay_bookies_mb_s_median": None if args.big_mb else med("replay_bookies_mb_s"),
+                      "ratio_offload_replay_median": None if args.big_mb else med("ratio_offload_replay"),
+                      "rss_growth_mb_max": max((r["rss_growth_mb"] for r in out_rounds), default=None),
+                      "loop_lag_ms_max": max((r["loop_lag_ms_max"] for r in out_rounds), default=None)}
+            if args.json:
+                print(json.dumps(result))
+            print(f"\n### Streaming offload ({args.tier}; ledgers of {ledger_mb} MB of {args.size}-byte messages)\n")
+            print("| round | offload MB/s | replay from bookies MB/s | ratio | write step s | RSS growth MB | loop lags > threshold (max ms) | status |")
+            print("|---|---|---|---|---|---|---|---|")
+            for i, r in enumerate(out_rounds):
+                rep = "n/a" if r["replay_bookies_mb_s"] is None else f"{r['replay_bookies_mb_s']:.1f}"
+                ratio = "n/a" if r["ratio_offload_replay"] is None else f"{r['ratio_offload_replay']:.2f}"
+                print(f"| {i + 1} | {r['offload_mb_s']:.1f} | {rep} | {ratio} | {r['write_step_s']} | "
+                      f"{r['rss_growth_mb']:.0f} | {r['loop_lags_over_threshold']} ({r['loop_lag_ms_max']:.0f}) | {r['status']} |")
+            return 0
+        finally:
+            cluster.stop()
+            if s3 is not None:
+                s3.stop()
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ cases, alternated in each round:
 Printed: per round the three rates and the two ratios small/batched of that round; then the
 median of each, and the median of the per-round ratios (the figure of the issue's goal, >= 0.5).
 ``--py-spy S``: record the broker with py-spy for S seconds during the first round's small
-Key_Shared drain (flat profile by own time to stderr; py-spy must be installed).
+Key_Shared drain (flat profile by own time to stderr; py-spy must be installed; its raw output
+is in the run's directory, which only --dir keeps).
 No assertions: figures only.
 """
 
@@ -32,13 +33,12 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import drain_consumers  # noqa: E402
+from bench.common import drain_consumers, work_dir  # noqa: E402
 
 CONSUMERS = 4
 KEYS = 1000
@@ -55,7 +55,7 @@ def cpu_s(pid: int) -> float:
 
 
 def drain(service_url: str, case: str, messages: int, broker_pid: int,
-          profile: tuple[int, float] | None = None) -> tuple[float, float, float]:
+          profile: tuple[int, float, Path] | None = None) -> tuple[float, float, float]:
     """(msg/s of the drain, broker CPU microseconds per message during it, the same for this
     process: the 4 official consumers, their threads and the receive/ack loops)."""
     import pulsar
@@ -76,8 +76,8 @@ def drain(service_url: str, case: str, messages: int, broker_pid: int,
         producer.flush()
         spy = None
         if profile is not None:
-            pid, seconds = profile
-            out = Path(tempfile.mkdtemp(prefix="bench-small-spy-")) / "profile.txt"
+            pid, seconds, out_dir = profile
+            out = out_dir / "profile.txt"
             spy = subprocess.Popen([shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(pid), "-d",
                                     str(int(seconds)), "-r", "200", "-f", "raw", "-o", str(out)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -130,39 +130,39 @@ def main() -> None:
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stop the cluster on SIGTERM too
     from faces.cluster import LocalCluster
-    base = Path(args.dir or tempfile.mkdtemp(prefix="bench-small-"))
-    cluster = LocalCluster(base / "cluster")
-    cases = ["batched-shared", "small-shared", "small-keyshared"]
-    rows: list[dict[str, float]] = []
-    try:
-        cluster.start_processes(bookies=3, brokers=1)
-        broker_pid = cluster.records["broker-1"].pid
-        for r in range(args.rounds):
-            order = cases if r % 2 == 0 else list(reversed(cases))
-            rates = {}
-            for case in order:
-                profile = (broker_pid, args.py_spy) if args.py_spy and r == 0 and case == "small-keyshared" else None
-                rates[case], rates[f"cpu-us-{case}"], rates[f"client-cpu-us-{case}"] = drain(
-                    cluster.service_url, case, args.messages, broker_pid, profile)
-            rates["ratio-shared"] = rates["small-shared"] / rates["batched-shared"]
-            rates["ratio-keyshared"] = rates["small-keyshared"] / rates["batched-shared"]
-            say(f"round {r + 1}: " + ", ".join(f"{k} {v:,.2f}" for k, v in rates.items()))
-            rows.append(rates)
-    finally:
-        cluster.stop()
-    med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
-    if args.json:
-        print(json.dumps({"messages": args.messages, "rounds": len(rows), "median": med,
-                          "per_round": rows}))
-    print(f"| figure | value | reference (same run) | ratio (median of rounds) | goal | goal met |\n|---|---|---|---|---|---|")
-    for case, key in (("small-shared", "ratio-shared"), ("small-keyshared", "ratio-keyshared")):
-        kind = "Shared" if case == "small-shared" else "Key_Shared"
-        print(f"| drain of {args.messages:,} small entries (1 msg each, {KEYS:,} keys), {CONSUMERS} official "
-              f"consumers, {kind} | {med[case]:,.0f} msg/s | default batches, Shared {med['batched-shared']:,.0f} "
-              f"msg/s | {med[key]:.2f} | >= 0.5 | {'met' if med[key] >= 0.5 else '**missed**'} |")
-    for case in cases:
-        print(f"| broker CPU per message while draining, {case} | {med[f'cpu-us-{case}']:.1f} us | | | | |")
-    say("per round: " + "; ".join(f"{row['ratio-shared']:.2f}/{row['ratio-keyshared']:.2f}" for row in rows))
+    with work_dir(args.dir, "bench-small-") as base:
+        cluster = LocalCluster(base / "cluster")
+        cases = ["batched-shared", "small-shared", "small-keyshared"]
+        rows: list[dict[str, float]] = []
+        try:
+            cluster.start_processes(bookies=3, brokers=1)
+            broker_pid = cluster.records["broker-1"].pid
+            for r in range(args.rounds):
+                order = cases if r % 2 == 0 else list(reversed(cases))
+                rates = {}
+                for case in order:
+                    profile = (broker_pid, args.py_spy, base) if args.py_spy and r == 0 and case == "small-keyshared" else None
+                    rates[case], rates[f"cpu-us-{case}"], rates[f"client-cpu-us-{case}"] = drain(
+                        cluster.service_url, case, args.messages, broker_pid, profile)
+                rates["ratio-shared"] = rates["small-shared"] / rates["batched-shared"]
+                rates["ratio-keyshared"] = rates["small-keyshared"] / rates["batched-shared"]
+                say(f"round {r + 1}: " + ", ".join(f"{k} {v:,.2f}" for k, v in rates.items()))
+                rows.append(rates)
+        finally:
+            cluster.stop()
+        med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
+        if args.json:
+            print(json.dumps({"messages": args.messages, "rounds": len(rows), "median": med,
+                              "per_round": rows}))
+        print(f"| figure | value | reference (same run) | ratio (median of rounds) | goal | goal met |\n|---|---|---|---|---|---|")
+        for case, key in (("small-shared", "ratio-shared"), ("small-keyshared", "ratio-keyshared")):
+            kind = "Shared" if case == "small-shared" else "Key_Shared"
+            print(f"| drain of {args.messages:,} small entries (1 msg each, {KEYS:,} keys), {CONSUMERS} official "
+                  f"consumers, {kind} | {med[case]:,.0f} msg/s | default batches, Shared {med['batched-shared']:,.0f} "
+                  f"msg/s | {med[key]:.2f} | >= 0.5 | {'met' if med[key] >= 0.5 else '**missed**'} |")
+        for case in cases:
+            print(f"| broker CPU per message while draining, {case} | {med[f'cpu-us-{case}']:.1f} us | | | | |")
+        say("per round: " + "; ".join(f"{row['ratio-shared']:.2f}/{row['ratio-keyshared']:.2f}" for row in rows))
 
 
 if __name__ == "__main__":

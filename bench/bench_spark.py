@@ -25,7 +25,6 @@ import os
 import pathlib
 import statistics
 import sys
-import tempfile
 import time
 import urllib.request
 
@@ -34,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import pulsar  # noqa: E402
 
+from bench.common import work_dir  # noqa: E402
 from faces.cluster import LocalCluster  # noqa: E402
 
 
@@ -204,172 +204,172 @@ def main() -> None:
                          "path, the floor of the tier scan")
     args = ap.parse_args()
     masters = args.masters.split(",")
-    base = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="bench-spark-"))
-    tier_dir = base / "tier"
-    tier_dir.mkdir(parents=True, exist_ok=True)
-    cluster = LocalCluster(base / "cluster")
-    results: list[tuple[str, str, float, int, int]] = []
-    interleaved: dict[str, dict[str, float]] = {}
-    try:
-        cluster.start_processes(bookies=3, brokers=1, broker_overrides={
-            "managed_ledger.rollover_entries_max": args.rollover_entries, "offload.tier_uri": f"file://{tier_dir}",
-            "offload.check_interval_ms": 1000})
-        admin(cluster.admin_url, "POST", "/admin/v2/namespaces/public/default/retention",
-              {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
-        local = "bench-scan"
-        topic = f"persistent://public/default/{local}"
-        print(f"producing {args.messages:,} x {args.size} B to {topic}", file=sys.stderr)
-        produce(cluster.service_url, topic, args.messages, args.size)
-        admin(cluster.admin_url, "PUT", f"/admin/v2/persistent/public/default/{local}/unload")
-        time.sleep(1)
-        ledgers = ledgers_of(cluster, local)
-        closed = [lg for lg in ledgers if lg["state"] == "CLOSED" and lg["entries"] > 0]
-        print(f"{len(closed)} closed ledgers, {sum(lg['entries'] for lg in closed):,} entries", file=sys.stderr)
-
-        opts = {"zookeeper": cluster.zookeeper, "admin_url": cluster.admin_url, "topic": topic}
-
-        def source_df(spark, schema=None, **extra):
-            r = spark.read.format("pulsarlite").option("minPartitions", spark.sparkContext.defaultParallelism)
-            if schema is not None:
-                r = r.schema(schema)
-            for k, v in extra.items():
-                r = r.option(k, v)
-            for k, v in opts.items():
-                r = r.option(k, v)
-            return r.load()
-
-        bookie_times = {}
-        for master in masters:
-            spark = session(master)
-            t, (n, b) = timed(lambda: scan(source_df(spark)), args.repeat)
-            bookie_times[master] = (t, n, b)
-            print(f"{master} bookies: {t:.2f}s rows={n:,}", file=sys.stderr)
-            spark.stop()
-
-        # offload every closed ledger
-        last = max(lg["ledger_id"] for lg in ledgers_of(cluster, local))
-        admin(cluster.admin_url, "PUT", f"/admin/v2/persistent/public/default/{local}/offload",
-              {"ledgerId": last + 1, "entryId": 0})
-        deadline = time.monotonic() + 600
-        while True:
-            ls = [lg for lg in ledgers_of(cluster, local) if lg["state"] == "CLOSED" and lg["entries"] > 0]
-            if all(lg["offload"]["state"] in ("offloaded", "bookie-deleted") for lg in ls):
-                break
-            if time.monotonic() > deadline:
-                raise SystemExit("offload did not finish in 600 s")
+    with work_dir(args.dir, "bench-spark-") as base:
+        tier_dir = base / "tier"
+        tier_dir.mkdir(parents=True, exist_ok=True)
+        cluster = LocalCluster(base / "cluster")
+        results: list[tuple[str, str, float, int, int]] = []
+        interleaved: dict[str, dict[str, float]] = {}
+        try:
+            cluster.start_processes(bookies=3, brokers=1, broker_overrides={
+                "managed_ledger.rollover_entries_max": args.rollover_entries, "offload.tier_uri": f"file://{tier_dir}",
+                "offload.check_interval_ms": 1000})
+            admin(cluster.admin_url, "POST", "/admin/v2/namespaces/public/default/retention",
+                  {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
+            local = "bench-scan"
+            topic = f"persistent://public/default/{local}"
+            print(f"producing {args.messages:,} x {args.size} B to {topic}", file=sys.stderr)
+            produce(cluster.service_url, topic, args.messages, args.size)
+            admin(cluster.admin_url, "PUT", f"/admin/v2/persistent/public/default/{local}/unload")
             time.sleep(1)
-        files = sorted(str(p) for p in tier_dir.rglob("*.parquet"))
-        print(f"offloaded: {len(files)} Parquet objects, {sum(os.path.getsize(f) for f in files):,} bytes",
-              file=sys.stderr)
+            ledgers = ledgers_of(cluster, local)
+            closed = [lg for lg in ledgers if lg["state"] == "CLOSED" and lg["entries"] > 0]
+            print(f"{len(closed)} closed ledgers, {sum(lg['entries'] for lg in closed):,} entries", file=sys.stderr)
 
-        for master in masters:
-            spark = session(master)
-            t, n, b = bookie_times[master]
-            results.append((master, "bookies (pulsarlite source)", t, n, b))
-            t, (n, b) = timed(lambda: scan(source_df(spark)), args.repeat)
-            results.append((master, "tier (pulsarlite source)", t, n, b))
-            t, (n, b) = timed(lambda: scan(spark.read.parquet(*files)), args.repeat)
-            results.append((master, "spark.read.parquet, same files", t, n, b))
-            floor_df = None
-            floor: dict[str, str] = {}
-            if args.floor:
-                floor = write_floor_batches(tier_dir, topic, base)
-                register_floor_source(spark)
-                parts = spark.sparkContext.defaultParallelism
+            opts = {"zookeeper": cluster.zookeeper, "admin_url": cluster.admin_url, "topic": topic}
 
-                def floor_df(kind):
-                    return (spark.read.format("pulsarlite_floor").option("path", floor[kind])
-                            .option("parts", parts).load())
+            def source_df(spark, schema=None, **extra):
+                r = spark.read.format("pulsarlite").option("minPartitions", spark.sparkContext.defaultParallelism)
+                if schema is not None:
+                    r = r.schema(schema)
+                for k, v in extra.items():
+                    r = r.option(k, v)
+                for k, v in opts.items():
+                    r = r.option(k, v)
+                return r.load()
 
-                for kind, label in (("full", "floor: pre-built batches, full schema"),
-                                    ("value", "floor: pre-built batches, value only")):
-                    t, (n, b) = timed(lambda: scan(floor_df(kind)), args.repeat)
-                    results.append((master, label, t, n, b))
-            if args.user_schema:
-                try:
-                    t, (n, b) = timed(lambda: scan(source_df(spark, "value binary")), args.repeat)
-                    results.append((master, "tier (pulsarlite source), .schema(value binary)", t, n, b))
-                except Exception as e:  # noqa: BLE001 - a source without projection: no figure
-                    print(f"{master} .schema(value binary) failed: {str(e)[:300]}", file=sys.stderr)
-                future = str(int(time.time() * 1000) + 86_400_000)
-                t, n = timed(lambda: source_df(spark, startingTime=future).count(), args.repeat)
-                results.append((master, "empty query (every segment pruned)", t, max(n, 1), 0))
-                # the same three value-only scans back to back per round (they share the machine's
-                # load of the moment); median of the per-round ratios to parquet
-                rounds = []
+            bookie_times = {}
+            for master in masters:
+                spark = session(master)
+                t, (n, b) = timed(lambda: scan(source_df(spark)), args.repeat)
+                bookie_times[master] = (t, n, b)
+                print(f"{master} bookies: {t:.2f}s rows={n:,}", file=sys.stderr)
+                spark.stop()
+
+            # offload every closed ledger
+            last = max(lg["ledger_id"] for lg in ledgers_of(cluster, local))
+            admin(cluster.admin_url, "PUT", f"/admin/v2/persistent/public/default/{local}/offload",
+                  {"ledgerId": last + 1, "entryId": 0})
+            deadline = time.monotonic() + 600
+            while True:
+                ls = [lg for lg in ledgers_of(cluster, local) if lg["state"] == "CLOSED" and lg["entries"] > 0]
+                if all(lg["offload"]["state"] in ("offloaded", "bookie-deleted") for lg in ls):
+                    break
+                if time.monotonic() > deadline:
+                    raise SystemExit("offload did not finish in 600 s")
+                time.sleep(1)
+            files = sorted(str(p) for p in tier_dir.rglob("*.parquet"))
+            print(f"offloaded: {len(files)} Parquet objects, {sum(os.path.getsize(f) for f in files):,} bytes",
+                  file=sys.stderr)
+
+            for master in masters:
+                spark = session(master)
+                t, n, b = bookie_times[master]
+                results.append((master, "bookies (pulsarlite source)", t, n, b))
+                t, (n, b) = timed(lambda: scan(source_df(spark)), args.repeat)
+                results.append((master, "tier (pulsarlite source)", t, n, b))
+                t, (n, b) = timed(lambda: scan(spark.read.parquet(*files)), args.repeat)
+                results.append((master, "spark.read.parquet, same files", t, n, b))
+                floor_df = None
+                floor: dict[str, str] = {}
+                if args.floor:
+                    floor = write_floor_batches(tier_dir, topic, base)
+                    register_floor_source(spark)
+                    parts = spark.sparkContext.defaultParallelism
+
+                    def floor_df(kind):
+                        return (spark.read.format("pulsarlite_floor").option("path", floor[kind])
+                                .option("parts", parts).load())
+
+                    for kind, label in (("full", "floor: pre-built batches, full schema"),
+                                        ("value", "floor: pre-built batches, value only")):
+                        t, (n, b) = timed(lambda: scan(floor_df(kind)), args.repeat)
+                        results.append((master, label, t, n, b))
+                if args.user_schema:
+                    try:
+                        t, (n, b) = timed(lambda: scan(source_df(spark, "value binary")), args.repeat)
+                        results.append((master, "tier (pulsarlite source), .schema(value binary)", t, n, b))
+                    except Exception as e:  # noqa: BLE001 - a source without projection: no figure
+                        print(f"{master} .schema(value binary) failed: {str(e)[:300]}", file=sys.stderr)
+                    future = str(int(time.time() * 1000) + 86_400_000)
+                    t, n = timed(lambda: source_df(spark, startingTime=future).count(), args.repeat)
+                    results.append((master, "empty query (every segment pruned)", t, max(n, 1), 0))
+                    # the same three value-only scans back to back per round (they share the machine's
+                    # load of the moment); median of the per-round ratios to parquet
+                    rounds = []
+                    for _ in range(args.repeat):
+                        row = {}
+                        scans = [("parquet", lambda: scan(spark.read.parquet(*files))),
+                                 ("tier", lambda: scan(source_df(spark))),
+                                 ("tier_schema", lambda: scan(source_df(spark, "value binary")))]
+                        if floor_df is not None:
+                            scans += [("floor", lambda: scan(floor_df("full"))),
+                                      ("floor_value", lambda: scan(floor_df("value")))]
+                        for label, fn in scans:
+                            try:
+                                row[label] = timed(fn, 1)[0]
+                            except Exception:  # noqa: BLE001 - a source without projection
+                                row[label] = float("nan")
+                        rounds.append(row)
+                    interleaved[master] = {k: statistics.median(r[k] / r["parquet"] for r in rounds)
+                                           for k in rounds[0] if k != "parquet"}
+                    print(f"{master} interleaved value-only rounds: {rounds}", file=sys.stderr)
+                # the full-row hash, ours and parquet's back to back per round: the medians of each,
+                # and the median of the per-round ratios
+                pairs = []
                 for _ in range(args.repeat):
-                    row = {}
-                    scans = [("parquet", lambda: scan(spark.read.parquet(*files))),
-                             ("tier", lambda: scan(source_df(spark))),
-                             ("tier_schema", lambda: scan(source_df(spark, "value binary")))]
-                    if floor_df is not None:
-                        scans += [("floor", lambda: scan(floor_df("full"))),
-                                  ("floor_value", lambda: scan(floor_df("value")))]
-                    for label, fn in scans:
-                        try:
-                            row[label] = timed(fn, 1)[0]
-                        except Exception:  # noqa: BLE001 - a source without projection
-                            row[label] = float("nan")
-                    rounds.append(row)
-                interleaved[master] = {k: statistics.median(r[k] / r["parquet"] for r in rounds)
-                                       for k in rounds[0] if k != "parquet"}
-                print(f"{master} interleaved value-only rounds: {rounds}", file=sys.stderr)
-            # the full-row hash, ours and parquet's back to back per round: the medians of each,
-            # and the median of the per-round ratios
-            pairs = []
-            for _ in range(args.repeat):
-                t_tier, (n, b) = timed(lambda: full_scan(source_df(spark)), 1)
-                t_pq, (n_pq, b_pq) = timed(lambda: full_scan(spark.read.parquet(*files)), 1)
-                pairs.append((t_tier, t_pq))
-            results.append((master, "tier (pulsarlite source), full-row hash",
-                            statistics.median(t for t, _ in pairs), n, b))
-            results.append((master, "spark.read.parquet, same files, full-row hash",
-                            statistics.median(t for _, t in pairs), n_pq, b_pq))
-            interleaved.setdefault(master, {})["full_hash"] = statistics.median(t / q for t, q in pairs)
-            spark.stop()
-            for path in floor.values():     # ~250 MB per 1M rows: not left behind
-                os.remove(path)
-    finally:
-        cluster.stop()
+                    t_tier, (n, b) = timed(lambda: full_scan(source_df(spark)), 1)
+                    t_pq, (n_pq, b_pq) = timed(lambda: full_scan(spark.read.parquet(*files)), 1)
+                    pairs.append((t_tier, t_pq))
+                results.append((master, "tier (pulsarlite source), full-row hash",
+                                statistics.median(t for t, _ in pairs), n, b))
+                results.append((master, "spark.read.parquet, same files, full-row hash",
+                                statistics.median(t for _, t in pairs), n_pq, b_pq))
+                interleaved.setdefault(master, {})["full_hash"] = statistics.median(t / q for t, q in pairs)
+                spark.stop()
+                for path in floor.values():     # ~250 MB per 1M rows: not left behind
+                    os.remove(path)
+        finally:
+            cluster.stop()
 
-    if args.json:
-        times = {f"{master} {what}": t for master, what, t, _n, _b in results}
-        ratios = {}
+        if args.json:
+            times = {f"{master} {what}": t for master, what, t, _n, _b in results}
+            ratios = {}
+            for master in masters:
+                for suffix in ("", ", full-row hash"):
+                    tier = times.get(f"{master} tier (pulsarlite source){suffix}")
+                    pq_t = times.get(f"{master} spark.read.parquet, same files{suffix}")
+                    if tier and pq_t:
+                        ratios[f"{master}{suffix or ', value only'}"] = tier / pq_t
+                narrowed = times.get(f"{master} tier (pulsarlite source), .schema(value binary)")
+                pq_t = times.get(f"{master} spark.read.parquet, same files")
+                if narrowed and pq_t:
+                    ratios[f"{master}, value only, .schema(value binary)"] = narrowed / pq_t
+            print(json.dumps({"messages": args.messages, "size": args.size, "repeat": args.repeat,
+                              "seconds": times, "tier_over_parquet": ratios,
+                              **({"interleaved_over_parquet": interleaved} if interleaved else {})}))
+        print(f"\n{args.messages:,} messages of {args.size} B; median of {args.repeat}; "
+              f"aggregates: count + sum(length(value)), and + sum(hash(every shared column))\n")
+        print("| master | scan | seconds | rows/s | MB/s (values) |")
+        print("|---|---|---|---|---|")
+        for master, what, t, n, b in results:
+            print(f"| {master} | {what} | {t:.2f} | {n / t:,.0f} | {b / t / 1e6:,.1f} |")
         for master in masters:
             for suffix in ("", ", full-row hash"):
-                tier = times.get(f"{master} tier (pulsarlite source){suffix}")
-                pq_t = times.get(f"{master} spark.read.parquet, same files{suffix}")
-                if tier and pq_t:
-                    ratios[f"{master}{suffix or ', value only'}"] = tier / pq_t
-            narrowed = times.get(f"{master} tier (pulsarlite source), .schema(value binary)")
-            pq_t = times.get(f"{master} spark.read.parquet, same files")
-            if narrowed and pq_t:
-                ratios[f"{master}, value only, .schema(value binary)"] = narrowed / pq_t
-        print(json.dumps({"messages": args.messages, "size": args.size, "repeat": args.repeat,
-                          "seconds": times, "tier_over_parquet": ratios,
-                          **({"interleaved_over_parquet": interleaved} if interleaved else {})}))
-    print(f"\n{args.messages:,} messages of {args.size} B; median of {args.repeat}; "
-          f"aggregates: count + sum(length(value)), and + sum(hash(every shared column))\n")
-    print("| master | scan | seconds | rows/s | MB/s (values) |")
-    print("|---|---|---|---|---|")
-    for master, what, t, n, b in results:
-        print(f"| {master} | {what} | {t:.2f} | {n / t:,.0f} | {b / t / 1e6:,.1f} |")
-    for master in masters:
-        for suffix in ("", ", full-row hash"):
-            tier = next(r[2] for r in results if r[0] == master and r[1] == "tier (pulsarlite source)" + suffix)
-            pq_t = next(r[2] for r in results if r[0] == master and r[1] == "spark.read.parquet, same files" + suffix)
-            print(f"\n{master}{suffix or ', value only'}: tier / parquet = {tier / pq_t:.2f}x", end="")
-        if "full_hash" in interleaved.get(master, {}):
-            print(f"\n{master}, full-row hash, back to back per round (median ratio): tier / parquet = "
-                  f"{interleaved[master]['full_hash']:.2f}x", end="")
-        if "tier" in interleaved.get(master, {}):
-            print(f"\n{master}, value only, interleaved rounds (median ratio): tier / parquet = "
-                  f"{interleaved[master]['tier']:.2f}x, tier with .schema(value binary) / parquet = "
-                  f"{interleaved[master]['tier_schema']:.2f}x", end="")
-            if "floor" in interleaved[master]:
-                print(f"; floor (pre-built batches) / parquet = {interleaved[master]['floor']:.2f}x full schema, "
-                      f"{interleaved[master]['floor_value']:.2f}x value only", end="")
-    print()
+                tier = next(r[2] for r in results if r[0] == master and r[1] == "tier (pulsarlite source)" + suffix)
+                pq_t = next(r[2] for r in results if r[0] == master and r[1] == "spark.read.parquet, same files" + suffix)
+                print(f"\n{master}{suffix or ', value only'}: tier / parquet = {tier / pq_t:.2f}x", end="")
+            if "full_hash" in interleaved.get(master, {}):
+                print(f"\n{master}, full-row hash, back to back per round (median ratio): tier / parquet = "
+                      f"{interleaved[master]['full_hash']:.2f}x", end="")
+            if "tier" in interleaved.get(master, {}):
+                print(f"\n{master}, value only, interleaved rounds (median ratio): tier / parquet = "
+                      f"{interleaved[master]['tier']:.2f}x, tier with .schema(value binary) / parquet = "
+                      f"{interleaved[master]['tier_schema']:.2f}x", end="")
+                if "floor" in interleaved[master]:
+                    print(f"; floor (pre-built batches) / parquet = {interleaved[master]['floor']:.2f}x full schema, "
+                          f"{interleaved[master]['floor_value']:.2f}x value only", end="")
+        print()
 
 
 if __name__ == "__main__":

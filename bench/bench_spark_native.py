@@ -28,13 +28,13 @@ import os
 import pathlib
 import statistics
 import sys
-import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_spark import ROW_COLUMNS, admin, ledgers_of, produce, session  # noqa: E402
+from bench.common import work_dir  # noqa: E402
 from faces.cluster import LocalCluster  # noqa: E402
 
 
@@ -113,96 +113,96 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     import spark_source
-    base = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="bench-spark-native-"))
-    tier_dir = base / "tier"
-    tier_dir.mkdir(parents=True, exist_ok=True)
-    cluster = LocalCluster(base / "cluster")
-    out: dict = {"messages": args.messages, "size": args.size, "ledgers": args.ledgers, "master": args.master,
-                 "rounds": args.rounds}
-    spark = None
-    try:
-        cluster.start_processes(bookies=3, brokers=1, broker_overrides={
-            "managed_ledger.rollover_entries_max": 1_000_000, "offload.tier_uri": tier_dir.as_uri(),
-            "offload.check_interval_ms": 1000})
-        admin(cluster.admin_url, "POST", "/admin/v2/namespaces/public/default/retention",
-              {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
-        local, half = "bench-native", "bench-half"
-        topic, half_topic = (f"persistent://public/default/{n}" for n in (local, half))
-        print(f"producing {args.messages:,} x {args.size} B in {args.ledgers} ledgers", file=sys.stderr)
-        produce_in_ledgers(cluster, local, args.messages, args.size, args.ledgers)
-        done = offload_all(cluster, local)
-        files = sorted(str(p) for p in tier_dir.rglob("*.parquet"))
-        print(f"offloaded {len(done)} ledgers: {len(files)} objects, "
-              f"{sum(os.path.getsize(f) for f in files):,} bytes", file=sys.stderr)
-        produce_in_ledgers(cluster, half, args.half_messages, args.size, 4)
-        offload_all(cluster, half, keep_last=2)
-        half_files = {str(p) for p in tier_dir.rglob("*.parquet")} - set(files)
-        print(f"half topic: {len(half_files)} objects on the tier, 2 ledgers on the bookies", file=sys.stderr)
+    with work_dir(args.dir, "bench-spark-native-") as base:
+        tier_dir = base / "tier"
+        tier_dir.mkdir(parents=True, exist_ok=True)
+        cluster = LocalCluster(base / "cluster")
+        out: dict = {"messages": args.messages, "size": args.size, "ledgers": args.ledgers, "master": args.master,
+                     "rounds": args.rounds}
+        spark = None
+        try:
+            cluster.start_processes(bookies=3, brokers=1, broker_overrides={
+                "managed_ledger.rollover_entries_max": 1_000_000, "offload.tier_uri": tier_dir.as_uri(),
+                "offload.check_interval_ms": 1000})
+            admin(cluster.admin_url, "POST", "/admin/v2/namespaces/public/default/retention",
+                  {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
+            local, half = "bench-native", "bench-half"
+            topic, half_topic = (f"persistent://public/default/{n}" for n in (local, half))
+            print(f"producing {args.messages:,} x {args.size} B in {args.ledgers} ledgers", file=sys.stderr)
+            produce_in_ledgers(cluster, local, args.messages, args.size, args.ledgers)
+            done = offload_all(cluster, local)
+            files = sorted(str(p) for p in tier_dir.rglob("*.parquet"))
+            print(f"offloaded {len(done)} ledgers: {len(files)} objects, "
+                  f"{sum(os.path.getsize(f) for f in files):,} bytes", file=sys.stderr)
+            produce_in_ledgers(cluster, half, args.half_messages, args.size, 4)
+            offload_all(cluster, half, keep_last=2)
+            half_files = {str(p) for p in tier_dir.rglob("*.parquet")} - set(files)
+            print(f"half topic: {len(half_files)} objects on the tier, 2 ledgers on the bookies", file=sys.stderr)
 
-        spark = session(args.master)
-        opts = {"zookeeper": cluster.zookeeper, "admin_url": cluster.admin_url}
-        uris = [pathlib.Path(f).as_uri() for f in files]
-        ratios: dict[str, list[float]] = {q: [] for q in QUERIES}
-        seconds: dict[str, list[float]] = {f"{q} {s}": [] for q in QUERIES for s in ("read_topic", "parquet")}
-        for q, fn in QUERIES.items():          # warm-up, and both sides must agree
-            a = fn(spark_source.read_topic(spark, topic, **opts))
-            b = fn(spark.read.parquet(*uris))
-            if a != b:
-                raise SystemExit(f"{q}: read_topic gave {a}, parquet {b}")
-        for r in range(args.rounds):
-            for q, fn in QUERIES.items():
-                sides = [("read_topic", lambda: fn(spark_source.read_topic(spark, topic, **opts))),
-                         ("parquet", lambda: fn(spark.read.parquet(*uris)))]
+            spark = session(args.master)
+            opts = {"zookeeper": cluster.zookeeper, "admin_url": cluster.admin_url}
+            uris = [pathlib.Path(f).as_uri() for f in files]
+            ratios: dict[str, list[float]] = {q: [] for q in QUERIES}
+            seconds: dict[str, list[float]] = {f"{q} {s}": [] for q in QUERIES for s in ("read_topic", "parquet")}
+            for q, fn in QUERIES.items():          # warm-up, and both sides must agree
+                a = fn(spark_source.read_topic(spark, topic, **opts))
+                b = fn(spark.read.parquet(*uris))
+                if a != b:
+                    raise SystemExit(f"{q}: read_topic gave {a}, parquet {b}")
+            for r in range(args.rounds):
+                for q, fn in QUERIES.items():
+                    sides = [("read_topic", lambda: fn(spark_source.read_topic(spark, topic, **opts))),
+                             ("parquet", lambda: fn(spark.read.parquet(*uris)))]
+                    if r % 2:
+                        sides.reverse()
+                    t = {}
+                    for name, run in sides:
+                        t[name], _ = timed(run)
+                        seconds[f"{q} {name}"].append(t[name])
+                    ratios[q].append(t["read_topic"] / t["parquet"])
+                print(f"round {r + 1}: " + ", ".join(f"{q} {ratios[q][-1]:.2f}x" for q in QUERIES)
+                      + f" load {load_average()}", file=sys.stderr)
+            out["read_topic_over_parquet_median"] = {q: statistics.median(v) for q, v in ratios.items()}
+            out["per_round"] = ratios
+            out["seconds_median"] = {k: statistics.median(v) for k, v in seconds.items()}
+
+            fmt_df = lambda: (spark.read.format("pulsarlite").option("zookeeper", cluster.zookeeper)  # noqa: E731
+                              .option("admin_url", cluster.admin_url).option("topic", half_topic).load())
+            if q_count(spark_source.read_topic(spark, half_topic, **opts)) != q_count(fmt_df()):
+                raise SystemExit("half topic: read_topic and the format disagree")
+            half_ratios, half_s = [], {"read_topic": [], "format": []}
+            for r in range(args.rounds):
+                sides = [("read_topic", lambda: q_count(spark_source.read_topic(spark, half_topic, **opts))),
+                         ("format", lambda: q_count(fmt_df()))]
                 if r % 2:
                     sides.reverse()
                 t = {}
                 for name, run in sides:
                     t[name], _ = timed(run)
-                    seconds[f"{q} {name}"].append(t[name])
-                ratios[q].append(t["read_topic"] / t["parquet"])
-            print(f"round {r + 1}: " + ", ".join(f"{q} {ratios[q][-1]:.2f}x" for q in QUERIES)
-                  + f" load {load_average()}", file=sys.stderr)
-        out["read_topic_over_parquet_median"] = {q: statistics.median(v) for q, v in ratios.items()}
-        out["per_round"] = ratios
-        out["seconds_median"] = {k: statistics.median(v) for k, v in seconds.items()}
-
-        fmt_df = lambda: (spark.read.format("pulsarlite").option("zookeeper", cluster.zookeeper)  # noqa: E731
-                          .option("admin_url", cluster.admin_url).option("topic", half_topic).load())
-        if q_count(spark_source.read_topic(spark, half_topic, **opts)) != q_count(fmt_df()):
-            raise SystemExit("half topic: read_topic and the format disagree")
-        half_ratios, half_s = [], {"read_topic": [], "format": []}
-        for r in range(args.rounds):
-            sides = [("read_topic", lambda: q_count(spark_source.read_topic(spark, half_topic, **opts))),
-                     ("format", lambda: q_count(fmt_df()))]
-            if r % 2:
-                sides.reverse()
-            t = {}
-            for name, run in sides:
-                t[name], _ = timed(run)
-                half_s[name].append(t[name])
-            half_ratios.append(t["read_topic"] / t["format"])
-            print(f"half round {r + 1}: read_topic / format {half_ratios[-1]:.2f}x "
-                  f"({t['read_topic']:.2f}s vs {t['format']:.2f}s) load {load_average()}", file=sys.stderr)
-        out["half_topic"] = {"messages": args.half_messages, "read_topic_over_format_median": statistics.median(
-            half_ratios), "per_round": half_ratios,
-            "seconds_median": {k: statistics.median(v) for k, v in half_s.items()}}
-    finally:
-        if spark is not None:
-            spark.stop()
-        cluster.stop()
-    if args.json:
-        print(json.dumps(out))
-    print(f"\n{args.messages:,} msgs x {args.size} B, {args.ledgers} offloaded ledgers, {args.master}, "
-          f"{args.rounds} rounds alternated (median of per-round ratios):")
-    for q, v in out["read_topic_over_parquet_median"].items():
-        s = out["seconds_median"]
-        print(f"  {q}: read_topic / spark.read.parquet = {v:.2f}x  "
-              f"({s[f'{q} read_topic']:.2f}s vs {s[f'{q} parquet']:.2f}s)")
-    h = out["half_topic"]
-    print(f"  half tier / half bookies ({h['messages']:,} msgs), count+sum(length): read_topic / format = "
-          f"{h['read_topic_over_format_median']:.2f}x ({h['seconds_median']['read_topic']:.2f}s vs "
-          f"{h['seconds_median']['format']:.2f}s); per round "
-          + " ".join(f"{x:.2f}" for x in h["per_round"]))
+                    half_s[name].append(t[name])
+                half_ratios.append(t["read_topic"] / t["format"])
+                print(f"half round {r + 1}: read_topic / format {half_ratios[-1]:.2f}x "
+                      f"({t['read_topic']:.2f}s vs {t['format']:.2f}s) load {load_average()}", file=sys.stderr)
+            out["half_topic"] = {"messages": args.half_messages, "read_topic_over_format_median": statistics.median(
+                half_ratios), "per_round": half_ratios,
+                "seconds_median": {k: statistics.median(v) for k, v in half_s.items()}}
+        finally:
+            if spark is not None:
+                spark.stop()
+            cluster.stop()
+        if args.json:
+            print(json.dumps(out))
+        print(f"\n{args.messages:,} msgs x {args.size} B, {args.ledgers} offloaded ledgers, {args.master}, "
+              f"{args.rounds} rounds alternated (median of per-round ratios):")
+        for q, v in out["read_topic_over_parquet_median"].items():
+            s = out["seconds_median"]
+            print(f"  {q}: read_topic / spark.read.parquet = {v:.2f}x  "
+                  f"({s[f'{q} read_topic']:.2f}s vs {s[f'{q} parquet']:.2f}s)")
+        h = out["half_topic"]
+        print(f"  half tier / half bookies ({h['messages']:,} msgs), count+sum(length): read_topic / format = "
+              f"{h['read_topic_over_format_median']:.2f}x ({h['seconds_median']['read_topic']:.2f}s vs "
+              f"{h['seconds_median']['format']:.2f}s); per round "
+              + " ".join(f"{x:.2f}" for x in h["per_round"]))
 
 
 if __name__ == "__main__":

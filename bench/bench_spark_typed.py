@@ -18,7 +18,6 @@ import argparse
 import os
 import pathlib
 import sys
-import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -27,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 import pulsar  # noqa: E402
 from pulsar.schema import Array, AvroSchema, Double, Integer, Long, Map, Record, String  # noqa: E402
 
+from bench.common import work_dir  # noqa: E402
 from faces.cluster import LocalCluster  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -151,23 +151,23 @@ def main() -> None:
     ap.add_argument("--rollover-entries", type=int, default=50)
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
-    base = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="bench-spark-typed-"))
-    spark = session()
-    try:
-        off = run(base / "off", False, args, spark)
-        on = run(base / "on", True, args, spark)
-    finally:
-        spark.stop()
-    n = args.messages
-    print(f"\n{n:,} Avro records (7 fields: string, int, double, timestamp-millis, array, map, nested record); "
-          f"Spark local[2]; median of {args.repeat}\n")
-    print("| offloaded objects | offload (s) | object bytes | bookie scan (s) | tier scan (s) | tier rows/s |")
-    print("|---|---|---|---|---|---|")
-    for what, r in (("raw (typed columns decoded from value at scan time)", off),
-                    ("with typed columns (read from Parquet)", on)):
-        print(f"| {what} | {r['offload_s']:.1f} | {r['object_bytes']:,} | {r['bookies_s']:.2f} | {r['tier_s']:.2f} "
-              f"| {n / r['tier_s']:,.0f} |")
-    print(f"\ntier scan: decoded / stored = {off['tier_s'] / on['tier_s']:.2f}x")
+    with work_dir(args.dir, "bench-spark-typed-") as base:
+        spark = session()
+        try:
+            off = run(base / "off", False, args, spark)
+            on = run(base / "on", True, args, spark)
+        finally:
+            spark.stop()
+        n = args.messages
+        print(f"\n{n:,} Avro records (7 fields: string, int, double, timestamp-millis, array, map, nested record); "
+              f"Spark local[2]; median of {args.repeat}\n")
+        print("| offloaded objects | offload (s) | object bytes | bookie scan (s) | tier scan (s) | tier rows/s |")
+        print("|---|---|---|---|---|---|")
+        for what, r in (("raw (typed columns decoded from value at scan time)", off),
+                        ("with typed columns (read from Parquet)", on)):
+            print(f"| {what} | {r['offload_s']:.1f} | {r['object_bytes']:,} | {r['bookies_s']:.2f} | {r['tier_s']:.2f} "
+                  f"| {n / r['tier_s']:,.0f} |")
+        print(f"\ntier scan: decoded / stored = {off['tier_s'] / on['tier_s']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -31,14 +31,13 @@ import json
 import os
 import pathlib
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import pulsar  # noqa: E402
 
-from bench.common import http, start_tier  # noqa: E402
+from bench.common import http, start_tier, work_dir  # noqa: E402
 from faces.cluster import LocalCluster  # noqa: E402
 
 
@@ -123,86 +122,86 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON object first")
     args = ap.parse_args()
 
-    work = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="bench-tier-"))
-    s3, endpoint, tier_uri = start_tier(work, args.tier)
-    cluster = LocalCluster(work / "cluster")
-    try:
-        cluster.start_processes(bookies=3, brokers=1, broker_overrides={
-            "offload.tier_uri": tier_uri, "offload.tier_s3_endpoint_url": endpoint or "",
-            "managed_ledger.rollover_entries_max": args.entries_per_ledger, "offload.deletion_lag_ms": 0,
-            "offload.check_interval_ms": 1000})
-        admin = cluster.admin_url
-        # infinite retention: nothing subscribes while producing, and the ledgers must stay
-        http("POST", f"{admin}/admin/v2/namespaces/public/default/retention",
-             {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
-        topic = "persistent://public/default/tier-replay"
-        turl = f"{admin}/admin/v2/persistent/public/default/tier-replay"
-        client = pulsar.Client(cluster.service_url, operation_timeout_seconds=60)
-        t0 = time.perf_counter()
-        n = produce(client, topic, args.mb * 1_000_000, args.size)
-        print(f"produced {n} messages in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    with work_dir(args.dir, "bench-tier-") as work:
+        s3, endpoint, tier_uri = start_tier(work, args.tier)
+        cluster = LocalCluster(work / "cluster")
+        try:
+            cluster.start_processes(bookies=3, brokers=1, broker_overrides={
+                "offload.tier_uri": tier_uri, "offload.tier_s3_endpoint_url": endpoint or "",
+                "managed_ledger.rollover_entries_max": args.entries_per_ledger, "offload.deletion_lag_ms": 0,
+                "offload.check_interval_ms": 1000})
+            admin = cluster.admin_url
+            # infinite retention: nothing subscribes while producing, and the ledgers must stay
+            http("POST", f"{admin}/admin/v2/namespaces/public/default/retention",
+                 {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
+            topic = "persistent://public/default/tier-replay"
+            turl = f"{admin}/admin/v2/persistent/public/default/tier-replay"
+            client = pulsar.Client(cluster.service_url, operation_timeout_seconds=60)
+            t0 = time.perf_counter()
+            n = produce(client, topic, args.mb * 1_000_000, args.size)
+            print(f"produced {n} messages in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
 
-        http("PUT", turl + "/unload")
-        bgot, bbytes, bsec = replay(client, topic, n, "from-bookies")   # the same replay, from bookies
-        http("DELETE", turl + "/subscription/from-bookies")
-        stats = http("GET", turl + "/internalStats")
-        current = stats["ledgers"][-1]["ledgerId"]
-        closed = [i for i in stats["ledgers"] if i["ledgerId"] != current and i["entries"] > 0]
-        closed_bytes = sum(i["size"] for i in closed)
-        if not closed:
-            raise SystemExit(f"no closed ledger to offload: {stats['ledgers']}")
-        t0 = time.perf_counter()
-        http("PUT", turl + "/offload", {"ledgerId": current, "entryId": 0})
-        wait(lambda: http("GET", turl + "/offload")["status"] in ("SUCCESS", "ERROR"), 1800, "offload")
-        offload_s = time.perf_counter() - t0
-        status = http("GET", turl + "/offload")
-        if status["status"] != "SUCCESS":
-            raise SystemExit(f"offload failed: {status}")
+            http("PUT", turl + "/unload")
+            bgot, bbytes, bsec = replay(client, topic, n, "from-bookies")   # the same replay, from bookies
+            http("DELETE", turl + "/subscription/from-bookies")
+            stats = http("GET", turl + "/internalStats")
+            current = stats["ledgers"][-1]["ledgerId"]
+            closed = [i for i in stats["ledgers"] if i["ledgerId"] != current and i["entries"] > 0]
+            closed_bytes = sum(i["size"] for i in closed)
+            if not closed:
+                raise SystemExit(f"no closed ledger to offload: {stats['ledgers']}")
+            t0 = time.perf_counter()
+            http("PUT", turl + "/offload", {"ledgerId": current, "entryId": 0})
+            wait(lambda: http("GET", turl + "/offload")["status"] in ("SUCCESS", "ERROR"), 1800, "offload")
+            offload_s = time.perf_counter() - t0
+            status = http("GET", turl + "/offload")
+            if status["status"] != "SUCCESS":
+                raise SystemExit(f"offload failed: {status}")
 
-        def deleted():
-            ledgers = http("GET", turl + "/internalStats")["ledgers"]
-            done = [i for i in ledgers if i["offloadState"] == "bookie-deleted"]
-            return len(done) == len(closed) and done
-        ledgers = wait(deleted, 1800, "bookie deletion")
-        uris = [i["offloadUri"] for i in ledgers]
-        expected = sum(i["entries"] for i in closed)   # entries; messages counted below
-        print(f"offloaded {len(uris)} ledgers ({closed_bytes / 1e6:.1f} MB) in {offload_s:.1f}s", file=sys.stderr)
+            def deleted():
+                ledgers = http("GET", turl + "/internalStats")["ledgers"]
+                done = [i for i in ledgers if i["offloadState"] == "bookie-deleted"]
+                return len(done) == len(closed) and done
+            ledgers = wait(deleted, 1800, "bookie deletion")
+            uris = [i["offloadUri"] for i in ledgers]
+            expected = sum(i["entries"] for i in closed)   # entries; messages counted below
+            print(f"offloaded {len(uris)} ledgers ({closed_bytes / 1e6:.1f} MB) in {offload_s:.1f}s", file=sys.stderr)
 
-        http("PUT", turl + "/unload")
-        messages_offloaded = None
-        rows, dbytes, dsec = direct(uris, endpoint)
-        messages_offloaded = rows
-        got, rbytes, rsec = replay(client, topic, n)
-        del expected
-        rows2, dbytes2, dsec2 = direct(uris, endpoint)      # again, after the replay (warm both)
-        dsec_best = min(dsec, dsec2)
-        client.close()
+            http("PUT", turl + "/unload")
+            messages_offloaded = None
+            rows, dbytes, dsec = direct(uris, endpoint)
+            messages_offloaded = rows
+            got, rbytes, rsec = replay(client, topic, n)
+            del expected
+            rows2, dbytes2, dsec2 = direct(uris, endpoint)      # again, after the replay (warm both)
+            dsec_best = min(dsec, dsec2)
+            client.close()
 
-        replay_mb_s = rbytes / rsec / 1e6
-        direct_mb_s = dbytes / dsec_best / 1e6
-        if args.json:
-            print(json.dumps({"mb": args.mb, "size": args.size, "tier": args.tier, "ledgers": len(uris),
-                              "offload_mb_s": closed_bytes / offload_s / 1e6, "replay_tier_mb_s": replay_mb_s,
-                              "replay_bookies_mb_s": bbytes / bsec / 1e6, "direct_pyarrow_mb_s": direct_mb_s,
-                              "ratio_replay_direct": replay_mb_s / direct_mb_s}))
-        print(f"\n### Tier replay ({args.tier}; {args.mb} MB of {args.size}-byte messages, "
-              f"{len(uris)} ledgers of {args.entries_per_ledger} entries)\n")
-        print("| figure | value |")
-        print("|---|---|")
-        print(f"| offload (read from bookies, encode, upload, verify, CAS) | {closed_bytes / offload_s / 1e6:.1f} MB/s "
-              f"({closed_bytes / 1e6:.1f} MB in {offload_s:.1f} s) |")
-        print(f"| replay through the broker (official client, from earliest, tier only below the "
-              f"current ledger) | {replay_mb_s:.1f} MB/s ({got} msgs, {rbytes / 1e6:.1f} MB in {rsec:.1f} s) |")
-        print(f"| replay through the broker from the bookies (before the offload, same run) | "
-              f"{bbytes / bsec / 1e6:.1f} MB/s ({bgot} msgs in {bsec:.1f} s) |")
-        print(f"| pyarrow reading the same objects directly (best of 2) | {direct_mb_s:.1f} MB/s "
-              f"({messages_offloaded} rows, {dbytes / 1e6:.1f} MB in {dsec_best:.2f} s) |")
-        print(f"| ratio replay / direct (goal >= 0.5) | {replay_mb_s / direct_mb_s:.2f} |")
-        return 0
-    finally:
-        cluster.stop()
-        if s3 is not None:
-            s3.stop()
+            replay_mb_s = rbytes / rsec / 1e6
+            direct_mb_s = dbytes / dsec_best / 1e6
+            if args.json:
+                print(json.dumps({"mb": args.mb, "size": args.size, "tier": args.tier, "ledgers": len(uris),
+                                  "offload_mb_s": closed_bytes / offload_s / 1e6, "replay_tier_mb_s": replay_mb_s,
+                                  "replay_bookies_mb_s": bbytes / bsec / 1e6, "direct_pyarrow_mb_s": direct_mb_s,
+                                  "ratio_replay_direct": replay_mb_s / direct_mb_s}))
+            print(f"\n### Tier replay ({args.tier}; {args.mb} MB of {args.size}-byte messages, "
+                  f"{len(uris)} ledgers of {args.entries_per_ledger} entries)\n")
+            print("| figure | value |")
+            print("|---|---|")
+            print(f"| offload (read from bookies, encode, upload, verify, CAS) | {closed_bytes / offload_s / 1e6:.1f} MB/s "
+                  f"({closed_bytes / 1e6:.1f} MB in {offload_s:.1f} s) |")
+            print(f"| replay through the broker (official client, from earliest, tier only below the "
+                  f"current ledger) | {replay_mb_s:.1f} MB/s ({got} msgs, {rbytes / 1e6:.1f} MB in {rsec:.1f} s) |")
+            print(f"| replay through the broker from the bookies (before the offload, same run) | "
+                  f"{bbytes / bsec / 1e6:.1f} MB/s ({bgot} msgs in {bsec:.1f} s) |")
+            print(f"| pyarrow reading the same objects directly (best of 2) | {direct_mb_s:.1f} MB/s "
+                  f"({messages_offloaded} rows, {dbytes / 1e6:.1f} MB in {dsec_best:.2f} s) |")
+            print(f"| ratio replay / direct (goal >= 0.5) | {replay_mb_s / direct_mb_s:.2f} |")
+            return 0
+        finally:
+            cluster.stop()
+            if s3 is not None:
+                s3.stop()
 
 
 if __name__ == "__main__":

@@ -3,10 +3,34 @@ root is on sys.path, as every script here does first)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pathlib
+import shutil
+import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def work_dir(given: str | os.PathLike | None, prefix: str, parent: str | os.PathLike | None = None) -> Iterator[pathlib.Path]:
+    """A bench run's working directory. ``given`` (the script's --dir) is used as it is and kept:
+    the user asked for it, e.g. to read the logs afterwards. Without it, a new temporary directory
+    (``prefix``, under ``parent`` or the system's temp dir) is removed when the block exits, also
+    on an exception or KeyboardInterrupt: a cluster's journals and entry logs are GBs a run. Stop
+    the cluster, S3 server and other processes inside the block, so they are gone before it is
+    removed. Every bench script makes its temporary directory here (tests/unit/test_bench_common.py)."""
+    if given:
+        yield pathlib.Path(given)
+        return
+    path = pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def http(method: str, url: str, body=None):

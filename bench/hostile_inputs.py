@@ -34,12 +34,10 @@ import json
 import os
 import pathlib
 import select
-import shutil
 import signal
 import socket
 import struct
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -53,6 +51,7 @@ os.environ.setdefault("PULSARLITE_LOOP_MONITOR_MS", "20")   # inherited by the c
 
 import pulsar  # noqa: E402
 
+from bench.common import work_dir  # noqa: E402
 from bookie._proto import bookie_rpc_pb2 as bpb  # noqa: E402
 from bookie.transport import HEADER as BOOKIE_HEADER, MESSAGE_TYPES as BOOKIE_MESSAGE_TYPES, encode_message  # noqa: E402
 from pulsarlite.checksum import entry_checksum  # noqa: E402
@@ -949,68 +948,66 @@ def main() -> int:
         ap.error(f"unknown input(s): {', '.join(sorted(unknown))}")
     chosen = [i for i in INPUTS if not wanted or i.name in wanted for _ in range(max(1, args.repeat))]
 
-    base = pathlib.Path(args.dir) if args.dir else pathlib.Path(tempfile.mkdtemp(prefix="pulsarlite-hostile-"))
-    base.mkdir(parents=True, exist_ok=True)
-    (base / "tier").mkdir(exist_ok=True)
-    cluster: LocalCluster | None = None
-    pids: dict[str, int] = {}
-    canary = None
-    probes: list[Probe] = []
-    rows: list[Row] = []
-    try:
-        print(f"uptime: {os.popen('uptime').read().strip()}", file=sys.stderr)
-        cluster = LocalCluster(base / "cluster")
+    with work_dir(args.dir, "pulsarlite-hostile-") as base:
+        base.mkdir(parents=True, exist_ok=True)
+        (base / "tier").mkdir(exist_ok=True)
+        cluster: LocalCluster | None = None
+        pids: dict[str, int] = {}
+        canary = None
+        probes: list[Probe] = []
+        rows: list[Row] = []
         try:
-            cluster.start_processes(
-                bookies=3, brokers=1,
-                bookie_overrides={"disk_usage_readonly_threshold": 0.995, "disk_usage_writable_threshold": 0.99},
-                broker_overrides={"offload.tier_uri": f"file://{base / 'tier'}"})
+            print(f"uptime: {os.popen('uptime').read().strip()}", file=sys.stderr)
+            cluster = LocalCluster(base / "cluster")
+            try:
+                cluster.start_processes(
+                    bookies=3, brokers=1,
+                    bookie_overrides={"disk_usage_readonly_threshold": 0.995, "disk_usage_writable_threshold": 0.99},
+                    broker_overrides={"offload.tier_uri": f"file://{base / 'tier'}"})
+            finally:
+                pids = {n: r.pid for n, r in cluster.records.items() if r.pid}
+            broker = cluster.records[cluster.broker_names[0]]
+            bookie_name = cluster.bookie_names[0]
+            bookie = cluster.records[bookie_name]
+            canary = Canary(cluster.service_url, "persistent://public/default/hx-canary", base / "canary-client.log",
+                            interval_s=0.05)
+            canary.start()
+            if not canary.wait_acked(5, 60):
+                raise RuntimeError("the canary did not start")
+            hp = Probe(http_probe(broker.ports["http"]), "http")
+            bp = Probe(BookieProbe(bookie.ports["bookie"]), "bookie")
+            probes = [hp, bp]
+            for p in probes:
+                p.start()
+            ctx = Ctx(cluster, base, broker.pid, broker.ports["pulsar"], broker.ports["http"], broker.log,
+                      bookie_name, bookie.pid, bookie.ports["bookie"], bookie.log, args.hold_s, args.settle_s,
+                      canary, hp, bp)
+            time.sleep(3)
+            for inp in chosen:
+                print(f"--- {inp.name} ...", file=sys.stderr)
+                row = measure(ctx, inp)
+                rows.append(row)
+                print(table([row]).splitlines()[-1], file=sys.stderr)
+                dead = [n for n, r in cluster.records.items() if not r.alive()]
+                if dead:
+                    print(f"process(es) not running after {inp.name}: {dead}", file=sys.stderr)
+                    break
+            for p in probes:
+                p.stop()
+            probes = []
+            canary.stop(consume_timeout_s=30, read_timeout_s=60)
+            verdict = canary.verdict()
+            print(f"\nuptime: {os.popen('uptime').read().strip()}")
+            print(table(rows))
+            print(f"\ncanary over the whole run: {canary.acked_count()} acked; "
+                  + ("no problem" if not verdict else "; ".join(verdict)))
+            return 0
         finally:
-            pids = {n: r.pid for n, r in cluster.records.items() if r.pid}
-        broker = cluster.records[cluster.broker_names[0]]
-        bookie_name = cluster.bookie_names[0]
-        bookie = cluster.records[bookie_name]
-        canary = Canary(cluster.service_url, "persistent://public/default/hx-canary", base / "canary-client.log",
-                        interval_s=0.05)
-        canary.start()
-        if not canary.wait_acked(5, 60):
-            raise RuntimeError("the canary did not start")
-        hp = Probe(http_probe(broker.ports["http"]), "http")
-        bp = Probe(BookieProbe(bookie.ports["bookie"]), "bookie")
-        probes = [hp, bp]
-        for p in probes:
-            p.start()
-        ctx = Ctx(cluster, base, broker.pid, broker.ports["pulsar"], broker.ports["http"], broker.log,
-                  bookie_name, bookie.pid, bookie.ports["bookie"], bookie.log, args.hold_s, args.settle_s,
-                  canary, hp, bp)
-        time.sleep(3)
-        for inp in chosen:
-            print(f"--- {inp.name} ...", file=sys.stderr)
-            row = measure(ctx, inp)
-            rows.append(row)
-            print(table([row]).splitlines()[-1], file=sys.stderr)
-            dead = [n for n, r in cluster.records.items() if not r.alive()]
-            if dead:
-                print(f"process(es) not running after {inp.name}: {dead}", file=sys.stderr)
-                break
-        for p in probes:
-            p.stop()
-        probes = []
-        canary.stop(consume_timeout_s=30, read_timeout_s=60)
-        verdict = canary.verdict()
-        print(f"\nuptime: {os.popen('uptime').read().strip()}")
-        print(table(rows))
-        print(f"\ncanary over the whole run: {canary.acked_count()} acked; "
-              + ("no problem" if not verdict else "; ".join(verdict)))
-        return 0
-    finally:
-        for p in probes:
-            p.stop()
-        if canary is not None:
-            canary.close()
-        stop_everything(cluster, pids)
-        if not args.dir:
-            shutil.rmtree(base, ignore_errors=True)
+            for p in probes:
+                p.stop()
+            if canary is not None:
+                canary.close()
+            stop_everything(cluster, pids)
 
 
 if __name__ == "__main__":

@@ -43,11 +43,12 @@ import statistics
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from bench.common import work_dir  # noqa: E402
 
 RECORD_HEAD = struct.Struct("<IQ")     # payload bytes, record id
 SYNCED = struct.Struct("<Q")           # the highest record id a journal has synced
@@ -315,89 +316,89 @@ def main() -> int:
 
     targets = args.targets.split(",")
     modes = args.modes.split(",")
-    base = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="pulsarlite-bench-floor-"))
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    procs: list[subprocess.Popen] = []
-    urls: dict[str, str] = {}
-    pids: dict[str, dict[str, int]] = {}
-    clusters = contextlib.ExitStack()       # every cluster stops at the end, also on failure
-    clients: dict = {}
-    results: list[dict] = []
+    with work_dir(args.dir, "pulsarlite-bench-floor-") as base:
+        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        procs: list[subprocess.Popen] = []
+        urls: dict[str, str] = {}
+        pids: dict[str, dict[str, int]] = {}
+        clusters = contextlib.ExitStack()       # every cluster stops at the end, also on failure
+        clients: dict = {}
+        results: list[dict] = []
 
-    def start_cluster(brokers: int, broker_overrides: dict | None) -> LocalCluster:
-        cluster = clusters.enter_context(LocalCluster(base / f"cluster-{len(urls)}"))
-        cluster.start_processes(bookies=3, brokers=brokers, broker_overrides=broker_overrides)
-        return cluster
+        def start_cluster(brokers: int, broker_overrides: dict | None) -> LocalCluster:
+            cluster = clusters.enter_context(LocalCluster(base / f"cluster-{len(urls)}"))
+            cluster.start_processes(bookies=3, brokers=brokers, broker_overrides=broker_overrides)
+            return cluster
 
-    try:
-        for name in targets:
-            if name == "null":
-                proc, urls[name] = start_null_broker()
-                procs.append(proc)
-                pids[name] = {"null-broker": proc.pid}
-            elif name in ("floor", "floor-unix"):
-                urls[name], pids[name] = start_floor(base, procs, unix=name == "floor-unix", name=name)
-            elif name == "relay-bookies":
-                cluster = start_cluster(0, None)
-                bookie_ports = [int(cluster.records[b].bookie_id.rsplit(":", 1)[1]) for b in cluster.bookie_names]
-                urls[name], relay_pid = start_relay(bookie_ports, True, procs)
-                pids[name] = {"floor-relay": relay_pid} | {b: cluster.records[b].pid for b in cluster.bookie_names}
-            elif name.startswith("pulsarlite"):
-                # "pulsarlite" or "pulsarlite[key=value;key=value]": broker config overrides
-                overrides = parse_overrides([kv for kv in name.removeprefix("pulsarlite").strip("[]").split(";") if kv])
-                cluster = start_cluster(1, overrides or None)
-                urls[name] = cluster.service_url
-                pids[name] = {n: cluster.records[n].pid for n in cluster.broker_names + cluster.bookie_names}
-            else:
-                raise SystemExit(f"unknown target {name!r}")
-        for name in targets:
-            clients[name] = pulsar.Client(urls[name], operation_timeout_seconds=60,
-                                          logger=pulsar.FileLogger(pulsar.LoggerLevel.Warn, str(base / f"{name}-client.log")))
-        for round_index in range(args.rounds):
-            for mode in modes:
-                delay_ms = None if mode == "unbatched" else int(mode.split("-")[1].removesuffix("ms"))
-                for name in targets:
-                    meter = CpuMeter(pids[name])
-                    before, started = meter.snapshot(), time.perf_counter()
-                    r = produce_paced(clients[name], f"persistent://public/default/floor-{mode}-{round_index}",
-                                      args.seconds, args.size, args.rate, f"{name} {mode} round {round_index + 1}",
-                                      args.sample_every, delay_ms)
-                    after = meter.snapshot()
-                    cpu_us = {n: (after[n] - before[n]) / max(1, r["acked"]) * 1e6
-                              for n in before if n != "machine"}
-                    busy = (after["machine"] - before["machine"]) / (time.perf_counter() - started) * 100
-                    r.update(target=name, mode=mode, round=round_index + 1, cpu_us=cpu_us, machine_busy_pct=busy)
-                    results.append(r)
-                    print(f"   {name:10s} {mode:11s} round {round_index + 1}: p50 {r['p50_ms']:.2f} ms  "
-                          f"p99 {r['p99_ms']:.2f} ms  max {r['max_ms']:.1f} ms  machine {busy:.0f}% busy",
-                          file=sys.stderr, flush=True)
-    finally:
-        for client in clients.values():
-            client.close()
-        clusters.close()
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+        try:
+            for name in targets:
+                if name == "null":
+                    proc, urls[name] = start_null_broker()
+                    procs.append(proc)
+                    pids[name] = {"null-broker": proc.pid}
+                elif name in ("floor", "floor-unix"):
+                    urls[name], pids[name] = start_floor(base, procs, unix=name == "floor-unix", name=name)
+                elif name == "relay-bookies":
+                    cluster = start_cluster(0, None)
+                    bookie_ports = [int(cluster.records[b].bookie_id.rsplit(":", 1)[1]) for b in cluster.bookie_names]
+                    urls[name], relay_pid = start_relay(bookie_ports, True, procs)
+                    pids[name] = {"floor-relay": relay_pid} | {b: cluster.records[b].pid for b in cluster.bookie_names}
+                elif name.startswith("pulsarlite"):
+                    # "pulsarlite" or "pulsarlite[key=value;key=value]": broker config overrides
+                    overrides = parse_overrides([kv for kv in name.removeprefix("pulsarlite").strip("[]").split(";") if kv])
+                    cluster = start_cluster(1, overrides or None)
+                    urls[name] = cluster.service_url
+                    pids[name] = {n: cluster.records[n].pid for n in cluster.broker_names + cluster.bookie_names}
+                else:
+                    raise SystemExit(f"unknown target {name!r}")
+            for name in targets:
+                clients[name] = pulsar.Client(urls[name], operation_timeout_seconds=60,
+                                              logger=pulsar.FileLogger(pulsar.LoggerLevel.Warn, str(base / f"{name}-client.log")))
+            for round_index in range(args.rounds):
+                for mode in modes:
+                    delay_ms = None if mode == "unbatched" else int(mode.split("-")[1].removesuffix("ms"))
+                    for name in targets:
+                        meter = CpuMeter(pids[name])
+                        before, started = meter.snapshot(), time.perf_counter()
+                        r = produce_paced(clients[name], f"persistent://public/default/floor-{mode}-{round_index}",
+                                          args.seconds, args.size, args.rate, f"{name} {mode} round {round_index + 1}",
+                                          args.sample_every, delay_ms)
+                        after = meter.snapshot()
+                        cpu_us = {n: (after[n] - before[n]) / max(1, r["acked"]) * 1e6
+                                  for n in before if n != "machine"}
+                        busy = (after["machine"] - before["machine"]) / (time.perf_counter() - started) * 100
+                        r.update(target=name, mode=mode, round=round_index + 1, cpu_us=cpu_us, machine_busy_pct=busy)
+                        results.append(r)
+                        print(f"   {name:10s} {mode:11s} round {round_index + 1}: p50 {r['p50_ms']:.2f} ms  "
+                              f"p99 {r['p99_ms']:.2f} ms  max {r['max_ms']:.1f} ms  machine {busy:.0f}% busy",
+                              file=sys.stderr, flush=True)
+        finally:
+            for client in clients.values():
+                client.close()
+            clusters.close()
+            for proc in procs:
+                proc.kill()
+                proc.wait()
 
-    if args.json:
-        print(json.dumps({"when": when, "results": results}, indent=2, default=str))
-    print(f"\n{when}; official client paced at {args.rate:.0f} msg/s, {args.size} B, {args.seconds:g} s per run, "
-          f"1 in {args.sample_every} timed; {args.rounds} rounds, targets alternated within each\n")
-    print("| mode | target | p50 ms (rounds) | p99 ms (rounds) | median p99 ms | CPU us/msg: server processes | client | machine busy |")
-    print("|---|---|---|---|---|---|---|---|")
-    for mode in modes:
-        for name in targets:
-            rs = [r for r in results if r["mode"] == mode and r["target"] == name]
-            if not rs:
-                continue
-            servers = ", ".join(f"{p} {statistics.median(r['cpu_us'][p] for r in rs):.0f}"
-                                for p in pids[name])
-            p50s = " / ".join(f"{r['p50_ms']:.2f}" for r in rs)
-            p99s = " / ".join(f"{r['p99_ms']:.2f}" for r in rs)
-            print(f"| {mode} | {name} | {p50s} | {p99s} | {statistics.median(r['p99_ms'] for r in rs):.2f} | "
-                  f"{servers} | {statistics.median(r['cpu_us']['client'] for r in rs):.0f} | "
-                  f"{statistics.median(r['machine_busy_pct'] for r in rs):.0f}% |")
-    return 0
+        if args.json:
+            print(json.dumps({"when": when, "results": results}, indent=2, default=str))
+        print(f"\n{when}; official client paced at {args.rate:.0f} msg/s, {args.size} B, {args.seconds:g} s per run, "
+              f"1 in {args.sample_every} timed; {args.rounds} rounds, targets alternated within each\n")
+        print("| mode | target | p50 ms (rounds) | p99 ms (rounds) | median p99 ms | CPU us/msg: server processes | client | machine busy |")
+        print("|---|---|---|---|---|---|---|---|")
+        for mode in modes:
+            for name in targets:
+                rs = [r for r in results if r["mode"] == mode and r["target"] == name]
+                if not rs:
+                    continue
+                servers = ", ".join(f"{p} {statistics.median(r['cpu_us'][p] for r in rs):.0f}"
+                                    for p in pids[name])
+                p50s = " / ".join(f"{r['p50_ms']:.2f}" for r in rs)
+                p99s = " / ".join(f"{r['p99_ms']:.2f}" for r in rs)
+                print(f"| {mode} | {name} | {p50s} | {p99s} | {statistics.median(r['p99_ms'] for r in rs):.2f} | "
+                      f"{servers} | {statistics.median(r['cpu_us']['client'] for r in rs):.0f} | "
+                      f"{statistics.median(r['machine_busy_pct'] for r in rs):.0f}% |")
+        return 0
 
 
 if __name__ == "__main__":

@@ -15,12 +15,12 @@ import asyncio
 import os
 import pathlib
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bookie.client.ledger_client import LedgerClient  # noqa: E402
+from bench.common import work_dir  # noqa: E402
 from faces.cluster import LocalCluster  # noqa: E402
 from pulsarlite.config import BookieConfig, LedgerClientConfig  # noqa: E402
 
@@ -76,6 +76,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--payload-bytes", type=int, default=100)
     parser.add_argument("--slow-ms", type=float, default=10.0)
+    parser.add_argument("--dir", default=None, help="directory of the run, kept (default: a temporary one, removed)")
     parser.add_argument("--bookie-set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     overrides = {}
@@ -84,21 +85,21 @@ def main() -> int:
         overrides[key] = type(getattr(BookieConfig(), key))(value)
     import uvloop
     uvloop.install()
-    base = pathlib.Path(tempfile.mkdtemp(prefix="pulsarlite-paced-"))
-    with LocalCluster.start(base / "cluster", bookies=3, bookie_overrides=overrides) as cluster:
-        pids = [cluster.records[n].pid for n in cluster.bookie_names]
-        print(f"bookie settings: {overrides or 'defaults'}")
-        print("| offered/s | achieved/s | p50 ms | p99 ms | max ms | client CPU | bookie CPU | slow adds at (s) |")
-        print("|---|---|---|---|---|---|---|---|")
-        for rate in (int(r) for r in args.rates.split(",")):
-            before = [process_cpu_s(p) for p in pids]
-            r = asyncio.run(run_rate(cluster.zookeeper, rate, args.seconds, args.payload_bytes, args.slow_ms))
-            bookie_cpu = [(process_cpu_s(p) - b) / r["elapsed"] for p, b in zip(pids, before)]
-            slow = ",".join(f"{t:g}" for t in r["slow_at_s"][:12]) + ("..." if len(r["slow_at_s"]) > 12 else "")
-            print(f"| {rate} | {r['achieved']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.1f} | "
-                  f"{r['client_cpu'] * 100:.0f}% | {'/'.join(f'{c * 100:.0f}%' for c in bookie_cpu)} | {slow} |",
-                  flush=True)
-    return 0
+    with work_dir(args.dir, "pulsarlite-paced-") as base:
+        with LocalCluster.start(base / "cluster", bookies=3, bookie_overrides=overrides) as cluster:
+            pids = [cluster.records[n].pid for n in cluster.bookie_names]
+            print(f"bookie settings: {overrides or 'defaults'}")
+            print("| offered/s | achieved/s | p50 ms | p99 ms | max ms | client CPU | bookie CPU | slow adds at (s) |")
+            print("|---|---|---|---|---|---|---|---|")
+            for rate in (int(r) for r in args.rates.split(",")):
+                before = [process_cpu_s(p) for p in pids]
+                r = asyncio.run(run_rate(cluster.zookeeper, rate, args.seconds, args.payload_bytes, args.slow_ms))
+                bookie_cpu = [(process_cpu_s(p) - b) / r["elapsed"] for p, b in zip(pids, before)]
+                slow = ",".join(f"{t:g}" for t in r["slow_at_s"][:12]) + ("..." if len(r["slow_at_s"]) > 12 else "")
+                print(f"| {rate} | {r['achieved']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.1f} | "
+                      f"{r['client_cpu'] * 100:.0f}% | {'/'.join(f'{c * 100:.0f}%' for c in bookie_cpu)} | {slow} |",
+                      flush=True)
+        return 0
 
 
 if __name__ == "__main__":

@@ -29,13 +29,12 @@ import cProfile
 import os
 import pathlib
 import pstats
-import shutil
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+from bench.common import work_dir  # noqa: E402
 from bookie._proto import bookie_rpc_pb2 as pb  # noqa: E402
 from bookie.server import BookieServer, BookieService, _Connection  # noqa: E402
 from bookie.storage import BookieStore  # noqa: E402
@@ -136,8 +135,7 @@ def build_requests(count: int, entries: int, payload_bytes: int) -> list[bytes]:
 
 
 async def run(args) -> None:
-    root = tempfile.mkdtemp(prefix="probe-bookie-", dir=args.dir)
-    try:
+    with work_dir(None, "probe-bookie-", parent=args.dir) as root:
         config = BookieConfig(journal_dir=os.path.join(root, "journal"), ledger_dir=os.path.join(root, "ledgers"))
         store = BookieStore.open(config)
         await store.start()
@@ -182,8 +180,6 @@ async def run(args) -> None:
                 stats = pstats.Stats(profiler)
                 stats.sort_stats("tottime").print_stats(args.top)
         await store.close()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> int:

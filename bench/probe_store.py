@@ -9,13 +9,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
-import tempfile
+import pathlib
+import sys
 import time
 
-from bookie.storage import BookieStore, StoredEntry
-from pulsarlite.checksum import entry_checksum
-from pulsarlite.config import BookieConfig
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from bench.common import work_dir  # noqa: E402
+from bookie.storage import BookieStore, StoredEntry  # noqa: E402
+from pulsarlite.checksum import entry_checksum  # noqa: E402
+from pulsarlite.config import BookieConfig  # noqa: E402
 
 
 def make_batches(ledger_id: int, first: int, batches: int, batch: int, size: int) -> list[list[StoredEntry]]:
@@ -65,8 +68,7 @@ async def main() -> None:
     ap.add_argument("--dir", default=None)
     ap.add_argument("--no-uvloop", action="store_true")
     args = ap.parse_args()
-    base = args.dir or tempfile.mkdtemp(prefix="probe_store_")
-    try:
+    with work_dir(args.dir, "probe_store_") as base:
         cfg = BookieConfig(journal_dir=os.path.join(base, "journal"),
                            ledger_dir=os.path.join(base, "ledgers"))
         store = BookieStore.open(cfg)
@@ -81,13 +83,9 @@ async def main() -> None:
         print(f"64 KiB entries, batches of 16, {args.callers} callers: {rate:,.0f} adds/s ({mbs:.1f} MB/s),"
               f" groups={j.groups_written - g0}")
         await store.close()
-    finally:
-        if args.dir is None:
-            shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    import sys
     if "--no-uvloop" in sys.argv:
         asyncio.run(main())
     else:
