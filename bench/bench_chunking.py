@@ -14,10 +14,10 @@ plain per client.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pulsar  # noqa: E402
 
 import pulsarlite  # noqa: E402
+from bench.common import work_dir  # noqa: E402
 from faces.cluster import LocalCluster  # noqa: E402
 
 MIB = 1024 * 1024
@@ -65,15 +66,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--service-url", default=None)
     args = parser.parse_args()
-    cluster = tmp = None
+    cluster = None
+    tmp = contextlib.ExitStack()          # the cluster's temporary directory, if one is started
     service_url = args.service_url
-    if service_url is None:
-        tmp = tempfile.TemporaryDirectory(prefix="bench-chunking-")
-        cluster = LocalCluster(tmp.name)
-        cluster.start_processes(bookies=3, brokers=1)
-        service_url = cluster.service_url
     results: dict[tuple[str, str, str], list[float]] = {}
     try:
+        if service_url is None:
+            cluster = LocalCluster(tmp.enter_context(work_dir(None, "bench-chunking-")))
+            cluster.start_processes(bookies=3, brokers=1)
+            service_url = cluster.service_url
         official = pulsar.Client(service_url, operation_timeout_seconds=60)
         ours = pulsarlite.Client(service_url, operation_timeout_seconds=60)
         for module, client in ((pulsar, official), (pulsarlite, ours)):   # warm up
@@ -92,8 +93,7 @@ def main() -> None:
     finally:
         if cluster is not None:
             cluster.stop()
-        if tmp is not None:
-            tmp.cleanup()
+        tmp.close()
     med = {k: statistics.median(v) for k, v in results.items()}
     print("\nmedians (MB/s of payload):")
     for (name, kind, what), value in sorted(med.items()):

@@ -11,10 +11,10 @@ the ratio is ours / official (the issue's goal: >= 0.5).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pulsar  # noqa: E402
 
 import pulsarlite  # noqa: E402
+from bench.common import work_dir  # noqa: E402
 from faces.cluster import LocalCluster  # noqa: E402
 
 PAYLOAD = b"x" * 100
@@ -77,15 +78,14 @@ def main() -> int:
     args = parser.parse_args()
 
     cluster = None
-    tmp = None
+    tmp = contextlib.ExitStack()          # the cluster's temporary directory, if one is started
     service_url = args.service_url
-    if service_url is None:
-        tmp = tempfile.TemporaryDirectory(prefix="bench-client-")
-        cluster = LocalCluster(tmp.name)
-        cluster.start_processes(bookies=3, brokers=1)
-        service_url = cluster.service_url
     results: dict[tuple[str, str], list[float]] = {}
     try:
+        if service_url is None:
+            cluster = LocalCluster(tmp.enter_context(work_dir(None, "bench-client-")))
+            cluster.start_processes(bookies=3, brokers=1)
+            service_url = cluster.service_url
         official = pulsar.Client(service_url, operation_timeout_seconds=30)
         ours = pulsarlite.Client(service_url, operation_timeout_seconds=30)
         # warm up both (connections, topic ownership)
@@ -110,7 +110,7 @@ def main() -> int:
     finally:
         if cluster is not None:
             cluster.stop()
-            tmp.cleanup()
+        tmp.close()
 
     print(f"\nmedians over {args.rounds} rounds, {args.messages} x 100 B messages, batching on:")
     for what in ("produce", "consume"):

@@ -19,7 +19,6 @@ session timeout + 2 s. No assertions: figures only.
 from __future__ import annotations
 
 import argparse
-import signal
 import json
 import statistics
 import sys
@@ -94,7 +93,6 @@ def main() -> None:
     ap.add_argument("--dir", default=None)
     ap.add_argument("--json", action="store_true", help="print a JSON object of the medians first (bench/suite.py)")
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stop the cluster on SIGTERM too
     from kazoo.client import KazooClient
     from faces.cluster import LocalCluster
     with work_dir(args.dir, "bench-failover-") as base:

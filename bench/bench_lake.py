@@ -15,11 +15,12 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import work_dir  # noqa: E402
 
 
 def main() -> None:
@@ -43,7 +44,7 @@ def main() -> None:
     import pyiceberg.catalog.sql  # noqa: F401 - the one-time import, measured apart
     import_s = time.perf_counter() - started
 
-    with tempfile.TemporaryDirectory() as d:
+    with work_dir(None, "bench-lake-") as d:
         tier = Path(d) / "tier"
         lake = Lake(f"file://{tier}")
         tid = TableId.of_topic("bench", "ns", "orders")

@@ -20,13 +20,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import http  # noqa: E402
+from bench.common import http, work_dir  # noqa: E402
 
 TOPIC_LOCAL = "bench-lake"
 TOPIC = f"persistent://public/default/{TOPIC_LOCAL}"
@@ -64,7 +63,7 @@ def run(lake: bool, args) -> dict:
     import pulsar
 
     from faces.cluster import LocalCluster
-    with tempfile.TemporaryDirectory(prefix="bench-lake-") as tmp:
+    with work_dir(None, "bench-lake-") as tmp:
         tier = Path(tmp) / "tier"
         tier.mkdir()
         cluster = LocalCluster(Path(tmp) / "cluster")

@@ -24,11 +24,12 @@ import argparse
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import work_dir  # noqa: E402
 
 
 def main() -> None:
@@ -50,7 +51,7 @@ def main() -> None:
     from offload.tier import Tier
     from pulsarlite.wire.entry import Message, build_entry
 
-    with tempfile.TemporaryDirectory() as d:
+    with work_dir(None, "bench-lake-merge-") as d:
         tier = Tier(f"file://{d}/tier", None)
         lake = Lake(tier.uri, partition="none")
         topics = {"small": TableId.of_topic("bench", "ns", "small"), "merged": TableId.of_topic("bench", "ns", "merged")}

@@ -19,13 +19,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import http  # noqa: E402
+from bench.common import http, work_dir  # noqa: E402
 
 TOPIC_LOCAL = "bench-lake-scan"
 TOPIC = f"persistent://public/default/{TOPIC_LOCAL}"
@@ -95,7 +94,7 @@ def main() -> None:
     import pulsar
 
     from faces.cluster import LocalCluster
-    with tempfile.TemporaryDirectory(prefix="bench-lake-scan-") as tmp:
+    with work_dir(None, "bench-lake-scan-") as tmp:
         tier = Path(tmp) / "tier"
         tier.mkdir()
         cluster = LocalCluster(Path(tmp) / "cluster")

@@ -28,13 +28,14 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pyarrow.parquet as pq  # noqa: E402
+
+from bench.common import work_dir  # noqa: E402
 
 from offload.format import entries_to_table, write_parquet  # noqa: E402
 from tests.local_s3 import LocalS3Server  # noqa: E402
@@ -96,7 +97,7 @@ def main() -> None:
     rows: list[list[str]] = []
     ratios: list[str] = []
     row_group_bytes = int(args.row_group_mb * 1024 * 1024)
-    with tempfile.TemporaryDirectory(prefix="bench-offload-") as tmp:
+    with work_dir(None, "bench-offload-") as tmp:
         s3 = None
         try:
             stores = {}

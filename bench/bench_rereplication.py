@@ -20,11 +20,11 @@ import json
 import pathlib
 import random
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+from bench.common import work_dir  # noqa: E402
 from bookie.autorecovery.urmanager import UnderReplicationManager  # noqa: E402
 from bookie.autorecovery.worker import ReplicationWorker  # noqa: E402
 from bookie.client.ledger_client import LedgerClient  # noqa: E402
@@ -116,8 +116,8 @@ def main() -> None:
     p.add_argument("--write-quorum", type=int, default=2, help="Qw of the E3 ledgers written (Qa 2)")
     p.add_argument("--dir", default=None)
     args = p.parse_args()
-    with tempfile.TemporaryDirectory(dir=args.dir) as d:
-        print(json.dumps(asyncio.run(run(args, pathlib.Path(d)))))
+    with work_dir(None, "bench-rereplication-", parent=args.dir) as d:
+        print(json.dumps(asyncio.run(run(args, d))))
 
 
 if __name__ == "__main__":

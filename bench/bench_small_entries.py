@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import os
 import shutil
 import statistics
@@ -128,7 +127,6 @@ def main() -> None:
     ap.add_argument("--py-spy", type=float, default=0.0)
     ap.add_argument("--json", action="store_true", help="print a JSON object of the medians first (bench/suite.py)")
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stop the cluster on SIGTERM too
     from faces.cluster import LocalCluster
     with work_dir(args.dir, "bench-small-") as base:
         cluster = LocalCluster(base / "cluster")

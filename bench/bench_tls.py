@@ -23,7 +23,6 @@ import os
 import pathlib
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 
@@ -33,6 +32,7 @@ import pulsar  # noqa: E402
 import trustme  # noqa: E402
 
 import pulsarlite  # noqa: E402
+from bench.common import work_dir  # noqa: E402
 from faces.cluster import LocalCluster  # noqa: E402
 from pulsarlite.zk_server import find_free_port  # noqa: E402
 
@@ -124,8 +124,7 @@ def main() -> int:
     module = pulsar if args.client == "official" else pulsarlite
     payload = os.urandom(args.size)
 
-    with tempfile.TemporaryDirectory(prefix="bench-tls-") as tmp:
-        d = pathlib.Path(tmp)
+    with work_dir(None, "bench-tls-") as d:
         ca = trustme.CA()
         leaf = ca.issue_cert("127.0.0.1")
         ca.cert_pem.write_to_path(str(d / "ca.pem"))

@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -15,22 +16,35 @@ import urllib.request
 from collections.abc import Iterator
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 @contextlib.contextmanager
 def work_dir(given: str | os.PathLike | None, prefix: str, parent: str | os.PathLike | None = None) -> Iterator[pathlib.Path]:
     """A bench run's working directory. ``given`` (the script's --dir) is used as it is and kept:
     the user asked for it, e.g. to read the logs afterwards. Without it, a new temporary directory
     (``prefix``, under ``parent`` or the system's temp dir) is removed when the block exits, also
-    on an exception or KeyboardInterrupt: a cluster's journals and entry logs are GBs a run. Stop
-    the cluster, S3 server and other processes inside the block, so they are gone before it is
-    removed. Every bench script makes its temporary directory here (tests/unit/test_bench_common.py)."""
-    if given:
-        yield pathlib.Path(given)
-        return
-    path = pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    on an exception, Ctrl-C or SIGTERM (bench/suite.py's timeout): a cluster's journals and entry
+    logs are GBs a run. Stop the cluster, S3 server and other processes inside the block, so they
+    are gone before it is removed. SIGTERM raises SystemExit(143) in the block (unless the script
+    has its own handler), so those stops run. Every bench script makes its temporary directory
+    here (tests/unit/test_bench_common.py)."""
+    previous = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        yield path
+        if given:
+            yield pathlib.Path(given)
+            return
+        path = pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def http(method: str, url: str, body=None):

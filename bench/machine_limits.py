@@ -19,9 +19,13 @@ import json
 import multiprocessing
 import os
 import socket
+import pathlib
 import sys
-import tempfile
 import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from bench.common import work_dir  # noqa: E402
 
 
 def disk_fsync_seq_mb_s(directory: str, total_mb: int = 256) -> float:
@@ -133,7 +137,7 @@ def main() -> int:
     parser.add_argument("--dir", default=None, help="directory on the disk to probe (default: a temp dir under .)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="limits-", dir=args.dir or ".") as d:
+    with work_dir(None, "limits-", parent=args.dir or ".") as d:
         result = measure(d)
     if args.json:
         print(json.dumps(result))

@@ -27,10 +27,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from bench.common import work_dir  # noqa: E402
 
 
 def free_port() -> int:
@@ -173,7 +175,7 @@ async def paced(url: str, size: int, seconds: float, rate: float) -> dict:
 
 
 def run_phase(kind: str, args) -> dict:
-    with tempfile.TemporaryDirectory(prefix="nats-bench-") as d:
+    with work_dir(None, "nats-bench-") as d:
         server = NatsServer(d, sync_always=kind in ("durable", "paced-durable"))
         try:
             cpu0 = server.cpu_seconds()

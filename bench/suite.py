@@ -47,6 +47,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PY = sys.executable
 BEGIN, END = "<!-- suite:begin -->", "<!-- suite:end -->"
+TERMINATE_GRACE_S = 60      # a script past its deadline: SIGTERM, then SIGKILL after this long
 
 
 def first_json(text: str) -> dict | None:
@@ -64,16 +65,24 @@ def first_json(text: str) -> dict | None:
 def run_script(args: list[str], timeout_s: float) -> dict | None:
     print(f"== {' '.join(args)}", file=sys.stderr, flush=True)
     started = time.monotonic()
-    try:
-        done = subprocess.run([PY, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=None, text=True,
-                              timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        print(f"!! {args[0]} exceeded {timeout_s:.0f} s: skipped", file=sys.stderr, flush=True)
+    with subprocess.Popen([PY, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=None, text=True) as proc:
+        try:
+            stdout, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            # SIGTERM first: the script stops its cluster and removes its temporary directory
+            # (bench/common.work_dir); SIGKILL left GBs of entry logs behind
+            proc.terminate()
+            try:
+                proc.communicate(timeout=TERMINATE_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+            print(f"!! {args[0]} exceeded {timeout_s:.0f} s: skipped", file=sys.stderr, flush=True)
+            return None
+    print(f"   {args[0]} took {time.monotonic() - started:.0f} s (exit {proc.returncode})", file=sys.stderr, flush=True)
+    if proc.returncode != 0:
         return None
-    print(f"   {args[0]} took {time.monotonic() - started:.0f} s (exit {done.returncode})", file=sys.stderr, flush=True)
-    if done.returncode != 0:
-        return None
-    return first_json(done.stdout)
+    return first_json(stdout)
 
 
 def median(values: list[float]) -> float | None:

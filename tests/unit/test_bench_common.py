@@ -6,8 +6,12 @@ bookie entry logs under /tmp before: a few `make bench` filled the disk)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 import re
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -53,6 +57,44 @@ def test_temporary_directory_is_removed_on_failure_after_the_block_stops_its_pro
     assert list(tmp_path.iterdir()) == []
 
 
+def test_sigterm_in_the_block_exits_through_the_cleanup_and_the_handler_is_restored(work_dir, tmp_path):
+    """bench/suite.py stops a script past its deadline with SIGTERM: its cluster stops and its
+    directory goes, as on Ctrl-C."""
+    before = signal.getsignal(signal.SIGTERM)
+    assert before == signal.SIG_DFL
+    with pytest.raises(SystemExit) as exited:
+        with work_dir(None, "bench-test-", parent=tmp_path) as path:
+            fill(path)
+            assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL   # else the kill below ends pytest
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):         # the handler runs between bytecodes of the main thread
+                pass
+            pytest.fail("SIGTERM did not leave the block")
+    assert exited.value.code == 143
+    assert not path.exists()
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_script_terminated_by_sigterm_leaves_no_directory(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from bench.common import work_dir\n"
+        f"with work_dir(None, 'bench-test-', parent={str(tmp_path / 'runs')!r}) as d:\n"
+        "    (d / 'entry.log').write_bytes(b'x' * 4096)\n"
+        "    print(d, flush=True)\n"
+        "    time.sleep(600)\n")
+    (tmp_path / "runs").mkdir()
+    with subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True) as proc:
+        path = pathlib.Path(proc.stdout.readline().strip())
+        assert (path / "entry.log").exists()
+        proc.terminate()
+        assert proc.wait(timeout=60) == 143
+    assert not path.exists()
+    assert list((tmp_path / "runs").iterdir()) == []
+
+
 def test_a_given_directory_is_used_as_it_is_and_kept(work_dir, tmp_path):
     given = tmp_path / "mine"
     given.mkdir()
@@ -73,12 +115,13 @@ def test_a_given_directory_is_not_created(work_dir, tmp_path):
         assert path == tmp_path / "later" and not path.exists()
 
 
-MKDTEMP = re.compile(r"\bmkdtemp\b")
-# scripts allowed to call tempfile.mkdtemp themselves, with the reason; there are none
+MKDTEMP = re.compile(r"\b(mkdtemp|TemporaryDirectory)\b")
+# scripts allowed to make a temporary directory themselves, with the reason; there are none
 ALLOWED: dict[str, str] = {}
 
 
 def test_no_bench_script_makes_a_temporary_directory_but_through_work_dir():
+    """(TemporaryDirectory too: one way, and only work_dir turns SIGTERM into a clean exit)"""
     offenders = []
     for path in sorted(BENCH.rglob("*.py")):
         rel = path.relative_to(BENCH).as_posix()
@@ -88,7 +131,7 @@ def test_no_bench_script_makes_a_temporary_directory_but_through_work_dir():
             if MKDTEMP.search(line):
                 offenders.append(f"bench/{rel}:{number}: {line.strip()}")
     assert offenders == [], ("use bench.common.work_dir (removed at the end, --dir kept) instead of "
-                             "tempfile.mkdtemp:\n" + "\n".join(offenders))
+                             "tempfile.mkdtemp / TemporaryDirectory:\n" + "\n".join(offenders))
 
 
 def test_the_scan_finds_the_helper_itself():
