@@ -79,69 +79,6 @@ def default_io_pool() -> ThreadPoolExecutor:
 # writing
 # ---------------------------------------------------------------------------------------------
 
-class MadeAhead:
-    """The items of ``items`` (an iterator), made by a thread of its own while the caller uses
-    the one before (at most ``depth`` being made or waiting to be taken). The encoder's tables are built in
-    Python (decoding entries, joining payloads: it holds the GIL) and written by Arrow's C++
-    (compression, page checksums: the GIL released), so with one table made ahead the two
-    overlap on two cores instead of taking turns ([perf] issue 29, BENCHMARKS.md "Session 20").
-    An error of ``items`` is raised where its item would have been; ``close()`` (the caller
-    stopped early) makes the thread stop at its next item. The thread is not joined on close:
-    it may be waiting on a source that the caller's failure ends (an offload's EntryPipe fails
-    once the encoder stops)."""
-
-    _DONE = object()
-
-    def __init__(self, items: Iterator, *, depth: int = 1, name: str = "made-ahead") -> None:
-        if depth < 1:
-            raise ValueError(f"depth {depth} < 1")
-        self._items = items
-        self._slots = threading.Semaphore(depth)      # items being made or made and not yet taken
-        self._made: list = []
-        self._ready = threading.Condition()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            self._slots.acquire()           # room for one more before it is made
-            if self._closed:
-                return
-            try:
-                item = next(self._items)
-            except StopIteration:
-                self._hand((self._DONE, None))
-                return
-            except BaseException as e:     # noqa: BLE001 - raised in the caller's thread
-                self._hand((self._DONE, e))
-                return
-            self._hand((item, None))
-
-    def _hand(self, made: tuple) -> None:
-        with self._ready:
-            self._made.append(made)
-            self._ready.notify()
-
-    def __iter__(self) -> Iterator:
-        while True:
-            with self._ready:
-                while not self._made:
-                    self._ready.wait()
-                item, error = self._made.pop(0)
-            if item is self._DONE:
-                self._thread.join()
-                if error is not None:
-                    raise error
-                return
-            self._slots.release()
-            yield item
-
-    def close(self) -> None:
-        self._closed = True
-        self._slots.release()               # a thread waiting for room sees _closed
-
-
 class _HashingSink(io.RawIOBase):
     """A write-only file computing the CRC32C of the bytes as they are written, and collecting
     them (``parts``) or handing them on to ``out`` (an object writer: nothing held here)."""
@@ -269,21 +206,15 @@ def _encode(sink: _HashingSink, ledger_id: int, entries: Iterable[tuple[int, byt
     writer = ParquetStreamWriter(pa.PythonFile(sink, mode="w"), schema,
                                  row_group_bytes=row_group_bytes, compression=compression,
                                  metadata=metadata)
-    def tables() -> Iterator[pa.Table]:
+    try:
         for table in ledger_tables(ledger_id, entries, partition=partition, decoded_bytes_max=row_group_bytes,
                                    uncompressed_bytes_max=uncompressed_bytes_max):
             if columns is not None:
                 for field, array in zip(columns.fields, columns.arrays(table)):
                     table = table.append_column(field, array)
-            yield table
-
-    made = MadeAhead(tables(), name=f"offload-tables-{ledger_id}")
-    try:
-        for table in made:
             writer.write(table)
             sink.raise_error()
     except BaseException:
-        made.close()
         writer.close()
         raise
     summary = writer.close(columns.metadata() if columns is not None else None)
