@@ -156,14 +156,21 @@ def _format(msg, as_json: bool, as_hex: bool) -> str:
 
 
 def run_consume(args) -> int:
-    from pulsarlite.errors import PulsarliteError
-    import pulsarlite.client as pl
-
     if args.num_messages < 0 or args.timeout < 0:
         print("error: -n and --timeout must be >= 0", file=sys.stderr)
         return 2
     stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    try:
+        return _consume(args, stop)
+    finally:
+        signal.signal(signal.SIGTERM, previous)     # (also called in-process, e.g. by tests)
+
+
+def _consume(args, stop: list) -> int:
+    from pulsarlite.errors import PulsarliteError
+    import pulsarlite.client as pl
+
     try:
         client = _client(args)
     except PulsarliteError as exc:

@@ -60,19 +60,23 @@ def test_temporary_directory_is_removed_on_failure_after_the_block_stops_its_pro
 def test_sigterm_in_the_block_exits_through_the_cleanup_and_the_handler_is_restored(work_dir, tmp_path):
     """bench/suite.py stops a script past its deadline with SIGTERM: its cluster stops and its
     directory goes, as on Ctrl-C."""
-    before = signal.getsignal(signal.SIGTERM)
-    assert before == signal.SIG_DFL
-    with pytest.raises(SystemExit) as exited:
-        with work_dir(None, "bench-test-", parent=tmp_path) as path:
-            fill(path)
-            assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL   # else the kill below ends pytest
-            os.kill(os.getpid(), signal.SIGTERM)
-            for _ in range(1000):         # the handler runs between bytecodes of the main thread
-                pass
-            pytest.fail("SIGTERM did not leave the block")
-    assert exited.value.code == 143
-    assert not path.exists()
-    assert signal.getsignal(signal.SIGTERM) == before
+    # a script starts with the default handler (a test before this one in the same process may
+    # have installed its own: set the default for this test, put the other back after)
+    outside = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            with work_dir(None, "bench-test-", parent=tmp_path) as path:
+                fill(path)
+                assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL   # else the kill below ends pytest
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(1000):         # the handler runs between bytecodes of the main thread
+                    pass
+                pytest.fail("SIGTERM did not leave the block")
+        assert exited.value.code == 143
+        assert not path.exists()
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL    # restored
+    finally:
+        signal.signal(signal.SIGTERM, outside)
 
 
 def test_a_script_terminated_by_sigterm_leaves_no_directory(tmp_path):
