@@ -64,6 +64,12 @@ from offload.errors import TierError
 log = logging.getLogger(__name__)
 
 TMP_PREFIX = ".tmp-"
+FILE_SYNC_BYTES = 8 * 1024 * 1024
+"""A file object written as a stream (``open_writer``) is fdatasync'ed each time this many more
+bytes were written, in the writer's own thread while the encoder goes on, so the fsync at
+commit finds at most this much still to flush (RocksDB's ``bytes_per_sync`` does the same).
+Before, commit flushed the whole object at the end of an offload's write step: ~55 ms per
+100 MB here, with nothing else to do meanwhile. Durability is the commit's fsync, as before."""
 
 
 class ObjectStoreError(TierError):
@@ -357,13 +363,15 @@ class BackgroundObjectWriter(ObjectWriter):
 
 
 class _FileObjectWriter(ObjectWriter):
-    """A temp file beside the final path (``TMP_PREFIX``: never listed), fsynced and renamed
-    into place at commit, the directory fsynced."""
+    """A temp file beside the final path (``TMP_PREFIX``: never listed), synced every
+    ``FILE_SYNC_BYTES`` as it is written, fsynced and renamed into place at commit, the
+    directory fsynced."""
 
     def __init__(self, store: "FileObjectStore", key: str) -> None:
         self.store, self.key = store, key
         self.path = store._path(key)
         self.size_bytes = 0
+        self.synced_bytes = 0                 # flushed by the last fdatasync (FILE_SYNC_BYTES)
         self._done = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -382,6 +390,9 @@ class _FileObjectWriter(ObjectWriter):
                 written = os.write(self._fd, view)
                 view = view[written:]
                 self.size_bytes += written
+            if self.size_bytes - self.synced_bytes >= FILE_SYNC_BYTES:
+                os.fdatasync(self._fd)
+                self.synced_bytes = self.size_bytes
         except OSError as exc:
             raise ObjectStoreError(f"put {self.store.object_uri(self.key)}: {exc}") from None
 

@@ -23,7 +23,8 @@ from offload.core import ObjectStats
 from offload.pipe import EntryPipe, PipeStoppedError
 from offload.reader import encode_ledger
 from offload.shell import OffloadError
-from offload.store import FileObjectStore, ObjectStoreError, S3ObjectStore, S3Settings
+import offload.store as store_module
+from offload.store import FILE_SYNC_BYTES, FileObjectStore, ObjectStoreError, S3ObjectStore, S3Settings
 from offload.tier import Tier, encode_and_upload, verify_object
 from pulsarlite.errors import BookieUnavailableError
 from pulsarlite.wire.entry import Message, build_entry
@@ -153,6 +154,40 @@ def test_a_file_object_appears_only_at_commit_and_an_abort_leaves_nothing(tmp_pa
     w2.abort()
     w2.abort()                                  # idempotent
     assert store.head("a/c.parquet") is None and not store.list_temp_files()
+
+
+def test_a_file_object_is_synced_as_it_is_written_and_fsynced_at_commit(tmp_path, monkeypatch):
+    """Every FILE_SYNC_BYTES written the writer flushes what it has (commit then has at most that
+    much left to flush, not the whole object); commit still fsyncs the file and its directory."""
+    synced: list[int] = []
+    fsynced: list[int] = []
+    real_fdatasync, real_fsync = os.fdatasync, os.fsync
+    store = FileObjectStore(tmp_path)
+    w = store.open_writer("t/big.parquet")
+    monkeypatch.setattr(store_module.os, "fdatasync",
+                        lambda fd: (synced.append(os.fstat(fd).st_size), real_fdatasync(fd))[1])
+    monkeypatch.setattr(store_module.os, "fsync", lambda fd: (fsynced.append(fd), real_fsync(fd))[1])
+    chunk = b"z" * (FILE_SYNC_BYTES // 4 + 1)
+    for _ in range(9):
+        w.write(chunk)
+    assert synced == [4 * len(chunk), 8 * len(chunk)]        # each time FILE_SYNC_BYTES more were written
+    assert w.synced_bytes == 8 * len(chunk) and fsynced == []
+    w.commit()
+    assert len(fsynced) == 2                                 # the file, then its directory
+    assert store.get("t/big.parquet") == chunk * 9 and not store.list_temp_files()
+
+
+def test_a_failed_sync_fails_the_write_and_abort_leaves_nothing(tmp_path, monkeypatch):
+    store = FileObjectStore(tmp_path)
+    w = store.open_writer("t/x.parquet")
+
+    def failing(fd):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(store_module.os, "fdatasync", failing)
+    with pytest.raises(ObjectStoreError, match="Input/output error"):
+        w.write(b"q" * FILE_SYNC_BYTES)
+    w.abort()
+    assert store.head("t/x.parquet") is None and not store.list_temp_files()
 
 
 class FakeS3:
